@@ -1,0 +1,48 @@
+# Every target does its own set-up: a virtual environment in .venv with what
+# that target needs, created from nothing on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# The CPU build of torch, pinned: an unpinned torch pulls a multi-GB CUDA build.
+TORCH  := torch==2.13.0
+
+.PHONY: demo test lint bench container-test clean
+
+$(VENV)/.base: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.test: $(VENV)/.base
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+$(VENV)/.bench: $(VENV)/.test
+	$(PY) -m pip install -q -e '.[bench]' $(TORCH)
+	touch $@
+
+## demo: a sampler server and two trainers on built-in example data
+demo: $(VENV)/.base
+	$(VENV)/bin/feedmux demo
+
+## test: install the test dependencies, then lint, type-check and run the whole suite
+test: $(VENV)/.test
+	$(VENV)/bin/ruff check feedmux tests benchmarks examples
+	$(VENV)/bin/mypy
+	$(PY) -m pytest -q tests feedmux
+
+lint: $(VENV)/.test
+	$(VENV)/bin/ruff check feedmux tests benchmarks examples
+	$(VENV)/bin/mypy
+
+## bench: every benchmark, feedmux and its peers side by side
+bench: $(VENV)/.bench
+	$(PY) -m benchmarks
+
+container-test:
+	scripts/container-test.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

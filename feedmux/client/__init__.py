@@ -1,0 +1,1 @@
+"""Trainer side of feedmux: Stream / ManualStream (pure) and RemoteLoader (sockets)."""

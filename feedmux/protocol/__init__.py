@@ -1,0 +1,1 @@
+"""Wire protocol v1 of feedmux (sans-IO: objects to frames and back; never imports zmq)."""

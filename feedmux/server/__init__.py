@@ -1,0 +1,1 @@
+"""Sampler side of feedmux: streamers, muxes and maps (pure) and the server (sockets)."""
