@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import math
 import numbers
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sized
 from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar, cast
 
 from feedmux.errors import StreamError, StreamStateError, StreamTypeError, StreamValueError
@@ -433,7 +433,7 @@ class Stream(Generic[T]):
         max_epoch: int | float,
         epoch_size: int | float | None = None,
         progress: bool = False,
-    ) -> Iterator[Iterator[T]]:
+    ) -> Generator[Iterator[T], None, None]:
         """Yield one ``data(epoch_size)`` iterator per epoch until ``epoch`` reaches ``max_epoch``.
 
         Equivalent to ``while stream.epoch < max_epoch: stream.increment_epoch();
@@ -480,7 +480,7 @@ class Stream(Generic[T]):
         max_epoch: int | float,
         epoch_size: int | float | None,
         make_bar: Callable[..., _ProgressBar] | None,
-    ) -> Iterator[Iterator[T]]:
+    ) -> Generator[Iterator[T], None, None]:
         bar: _ProgressBar | None = None
         try:
             while self._epoch < max_epoch:
