@@ -1,0 +1,280 @@
+"""Medians, ratios, the issue's targets and the markdown table, from raw measurements.
+
+Pure functions of the list of measurement records the harness returns: no
+processes, no clocks. A figure is the median over the repetitions that
+succeeded; a ratio is the ratio of two medians from the same interleaved run.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from benchmarks.scenarios import CPU, IMAGES, LARGE, SMALL, TWO_TRAINERS, Contender, Scenario
+
+GB = 1e9
+
+
+def derive(record: dict[str, Any], sample_bytes: int) -> dict[str, Any]:
+    """Add the per-second and per-sample figures to one raw measurement."""
+    if "error" in record or not record.get("samples"):
+        return record
+    samples, seconds = record["samples"], record["seconds"]
+    record["samples_per_second"] = samples / seconds
+    # No bytes move when the generator runs in the trainer itself.
+    moved = record["contender"]["transport"] != "none"
+    record["gb_per_second"] = samples * sample_bytes / seconds / GB if moved else None
+    record["trainer_cpu_us_per_sample"] = record["cpu_seconds"] / samples * 1e6
+    if record.get("producer_cpu_seconds") is not None:
+        record["producer_cpu_us_per_sample"] = record["producer_cpu_seconds"] / samples * 1e6
+    trainers = record.get("trainers")
+    if trainers:
+        counts = [t["samples"] for t in trainers]
+        record["shares"] = [count / max(1, sum(counts)) for count in counts]
+    return record
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def summarize(scenario: Scenario, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per contender of a scenario: medians, spread and the ratio to feedmux."""
+    rows = []
+    for contender in scenario.contenders:
+        mine = [
+            r
+            for r in records
+            if r["scenario"] == scenario.key and Contender(**r["contender"]) == contender
+        ]
+        good = [r for r in mine if "error" not in r and r.get("samples")]
+        rates = [r["samples_per_second"] for r in good]
+        row: dict[str, Any] = {
+            "scenario": scenario.key,
+            "contender": contender.key,
+            "label": contender.label,
+            "transport": contender.transport,
+            "runs": len(good),
+            "failed": len(mine) - len(good),
+            "errors": sorted({_first_line(r["error"]) for r in mine if "error" in r}),
+            "samples_per_second": _median(rates),
+            "gb_per_second": _median(r["gb_per_second"] for r in good),
+            "trainer_cpu_us_per_sample": _median(r["trainer_cpu_us_per_sample"] for r in good),
+            "producer_cpu_us_per_sample": _median(
+                r.get("producer_cpu_us_per_sample") for r in good
+            ),
+            "spread": (max(rates) - min(rates)) / statistics.median(rates)
+            if len(rates) > 1
+            else None,
+        }
+        shares = [min(r["shares"]) for r in good if r.get("shares")]
+        row["min_share"] = _median(shares)
+        rows.append(row)
+    for row, contender in zip(rows, scenario.contenders, strict=True):
+        reference = _reference_row(scenario, contender, rows)
+        row["reference"] = reference["contender"] if reference else None
+        ours, theirs = row["samples_per_second"], reference and reference["samples_per_second"]
+        row["ratio_to_feedmux"] = ours / theirs if ours and theirs else None
+    return rows
+
+
+def _first_line(error: str) -> str:
+    lines = [line for line in error.strip().splitlines() if line.strip()]
+    return lines[-1][:200] if lines else "error"
+
+
+def _reference_row(
+    scenario: Scenario, contender: Contender, rows: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """The feedmux row a contender is compared with: same transport, workers and trainers
+    when feedmux was measured that way, else feedmux over tcp with one of each."""
+    candidates = [
+        Contender("feedmux", t, workers=w, trainers=n, show_workers=s)
+        for t in (contender.transport, "tcp")
+        for w in (contender.workers, 1)
+        for n in (contender.trainers, 1)
+        for s in (True, False)
+    ]
+    by_key = {row["contender"]: row for row in rows}
+    for candidate in candidates:
+        if candidate.key in by_key and candidate in scenario.contenders:
+            return by_key[candidate.key]
+    return None
+
+
+# --------------------------------------------------------------------------
+# The issue's targets
+
+
+def _row(rows: list[dict[str, Any]], peer: str, transport: str = "tcp", **options: int) -> Any:
+    for row in rows:
+        contender = row["contender"]
+        peer_of, transport_of, workers, trainers = contender.split("/")
+        if peer_of != peer or transport_of != transport:
+            continue
+        if int(workers[1:]) != options.get("workers", int(workers[1:])):
+            continue
+        if int(trainers[1:]) != options.get("trainers", 1):
+            continue
+        return row
+    return None
+
+
+def _ratio(a: Any, b: Any, field: str = "samples_per_second") -> float | None:
+    if a is None or b is None or not a.get(field) or not b.get(field):
+        return None
+    return float(a[field] / b[field])
+
+
+def targets(summary: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each target of the issue with its figure from this run and whether it is met."""
+    checks: list[dict[str, Any]] = []
+
+    def check(name: str, figure: float | None, bound: float, unit: str, at_most: bool = False):
+        met = None if figure is None else (figure <= bound if at_most else figure >= bound)
+        checks.append({"target": name, "figure": figure, "bound": bound, "unit": unit, "met": met})
+
+    small = summary.get(SMALL)
+    if small:
+        feedmux = _row(small, "feedmux")
+        check(
+            "small: feedmux ≥ 10x pescador ZMQStreamer samples/s",
+            _ratio(feedmux, _row(small, "pescador")),
+            10,
+            "x",
+        )
+        check(
+            "small: feedmux ≥ 5x torch DataLoader (2 workers) samples/s",
+            _ratio(feedmux, _row(small, "torch", "queue", workers=2)),
+            5,
+            "x",
+        )
+        check(
+            "small: trainer CPU ≤ 3 µs per sample",
+            feedmux["trainer_cpu_us_per_sample"] if feedmux else None,
+            3,
+            "µs",
+            at_most=True,
+        )
+    large = summary.get(LARGE)
+    if large:
+        for transport in ("tcp", "ipc"):
+            check(
+                f"large: feedmux ≥ 90% of raw pyzmq GB/s ({transport})",
+                _ratio(_row(large, "feedmux", transport), _row(large, "pyzmq", transport)),
+                0.9,
+                "x",
+            )
+        check(
+            "large: feedmux ≥ 1.5x pescador ZMQStreamer",
+            _ratio(_row(large, "feedmux"), _row(large, "pescador")),
+            1.5,
+            "x",
+        )
+    images = summary.get(IMAGES)
+    if images:
+        check(
+            "images (no target in the issue; same bar as large): feedmux ≥ 90% of raw pyzmq",
+            _ratio(_row(images, "feedmux"), _row(images, "pyzmq")),
+            0.9,
+            "x",
+        )
+    cpu = summary.get(CPU)
+    if cpu:
+        check(
+            "cpu-bound: feedmux --workers 2 ≥ 1.7x --workers 1",
+            _ratio(_row(cpu, "feedmux", workers=2), _row(cpu, "feedmux", workers=1)),
+            1.7,
+            "x",
+        )
+    two = summary.get(TWO_TRAINERS)
+    if two:
+        pair = _row(two, "feedmux", trainers=2)
+        check(
+            "two trainers: aggregate ≥ 90% of one trainer",
+            _ratio(pair, _row(two, "feedmux", trainers=1)),
+            0.9,
+            "x",
+        )
+        check(
+            "two trainers: neither gets < 40% of the total",
+            pair["min_share"] if pair else None,
+            0.4,
+            "share",
+        )
+    return checks
+
+
+# --------------------------------------------------------------------------
+# Markdown
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if value >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}"
+
+
+def markdown(
+    scenarios: Sequence[Scenario],
+    summary: dict[str, list[dict[str, Any]]],
+    checks: list[dict[str, Any]],
+) -> str:
+    """The summary as markdown: one table per scenario, then the targets."""
+    out: list[str] = []
+    for scenario in scenarios:
+        rows = summary.get(scenario.key)
+        if not rows:
+            continue
+        out.append(f"### {scenario.number}. {scenario.title}\n")
+        head = ["contender", "transport", "samples/s"]
+        if scenario.large:
+            head.append("GB/s")
+        head += ["trainer CPU µs/sample", "producer CPU µs/sample", "÷ feedmux", "spread", "runs"]
+        if scenario.key == TWO_TRAINERS:
+            head.insert(len(head) - 5, "smaller share")
+        out.append("| " + " | ".join(head) + " |")
+        out.append("|" + "|".join("---" for _ in head) + "|")
+        for row in rows:
+            cells = [row["label"], row["transport"], _fmt(row["samples_per_second"])]
+            if scenario.large:
+                cells.append(_fmt(row["gb_per_second"]))
+            if scenario.key == TWO_TRAINERS:
+                share = row["min_share"]
+                cells.append("-" if share is None else f"{share:.0%}")
+            cells += [
+                _fmt(row["trainer_cpu_us_per_sample"]),
+                _fmt(row["producer_cpu_us_per_sample"]),
+                "-" if row["ratio_to_feedmux"] is None else f"{row['ratio_to_feedmux']:.2f}x",
+                "-" if row["spread"] is None else f"{row['spread']:.0%}",
+                f"{row['runs']}" + (f" ({row['failed']} failed)" if row["failed"] else ""),
+            ]
+            out.append("| " + " | ".join(cells) + " |")
+        errors = [(row["label"], row["transport"], e) for row in rows for e in row["errors"]]
+        if errors:
+            out.append("")
+        for label, transport, error in errors:
+            out.append(f"- {label} ({transport}) failed: `{error}`")
+        out.append("")
+    if checks:
+        out.append("### Targets\n")
+        out.append("| target | this run | met |")
+        out.append("|---|---|---|")
+        for item in checks:
+            figure = item["figure"]
+            if figure is None:
+                shown = "not measured"
+            elif item["unit"] == "share":
+                shown = f"{figure:.0%}"
+            elif item["unit"] == "x":
+                shown = f"{figure:.2f}x"
+            else:
+                shown = f"{figure:.2f} {item['unit']}"
+            met = {True: "met", False: "**missed**", None: "-"}[item["met"]]
+            out.append(f"| {item['target']} | {shown} | {met} |")
+        out.append("")
+    return "\n".join(out)

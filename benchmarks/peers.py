@@ -1,0 +1,337 @@
+"""The contenders: how feedmux and each peer is started and consumed.
+
+Every contender is split in two halves. ``start_producer`` starts what runs
+outside the trainer (a feedmux server, a raw PUSH process) and returns its
+process ids so the harness can kill it by pid; ``connect`` opens the trainer's
+side and returns an iterator of samples. Peers that start their own producer
+processes (pescador's ``ZMQStreamer``, a torch ``DataLoader``) do it in
+``connect`` and report the pids they started. Nothing here times anything and
+nothing binds beyond 127.0.0.1 or an ipc path in the run's temporary folder.
+
+Peer workarounds, all confined to this module:
+
+* pescador's ``ZMQStreamer`` binds ``tcp://*`` (every interface); the
+  benchmark runs the same pescador worker and wire functions from an
+  ``iterate`` that binds 127.0.0.1 instead.
+* pescador only sends ``numpy.ndarray`` values, so numpy scalars (the ``y``
+  label) are sent as 0-d arrays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from benchmarks.scenarios import GENERATORS, Contender
+
+FEEDMUX_SOURCE = "benchmarks.scenarios:feedmux_source"
+# pyzmq copies anything smaller than this on send anyway (zmq.COPY_THRESHOLD).
+ZERO_COPY_BYTES = 64 * 1024
+
+_FORK = multiprocessing.get_context("fork")
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where a producer binds its data and control sockets."""
+
+    data: str
+    control: str
+
+
+@dataclass
+class Producer:
+    """A running producer outside the trainer, stopped by ``stop()``."""
+
+    pids: list[int] = field(default_factory=list)
+    stop: Callable[[], None] = lambda: None
+    handle: Any = None
+
+
+@dataclass
+class Consumer:
+    """The trainer's side: an iterator of samples and how to close it."""
+
+    samples: Iterator[Any]
+    close: Callable[[], None] = lambda: None
+    # Evaluated after the first sample: some peers start processes lazily.
+    pids: Callable[[], list[int]] = list
+
+
+def kill_pid(pid: int, grace: float = 0.0) -> None:
+    """Terminate one process by pid (SIGTERM, then SIGKILL after ``grace`` s)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if grace > 0:
+            os.kill(pid, signal.SIGTERM)
+            _wait_gone(pid, grace)
+        os.kill(pid, signal.SIGKILL)
+
+
+def _wait_gone(pid: int, seconds: float) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            finished, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            finished = 0
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+        if finished == pid:
+            return
+        time.sleep(0.01)
+
+
+# --------------------------------------------------------------------------
+# Producers
+
+
+def start_producer(
+    contender: Contender, kind: str, endpoints: Endpoints, timeout: float
+) -> Producer:
+    """Start the producer of a contender that runs one outside the trainer."""
+    if contender.peer == "feedmux":
+        return _start_feedmux(contender, kind, endpoints)
+    if contender.peer == "pyzmq":
+        return _start_raw_pyzmq(kind, endpoints)
+    return Producer()
+
+
+def _start_feedmux(contender: Contender, kind: str, endpoints: Endpoints) -> Producer:
+    import feedmux
+
+    server = feedmux.Server(
+        FEEDMUX_SOURCE,
+        bind=endpoints.data,
+        control=endpoints.control,
+        workers=contender.workers,
+        factory_kwargs={"kind": kind},
+    )
+    server.start()
+    pids = [server.pid] if server.pid else []
+
+    def stop() -> None:
+        try:
+            server.stop(timeout=5)
+        finally:
+            for pid in pids:
+                kill_pid(pid)
+
+    return Producer(pids=pids, stop=stop, handle=server)
+
+
+def prebuilt_frames(kind: str) -> tuple[list[Any], bool]:
+    """One sample of the scenario's generator as ready-to-send frames, and the copy flag.
+
+    Frame 0 is a msgpack header naming each array's key, dtype and shape; one
+    frame per array follows. Small samples go as one copied message, large
+    arrays zero-copy, as pyzmq does best for each size.
+    """
+    import msgpack
+
+    sample = next(GENERATORS[kind]())
+    arrays = {key: np.ascontiguousarray(value) for key, value in sample.items()}
+    header = msgpack.packb(
+        [{"key": key, "dtype": a.dtype.str, "shape": list(a.shape)} for key, a in arrays.items()]
+    )
+    frames: list[Any] = [header, *arrays.values()]
+    large = sum(a.nbytes for a in arrays.values()) >= ZERO_COPY_BYTES
+    if not large:
+        frames = [header, *(a.tobytes() for a in arrays.values())]
+    return frames, not large
+
+
+def _raw_pyzmq_loop(address: str, kind: str) -> None:
+    import zmq
+
+    frames, copy = prebuilt_frames(kind)
+    context = zmq.Context()
+    socket = context.socket(zmq.PUSH)
+    socket.bind(address)
+    send = socket.send_multipart
+    while True:
+        send(frames, copy=copy)
+
+
+def _start_raw_pyzmq(kind: str, endpoints: Endpoints) -> Producer:
+    process = _FORK.Process(target=_raw_pyzmq_loop, args=(endpoints.data, kind), daemon=True)
+    process.start()
+    pid = process.pid
+    assert pid is not None
+
+    def stop() -> None:
+        kill_pid(pid)
+        process.join(5)
+
+    return Producer(pids=[pid], stop=stop, handle=process)
+
+
+# --------------------------------------------------------------------------
+# Consumers
+
+
+def connect(
+    contender: Contender,
+    kind: str,
+    endpoints: Endpoints,
+    timeout: float,
+    trainers: int = 1,
+) -> Consumer:
+    """Open the trainer's side of a contender."""
+    openers = {
+        "feedmux": _connect_feedmux,
+        "pyzmq": _connect_raw_pyzmq,
+        "pescador": _connect_pescador,
+        "torch": _connect_torch,
+        "inline": _connect_inline,
+    }
+    return openers[contender.peer](contender, kind, endpoints, timeout, trainers)
+
+
+def _connect_feedmux(
+    contender: Contender, kind: str, endpoints: Endpoints, timeout: float, trainers: int
+) -> Consumer:
+    import feedmux
+
+    loader = feedmux.RemoteLoader(endpoints.data, timeout=timeout, world_size=trainers)
+    return Consumer(samples=iter(loader), close=loader.close)
+
+
+def _connect_raw_pyzmq(
+    contender: Contender, kind: str, endpoints: Endpoints, timeout: float, trainers: int
+) -> Consumer:
+    import zmq
+
+    _, copy = prebuilt_frames(kind)
+    context = zmq.Context()
+    socket = context.socket(zmq.PULL)
+    socket.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
+    socket.connect(endpoints.data)
+
+    def frames() -> Iterator[list[Any]]:
+        recv = socket.recv_multipart
+        while True:
+            yield recv(copy=copy)
+
+    def close() -> None:
+        socket.close(linger=0)
+        context.term()
+
+    return Consumer(samples=frames(), close=close)
+
+
+def _as_arrays(kind: str, seed: int) -> Iterator[dict[str, np.ndarray]]:
+    # pescador's wire format carries ndarrays only: send scalars as 0-d arrays.
+    for sample in GENERATORS[kind](seed):
+        yield {key: np.asarray(value) for key, value in sample.items()}
+
+
+def _loopback_zmq_streamer(streamer: Any, timeout: float) -> Any:
+    """pescador's ZMQStreamer, bound to 127.0.0.1 instead of every interface."""
+    import pescador
+    import zmq
+    from pescador.zmq_stream import zmq_recv_data, zmq_worker
+
+    class LoopbackZMQStreamer(pescador.ZMQStreamer):  # type: ignore[misc]
+        worker_pids: list[int]
+
+        def iterate(self, max_iter: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+            context = zmq.Context()
+            socket = context.socket(zmq.PAIR)
+            socket.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
+            port = socket.bind_to_random_port(
+                "tcp://127.0.0.1", min_port=self.min_port, max_port=self.max_port
+            )
+            terminate = _FORK.Event()
+            worker = _FORK.Process(
+                target=zmq_worker,
+                args=(port, self.streamer, terminate),
+                kwargs={"copy": self.copy, "max_iter": max_iter},
+                daemon=True,
+            )
+            worker.start()
+            assert worker.pid is not None
+            self.worker_pids.append(worker.pid)
+            try:
+                while True:
+                    try:
+                        data = zmq_recv_data(socket)
+                    except StopIteration:
+                        return
+                    yield data
+            finally:
+                terminate.set()
+                worker.join(self.timeout)
+                if worker.is_alive():
+                    worker.terminate()
+                    worker.join(self.timeout)
+                socket.close(linger=0)
+                context.term()
+
+    zmq_streamer = LoopbackZMQStreamer(streamer, timeout=2)
+    zmq_streamer.worker_pids = []
+    return zmq_streamer
+
+
+def _connect_pescador(
+    contender: Contender, kind: str, endpoints: Endpoints, timeout: float, trainers: int
+) -> Consumer:
+    import pescador
+
+    streamer = _loopback_zmq_streamer(pescador.Streamer(_as_arrays, kind, 0), timeout)
+    samples = streamer.iterate()
+
+    def close() -> None:
+        samples.close()
+        for pid in streamer.worker_pids:
+            kill_pid(pid)
+
+    return Consumer(samples=samples, close=close, pids=lambda: list(streamer.worker_pids))
+
+
+def _connect_torch(
+    contender: Contender, kind: str, endpoints: Endpoints, timeout: float, trainers: int
+) -> Consumer:
+    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+    class GeneratorDataset(IterableDataset):  # type: ignore[misc,type-arg]
+        """The scenario's generator, one independent stream per worker."""
+
+        def __iter__(self) -> Iterator[Any]:
+            info = get_worker_info()
+            return GENERATORS[kind](info.id if info is not None else 0)
+
+    loader = DataLoader(
+        GeneratorDataset(),
+        batch_size=None,
+        num_workers=contender.workers,
+        timeout=timeout if contender.workers else 0,
+    )
+    iterator = iter(loader)
+    workers = getattr(iterator, "_workers", [])
+    pids = [worker.pid for worker in workers if worker.pid]
+
+    def close() -> None:
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        for pid in pids:
+            kill_pid(pid)
+
+    return Consumer(samples=iterator, close=close, pids=lambda: pids)
+
+
+def _connect_inline(
+    contender: Contender, kind: str, endpoints: Endpoints, timeout: float, trainers: int
+) -> Consumer:
+    return Consumer(samples=GENERATORS[kind](0))
