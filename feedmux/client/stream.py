@@ -605,15 +605,20 @@ class Stream(Generic[T]):
         return _StreamData(self, limit, lambda: self._iteration)
 
     def _loader_length(self, name: str) -> int:
-        length = _length(self._loader)
-        if length is not None:
-            return length
-        kind = type(self._loader).__name__
-        if isinstance(self._loader, Sized):
-            reason = f"the loader ({kind}) has no length yet (its len() raised)"
-        else:
-            reason = f"the loader ({kind}) has no len()"
-        raise StreamValueError(f"{name}=None means len(loader), but {reason}: pass {name}")
+        loader, kind = self._loader, type(self._loader).__name__
+        if not isinstance(loader, Sized):
+            raise StreamValueError(
+                f"{name}=None means len(loader), but the loader ({kind}) has no len(): pass {name}"
+            )
+        try:
+            return len(loader)
+        except (TypeError, NotImplementedError) as exc:
+            # The loader's own words usually say when its length will be known.
+            detail = f" ({exc})" if str(exc) else ""
+            raise StreamValueError(
+                f"{name}=None means len(loader), but the loader ({kind}) has no length "
+                f"yet{detail}: pass {name}"
+            ) from exc
 
 
 class ManualStream(Stream[T]):

@@ -309,8 +309,11 @@ def test_data_none_on_a_loader_whose_length_comes_later() -> None:
 
     loader = LateLength()
     stream = Stream(loader)
-    with pytest.raises(StreamValueError, match=r"loader \(LateLength\) has no length yet"):
+    with pytest.raises(
+        StreamValueError, match=r"loader \(LateLength\) has no length yet \(epoch size not known"
+    ) as info:
         stream.data()
+    assert isinstance(info.value.__cause__, TypeError)
     assert list(stream.data(2)) == [0, 1]
     loader.known = 3
     assert list(stream.data()) == [2, 3, 0]
