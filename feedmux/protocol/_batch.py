@@ -1,0 +1,254 @@
+"""Transport batching: many samples of one structure travel as stacked arrays.
+
+On the sending side, :func:`stack_samples` checks that every sample has the
+structure of the first (same containers and keys in the same order, numpy
+leaves of one dtype and shape) and gathers each leaf across the samples: one
+``np.stack`` per numpy leaf, one list per plain-Python leaf. On the receiving
+side, :class:`SampleBatch` is the lazy sequence that hands out sample ``i`` as
+views into those stacked arrays. Nothing here reads or writes bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, overload
+
+import numpy as np
+
+from feedmux.errors import ProtocolError
+
+__all__ = ["MAX_TEMPLATE_DEPTH", "SampleBatch", "StackedLeaf", "compile_template", "stack_samples"]
+
+#: How deeply the containers of a stacked sample may nest.
+MAX_TEMPLATE_DEPTH = 64
+
+# Leaf kinds of a stacked sample.
+ARRAY = 0  # each sample holds an ndarray; the batch holds them stacked
+SCALAR = 1  # each sample holds a numpy scalar; the batch holds a 1-d array of them
+COLUMN = 2  # each sample holds a plain Python value; the batch holds a list of them
+
+_PLAIN_LEAF_TYPES = (str, bytes, int, float, type(None))
+
+
+class StackedLeaf:
+    """One leaf position of a batch: its kind and the values of every sample."""
+
+    __slots__ = ("kind", "values")
+
+    def __init__(self, kind: int, values: Any) -> None:
+        self.kind = kind
+        self.values = values
+
+    def getter(self) -> Callable[[int], Any]:
+        values = self.values
+        if self.kind == ARRAY and values.ndim == 1:
+            # A 0-d array per sample: index with an Ellipsis so it stays a 0-d array.
+            return lambda index: values[index, ...]
+        getter: Callable[[int], Any] = values.__getitem__
+        return getter
+
+
+class _NotStackable(Exception):
+    """The samples differ in structure; the caller falls back to per-sample encoding."""
+
+
+def stack_samples(samples: Sequence[Any]) -> Any:
+    """Return the batch template of ``samples``, or None when they cannot be stacked.
+
+    The template is the first sample's tree of dict / list / tuple with every
+    leaf replaced by a :class:`StackedLeaf` holding that leaf of all samples.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> template = stack_samples([{"x": np.zeros(3), "y": 1}, {"x": np.ones(3), "y": 2}])
+    >>> template["x"].values.shape, template["y"].values
+    ((2, 3), [1, 2])
+    """
+    leaves: list[tuple[int, Any, list[Any]]] = []
+    try:
+        template = _template_of(samples[0], leaves, 0)
+        for sample in samples[1:]:
+            cursor = iter(leaves)
+            _gather(template, sample, cursor)
+    except _NotStackable:
+        return None
+    stacked: list[StackedLeaf] = []
+    for kind, spec, values in leaves:
+        if kind == ARRAY:
+            stacked.append(StackedLeaf(ARRAY, np.stack(values)))
+        elif kind == SCALAR:
+            stacked.append(StackedLeaf(SCALAR, np.array(values, dtype=spec)))
+        else:
+            stacked.append(StackedLeaf(COLUMN, values))
+    return _fill(template, iter(stacked))
+
+
+class _Slot:
+    """A leaf position in a template under construction."""
+
+    __slots__ = ("entry",)
+
+    def __init__(self, entry: tuple[int, Any, list[Any]]) -> None:
+        self.entry = entry
+
+
+def _template_of(node: Any, leaves: list[tuple[int, Any, list[Any]]], depth: int) -> Any:
+    if depth > MAX_TEMPLATE_DEPTH:
+        raise _NotStackable
+    kind = type(node)
+    if kind is dict:
+        return {key: _template_of(value, leaves, depth + 1) for key, value in node.items()}
+    if kind is list:
+        return [_template_of(value, leaves, depth + 1) for value in node]
+    if kind is tuple:
+        return tuple(_template_of(value, leaves, depth + 1) for value in node)
+    if kind is np.ndarray:
+        entry: tuple[int, Any, list[Any]] = (ARRAY, (node.dtype, node.shape), [node])
+    elif isinstance(node, np.generic):
+        entry = (SCALAR, node.dtype, [node])
+    elif kind in _PLAIN_LEAF_TYPES or kind is bool:
+        entry = (COLUMN, None, [node])
+    else:
+        # Subclasses, unsupported types: the per-sample path handles or refuses them.
+        raise _NotStackable
+    leaves.append(entry)
+    return _Slot(entry)
+
+
+def _gather(template: Any, node: Any, cursor: Iterator[tuple[int, Any, list[Any]]]) -> None:
+    kind = type(template)
+    if kind is _Slot:
+        leaf_kind, spec, values = next(cursor)
+        if leaf_kind == ARRAY:
+            if type(node) is not np.ndarray or (node.dtype, node.shape) != spec:
+                raise _NotStackable
+        elif leaf_kind == SCALAR:
+            if not isinstance(node, np.generic) or node.dtype != spec:
+                raise _NotStackable
+        elif not (type(node) in _PLAIN_LEAF_TYPES or type(node) is bool):
+            raise _NotStackable
+        values.append(node)
+        return
+    if type(node) is not kind or len(node) != len(template):
+        raise _NotStackable
+    if kind is dict:
+        if list(template) != list(node):
+            raise _NotStackable
+        for child_template, child in zip(template.values(), node.values(), strict=True):
+            _gather(child_template, child, cursor)
+    else:
+        for child_template, child in zip(template, node, strict=True):
+            _gather(child_template, child, cursor)
+
+
+def _fill(template: Any, stacked: Iterator[StackedLeaf]) -> Any:
+    kind = type(template)
+    if kind is _Slot:
+        return next(stacked)
+    if kind is dict:
+        return {key: _fill(value, stacked) for key, value in template.items()}
+    if kind is list:
+        return [_fill(value, stacked) for value in template]
+    return tuple(_fill(value, stacked) for value in template)
+
+
+def compile_template(template: Any, count: int, depth: int = 0) -> Callable[[int], Any]:
+    """Return a function building sample ``i`` of a decoded batch template.
+
+    Checks that every leaf is a :class:`StackedLeaf` holding ``count`` values.
+    """
+    if depth > MAX_TEMPLATE_DEPTH:
+        raise ProtocolError("batch template nested too deeply")
+    kind = type(template)
+    if kind is StackedLeaf:
+        values = template.values
+        if len(values) != count:
+            raise ProtocolError(
+                f"batch leaf holds {len(values)} values for a message of {count} samples"
+            )
+        if template.kind == SCALAR and values.ndim != 1:
+            raise ProtocolError("stacked scalar leaf is not a 1-d array")
+        getter: Callable[[int], Any] = template.getter()
+        return getter
+    if kind is dict:
+        pairs = tuple(
+            (key, compile_template(value, count, depth + 1)) for key, value in template.items()
+        )
+        return lambda index: {key: get(index) for key, get in pairs}
+    if kind is list:
+        getters = tuple(compile_template(value, count, depth + 1) for value in template)
+        return lambda index: [get(index) for get in getters]
+    if kind is tuple:
+        getters = tuple(compile_template(value, count, depth + 1) for value in template)
+        return lambda index: tuple([get(index) for get in getters])
+    raise ProtocolError(f"batch template holds a bare {kind.__name__} where a leaf was expected")
+
+
+def _unwrap(template: Any) -> Any:
+    kind = type(template)
+    if kind is StackedLeaf:
+        return template.values
+    if kind is dict:
+        return {key: _unwrap(value) for key, value in template.items()}
+    if kind is list:
+        return [_unwrap(value) for value in template]
+    return tuple(_unwrap(value) for value in template)
+
+
+class SampleBatch(Sequence[Any]):
+    """The samples of one stacked data message, built lazily from stacked leaves.
+
+    ``batch[i]`` builds sample ``i``: numpy leaves are views into the stacked
+    arrays (a 0-d array stays a 0-d array, a numpy scalar stays a numpy scalar),
+    plain leaves come from per-leaf lists. :meth:`stacked` gives the whole tree of
+    stacked arrays for consumers that want entire batches.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> template = stack_samples([{"x": np.arange(2), "y": 7}, {"x": np.arange(2) + 5, "y": 8}])
+    >>> batch = SampleBatch(template, 2)
+    >>> batch[1]
+    {'x': array([5, 6]), 'y': 8}
+    >>> batch.stacked()["x"].shape
+    (2, 2)
+    """
+
+    __slots__ = ("_build", "_count", "_template")
+
+    def __init__(self, template: Any, count: int) -> None:
+        self._build = compile_template(template, count)
+        self._template = template
+        self._count = count
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Any]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            build = self._build
+            return [build(position) for position in range(*index.indices(self._count))]
+        if index < 0:
+            index += self._count
+        if not 0 <= index < self._count:
+            raise IndexError(f"sample index out of range for a batch of {self._count}")
+        return self._build(index)
+
+    def __iter__(self) -> Iterator[Any]:
+        build = self._build
+        for index in range(self._count):
+            yield build(index)
+
+    def stacked(self) -> Any:
+        """The batch as one tree: stacked arrays for numpy leaves, lists for plain ones."""
+        return _unwrap(self._template)
+
+    def __repr__(self) -> str:
+        return f"SampleBatch(<{self._count} samples>)"
