@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 import textwrap
@@ -56,7 +57,7 @@ def test_checks_fire_under_python_dash_o() -> None:
         text=True,
         timeout=60,
         cwd=root,
-        env={"PYTHONPATH": str(root), "PATH": ""},
+        env={**os.environ, "PYTHONPATH": str(root)},
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
