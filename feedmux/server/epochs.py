@@ -1,0 +1,197 @@
+"""Epochs and shards: how the server runs a streamer and splits it over workers.
+
+This module owns the server's view of a streamer: :class:`EpochIterator`
+runs it in cycle mode, one activation per epoch, and tags every item with its
+epoch and position; :func:`shard` gives each of several sampling processes
+its part so that, in exhaustive mode, the parts together yield every item of
+an epoch exactly once. It is pure (no sockets, no processes) and must keep
+the per-item cost of the epoch loop to a tuple and a generator step.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable, Generator, Iterator
+from typing import Any, Generic, TypeVar
+
+from feedmux.errors import SamplingError
+from feedmux.server.mux import BaseMux, _check_shard
+from feedmux.server.streamer import Streamer, is_integer
+
+__all__ = ["EpochIterator", "is_streamer", "shard"]
+
+T = TypeVar("T")
+
+
+def is_streamer(obj: object) -> bool:
+    """Whether ``obj`` is a :class:`~feedmux.server.Streamer` or a mux.
+
+    Examples
+    --------
+    >>> is_streamer(Streamer([1, 2])), is_streamer([1, 2])
+    (True, False)
+    """
+    return isinstance(obj, Streamer)
+
+
+class EpochIterator(Generic[T]):
+    """Run a streamer in cycle mode and tag each item with (epoch, position).
+
+    Each activation of the streamer (``streamer.iterate()``) is one epoch:
+    for a mux in exhaustive mode with ``rate=None``, every item exactly once.
+
+    Parameters
+    ----------
+    streamer : Streamer or mux
+        What to run; any other re-iterable is wrapped in a Streamer.
+    max_epochs : int >= 0 or None
+        Stop after this many epochs; None runs forever.
+    on_epoch_end : callable(epoch, count), optional
+        Called after each complete epoch with its number and its item count,
+        before the first item of the next epoch is drawn.
+
+    Attributes
+    ----------
+    epoch : int
+        The epoch of the latest item (1-based); 0 before the first item.
+    epoch_size : int or None
+        The item count of the latest complete epoch; None until one is done.
+    epochs_completed : int
+        How many epochs have ended.
+
+    Raises
+    ------
+    SamplingError
+        From iteration, if an epoch yields no item (an empty source would
+        otherwise spin forever), or at construction on a bad ``max_epochs``.
+
+    Notes
+    -----
+    ``iter()`` returns the underlying generator, so a ``for`` loop pays no
+    method call per item; ``next()`` on the EpochIterator itself works too and
+    advances the same sequence.
+
+    Examples
+    --------
+    >>> epochs = EpochIterator(Streamer("ab"), max_epochs=2)
+    >>> list(epochs)
+    [(1, 0, 'a'), (1, 1, 'b'), (2, 0, 'a'), (2, 1, 'b')]
+    >>> epochs.epoch_size, epochs.epochs_completed
+    (2, 2)
+    """
+
+    def __init__(
+        self,
+        streamer: Streamer[T] | Any,
+        *,
+        max_epochs: int | None = None,
+        on_epoch_end: Callable[[int, int], None] | None = None,
+    ) -> None:
+        if max_epochs is not None and not (is_integer(max_epochs) and int(max_epochs) >= 0):
+            raise SamplingError(
+                f"max_epochs must be None or an int >= 0, got max_epochs={max_epochs!r}"
+            )
+        self.streamer: Streamer[T] = streamer if is_streamer(streamer) else Streamer(streamer)
+        self.max_epochs = None if max_epochs is None else int(max_epochs)
+        self.on_epoch_end = on_epoch_end
+        self.epoch = 0
+        self.epoch_size: int | None = None
+        self.epochs_completed = 0
+        self._items = self._run()
+
+    def _run(self) -> Generator[tuple[int, int, T], None, None]:
+        streamer = self.streamer
+        max_epochs = self.max_epochs
+        while max_epochs is None or self.epochs_completed < max_epochs:
+            epoch = self.epochs_completed + 1
+            self.epoch = epoch
+            position = -1
+            for position, item in enumerate(streamer.iterate()):
+                yield (epoch, position, item)
+            count = position + 1
+            if count == 0:
+                raise SamplingError(
+                    f"epoch {epoch} of {streamer!r} yielded no items; an empty source "
+                    "would never yield anything"
+                )
+            self.epoch_size = count
+            self.epochs_completed = epoch
+            if self.on_epoch_end is not None:
+                self.on_epoch_end(epoch, count)
+
+    def __iter__(self) -> Iterator[tuple[int, int, T]]:
+        return self._items
+
+    def __next__(self) -> tuple[int, int, T]:
+        return next(self._items)
+
+    def close(self) -> None:
+        """Close the current activation of the streamer (and its sources)."""
+        self._items.close()
+
+
+def _every_nth(streamer: Streamer[T], index: int, count: int) -> Iterator[T]:
+    return itertools.islice(streamer.iterate(), index, None, count)
+
+
+def shard(streamer: Streamer[T], index: int, count: int) -> Streamer[T]:
+    """The part of ``streamer`` that worker ``index`` of ``count`` runs.
+
+    A mux over a list of streamers is split by streamers: shard ``index`` is
+    the same kind of mux, with the same arguments, over
+    ``streamers[index::count]`` (weights sliced alike, ``n_active`` clamped
+    at each pass, the seed derived from (seed, index) so that shards differ
+    but stay reproducible). Anything else (a plain Streamer, a ChainMux over a
+    generator function) is split by items: shard ``index`` keeps the items
+    at positions ``index, index + count, ...`` of each pass, so it runs the
+    whole source and needs it to give the same items in the same order in
+    every worker. Either way, in exhaustive mode the shards' epochs together
+    are one epoch of ``streamer``, each item once.
+
+    Parameters
+    ----------
+    streamer : Streamer or mux
+        What to split.
+    index : int
+        The worker, ``0 <= index < count``.
+    count : int >= 1
+        The number of workers; ``count == 1`` returns ``streamer`` itself.
+
+    Raises
+    ------
+    SamplingError
+        On a bad ``index`` or ``count``, or when a mux has fewer streamers
+        than ``count`` so that shard ``index`` would have none (the message
+        says to use fewer workers).
+
+    Examples
+    --------
+    >>> from feedmux.server import ChainMux
+    >>> mux = ChainMux(["ab", "cd", "ef"])
+    >>> ["".join(shard(mux, index, 2)) for index in range(2)]
+    ['abef', 'cd']
+    >>> ["".join(shard(Streamer("abcde"), index, 2)) for index in range(2)]
+    ['ace', 'bd']
+    """
+    if not is_streamer(streamer):
+        raise SamplingError(
+            f"streamer must be a Streamer or a mux, got streamer={streamer!r} "
+            f"({type(streamer).__name__})"
+        )
+    _check_shard(index, count)
+    if count == 1:
+        return streamer
+    if isinstance(streamer, BaseMux):
+        part = streamer._shard(index, count)
+        if part is not None:
+            return part
+    elif (
+        type(streamer) is Streamer
+        and isinstance(streamer.source, Streamer)
+        and not streamer.args
+        and not streamer.kwargs
+    ):
+        # Streamer(mux) is the mux: split the mux itself, by streamers.
+        return shard(streamer.source, index, count)
+    return Streamer(functools.partial(_every_nth, streamer, index, count))

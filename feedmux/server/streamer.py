@@ -1,0 +1,333 @@
+"""Streamers: restartable sources of items, the unit every mux is built from.
+
+This module owns the activation model. A :class:`Streamer` wraps a *source*
+(a generator function, any callable returning an iterable, or a re-iterable
+such as a list, an array or another streamer) and every activation starts
+that source afresh from its first item. It is pure: no I/O, no threads, and
+no activation state on the object beyond a counter of open activations, so
+two iterations of one streamer never interfere. It must never pull more
+items from a source than it yields.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import numbers
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, ParamSpec, TypeGuard, TypeVar
+
+from feedmux.errors import SamplingError
+
+__all__ = ["Streamer", "check_max_iter", "is_integer", "is_real", "streamable"]
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def is_integer(value: object) -> TypeGuard[numbers.Integral]:
+    """Whether ``value`` is an int or a numpy integer (a bool is not).
+
+    Examples
+    --------
+    >>> is_integer(3), is_integer(True), is_integer(3.0)
+    (True, False, False)
+    """
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, numbers.Integral)
+
+
+def is_real(value: object) -> TypeGuard[numbers.Real]:
+    """Whether ``value`` is a real number, numpy ones included (a bool is not)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, numbers.Real)
+
+
+
+def check_max_iter(max_iter: object, argument: str = "max_iter") -> int | None:
+    """Validate a ``max_iter``-like argument and return it as an int or None.
+
+    ``None`` and ``inf`` mean "no limit". A non-integral number is rounded up,
+    as pescador does (it stops once the count reaches the limit).
+
+    Raises
+    ------
+    SamplingError
+        If the value is not None or a number >= 0.
+
+    Examples
+    --------
+    >>> check_max_iter(3), check_max_iter(None), check_max_iter(2.5)
+    (3, None, 3)
+    """
+    if max_iter is None:
+        return None
+    if is_integer(max_iter):
+        limit = int(max_iter)
+        if limit >= 0:
+            return limit
+    elif is_real(max_iter):
+        value = float(max_iter)
+        if value == math.inf:
+            return None
+        if value >= 0:  # False for NaN
+            return math.ceil(value)
+    raise SamplingError(f"{argument} must be None or a number >= 0, got {argument}={max_iter!r}")
+
+
+def _close(iterator: object) -> None:
+    # Close the source generator as soon as its activation is over, so that a
+    # capped activation releases its resources (open files, ...) at once
+    # instead of whenever the garbage collector gets to it.
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        close()
+
+
+def _rebuild(factory: Callable[..., Streamer[Any]], args: tuple[Any, ...], kwargs: Any) -> Any:
+    return factory(*args, **kwargs)
+
+
+class Streamer(Generic[T]):
+    """A restartable stream of items: each activation starts the source afresh.
+
+    Parameters
+    ----------
+    source : generator function, callable or re-iterable
+        A generator function or any callable returning an iterable (called
+        with ``*args, **kwargs`` at each activation), or an iterable that can
+        be iterated again and again (list, tuple, str, range, numpy array,
+        another Streamer or mux).
+    *args, **kwargs
+        Arguments for ``source`` when it is callable.
+
+    Raises
+    ------
+    SamplingError
+        If ``source`` is a one-shot iterator (such as a generator object),
+        which could not restart, or neither callable nor iterable, or if
+        arguments are given for a source that is not callable.
+
+    Notes
+    -----
+    Unlike pescador 3.0, ``iterate(max_iter)`` stops *before* pulling item
+    ``max_iter + 1`` from the source, and a generator object is rejected at
+    construction instead of silently yielding its items only once.
+
+    Examples
+    --------
+    >>> def count(n):
+    ...     yield from range(n)
+    >>> stream = Streamer(count, 5)
+    >>> list(stream)
+    [0, 1, 2, 3, 4]
+    >>> list(stream.iterate(max_iter=3))
+    [0, 1, 2]
+    >>> list(stream.cycle(max_iter=7))
+    [0, 1, 2, 3, 4, 0, 1]
+    >>> list(stream(max_iter=8, cycle=True))
+    [0, 1, 2, 3, 4, 0, 1, 2]
+    >>> list(Streamer("abc"))
+    ['a', 'b', 'c']
+    """
+
+    source: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def __init__(self, source: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(source, Streamer):
+            callable_source = False
+        elif isinstance(source, Iterator):
+            raise SamplingError(
+                f"source={source!r} is a one-shot iterator ({type(source).__name__}), which "
+                "cannot restart at the next activation; pass the generator function itself "
+                "(Streamer(function, *args)) or a re-iterable such as a list"
+            )
+        elif callable(source):
+            callable_source = True
+        elif isinstance(source, Iterable):
+            callable_source = False
+        else:
+            raise SamplingError(
+                "source must be a generator function, a callable returning an iterable or a "
+                f"re-iterable, got source={source!r} ({type(source).__name__})"
+            )
+        if (args or kwargs) and not callable_source:
+            raise SamplingError(
+                f"arguments were given for source={source!r}, which is not callable "
+                "and so cannot take them"
+            )
+        self.source = source
+        self.args = args
+        self.kwargs = kwargs
+        self._callable_source = callable_source
+        self._active = 0
+        # Set by @streamable so that the streamer pickles by the decorated name.
+        self._factory: Callable[..., Streamer[T]] | None = None
+
+    # --- pescador compatibility -------------------------------------------------
+
+    @property
+    def streamer(self) -> Any:
+        """The source, under its pescador name."""
+        return self.source
+
+    @property
+    def active(self) -> int:
+        """The number of activations of this streamer currently open."""
+        return self._active
+
+    # --- activation -----------------------------------------------------------
+
+    def _start(self) -> Iterator[T]:
+        """Open one activation of the source (the hook muxes override)."""
+        source = self.source
+        if isinstance(source, Streamer):
+            return source.iterate()
+        if not self._callable_source:
+            return iter(source)
+        produced = source(*self.args, **self.kwargs)
+        try:
+            return iter(produced)
+        except TypeError:
+            raise SamplingError(
+                f"source={source!r} returned {type(produced).__name__!s}, which is not iterable"
+            ) from None
+
+    def _activation(self, limit: int | None) -> Iterator[T]:
+        if limit == 0:
+            return
+        self._active += 1
+        try:
+            items = self._start()
+            try:
+                if limit is None:
+                    yield from items
+                else:
+                    # islice stops after `limit` items without asking for one more.
+                    yield from itertools.islice(items, limit)
+            finally:
+                _close(items)
+        finally:
+            self._active -= 1
+
+    def iterate(self, max_iter: int | float | None = None) -> Iterator[T]:
+        """Activate the streamer once and yield its items.
+
+        Parameters
+        ----------
+        max_iter : int >= 0 or None
+            The most items to yield; None runs the activation to its end.
+            Item ``max_iter + 1`` is never pulled from the source.
+
+        Returns
+        -------
+        iterator
+            A fresh activation; the source is started at the first ``next()``.
+
+        Examples
+        --------
+        >>> list(Streamer(range(10)).iterate(4))
+        [0, 1, 2, 3]
+        """
+        return self._activation(check_max_iter(max_iter))
+
+    def cycle(self, max_iter: int | float | None = None) -> Iterator[T]:
+        """Yield items forever, starting a new activation whenever one ends.
+
+        Parameters
+        ----------
+        max_iter : int >= 0 or None
+            The most items to yield in total; None cycles forever.
+
+        Raises
+        ------
+        SamplingError
+            If an activation yields no item: cycling it would never yield
+            anything (pescador loops forever instead).
+
+        Examples
+        --------
+        >>> list(Streamer("ab").cycle(5))
+        ['a', 'b', 'a', 'b', 'a']
+        """
+        return self._cycle(check_max_iter(max_iter))
+
+    def _cycle(self, limit: int | None) -> Iterator[T]:
+        remaining = limit
+        while remaining is None or remaining > 0:
+            produced = 0
+            for produced, item in enumerate(self._activation(remaining), 1):  # noqa: B007
+                yield item
+            if produced == 0:
+                raise SamplingError(
+                    f"cannot cycle {self!r}: an activation yielded no items, so cycling it "
+                    "would never yield anything"
+                )
+            if remaining is not None:
+                remaining -= produced
+
+    def __call__(self, max_iter: int | float | None = None, cycle: bool = False) -> Iterator[T]:
+        """Iterate (``cycle=False``) or cycle (``cycle=True``), as in pescador.
+
+        Examples
+        --------
+        >>> list(Streamer([1, 2])(cycle=True, max_iter=3))
+        [1, 2, 1]
+        """
+        return self.cycle(max_iter) if cycle else self.iterate(max_iter)
+
+    def __iter__(self) -> Iterator[T]:
+        return self.iterate()
+
+    # --- plumbing ---------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        parts = [repr(self.source)]
+        parts += [repr(arg) for arg in self.args]
+        parts += [f"{key}={value!r}" for key, value in self.kwargs.items()]
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        if self._factory is not None:
+            # The decorated function's module attribute is the factory, not the
+            # raw generator function: pickle the call that rebuilds us.
+            return _rebuild, (self._factory, self.args, self.kwargs)
+        return super().__reduce_ex__(protocol)
+
+
+def streamable(function: Callable[P, Iterable[T]]) -> Callable[P, Streamer[T]]:
+    """Turn a generator function into a factory of :class:`Streamer` objects.
+
+    Parameters
+    ----------
+    function : callable
+        A generator function, or any callable returning an iterable.
+
+    Returns
+    -------
+    callable
+        Takes the same arguments as ``function`` and returns
+        ``Streamer(function, *args, **kwargs)``.
+
+    Examples
+    --------
+    >>> @streamable
+    ... def letters(word):
+    ...     yield from word
+    >>> stream = letters("xyz")
+    >>> list(stream), list(stream)
+    (['x', 'y', 'z'], ['x', 'y', 'z'])
+    """
+
+    @functools.wraps(function)
+    def make_streamer(*args: P.args, **kwargs: P.kwargs) -> Streamer[T]:
+        streamer: Streamer[T] = Streamer(function, *args, **kwargs)
+        streamer._factory = make_streamer
+        return streamer
+
+    return make_streamer
