@@ -7,10 +7,35 @@ socket or protocol logic lives here.
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import sys
 from collections.abc import Sequence
 
+from feedmux._transport import DEFAULT_BIND, DEFAULT_HWM
 from feedmux._version import __version__
+
+EXIT_USAGE = 2
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,7 +45,48 @@ def build_parser() -> argparse.ArgumentParser:
         description="A ZeroMQ data server for machine-learning training.",
     )
     parser.add_argument("--version", action="version", version=f"feedmux {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = commands.add_parser(
+        "serve", help="run a sampler server",
+        description="Serve the samples of a streamer, a mux, or a factory returning one.",
+    )
+    serve.add_argument("source", metavar="MODULE:ATTR",
+                       help="e.g. mypkg.data:make_mux (a streamer, a mux, or a factory)")
+    serve.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
+                       help="keyword argument for the factory (JSON value, else a string)")
+    serve.add_argument("--bind", default=DEFAULT_BIND, help=f"data endpoint (default {DEFAULT_BIND})")
+    serve.add_argument("--control", help="control endpoint (default: data port + 1)")
+    serve.add_argument("--workers", type=_positive_int, default=1,
+                       help="sampling processes (default 1)")
+    serve.add_argument("--epochs", type=_positive_int, help="stop after N epochs (default: never)")
+    serve.add_argument("--epoch-size", type=_positive_int,
+                       help="declare the epoch size (default: measured after one epoch)")
+    serve.add_argument("--hwm", type=_positive_int, default=DEFAULT_HWM,
+                       help=f"messages queued per trainer (default {DEFAULT_HWM})")
+    serve.add_argument("--samples-per-message", type=_positive_int,
+                       help="fixed transport batch (default: sized from the samples)")
+    serve.add_argument("--on-error", choices=("raise", "skip"), default="raise",
+                       help="a streamer that raises stops the server (raise) or is skipped")
+    serve.add_argument("--log-every", type=_positive_float, default=10.0,
+                       help="seconds between throughput log lines (default 10)")
+    serve.add_argument("--drain-timeout", type=_positive_float, default=30.0,
+                       help="seconds a finished server waits for trainers to drain (default 30)")
+
+    for name, text in (("stats", "print a server's statistics"),
+                       ("ping", "exit 0 if a server answers, 1 otherwise")):
+        sub = commands.add_parser(name, help=text, description=text)
+        sub.add_argument("address", help="the control endpoint, e.g. tcp://127.0.0.1:5556")
+        sub.add_argument("--timeout", type=_positive_float, default=2.0,
+                         help="seconds to wait for an answer (default 2)")
+
+    demo = commands.add_parser("demo", help="a server and two trainers on example data")
+    demo.add_argument("--files", type=_positive_int, default=3)
+    demo.add_argument("--examples", type=_positive_int, default=1000, help="examples per file")
+    demo.add_argument("--epochs", type=_positive_int, default=3)
+    demo.add_argument("--trainers", type=_positive_int, default=2)
+    demo.add_argument("--workers", type=_positive_int, default=1)
     return parser
 
 
@@ -28,11 +94,56 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``feedmux`` command; return its exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
     if args.command is None:
         parser.print_help()
         return 0
-    parser.error(f"unknown command {args.command!r}")
-    return 2  # pragma: no cover - parser.error exits
+    if args.command == "serve":
+        return _serve(args)
+    if args.command in ("stats", "ping"):
+        return _stats(args)
+    from feedmux.demo import run_demo
+
+    return run_demo(files=args.files, examples=args.examples, epochs=args.epochs,
+                    trainers=args.trainers, workers=args.workers)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from feedmux.errors import FactoryError
+    from feedmux.server.factory import parse_factory_args
+    from feedmux.server.server import Server
+
+    try:
+        kwargs = parse_factory_args(args.arg)
+        server = Server(
+            args.source, factory_kwargs=kwargs, bind=args.bind, control=args.control,
+            workers=args.workers, epochs=args.epochs, epoch_size=args.epoch_size, hwm=args.hwm,
+            samples_per_message=args.samples_per_message, on_error=args.on_error,
+            log_every=args.log_every, drain_timeout=args.drain_timeout,
+        )
+    except (FactoryError, ValueError) as error:
+        print(f"feedmux serve: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    return server.run()
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from feedmux.client.remote import fetch_stats
+    from feedmux.errors import FeedmuxError
+
+    try:
+        stats = fetch_stats(args.address, timeout=args.timeout)
+    except FeedmuxError as error:
+        print(f"feedmux {args.command}: {error}", file=sys.stderr)
+        return 1
+    if args.command == "ping":
+        print(f"ok: server {stats.get('server_id')} at {args.address}")
+    else:
+        print(json.dumps(stats, indent=2, sort_keys=True))
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

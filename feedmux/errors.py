@@ -11,6 +11,7 @@ from __future__ import annotations
 
 __all__ = [
     "DataError",
+    "FactoryError",
     "FeedmuxError",
     "ProtocolError",
     "RemoteError",
@@ -75,6 +76,11 @@ class RemoteError(FeedmuxError, RuntimeError):
         if remote_traceback:
             text += "\n--- remote traceback ---\n" + remote_traceback.rstrip()
         super().__init__(text)
+
+
+class FactoryError(FeedmuxError, ValueError):
+    """``MODULE:ATTR`` could not be resolved into a streamer (import failed, no such
+    attribute, the factory raised, or it returned something that is not a streamer)."""
 
 
 class SamplingError(FeedmuxError, ValueError):

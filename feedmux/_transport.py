@@ -1,0 +1,129 @@
+"""ZeroMQ plumbing shared by the server and the client.
+
+This module owns socket options, address arithmetic and the translation of
+``zmq.ZMQError`` into :mod:`feedmux.errors`; it never encodes or decodes a
+message (that is :mod:`feedmux.protocol`) and holds no state of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import zmq
+
+from feedmux.errors import ProtocolError, TransportError
+from feedmux.protocol import Message, decode, encode
+
+__all__ = [
+    "DEFAULT_BIND",
+    "DEFAULT_HWM",
+    "HEARTBEAT_INTERVAL",
+    "control_address_for",
+    "make_socket",
+    "mapped_zmq_errors",
+    "recv_message",
+    "send_message",
+]
+
+#: Where ``feedmux serve`` binds its data socket unless told otherwise: loopback only.
+DEFAULT_BIND = "tcp://127.0.0.1:5555"
+#: Messages queued per peer on each side. With transport batching one message holds
+#: up to a few MiB, so this bounds the memory a stalled trainer can pin on the server.
+DEFAULT_HWM = 8
+#: Seconds between application heartbeats (trainer -> server) and between ZMTP pings.
+HEARTBEAT_INTERVAL = 1.0
+
+_TCP = re.compile(r"^tcp://(?P<host>.+):(?P<port>\d+)$")
+
+
+def control_address_for(data_address: str) -> str:
+    """Return the default control endpoint of a data endpoint: the same host, port + 1.
+
+    Examples
+    --------
+    >>> control_address_for("tcp://127.0.0.1:5555")
+    'tcp://127.0.0.1:5556'
+    >>> control_address_for("ipc:///tmp/feed")
+    'ipc:///tmp/feed.control'
+    """
+    match = _TCP.match(data_address)
+    if match:
+        return f"tcp://{match['host']}:{int(match['port']) + 1}"
+    if data_address.startswith(("ipc://", "inproc://")):
+        return data_address + ".control"
+    raise TransportError(
+        f"cannot derive a control endpoint from {data_address!r}: expected tcp://HOST:PORT, "
+        "ipc://PATH or inproc://NAME; pass the control endpoint explicitly"
+    )
+
+
+@contextlib.contextmanager
+def mapped_zmq_errors(action: str, address: str = "") -> Iterator[None]:
+    """Translate ``zmq.ZMQError`` raised inside the block into :class:`TransportError`."""
+    try:
+        yield
+    except zmq.ZMQError as error:
+        where = f" {address}" if address else ""
+        raise TransportError(f"cannot {action}{where}: {error.strerror}") from error
+
+
+def make_socket(
+    context: zmq.Context[Any],
+    kind: int,
+    *,
+    hwm: int = DEFAULT_HWM,
+    max_message_bytes: int = -1,
+    heartbeats: bool = True,
+) -> zmq.Socket[Any]:
+    """A socket with feedmux's options: bounded queues, linger 0, ZMTP heartbeats.
+
+    ZMTP heartbeats make a frozen peer (e.g. SIGSTOP) visible as a dropped
+    connection instead of a silent stall; ``max_message_bytes`` caps what a
+    receiving socket accepts before any of it reaches Python.
+    """
+    socket = context.socket(kind)
+    socket.linger = 0
+    socket.sndhwm = hwm
+    socket.rcvhwm = hwm
+    if max_message_bytes > 0:
+        socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    if heartbeats:
+        interval_ms = int(HEARTBEAT_INTERVAL * 1000)
+        socket.setsockopt(zmq.HEARTBEAT_IVL, interval_ms)
+        socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * interval_ms)
+        socket.setsockopt(zmq.HEARTBEAT_TTL, 3 * interval_ms)
+    socket.setsockopt(zmq.RECONNECT_IVL, 100)
+    socket.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+    return socket
+
+
+def send_message(
+    socket: zmq.Socket[Any],
+    message: Message,
+    *,
+    prefix: Sequence[bytes] = (),
+    flags: int = 0,
+) -> None:
+    """Encode ``message`` and send it as one multipart message (after ``prefix`` frames)."""
+    frames: list[Any] = [*prefix, *encode(message)]
+    socket.send_multipart(frames, flags=flags, copy=False)
+
+
+def recv_message(socket: zmq.Socket[Any], *, flags: int = 0) -> tuple[list[bytes], Message]:
+    """Receive one multipart message; return its routing prefix and the decoded message.
+
+    A ROUTER socket prepends the sender's identity; that frame is returned as
+    the prefix. Frames are received without a copy and handed to the decoder
+    as writable buffers, so decoded arrays are views of ZeroMQ's memory.
+    """
+    parts = socket.recv_multipart(flags=flags, copy=False)
+    prefix: list[bytes] = []
+    if socket.type == zmq.ROUTER:
+        if not parts:
+            raise ProtocolError("expected an identity frame from a ROUTER socket, got nothing")
+        prefix = [parts[0].bytes]
+        parts = parts[1:]
+    return prefix, decode([part.buffer for part in parts])

@@ -1,0 +1,440 @@
+"""RemoteLoader: the trainer's end of the wire, an iterable of decoded samples.
+
+This module owns the trainer's sockets: one PULL socket connected to every
+server's data endpoint and one DEALER per server's control endpoint (hello,
+heartbeats, the end-of-stream handshake, remote errors). It never imports the
+server package. Every blocking wait is bounded: by the user's ``timeout``, or
+by a short poll interval when no timeout is asked for (then it waits for data
+as long as it takes, by the user's choice).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import zmq
+
+from feedmux._transport import (
+    DEFAULT_HWM,
+    HEARTBEAT_INTERVAL,
+    control_address_for,
+    make_socket,
+    send_message,
+)
+from feedmux.errors import (
+    ProtocolError,
+    RemoteError,
+    TransportClosedError,
+    TransportTimeoutError,
+    VersionMismatchError,
+)
+from feedmux.protocol import (
+    Data,
+    Drain,
+    EndOfStream,
+    Error,
+    Heartbeat,
+    Hello,
+    Message,
+    Welcome,
+    decode,
+)
+
+__all__ = ["RemoteLoader", "SampleMeta", "fetch_stats"]
+
+log = logging.getLogger("feedmux.client")
+
+#: A data message larger than this is refused by ZeroMQ before it reaches Python.
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
+
+
+class SampleMeta(NamedTuple):
+    """Where a sample came from: the server's epoch (1-based), its position in that
+    epoch (0-based) and the id of the server process that sent it."""
+
+    epoch: int
+    position: int
+    server_id: str
+
+
+@dataclass
+class _ServerLink:
+    """What this trainer knows about one server (one control endpoint)."""
+
+    data_address: str
+    control_address: str
+    socket: Any = None
+    server_id: str = ""
+    epoch_size: int | None = None
+    finished: bool = False
+
+
+class RemoteLoader:
+    """An iterable over the samples that one or more feedmux servers push.
+
+    Parameters
+    ----------
+    address : str or sequence of str
+        Data endpoint(s) of the server(s), e.g. ``"tcp://127.0.0.1:5555"``.
+        With several, samples are taken from whichever has them.
+    control : str or sequence of str, optional
+        Control endpoint(s), one per address; default: each data port + 1.
+    timeout : float, optional
+        Seconds without any data before ``next()`` raises
+        :class:`~feedmux.errors.TransportTimeoutError`. None waits forever
+        (through server restarts), by choice.
+    hwm : int
+        Data messages queued in this process before the server is held back.
+    world_size : int
+        Trainers sharing the stream; ``len(loader)`` is ``epoch_size // world_size``.
+    with_meta : bool
+        Yield ``(SampleMeta, sample)`` pairs instead of bare samples.
+    max_message_bytes : int
+        Larger data messages are refused (and the connection dropped).
+
+    Notes
+    -----
+    Iteration ends (``StopIteration``) only when every server ran a finite
+    number of epochs and said so; otherwise it goes on forever. A server that
+    restarts (a new server id) is picked up again by itself, with a warning.
+    ``len()`` raises TypeError until an epoch size is known, like a torch
+    DataLoader over an IterableDataset.
+    """
+
+    def __init__(
+        self,
+        address: str | Sequence[str],
+        *,
+        control: str | Sequence[str] | None = None,
+        timeout: float | None = None,
+        hwm: int = DEFAULT_HWM,
+        world_size: int = 1,
+        with_meta: bool = False,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        client_id: str | None = None,
+    ) -> None:
+        addresses = [address] if isinstance(address, str) else list(address)
+        if not addresses or not all(isinstance(a, str) and a for a in addresses):
+            raise ValueError(f"expected a data endpoint or a non-empty list of them, got {address!r}")
+        if control is None:
+            controls = [control_address_for(a) for a in addresses]
+        else:
+            controls = [control] if isinstance(control, str) else list(control)
+        if len(controls) != len(addresses):
+            raise ValueError(
+                f"expected one control endpoint per data endpoint ({len(addresses)}), "
+                f"got {len(controls)}: {controls!r}"
+            )
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"expected timeout None or > 0 seconds, got {timeout!r}")
+        if not (isinstance(world_size, int) and world_size >= 1):
+            raise ValueError(f"expected world_size an int >= 1, got {world_size!r}")
+        if not (isinstance(hwm, int) and hwm >= 1):
+            raise ValueError(f"expected hwm an int >= 1, got {hwm!r}")
+        self.addresses = addresses
+        self.timeout = timeout
+        self.hwm = hwm
+        self.world_size = world_size
+        self.with_meta = with_meta
+        self.max_message_bytes = max_message_bytes
+        self.client_id = client_id or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._links = [_ServerLink(a, c) for a, c in zip(addresses, controls)]
+        self._context: zmq.Context[Any] | None = None
+        self._pid = 0
+        self._data: Any = None
+        self._poller: zmq.Poller | None = None
+        self._closed = False
+        # The current data message: its samples, tags and the next index to hand out.
+        self._samples: Sequence[Any] = ()
+        self._tags: Any = None
+        self._server_id = ""
+        self._index = 0
+        self._count = 0
+        self._received: dict[str, int] = {}
+        self._last_heartbeat = 0.0
+        self._last: SampleMeta | None = None
+        self._restored: dict[str, Any] = {}
+        self._finalizer: weakref.finalize | None = None
+
+    # -- the iterable ---------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        index = self._index
+        while index >= self._count:
+            self._receive()
+            index = self._index
+        self._index = index + 1
+        if self.with_meta:
+            return self.last_meta, self._samples[index]
+        return self._samples[index]
+
+    def __len__(self) -> int:
+        sizes = [link.epoch_size for link in self._links]
+        if not self._links or any(size is None for size in sizes):
+            raise TypeError(
+                "the epoch size is not known yet: the server learns it after its first epoch "
+                "(or declare it with --epoch-size)"
+            )
+        return max(1, sum(size for size in sizes if size is not None) // self.world_size)
+
+    # -- what was seen --------------------------------------------------------------------
+    @property
+    def last_meta(self) -> SampleMeta | None:
+        """Epoch, position and server of the sample most recently yielded."""
+        if self._index == 0 or self._tags is None:
+            return self._last
+        row = self._tags[self._index - 1]
+        return SampleMeta(int(row[0]), int(row[1]), self._server_id)
+
+    @property
+    def last_epoch(self) -> int | None:
+        """The server epoch of the sample most recently yielded (None before the first)."""
+        meta = self.last_meta
+        return None if meta is None else meta.epoch
+
+    @property
+    def last_position(self) -> int | None:
+        """The position in its epoch of the sample most recently yielded."""
+        meta = self.last_meta
+        return None if meta is None else meta.position
+
+    @property
+    def server_ids(self) -> list[str]:
+        """The id of each server, in address order ('' until it answered)."""
+        return [link.server_id for link in self._links]
+
+    @property
+    def epoch_size(self) -> int | None:
+        """The total epoch size over all servers, once every one of them knows it."""
+        sizes = [link.epoch_size for link in self._links]
+        return None if any(s is None for s in sizes) else sum(s for s in sizes if s is not None)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data: servers, the last (epoch, position, server) seen, messages received.
+
+        The server is not rewound on restore (it serves a live stream, as tf.data
+        service does); the state records where this trainer was so a resumed run
+        can tell which epoch it is in.
+        """
+        meta = self.last_meta
+        return {
+            "addresses": list(self.addresses),
+            "server_ids": self.server_ids,
+            "last_epoch": None if meta is None else meta.epoch,
+            "last_position": None if meta is None else meta.position,
+            "last_server_id": None if meta is None else meta.server_id,
+            "received_messages": dict(self._received),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved (the last sample seen)."""
+        missing = {"last_epoch", "last_position", "last_server_id"} - set(state)
+        if missing:
+            raise ValueError(f"RemoteLoader state lacks {sorted(missing)}; got keys {sorted(state)}")
+        self._restored = dict(state)
+        if state["last_epoch"] is not None:
+            self._last = SampleMeta(
+                int(state["last_epoch"]), int(state["last_position"]),
+                str(state["last_server_id"]),
+            )
+            if self._index == 0:
+                self._tags = None
+
+    # -- sockets --------------------------------------------------------------------------
+    def _connect(self) -> None:
+        if self._closed:
+            raise TransportClosedError(f"this RemoteLoader of {self.addresses} is closed")
+        if self._context is not None and self._pid == os.getpid():
+            return
+        # A fresh context in every process: a ZeroMQ context must never cross a fork.
+        self._context = zmq.Context()
+        self._pid = os.getpid()
+        self._data = make_socket(
+            self._context, zmq.PULL, hwm=self.hwm, max_message_bytes=self.max_message_bytes
+        )
+        self._poller = zmq.Poller()
+        self._poller.register(self._data, zmq.POLLIN)
+        for link in self._links:
+            self._data.connect(link.data_address)
+            link.socket = make_socket(self._context, zmq.DEALER, hwm=100,
+                                      max_message_bytes=1 << 20)
+            link.socket.connect(link.control_address)
+            self._poller.register(link.socket, zmq.POLLIN)
+            self._send(link, Hello(client_id=self.client_id, world_size=self.world_size))
+        self._finalizer = weakref.finalize(
+            self, _close_sockets, self._pid, self._context,
+            [self._data, *(lk.socket for lk in self._links)],
+        )
+
+    def _send(self, link: _ServerLink, message: Message) -> None:
+        try:
+            send_message(link.socket, message, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the server is away and the queue is full: the next heartbeat will do
+
+    def _receive(self) -> None:
+        """Block until the next data message is current (or raise / end the iteration)."""
+        self._connect()
+        assert self._poller is not None
+        data = self._data
+        waited_from = time.monotonic()
+        while True:
+            self._heartbeat_if_due()
+            try:
+                frames = data.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                if self._all_finished():
+                    raise StopIteration from None
+                now = time.monotonic()
+                if self.timeout is not None and now - waited_from >= self.timeout:
+                    raise TransportTimeoutError(
+                        f"no data from {', '.join(self.addresses)} for {self.timeout:g} s "
+                        f"(servers: {self._describe_servers()})"
+                    ) from None
+                remaining = HEARTBEAT_INTERVAL
+                if self.timeout is not None:
+                    remaining = min(remaining, self.timeout - (now - waited_from))
+                events = dict(self._poller.poll(max(1, int(remaining * 1000))))
+                for link in self._links:
+                    if link.socket in events:
+                        self._serve_control(link)
+                continue
+            self._take(frames)
+            for link in self._links:
+                if link.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    self._serve_control(link)
+            return
+
+    def _take(self, frames: list[Any]) -> None:
+        try:
+            message = decode([frame.buffer for frame in frames])
+        except VersionMismatchError:
+            raise
+        except ProtocolError as error:
+            raise ProtocolError(f"malformed data message from {self.addresses}: {error}") from error
+        if not isinstance(message, Data):
+            raise ProtocolError(
+                f"expected a data message on the data socket, got {type(message).__name__}"
+            )
+        server_id = message.server_id
+        if server_id not in self._received:
+            self._on_new_server(server_id)
+        self._received[server_id] = self._received.get(server_id, 0) + 1
+        self._samples, self._tags, self._server_id = message.samples, message.tags, server_id
+        self._index, self._count = 0, len(message.samples)
+
+    def _on_new_server(self, server_id: str) -> None:
+        known = {link.server_id for link in self._links}
+        if server_id not in known:
+            # A restarted server (or a first message racing its welcome): say hello again.
+            for link in self._links:
+                self._send(link, Hello(client_id=self.client_id, world_size=self.world_size))
+        self._received[server_id] = 0
+
+    def _serve_control(self, link: _ServerLink) -> None:
+        while link.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            frames = link.socket.recv_multipart(copy=False)
+            message = decode([frame.buffer for frame in frames])
+            if isinstance(message, Welcome):
+                if link.server_id and link.server_id != message.server_id:
+                    log.warning(
+                        "server at %s restarted: server id %s, before %s; continuing",
+                        link.control_address, message.server_id, link.server_id,
+                    )
+                    link.finished = False
+                link.server_id = message.server_id
+                link.epoch_size = message.epoch_size
+            elif isinstance(message, Drain):
+                self._send(link, Heartbeat(
+                    sender_id=self.client_id,
+                    received_messages=self._received.get(message.server_id, 0),
+                ))
+            elif isinstance(message, EndOfStream):
+                if message.server_id == link.server_id or not link.server_id:
+                    link.finished = True
+            elif isinstance(message, Error):
+                if message.type.rsplit(".", 1)[-1] == "VersionMismatchError":
+                    raise VersionMismatchError(f"{message.message} (server {link.control_address})")
+                raise RemoteError(message.type, message.message, message.traceback,
+                                  message.server_id or link.control_address)
+
+    def _heartbeat_if_due(self) -> None:
+        now = time.monotonic()
+        if now - self._last_heartbeat < HEARTBEAT_INTERVAL:
+            return
+        self._last_heartbeat = now
+        for link in self._links:
+            self._send(link, Heartbeat(
+                sender_id=self.client_id, received_messages=self._received.get(link.server_id, 0)
+            ))
+
+    def _all_finished(self) -> bool:
+        return all(link.finished for link in self._links)
+
+    def _describe_servers(self) -> str:
+        return ", ".join(
+            f"{link.control_address}={link.server_id or 'never answered'}" for link in self._links
+        )
+
+    # -- lifetime -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the sockets; iterating afterwards raises TransportClosedError."""
+        self._closed = True
+        if self._finalizer is not None:
+            self._finalizer()
+        self._context = None
+
+    def __enter__(self) -> RemoteLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RemoteLoader({self.addresses!r}, timeout={self.timeout!r})"
+
+
+def _close_sockets(pid: int, context: zmq.Context[Any], sockets: list[Any]) -> None:
+    if pid != os.getpid():
+        return  # a forked child must not touch its parent's sockets
+    for socket in sockets:
+        socket.close(linger=0)
+    context.term()
+
+
+def fetch_stats(control_address: str, *, timeout: float = 2.0) -> dict[str, Any]:
+    """Ask the server at ``control_address`` for its statistics.
+
+    Raises :class:`~feedmux.errors.TransportTimeoutError` when it does not answer
+    within ``timeout`` seconds.
+    """
+    from feedmux.protocol import Stats, StatsRequest
+
+    context: zmq.Context[Any] = zmq.Context()
+    socket = make_socket(context, zmq.DEALER, hwm=10, max_message_bytes=1 << 20)
+    try:
+        socket.connect(control_address)
+        send_message(socket, StatsRequest(client_id=f"stats-{os.getpid()}"))
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            if not socket.poll(int(remaining * 1000) + 1):
+                break
+            message = decode([frame.buffer for frame in socket.recv_multipart(copy=False)])
+            if isinstance(message, Stats):
+                return dict(message.values)
+            if isinstance(message, Error):
+                raise RemoteError(message.type, message.message, message.traceback,
+                                  message.server_id or control_address)
+        raise TransportTimeoutError(f"no answer from {control_address} within {timeout:g} s")
+    finally:
+        socket.close(linger=0)
+        context.term()

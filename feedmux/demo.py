@@ -1,0 +1,186 @@
+"""``feedmux demo``: a sampler server and trainer processes on example data.
+
+It builds the data of pescador's epoch example (N ``.npz`` files of M examples,
+every example with a unique id), serves
+``StochasticMux(streams, 100, rate=None, mode="exhaustive")`` for a few epochs
+from a real server process, and runs trainer processes that iterate a
+:class:`~feedmux.Stream` over a :class:`~feedmux.RemoteLoader`. It then checks
+that, in every epoch, the trainers together saw every example exactly once.
+Every process it starts is waited for or killed, whatever happens.
+
+The same sampler and trainer, as files to copy, are in ``examples/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from feedmux.client.remote import RemoteLoader
+from feedmux.client.stream import Stream
+from feedmux.server import StochasticMux, Streamer
+
+__all__ = ["check_exactly_once", "make_mux", "run_demo", "write_example_files"]
+
+#: How long the whole demo may take before its processes are killed.
+DEMO_TIMEOUT = 120.0
+
+
+def write_example_files(directory: str | Path, files: int, examples: int, seed: int = 0) -> list[Path]:
+    """Write ``files`` npz files of ``examples`` examples each: X float32[8], y int, id int."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    for index in range(files):
+        path = Path(directory) / f"part-{index:03d}.npz"
+        ids = np.arange(index * examples, (index + 1) * examples, dtype=np.int64)
+        np.savez(path, X=rng.standard_normal((examples, 8)).astype(np.float32),
+                 y=rng.integers(0, 10, examples), id=ids)
+        paths.append(path)
+    return paths
+
+
+def npz_examples(path: str) -> Iterator[dict[str, Any]]:
+    """Yield the examples of one npz file, one dict per example."""
+    with np.load(path) as data:
+        features, labels, ids = data["X"], data["y"], data["id"]
+    for index in range(len(ids)):
+        yield {"X": features[index], "y": labels[index], "id": ids[index]}
+
+
+def make_mux(data_dir: str, n_active: int = 100, seed: int | None = None) -> StochasticMux:
+    """The sampler of pescador's epoch example, over every npz file in ``data_dir``."""
+    paths = sorted(str(p) for p in Path(data_dir).glob("*.npz"))
+    streams = [Streamer(npz_examples, path) for path in paths]
+    return StochasticMux(streams, n_active, rate=None, mode="exhaustive", random_state=seed)
+
+
+def check_exactly_once(
+    seen_by_trainer: Sequence[dict[int, list[int]]], all_ids: set[int], epochs: int
+) -> list[str]:
+    """Problems found (empty if every epoch had every id exactly once across trainers)."""
+    problems = []
+    for epoch in range(1, epochs + 1):
+        counts = Counter(i for seen in seen_by_trainer for i in seen.get(epoch, []))
+        duplicated = sorted(i for i, n in counts.items() if n > 1)
+        missing = sorted(all_ids - counts.keys())
+        unknown = sorted(counts.keys() - all_ids)
+        for what, ids in (("seen twice", duplicated), ("missing", missing), ("unknown", unknown)):
+            if ids:
+                problems.append(f"epoch {epoch}: {len(ids)} ids {what}, e.g. {ids[:5]}")
+    return problems
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def trainer_main(address: str, control: str, world_size: int, out: str) -> int:
+    """One demo trainer: consume the stream to its end, record ids per server epoch."""
+    loader = RemoteLoader(address, control=control, timeout=30.0, world_size=world_size)
+    stream = Stream(loader)
+    seen: dict[int, list[int]] = {}
+    timing: dict[int, list[float]] = {}
+    with loader:
+        for sample in stream.data(math.inf):
+            epoch = loader.last_epoch
+            assert epoch is not None
+            seen.setdefault(epoch, []).append(int(sample["id"]))
+            now = time.perf_counter()
+            timing.setdefault(epoch, [now, now])[1] = now
+    Path(out).write_text(json.dumps({
+        "iterations": stream.iteration,
+        "seen": {str(e): ids for e, ids in seen.items()},
+        "seconds": {str(e): t[1] - t[0] for e, t in timing.items()},
+    }))
+    return 0
+
+
+def run_demo(files: int = 3, examples: int = 1000, epochs: int = 3, trainers: int = 2,
+             workers: int = 1) -> int:
+    """Run the demo; return 0 if every example was seen exactly once per epoch."""
+    port, control_port = _free_port(), _free_port()
+    address, control = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{control_port}"
+    processes: list[subprocess.Popen[bytes]] = []
+    with tempfile.TemporaryDirectory(prefix="feedmux-demo-") as scratch:
+        write_example_files(scratch, files, examples)
+        all_ids = set(range(files * examples))
+        print(f"feedmux demo: {files} files x {examples} examples, {epochs} epochs, "
+              f"{trainers} trainers, {workers} sampling worker(s), server at {address}")
+        try:
+            server = subprocess.Popen([
+                sys.executable, "-m", "feedmux", "--log-level", "WARNING", "serve",
+                "feedmux.demo:make_mux", "--arg", f"data_dir={scratch}",
+                "--bind", address, "--control", control, "--epochs", str(epochs),
+                "--workers", str(workers), "--epoch-size", str(files * examples),
+            ])
+            processes.append(server)
+            outs = [os.path.join(scratch, f"trainer-{rank}.json") for rank in range(trainers)]
+            started = time.perf_counter()
+            for out in outs:
+                processes.append(subprocess.Popen([
+                    sys.executable, "-m", "feedmux.demo", address, control, str(trainers), out,
+                ]))
+            deadline = time.monotonic() + DEMO_TIMEOUT
+            for process in processes[1:]:
+                process.wait(timeout=max(1.0, deadline - time.monotonic()))
+            elapsed = time.perf_counter() - started
+            codes = [p.returncode for p in processes[1:]]
+            server.wait(timeout=max(1.0, deadline - time.monotonic()))
+            if any(codes):
+                print(f"trainer exit codes: {codes}")
+                return 1
+            results = [json.loads(Path(out).read_text()) for out in outs]
+        except subprocess.TimeoutExpired:
+            print(f"feedmux demo: timed out after {DEMO_TIMEOUT:g} s")
+            return 1
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+    seen = [{int(e): ids for e, ids in r["seen"].items()} for r in results]
+    print("\n| epoch | " + " | ".join(f"trainer {i} samples" for i in range(trainers))
+          + " | samples/s (all trainers) |")
+    print("|---" * (trainers + 2) + "|")
+    for epoch in range(1, epochs + 1):
+        counts = [len(s.get(epoch, [])) for s in seen]
+        seconds = max(r["seconds"].get(str(epoch), 0.0) for r in results) or float("nan")
+        print(f"| {epoch} | " + " | ".join(str(c) for c in counts) + f" | {sum(counts) / seconds:,.0f} |")
+    print(f"\niterations per trainer: {[r['iterations'] for r in results]}, "
+          f"wall time {elapsed:.2f} s")
+    problems = check_exactly_once(seen, all_ids, epochs)
+    if problems:
+        print("FAILED: " + "; ".join(problems))
+        return 1
+    print(f"OK: every one of the {len(all_ids)} examples was seen exactly once in each of "
+          f"the {epochs} epochs, across {trainers} trainers")
+    return 0
+
+
+def _trainer_cli(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m feedmux.demo")
+    parser.add_argument("address")
+    parser.add_argument("control")
+    parser.add_argument("world_size", type=int)
+    parser.add_argument("out")
+    args = parser.parse_args(argv)
+    return trainer_main(args.address, args.control, args.world_size, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(_trainer_cli(sys.argv[1:]))

@@ -1,0 +1,158 @@
+"""Sampling worker processes: each runs one shard of the streamer.
+
+A worker pushes encoded data messages to the server process over an internal
+endpoint and, after each epoch of its shard, an ``EndOfEpoch`` marker; it then
+waits until the server has heard the end of that epoch from every worker, so
+epochs leave the server one after the other (no shard runs ahead). Workers are
+forked before the server creates its ZeroMQ context, create their own, and die
+with their parent (``PR_SET_PDEATHSIG`` where the kernel offers it, and a
+parent-pid check everywhere they wait), so no exit path leaves one behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from feedmux._transport import make_socket
+from feedmux.protocol import EndOfEpoch, encode
+from feedmux.server._producer import Frames, error_message, produce
+from feedmux.server.epochs import EpochIterator, shard
+
+if TYPE_CHECKING:
+    from feedmux.server.server import ServerConfig
+
+__all__ = ["WorkerPool"]
+
+log = logging.getLogger("feedmux.server")
+
+#: How long a stopping pool waits for its workers before it kills them.
+WORKER_STOP_TIMEOUT = 2.0
+
+
+class WorkerPool:
+    """N forked sampling processes, their epoch gate and their failure reports."""
+
+    def __init__(self, streamer: Any, config: ServerConfig, endpoint: str) -> None:
+        self.config = config
+        self.endpoint = endpoint
+        # Shard in this process first, so a streamer that cannot be split fails here, clearly.
+        self.shards = [shard(streamer, index, config.workers) for index in range(config.workers)]
+        self._mp = multiprocessing.get_context("fork")
+        self._released = self._mp.RawValue("q", 0)
+        self._stop = self._mp.Event()
+        self.processes: list[multiprocessing.process.BaseProcess] = []
+
+    def start(self) -> None:
+        for index, part in enumerate(self.shards):
+            process = self._mp.Process(
+                target=_worker_main,
+                args=(part, self.config, index, self.endpoint, self._released, self._stop,
+                      os.getpid()),
+                name=f"feedmux-worker-{index}",
+                daemon=True,
+            )
+            process.start()
+            self.processes.append(process)
+        log.info("started %d sampling worker(s): pids %s", len(self.processes),
+                 ", ".join(str(p.pid) for p in self.processes))
+
+    def release(self, epoch: int) -> None:
+        """Let the workers start ``epoch``."""
+        self._released.value = epoch
+
+    def failure(self) -> str:
+        """A description of the first worker that exited on its own, or ''."""
+        if self._stop.is_set():
+            return ""
+        for index, process in enumerate(self.processes):
+            if process.exitcode is not None:
+                return (f"sampling worker {index} (pid {process.pid}) exited unexpectedly "
+                        f"with code {process.exitcode}")
+        return ""
+
+    def stop(self) -> None:
+        """Stop every worker: ask, wait briefly, then kill; never leaves one running."""
+        self._stop.set()
+        deadline = time.monotonic() + WORKER_STOP_TIMEOUT
+        for process in self.processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        for process in self.processes:
+            if process.exitcode is None:
+                log.warning("worker pid %s did not stop in time; killing it", process.pid)
+                process.kill()
+                process.join(WORKER_STOP_TIMEOUT)
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent-pid checks still apply
+        pass
+
+
+def _worker_main(
+    streamer: Any,
+    config: ServerConfig,
+    index: int,
+    endpoint: str,
+    released: Any,
+    stop_event: Any,
+    parent_pid: int,
+) -> None:
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us
+    terminated = []
+    signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))
+
+    def stopping() -> bool:
+        return bool(terminated) or stop_event.is_set() or os.getppid() != parent_pid
+
+    context: zmq.Context[Any] = zmq.Context()
+    push = make_socket(context, zmq.PUSH, hwm=config.hwm, heartbeats=False)
+    push.connect(endpoint)
+
+    def send(frames: Frames) -> bool:
+        while True:
+            try:
+                push.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                return True
+            except zmq.Again:
+                if stopping():
+                    return False
+                push.poll(100, zmq.POLLOUT)
+
+    def wait_for_release(epoch: int) -> bool:
+        while released.value < epoch:
+            if stopping():
+                return False
+            time.sleep(0.002)
+        return True
+
+    def epoch_done(epoch: int, count: int) -> bool:
+        return send(encode(EndOfEpoch(epoch=epoch, count=count, worker=index))) and (
+            wait_for_release(epoch + 1)
+        )
+
+    try:
+        if wait_for_release(1):
+            items = EpochIterator(streamer, max_epochs=config.epochs)
+            produce(
+                iter(items), send, policy=config.policy, server_id=config.server_id,
+                skip_errors=config.on_error == "skip", epoch_done=epoch_done,
+            )
+    except Exception as error:
+        send(encode(error_message(error, config.server_id)))
+    # Stay until the server says stop, so nothing queued here is dropped by an early close.
+    while not stopping():
+        time.sleep(0.01)
+    push.close(linger=0)
+    context.term()

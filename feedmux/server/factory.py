@@ -1,0 +1,114 @@
+"""Resolve what ``feedmux serve`` was asked to run into a streamer.
+
+A source is given as a ``"package.module:attr"`` string (the command line's
+form, and the one worker processes can re-import), as a streamer or mux
+object, or as a callable returning one. Every failure is a
+:class:`~feedmux.errors.FactoryError` whose one-line message names what was
+looked up and why it failed. This module never touches a socket.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from feedmux.errors import FactoryError
+from feedmux.server.epochs import is_streamer
+
+__all__ = ["Source", "parse_factory_args", "resolve_source"]
+
+#: What a server can be asked to run.
+Source = Any  # a streamer/mux, a callable returning one, or "module:attr"
+
+
+def parse_factory_args(pairs: Iterable[str]) -> dict[str, Any]:
+    """Parse ``key=value`` strings; values are JSON when they parse, strings otherwise.
+
+    Examples
+    --------
+    >>> parse_factory_args(["n_files=3", "name=train", "rate=0.5", "flag=true"])
+    {'n_files': 3, 'name': 'train', 'rate': 0.5, 'flag': True}
+    """
+    parsed: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise FactoryError(f"expected --arg KEY=VALUE with KEY a Python identifier, got {pair!r}")
+        try:
+            parsed[key] = json.loads(text)
+        except ValueError:
+            parsed[key] = text
+    return parsed
+
+
+def _import_attr(spec: str) -> Any:
+    module_name, sep, attr_path = spec.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise FactoryError(f"expected MODULE:ATTR (e.g. 'mypkg.data:make_mux'), got {spec!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as error:
+        raise FactoryError(
+            f"cannot import module {module_name!r} (from {spec!r}): "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    for part in attr_path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise FactoryError(
+                f"module {module_name!r} has no attribute {attr_path!r} (from {spec!r})"
+            ) from None
+    return obj
+
+
+def resolve_source(source: Source, kwargs: Mapping[str, Any] | None = None) -> Any:
+    """Turn ``source`` into a streamer, calling it with ``kwargs`` if it is a factory.
+
+    Parameters
+    ----------
+    source : str, streamer or callable
+        ``"module:attr"``, a Streamer/mux, or a callable returning one.
+    kwargs : mapping, optional
+        Keyword arguments for the factory. Giving them for a non-callable is an error.
+
+    Examples
+    --------
+    >>> resolve_source("feedmux:Streamer")
+    Traceback (most recent call last):
+    ...
+    feedmux.errors.FactoryError: 'feedmux:Streamer' is a streamer class, not a streamer: ...
+    """
+    label = source if isinstance(source, str) else repr(source)
+    obj = _import_attr(source) if isinstance(source, str) else source
+    kwargs = dict(kwargs or {})
+    if isinstance(obj, type) and is_streamer_class(obj):
+        raise FactoryError(
+            f"{label!r} is a streamer class, not a streamer: expected an instance or a "
+            "factory function returning one"
+        )
+    if not is_streamer(obj) and callable(obj):
+        factory: Callable[..., Any] = obj
+        try:
+            obj = factory(**kwargs)
+        except Exception as error:
+            raise FactoryError(
+                f"factory {label!r} raised {type(error).__name__}: {error}"
+            ) from error
+    elif kwargs:
+        raise FactoryError(f"{label!r} is not callable, so it takes no arguments; got {kwargs}")
+    if not is_streamer(obj):
+        raise FactoryError(
+            f"{label!r} gave {type(obj).__name__} {obj!r:.80}: expected a feedmux Streamer or mux "
+            "(wrap a generator function with feedmux.Streamer)"
+        )
+    return obj
+
+
+def is_streamer_class(obj: type) -> bool:
+    """Whether ``obj`` is a streamer class (a common slip: naming the class, not an instance)."""
+    from feedmux.server.streamer import Streamer
+
+    return issubclass(obj, Streamer)

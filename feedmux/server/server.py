@@ -1,0 +1,605 @@
+"""The sampler server: runs a streamer in cycle mode and pushes its samples.
+
+This module and :mod:`feedmux.server._worker` are the only server code that
+touches sockets. The server binds a PUSH data endpoint (samples, batched and
+tagged with their epoch and position) and a ROUTER control endpoint (hello /
+welcome, heartbeats, stats, errors, the end-of-stream handshake). With
+``workers > 1`` the sampling runs in forked worker processes, each on a shard
+of the streamers, and this process forwards their messages, numbering the
+positions of each epoch across all shards.
+
+Delivery over PUSH is at-most-once: what is queued for a trainer that dies is
+lost. A finite run (``epochs=N``) ends with a handshake: the server asks the
+trainers how many data messages they received and sends ``EndOfStream`` once
+every message it sent is accounted for (or nobody's count has moved for a
+while), so a trainer never mistakes a pause for the end and never stops early.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import zmq
+
+from feedmux._transport import (
+    DEFAULT_BIND,
+    DEFAULT_HWM,
+    HEARTBEAT_INTERVAL,
+    control_address_for,
+    make_socket,
+    mapped_zmq_errors,
+    send_message,
+)
+from feedmux.errors import (
+    FactoryError,
+    FeedmuxError,
+    ProtocolError,
+    SamplingError,
+    TransportError,
+)
+from feedmux.protocol import (
+    PROTOCOL_VERSION,
+    Drain,
+    EndOfEpoch,
+    EndOfStream,
+    Error,
+    Heartbeat,
+    Hello,
+    Message,
+    Stats,
+    StatsRequest,
+    Welcome,
+    decode,
+    read_tags,
+    replace_tags,
+)
+from feedmux.server._worker import WorkerPool
+from feedmux.server._producer import BatchPolicy, Frames, error_message, produce
+from feedmux.server.epochs import EpochIterator
+from feedmux.server.factory import Source, resolve_source
+
+__all__ = ["Server", "ServerConfig", "serve"]
+
+log = logging.getLogger("feedmux.server")
+
+#: Exit codes of ``feedmux serve``.
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: A trainer not heard from for this long no longer counts as connected.
+TRAINER_TIMEOUT = 3 * HEARTBEAT_INTERVAL
+#: Control messages larger than this are refused by ZeroMQ before reaching Python.
+MAX_CONTROL_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything a server needs, as plain data (it crosses into worker processes)."""
+
+    source: Source
+    factory_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    bind: str = DEFAULT_BIND
+    control: str | None = None
+    workers: int = 1
+    epochs: int | None = None
+    epoch_size: int | None = None
+    hwm: int = DEFAULT_HWM
+    samples_per_message: int | None = None
+    max_delay: float = 0.005
+    on_error: str = "raise"
+    log_every: float = 10.0
+    drain_timeout: float = 30.0
+    drain_idle: float = 3.0
+    server_id: str = ""
+
+    def __post_init__(self) -> None:
+        def require(ok: bool, what: str, value: object) -> None:
+            if not ok:
+                raise ValueError(f"expected {what}, got {value!r}")
+
+        require(self.workers >= 1, "workers >= 1", self.workers)
+        require(self.epochs is None or self.epochs >= 1, "epochs None or >= 1", self.epochs)
+        require(self.epoch_size is None or self.epoch_size >= 1, "epoch_size >= 1", self.epoch_size)
+        require(self.hwm >= 1, "hwm >= 1", self.hwm)
+        require(
+            self.samples_per_message is None or self.samples_per_message >= 1,
+            "samples_per_message None or >= 1",
+            self.samples_per_message,
+        )
+        require(self.on_error in ("raise", "skip"), "on_error 'raise' or 'skip'", self.on_error)
+        require(self.log_every > 0, "log_every > 0 seconds", self.log_every)
+        require(self.max_delay >= 0, "max_delay >= 0 seconds", self.max_delay)
+        if not self.server_id:
+            object.__setattr__(self, "server_id", uuid.uuid4().hex[:12])
+
+    @property
+    def control_address(self) -> str:
+        """The control endpoint: explicit, or derived from the data endpoint."""
+        return self.control or control_address_for(self.bind)
+
+    @property
+    def policy(self) -> BatchPolicy:
+        return BatchPolicy(self.samples_per_message, self.max_delay)
+
+
+@dataclass
+class _Trainer:
+    client_id: str
+    last_seen: float
+    received_messages: int = 0
+
+
+class _Endpoints:
+    """The server's two public sockets and the bookkeeping of what went through them."""
+
+    def __init__(self, config: ServerConfig, stopping: _StopFlag) -> None:
+        self.config = config
+        self.stopping = stopping
+        self.context: zmq.Context[Any] = zmq.Context()
+        self.data = make_socket(self.context, zmq.PUSH, hwm=config.hwm)
+        self.control = make_socket(
+            self.context, zmq.ROUTER, hwm=1000, max_message_bytes=MAX_CONTROL_BYTES
+        )
+        self.control.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        with mapped_zmq_errors("bind the data endpoint", config.bind):
+            self.data.bind(config.bind)
+        with mapped_zmq_errors("bind the control endpoint", config.control_address):
+            self.control.bind(config.control_address)
+        self.trainers: dict[bytes, _Trainer] = {}
+        self.started = time.monotonic()
+        self.samples_sent = 0
+        self.messages_sent = 0
+        self.epoch = 0
+        self.epochs_completed = 0
+        self.epoch_size: int | None = config.epoch_size
+        self.finished = False
+        self._last_log = self.started
+        self._samples_at_last_log = 0
+        self._rate = 0.0
+
+    # -- data -------------------------------------------------------------------------------
+    def send_data(self, frames: Frames, n_samples: int, epoch: int) -> bool:
+        """Send one data message, serving control meanwhile; False if the server is stopping."""
+        data = self.data
+        while True:
+            try:
+                data.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                break
+            except zmq.Again:
+                # No trainer connected, or all their queues are full (HWM): wait, but keep
+                # answering the control socket and noticing a stop request.
+                if self.stopping:
+                    return False
+                self.serve_control(timeout=0.1, also_writable=True)
+        self.messages_sent += 1
+        self.samples_sent += n_samples
+        self.epoch = max(self.epoch, epoch)
+        if self.control.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self.serve_control(timeout=0)
+        self.maybe_log()
+        return not self.stopping
+
+    # -- control ----------------------------------------------------------------------------
+    def serve_control(self, timeout: float, also_writable: bool = False) -> None:
+        """Answer every control message that arrives within ``timeout`` seconds."""
+        poller = zmq.Poller()
+        poller.register(self.control, zmq.POLLIN)
+        if also_writable:
+            poller.register(self.data, zmq.POLLOUT)
+        events = dict(poller.poll(timeout * 1000))
+        if self.control not in events:
+            return
+        while self.control.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                parts = self.control.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            identity, frames = parts[0].bytes, [part.buffer for part in parts[1:]]
+            try:
+                message = decode(frames)
+            except ProtocolError as error:
+                log.warning("malformed control message from %r: %s", identity, error)
+                self.reply(identity, error_message(error, self.config.server_id))
+                continue
+            self.handle(identity, message)
+
+    def handle(self, identity: bytes, message: Message) -> None:
+        now = time.monotonic()
+        if isinstance(message, Hello):
+            known = self.trainers.get(identity)
+            if message.role == "trainer":
+                self.trainers[identity] = _Trainer(message.client_id, now)
+                if known is None:
+                    log.info("trainer %s connected", message.client_id)
+            self.reply(identity, self.welcome())
+        elif isinstance(message, Heartbeat):
+            trainer = self.trainers.get(identity)
+            if trainer is None:
+                trainer = self.trainers[identity] = _Trainer(message.sender_id, now)
+            trainer.last_seen = now
+            trainer.received_messages = message.received_messages
+            self.reply(identity, self.welcome())
+        elif isinstance(message, StatsRequest):
+            self.reply(identity, Stats(self.stats()))
+        else:
+            log.warning("unexpected %s on the control socket from %r", type(message).__name__,
+                        identity)
+            self.reply(identity, Error(
+                type="feedmux.errors.ProtocolError",
+                message=f"expected Hello, Heartbeat or StatsRequest, got {type(message).__name__}",
+                server_id=self.config.server_id,
+            ))
+
+    def reply(self, identity: bytes, message: Message) -> None:
+        try:
+            send_message(self.control, message, prefix=[identity], flags=zmq.NOBLOCK)
+        except (zmq.Again, zmq.ZMQError):
+            # The peer went away (ROUTER_MANDATORY) or its queue is full: forget it.
+            self.trainers.pop(identity, None)
+
+    def broadcast(self, message: Message) -> None:
+        for identity in list(self.trainers):
+            self.reply(identity, message)
+
+    def welcome(self) -> Welcome:
+        return Welcome(
+            server_id=self.config.server_id,
+            epoch_size=self.epoch_size,
+            epoch=self.epoch,
+            samples_per_message=self.config.samples_per_message or 0,
+            finished=self.finished,
+            workers=self.config.workers,
+        )
+
+    def connected_trainers(self) -> int:
+        now = time.monotonic()
+        return sum(1 for t in self.trainers.values() if now - t.last_seen <= TRAINER_TIMEOUT)
+
+    def stats(self) -> dict[str, int | float | str | None]:
+        uptime = time.monotonic() - self.started
+        return {
+            "server_id": self.config.server_id,
+            "protocol_version": PROTOCOL_VERSION,
+            "pid": os.getpid(),
+            "samples_sent": self.samples_sent,
+            "messages_sent": self.messages_sent,
+            "epoch": self.epoch,
+            "epochs_completed": self.epochs_completed,
+            "epoch_size": self.epoch_size,
+            "samples_per_second": round(self._rate or self.samples_sent / max(uptime, 1e-9), 1),
+            "connected_trainers": self.connected_trainers(),
+            "workers": self.config.workers,
+            "uptime_s": round(uptime, 3),
+            "finished": int(self.finished),
+        }
+
+    # -- epochs and logging -------------------------------------------------------------------
+    def epoch_done(self, epoch: int, count: int) -> None:
+        self.epochs_completed = max(self.epochs_completed, epoch)
+        if self.epoch_size != count:
+            if self.epoch_size is not None:
+                log.warning("epoch %d had %d samples, expected %s", epoch, count, self.epoch_size)
+            self.epoch_size = count
+            log.info("epoch size is %d samples", count)
+        log.info("epoch %d complete: %d samples", epoch, count)
+        # Trainers size their epochs from this: tell them now rather than at their next heartbeat.
+        self.broadcast(self.welcome())
+
+    def maybe_log(self) -> None:
+        now = time.monotonic()
+        if now - self._last_log < self.config.log_every:
+            return
+        self._rate = (self.samples_sent - self._samples_at_last_log) / (now - self._last_log)
+        self._last_log, self._samples_at_last_log = now, self.samples_sent
+        log.info(
+            "epoch %d: %d samples sent, %.0f samples/s, %d trainer(s) connected",
+            self.epoch, self.samples_sent, self._rate, self.connected_trainers(),
+        )
+
+    def finish(self) -> None:
+        """The end-of-stream handshake; bounded by ``drain_timeout``."""
+        self.finished = True
+        config = self.config
+        deadline = time.monotonic() + config.drain_timeout
+        last_total, last_change = -1, time.monotonic()
+        while not self.stopping:
+            self.broadcast(Drain(sent_messages=self.messages_sent, server_id=config.server_id))
+            self.serve_control(timeout=0.1)
+            total = sum(t.received_messages for t in self.trainers.values())
+            now = time.monotonic()
+            if total >= self.messages_sent:
+                break
+            if total != last_total:
+                last_total, last_change = total, now
+            elif now - last_change > config.drain_idle or now > deadline:
+                log.warning(
+                    "ending the stream with %d of %d data messages unconfirmed "
+                    "(a trainer stopped reading or died)",
+                    self.messages_sent - total, self.messages_sent,
+                )
+                break
+        self.broadcast(EndOfStream(config.server_id, self.epochs_completed, self.messages_sent))
+        log.info("stream finished after %d epoch(s), %d samples", self.epochs_completed,
+                 self.samples_sent)
+
+    def fail(self, error: BaseException) -> None:
+        """Tell every trainer about ``error`` and give the messages a moment to leave."""
+        message = error if isinstance(error, Error) else error_message(error, self.config.server_id)
+        self.broadcast(message)
+        self.control.linger = 1000
+
+    def close(self) -> None:
+        self.data.close(linger=0)
+        self.control.close()
+        self.context.term()
+
+
+class _StopFlag:
+    """Set by SIGTERM / SIGINT; checked by every loop of the server."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+
+    def __bool__(self) -> bool:
+        return self.stopped
+
+    def set(self, signum: int = 0, frame: FrameType | None = None) -> None:
+        if signum:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+        self.stopped = True
+
+
+class Server:
+    """A sampler server: ``run()`` it here, or ``start()`` it in a background process.
+
+    Parameters
+    ----------
+    source : str, streamer or callable
+        ``"module:attr"``, a Streamer / mux, or a callable returning one.
+    bind : str
+        The data endpoint (PUSH). Default ``tcp://127.0.0.1:5555``: loopback only.
+    control : str, optional
+        The control endpoint (ROUTER); default: the data port + 1.
+    workers : int
+        Sampling processes; the streamers are sharded across them.
+    epochs : int, optional
+        Stop after this many epochs (default: serve forever).
+    epoch_size : int, optional
+        Declare the epoch size up front (otherwise measured after one epoch).
+    hwm : int
+        Messages queued per trainer before sampling blocks (bounds memory).
+    samples_per_message : int, optional
+        Fixed transport batch; None sizes each message from its first sample.
+    on_error : {"raise", "skip"}
+        A streamer that raises ends the server (trainers get ``RemoteError``) or is skipped.
+    factory_kwargs : mapping, optional
+        Keyword arguments for a factory source.
+    """
+
+    def __init__(self, source: Source, **options: Any) -> None:
+        self.config = ServerConfig(source=source, **options)
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._stop = _StopFlag()
+
+    # -- running here -------------------------------------------------------------------------
+    def run(self) -> int:
+        """Serve until done, failed or signalled; return the process exit code."""
+        config = self.config
+        try:
+            streamer = resolve_source(config.source, config.factory_kwargs)
+        except FactoryError as error:
+            log.error("%s", error)
+            return EXIT_USAGE
+        previous = _install_signal_handlers(self._stop)
+        try:
+            if config.workers == 1:
+                return self._run_local(streamer)
+            return self._run_workers(streamer)
+        finally:
+            _restore_signal_handlers(previous)
+
+    def _open(self) -> _Endpoints | None:
+        try:
+            endpoints = _Endpoints(self.config, self._stop)
+        except TransportError as error:
+            log.error("%s", error)
+            return None
+        log.info(
+            "serving %s: data %s, control %s, %d worker(s), server id %s",
+            self.config.source if isinstance(self.config.source, str) else type(self.config.source).__name__,
+            self.config.bind, self.config.control_address, self.config.workers,
+            self.config.server_id,
+        )
+        return endpoints
+
+    def _run_local(self, streamer: Any) -> int:
+        endpoints = self._open()
+        if endpoints is None:
+            return EXIT_USAGE
+        config = self.config
+        try:
+            items = EpochIterator(streamer, max_epochs=config.epochs)
+
+            def send(frames: Frames) -> bool:
+                tags = read_tags(frames)
+                return endpoints.send_data(frames, len(tags), int(tags[-1, 0]))
+
+            def epoch_done(epoch: int, count: int) -> bool:
+                endpoints.epoch_done(epoch, count)
+                return not self._stop
+
+            produce(
+                iter(items), send, policy=config.policy, server_id=config.server_id,
+                skip_errors=config.on_error == "skip", epoch_done=epoch_done,
+            )
+            if not self._stop:
+                endpoints.finish()
+            return EXIT_OK
+        except Exception as error:
+            log.error("sampling failed: %s: %s", type(error).__name__, error, exc_info=error)
+            endpoints.fail(error)
+            return EXIT_FAILED
+        finally:
+            endpoints.close()
+
+    def _run_workers(self, streamer: Any) -> int:
+        config = self.config
+        with tempfile.TemporaryDirectory(prefix="feedmux-") as scratch:
+            try:
+                pool = WorkerPool(streamer, config, f"ipc://{scratch}/workers")
+            except SamplingError as error:
+                log.error("cannot shard the streamer over %d workers: %s", config.workers, error)
+                return EXIT_USAGE
+            pool.start()  # fork before this process creates its ZeroMQ context
+            try:
+                endpoints = self._open()
+                if endpoints is None:
+                    return EXIT_USAGE
+                try:
+                    return _forward(pool, endpoints, config, self._stop)
+                finally:
+                    endpoints.close()
+            finally:
+                pool.stop()
+
+    # -- running in the background ------------------------------------------------------------
+    def start(self) -> Server:
+        """Run the server in a background process (forked); return self."""
+        if self._process is not None:
+            raise RuntimeError("this server was already started")
+        context = multiprocessing.get_context("fork")
+        self._process = context.Process(target=_run_in_child, args=(self.config,), daemon=False,
+                                        name=f"feedmux-server-{self.config.server_id}")
+        self._process.start()
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._process.exitcode if self._process else None
+
+    def join(self, timeout: float | None = None) -> int | None:
+        """Wait for the background server to exit; return its exit code (None if still up)."""
+        if self._process is None:
+            raise RuntimeError("this server was not started")
+        self._process.join(timeout)
+        return self._process.exitcode
+
+    def stop(self, timeout: float = 5.0) -> int | None:
+        """SIGTERM the background server, wait up to ``timeout`` s, then SIGKILL it."""
+        process = self._process
+        if process is None or process.exitcode is not None:
+            return self.exitcode
+        process.terminate()
+        process.join(timeout)
+        if process.exitcode is None:
+            log.warning("server pid %s ignored SIGTERM for %.1f s; killing it", process.pid, timeout)
+            process.kill()
+            process.join(timeout)
+        return process.exitcode
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve(source: Source, **options: Any) -> int:
+    """Run a sampler server in this process until it ends; return the exit code.
+
+    Takes the same arguments as :class:`Server`.
+    """
+    return Server(source, **options).run()
+
+
+def _run_in_child(config: ServerConfig) -> None:
+    code = Server(config.source, **{
+        name: getattr(config, name) for name in config.__dataclass_fields__ if name != "source"
+    }).run()
+    raise SystemExit(code)
+
+
+def _install_signal_handlers(stop: _StopFlag) -> dict[int, Any]:
+    previous: dict[int, Any] = {}
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        try:
+            previous[signum] = signal.signal(signum, stop.set)
+        except ValueError:  # not the main thread: the caller handles signals
+            break
+    return previous
+
+
+def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
+def _forward(pool: WorkerPool, endpoints: _Endpoints, config: ServerConfig, stop: _StopFlag) -> int:
+    """Forward the workers' messages, numbering positions per epoch across shards."""
+    inbound = make_socket(endpoints.context, zmq.PULL, hwm=config.hwm, heartbeats=False)
+    with mapped_zmq_errors("bind the internal endpoint", pool.endpoint):
+        inbound.bind(pool.endpoint)
+    pool.release(1)
+    positions: dict[int, int] = {}
+    finished_shards: dict[int, set[int]] = {}
+    poller = zmq.Poller()
+    poller.register(inbound, zmq.POLLIN)
+    poller.register(endpoints.control, zmq.POLLIN)
+    try:
+        while not stop:
+            events = dict(poller.poll(100))
+            if endpoints.control in events:
+                endpoints.serve_control(timeout=0)
+            failure = pool.failure()
+            if failure:
+                raise FeedmuxError(failure)
+            if inbound not in events:
+                endpoints.maybe_log()
+                continue
+            frames = inbound.recv_multipart(copy=False)
+            if len(frames) > 1:  # data: header + tags frame + buffers
+                tags = read_tags(frames).copy()
+                for epoch in np.unique(tags[:, 0]):
+                    rows = tags[:, 0] == epoch
+                    start = positions.get(int(epoch), 0)
+                    count = int(rows.sum())
+                    tags[rows, 1] = np.arange(start, start + count)
+                    positions[int(epoch)] = start + count
+                if not endpoints.send_data(replace_tags(frames, tags), len(tags), int(tags[-1, 0])):
+                    break
+                continue
+            message = decode([frame.buffer for frame in frames])
+            if isinstance(message, Error):
+                log.error("sampling worker failed: %s: %s", message.type, message.message)
+                endpoints.fail(message)
+                return EXIT_FAILED
+            if isinstance(message, EndOfEpoch):
+                done = finished_shards.setdefault(message.epoch, set())
+                done.add(message.worker)
+                if len(done) == config.workers:
+                    endpoints.epoch_done(message.epoch, positions.get(message.epoch, 0))
+                    if config.epochs is not None and message.epoch >= config.epochs:
+                        endpoints.finish()
+                        return EXIT_OK
+                    pool.release(message.epoch + 1)
+        return EXIT_OK
+    except Exception as error:
+        log.error("server failed: %s", error)
+        endpoints.fail(error)
+        return EXIT_FAILED
+    finally:
+        inbound.close(linger=0)
+

@@ -1,0 +1,60 @@
+"""Sources the integration tests serve (imported by server processes as MODULE:ATTR)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+import feedmux
+
+
+def _numbered(start: int, count: int, width: int) -> Iterator[dict[str, Any]]:
+    for i in range(start, start + count):
+        yield {"id": np.int64(i), "x": np.full(width, i, dtype=np.float32)}
+
+
+def numbered(streams: int = 4, per_stream: int = 50, width: int = 4, seed: int = 0,
+             n_active: int = 2, delay: float = 0.0) -> feedmux.StochasticMux:
+    """An exhaustive mux whose samples carry unique ids 0 .. streams*per_stream-1."""
+    source = _slow_numbered if delay else _numbered
+    args: tuple[Any, ...] = (width, delay) if delay else (width,)
+    return feedmux.StochasticMux(
+        [feedmux.Streamer(source, s * per_stream, per_stream, *args) for s in range(streams)],
+        n_active, rate=None, mode="exhaustive", random_state=seed,
+    )
+
+
+def _slow_numbered(start: int, count: int, width: int, delay: float) -> Iterator[dict[str, Any]]:
+    for sample in _numbered(start, count, width):
+        time.sleep(delay)
+        yield sample
+
+
+def _failing(after: int) -> Iterator[dict[str, Any]]:
+    for i in range(after):
+        yield {"id": np.int64(i)}
+    raise ValueError(f"boom after {after} samples")
+
+
+def failing(after: int = 10) -> feedmux.Streamer:
+    """A streamer that raises ValueError after ``after`` samples."""
+    return feedmux.Streamer(_failing, after)
+
+
+def _big(megabytes: int) -> Iterator[dict[str, Any]]:
+    block = np.ones(megabytes * (1 << 20) // 4, dtype=np.float32)
+    i = 0
+    while True:
+        yield {"id": np.int64(i), "x": block}
+        i += 1
+
+
+def big(megabytes: int = 1) -> feedmux.Streamer:
+    """Endless samples of ``megabytes`` MiB each."""
+    return feedmux.Streamer(_big, megabytes)
+
+
+not_a_streamer = 42

@@ -1,0 +1,140 @@
+"""Real servers and trainers on 127.0.0.1: epochs, several trainers, workers, errors."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+
+import feedmux
+from feedmux.client.remote import RemoteLoader, fetch_stats
+from tests.integration.conftest import Endpoints
+
+pytestmark = pytest.mark.timeout(60)
+
+SAMPLER = "tests.integration.samplers"
+
+
+def consume(loader: RemoteLoader) -> dict[int, list[int]]:
+    """Every id this loader receives, by server epoch, until the stream ends."""
+    seen: dict[int, list[int]] = {}
+    with loader:
+        for meta, sample in loader:
+            seen.setdefault(meta.epoch, []).append(int(sample["id"]))
+    return seen
+
+
+def assert_exactly_once(seen: list[dict[int, list[int]]], epochs: int, ids: int) -> None:
+    for epoch in range(1, epochs + 1):
+        counts = Counter(i for part in seen for i in part.get(epoch, []))
+        assert sorted(counts) == list(range(ids)), f"epoch {epoch}: ids missing or unknown"
+        assert max(counts.values()) == 1, f"epoch {epoch}: some ids seen twice"
+    assert set().union(*seen) <= set(range(1, epochs + 1))
+
+
+def test_one_trainer_gets_every_sample_once_per_epoch(spawn: Any, endpoints: Endpoints) -> None:
+    server = spawn("serve", f"{SAMPLER}:numbered", "--epochs", "3", *endpoints.args())
+    loader = RemoteLoader(endpoints.data, control=endpoints.control, timeout=20, with_meta=True)
+    seen = consume(loader)
+    assert_exactly_once([seen], epochs=3, ids=200)
+    assert server.wait(timeout=20) == 0
+
+
+def test_two_trainers_receive_disjoint_complete_epochs(spawn: Any, endpoints: Endpoints) -> None:
+    spawn("serve", f"{SAMPLER}:numbered", "--arg", "per_stream=500", "--epochs", "2",
+          "--samples-per-message", "16", *endpoints.args())
+    results: list[dict[int, list[int]]] = [{}, {}]
+
+    def trainer(rank: int) -> None:
+        loader = RemoteLoader(endpoints.data, control=endpoints.control, timeout=20,
+                              with_meta=True, world_size=2)
+        results[rank] = consume(loader)
+
+    threads = [threading.Thread(target=trainer, args=(rank,)) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=40)
+    assert all(r for r in results), "a trainer received nothing"
+    assert_exactly_once(results, epochs=2, ids=2000)
+
+
+def test_two_workers_keep_exactly_once(spawn: Any, endpoints: Endpoints) -> None:
+    server = spawn("serve", f"{SAMPLER}:numbered", "--workers", "2", "--epochs", "3",
+                   *endpoints.args())
+    loader = RemoteLoader(endpoints.data, control=endpoints.control, timeout=20, with_meta=True)
+    seen = consume(loader)
+    assert_exactly_once([seen], epochs=3, ids=200)
+    for epoch, ids in seen.items():
+        assert len(ids) == 200, f"epoch {epoch}"
+    assert server.wait(timeout=20) == 0
+
+
+def test_positions_number_each_epoch(spawn: Any, endpoints: Endpoints) -> None:
+    spawn("serve", f"{SAMPLER}:numbered", "--workers", "2", "--epochs", "2", *endpoints.args())
+    positions: dict[int, list[int]] = {}
+    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20,
+                      with_meta=True) as loader:
+        for meta, _ in loader:
+            positions.setdefault(meta.epoch, []).append(meta.position)
+        assert len(loader) == 200
+    assert {e: sorted(p) for e, p in positions.items()} == {1: list(range(200)),
+                                                           2: list(range(200))}
+
+
+def test_len_and_stream_data_follow_the_epoch_size(spawn: Any, endpoints: Endpoints) -> None:
+    spawn("serve", f"{SAMPLER}:numbered", *endpoints.args())
+    loader = RemoteLoader(endpoints.data, control=endpoints.control, timeout=20, world_size=2)
+    with loader:
+        stream = feedmux.Stream(loader)
+        with pytest.raises(TypeError, match="epoch size is not known"):
+            len(loader)
+        for _ in range(1000):
+            stream.next()
+            if loader.epoch_size is not None:
+                break
+        assert len(loader) == 100
+        assert stream.increment_epoch()
+        assert len(list(stream.data())) == 100
+
+
+def test_remote_exception_surfaces_as_remote_error(spawn: Any, endpoints: Endpoints) -> None:
+    server = spawn("serve", f"{SAMPLER}:failing", "--arg", "after=5", *endpoints.args())
+    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20) as loader:
+        with pytest.raises(feedmux.RemoteError) as raised:
+            for _ in loader:
+                pass
+    error = raised.value
+    assert error.remote_type == "ValueError"
+    assert error.remote_message == "boom after 5 samples"
+    assert "_failing" in error.remote_traceback
+    assert server.wait(timeout=10) == 1
+
+
+def test_on_error_skip_keeps_serving(spawn: Any, endpoints: Endpoints) -> None:
+    server = spawn("serve", f"{SAMPLER}:failing", "--arg", "after=5", "--on-error", "skip",
+                   "--epochs", "3", *endpoints.args())
+    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20,
+                      with_meta=True) as loader:
+        epochs = Counter(meta.epoch for meta, _ in loader)
+    assert epochs == {1: 5, 2: 5, 3: 5}
+    assert server.wait(timeout=10) == 0
+    assert "boom after 5 samples" in server.stderr.read()
+
+
+def test_stats_and_ping(spawn: Any, endpoints: Endpoints) -> None:
+    spawn("serve", f"{SAMPLER}:numbered", *endpoints.args())
+    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20) as loader:
+        for _, _sample in zip(range(300), loader):
+            pass
+        stats = fetch_stats(endpoints.control, timeout=5)
+        assert stats["samples_sent"] >= 300
+        assert stats["epoch_size"] == 200
+        assert stats["connected_trainers"] == 1
+        assert stats["server_id"] == loader.server_ids[0]
+    ping = spawn("ping", endpoints.control)
+    assert ping.wait(timeout=10) == 0
+    nobody = spawn("ping", Endpoints().control, "--timeout", "0.3")
+    assert nobody.wait(timeout=10) == 1
