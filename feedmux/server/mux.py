@@ -97,7 +97,8 @@ def _check_weights(weights: object, n_streams: int) -> np.ndarray:
     if (array < 0).any():
         index = int(np.flatnonzero(array < 0)[0])
         raise SamplingError(
-            f"weights must be >= 0, got weights[{index}]={array[index]!r} in weights={weights!r}"
+            f"weights must be >= 0, got weights[{index}]={float(array[index])!r} in "
+            f"weights={weights!r}"
         )
     if not (array > 0).any():
         raise SamplingError(
