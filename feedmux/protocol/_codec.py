@@ -132,7 +132,34 @@ class _TupleMark:
 
 _TUPLE_MARK = _TupleMark()
 _TUPLE_EXT = msgpack.ExtType(EXT_TUPLE, b"")
-_U32 = 4
+_new_tuple = tuple.__new__
+_ExtType = msgpack.ExtType
+
+
+def _ext(code: int, payload: bytes) -> msgpack.ExtType:
+    # msgpack.ExtType() checks its arguments in Python; ours are right by construction.
+    return _new_tuple(_ExtType, (code, payload))
+
+
+def _length_prefixed(packed: bytes) -> bytes:
+    """``packed`` behind its length: one byte below 255, else 0xFF and a u32-le."""
+    if len(packed) < 0xFF:
+        return bytes((len(packed),)) + packed
+    return b"\xff" + len(packed).to_bytes(4, "little") + packed
+
+
+def _split_meta(data: bytes) -> tuple[bytes, int]:
+    """The length-prefixed descriptor at the start of ``data`` and where the raw bytes begin."""
+    size = data[0]
+    if size < 0xFF:
+        start = 1 + size
+        meta = data[1:start]
+    else:
+        start = 5 + int.from_bytes(data[1:5], "little")
+        meta = data[5:start]
+    if len(data) < start:
+        raise ProtocolError("truncated array or scalar descriptor")
+    return meta, start
 
 
 class _Unsupported(ProtocolError):
@@ -184,7 +211,7 @@ class _Encoder:
         meta = self.meta_cache.get(key)
         if meta is None:
             packed = self.meta_packer.pack([describe_dtype(dtype), list(shape)])
-            meta = len(packed).to_bytes(_U32, "little") + packed
+            meta = _length_prefixed(packed)
             if len(self.meta_cache) > 4096:
                 self.meta_cache.clear()
             self.meta_cache[key] = meta
@@ -195,7 +222,7 @@ class _Encoder:
             raise _Unsupported("object arrays are not supported")
         if array.nbytes < self.inline_threshold:
             meta = self.array_meta(array.dtype, array.shape)
-            return msgpack.ExtType(EXT_ARRAY_INLINE, meta + array.tobytes())
+            return _ext(EXT_ARRAY_INLINE, meta + array.tobytes())
         description = describe_dtype(array.dtype)
         if array.nbytes == 0:
             frame: Any = b""
@@ -206,24 +233,24 @@ class _Encoder:
         index = len(self.frames)
         self.frames.append(frame)
         meta = self.meta_packer.pack([description, list(array.shape), index])
-        return msgpack.ExtType(EXT_ARRAY_FRAME, meta)
+        return _ext(EXT_ARRAY_FRAME, meta)
 
     def scalar_ext(self, scalar: np.generic) -> msgpack.ExtType:
         dtype = scalar.dtype
         meta = self.scalar_meta_cache.get(dtype)
         if meta is None:
             packed = self.meta_packer.pack(describe_dtype(dtype))
-            meta = len(packed).to_bytes(_U32, "little") + packed
+            meta = _length_prefixed(packed)
             if len(self.scalar_meta_cache) > 4096:
                 self.scalar_meta_cache.clear()
             self.scalar_meta_cache[dtype] = meta
-        return msgpack.ExtType(EXT_SCALAR, meta + scalar.tobytes())
+        return _ext(EXT_SCALAR, meta + scalar.tobytes())
 
     def leaf_ext(self, leaf: StackedLeaf) -> msgpack.ExtType:
         if leaf.kind == COLUMN:
-            return msgpack.ExtType(EXT_COLUMN, self.aux_packer.pack(leaf.values))
+            return _ext(EXT_COLUMN, self.aux_packer.pack(leaf.values))
         code = EXT_STACKED_ARRAY if leaf.kind == ARRAY else EXT_STACKED_SCALAR
-        return msgpack.ExtType(code, self.aux_packer.pack(self.array_ext(leaf.values)))
+        return _ext(code, self.aux_packer.pack(self.array_ext(leaf.values)))
 
 
 _local = threading.local()
@@ -270,6 +297,8 @@ def encode(message: Message, *, inline_threshold: int = INLINE_THRESHOLD) -> lis
 
 
 def _encode_tags(tags: Any, count: int) -> bytes:
+    if type(tags) is np.ndarray and tags.dtype == TAG_DTYPE and tags.shape == (count, 2):
+        return tags.tobytes()
     array = np.asarray(tags)
     if array.size == 0 and count == 0:
         return b""
@@ -351,11 +380,9 @@ def _find_problem(node: Any, path: str, depth: int) -> str | None:
         return None
     if isinstance(node, dict):
         for key, value in node.items():
-            if type(key) is not str and (type(key) is not int):
-                return (
-                    f"{path}: dict key {key!r} of type {type(key).__qualname__} "
-                    "(keys must be str or int)"
-                )
+            problem = _find_problem(key, f"{path} (key {_short(key)})", depth + 1)
+            if problem is not None:
+                return problem
             problem = _find_problem(value, f"{path}[{key!r}]", depth + 1)
             if problem is not None:
                 return problem
@@ -593,10 +620,7 @@ class _Decoding:
         raise ProtocolError(f"unexpected msgpack ext code {code} in a stacked leaf")
 
     def inline_array(self, data: bytes) -> np.ndarray:
-        start = _U32 + int.from_bytes(data[:_U32], "little")
-        if len(data) < start:
-            raise ProtocolError("truncated inline array")
-        meta = data[_U32:start]
+        meta, start = _split_meta(data)
         layout = _meta_cache.get(meta)
         if layout is None:
             parsed = msgpack.unpackb(meta, ext_hook=_no_ext)
@@ -614,8 +638,8 @@ class _Decoding:
         if dtype.itemsize == 0:
             return _empty_items(dtype, shape, count)
         # The payload is an immutable bytes object: copy so the array is writable.
-        array: np.ndarray = np.frombuffer(data, dtype, count, start).reshape(shape).copy()
-        return array
+        array: np.ndarray = np.frombuffer(data, dtype, count, start).copy()
+        return array if len(shape) == 1 else array.reshape(shape)
 
     def frame_array(self, data: bytes) -> np.ndarray:
         parsed = msgpack.unpackb(data, ext_hook=_no_ext)
@@ -642,10 +666,7 @@ class _Decoding:
         return array
 
     def scalar(self, data: bytes) -> np.generic:
-        start = _U32 + int.from_bytes(data[:_U32], "little")
-        if len(data) < start:
-            raise ProtocolError("truncated numpy scalar")
-        meta = data[_U32:start]
+        meta, start = _split_meta(data)
         dtype = _scalar_cache.get(meta)
         if dtype is None:
             description = msgpack.unpackb(meta, ext_hook=_no_ext)
@@ -808,15 +829,19 @@ def _decode(frames: Sequence[Any], limits: Limits) -> Message:
     return message
 
 
+_new_object = object.__new__
+
+
 def _tags_from_frame(frame: memoryview | bytes, count: int | None) -> np.ndarray:
     if len(frame) % 16:
         raise ProtocolError(f"tag frame of {len(frame)} bytes is not a whole number of tags")
     rows = len(frame) // 16
     if count is not None and rows != count:
         raise ProtocolError(f"tag frame holds {rows} tags for {count} samples")
-    tags = np.frombuffer(frame, TAG_DTYPE).reshape(rows, 2)
-    if not tags.flags.writeable:
-        tags = tags.copy()
+    if type(frame) is bytes or frame.readonly:
+        # Tags are small: a bytearray copy is the cheapest way to writable memory.
+        frame = bytearray(frame)
+    tags: np.ndarray = np.frombuffer(frame, TAG_DTYPE).reshape(rows, 2)
     return tags
 
 
@@ -846,7 +871,11 @@ def _decode_data(header: dict[Any, Any], views: list[Any], state: _Decoding) -> 
             raise ProtocolError(f"data message without a list of {count} samples")
         if state.leaves:
             raise ProtocolError("batch leaves inside per-sample data")
-    return Data(tags=tags, samples=samples, server_id=server_id, seq=seq)
+    # Data's frozen __init__ costs more than the rest of a one-sample decode; the
+    # fields are checked above, so fill them in directly.
+    message: Data = _new_object(Data)
+    message.__dict__.update(tags=tags, samples=samples, server_id=server_id, seq=seq)
+    return message
 
 
 def _count_leaves(template: Any) -> int:
