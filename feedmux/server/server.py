@@ -77,6 +77,8 @@ log = logging.getLogger("feedmux.server")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: A trainer not heard from for this long no longer counts as connected.
 TRAINER_TIMEOUT = 3 * HEARTBEAT_INTERVAL
+#: Seconds a failed server keeps telling late trainers why (see ``_Endpoints.fail``).
+ERROR_GRACE = 1.0
 #: Control messages larger than this are refused by ZeroMQ before reaching Python.
 MAX_CONTROL_BYTES = 1 << 20
 
@@ -162,6 +164,7 @@ class _Endpoints:
         self.epochs_completed = 0
         self.epoch_size: int | None = config.epoch_size
         self.finished = False
+        self.failure: Error | None = None
         self._last_log = self.started
         self._samples_at_last_log = 0
         self._rate = 0.0
@@ -189,15 +192,18 @@ class _Endpoints:
         return not self.stopping
 
     # -- control ----------------------------------------------------------------------------
-    def serve_control(self, timeout: float, also_writable: bool = False) -> None:
-        """Answer every control message that arrives within ``timeout`` seconds."""
+    def serve_control(self, timeout: float, also_writable: bool = False) -> bool:
+        """Answer every control message that arrives within ``timeout`` seconds.
+
+        Returns whether there was any.
+        """
         poller = zmq.Poller()
         poller.register(self.control, zmq.POLLIN)
         if also_writable:
             poller.register(self.data, zmq.POLLOUT)
         events = dict(poller.poll(timeout * 1000))
         if self.control not in events:
-            return
+            return False
         while self.control.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             try:
                 parts = self.control.recv_multipart(flags=zmq.NOBLOCK, copy=False)
@@ -211,10 +217,13 @@ class _Endpoints:
                 self.reply(identity, error_message(error, self.config.server_id))
                 continue
             self.handle(identity, message)
+        return True
 
     def handle(self, identity: bytes, message: Message) -> None:
         now = time.monotonic()
-        if isinstance(message, Hello):
+        if self.failure is not None and not isinstance(message, StatsRequest):
+            self.reply(identity, self.failure)
+        elif isinstance(message, Hello):
             known = self.trainers.get(identity)
             if message.role == "trainer":
                 self.trainers[identity] = _Trainer(message.client_id, now)
@@ -331,10 +340,23 @@ class _Endpoints:
         log.info("stream finished after %d epoch(s), %d samples", self.epochs_completed,
                  self.samples_sent)
 
-    def fail(self, error: BaseException) -> None:
-        """Tell every trainer about ``error`` and give the messages a moment to leave."""
+    def fail(self, error: BaseException | Error) -> None:
+        """Tell every trainer about ``error``, including those whose hello is still on its way.
+
+        The server keeps answering its control socket with the error until it has
+        been quiet for ``ERROR_GRACE`` seconds (at most ``4 * ERROR_GRACE``), so a
+        trainer that connected just before the failure still learns why.
+        """
         message = error if isinstance(error, Error) else error_message(error, self.config.server_id)
+        self.failure = message
         self.broadcast(message)
+        started = last_heard = time.monotonic()
+        while not self.stopping:
+            now = time.monotonic()
+            if now - last_heard > ERROR_GRACE or now - started > 4 * ERROR_GRACE:
+                break
+            if self.serve_control(timeout=0.1):
+                last_heard = time.monotonic()
         self.control.linger = 1000
 
     def close(self) -> None:

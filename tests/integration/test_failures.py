@@ -35,9 +35,13 @@ def test_trainer_continues_after_server_killed_and_restarted(
     first = spawn("serve", f"{SAMPLER}:numbered", *endpoints.args())
     loader = RemoteLoader(endpoints.data, control=endpoints.control, timeout=30, with_meta=True)
     with loader, caplog.at_level(logging.WARNING, logger="feedmux.client"):
-        metas = [meta for meta, _ in (next(loader) for _ in range(50))]
-        old_id = metas[-1].server_id
-        wait_until(lambda: loader.server_ids[0] == old_id, 10, "the first welcome")
+        meta, _sample = next(loader)
+        old_id = meta.server_id
+        for _ in range(10_000):  # the welcome is read while iterating
+            next(loader)
+            if loader.server_ids[0] == old_id:
+                break
+        assert loader.server_ids[0] == old_id
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=10)
         spawn("serve", f"{SAMPLER}:numbered", *endpoints.args())
@@ -47,8 +51,11 @@ def test_trainer_continues_after_server_killed_and_restarted(
             if meta.server_id != old_id:
                 break
         assert meta.server_id != old_id
-        wait_until(lambda: loader.server_ids[0] not in ("", old_id), 10, "the new welcome")
-        next(loader)
+        for _ in range(10_000):
+            next(loader)
+            if loader.server_ids[0] not in ("", old_id):
+                break
+        assert loader.server_ids[0] == meta.server_id
     assert any("restarted" in r.getMessage() and old_id in r.getMessage()
                for r in caplog.records)
 
