@@ -10,6 +10,7 @@ installed, so that the peers can still be measured while one of them is absent.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ IMAGE_BATCH_SHAPE = (64, 3, 224, 224)
 # The size of the signal whose spectrum the CPU-bound sampler computes: about
 # 1 ms of single-threaded numpy work per sample on the 2-core reference machine
 # (the in-process contender of that scenario reports the exact figure).
-CPU_SIGNAL_LENGTH = 40960
+CPU_SIGNAL_LENGTH = 49152
 CPU_STREAMERS = 8
 
 
@@ -97,6 +98,7 @@ GENERATORS = {
 }
 
 
+@functools.cache
 def sample_nbytes(kind: str) -> int:
     """The payload bytes of one sample of a generator (the array data, no framing)."""
     sample = next(GENERATORS[kind]())
