@@ -76,7 +76,11 @@ def stack_samples(samples: Sequence[Any]) -> Any:
     stacked: list[StackedLeaf] = []
     for kind, spec, values in leaves:
         if kind == ARRAY:
-            stacked.append(StackedLeaf(ARRAY, np.stack(values)))
+            array = np.stack(values)
+            if array.dtype != spec[0]:
+                # np.stack gives native byte order; the samples' own dtype must travel.
+                array = array.astype(spec[0])
+            stacked.append(StackedLeaf(ARRAY, array))
         elif kind == SCALAR:
             stacked.append(StackedLeaf(SCALAR, np.array(values, dtype=spec)))
         else:

@@ -27,7 +27,7 @@ import operator
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, fields
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgpack
 import numpy as np
@@ -95,6 +95,11 @@ EXT_COLUMN = 7
 # The frame index of the tags of a data message, and of its first array frame.
 TAG_FRAME = 1
 FIRST_ARRAY_FRAME = 2
+
+#: What a frame given to :func:`decode` may be: ``bytes``, ``bytearray``, ``memoryview``,
+#: any object with the buffer protocol, or a zmq ``Frame`` (read through its writable
+#: ``.buffer``). Typed loosely so that pyzmq's own types pass.
+FrameLike: TypeAlias = Any
 
 _INT_MIN = -(2**63)
 _INT_MAX = 2**64 - 1
@@ -735,9 +740,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def decode(
-    frames: Sequence[bytes | bytearray | memoryview], *, limits: Limits = DEFAULT_LIMITS
-) -> Message:
+def decode(frames: Sequence[FrameLike], *, limits: Limits = DEFAULT_LIMITS) -> Message:
     """Decode the frames of one multipart message.
 
     Arrays are views of the frames when a frame is writable (a ``bytearray``, a
@@ -838,10 +841,11 @@ def _tags_from_frame(frame: memoryview | bytes, count: int | None) -> np.ndarray
     rows = len(frame) // 16
     if count is not None and rows != count:
         raise ProtocolError(f"tag frame holds {rows} tags for {count} samples")
-    if type(frame) is bytes or frame.readonly:
+    buffer: memoryview | bytes | bytearray = frame
+    if isinstance(frame, bytes) or frame.readonly:
         # Tags are small: a bytearray copy is the cheapest way to writable memory.
-        frame = bytearray(frame)
-    tags: np.ndarray = np.frombuffer(frame, TAG_DTYPE).reshape(rows, 2)
+        buffer = bytearray(frame)
+    tags: np.ndarray = np.frombuffer(buffer, TAG_DTYPE).reshape(rows, 2)
     return tags
 
 
@@ -902,7 +906,7 @@ def _data_header_ok(header: memoryview | bytes) -> None:
         raise ProtocolError("not a data message")
 
 
-def read_tags(frames: Sequence[bytes | bytearray | memoryview]) -> np.ndarray:
+def read_tags(frames: Sequence[FrameLike]) -> np.ndarray:
     """Return the ``(n, 2)`` int64 tags of a data message without decoding its samples.
 
     Examples
@@ -923,7 +927,7 @@ def read_tags(frames: Sequence[bytes | bytearray | memoryview]) -> np.ndarray:
         raise ProtocolError(f"malformed message: {type(exc).__name__}: {exc}") from None
 
 
-def replace_tags(frames: Sequence[bytes | bytearray | memoryview], tags: np.ndarray) -> list[Any]:
+def replace_tags(frames: Sequence[FrameLike], tags: np.ndarray) -> list[Any]:
     """Return the frames of the same data message with ``tags`` in place of its tags.
 
     The header and array frames are passed through as they are (no copy).
