@@ -24,6 +24,7 @@ __all__ = [
     "control_address_for",
     "make_socket",
     "mapped_zmq_errors",
+    "readable",
     "recv_message",
     "send_message",
 ]
@@ -84,7 +85,7 @@ def make_socket(
     connection instead of a silent stall; ``max_message_bytes`` caps what a
     receiving socket accepts before any of it reaches Python.
     """
-    socket = context.socket(kind)
+    socket: zmq.Socket[Any] = context.socket(kind)
     socket.linger = 0
     socket.sndhwm = hwm
     socket.rcvhwm = hwm
@@ -98,6 +99,11 @@ def make_socket(
     socket.setsockopt(zmq.RECONNECT_IVL, 100)
     socket.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
     return socket
+
+
+def readable(socket: zmq.Socket[Any]) -> bool:
+    """Whether a message is waiting on ``socket`` (without a system call to poll)."""
+    return bool(int(socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
 
 def send_message(

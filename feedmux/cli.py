@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="e.g. mypkg.data:make_mux (a streamer, a mux, or a factory)")
     serve.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
                        help="keyword argument for the factory (JSON value, else a string)")
-    serve.add_argument("--bind", default=DEFAULT_BIND, help=f"data endpoint (default {DEFAULT_BIND})")
+    serve.add_argument("--bind", default=DEFAULT_BIND,
+                       help=f"data endpoint (default {DEFAULT_BIND})")
     serve.add_argument("--control", help="control endpoint (default: data port + 1)")
     serve.add_argument("--workers", type=_positive_int, default=1,
                        help="sampling processes (default 1)")

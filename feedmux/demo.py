@@ -39,7 +39,9 @@ __all__ = ["check_exactly_once", "make_mux", "run_demo", "write_example_files"]
 DEMO_TIMEOUT = 120.0
 
 
-def write_example_files(directory: str | Path, files: int, examples: int, seed: int = 0) -> list[Path]:
+def write_example_files(
+    directory: str | Path, files: int, examples: int, seed: int = 0
+) -> list[Path]:
     """Write ``files`` npz files of ``examples`` examples each: X float32[8], y int, id int."""
     rng = np.random.default_rng(seed)
     paths = []
@@ -60,10 +62,12 @@ def npz_examples(path: str) -> Iterator[dict[str, Any]]:
         yield {"X": features[index], "y": labels[index], "id": ids[index]}
 
 
-def make_mux(data_dir: str, n_active: int = 100, seed: int | None = None) -> StochasticMux:
+def make_mux(
+    data_dir: str, n_active: int = 100, seed: int | None = None
+) -> StochasticMux[dict[str, Any]]:
     """The sampler of pescador's epoch example, over every npz file in ``data_dir``."""
     paths = sorted(str(p) for p in Path(data_dir).glob("*.npz"))
-    streams = [Streamer(npz_examples, path) for path in paths]
+    streams: list[Streamer[dict[str, Any]]] = [Streamer(npz_examples, path) for path in paths]
     return StochasticMux(streams, n_active, rate=None, mode="exhaustive", random_state=seed)
 
 
@@ -160,7 +164,8 @@ def run_demo(files: int = 3, examples: int = 1000, epochs: int = 3, trainers: in
     for epoch in range(1, epochs + 1):
         counts = [len(s.get(epoch, [])) for s in seen]
         seconds = max(r["seconds"].get(str(epoch), 0.0) for r in results) or float("nan")
-        print(f"| {epoch} | " + " | ".join(str(c) for c in counts) + f" | {sum(counts) / seconds:,.0f} |")
+        cells = " | ".join(str(c) for c in counts)
+        print(f"| {epoch} | {cells} | {sum(counts) / seconds:,.0f} |")
     print(f"\niterations per trainer: {[r['iterations'] for r in results]}, "
           f"wall time {elapsed:.2f} s")
     problems = check_exactly_once(seen, all_ids, epochs)

@@ -26,6 +26,7 @@ from feedmux._transport import (
     HEARTBEAT_INTERVAL,
     control_address_for,
     make_socket,
+    readable,
     send_message,
 )
 from feedmux.errors import (
@@ -122,7 +123,9 @@ class RemoteLoader:
     ) -> None:
         addresses = [address] if isinstance(address, str) else list(address)
         if not addresses or not all(isinstance(a, str) and a for a in addresses):
-            raise ValueError(f"expected a data endpoint or a non-empty list of them, got {address!r}")
+            raise ValueError(
+                f"expected a data endpoint or a non-empty list of them, got {address!r}"
+            )
         if control is None:
             controls = [control_address_for(a) for a in addresses]
         else:
@@ -145,7 +148,7 @@ class RemoteLoader:
         self.with_meta = with_meta
         self.max_message_bytes = max_message_bytes
         self.client_id = client_id or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._links = [_ServerLink(a, c) for a, c in zip(addresses, controls)]
+        self._links = [_ServerLink(a, c) for a, c in zip(addresses, controls, strict=True)]
         self._context: zmq.Context[Any] | None = None
         self._pid = 0
         self._data: Any = None
@@ -161,7 +164,7 @@ class RemoteLoader:
         self._last_heartbeat = 0.0
         self._last: SampleMeta | None = None
         self._restored: dict[str, Any] = {}
-        self._finalizer: weakref.finalize | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
 
     # -- the iterable ---------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -239,7 +242,9 @@ class RemoteLoader:
         """Restore what :meth:`state_dict` saved (the last sample seen)."""
         missing = {"last_epoch", "last_position", "last_server_id"} - set(state)
         if missing:
-            raise ValueError(f"RemoteLoader state lacks {sorted(missing)}; got keys {sorted(state)}")
+            raise ValueError(
+                f"RemoteLoader state lacks {sorted(missing)}; got keys {sorted(state)}"
+            )
         self._restored = dict(state)
         if state["last_epoch"] is not None:
             self._last = SampleMeta(
@@ -310,7 +315,7 @@ class RemoteLoader:
                 continue
             self._take(frames)
             for link in self._links:
-                if link.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                if readable(link.socket):
                     self._serve_control(link)
             return
 
@@ -341,7 +346,7 @@ class RemoteLoader:
         self._received[server_id] = 0
 
     def _serve_control(self, link: _ServerLink) -> None:
-        while link.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while readable(link.socket):
             frames = link.socket.recv_multipart(copy=False)
             message = decode([frame.buffer for frame in frames])
             if isinstance(message, Welcome):

@@ -80,7 +80,9 @@ def _payload_bytes(sample: Any) -> int:
 def error_message(error: BaseException, server_id: str) -> Error:
     """The wire message that carries ``error`` (type, message, traceback) to trainers."""
     kind = type(error)
-    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    name = kind.__qualname__
+    if kind.__module__ != "builtins":
+        name = f"{kind.__module__}.{name}"
     text = "".join(traceback.format_exception(kind, error, error.__traceback__))
     return Error(type=name, message=str(error), traceback=text, server_id=server_id)
 
@@ -99,7 +101,7 @@ def _encode_batch(
         if not skip_bad:
             raise
     kept_tags, kept = [], []
-    for tag, sample in zip(tags, samples):
+    for tag, sample in zip(tags, samples, strict=True):
         try:
             encode(Data(np.array([tag], dtype=np.int64), [sample], server_id, seq))
         except ProtocolError as error:

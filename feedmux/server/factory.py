@@ -35,7 +35,9 @@ def parse_factory_args(pairs: Iterable[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, text = pair.partition("=")
         if not sep or not key.isidentifier():
-            raise FactoryError(f"expected --arg KEY=VALUE with KEY a Python identifier, got {pair!r}")
+            raise FactoryError(
+                f"expected --arg KEY=VALUE with KEY a Python identifier, got {pair!r}"
+            )
         try:
             parsed[key] = json.loads(text)
         except ValueError:

@@ -39,6 +39,7 @@ from feedmux._transport import (
     control_address_for,
     make_socket,
     mapped_zmq_errors,
+    readable,
     send_message,
 )
 from feedmux.errors import (
@@ -64,8 +65,8 @@ from feedmux.protocol import (
     read_tags,
     replace_tags,
 )
-from feedmux.server._worker import WorkerPool
 from feedmux.server._producer import BatchPolicy, Frames, error_message, produce
+from feedmux.server._worker import WorkerPool
 from feedmux.server.epochs import EpochIterator
 from feedmux.server.factory import Source, resolve_source
 
@@ -186,7 +187,7 @@ class _Endpoints:
         self.messages_sent += 1
         self.samples_sent += n_samples
         self.epoch = max(self.epoch, epoch)
-        if self.control.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if readable(self.control):
             self.serve_control(timeout=0)
         self.maybe_log()
         return not self.stopping
@@ -201,10 +202,10 @@ class _Endpoints:
         poller.register(self.control, zmq.POLLIN)
         if also_writable:
             poller.register(self.data, zmq.POLLOUT)
-        events = dict(poller.poll(timeout * 1000))
+        events = dict(poller.poll(int(timeout * 1000)))
         if self.control not in events:
             return False
-        while self.control.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while readable(self.control):
             try:
                 parts = self.control.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -591,7 +592,7 @@ def _forward(pool: WorkerPool, endpoints: _Endpoints, config: ServerConfig, stop
             if inbound not in events:
                 endpoints.maybe_log()
                 continue
-            frames = inbound.recv_multipart(copy=False)
+            frames = [frame.buffer for frame in inbound.recv_multipart(copy=False)]
             if len(frames) > 1:  # data: header + tags frame + buffers
                 tags = read_tags(frames).copy()
                 for epoch in np.unique(tags[:, 0]):
@@ -603,7 +604,7 @@ def _forward(pool: WorkerPool, endpoints: _Endpoints, config: ServerConfig, stop
                 if not endpoints.send_data(replace_tags(frames, tags), len(tags), int(tags[-1, 0])):
                     break
                 continue
-            message = decode([frame.buffer for frame in frames])
+            message = decode(frames)
             if isinstance(message, Error):
                 log.error("sampling worker failed: %s: %s", message.type, message.message)
                 endpoints.fail(message)
