@@ -436,11 +436,12 @@ class Server:
         except TransportError as error:
             log.error("%s", error)
             return None
+        config = self.config
+        source = config.source if isinstance(config.source, str) else type(config.source).__name__
         log.info(
-            "serving %s: data %s, control %s, %d worker(s), server id %s",
-            self.config.source if isinstance(self.config.source, str) else type(self.config.source).__name__,
-            self.config.bind, self.config.control_address, self.config.workers,
-            self.config.server_id,
+            "serving %s: data %s, control %s, %d worker(s), epoch size %s, server id %s",
+            source, config.bind, config.control_address, config.workers,
+            config.epoch_size or "measured after the first epoch", config.server_id,
         )
         return endpoints
 
@@ -528,7 +529,8 @@ class Server:
         process.terminate()
         process.join(timeout)
         if process.exitcode is None:
-            log.warning("server pid %s ignored SIGTERM for %.1f s; killing it", process.pid, timeout)
+            log.warning("server pid %s ignored SIGTERM for %.1f s; killing it",
+                        process.pid, timeout)
             process.kill()
             process.join(timeout)
         return process.exitcode
