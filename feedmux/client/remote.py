@@ -32,6 +32,7 @@ from feedmux._transport import (
 from feedmux.errors import (
     ProtocolError,
     RemoteError,
+    StreamValueError,
     TransportClosedError,
     TransportTimeoutError,
     VersionMismatchError,
@@ -242,7 +243,7 @@ class RemoteLoader:
         """Restore what :meth:`state_dict` saved (the last sample seen)."""
         missing = {"last_epoch", "last_position", "last_server_id"} - set(state)
         if missing:
-            raise ValueError(
+            raise StreamValueError(
                 f"RemoteLoader state lacks {sorted(missing)}; got keys {sorted(state)}"
             )
         self._restored = dict(state)
