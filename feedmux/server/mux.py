@@ -165,19 +165,26 @@ class _MuxPass(Generic[T]):
         counts = self.counts
         next_index = self._next_sample_index
         try:
-            while True:
-                index = next_index()
-                if index < 0:
-                    return
+            index = next_index()
+            while index >= 0:
                 try:
                     item = next(streams[index])
                 except StopIteration:
+                    produced = counts[index]
                     self._on_stream_exhausted(index)
                     self._replace_stream(index)
                     counts[index] = 0
+                    # The draw stands when a stream ended after yielding: the
+                    # slot's new stream gives the item. pescador draws again,
+                    # which starves short streams (a ShuffledMux streamer of
+                    # length 1 lost half its share). After an empty stream the
+                    # draw is redone, so that every slot gets its turn.
+                    if not produced or streams[index] is _NO_STREAM:
+                        index = next_index()
                     continue
                 counts[index] += 1
                 yield item
+                index = next_index()
         finally:
             for stream in streams:
                 _close(stream)

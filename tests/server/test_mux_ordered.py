@@ -48,7 +48,7 @@ def test_round_robin_permuted_cycle_is_reproducible_per_seed() -> None:
 
 
 def test_round_robin_rejects_an_unknown_mode() -> None:
-    with pytest.raises(SamplingError, match="mode must be one of .* got mode='cycles'"):
+    with pytest.raises(SamplingError, match=r"mode must be one of .* got mode='cycles'"):
         RoundRobinMux(["a"], mode="cycles")
 
 

@@ -54,7 +54,9 @@ class Pulls:
         (lambda: iter([4, 5]), [4, 5]),
     ],
 )
-def test_every_kind_of_source_restarts_at_each_activation(source: object, expected: list[object]) -> None:
+def test_every_kind_of_source_restarts_at_each_activation(
+    source: object, expected: list[object]
+) -> None:
     stream = Streamer(source)
     assert list(stream) == expected
     assert list(stream.iterate()) == expected

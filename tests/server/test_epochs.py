@@ -1,0 +1,306 @@
+"""True epochs: exhaustive passes, EpochIterator, shard (property-based)."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from feedmux.errors import SamplingError
+from feedmux.server import (
+    ChainMux,
+    EpochIterator,
+    RoundRobinMux,
+    ShuffledMux,
+    StochasticMux,
+    Streamer,
+    is_streamer,
+    shard,
+)
+
+Item = tuple[int, int]
+
+
+def make_streamers(lengths: list[int]) -> list[Streamer[Item]]:
+    return [Streamer([(index, position) for position in range(length)])
+            for index, length in enumerate(lengths)]
+
+
+def every_item(lengths: list[int]) -> Counter[Item]:
+    return Counter((index, position) for index, length in enumerate(lengths)
+                   for position in range(length))
+
+
+lengths_strategy = st.lists(st.integers(0, 6), min_size=1, max_size=8)
+
+
+@st.composite
+def exhaustive_muxes(draw: st.DrawFn) -> tuple[StochasticMux[Item], list[int]]:
+    lengths = draw(lengths_strategy)
+    n_active = draw(st.integers(1, len(lengths) + 3))
+    weights = draw(st.none() | st.lists(st.integers(1, 5), min_size=len(lengths),
+                                        max_size=len(lengths)))
+    mux = StochasticMux(
+        make_streamers(lengths),
+        n_active,
+        rate=None,
+        weights=weights,
+        mode="exhaustive",
+        prune_empty_streams=draw(st.booleans()),
+        dist=draw(st.sampled_from(["constant", "binomial", "poisson"])),
+        random_state=draw(st.integers(0, 2**32)),
+    )
+    return mux, lengths
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=150, deadline=None)
+@given(exhaustive_muxes())
+def test_every_exhaustive_pass_yields_every_item_exactly_once(
+    case: tuple[StochasticMux[Item], list[int]],
+) -> None:
+    mux, lengths = case
+    for _ in range(3):
+        assert Counter(mux) == every_item(lengths)
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=150, deadline=None)
+@given(exhaustive_muxes())
+def test_cycling_an_exhaustive_mux_gives_consecutive_complete_epochs(
+    case: tuple[StochasticMux[Item], list[int]],
+) -> None:
+    mux, lengths = case
+    expected = every_item(lengths)
+    size = sum(lengths)
+    if size == 0:
+        with pytest.raises(SamplingError, match="yielded no items"):
+            next(mux(cycle=True))
+        return
+    items = list(mux(max_iter=4 * size, cycle=True))
+    for start in range(0, 4 * size, size):
+        assert Counter(items[start : start + size]) == expected
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=100, deadline=None)
+@given(exhaustive_muxes(), st.integers(1, 10))
+def test_shards_of_an_exhaustive_mux_cover_one_epoch(
+    case: tuple[StochasticMux[Item], list[int]], count: int,
+) -> None:
+    mux, lengths = case
+    count = min(count, len(lengths))
+    union: Counter[Item] = Counter()
+    for index in range(count):
+        union.update(shard(mux, index, count))
+    assert union == every_item(lengths)
+
+
+def test_exhaustive_passes_mix_the_streamers() -> None:
+    mux = StochasticMux(make_streamers([20] * 4), 4, rate=None, mode="exhaustive",
+                        random_state=0)
+    order = [index for index, _ in mux]
+    switches = sum(a != b for a, b in itertools.pairwise(order))
+    assert switches > 20  # a chain would switch 3 times
+
+
+@pytest.mark.parametrize("n_active", [1, 3, 100])
+def test_clamped_n_active_still_covers_every_item(n_active: int) -> None:
+    # The epoch example of the pescador docs: k = 100 over 3 files.
+    mux = StochasticMux(make_streamers([3, 1, 4]), n_active, rate=None, mode="exhaustive",
+                        random_state=1)
+    assert Counter(mux) == every_item([3, 1, 4])
+
+
+# --- EpochIterator -------------------------------------------------------------------------
+
+
+def test_epoch_iterator_tags_epoch_and_position() -> None:
+    mux = StochasticMux(make_streamers([2, 3]), 2, None, mode="exhaustive", random_state=0)
+    ended: list[tuple[int, int]] = []
+    epochs = EpochIterator(mux, max_epochs=3, on_epoch_end=lambda e, n: ended.append((e, n)))
+    assert (epochs.epoch, epochs.epoch_size, epochs.epochs_completed) == (0, None, 0)
+    tagged = list(epochs)
+    assert [(epoch, position) for epoch, position, _ in tagged] == [
+        (epoch, position) for epoch in (1, 2, 3) for position in range(5)
+    ]
+    for epoch in (1, 2, 3):
+        assert Counter(item for e, _, item in tagged if e == epoch) == every_item([2, 3])
+    assert ended == [(1, 5), (2, 5), (3, 5)]
+    assert (epochs.epoch, epochs.epoch_size, epochs.epochs_completed) == (3, 5, 3)
+
+
+def test_epoch_size_is_known_after_the_first_epoch_and_follows_changes() -> None:
+    calls = itertools.count(3)
+
+    def growing() -> Iterator[int]:
+        yield from range(next(calls))
+
+    epochs = EpochIterator(Streamer(growing))
+    seen = []
+    for epoch, position, _ in epochs:
+        seen.append((epoch, position, epochs.epoch_size))
+        if epoch == 3:
+            break
+    assert seen[:3] == [(1, 0, None), (1, 1, None), (1, 2, None)]
+    assert seen[3] == (2, 0, 3)
+    assert seen[-1] == (3, 0, 4)
+    assert epochs.epochs_completed == 2
+
+
+def test_epoch_iterator_next_and_iter_advance_the_same_sequence() -> None:
+    epochs = EpochIterator(Streamer("ab"), max_epochs=2)
+    assert next(epochs) == (1, 0, "a")
+    assert list(epochs) == [(1, 1, "b"), (2, 0, "a"), (2, 1, "b")]
+    with pytest.raises(StopIteration):
+        next(epochs)
+
+
+def test_epoch_iterator_wraps_a_re_iterable_and_stops_at_zero_epochs() -> None:
+    assert list(EpochIterator([1], max_epochs=2)) == [(1, 0, 1), (2, 0, 1)]
+    assert list(EpochIterator(Streamer("ab"), max_epochs=0)) == []
+
+
+@pytest.mark.timeout(10)
+def test_an_empty_epoch_raises() -> None:
+    with pytest.raises(SamplingError, match=r"epoch 1 of .* yielded no items"):
+        list(EpochIterator(StochasticMux(["", ""], 2, None, mode="exhaustive")))
+    calls = itertools.count(2, -1)
+
+    def shrinking() -> Iterator[int]:
+        yield from range(next(calls))
+
+    with pytest.raises(SamplingError, match="epoch 3 of"):
+        list(EpochIterator(Streamer(shrinking)))
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "2", True])
+def test_bad_max_epochs_is_rejected(bad: object) -> None:
+    with pytest.raises(SamplingError, match="max_epochs"):
+        EpochIterator(Streamer("a"), max_epochs=bad)  # type: ignore[arg-type]
+
+
+def test_closing_an_epoch_iterator_closes_the_activation() -> None:
+    stream = Streamer("abc")
+    epochs = EpochIterator(stream)
+    next(epochs)
+    assert stream.active == 1
+    epochs.close()
+    assert stream.active == 0
+
+
+def test_an_infinite_pass_is_one_endless_epoch() -> None:
+    epochs = EpochIterator(ShuffledMux(["a", "b"], random_state=0))
+    tags = [(epoch, position) for epoch, position, _ in itertools.islice(epochs, 50)]
+    assert tags == [(1, position) for position in range(50)]
+    assert epochs.epoch_size is None
+
+
+# --- shard -------------------------------------------------------------------------------------
+
+
+def test_is_streamer() -> None:
+    assert is_streamer(Streamer("a"))
+    assert is_streamer(ChainMux(["a"]))
+    assert not is_streamer("a")
+    assert not is_streamer(lambda: "a")
+
+
+def test_one_shard_is_the_streamer_itself() -> None:
+    mux = ChainMux(["ab"])
+    assert shard(mux, 0, 1) is mux
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: RoundRobinMux(make_streamers([3, 0, 2, 5, 1])),
+        lambda: ChainMux(make_streamers([3, 0, 2, 5, 1])),
+        lambda: ChainMux(lambda: iter(make_streamers([3, 0, 2, 5, 1]))),
+        lambda: Streamer(lambda: iter(every_item([3, 0, 2, 5, 1]))),
+        lambda: Streamer(ChainMux(make_streamers([3, 0, 2, 5, 1]))),
+        lambda: StochasticMux(make_streamers([3, 0, 2, 5, 1]), 2, None, mode="exhaustive",
+                              random_state=9),
+    ],
+)
+@pytest.mark.parametrize("count", [2, 3, 5])
+def test_shards_together_are_one_epoch(make: object, count: int) -> None:
+    streamer = make()  # type: ignore[operator]
+    union: Counter[Item] = Counter()
+    for index in range(count):
+        part = shard(streamer, index, count)
+        assert is_streamer(part)
+        union.update(part)
+    assert union == every_item([3, 0, 2, 5, 1])
+
+
+def test_item_level_shards_take_every_nth_item() -> None:
+    parts = ["".join(shard(Streamer("abcdefg"), index, 3)) for index in range(3)]
+    assert parts == ["adg", "be", "cf"]
+    chained = ChainMux(lambda: iter(["abc", "defg"]))
+    assert ["".join(shard(chained, index, 2)) for index in range(2)] == ["aceg", "bdf"]
+
+
+def test_mux_shards_split_by_streamers_with_the_same_arguments() -> None:
+    mux = StochasticMux(["a", "b", "c", "d", "e"], 4, rate=3, weights=[1, 2, 3, 4, 5],
+                        mode="single_active", prune_empty_streams=False, dist="poisson",
+                        random_state=1)
+    part = shard(mux, 1, 2)
+    assert isinstance(part, StochasticMux)
+    assert [list(s) for s in part.streamers] == [["b"], ["d"]]
+    assert part.weights.tolist() == pytest.approx([2 / 6, 4 / 6])
+    assert (part.n_active, part.rate, part.mode, part.dist, part.prune_empty_streams) == (
+        4, 3.0, "single_active", "poisson", False)
+    assert set(part(max_iter=40)) == {"b", "d"}  # n_active is clamped to 2 at each pass
+    robin = shard(RoundRobinMux(["ab", "c", "de"], mode="cycle"), 0, 2)
+    assert isinstance(robin, RoundRobinMux) and robin.mode == "cycle"
+    assert "".join(robin(max_iter=8)) == "adbeadbe"
+    shuffled = shard(ShuffledMux(["a", "b", "c"], weights=[1, 0, 3]), 0, 2)
+    assert isinstance(shuffled, ShuffledMux)
+    assert shuffled.weights.tolist() == pytest.approx([0.25, 0.75])
+
+
+def test_mux_shards_have_their_own_reproducible_seeds() -> None:
+    mux = StochasticMux(["ab", "ab", "cd", "cd"], 2, None, mode="exhaustive", random_state=3)
+
+    def orders(index: int) -> list[str]:
+        part = shard(mux, index, 2)
+        return ["".join(part) for _ in range(6)]
+
+    assert orders(0) == orders(0)
+    assert orders(0) != orders(1)  # the same streamers, yet different orders
+
+
+def test_shards_of_an_unseeded_mux_differ_too() -> None:
+    mux = StochasticMux(["ab", "ab", "cd", "cd"], 2, None, mode="exhaustive")
+    parts = [shard(mux, index, 2) for index in range(2)]
+    orders = [["".join(part) for _ in range(6)] for part in parts]
+    assert orders[0] != orders[1]
+
+
+def test_a_shard_without_streamers_is_an_error() -> None:
+    with pytest.raises(SamplingError, match=r"shard 3 of 4 .* has no streamers.*at most 3 workers"):
+        shard(ChainMux(["a", "b", "c"]), 3, 4)
+    with pytest.raises(SamplingError, match="only zero-weight streamers"):
+        shard(StochasticMux(["a", "b"], 1, None, weights=[1, 0]), 1, 2)
+
+
+@pytest.mark.parametrize("index, count, message", [
+    (0, 0, "count must be an int >= 1"),
+    (2, 2, r"index must be in \[0, 2\)"),
+    (-1, 2, r"index must be in \[0, 2\)"),
+    (0.0, 2, "index must be an int"),
+    (0, "2", "count must be an int"),
+])
+def test_bad_shard_arguments(index: object, count: object, message: str) -> None:
+    with pytest.raises(SamplingError, match=message):
+        shard(Streamer("ab"), index, count)  # type: ignore[arg-type]
+
+
+def test_shard_needs_a_streamer() -> None:
+    with pytest.raises(SamplingError, match="streamer must be a Streamer"):
+        shard("abc", 0, 2)  # type: ignore[arg-type]
