@@ -181,6 +181,27 @@ class RemoteLoader:
             return self.last_meta, self._samples[index]
         return self._samples[index]
 
+    def iter_epoch(self) -> Iterator[Any]:
+        """Yield this trainer's samples of one server epoch, like one pass of a DataLoader.
+
+        The epoch is that of the next sample; the iterator ends before the first
+        sample of a later epoch (which stays for the next call) or at the end of
+        the stream. It needs no epoch size, so it works from the first epoch on.
+        """
+        epoch = None
+        while True:
+            while self._index >= self._count:
+                try:
+                    self._receive()
+                except StopIteration:
+                    return
+            upcoming = int(self._tags[self._index, 0])
+            if epoch is None:
+                epoch = upcoming
+            elif upcoming != epoch:
+                return
+            yield next(self)
+
     def __len__(self) -> int:
         sizes = [link.epoch_size for link in self._links]
         if not self._links or any(size is None for size in sizes):

@@ -167,3 +167,12 @@ def test_a_loader_per_thread(addresses: tuple[str, str]) -> None:
         for thread in threads:
             thread.join(timeout=40)
     assert sorted(results[0] + results[1]) == list(range(4000))
+
+
+def test_iter_epoch_yields_one_server_epoch_at_a_time(addresses: tuple[str, str]) -> None:
+    data, control = addresses
+    with feedmux.Server(ids_stream(0, 10), bind=data, control=control, epochs=3,
+                        samples_per_message=4):
+        with RemoteLoader(data, control=control, timeout=20) as loader:
+            epochs = [[int(s["id"]) for s in loader.iter_epoch()] for _ in range(4)]
+    assert epochs == [list(range(10))] * 3 + [[]]
