@@ -84,6 +84,17 @@ def seed_plan(random_state: object) -> SeedPlan:
     SamplingError
         If ``random_state`` is none of None, an int >= 0, a
         ``numpy.random.Generator`` or a ``numpy.random.RandomState``.
+
+    Examples
+    --------
+    >>> plan = seed_plan(7)
+    >>> plan
+    SeedPlan(entropy=(7,), spawn_key=())
+    >>> a, b = plan.for_pass(1).random(), plan.for_pass(2).random()
+    >>> a == seed_plan(7).for_pass(1).random(), a == b
+    (True, False)
+    >>> plan.child(3)
+    SeedPlan(entropy=(7,), spawn_key=(3,))
     """
     if random_state is None:
         return SeedPlan(None)

@@ -66,11 +66,16 @@ def _as_streamer(item: object, argument: str) -> Streamer[Any]:
 
 
 def _check_streamers(streamers: object, argument: str = "streamers") -> list[Streamer[Any]]:
-    if isinstance(streamers, Iterator) or not isinstance(streamers, Iterable):
-        kind = "a one-shot iterator" if isinstance(streamers, Iterator) else "not iterable"
+    if isinstance(streamers, Iterator):
         raise SamplingError(
             f"{argument} must be a list of streamers or re-iterables, got "
-            f"{argument}={streamers!r}, which is {kind}"
+            f"{argument}={streamers!r}, which is a one-shot iterator; pass a list (ChainMux "
+            "also takes the function that yields the streamers, called at each activation)"
+        )
+    if not isinstance(streamers, Iterable):
+        raise SamplingError(
+            f"{argument} must be a list of streamers or re-iterables, got "
+            f"{argument}={streamers!r}, which is not iterable"
         )
     checked = [_as_streamer(item, argument) for item in streamers]
     if not checked:
@@ -451,6 +456,16 @@ class BaseMux(Streamer[T]):
     random_state : None, int, numpy.random.Generator or numpy.random.RandomState
         The seed. ``None`` draws from numpy's global random state at each
         pass; a Generator or RandomState is drawn from once, at construction.
+
+    Examples
+    --------
+    Every mux is a streamer, so muxes nest:
+
+    >>> inner = RoundRobinMux(["ab", "cd"])
+    >>> isinstance(inner, BaseMux), isinstance(inner, Streamer)
+    (True, True)
+    >>> "".join(ChainMux([inner, "xy"])(max_iter=10, cycle=True))
+    'acbdxyacbd'
     """
 
     streamers: list[Streamer[T]]
