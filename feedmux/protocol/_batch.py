@@ -76,10 +76,15 @@ def stack_samples(samples: Sequence[Any]) -> Any:
     stacked: list[StackedLeaf] = []
     for kind, spec, values in leaves:
         if kind == ARRAY:
+            dtype, shape = spec
             array = np.stack(values)
-            if array.dtype != spec[0]:
-                # np.stack gives native byte order; the samples' own dtype must travel.
-                array = array.astype(spec[0])
+            if array.dtype != dtype:
+                # np.stack gives native byte order, and numpy cannot even allocate some
+                # non-native dtypes (">m8"); raw memory viewed as the samples' own dtype can.
+                native = array
+                raw = bytearray(len(values) * values[0].nbytes)
+                array = np.frombuffer(raw, dtype).reshape((len(values), *shape))
+                array[...] = native
             stacked.append(StackedLeaf(ARRAY, array))
         elif kind == SCALAR:
             stacked.append(StackedLeaf(SCALAR, np.array(values, dtype=spec)))
