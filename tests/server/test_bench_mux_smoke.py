@@ -8,6 +8,10 @@ from types import ModuleType
 
 import pytest
 
+# Every test here is fast: a hang is a bug, so fail it early.
+pytestmark = pytest.mark.timeout(30)
+
+
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_mux.py"
 
 

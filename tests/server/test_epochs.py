@@ -22,6 +22,10 @@ from feedmux.server import (
     shard,
 )
 
+# Every test here is fast: a hang is a bug, so fail it early.
+pytestmark = pytest.mark.timeout(30)
+
+
 Item = tuple[int, int]
 
 
@@ -98,6 +102,32 @@ def test_shards_of_an_exhaustive_mux_cover_one_epoch(
     for index in range(count):
         union.update(shard(mux, index, count))
     assert union == every_item(lengths)
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=80, deadline=None)
+@given(st.lists(lengths_strategy, min_size=1, max_size=4), st.integers(1, 6),
+       st.sampled_from(["stochastic", "round_robin", "chain"]), st.integers(0, 2**32))
+def test_nested_exhaustive_muxes_yield_every_item_once_per_pass(
+    groups: list[list[int]], n_active: int, outer_kind: str, seed: int,
+) -> None:
+    expected: Counter[tuple[int, Item]] = Counter()
+    inner = []
+    for group, lengths in enumerate(groups):
+        streamers = [Streamer([(group, (index, position)) for position in range(length)])
+                     for index, length in enumerate(lengths)]
+        inner.append(StochasticMux(streamers, n_active, None, mode="exhaustive",
+                                   random_state=seed + group))
+        expected.update((group, item) for item in every_item(lengths))
+    outer: Streamer[tuple[int, Item]]
+    if outer_kind == "stochastic":
+        outer = StochasticMux(inner, n_active, None, mode="exhaustive", random_state=seed)
+    elif outer_kind == "round_robin":
+        outer = RoundRobinMux(inner)
+    else:
+        outer = ChainMux(inner)
+    for _ in range(2):
+        assert Counter(outer) == expected
 
 
 def test_exhaustive_passes_mix_the_streamers() -> None:
@@ -227,6 +257,7 @@ def test_one_shard_is_the_streamer_itself() -> None:
                               random_state=9),
     ],
 )
+
 @pytest.mark.parametrize("count", [2, 3, 5])
 def test_shards_together_are_one_epoch(make: object, count: int) -> None:
     streamer = make()  # type: ignore[operator]

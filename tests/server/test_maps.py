@@ -10,6 +10,10 @@ import pytest
 from feedmux.errors import DataError, SamplingError
 from feedmux.server import Streamer, buffer_stream, keras_tuples, tuples
 
+# Every test here is fast: a hang is a bug, so fail it early.
+pytestmark = pytest.mark.timeout(30)
+
+
 pescador = pytest.importorskip("pescador")
 
 
@@ -117,6 +121,7 @@ def test_tuples_errors() -> None:
         (("a", "b"), "c", ([1, 2], 3)),
     ],
 )
+
 def test_keras_tuples(inputs: object, outputs: object, expected: tuple[object, object]) -> None:
     stream = [{"a": 1, "b": 2, "c": 3}]
     assert next(keras_tuples(stream, inputs, outputs)) == expected  # type: ignore[arg-type]

@@ -12,6 +12,10 @@ from hypothesis import strategies as st
 from feedmux.errors import SamplingError
 from feedmux.server import ChainMux, RoundRobinMux, Streamer
 
+# Every test here is fast: a hang is a bug, so fail it early.
+pytestmark = pytest.mark.timeout(30)
+
+
 pescador = pytest.importorskip("pescador")
 
 words = st.lists(st.text(alphabet="abcdefgh", max_size=5), min_size=1, max_size=5)

@@ -28,6 +28,10 @@ from feedmux.server import (
     tuples,
 )
 
+# Every test here is fast: a hang is a bug, so fail it early.
+pytestmark = pytest.mark.timeout(30)
+
+
 pescador = pytest.importorskip("pescador")
 
 

@@ -18,6 +18,10 @@ import pytest
 import feedmux.server as feedmux_server
 from feedmux.server import ShuffledMux, StochasticMux, Streamer
 
+# Every test here is fast: a hang is a bug, so fail it early.
+pytestmark = pytest.mark.timeout(30)
+
+
 pescador = pytest.importorskip("pescador")
 
 N_ITEMS = 20_000
@@ -27,6 +31,7 @@ def activations(
     library: ModuleType, n_streams: int, n_active: int, rate: float | None, *, seed: int,
     n_items: int = N_ITEMS, **options: Any,
 ) -> tuple[list[int], list[int]]:
+
     """Draw n_items from a StochasticMux over infinite streamers.
 
     Returns the items (streamer indices) and the number of items each

@@ -12,6 +12,9 @@ import pytest
 from feedmux.errors import SamplingError
 from feedmux.server import ShuffledMux, StochasticMux, Streamer
 
+# Every test here is fast: a hang is a bug, so fail it early.
+pytestmark = pytest.mark.timeout(30)
+
 
 def tagged(tag: str) -> Iterator[tuple[str, int]]:
     """Infinite: (tag, position in this activation)."""
@@ -269,6 +272,7 @@ SOURCES = ["abcd", "efg", "hijkl", "mn", "opqrs"]
         lambda seed: ShuffledMux(SOURCES, random_state=seed),
     ],
 )
+
 def test_a_seed_reproduces_every_pass_and_passes_differ(make: object) -> None:
     first = passes(make(11), 4, max_iter=30)  # type: ignore[operator]
     again = passes(make(11), 4, max_iter=30)  # type: ignore[operator]

@@ -12,6 +12,9 @@ from feedmux.errors import SamplingError
 from feedmux.server import StochasticMux, Streamer, streamable
 from feedmux.server.streamer import check_max_iter
 
+# Every test here is fast: a hang is a bug, so fail it early.
+pytestmark = pytest.mark.timeout(30)
+
 
 def count_up(n: int) -> Iterator[int]:
     yield from range(n)
@@ -57,6 +60,7 @@ class Pulls:
 def test_every_kind_of_source_restarts_at_each_activation(
     source: object, expected: list[object]
 ) -> None:
+
     stream = Streamer(source)
     assert list(stream) == expected
     assert list(stream.iterate()) == expected
