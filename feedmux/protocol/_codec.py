@@ -242,6 +242,11 @@ class _Encoder:
 
     def scalar_ext(self, scalar: np.generic) -> msgpack.ExtType:
         dtype = scalar.dtype
+        raw = scalar.tobytes()
+        if len(raw) != dtype.itemsize:
+            # Empty np.bytes_ / np.str_ claim itemsize 0 but hold one (empty) character.
+            zero_d = np.asarray(scalar)
+            dtype, raw = zero_d.dtype, zero_d.tobytes()
         meta = self.scalar_meta_cache.get(dtype)
         if meta is None:
             packed = self.meta_packer.pack(describe_dtype(dtype))
@@ -249,7 +254,7 @@ class _Encoder:
             if len(self.scalar_meta_cache) > 4096:
                 self.scalar_meta_cache.clear()
             self.scalar_meta_cache[dtype] = meta
-        return _ext(EXT_SCALAR, meta + scalar.tobytes())
+        return _ext(EXT_SCALAR, meta + raw)
 
     def leaf_ext(self, leaf: StackedLeaf) -> msgpack.ExtType:
         if leaf.kind == COLUMN:

@@ -158,6 +158,9 @@ def test_numpy_scalars_round_trip(dtype: Any) -> None:
         np.datetime64("2024-01-02T03:04"),
         np.timedelta64(5, "ms"),
         np.datetime64("NaT"),
+        np.bytes_(b""),
+        np.str_(""),
+        np.void(b""),
     ],
     ids=repr,
 )
