@@ -297,6 +297,7 @@ class _StochasticPass(_WeightedPass[T]):
         produced = self.counts[slot]
         if produced:
             self._finished_items += produced
+            self._stalled = False
         elif self._prune:
             self._pool.prune(index)
         else:
@@ -553,7 +554,9 @@ class StochasticMux(BaseMux[T]):
         ``rate=None`` one pass yields every item exactly once (an epoch).
     prune_empty_streams : bool
         Drop, for the rest of the pass, a streamer whose activation yielded
-        nothing (in every mode, ``single_active`` included).
+        nothing (in every mode, ``single_active`` included). Without pruning,
+        once every streamer has come up empty with no item yielded since, the
+        slots are let die and the pass ends (pescador loops forever).
     dist : {"binomial", "constant", "poisson"}
         The distribution of the number of items per activation when ``rate``
         is set: ``constant`` gives ``rate``; ``poisson`` ``1 + Poisson(rate - 1)``;
