@@ -46,7 +46,8 @@ class EpochIterator(Generic[T]):
     streamer : Streamer or mux
         What to run; any other re-iterable is wrapped in a Streamer.
     max_epochs : int >= 0 or None
-        Stop after this many epochs; None runs forever.
+        Stop after this many epochs (interrupted ones included); None runs
+        forever.
     on_epoch_end : callable(epoch, count), optional
         Called after each complete epoch with its number and its item count,
         before the first item of the next epoch is drawn.
@@ -54,23 +55,26 @@ class EpochIterator(Generic[T]):
     Attributes
     ----------
     epoch : int
-        The epoch of the latest item (1-based); 0 before the first item.
+        The current epoch (1-based), the one the latest item belongs to; 0
+        before iteration starts.
     epoch_size : int or None
         The item count of the latest complete epoch; None until one is done.
     epochs_completed : int
-        How many epochs have ended.
+        How many epochs have run to their end.
 
     Raises
     ------
     SamplingError
         From iteration, if an epoch yields no item (an empty source would
-        otherwise spin forever), or at construction on a bad ``max_epochs``.
+        otherwise spin forever; iteration then stays over), or at
+        construction on a bad ``max_epochs``.
 
     Notes
     -----
-    ``iter()`` returns the underlying generator, so a ``for`` loop pays no
-    method call per item; ``next()`` on the EpochIterator itself works too and
-    advances the same sequence.
+    An exception raised by the streamer propagates to the caller and
+    abandons its epoch (not counted as complete, no ``on_epoch_end``); the
+    next ``next()`` starts the following epoch, so a server can log the error
+    and go on.
 
     Examples
     --------
@@ -98,17 +102,27 @@ class EpochIterator(Generic[T]):
         self.epoch = 0
         self.epoch_size: int | None = None
         self.epochs_completed = 0
+        self._interrupted = False
         self._items = self._run()
+        self._next_item = self._items.__next__
 
     def _run(self) -> Generator[tuple[int, int, T], None, None]:
         streamer = self.streamer
         max_epochs = self.max_epochs
-        while max_epochs is None or self.epochs_completed < max_epochs:
-            epoch = self.epochs_completed + 1
+        while max_epochs is None or self.epoch < max_epochs:
+            epoch = self.epoch + 1
             self.epoch = epoch
             position = -1
-            for position, item in enumerate(streamer.iterate()):
-                yield (epoch, position, item)
+            try:
+                for position, item in enumerate(streamer.iterate()):
+                    yield (epoch, position, item)
+            except GeneratorExit:
+                raise
+            except BaseException:
+                # A generator cannot go on after raising: note it, so that the
+                # next call starts a fresh one at the next epoch.
+                self._interrupted = True
+                raise
             count = position + 1
             if count == 0:
                 raise SamplingError(
@@ -116,15 +130,22 @@ class EpochIterator(Generic[T]):
                     "would never yield anything"
                 )
             self.epoch_size = count
-            self.epochs_completed = epoch
+            self.epochs_completed += 1
             if self.on_epoch_end is not None:
                 self.on_epoch_end(epoch, count)
 
-    def __iter__(self) -> Iterator[tuple[int, int, T]]:
-        return self._items
+    def _resume(self) -> None:
+        self._interrupted = False
+        self._items = self._run()
+        self._next_item = self._items.__next__
+
+    def __iter__(self) -> EpochIterator[T]:
+        return self
 
     def __next__(self) -> tuple[int, int, T]:
-        return next(self._items)
+        if self._interrupted:
+            self._resume()
+        return self._next_item()
 
     def close(self) -> None:
         """Close the current activation of the streamer (and its sources)."""

@@ -214,6 +214,53 @@ def test_bad_max_epochs_is_rejected(bad: object) -> None:
         EpochIterator(Streamer("a"), max_epochs=bad)  # type: ignore[arg-type]
 
 
+def test_an_error_abandons_its_epoch_and_the_next_call_starts_the_next_one() -> None:
+    calls = itertools.count(1)
+
+    def flaky() -> Iterator[str]:
+        call = next(calls)
+        yield from "ab"
+        if call % 2:
+            raise ValueError(f"boom {call}")
+
+    ended: list[tuple[int, int]] = []
+    epochs = EpochIterator(Streamer(flaky), max_epochs=4,
+                           on_epoch_end=lambda e, n: ended.append((e, n)))
+    assert [next(epochs), next(epochs)] == [(1, 0, "a"), (1, 1, "b")]
+    with pytest.raises(ValueError, match="boom 1"):
+        next(epochs)
+    assert (epochs.epoch, epochs.epochs_completed, epochs.epoch_size) == (1, 0, None)
+    assert list(itertools.islice(epochs, 4)) == [(2, 0, "a"), (2, 1, "b"), (3, 0, "a"),
+                                                 (3, 1, "b")]
+    with pytest.raises(ValueError, match="boom 3"):
+        next(epochs)
+    assert list(epochs) == [(4, 0, "a"), (4, 1, "b")]
+    assert ended == [(2, 2), (4, 2)]
+    assert (epochs.epoch, epochs.epochs_completed, epochs.epoch_size) == (4, 2, 2)
+    assert list(epochs) == []
+
+
+def test_a_server_loop_can_skip_errors() -> None:
+    def failing() -> Iterator[int]:
+        yield from range(5)
+        raise ValueError("boom")
+
+    epochs = EpochIterator(Streamer(failing), max_epochs=3)
+    seen: list[tuple[int, int]] = []
+    errors = 0
+    while True:
+        try:
+            epoch, position, _ = next(epochs)
+        except StopIteration:
+            break
+        except ValueError:
+            errors += 1
+            continue
+        seen.append((epoch, position))
+    assert errors == 3
+    assert Counter(epoch for epoch, _ in seen) == {1: 5, 2: 5, 3: 5}
+
+
 def test_closing_an_epoch_iterator_closes_the_activation() -> None:
     stream = Streamer("abc")
     epochs = EpochIterator(stream)
