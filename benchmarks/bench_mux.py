@@ -46,12 +46,18 @@ RATE = 16
 
 
 def make_items(n_streamers: int, length: int) -> list[list[dict[str, int]]]:
-    return [[{"streamer": index, "position": position, "label": position % 2}
-             for position in range(length)] for index in range(n_streamers)]
+    return [
+        [
+            {"streamer": index, "position": position, "label": position % 2}
+            for position in range(length)
+        ]
+        for index in range(n_streamers)
+    ]
 
 
-def make_mux(library: Any, items: list[list[dict[str, int]]], mode: str, n_active: int,
-             seed: int) -> Any:
+def make_mux(
+    library: Any, items: list[list[dict[str, int]]], mode: str, n_active: int, seed: int
+) -> Any:
     streamers = [library.Streamer(values) for values in items]
     rate = RATE if mode == "with_replacement" else None
     return library.StochasticMux(streamers, n_active, rate, mode=mode, random_state=seed)
@@ -92,8 +98,12 @@ def run(quick: bool = False) -> dict[str, Any]:
         libraries["pescador"] = pescador
 
     def floor_draw(n_samples: int) -> Callable[[], Iterable[Any]]:
-        return lambda: itertools.islice(itertools.chain.from_iterable(
-            itertools.repeat(values) for values in itertools.cycle(items)), n_samples)
+        return lambda: itertools.islice(
+            itertools.chain.from_iterable(
+                itertools.repeat(values) for values in itertools.cycle(items)
+            ),
+            n_samples,
+        )
 
     configs = [(mode, n_active) for mode in MODES for n_active in N_ACTIVE]
     # Untimed warm-up: the first calls into numpy's random module are slow.
@@ -108,11 +118,13 @@ def run(quick: bool = False) -> dict[str, Any]:
             for name in order:
                 mux = make_mux(libraries[name], items, mode, n_active, seed=repeat)
                 limit = n_samples if mode == "with_replacement" else None
-                elapsed = seconds_per_sample(lambda mux=mux, limit=limit: mux(max_iter=limit),
-                                             n_samples)
+                elapsed = seconds_per_sample(
+                    lambda mux=mux, limit=limit: mux(max_iter=limit), n_samples
+                )
                 times.setdefault((mode, n_active, name), []).append(elapsed)
             times.setdefault((mode, n_active, "floor"), []).append(
-                seconds_per_sample(floor_draw(n_samples), n_samples))
+                seconds_per_sample(floor_draw(n_samples), n_samples)
+            )
 
     rows = []
     for mode, n_active in configs:
@@ -126,8 +138,10 @@ def run(quick: bool = False) -> dict[str, Any]:
         if "pescador" in libraries:
             row["ratio"] = row["pescador_overhead_us"] / row["feedmux_overhead_us"]
         rows.append(row)
-    environment = (f"Python {platform.python_version()}, numpy {np.__version__}, "
-                   f"pescador {getattr(pescador, '__version__', 'not installed')}")
+    environment = (
+        f"Python {platform.python_version()}, numpy {np.__version__}, "
+        f"pescador {getattr(pescador, '__version__', 'not installed')}"
+    )
     return {
         "rows": rows,
         "markdown": markdown(rows, "pescador" in libraries),
@@ -144,11 +158,18 @@ def markdown(rows: list[dict[str, Any]], with_pescador: bool) -> str:
         header += ["pescador µs", "pescador overhead µs", "overhead ratio"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        cells = [row["mode"], str(row["n_active"]), f"{row['feedmux_us']:.3f}",
-                 f"{row['feedmux_overhead_us']:.3f}"]
+        cells = [
+            row["mode"],
+            str(row["n_active"]),
+            f"{row['feedmux_us']:.3f}",
+            f"{row['feedmux_overhead_us']:.3f}",
+        ]
         if with_pescador:
-            cells += [f"{row['pescador_us']:.2f}", f"{row['pescador_overhead_us']:.2f}",
-                      f"{row['ratio']:.0f}x"]
+            cells += [
+                f"{row['pescador_us']:.2f}",
+                f"{row['pescador_overhead_us']:.2f}",
+                f"{row['ratio']:.0f}x",
+            ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -158,9 +179,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition")
     arguments = parser.parse_args(argv)
     result = run(quick=arguments.quick)
-    print(f"StochasticMux per-sample cost, {N_STREAMERS} streamers of small dicts, "
-          f"median of {result['repeats']} interleaved runs ({result['environment']}); "
-          "overhead = time per sample minus reading the same items from lists")
+    print(
+        f"StochasticMux per-sample cost, {N_STREAMERS} streamers of small dicts, "
+        f"median of {result['repeats']} interleaved runs ({result['environment']}); "
+        "overhead = time per sample minus reading the same items from lists"
+    )
     print()
     print(result["markdown"])
     if not result["pescador"]:

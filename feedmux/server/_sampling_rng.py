@@ -47,9 +47,7 @@ class SeedPlan:
         if entropy is None:
             words = np.random.randint(0, 2**32, size=_ENTROPY_WORDS, dtype=np.uint64)
             entropy = tuple(int(word) for word in words)
-        sequence = np.random.SeedSequence(
-            list(entropy), spawn_key=(*self.spawn_key, pass_number)
-        )
+        sequence = np.random.SeedSequence(list(entropy), spawn_key=(*self.spawn_key, pass_number))
         return np.random.Generator(np.random.PCG64(sequence))
 
     def child(self, index: int) -> SeedPlan:

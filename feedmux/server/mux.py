@@ -626,8 +626,7 @@ class StochasticMux(BaseMux[T]):
 
     def _repr_arguments(self) -> str:
         return (
-            f", n_active={self.n_active}, rate={self.rate}, mode={self.mode!r}, "
-            f"dist={self.dist!r}"
+            f", n_active={self.n_active}, rate={self.rate}, mode={self.mode!r}, dist={self.dist!r}"
         )
 
 

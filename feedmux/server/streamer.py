@@ -46,7 +46,6 @@ def is_real(value: object) -> TypeGuard[numbers.Real]:
     return isinstance(value, numbers.Real)
 
 
-
 def check_max_iter(max_iter: object, argument: str = "max_iter") -> int | None:
     """Validate a ``max_iter``-like argument and return it as an int or None.
 

@@ -28,8 +28,9 @@ def test_quick_benchmark_reports_every_configuration(capsys: pytest.CaptureFixtu
     bench = load_benchmark()
     result = bench.run(quick=True)
     configs = {(row["mode"], row["n_active"]) for row in result["rows"]}
-    assert configs == {(mode, n_active) for mode in ("with_replacement", "exhaustive")
-                       for n_active in (1, 32)}
+    assert configs == {
+        (mode, n_active) for mode in ("with_replacement", "exhaustive") for n_active in (1, 32)
+    }
     for row in result["rows"]:
         assert row["feedmux_us"] > 0 and row["feedmux_overhead_us"] > 0
         if result["pescador"]:

@@ -30,13 +30,16 @@ Item = tuple[int, int]
 
 
 def make_streamers(lengths: list[int]) -> list[Streamer[Item]]:
-    return [Streamer([(index, position) for position in range(length)])
-            for index, length in enumerate(lengths)]
+    return [
+        Streamer([(index, position) for position in range(length)])
+        for index, length in enumerate(lengths)
+    ]
 
 
 def every_item(lengths: list[int]) -> Counter[Item]:
-    return Counter((index, position) for index, length in enumerate(lengths)
-                   for position in range(length))
+    return Counter(
+        (index, position) for index, length in enumerate(lengths) for position in range(length)
+    )
 
 
 lengths_strategy = st.lists(st.integers(0, 6), min_size=1, max_size=8)
@@ -46,8 +49,9 @@ lengths_strategy = st.lists(st.integers(0, 6), min_size=1, max_size=8)
 def exhaustive_muxes(draw: st.DrawFn) -> tuple[StochasticMux[Item], list[int]]:
     lengths = draw(lengths_strategy)
     n_active = draw(st.integers(1, len(lengths) + 3))
-    weights = draw(st.none() | st.lists(st.integers(1, 5), min_size=len(lengths),
-                                        max_size=len(lengths)))
+    weights = draw(
+        st.none() | st.lists(st.integers(1, 5), min_size=len(lengths), max_size=len(lengths))
+    )
     mux = StochasticMux(
         make_streamers(lengths),
         n_active,
@@ -94,7 +98,8 @@ def test_cycling_an_exhaustive_mux_gives_consecutive_complete_epochs(
 @settings(max_examples=100, deadline=None)
 @given(exhaustive_muxes(), st.integers(1, 10))
 def test_shards_of_an_exhaustive_mux_cover_one_epoch(
-    case: tuple[StochasticMux[Item], list[int]], count: int,
+    case: tuple[StochasticMux[Item], list[int]],
+    count: int,
 ) -> None:
     mux, lengths = case
     count = min(count, len(lengths))
@@ -106,18 +111,28 @@ def test_shards_of_an_exhaustive_mux_cover_one_epoch(
 
 @pytest.mark.timeout(60)
 @settings(max_examples=80, deadline=None)
-@given(st.lists(lengths_strategy, min_size=1, max_size=4), st.integers(1, 6),
-       st.sampled_from(["stochastic", "round_robin", "chain"]), st.integers(0, 2**32))
+@given(
+    st.lists(lengths_strategy, min_size=1, max_size=4),
+    st.integers(1, 6),
+    st.sampled_from(["stochastic", "round_robin", "chain"]),
+    st.integers(0, 2**32),
+)
 def test_nested_exhaustive_muxes_yield_every_item_once_per_pass(
-    groups: list[list[int]], n_active: int, outer_kind: str, seed: int,
+    groups: list[list[int]],
+    n_active: int,
+    outer_kind: str,
+    seed: int,
 ) -> None:
     expected: Counter[tuple[int, Item]] = Counter()
     inner = []
     for group, lengths in enumerate(groups):
-        streamers = [Streamer([(group, (index, position)) for position in range(length)])
-                     for index, length in enumerate(lengths)]
-        inner.append(StochasticMux(streamers, n_active, None, mode="exhaustive",
-                                   random_state=seed + group))
+        streamers = [
+            Streamer([(group, (index, position)) for position in range(length)])
+            for index, length in enumerate(lengths)
+        ]
+        inner.append(
+            StochasticMux(streamers, n_active, None, mode="exhaustive", random_state=seed + group)
+        )
         expected.update((group, item) for item in every_item(lengths))
     outer: Streamer[tuple[int, Item]]
     if outer_kind == "stochastic":
@@ -131,8 +146,7 @@ def test_nested_exhaustive_muxes_yield_every_item_once_per_pass(
 
 
 def test_exhaustive_passes_mix_the_streamers() -> None:
-    mux = StochasticMux(make_streamers([20] * 4), 4, rate=None, mode="exhaustive",
-                        random_state=0)
+    mux = StochasticMux(make_streamers([20] * 4), 4, rate=None, mode="exhaustive", random_state=0)
     order = [index for index, _ in mux]
     switches = sum(a != b for a, b in itertools.pairwise(order))
     assert switches > 20  # a chain would switch 3 times
@@ -141,8 +155,9 @@ def test_exhaustive_passes_mix_the_streamers() -> None:
 @pytest.mark.parametrize("n_active", [1, 3, 100])
 def test_clamped_n_active_still_covers_every_item(n_active: int) -> None:
     # The epoch example of the pescador docs: k = 100 over 3 files.
-    mux = StochasticMux(make_streamers([3, 1, 4]), n_active, rate=None, mode="exhaustive",
-                        random_state=1)
+    mux = StochasticMux(
+        make_streamers([3, 1, 4]), n_active, rate=None, mode="exhaustive", random_state=1
+    )
     assert Counter(mux) == every_item([3, 1, 4])
 
 
@@ -224,14 +239,14 @@ def test_an_error_abandons_its_epoch_and_the_next_call_starts_the_next_one() -> 
             raise ValueError(f"boom {call}")
 
     ended: list[tuple[int, int]] = []
-    epochs = EpochIterator(Streamer(flaky), max_epochs=4,
-                           on_epoch_end=lambda e, n: ended.append((e, n)))
+    epochs = EpochIterator(
+        Streamer(flaky), max_epochs=4, on_epoch_end=lambda e, n: ended.append((e, n))
+    )
     assert [next(epochs), next(epochs)] == [(1, 0, "a"), (1, 1, "b")]
     with pytest.raises(ValueError, match="boom 1"):
         next(epochs)
     assert (epochs.epoch, epochs.epochs_completed, epochs.epoch_size) == (1, 0, None)
-    assert list(itertools.islice(epochs, 4)) == [(2, 0, "a"), (2, 1, "b"), (3, 0, "a"),
-                                                 (3, 1, "b")]
+    assert list(itertools.islice(epochs, 4)) == [(2, 0, "a"), (2, 1, "b"), (3, 0, "a"), (3, 1, "b")]
     with pytest.raises(ValueError, match="boom 3"):
         next(epochs)
     assert list(epochs) == [(4, 0, "a"), (4, 1, "b")]
@@ -300,11 +315,11 @@ def test_one_shard_is_the_streamer_itself() -> None:
         lambda: ChainMux(lambda: iter(make_streamers([3, 0, 2, 5, 1]))),
         lambda: Streamer(lambda: iter(every_item([3, 0, 2, 5, 1]))),
         lambda: Streamer(ChainMux(make_streamers([3, 0, 2, 5, 1]))),
-        lambda: StochasticMux(make_streamers([3, 0, 2, 5, 1]), 2, None, mode="exhaustive",
-                              random_state=9),
+        lambda: StochasticMux(
+            make_streamers([3, 0, 2, 5, 1]), 2, None, mode="exhaustive", random_state=9
+        ),
     ],
 )
-
 @pytest.mark.parametrize("count", [2, 3, 5])
 def test_shards_together_are_one_epoch(make: object, count: int) -> None:
     streamer = make()  # type: ignore[operator]
@@ -324,15 +339,27 @@ def test_item_level_shards_take_every_nth_item() -> None:
 
 
 def test_mux_shards_split_by_streamers_with_the_same_arguments() -> None:
-    mux = StochasticMux(["a", "b", "c", "d", "e"], 4, rate=3, weights=[1, 2, 3, 4, 5],
-                        mode="single_active", prune_empty_streams=False, dist="poisson",
-                        random_state=1)
+    mux = StochasticMux(
+        ["a", "b", "c", "d", "e"],
+        4,
+        rate=3,
+        weights=[1, 2, 3, 4, 5],
+        mode="single_active",
+        prune_empty_streams=False,
+        dist="poisson",
+        random_state=1,
+    )
     part = shard(mux, 1, 2)
     assert isinstance(part, StochasticMux)
     assert [list(s) for s in part.streamers] == [["b"], ["d"]]
     assert part.weights.tolist() == pytest.approx([2 / 6, 4 / 6])
     assert (part.n_active, part.rate, part.mode, part.dist, part.prune_empty_streams) == (
-        4, 3.0, "single_active", "poisson", False)
+        4,
+        3.0,
+        "single_active",
+        "poisson",
+        False,
+    )
     assert set(part(max_iter=40)) == {"b", "d"}  # n_active is clamped to 2 at each pass
     robin = shard(RoundRobinMux(["ab", "c", "de"], mode="cycle"), 0, 2)
     assert isinstance(robin, RoundRobinMux) and robin.mode == "cycle"
@@ -367,13 +394,16 @@ def test_a_shard_without_streamers_is_an_error() -> None:
         shard(StochasticMux(["a", "b"], 1, None, weights=[1, 0]), 1, 2)
 
 
-@pytest.mark.parametrize("index, count, message", [
-    (0, 0, "count must be an int >= 1"),
-    (2, 2, r"index must be in \[0, 2\)"),
-    (-1, 2, r"index must be in \[0, 2\)"),
-    (0.0, 2, "index must be an int"),
-    (0, "2", "count must be an int"),
-])
+@pytest.mark.parametrize(
+    "index, count, message",
+    [
+        (0, 0, "count must be an int >= 1"),
+        (2, 2, r"index must be in \[0, 2\)"),
+        (-1, 2, r"index must be in \[0, 2\)"),
+        (0.0, 2, "index must be an int"),
+        (0, "2", "count must be an int"),
+    ],
+)
 def test_bad_shard_arguments(index: object, count: object, message: str) -> None:
     with pytest.raises(SamplingError, match=message):
         shard(Streamer("ab"), index, count)  # type: ignore[arg-type]

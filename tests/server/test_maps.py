@@ -68,8 +68,9 @@ def test_buffer_stream_over_a_streamer_and_scalars() -> None:
 
 def test_mismatched_shapes_name_the_key_and_the_shapes() -> None:
     bad = [{"x": np.zeros(3)}, {"x": np.zeros(4)}]
-    with pytest.raises(DataError,
-                       match=r"cannot stack key 'x' of items 0\.\.1: shapes \[\(3,\), \(4,\)\]"):
+    with pytest.raises(
+        DataError, match=r"cannot stack key 'x' of items 0\.\.1: shapes \[\(3,\), \(4,\)\]"
+    ):
         next(buffer_stream(bad, 2))
     with pytest.raises(DataError, match=r"concatenate along axis=0 key 'x'.*\(\)"):
         next(buffer_stream([{"x": np.asarray(1)}, {"x": np.asarray(2)}], 2, axis=0))
@@ -121,7 +122,6 @@ def test_tuples_errors() -> None:
         (("a", "b"), "c", ([1, 2], 3)),
     ],
 )
-
 def test_keras_tuples(inputs: object, outputs: object, expected: tuple[object, object]) -> None:
     stream = [{"a": 1, "b": 2, "c": 3}]
     assert next(keras_tuples(stream, inputs, outputs)) == expected  # type: ignore[arg-type]

@@ -44,8 +44,9 @@ def test_round_robin_permuted_cycle_permutes_the_first_round_too() -> None:
 
 def test_round_robin_permuted_cycle_is_reproducible_per_seed() -> None:
     def take(seed: int) -> str:
-        return "".join(RoundRobinMux(["ab", "c", "de"], mode="permuted_cycle",
-                                     random_state=seed)(max_iter=40))
+        return "".join(
+            RoundRobinMux(["ab", "c", "de"], mode="permuted_cycle", random_state=seed)(max_iter=40)
+        )
 
     assert take(3) == take(3)
     assert take(3) != take(4)
@@ -131,14 +132,18 @@ def test_round_robin_exhaustive_matches_pescador(sources: list[str]) -> None:
 @given(words.filter(lambda sources: any(sources)), st.integers(1, 40))
 def test_round_robin_cycle_matches_pescador(sources: list[str], n: int) -> None:
     ours = list(RoundRobinMux(sources, mode="cycle")(max_iter=n))
-    theirs = list(pescador.RoundRobinMux([pescador.Streamer(s) for s in sources],
-                                         mode="cycle")(max_iter=n))
+    theirs = list(
+        pescador.RoundRobinMux([pescador.Streamer(s) for s in sources], mode="cycle")(max_iter=n)
+    )
     assert ours == theirs
 
 
 @settings(max_examples=60, deadline=None)
-@given(words.filter(lambda sources: any(sources)), st.sampled_from(["exhaustive", "cycle"]),
-       st.integers(1, 40))
+@given(
+    words.filter(lambda sources: any(sources)),
+    st.sampled_from(["exhaustive", "cycle"]),
+    st.integers(1, 40),
+)
 def test_chain_matches_pescador(sources: list[str], mode: str, n: int) -> None:
     ours = list(ChainMux(sources, mode=mode)(max_iter=n))
     theirs = list(pescador.ChainMux([pescador.Streamer(s) for s in sources], mode=mode)(max_iter=n))

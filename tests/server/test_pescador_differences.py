@@ -46,8 +46,9 @@ def endless(letter: str) -> Iterator[str]:
 def test_1_n_active_beyond_the_streamers_is_clamped(mode: str) -> None:
     # The epoch example of the pescador docs: 100 active streams over 3 files.
     with pytest.raises(pescador.PescadorError, match="n_active=100"):
-        pescador.StochasticMux([pescador.Streamer(s) for s in ["ab", "c", "de"]], 100,
-                               rate=None, mode=mode)
+        pescador.StochasticMux(
+            [pescador.Streamer(s) for s in ["ab", "c", "de"]], 100, rate=None, mode=mode
+        )
     mux = StochasticMux(["ab", "c", "de"], 100, rate=None, mode=mode, random_state=0)
     items = list(mux(max_iter=5 if mode == "exhaustive" else 50))
     assert set(items) == set("abcde")
@@ -76,8 +77,9 @@ def test_1_with_replacement_is_clamped_too(library: ModuleType, expected: int) -
 
 def test_2_a_seeded_mux_orders_each_pass_differently() -> None:
     sources = ["abc", "def", "ghi"]
-    theirs = pescador.StochasticMux([pescador.Streamer(s) for s in sources], 1, None,
-                                    mode="exhaustive", random_state=0)
+    theirs = pescador.StochasticMux(
+        [pescador.Streamer(s) for s in sources], 1, None, mode="exhaustive", random_state=0
+    )
     assert len({"".join(theirs) for _ in range(5)}) == 1  # pescador replays one order
     ours = StochasticMux(sources, 1, None, mode="exhaustive", random_state=0)
     epochs = ["".join(ours) for _ in range(5)]
@@ -93,8 +95,9 @@ def test_2_a_generator_or_random_state_seeds_reproducibly(make_rng: type) -> Non
             pescador.StochasticMux([pescador.Streamer("a")], 1, None, random_state=make_rng(0))
     runs = []
     for _ in range(2):
-        mux = StochasticMux(["ab", "cd", "ef"], 2, None, mode="exhaustive",
-                            random_state=make_rng(4))
+        mux = StochasticMux(
+            ["ab", "cd", "ef"], 2, None, mode="exhaustive", random_state=make_rng(4)
+        )
         runs.append(["".join(mux) for _ in range(4)])
     assert runs[0] == runs[1]
     assert len(set(runs[0])) > 1
@@ -115,15 +118,19 @@ def test_3_the_long_run_share_follows_the_weights(n_active: int) -> None:
     # pescador draws the active streamers uniformly: in the long run each
     # gets the same share whatever its weight.
     np.testing.assert_allclose(long_run_shares(pescador, n_active), [0.5, 0.5], atol=0.05)
-    np.testing.assert_allclose(long_run_shares(feedmux_server, n_active), [0.75, 0.25],
-                               atol=0.04)
+    np.testing.assert_allclose(long_run_shares(feedmux_server, n_active), [0.75, 0.25], atol=0.04)
 
 
 def test_3_a_zero_weight_streamer_never_ends_a_mux_early() -> None:
     pescador_outputs = []
     for seed in range(6):
-        theirs = pescador.StochasticMux([pescador.Streamer("ab"), pescador.Streamer("cd")], 1,
-                                        None, weights=[1.0, 0.0], random_state=seed)
+        theirs = pescador.StochasticMux(
+            [pescador.Streamer("ab"), pescador.Streamer("cd")],
+            1,
+            None,
+            weights=[1.0, 0.0],
+            random_state=seed,
+        )
         pescador_outputs.append("".join(theirs(max_iter=6)))
         ours = StochasticMux(["ab", "cd"], 1, None, weights=[1.0, 0.0], random_state=seed)
         assert "".join(ours(max_iter=6)) == "ababab"
@@ -175,9 +182,13 @@ def test_6_single_active_prunes_empty_streamers(library: ModuleType, pruned: boo
         opened.append(name)
         yield from itertools.repeat(name, *([] if length is None else [length]))
 
-    mux = library.StochasticMux([library.Streamer(source, "empty", 0),
-                                 library.Streamer(source, "full", None)],
-                                1, 2, mode="single_active", random_state=0)
+    mux = library.StochasticMux(
+        [library.Streamer(source, "empty", 0), library.Streamer(source, "full", None)],
+        1,
+        2,
+        mode="single_active",
+        random_state=0,
+    )
     assert set(mux(max_iter=400)) == {"full"}
     assert (opened.count("empty") == 1) is pruned  # pescador revives it: ~190 activations
 
@@ -189,22 +200,30 @@ def test_6_round_robin_rejects_an_unknown_mode() -> None:
 
 
 def test_6_permuted_cycle_permutes_the_first_round() -> None:
-    theirs = {"".join(pescador.RoundRobinMux([pescador.Streamer(s) for s in "abc"],
-                                              mode="permuted_cycle",
-                                              random_state=seed)(max_iter=3))
-              for seed in range(10)}
+    theirs = {
+        "".join(
+            pescador.RoundRobinMux(
+                [pescador.Streamer(s) for s in "abc"], mode="permuted_cycle", random_state=seed
+            )(max_iter=3)
+        )
+        for seed in range(10)
+    }
     assert theirs == {"abc"}
-    ours = {"".join(RoundRobinMux(list("abc"), mode="permuted_cycle",
-                                  random_state=seed)(max_iter=3)) for seed in range(10)}
+    ours = {
+        "".join(RoundRobinMux(list("abc"), mode="permuted_cycle", random_state=seed)(max_iter=3))
+        for seed in range(10)
+    }
     assert len(ours) > 1
 
 
 def test_6_integer_weights_work() -> None:
     with pytest.raises(TypeError):  # numpy refuses pescador's in-place float division
-        pescador.StochasticMux([pescador.Streamer("ab"), pescador.Streamer("cd")], 1, None,
-                               weights=[1, 2])
-    assert sorted(StochasticMux(["ab", "cd"], 1, None, weights=[1, 2],
-                                mode="exhaustive")) == list("abcd")
+        pescador.StochasticMux(
+            [pescador.Streamer("ab"), pescador.Streamer("cd")], 1, None, weights=[1, 2]
+        )
+    assert sorted(StochasticMux(["ab", "cd"], 1, None, weights=[1, 2], mode="exhaustive")) == list(
+        "abcd"
+    )
     assert len(list(ShuffledMux(["ab", "cd"], weights=[1, 2])(max_iter=5))) == 5
 
 
@@ -227,8 +246,9 @@ def test_7_a_generator_object_is_rejected_at_construction() -> None:
 def test_a_draw_that_hits_an_ended_stream_is_served_by_its_restart() -> None:
     # pescador draws again, so a streamer of length 1 gets half its weight.
     weights = [1.0, 3.0]
-    theirs = pescador.ShuffledMux([pescador.Streamer("a"), pescador.Streamer("b" * 10)],
-                                  weights=weights, random_state=0)
+    theirs = pescador.ShuffledMux(
+        [pescador.Streamer("a"), pescador.Streamer("b" * 10)], weights=weights, random_state=0
+    )
     sample = list(theirs(max_iter=20_000))
     assert sample.count("a") / len(sample) == pytest.approx(0.14, abs=0.02)
     ours = ShuffledMux([Streamer("a"), Streamer("b" * 10)], weights=weights, random_state=0)
@@ -260,7 +280,8 @@ def test_every_pass_covers_an_epoch_even_with_a_rate_of_none_and_k_equal_one() -
     # Not a difference in itself, but the base of every epoch: both libraries
     # give each item once per exhaustive pass.
     sources = ["abc", "", "de", "f"]
-    theirs = pescador.StochasticMux([pescador.Streamer(s) for s in sources], 1, None,
-                                    mode="exhaustive", random_state=0)
+    theirs = pescador.StochasticMux(
+        [pescador.Streamer(s) for s in sources], 1, None, mode="exhaustive", random_state=0
+    )
     ours = StochasticMux(sources, 1, None, mode="exhaustive", random_state=0)
     assert Counter(theirs) == Counter(ours) == Counter("abcdef")

@@ -28,10 +28,15 @@ N_ITEMS = 20_000
 
 
 def activations(
-    library: ModuleType, n_streams: int, n_active: int, rate: float | None, *, seed: int,
-    n_items: int = N_ITEMS, **options: Any,
+    library: ModuleType,
+    n_streams: int,
+    n_active: int,
+    rate: float | None,
+    *,
+    seed: int,
+    n_items: int = N_ITEMS,
+    **options: Any,
 ) -> tuple[list[int], list[int]]:
-
     """Draw n_items from a StochasticMux over infinite streamers.
 
     Returns the items (streamer indices) and the number of items each
@@ -66,8 +71,7 @@ def shares(items: list[int], n_streams: int) -> np.ndarray:
 
 @pytest.mark.parametrize("rate, expected", [(8, 8), (2.5, 3), (1, 1)])
 def test_constant_dist_caps_every_activation_at_rate(rate: float, expected: int) -> None:
-    _, lengths = activations(feedmux_server, 8, 4, rate, dist="constant", seed=0,
-                             n_items=4000)
+    _, lengths = activations(feedmux_server, 8, 4, rate, dist="constant", seed=0, n_items=4000)
     assert len(lengths) > 4000 / (expected + 1)
     assert set(lengths) == {expected}
 
@@ -83,8 +87,7 @@ def test_poisson_dist_has_mean_rate_and_variance_rate_minus_one() -> None:
 def test_binomial_dist_matches_pescador() -> None:
     # With 4 equal slots p = 1/4: n = floor(7 / 0.75) = 9 trials of 0.75, so
     # the mean is 1 + 9 * 0.75 = 7.75 and the variance 9 * 0.75 * 0.25 = 1.69.
-    ours = [activations(feedmux_server, 8, 4, 8, dist="binomial", seed=seed)[1]
-            for seed in (0, 1)]
+    ours = [activations(feedmux_server, 8, 4, 8, dist="binomial", seed=seed)[1] for seed in (0, 1)]
     theirs = [activations(pescador, 8, 4, 8, dist="binomial", seed=seed)[1] for seed in (0, 1)]
     for lengths in ours + theirs:
         assert np.mean(lengths) == pytest.approx(7.75, abs=0.15)
@@ -113,15 +116,17 @@ def test_long_run_shares_follow_the_weights(n_active: int, dist: str) -> None:
 def test_active_streams_are_sampled_in_proportion_to_their_weights() -> None:
     # Every streamer active all the time: only the per-sample slot draw acts.
     weights = np.array([1.0, 2.0, 3.0, 4.0])
-    items, _ = activations(feedmux_server, 4, 4, None, weights=weights, mode="single_active",
-                           seed=3)
+    items, _ = activations(
+        feedmux_server, 4, 4, None, weights=weights, mode="single_active", seed=3
+    )
     # standard error of a share ~0.003
     np.testing.assert_allclose(shares(items, 4), weights / weights.sum(), atol=0.02)
 
 
 def test_uniform_slot_draws_are_uniform() -> None:
-    items, _ = activations(feedmux_server, 32, 32, None, mode="single_active", seed=4,
-                           n_items=64_000)
+    items, _ = activations(
+        feedmux_server, 32, 32, None, mode="single_active", seed=4, n_items=64_000
+    )
     counts = np.bincount(items, minlength=32)
     chi_square = ((counts - 2000) ** 2 / 2000).sum()
     assert chi_square < 80  # 31 degrees of freedom: the 1e-6 quantile is ~ 85
@@ -129,8 +134,9 @@ def test_uniform_slot_draws_are_uniform() -> None:
 
 def test_exhaustive_activation_order_follows_the_weights() -> None:
     weights = np.array([4.0, 3.0, 2.0, 1.0])
-    mux = StochasticMux([[index] for index in range(4)], 1, None, weights=weights,
-                        mode="exhaustive", random_state=5)
+    mux = StochasticMux(
+        [[index] for index in range(4)], 1, None, weights=weights, mode="exhaustive", random_state=5
+    )
     firsts = Counter(next(iter(mux)) for _ in range(4000))
     observed = np.array([firsts[index] for index in range(4)]) / 4000
     # standard error ~0.008
@@ -140,8 +146,9 @@ def test_exhaustive_activation_order_follows_the_weights() -> None:
 def test_shuffled_mux_shares_follow_the_weights_like_pescador() -> None:
     weights = [0.5, 0.25, 0.25]
     for library in (feedmux_server, pescador):
-        mux = library.ShuffledMux([library.Streamer(letter) for letter in "abc"],
-                                  weights=weights, random_state=6)
+        mux = library.ShuffledMux(
+            [library.Streamer(letter) for letter in "abc"], weights=weights, random_state=6
+        )
         sample = list(mux(max_iter=N_ITEMS))
         observed = np.array([sample.count(letter) for letter in "abc"]) / N_ITEMS
         # standard error ~0.004

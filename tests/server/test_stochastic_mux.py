@@ -98,12 +98,14 @@ def test_defaults_follow_pescador() -> None:
     assert (mux.mode, mux.dist, mux.prune_empty_streams) == ("with_replacement", "binomial", True)
     assert mux.n_active == 1 and mux.rate == 5.0 and mux.n_streams == 2
     np.testing.assert_allclose(mux.weights, [0.5, 0.5])
-    np.testing.assert_allclose(StochasticMux(["a", "b"], 1, 5, weights=[3, 1]).weights,
-                               [0.75, 0.25])
+    np.testing.assert_allclose(
+        StochasticMux(["a", "b"], 1, 5, weights=[3, 1]).weights, [0.75, 0.25]
+    )
 
 
-@pytest.mark.parametrize("random_state", [None, 7, np.int64(7), np.random.default_rng(1),
-                                          np.random.RandomState(1)])
+@pytest.mark.parametrize(
+    "random_state", [None, 7, np.int64(7), np.random.default_rng(1), np.random.RandomState(1)]
+)
 def test_every_kind_of_random_state_is_accepted(random_state: object) -> None:
     mux = StochasticMux(["ab", "cd"], 2, None, mode="exhaustive", random_state=random_state)
     assert sorted(mux) == ["a", "b", "c", "d"]
@@ -125,8 +127,9 @@ def test_with_replacement_can_activate_one_streamer_in_several_slots() -> None:
     # Two slots on two infinite streamers: the same streamer ends up in both
     # slots at some point, which shows as its positions restarting while an
     # earlier activation is still going (the position sequence is not 0, 1, 2...).
-    mux = StochasticMux([Streamer(tagged, name) for name in "ab"], 2, rate=3, dist="constant",
-                        random_state=0)
+    mux = StochasticMux(
+        [Streamer(tagged, name) for name in "ab"], 2, rate=3, dist="constant", random_state=0
+    )
     items = list(mux(max_iter=600))
     overlapping = False
     for name in "ab":
@@ -137,8 +140,14 @@ def test_with_replacement_can_activate_one_streamer_in_several_slots() -> None:
 
 
 def test_single_active_never_activates_one_streamer_twice_at_once() -> None:
-    mux = StochasticMux([Streamer(tagged, name) for name in "abc"], 2, rate=3,
-                        mode="single_active", dist="constant", random_state=0)
+    mux = StochasticMux(
+        [Streamer(tagged, name) for name in "abc"],
+        2,
+        rate=3,
+        mode="single_active",
+        dist="constant",
+        random_state=0,
+    )
     items = list(mux(max_iter=3000))
     for name in "abc":
         positions = [position for tag, position in items if tag == name]
@@ -148,23 +157,26 @@ def test_single_active_never_activates_one_streamer_twice_at_once() -> None:
 
 def test_exhaustive_activates_each_streamer_once_per_pass() -> None:
     recorder = Recorder()
-    streamers = [recorder.source(name, length) for name, length in zip("abcde", [3, 0, 1, 5, 2],
-                                                                       strict=True)]
+    streamers = [
+        recorder.source(name, length) for name, length in zip("abcde", [3, 0, 1, 5, 2], strict=True)
+    ]
     mux = StochasticMux(streamers, 2, rate=None, mode="exhaustive", random_state=3)
     assert sorted(mux) == sorted("aaacdddddee")
     assert sorted(recorder.opened) == list("abcde")
 
 
 def test_exhaustive_with_a_rate_caps_each_activation() -> None:
-    mux = StochasticMux(["aaaaa", "bbbbb"], 1, rate=2, mode="exhaustive", dist="constant",
-                        random_state=0)
+    mux = StochasticMux(
+        ["aaaaa", "bbbbb"], 1, rate=2, mode="exhaustive", dist="constant", random_state=0
+    )
     assert sorted(mux) == ["a", "a", "b", "b"]
 
 
 def test_rate_none_runs_each_activation_to_its_end() -> None:
     recorder = Recorder()
-    mux = StochasticMux([recorder.source("a", 4), recorder.source("b", 7)], 1, rate=None,
-                        random_state=0)
+    mux = StochasticMux(
+        [recorder.source("a", 4), recorder.source("b", 7)], 1, rate=None, random_state=0
+    )
     list(mux(max_iter=200))
     finished = [length for _, length in recorder.closed[:-1]]  # the last one was cut short
     assert sorted(set(finished)) == [4, 7]
@@ -172,8 +184,7 @@ def test_rate_none_runs_each_activation_to_its_end() -> None:
 
 def test_nested_muxes() -> None:
     inner = StochasticMux(["ab", "cd"], 1, rate=None, mode="exhaustive", random_state=1)
-    outer = StochasticMux([inner, Streamer("xyz")], 2, rate=None, mode="exhaustive",
-                          random_state=2)
+    outer = StochasticMux([inner, Streamer("xyz")], 2, rate=None, mode="exhaustive", random_state=2)
     assert sorted(outer) == sorted("abcdxyz")
     assert sorted(outer) == sorted("abcdxyz")
     shuffled = ShuffledMux([outer, "q"], random_state=0)
@@ -188,8 +199,9 @@ def test_nested_muxes() -> None:
 @pytest.mark.parametrize("prune", [True, False])
 @pytest.mark.parametrize("rate", [None, 3])
 def test_all_empty_streamers_end_the_pass(mode: str, prune: bool, rate: int | None) -> None:
-    mux = StochasticMux(["", [], range(0)], 2, rate=rate, mode=mode, prune_empty_streams=prune,
-                        random_state=0)
+    mux = StochasticMux(
+        ["", [], range(0)], 2, rate=rate, mode=mode, prune_empty_streams=prune, random_state=0
+    )
     assert list(mux) == []
     with pytest.raises(SamplingError, match="yielded no items"):
         list(mux(cycle=True))
@@ -203,16 +215,22 @@ def test_all_empty_shuffled_mux_ends() -> None:
 @pytest.mark.parametrize("mode", ["with_replacement", "single_active"])
 def test_pruning_stops_activating_empty_streamers(mode: str) -> None:
     recorder = Recorder()
-    mux = StochasticMux([recorder.source("empty", 0), recorder.source("full")], 1, rate=2,
-                        mode=mode, random_state=0)
+    mux = StochasticMux(
+        [recorder.source("empty", 0), recorder.source("full")], 1, rate=2, mode=mode, random_state=0
+    )
     assert set(mux(max_iter=400)) == {"full"}
     assert recorder.opened.count("empty") == 1
 
 
 def test_without_pruning_empty_streamers_keep_being_activated() -> None:
     recorder = Recorder()
-    mux = StochasticMux([recorder.source("empty", 0), recorder.source("full")], 1, rate=2,
-                        prune_empty_streams=False, random_state=0)
+    mux = StochasticMux(
+        [recorder.source("empty", 0), recorder.source("full")],
+        1,
+        rate=2,
+        prune_empty_streams=False,
+        random_state=0,
+    )
     assert set(mux(max_iter=400)) == {"full"}
     assert recorder.opened.count("empty") > 10
 
@@ -234,8 +252,14 @@ def test_zero_weight_streamers_are_never_activated() -> None:
         yield "never"
 
     for mode in ["with_replacement", "single_active", "exhaustive"]:
-        mux = StochasticMux([Streamer(explode), "ab", Streamer(explode)], 3, rate=None,
-                            weights=[0, 1, 0], mode=mode, random_state=0)
+        mux = StochasticMux(
+            [Streamer(explode), "ab", Streamer(explode)],
+            3,
+            rate=None,
+            weights=[0, 1, 0],
+            mode=mode,
+            random_state=0,
+        )
         items = list(mux(max_iter=6))
         if mode == "exhaustive":
             assert items == ["a", "b"]
@@ -246,11 +270,14 @@ def test_zero_weight_streamers_are_never_activated() -> None:
 
 
 def test_integer_weights_work_in_every_mux() -> None:
-    mux = StochasticMux(["ab", "cd"], 2, rate=None, weights=[2, 1], mode="exhaustive",
-                        random_state=0)
+    mux = StochasticMux(
+        ["ab", "cd"], 2, rate=None, weights=[2, 1], mode="exhaustive", random_state=0
+    )
     assert sorted(mux) == list("abcd")
-    assert set(ShuffledMux(["a", "b"], weights=np.array([3, 1]), random_state=0)(max_iter=50)) \
-        == {"a", "b"}
+    assert set(ShuffledMux(["a", "b"], weights=np.array([3, 1]), random_state=0)(max_iter=50)) == {
+        "a",
+        "b",
+    }
 
 
 # --- seeds --------------------------------------------------------------------------------
@@ -272,7 +299,6 @@ SOURCES = ["abcd", "efg", "hijkl", "mn", "opqrs"]
         lambda seed: ShuffledMux(SOURCES, random_state=seed),
     ],
 )
-
 def test_a_seed_reproduces_every_pass_and_passes_differ(make: object) -> None:
     first = passes(make(11), 4, max_iter=30)  # type: ignore[operator]
     again = passes(make(11), 4, max_iter=30)  # type: ignore[operator]
@@ -284,10 +310,12 @@ def test_a_seed_reproduces_every_pass_and_passes_differ(make: object) -> None:
 
 def test_generator_and_random_state_seeds_are_reproducible() -> None:
     for make_rng in (np.random.default_rng, np.random.RandomState):
-        first = passes(StochasticMux(SOURCES, 2, None, mode="exhaustive",
-                                     random_state=make_rng(5)), 3)
-        again = passes(StochasticMux(SOURCES, 2, None, mode="exhaustive",
-                                     random_state=make_rng(5)), 3)
+        first = passes(
+            StochasticMux(SOURCES, 2, None, mode="exhaustive", random_state=make_rng(5)), 3
+        )
+        again = passes(
+            StochasticMux(SOURCES, 2, None, mode="exhaustive", random_state=make_rng(5)), 3
+        )
         assert first == again
         assert len(set(first)) == 3
 
@@ -319,5 +347,6 @@ def test_concurrent_passes_do_not_share_state() -> None:
 
 def test_repr_names_the_arguments() -> None:
     text = repr(StochasticMux(SOURCES, 2, None, mode="exhaustive"))
-    assert text == ("StochasticMux(<5 streamers>, n_active=2, rate=None, mode='exhaustive', "
-                    "dist='binomial')")
+    assert text == (
+        "StochasticMux(<5 streamers>, n_active=2, rate=None, mode='exhaustive', dist='binomial')"
+    )

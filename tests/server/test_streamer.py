@@ -150,8 +150,10 @@ def test_cycling_an_empty_streamer_raises_instead_of_hanging() -> None:
         next(Streamer(count_up, 0)(cycle=True))
 
 
-@pytest.mark.parametrize("max_iter, expected", [(None, None), (0, 0), (3, 3), (2.5, 3),
-                                                (np.int64(4), 4), (float("inf"), None)])
+@pytest.mark.parametrize(
+    "max_iter, expected",
+    [(None, None), (0, 0), (3, 3), (2.5, 3), (np.int64(4), 4), (float("inf"), None)],
+)
 def test_max_iter_values(max_iter: object, expected: int | None) -> None:
     assert check_max_iter(max_iter) == expected
 
