@@ -20,6 +20,7 @@ import numpy as np
 
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Data, Error, encode
+from feedmux.server.mux import on_stream_error
 
 __all__ = [
     "BatchPolicy",
@@ -132,8 +133,31 @@ def produce(
     ``items`` is exhausted or ``send`` / ``epoch_done`` return False (the
     server is stopping). With ``skip_errors`` an exception from the streamer
     is logged and sampling goes on; otherwise it propagates after the samples
-    already drawn have been sent.
+    already drawn have been sent. Inside a mux, a stream that raises is
+    skipped alone (the mux goes on with its other streams); a top-level
+    streamer that raises abandons the rest of its epoch.
     """
+    token = on_stream_error.set(_log_skipped) if skip_errors else None
+    try:
+        return _produce(items, send, policy, server_id, skip_errors, epoch_done)
+    finally:
+        if token is not None:
+            on_stream_error.reset(token)
+
+
+def _log_skipped(error: BaseException) -> None:
+    log.warning("a stream raised %s: %s; skipping the rest of it", type(error).__name__, error,
+                exc_info=error)
+
+
+def _produce(
+    items: Iterator[tuple[int, int, Any]],
+    send: Callable[[Frames], bool],
+    policy: BatchPolicy,
+    server_id: str,
+    skip_errors: bool,
+    epoch_done: Callable[[int, int], bool],
+) -> int:
     seq = 0
     sent = 0
     clock = time.monotonic

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from itertools import accumulate
 from typing import Any, Generic, TypeVar
 
@@ -32,6 +33,14 @@ STOCHASTIC_MODES = ("with_replacement", "single_active", "exhaustive")
 DISTRIBUTIONS = ("constant", "binomial", "poisson")
 ROUND_ROBIN_MODES = ("exhaustive", "cycle", "permuted_cycle")
 CHAIN_MODES = ("exhaustive", "cycle")
+
+#: What a mux does when one of its streams raises. None (the default): the
+#: exception propagates and ends the pass. A callable (set by a server running
+#: with ``on_error="skip"``): it is called with the exception, then the stream
+#: counts as ended and the pass goes on with the others.
+on_stream_error: ContextVar[Callable[[BaseException], None] | None] = ContextVar(
+    "on_stream_error", default=None
+)
 
 # The placeholder of a slot with no open stream; the loop never selects one.
 _NO_STREAM: Iterator[Any] = iter(())
@@ -164,28 +173,40 @@ class _MuxPass(Generic[T]):
         """Hook: open the next stream of slot ``index``, or leave it empty."""
         self.streams[index] = _NO_STREAM
 
+    def _end_stream(self, index: int) -> int:
+        """The stream of slot ``index`` ended: refill the slot; return the slot to draw from."""
+        produced = self.counts[index]
+        self._on_stream_exhausted(index)
+        self._replace_stream(index)
+        self.counts[index] = 0
+        # The draw stands when a stream ended after yielding: the slot's new
+        # stream gives the item. pescador draws again, which starves short
+        # streams (a ShuffledMux streamer of length 1 lost half its share).
+        # After an empty stream the draw is redone, so that every slot gets
+        # its turn.
+        if not produced or self.streams[index] is _NO_STREAM:
+            return self._next_sample_index()
+        return index
+
     def run(self) -> Iterator[T]:
         """Yield the items of the pass."""
         streams = self.streams
         counts = self.counts
         next_index = self._next_sample_index
+        on_error = on_stream_error.get()
         try:
             index = next_index()
             while index >= 0:
                 try:
                     item = next(streams[index])
                 except StopIteration:
-                    produced = counts[index]
-                    self._on_stream_exhausted(index)
-                    self._replace_stream(index)
-                    counts[index] = 0
-                    # The draw stands when a stream ended after yielding: the
-                    # slot's new stream gives the item. pescador draws again,
-                    # which starves short streams (a ShuffledMux streamer of
-                    # length 1 lost half its share). After an empty stream the
-                    # draw is redone, so that every slot gets its turn.
-                    if not produced or streams[index] is _NO_STREAM:
-                        index = next_index()
+                    index = self._end_stream(index)
+                    continue
+                except Exception as error:
+                    if on_error is None:
+                        raise
+                    on_error(error)  # skipping errors: this stream ends, the pass goes on
+                    index = self._end_stream(index)
                     continue
                 counts[index] += 1
                 yield item

@@ -58,3 +58,13 @@ def big(megabytes: int = 1) -> feedmux.Streamer:
 
 
 not_a_streamer = 42
+
+
+def partly_failing(after: int = 5, good: int = 20) -> feedmux.StochasticMux:
+    """An exhaustive mux of a stream that fails after ``after`` items and a good one."""
+    def good_items() -> Iterator[dict[str, Any]]:
+        for i in range(100, 100 + good):
+            yield {"id": np.int64(i)}
+
+    return feedmux.StochasticMux([feedmux.Streamer(_failing, after), feedmux.Streamer(good_items)],
+                                 2, rate=None, mode="exhaustive", random_state=1)

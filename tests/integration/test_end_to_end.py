@@ -124,6 +124,21 @@ def test_on_error_skip_keeps_serving(spawn: Any, endpoints: Endpoints) -> None:
     assert "boom after 5 samples" in server.stderr.read()
 
 
+def test_on_error_skip_inside_a_mux_skips_only_the_failing_stream(
+    spawn: Any, endpoints: Endpoints
+) -> None:
+    server = spawn("serve", f"{SAMPLER}:partly_failing", "--on-error", "skip", "--epochs", "2",
+                   *endpoints.args())
+    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20,
+                      with_meta=True) as loader:
+        seen: dict[int, list[int]] = {}
+        for meta, sample in loader:
+            seen.setdefault(meta.epoch, []).append(int(sample["id"]))
+    expected = list(range(5)) + list(range(100, 120))
+    assert {e: sorted(ids) for e, ids in seen.items()} == {1: expected, 2: expected}
+    assert server.wait(timeout=10) == 0
+
+
 def test_stats_and_ping(spawn: Any, endpoints: Endpoints) -> None:
     spawn("serve", f"{SAMPLER}:numbered", *endpoints.args())
     with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20) as loader:
