@@ -14,9 +14,11 @@ The same sampler and trainer, as files to copy, are in ``examples/``.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -33,7 +35,10 @@ from feedmux.client.remote import RemoteLoader
 from feedmux.client.stream import Stream
 from feedmux.server import StochasticMux, Streamer
 
-__all__ = ["check_exactly_once", "make_mux", "run_demo", "write_example_files"]
+__all__ = [
+    "check_exactly_once", "check_results", "make_example_mux", "make_mux", "record_ids",
+    "run_demo", "write_example_files",
+]
 
 #: How long the whole demo may take before its processes are killed.
 DEMO_TIMEOUT = 120.0
@@ -69,6 +74,26 @@ def make_mux(
     paths = sorted(str(p) for p in Path(data_dir).glob("*.npz"))
     streams: list[Streamer[dict[str, Any]]] = [Streamer(npz_examples, path) for path in paths]
     return StochasticMux(streams, n_active, rate=None, mode="exhaustive", random_state=seed)
+
+
+def make_example_mux(
+    files: int = 3, examples: int = 1000, n_active: int = 100, seed: int | None = None
+) -> StochasticMux[dict[str, Any]]:
+    """:func:`make_mux` over freshly written example files: ids ``0 .. files*examples-1``.
+
+    A factory that needs no data directory (``feedmux serve
+    feedmux.demo:make_example_mux --arg files=3``), as in the container image.
+    The files go to a new temporary directory, removed when this process exits.
+    """
+    directory = tempfile.mkdtemp(prefix="feedmux-examples-")
+    atexit.register(_remove_directory, directory, os.getpid())
+    write_example_files(directory, files, examples)
+    return make_mux(directory, n_active=n_active, seed=seed)
+
+
+def _remove_directory(directory: str, owner_pid: int) -> None:
+    if os.getpid() == owner_pid:  # not from a forked sampling worker
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def check_exactly_once(
@@ -177,6 +202,122 @@ def run_demo(files: int = 3, examples: int = 1000, epochs: int = 3, trainers: in
     return 0
 
 
+def record_ids(
+    address: str, results: str | Path, *, world_size: int = 1, control: str | None = None,
+    timeout: float = 60.0, step_seconds: float = 0.0,
+) -> int:
+    """A trainer that consumes the stream to its end and records the ids it saw per epoch.
+
+    It writes ``SERVER_ID.HOST.PID.json`` into the ``results`` directory (shared by
+    all trainers, e.g. a volume), for :func:`check_results`. ``step_seconds``
+    stands in for the time of a training step. Returns 0.
+    """
+    loader = RemoteLoader(address, control=control, timeout=timeout, world_size=world_size)
+    stream = Stream(loader)
+    seen: dict[int, list[int]] = {}
+    with loader:
+        for sample in stream.data(math.inf):
+            epoch = loader.last_epoch
+            assert epoch is not None
+            seen.setdefault(epoch, []).append(int(sample["id"]))
+            if step_seconds:
+                time.sleep(step_seconds)
+        server_ids = loader.server_ids
+    host = socket.gethostname()
+    name = f"{'+'.join(server_ids) or 'unknown'}.{host}.{os.getpid()}"
+    record = {"server_ids": server_ids, "host": host, "iterations": stream.iteration,
+              "seen": {str(e): ids for e, ids in seen.items()}}
+    partial = Path(results) / f".{name}.partial"
+    partial.write_text(json.dumps(record))
+    partial.replace(Path(results) / f"{name}.json")  # readers never see half a file
+    counts = {epoch: len(ids) for epoch, ids in sorted(seen.items())}
+    print(f"trainer {host}: {stream.iteration} samples from server {'+'.join(server_ids)}, "
+          f"per epoch {counts}", flush=True)
+    return 0
+
+
+def check_results(
+    results: str | Path, files: int, examples: int, epochs: int, trainers: int,
+    wait: float = 120.0,
+) -> int:
+    """Check the records of :func:`record_ids`: 0 if every id was seen once per epoch.
+
+    Waits up to ``wait`` seconds for ``trainers`` records of one server run
+    (the most recent one, if the directory holds older runs), then prints
+    each trainer's share per epoch and the verdict.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        runs: dict[str, list[tuple[float, dict[str, Any]]]] = {}
+        for path in Path(results).glob("*.json"):
+            record = json.loads(path.read_text())
+            runs.setdefault("+".join(record["server_ids"]), []).append(
+                (path.stat().st_mtime, record))
+        latest = max(runs.values(), key=lambda run: max(t for t, _ in run), default=[])
+        if len(latest) >= trainers or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    if len(latest) != trainers:
+        print(f"FAILED: expected the records of {trainers} trainers in {results}, found "
+              f"{len(latest)} after {wait:g} s")
+        return 1
+    records = sorted((record for _, record in latest), key=lambda r: str(r["host"]))
+    seen = [{int(e): ids for e, ids in r["seen"].items()} for r in records]
+    print(f"server {'+'.join(records[0]['server_ids'])}, {trainers} trainers, "
+          f"{len(runs) - 1} older run(s) ignored")
+    print("| epoch | " + " | ".join(f"{r['host']}" for r in records) + " | total |")
+    print("|---" * (trainers + 2) + "|")
+    for epoch in range(1, epochs + 1):
+        counts = [len(s.get(epoch, [])) for s in seen]
+        print(f"| {epoch} | " + " | ".join(map(str, counts)) + f" | {sum(counts)} |")
+    extra = sorted({e for s in seen for e in s} - set(range(1, epochs + 1)))
+    problems = check_exactly_once(seen, set(range(files * examples)), epochs)
+    if extra:
+        problems.append(f"samples from unexpected epochs {extra}")
+    if problems:
+        print("FAILED: " + "; ".join(problems))
+        return 1
+    print(f"OK: every one of the {files * examples} examples was seen exactly once in each "
+          f"of the {epochs} epochs, across {trainers} trainers")
+    return 0
+
+
+def _container_cli(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m feedmux.demo",
+        description="The trainers and the checker of the container setup (docker-compose.yml).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    trainer = commands.add_parser("trainer", help="consume the stream, record ids in RESULTS")
+    trainer.add_argument("address", help="data endpoint, e.g. tcp://sampler:5555")
+    trainer.add_argument("--control", help="control endpoint (default: data port + 1)")
+    trainer.add_argument("--results", required=True, help="directory shared by the trainers")
+    trainer.add_argument("--world-size", type=int, default=1)
+    trainer.add_argument("--timeout", type=float, default=60.0,
+                         help="seconds without data before giving up (default 60)")
+    trainer.add_argument("--step-ms", type=float, default=0.0,
+                         help="simulated training step per sample, in ms (default 0)")
+    check = commands.add_parser("check", help="verify the trainers' records in RESULTS")
+    check.add_argument("results")
+    for name, default in (("files", 3), ("examples", 1000), ("epochs", 3), ("trainers", 2)):
+        check.add_argument(f"--{name}", type=int, default=default, help=f"default {default}")
+    check.add_argument("--wait", type=float, default=120.0,
+                       help="seconds to wait for the records (default 120)")
+    args = parser.parse_args(argv)
+    if args.command == "trainer":
+        return record_ids(args.address, args.results, world_size=args.world_size,
+                          control=args.control, timeout=args.timeout,
+                          step_seconds=args.step_ms / 1000)
+    return check_results(args.results, args.files, args.examples, args.epochs, args.trainers,
+                         wait=args.wait)
+
+
+def _main(argv: Sequence[str]) -> int:
+    if argv and argv[0] in ("trainer", "check"):
+        return _container_cli(argv)
+    return _trainer_cli(argv)
+
+
 def _trainer_cli(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m feedmux.demo")
     parser.add_argument("address")
@@ -188,4 +329,4 @@ def _trainer_cli(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_trainer_cli(sys.argv[1:]))
+    sys.exit(_main(sys.argv[1:]))
