@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"messages queued per trainer (default {DEFAULT_HWM})")
     serve.add_argument("--samples-per-message", type=_positive_int,
                        help="fixed transport batch (default: sized from the samples)")
+    serve.add_argument("--min-trainers", type=int, default=0, metavar="N",
+                       help="start sampling once N trainers are connected (default 0)")
     serve.add_argument("--on-error", choices=("raise", "skip"), default="raise",
                        help="a streamer that raises stops the server (raise) or is skipped")
     serve.add_argument("--log-every", type=_positive_float, default=10.0,
@@ -124,6 +126,7 @@ def _serve(args: argparse.Namespace) -> int:
             workers=args.workers, epochs=args.epochs, epoch_size=args.epoch_size, hwm=args.hwm,
             samples_per_message=args.samples_per_message, on_error=args.on_error,
             log_every=args.log_every, drain_timeout=args.drain_timeout,
+            min_trainers=args.min_trainers,
         )
     except (FactoryError, ValueError) as error:
         print(f"feedmux serve: error: {error}", file=sys.stderr)

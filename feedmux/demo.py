@@ -156,6 +156,7 @@ def run_demo(files: int = 3, examples: int = 1000, epochs: int = 3, trainers: in
                 "feedmux.demo:make_mux", "--arg", f"data_dir={scratch}",
                 "--bind", address, "--control", control, "--epochs", str(epochs),
                 "--workers", str(workers), "--epoch-size", str(files * examples),
+                "--min-trainers", str(trainers),
             ])
             processes.append(server)
             outs = [os.path.join(scratch, f"trainer-{rank}.json") for rank in range(trainers)]

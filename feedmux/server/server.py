@@ -102,6 +102,7 @@ class ServerConfig:
     log_every: float = 10.0
     drain_timeout: float = 30.0
     drain_idle: float = 3.0
+    min_trainers: int = 0
     server_id: str = ""
 
     def __post_init__(self) -> None:
@@ -121,6 +122,7 @@ class ServerConfig:
         require(self.on_error in ("raise", "skip"), "on_error 'raise' or 'skip'", self.on_error)
         require(self.log_every > 0, "log_every > 0 seconds", self.log_every)
         require(self.max_delay >= 0, "max_delay >= 0 seconds", self.max_delay)
+        require(self.min_trainers >= 0, "min_trainers >= 0", self.min_trainers)
         if not self.server_id:
             object.__setattr__(self, "server_id", uuid.uuid4().hex[:12])
 
@@ -315,6 +317,24 @@ class _Endpoints:
             self.epoch, self.samples_sent, self._rate, self.connected_trainers(),
         )
 
+    def wait_for_trainers(self) -> bool:
+        """Hold sampling until ``min_trainers`` trainers said hello; False if stopped meanwhile.
+
+        PUSH hands messages to whoever is connected, so without this the first
+        trainer of a short run could take the whole stream before the others join.
+        """
+        wanted = self.config.min_trainers
+        if wanted and self.connected_trainers() < wanted:
+            log.info("waiting for %d trainer(s) to connect", wanted)
+        while not self.stopping:
+            # A send to a trainer that has gone fails (ROUTER_MANDATORY) and forgets it,
+            # so one that connected and left does not count.
+            self.broadcast(self.welcome())
+            if self.connected_trainers() >= wanted:
+                break
+            self.serve_control(timeout=0.1)
+        return not self.stopping
+
     def finish(self) -> None:
         """The end-of-stream handshake; bounded by ``drain_timeout``."""
         self.finished = True
@@ -402,6 +422,9 @@ class Server:
         Messages queued per trainer before sampling blocks (bounds memory).
     samples_per_message : int, optional
         Fixed transport batch; None sizes each message from its first sample.
+    min_trainers : int
+        Start sampling only once this many trainers have connected (default 0),
+        so that a short run is split among all of them from its first sample.
     on_error : {"raise", "skip"}
         A streamer that raises ends the server (trainers get ``RemoteError``) or is skipped.
     factory_kwargs : mapping, optional
@@ -451,6 +474,8 @@ class Server:
             return EXIT_USAGE
         config = self.config
         try:
+            if not endpoints.wait_for_trainers():
+                return EXIT_OK
             items = EpochIterator(streamer, max_epochs=config.epochs)
 
             def send(frames: Frames) -> bool:
@@ -577,6 +602,8 @@ def _forward(pool: WorkerPool, endpoints: _Endpoints, config: ServerConfig, stop
     inbound = make_socket(endpoints.context, zmq.PULL, hwm=config.hwm, heartbeats=False)
     with mapped_zmq_errors("bind the internal endpoint", pool.endpoint):
         inbound.bind(pool.endpoint)
+    if not endpoints.wait_for_trainers():
+        return EXIT_OK
     pool.release(1)
     positions: dict[int, int] = {}
     finished_shards: dict[int, set[int]] = {}

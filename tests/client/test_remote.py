@@ -160,7 +160,7 @@ def test_a_loader_per_thread(addresses: tuple[str, str]) -> None:
             results[rank] = [int(s["id"]) for s in loader]
 
     with feedmux.Server(ids_stream(0, 4000), bind=data, control=control, epochs=1,
-                        samples_per_message=8):
+                        samples_per_message=8, min_trainers=2):
         threads = [threading.Thread(target=trainer, args=(r,)) for r in range(2)]
         for thread in threads:
             thread.start()
@@ -176,3 +176,26 @@ def test_iter_epoch_yields_one_server_epoch_at_a_time(addresses: tuple[str, str]
         with RemoteLoader(data, control=control, timeout=20) as loader:
             epochs = [[int(s["id"]) for s in loader.iter_epoch()] for _ in range(4)]
     assert epochs == [list(range(10))] * 3 + [[]]
+
+
+def test_min_trainers_holds_sampling_until_they_connect(addresses: tuple[str, str]) -> None:
+    data, control = addresses
+    with feedmux.Server(ids_stream(0, 100), bind=data, control=control, epochs=1,
+                        min_trainers=2, samples_per_message=10):
+        first = RemoteLoader(data, control=control, timeout=0.5)
+        with first, pytest.raises(feedmux.TransportTimeoutError):
+            next(first)  # alone: nothing is sent
+        assert feedmux.fetch_stats(control)["samples_sent"] == 0
+        results: list[list[int]] = [[], []]
+
+        def trainer(rank: int) -> None:
+            with RemoteLoader(data, control=control, timeout=20) as loader:
+                results[rank] = [int(s["id"]) for s in loader]
+
+        threads = [threading.Thread(target=trainer, args=(r,)) for r in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=40)
+    assert sorted(results[0] + results[1]) == list(range(100))
+    assert results[0] and results[1]

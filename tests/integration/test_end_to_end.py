@@ -44,7 +44,7 @@ def test_one_trainer_gets_every_sample_once_per_epoch(spawn: Any, endpoints: End
 
 def test_two_trainers_receive_disjoint_complete_epochs(spawn: Any, endpoints: Endpoints) -> None:
     spawn("serve", f"{SAMPLER}:numbered", "--arg", "per_stream=500", "--epochs", "2",
-          "--samples-per-message", "16", *endpoints.args())
+          "--samples-per-message", "16", "--min-trainers", "2", *endpoints.args())
     results: list[dict[int, list[int]]] = [{}, {}]
 
     def trainer(rank: int) -> None:
