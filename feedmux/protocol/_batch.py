@@ -27,7 +27,7 @@ ARRAY = 0  # each sample holds an ndarray; the batch holds them stacked
 SCALAR = 1  # each sample holds a numpy scalar; the batch holds a 1-d array of them
 COLUMN = 2  # each sample holds a plain Python value; the batch holds a list of them
 
-_PLAIN_LEAF_TYPES = (str, bytes, int, float, type(None))
+_PLAIN_LEAF_TYPES = frozenset({str, bytes, int, float, bool, type(None)})
 
 
 class StackedLeaf:
@@ -65,101 +65,112 @@ def stack_samples(samples: Sequence[Any]) -> Any:
     >>> template["x"].values.shape, template["y"].values
     ((2, 3), [1, 2])
     """
-    leaves: list[tuple[int, Any, list[Any]]] = []
+    leaves: list[tuple[StackedLeaf, Any]] = []
     try:
-        template = _template_of(samples[0], leaves, 0)
+        template, match = _template_of(samples[0], leaves, 0)
         for sample in samples[1:]:
-            cursor = iter(leaves)
-            _gather(template, sample, cursor)
+            match(sample)
     except _NotStackable:
         return None
-    stacked: list[StackedLeaf] = []
-    for kind, spec, values in leaves:
-        if kind == ARRAY:
-            dtype, shape = spec
-            array = np.stack(values)
-            if array.dtype != dtype:
-                # np.stack gives native byte order, and numpy cannot even allocate some
-                # non-native dtypes (">m8"); raw memory viewed as the samples' own dtype can.
-                native = array
-                raw = bytearray(len(values) * values[0].nbytes)
-                array = np.frombuffer(raw, dtype).reshape((len(values), *shape))
-                array[...] = native
-            stacked.append(StackedLeaf(ARRAY, array))
-        elif kind == SCALAR:
-            stacked.append(StackedLeaf(SCALAR, np.array(values, dtype=spec)))
-        else:
-            stacked.append(StackedLeaf(COLUMN, values))
-    return _fill(template, iter(stacked))
+    for leaf, spec in leaves:
+        if leaf.kind == ARRAY:
+            leaf.values = _stack_arrays(leaf.values, *spec)
+        elif leaf.kind == SCALAR:
+            leaf.values = np.array(leaf.values, dtype=spec)
+    return template
 
 
-class _Slot:
-    """A leaf position in a template under construction."""
+def _stack_arrays(values: list[np.ndarray], dtype: np.dtype[Any], shape: tuple[int, ...]) -> Any:
+    # np.array is several times faster than np.stack on many small arrays.
+    array = np.array(values, dtype=dtype)
+    if array.dtype != dtype or array.shape != (len(values), *shape):
+        # numpy cannot allocate some non-native dtypes (">m8" drops to "<m8"); raw
+        # memory viewed as the samples' own dtype can hold them.
+        raw = bytearray(len(values) * values[0].nbytes)
+        array = np.frombuffer(raw, dtype).reshape((len(values), *shape))
+        array[...] = np.stack(values)
+    return array
 
-    __slots__ = ("entry",)
 
-    def __init__(self, entry: tuple[int, Any, list[Any]]) -> None:
-        self.entry = entry
+Matcher = Callable[[Any], None]
 
 
-def _template_of(node: Any, leaves: list[tuple[int, Any, list[Any]]], depth: int) -> Any:
+def _template_of(
+    node: Any, leaves: list[tuple[StackedLeaf, Any]], depth: int
+) -> tuple[Any, Matcher]:
+    """The template of ``node`` and a function that checks another sample against it.
+
+    The function appends the other sample's leaves to the template's leaves, or
+    raises _NotStackable when the sample has another structure.
+    """
     if depth > MAX_TEMPLATE_DEPTH:
         raise _NotStackable
     kind = type(node)
     if kind is dict:
-        return {key: _template_of(value, leaves, depth + 1) for key, value in node.items()}
-    if kind is list:
-        return [_template_of(value, leaves, depth + 1) for value in node]
-    if kind is tuple:
-        return tuple(_template_of(value, leaves, depth + 1) for value in node)
+        keys = list(node)
+        parts = [_template_of(value, leaves, depth + 1) for value in node.values()]
+        children = tuple(matcher for _, matcher in parts)
+
+        def match_dict(other: Any) -> None:
+            if type(other) is not dict or list(other) != keys:
+                raise _NotStackable
+            for matcher, value in zip(children, other.values(), strict=True):
+                matcher(value)
+
+        return dict(zip(keys, (part for part, _ in parts), strict=True)), match_dict
+    if kind is list or kind is tuple:
+        parts = [_template_of(value, leaves, depth + 1) for value in node]
+        children = tuple(matcher for _, matcher in parts)
+        size = len(children)
+
+        def match_sequence(other: Any) -> None:
+            if type(other) is not kind or len(other) != size:
+                raise _NotStackable
+            for matcher, value in zip(children, other, strict=True):
+                matcher(value)
+
+        template = [part for part, _ in parts]
+        return (template if kind is list else tuple(template)), match_sequence
+    values = [node]
+    append = values.append
     if kind is np.ndarray:
-        entry: tuple[int, Any, list[Any]] = (ARRAY, (node.dtype, node.shape), [node])
-    elif isinstance(node, np.generic):
-        entry = (SCALAR, node.dtype, [node])
-    elif kind in _PLAIN_LEAF_TYPES or kind is bool:
-        entry = (COLUMN, None, [node])
-    else:
-        # Subclasses, unsupported types: the per-sample path handles or refuses them.
-        raise _NotStackable
-    leaves.append(entry)
-    return _Slot(entry)
+        dtype, shape = node.dtype, node.shape
+        leaf = StackedLeaf(ARRAY, values)
+        leaves.append((leaf, (dtype, shape)))
 
-
-def _gather(template: Any, node: Any, cursor: Iterator[tuple[int, Any, list[Any]]]) -> None:
-    kind = type(template)
-    if kind is _Slot:
-        leaf_kind, spec, values = next(cursor)
-        if leaf_kind == ARRAY:
-            if type(node) is not np.ndarray or (node.dtype, node.shape) != spec:
+        def match_array(other: Any) -> None:
+            if (
+                type(other) is not np.ndarray
+                or other.shape != shape
+                or (other.dtype is not dtype and other.dtype != dtype)
+            ):
                 raise _NotStackable
-        elif leaf_kind == SCALAR:
-            if not isinstance(node, np.generic) or node.dtype != spec:
+            append(other)
+
+        return leaf, match_array
+    if isinstance(node, np.generic):
+        scalar_dtype = node.dtype
+        leaf = StackedLeaf(SCALAR, values)
+        leaves.append((leaf, scalar_dtype))
+
+        def match_scalar(other: Any) -> None:
+            if type(other) is not kind or other.dtype != scalar_dtype:
                 raise _NotStackable
-        elif not (type(node) in _PLAIN_LEAF_TYPES or type(node) is bool):
-            raise _NotStackable
-        values.append(node)
-        return
-    if type(node) is not kind or len(node) != len(template):
-        raise _NotStackable
-    if kind is dict:
-        if list(template) != list(node):
-            raise _NotStackable
-        for child_template, child in zip(template.values(), node.values(), strict=True):
-            _gather(child_template, child, cursor)
-    else:
-        for child_template, child in zip(template, node, strict=True):
-            _gather(child_template, child, cursor)
+            append(other)
 
+        return leaf, match_scalar
+    if kind in _PLAIN_LEAF_TYPES:
+        leaf = StackedLeaf(COLUMN, values)
+        leaves.append((leaf, None))
 
-def _fill(template: Any, stacked: Iterator[StackedLeaf]) -> Any:
-    kind = type(template)
-    if kind is _Slot:
-        return next(stacked)
-    if kind is dict:
-        return {key: _fill(value, stacked) for key, value in template.items()}
-    if kind is list:
-        return [_fill(value, stacked) for value in template]
-    return tuple(_fill(value, stacked) for value in template)
+        def match_plain(other: Any) -> None:
+            if type(other) not in _PLAIN_LEAF_TYPES:
+                raise _NotStackable
+            append(other)
+
+        return leaf, match_plain
+    # Subclasses, unsupported types: the per-sample path handles or refuses them.
+    raise _NotStackable
 
 
 def compile_template(template: Any, count: int, depth: int = 0) -> Callable[[int], Any]:

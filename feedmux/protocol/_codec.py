@@ -84,6 +84,8 @@ INLINE_THRESHOLD = 16 * 1024
 #: The dtype of the tag frame (frame 1) of a data message: little-endian int64.
 TAG_DTYPE = np.dtype("<i8")
 
+_DATA = int(Kind.DATA)
+
 EXT_ARRAY_INLINE = 1
 EXT_ARRAY_FRAME = 2
 EXT_SCALAR = 3
@@ -328,13 +330,12 @@ def _encode_data(message: Data, inline_threshold: int) -> list[Any]:
     encoder = _encoder()
     encoder.frames = frames = [None, tag_frame]
     encoder.inline_threshold = inline_threshold
-    header: dict[str, Any] = {
-        "v": PROTOCOL_VERSION,
-        "k": int(Kind.DATA),
-        "server_id": _STR.coerce(message.server_id, "server_id", Data),
-        "seq": _INT.coerce(message.seq, "seq", Data),
-        "n": count,
-    }
+    server_id, seq = message.server_id, message.seq
+    if type(server_id) is not str:
+        server_id = _STR.coerce(server_id, "server_id", Data)
+    if type(seq) is not int or not _INT_MIN <= seq <= _INT_MAX:
+        seq = _INT.coerce(seq, "seq", Data)
+    header = {"v": PROTOCOL_VERSION, "k": _DATA, "server_id": server_id, "seq": seq, "n": count}
     try:
         template = stack_samples(samples) if count > 1 else None
         if template is not None:
@@ -582,11 +583,12 @@ def _view(frame: Any) -> memoryview | bytes:
 class _Decoding:
     """State of one decode call: the frames, which of them arrays used, open markers."""
 
-    __slots__ = ("frames", "leaves", "open_tuples", "used")
+    __slots__ = ("frames", "leaves", "open_tuples", "used", "used_frames")
 
     def __init__(self, frames: list[memoryview | bytes]) -> None:
         self.frames = frames
         self.used = [False] * len(frames)
+        self.used_frames = 0
         self.open_tuples = 0
         self.leaves = 0
 
@@ -647,9 +649,9 @@ class _Decoding:
             )
         if dtype.itemsize == 0:
             return _empty_items(dtype, shape, count)
-        # The payload is an immutable bytes object: copy so the array is writable.
-        array: np.ndarray = np.frombuffer(data, dtype, count, start).copy()
-        return array if len(shape) == 1 else array.reshape(shape)
+        # The payload is an immutable bytes object: copy it so the array is writable.
+        array: np.ndarray = np.ndarray(shape, dtype, bytearray(data[start:]))
+        return array
 
     def frame_array(self, data: bytes) -> np.ndarray:
         parsed = msgpack.unpackb(data, ext_hook=_no_ext)
@@ -662,6 +664,7 @@ class _Decoding:
         if self.used[index]:
             raise ProtocolError(f"frame {index} is referred to twice")
         self.used[index] = True
+        self.used_frames += 1
         frame = self.frames[index]
         if len(frame) != nbytes:
             raise ProtocolError(
@@ -711,25 +714,12 @@ def _empty_items(dtype: np.dtype[Any], shape: tuple[int, ...], count: int) -> np
 
 
 def _unpack_plain(header: memoryview | bytes) -> Any:
-    size = len(header)
-    return msgpack.unpackb(
-        header,
-        raw=False,
-        strict_map_key=False,
-        max_str_len=size,
-        max_bin_len=size,
-        max_array_len=size,
-        max_map_len=size,
-        max_ext_len=size,
-    )
+    # No hooks: ext values stay inert ExtType objects. Lengths are bounded by the header size.
+    return msgpack.unpackb(header, strict_map_key=False)
 
 
 def _check_version(header: memoryview | bytes) -> None:
-    """Make sure ``header`` speaks our version, before anything version-dependent reads it."""
-    prefix = bytes(header[:4])
-    if len(prefix) == 4 and 0x80 <= prefix[0] <= 0x8F and prefix[1:3] == b"\xa1v":
-        if prefix[3] == PROTOCOL_VERSION:
-            return  # the fast path: our own encoder writes "v" first
+    """Read the version of a header not laid out by our encoder; raise unless it is ours."""
     plain = _unpack_plain(header)
     if type(plain) is not dict or "v" not in plain:
         raise ProtocolError("header is not a msgpack map with a protocol version 'v'")
@@ -776,29 +766,20 @@ def _decode(frames: Sequence[Any], limits: Limits) -> Message:
         raise ProtocolError("empty message: no header frame")
     if count > limits.max_frames:
         raise ProtocolError(f"message has {count} frames, limit is {limits.max_frames}")
-    views = [_view(frame) for frame in frames]
+    views = [frame if type(frame) is bytes else _view(frame) for frame in frames]
     header_view = views[0]
-    if len(header_view) > limits.max_header_bytes:
-        raise ProtocolError(
-            f"header of {len(header_view)} bytes, limit is {limits.max_header_bytes}"
-        )
-    total = sum(len(view) for view in views)
+    size = len(header_view)
+    if size > limits.max_header_bytes:
+        raise ProtocolError(f"header of {size} bytes, limit is {limits.max_header_bytes}")
+    total = size if count == 1 else sum(map(len, views))
     if total > limits.max_message_bytes:
         raise ProtocolError(f"message of {total} bytes, limit is {limits.max_message_bytes}")
-    _check_version(header_view)
+    if size < 4 or header_view[1:4] != b"\xa1v\x01" or not 0x80 <= header_view[0] <= 0x8F:
+        _check_version(header_view)  # not our encoder's layout: read the version the slow way
     state = _Decoding(views)
-    size = len(header_view)
+    # unpackb bounds every declared length by the size of the header by default.
     header = msgpack.unpackb(
-        header_view,
-        raw=False,
-        strict_map_key=False,
-        ext_hook=state.ext_hook,
-        list_hook=state.list_hook,
-        max_str_len=size,
-        max_bin_len=size,
-        max_array_len=size,
-        max_map_len=size,
-        max_ext_len=size,
+        header_view, strict_map_key=False, ext_hook=state.ext_hook, list_hook=state.list_hook
     )
     if type(header) is not dict:
         raise ProtocolError("header is not a msgpack map")
@@ -810,7 +791,7 @@ def _decode(frames: Sequence[Any], limits: Limits) -> Message:
     if state.open_tuples:
         raise ProtocolError("tuple marker outside the first item of an array")
     kind = header.get("k")
-    if kind == Kind.DATA and type(kind) is int:
+    if kind == _DATA and type(kind) is int:
         return _decode_data(header, views, state)
     spec = _CONTROL_BY_KIND.get(kind) if type(kind) is int else None
     if spec is None:
@@ -837,9 +818,6 @@ def _decode(frames: Sequence[Any], limits: Limits) -> Message:
     return message
 
 
-_new_object = object.__new__
-
-
 def _tags_from_frame(frame: memoryview | bytes, count: int | None) -> np.ndarray:
     if len(frame) % 16:
         raise ProtocolError(f"tag frame of {len(frame)} bytes is not a whole number of tags")
@@ -847,10 +825,10 @@ def _tags_from_frame(frame: memoryview | bytes, count: int | None) -> np.ndarray
     if count is not None and rows != count:
         raise ProtocolError(f"tag frame holds {rows} tags for {count} samples")
     buffer: memoryview | bytes | bytearray = frame
-    if isinstance(frame, bytes) or frame.readonly:
+    if type(frame) is bytes or frame.readonly:  # type: ignore[union-attr]
         # Tags are small: a bytearray copy is the cheapest way to writable memory.
         buffer = bytearray(frame)
-    tags: np.ndarray = np.frombuffer(buffer, TAG_DTYPE).reshape(rows, 2)
+    tags: np.ndarray = np.ndarray((rows, 2), TAG_DTYPE, buffer)
     return tags
 
 
@@ -862,29 +840,26 @@ def _decode_data(header: dict[Any, Any], views: list[Any], state: _Decoding) -> 
         raise ProtocolError(f"data message with invalid sample count {_short(count)}")
     server_id = header.get("server_id", "")
     seq = header.get("seq", 0)
-    if type(server_id) is not str or not _is_int(seq):
+    if type(server_id) is not str or type(seq) is not int or not _INT_MIN <= seq <= _INT_MAX:
         raise ProtocolError("data message with invalid server_id or seq")
     tags = _tags_from_frame(views[TAG_FRAME], count)
-    if not all(state.used[FIRST_ARRAY_FRAME:]):
+    if state.used_frames != len(views) - FIRST_ARRAY_FRAME:
         raise ProtocolError("data message has frames that no array refers to")
     samples: Sequence[Any]
-    if "batch" in header:
-        if "samples" in header:
-            raise ProtocolError("data message with both 'samples' and 'batch'")
-        samples = SampleBatch(header["batch"], count)
-        if _count_leaves(header["batch"]) != state.leaves:
-            raise ProtocolError("batch leaves outside the batch template")
-    else:
+    batch = header.get("batch")
+    if batch is None:
         samples = header.get("samples")  # type: ignore[assignment]
         if type(samples) is not list or len(samples) != count:
             raise ProtocolError(f"data message without a list of {count} samples")
         if state.leaves:
             raise ProtocolError("batch leaves inside per-sample data")
-    # Data's frozen __init__ costs more than the rest of a one-sample decode; the
-    # fields are checked above, so fill them in directly.
-    message: Data = _new_object(Data)
-    message.__dict__.update(tags=tags, samples=samples, server_id=server_id, seq=seq)
-    return message
+    else:
+        if "samples" in header:
+            raise ProtocolError("data message with both 'samples' and 'batch'")
+        samples = SampleBatch(batch, count)
+        if _count_leaves(batch) != state.leaves:
+            raise ProtocolError("batch leaves outside the batch template")
+    return Data(tags, samples, server_id, seq)
 
 
 def _count_leaves(template: Any) -> int:

@@ -58,7 +58,7 @@ class Kind(enum.IntEnum):
     ACK = 12
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, init=False)
 class Data:
     """Samples from a server, each with its ``(epoch, position)`` tag.
 
@@ -81,6 +81,13 @@ class Data:
     samples: Sequence[Any]
     server_id: str = ""
     seq: int = 0
+
+    def __init__(
+        self, tags: np.ndarray, samples: Sequence[Any], server_id: str = "", seq: int = 0
+    ) -> None:
+        # A frozen dataclass's own __init__ sets each field through object.__setattr__,
+        # which costs more than the rest of building a one-sample message.
+        self.__dict__.update(tags=tags, samples=samples, server_id=server_id, seq=seq)
 
 
 @dataclass(frozen=True)
