@@ -616,13 +616,13 @@ class _Decoding:
         if code == EXT_ARRAY_FRAME:
             return self.frame_array(data)
         if code == EXT_STACKED_ARRAY or code == EXT_STACKED_SCALAR:
-            array = msgpack.unpackb(data, ext_hook=self.array_hook)
+            array = _unpack_payload(data, self.array_hook)
             if not isinstance(array, np.ndarray) or array.ndim == 0:
                 raise ProtocolError("stacked leaf does not hold an array with a sample axis")
             self.leaves += 1
             return StackedLeaf(ARRAY if code == EXT_STACKED_ARRAY else SCALAR, array)
         if code == EXT_COLUMN:
-            values = msgpack.unpackb(data, ext_hook=_no_ext)
+            values = _unpack_payload(data, _no_ext)
             if type(values) is not list:
                 raise ProtocolError("column leaf does not hold an array")
             self.leaves += 1
@@ -640,7 +640,7 @@ class _Decoding:
         meta, start = _split_meta(data)
         layout = _meta_cache.get(meta)
         if layout is None:
-            parsed = msgpack.unpackb(meta, ext_hook=_no_ext)
+            parsed = _unpack_payload(meta, _no_ext)
             if type(parsed) is not list or len(parsed) != 2:
                 raise ProtocolError("invalid inline array descriptor")
             layout = _array_layout(parsed[0], parsed[1])
@@ -659,7 +659,7 @@ class _Decoding:
         return array
 
     def frame_array(self, data: bytes) -> np.ndarray:
-        parsed = msgpack.unpackb(data, ext_hook=_no_ext)
+        parsed = _unpack_payload(data, _no_ext)
         if type(parsed) is not list or len(parsed) != 3:
             raise ProtocolError("invalid array frame descriptor")
         dtype, shape, count, nbytes = _array_layout(parsed[0], parsed[1])
@@ -687,7 +687,7 @@ class _Decoding:
         meta, start = _split_meta(data)
         dtype = _scalar_cache.get(meta)
         if dtype is None:
-            description = msgpack.unpackb(meta, ext_hook=_no_ext)
+            description = _unpack_payload(meta, _no_ext)
             dtype = dtype_from_description(description)
             if dtype.subdtype is not None:
                 raise ProtocolError("a numpy scalar cannot have a sub-array dtype")
@@ -707,6 +707,21 @@ class _Decoding:
         return np.frombuffer(data, dtype, 1, start)[0]  # type: ignore[no-any-return]
 
 
+def _unpack_payload(data: bytes, ext_hook: Callable[[int, bytes], Any]) -> Any:
+    """Unpack an ext payload: one msgpack value, no longer than the payload itself."""
+    size = len(data)
+    return msgpack.unpackb(
+        data,
+        strict_map_key=False,
+        ext_hook=ext_hook,
+        max_str_len=size,
+        max_bin_len=size,
+        max_array_len=size,
+        max_map_len=size,
+        max_ext_len=size,
+    )
+
+
 def _no_ext(code: int, data: bytes) -> Any:
     raise ProtocolError(f"unexpected msgpack ext code {code} in an array descriptor")
 
@@ -719,8 +734,17 @@ def _empty_items(dtype: np.dtype[Any], shape: tuple[int, ...], count: int) -> np
 
 
 def _unpack_plain(header: memoryview | bytes) -> Any:
-    # No hooks: ext values stay inert ExtType objects. Lengths are bounded by the header size.
-    return msgpack.unpackb(header, strict_map_key=False)
+    # No hooks: ext values stay inert ExtType objects.
+    size = len(header)
+    return msgpack.unpackb(
+        header,
+        strict_map_key=False,
+        max_str_len=size,
+        max_bin_len=size,
+        max_array_len=size,
+        max_map_len=size,
+        max_ext_len=size,
+    )
 
 
 def _check_version(header: memoryview | bytes) -> None:
@@ -782,9 +806,18 @@ def _decode(frames: Sequence[Any], limits: Limits) -> Message:
     if size < 4 or header_view[1:4] != b"\xa1v\x01" or not 0x80 <= header_view[0] <= 0x8F:
         _check_version(header_view)  # not our encoder's layout: read the version the slow way
     state = _Decoding(views)
-    # unpackb bounds every declared length by the size of the header by default.
+    # Nothing in a header can be longer than the header: msgpack refuses a declared
+    # length beyond these before it allocates for it.
     header = msgpack.unpackb(
-        header_view, strict_map_key=False, ext_hook=state.ext_hook, list_hook=state.list_hook
+        header_view,
+        strict_map_key=False,
+        ext_hook=state.ext_hook,
+        list_hook=state.list_hook,
+        max_str_len=size,
+        max_bin_len=size,
+        max_array_len=size,
+        max_map_len=size,
+        max_ext_len=size,
     )
     if type(header) is not dict:
         raise ProtocolError("header is not a msgpack map")
