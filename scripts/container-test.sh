@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# The container test: build the sampler image and run docker-compose.yml for real.
+#
+#   scripts/container-test.sh            # or: make container-test
+#
+# 1. build the image;
+# 2. compose up: a sampler, FEEDMUX_TRAINERS trainers and a checker in containers;
+#    passes if every container exits 0 and the checker found every example
+#    exactly once in every epoch across the trainers;
+# 3. a trainer on the host against the sampler's published ports (one epoch,
+#    every example exactly once); skipped if no Python with feedmux is found
+#    (.venv/bin/python, python3, or FEEDMUX_HOST_PYTHON).
+#
+# Everything it starts is torn down at the end, whatever happens (containers,
+# networks, volumes; the image stays, as a build cache). Every step is bounded.
+#
+# Engine: `docker compose` if a Docker engine answers, else podman-compose (or
+# CONTAINER_COMPOSE="docker compose" / "podman-compose" / "docker-compose").
+# Settings: FEEDMUX_BASE_IMAGE (base of the build, default python:3.11-slim;
+# e.g. a local image where no registry is reachable), FEEDMUX_FILES,
+# FEEDMUX_EXAMPLES, FEEDMUX_EPOCHS, FEEDMUX_WORKERS, FEEDMUX_TRAINERS (as in
+# docker-compose.yml), FEEDMUX_TEST_BUILD_TIMEOUT (900 s) and
+# FEEDMUX_TEST_RUN_TIMEOUT (240 s).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+started=$SECONDS
+build_timeout=${FEEDMUX_TEST_BUILD_TIMEOUT:-900}
+run_timeout=${FEEDMUX_TEST_RUN_TIMEOUT:-240}
+export FEEDMUX_FILES=${FEEDMUX_FILES:-4}
+export FEEDMUX_EXAMPLES=${FEEDMUX_EXAMPLES:-25000}
+export FEEDMUX_EPOCHS=${FEEDMUX_EPOCHS:-3}
+export FEEDMUX_WORKERS=${FEEDMUX_WORKERS:-1}
+export FEEDMUX_TRAINERS=${FEEDMUX_TRAINERS:-2}
+
+say() { printf 'container-test: %s\n' "$*"; }
+die() { say "FAILED: $*" >&2; exit 1; }
+
+# -- the engine ---------------------------------------------------------------------------
+if [ -n "${CONTAINER_COMPOSE:-}" ]; then
+  read -ra compose <<<"$CONTAINER_COMPOSE"
+elif command -v docker >/dev/null && timeout 20 docker info >/dev/null 2>&1 \
+     && timeout 20 docker compose version >/dev/null 2>&1; then
+  compose=(docker compose)
+elif command -v podman-compose >/dev/null && command -v podman >/dev/null; then
+  compose=(podman-compose)
+elif command -v docker-compose >/dev/null && timeout 20 docker info >/dev/null 2>&1; then
+  compose=(docker-compose)
+else
+  say "no container engine: need a Docker engine with 'docker compose', or podman and podman-compose" >&2
+  exit 2
+fi
+case "${compose[0]}" in
+  podman-compose) engine=podman ;;
+  *) engine=docker ;;
+esac
+engine_version=$(timeout 20 "$engine" version --format '{{.Client.Version}}' 2>/dev/null || echo '?')
+
+# -- scratch space, free host ports, and the teardown -----------------------------------------
+work=$(mktemp -d "${TMPDIR:-/tmp}/feedmux-container-test.XXXXXX")
+project="feedmux-test-$$"
+host_project="$project-host"
+projects=()
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' \
+    2>/dev/null || echo $((20000 + RANDOM % 20000))
+}
+export FEEDMUX_DATA_PORT=${FEEDMUX_DATA_PORT:-$(free_port)}
+export FEEDMUX_CONTROL_PORT=${FEEDMUX_CONTROL_PORT:-$(free_port)}
+
+down() {  # down PROJECT: remove its containers, network and volumes
+  timeout 180 "${compose[@]}" -p "$1" down -v -t 5 --remove-orphans >>"$work/down.log" 2>&1
+}
+teardown() {
+  local code=$? project_name
+  trap - EXIT INT TERM
+  for project_name in "${projects[@]}"; do
+    down "$project_name" || { say "warning: teardown of $project_name failed:" >&2; tail -5 "$work/down.log" >&2; }
+  done
+  rm -rf "$work"
+  exit "$code"
+}
+trap teardown EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# containers PROJECT: one line per container: service status exit-code name
+containers() {
+  local ids
+  ids=$("$engine" ps -aq --filter "label=com.docker.compose.project=$1")
+  [ -n "$ids" ] || return 0
+  # shellcheck disable=SC2086  # one argument per id
+  "$engine" inspect --format \
+    '{{index .Config.Labels "com.docker.compose.service"}} {{.State.Status}} {{.State.ExitCode}} {{.Name}}' \
+    $ids | sed 's# /# #' | sort
+}
+show_logs() {  # show_logs PROJECT: the last lines of every container's log
+  local service status code name
+  while read -r service status code name; do
+    echo "---- $name ($service, $status, exit $code)"
+    "$engine" logs "$name" 2>&1 | tail -25
+  done < <(containers "$1")
+}
+
+say "${compose[*]} ($engine $engine_version); $FEEDMUX_FILES files x $FEEDMUX_EXAMPLES examples," \
+    "$FEEDMUX_EPOCHS epochs, $FEEDMUX_TRAINERS trainers, $FEEDMUX_WORKERS sampling worker(s)"
+
+# -- 1. build -------------------------------------------------------------------------------
+t=$SECONDS
+projects+=("$project")
+if ! timeout "$build_timeout" "${compose[@]}" -p "$project" build >"$work/build.log" 2>&1; then
+  tail -30 "$work/build.log" >&2
+  die "build (bounded by ${build_timeout} s)"
+fi
+build_s=$((SECONDS - t))
+say "build: ok (${build_s} s)"
+
+# -- 2. compose up: sampler, trainers, checker ----------------------------------------------
+t=$SECONDS
+deadline=$((SECONDS + run_timeout))
+if ! timeout "$run_timeout" "${compose[@]}" -p "$project" up -d --no-build >"$work/up.log" 2>&1; then
+  tail -30 "$work/up.log" >&2
+  show_logs "$project" >&2
+  die "compose up"
+fi
+expected=$((FEEDMUX_TRAINERS + 2))
+while :; do
+  states=$(containers "$project")
+  running=$(awk '$2 !~ /^(exited|dead|stopped)$/' <<<"$states" | wc -l)
+  total=$(wc -l <<<"$states")
+  [ "$total" -ge "$expected" ] && [ "$running" -eq 0 ] && break
+  # A failed sampler or trainer means the checker would only wait for records in vain.
+  if awk '($1 == "sampler" || $1 == "trainer") && $2 ~ /^(exited|dead)$/ && $3 != 0 {bad = 1}
+          END {exit !bad}' <<<"$states"; then
+    break
+  fi
+  if [ "$SECONDS" -ge "$deadline" ]; then
+    show_logs "$project" >&2
+    die "the containers did not finish within ${run_timeout} s:"$'\n'"$states"
+  fi
+  sleep 1
+done
+run_s=$((SECONDS - t))
+
+states=$(containers "$project")
+report=$(awk '{printf "%s%s %s (exit %s)", sep, $4, $2, $3; sep = ", "}' <<<"$states")
+trainers_ok=$(awk '$1 == "trainer" && $2 == "exited" && $3 == 0' <<<"$states" | wc -l)
+sampler_ok=$(awk '$1 == "sampler" && $2 == "exited" && $3 == 0' <<<"$states" | wc -l)
+checker=$(awk '$1 == "checker" {print $4}' <<<"$states")
+verdict=""
+if [ -n "$checker" ]; then
+  verdict=$("$engine" logs "$checker" 2>&1 || true)
+fi
+if [ "$sampler_ok" -ne 1 ] || [ "$trainers_ok" -ne "$FEEDMUX_TRAINERS" ] \
+   || ! awk '$1 == "checker" && $2 == "exited" && $3 == 0 {ok = 1} END {exit !ok}' <<<"$states" \
+   || ! grep -q '^OK: ' <<<"$verdict"; then
+  show_logs "$project" >&2
+  die "compose run: $report"
+fi
+say "compose run: ok (${run_s} s): $report"
+while read -r service status code name; do
+  if [ "$service" = trainer ]; then
+    "$engine" logs "$name" 2>&1 | grep '^trainer ' | sed 's/^/  /' || true
+  fi
+done <<<"$states"
+# shellcheck disable=SC2001  # indent every line
+sed 's/^/  /' <<<"$verdict"
+down "$project"
+
+# -- 3. a trainer on the host, against the published ports ----------------------------------
+host_python=${FEEDMUX_HOST_PYTHON:-}
+if [ -z "$host_python" ]; then
+  for candidate in .venv/bin/python python3; do
+    if command -v "$candidate" >/dev/null && "$candidate" -c 'import feedmux' 2>/dev/null; then
+      host_python=$candidate
+      break
+    fi
+  done
+fi
+if [ -z "$host_python" ]; then
+  host_result="skipped (no Python with feedmux on the host; set FEEDMUX_HOST_PYTHON)"
+  say "host trainer: $host_result"
+else
+  t=$SECONDS
+  projects+=("$host_project")
+  if ! FEEDMUX_EPOCHS=1 timeout 120 "${compose[@]}" -p "$host_project" up -d --no-build sampler \
+       >"$work/up-host.log" 2>&1; then
+    tail -30 "$work/up-host.log" >&2
+    die "compose up sampler (for the host trainer)"
+  fi
+  control="tcp://127.0.0.1:$FEEDMUX_CONTROL_PORT"
+  answered=0
+  for _ in $(seq 60); do
+    if "$host_python" -m feedmux ping "$control" --timeout 1 >"$work/ping.log" 2>&1; then
+      answered=1
+      break
+    fi
+    sleep 1
+  done
+  if [ "$answered" -ne 1 ]; then
+    cat "$work/ping.log" >&2 || true
+    show_logs "$host_project" >&2
+    die "the sampler's published control port $control did not answer within 60 s"
+  fi
+  mkdir "$work/host-results"
+  if ! timeout 120 "$host_python" -m feedmux.demo trainer "tcp://127.0.0.1:$FEEDMUX_DATA_PORT" \
+         --control "$control" --results "$work/host-results" --timeout 60 \
+         >"$work/host-trainer.log" 2>&1 \
+     || ! "$host_python" -m feedmux.demo check "$work/host-results" --files "$FEEDMUX_FILES" \
+         --examples "$FEEDMUX_EXAMPLES" --epochs 1 --trainers 1 --wait 5 >"$work/host-check.log" 2>&1; then
+    cat "$work/host-trainer.log" "$work/host-check.log" >&2 2>/dev/null || true
+    show_logs "$host_project" >&2
+    die "host trainer against tcp://127.0.0.1:$FEEDMUX_DATA_PORT"
+  fi
+  host_s=$((SECONDS - t))
+  host_result="ok (${host_s} s): $(grep '^OK: ' "$work/host-check.log")"
+  say "host trainer via the published ports 127.0.0.1:$FEEDMUX_DATA_PORT/$FEEDMUX_CONTROL_PORT: $host_result"
+fi
+
+# -- summary ----------------------------------------------------------------------------------
+cat <<EOF
+
+== container test summary (${compose[*]}, $engine $engine_version) ==
+build:         ok, ${build_s} s
+compose run:   ok, ${run_s} s: sampler + $FEEDMUX_TRAINERS trainers + checker all exited 0
+               $(grep '^OK: ' <<<"$verdict")
+host trainer:  $host_result
+PASS in $((SECONDS - started)) s (teardown follows)
+EOF
