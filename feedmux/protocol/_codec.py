@@ -291,6 +291,9 @@ def encode(message: Message, *, inline_threshold: int = INLINE_THRESHOLD) -> lis
     Raises :class:`~feedmux.errors.ProtocolError` for anything that cannot
     travel, naming where it sits in the sample (``sample['meta'][2]``).
 
+    A frame that is a view of an array must not be changed until it is sent:
+    with ``send_multipart(frames, copy=False)``, until zmq is done with it.
+
     Examples
     --------
     >>> frames = encode(Hello(client_id="trainer-0"))
@@ -330,7 +333,12 @@ def _encode_tags(tags: Any, count: int) -> bytes:
 
 def _encode_data(message: Data, inline_threshold: int) -> list[Any]:
     samples = message.samples
-    count = len(samples)
+    try:
+        count = len(samples)
+    except TypeError:
+        raise ProtocolError(
+            f"Data.samples must be a sequence, got {type(samples).__qualname__}"
+        ) from None
     tag_frame = _encode_tags(message.tags, count)
     encoder = _encoder()
     encoder.frames = frames = [None, tag_frame]
@@ -409,7 +417,7 @@ def _find_problem(node: Any, path: str, depth: int) -> str | None:
             if problem is not None:
                 return problem
         return None
-    if isinstance(node, bool) or node is None or isinstance(node, (float, bytes, bytearray)):
+    if node is None or isinstance(node, (bool, float, bytes, bytearray, memoryview)):
         return None
     if isinstance(node, int):
         if not _INT_MIN <= node <= _INT_MAX:

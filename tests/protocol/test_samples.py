@@ -363,6 +363,11 @@ def test_string_dtype_without_fixed_width_is_refused() -> None:
         encode(Data(tags_for(1), [{"s": np.array(["a", "bc"], dtype=string_dtype())}]))
 
 
+def test_samples_must_be_a_sequence() -> None:
+    with pytest.raises(ProtocolError, match="sequence"):
+        encode(Data(tags_for(1), (x for x in [1])))  # type: ignore[arg-type]
+
+
 def test_tags_travel_in_frame_one() -> None:
     tags = np.array([[3, 17]], dtype=np.int64)
     frames = encode(Data(tags, ["x"]))
