@@ -175,7 +175,11 @@ def run(
 
 
 def run_others(quick: bool = False) -> dict[str, Any]:
-    """Run the other benchmark modules of the package (codec, mux) when they exist."""
+    """Run the other benchmark modules of the package (codec, mux) when they exist.
+
+    Returns each module's own result by module name; each result's markdown
+    table, when it has one, is printed.
+    """
     outcomes: dict[str, Any] = {}
     for name in OTHER_BENCHMARKS:
         if importlib.util.find_spec(name) is None:
@@ -185,5 +189,13 @@ def run_others(quick: bool = False) -> dict[str, Any]:
         if runner is None:
             continue
         accepted = inspect.signature(runner).parameters
-        outcomes[name] = runner(quick=quick) if "quick" in accepted else runner()
+        options: dict[str, Any] = {}
+        if "quick" in accepted:
+            options["quick"] = quick
+        if "echo" in accepted:
+            options["echo"] = False
+        outcome = runner(**options)
+        outcomes[name] = outcome
+        if isinstance(outcome, dict) and isinstance(outcome.get("markdown"), str):
+            print(f"\n## {name}\n\n{outcome['markdown']}", flush=True)
     return outcomes
