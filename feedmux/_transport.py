@@ -79,10 +79,16 @@ def make_socket(
     max_message_bytes: int = -1,
     heartbeats: bool = True,
 ) -> zmq.Socket[Any]:
-    """A socket with feedmux's options: bounded queues, linger 0, ZMTP heartbeats.
+    """A socket with feedmux's options: bounded queues, linger 0, dead-peer detection.
 
-    ZMTP heartbeats make a frozen peer (e.g. SIGSTOP) visible as a dropped
-    connection instead of a silent stall; ``max_message_bytes`` caps what a
+    ``heartbeats`` turns on ZMTP heartbeats, which make a frozen peer (e.g.
+    SIGSTOP) visible as a dropped connection instead of a silent stall. Use
+    them on control sockets only: on a socket whose receive queue fills up
+    (a data socket under back-pressure) libzmq 4.3 stops reading the
+    connection, misses the peer's pings, drops a healthy connection with its
+    queued messages, and can then abort on an assertion (``_input_stopped``,
+    libzmq issue 3937). Every socket gets TCP keepalive instead, which the
+    kernel answers whatever the queues hold. ``max_message_bytes`` caps what a
     receiving socket accepts before any of it reaches Python.
     """
     socket: zmq.Socket[Any] = context.socket(kind)
@@ -96,6 +102,10 @@ def make_socket(
         socket.setsockopt(zmq.HEARTBEAT_IVL, interval_ms)
         socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * interval_ms)
         socket.setsockopt(zmq.HEARTBEAT_TTL, 3 * interval_ms)
+    socket.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    socket.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 10)
+    socket.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 5)
+    socket.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
     socket.setsockopt(zmq.RECONNECT_IVL, 100)
     socket.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
     return socket

@@ -286,7 +286,8 @@ class RemoteLoader:
         self._context = zmq.Context()
         self._pid = os.getpid()
         self._data = make_socket(
-            self._context, zmq.PULL, hwm=self.hwm, max_message_bytes=self.max_message_bytes
+            self._context, zmq.PULL, hwm=self.hwm, max_message_bytes=self.max_message_bytes,
+            heartbeats=False,
         )
         self._poller = zmq.Poller()
         self._poller.register(self._data, zmq.POLLIN)

@@ -150,7 +150,7 @@ class _Endpoints:
         self.config = config
         self.stopping = stopping
         self.context: zmq.Context[Any] = zmq.Context()
-        self.data = make_socket(self.context, zmq.PUSH, hwm=config.hwm)
+        self.data = make_socket(self.context, zmq.PUSH, hwm=config.hwm, heartbeats=False)
         self.control = make_socket(
             self.context, zmq.ROUTER, hwm=1000, max_message_bytes=MAX_CONTROL_BYTES
         )
@@ -168,6 +168,8 @@ class _Endpoints:
         self.epoch_size: int | None = config.epoch_size
         self.finished = False
         self.failure: Error | None = None
+        self.departed = 0
+        self.departed_received = 0
         self._last_log = self.started
         self._samples_at_last_log = 0
         self._rate = 0.0
@@ -255,8 +257,12 @@ class _Endpoints:
         try:
             send_message(self.control, message, prefix=[identity], flags=zmq.NOBLOCK)
         except (zmq.Again, zmq.ZMQError):
-            # The peer went away (ROUTER_MANDATORY) or its queue is full: forget it.
-            self.trainers.pop(identity, None)
+            # The peer went away (ROUTER_MANDATORY) or its queue is full: forget it, but
+            # remember what it had received for the end-of-stream count.
+            gone = self.trainers.pop(identity, None)
+            if gone is not None:
+                self.departed += 1
+                self.departed_received += gone.received_messages
 
     def broadcast(self, message: Message) -> None:
         for identity in list(self.trainers):
@@ -336,7 +342,14 @@ class _Endpoints:
         return not self.stopping
 
     def finish(self) -> None:
-        """The end-of-stream handshake; bounded by ``drain_timeout``."""
+        """The end-of-stream handshake.
+
+        Done when the trainers' counts add up to every message sent. While some
+        are missing, the server waits: they are in flight or queued at a live
+        trainer. Only once a trainer has gone (its queue died with it) does a
+        count that stays put for ``drain_idle`` seconds end the wait early;
+        ``drain_timeout`` bounds it in every case (a trainer that stopped reading).
+        """
         self.finished = True
         config = self.config
         deadline = time.monotonic() + config.drain_timeout
@@ -344,17 +357,21 @@ class _Endpoints:
         while not self.stopping:
             self.broadcast(Drain(sent_messages=self.messages_sent, server_id=config.server_id))
             self.serve_control(timeout=0.1)
-            total = sum(t.received_messages for t in self.trainers.values())
+            total = self.departed_received + sum(
+                t.received_messages for t in self.trainers.values()
+            )
             now = time.monotonic()
             if total >= self.messages_sent:
                 break
             if total != last_total:
                 last_total, last_change = total, now
-            elif now - last_change > config.drain_idle or now > deadline:
+            stalled = (self.departed or not self.trainers) and now - last_change > config.drain_idle
+            if stalled or now > deadline:
                 log.warning(
-                    "ending the stream with %d of %d data messages unconfirmed "
-                    "(a trainer stopped reading or died)",
+                    "ending the stream with %d of %d data messages unconfirmed (%s)",
                     self.messages_sent - total, self.messages_sent,
+                    f"{self.departed} trainer(s) went away" if stalled
+                    else "a trainer stopped reading",
                 )
                 break
         self.broadcast(EndOfStream(config.server_id, self.epochs_completed, self.messages_sent))
@@ -381,7 +398,8 @@ class _Endpoints:
         self.control.linger = 1000
 
     def close(self) -> None:
-        self.data.close(linger=0)
+        # After a finished stream, give what is still queued a moment to reach the trainers.
+        self.data.close(linger=1000 if self.finished else 0)
         self.control.close()
         self.context.term()
 

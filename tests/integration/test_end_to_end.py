@@ -154,3 +154,19 @@ def test_stats_and_ping(spawn: Any, endpoints: Endpoints) -> None:
     assert ping.wait(timeout=10) == 0
     nobody = spawn("ping", Endpoints().control, "--timeout", "0.3")
     assert nobody.wait(timeout=10) == 1
+
+
+def test_a_slow_trainer_still_gets_the_whole_stream(spawn: Any, endpoints: Endpoints) -> None:
+    """The end-of-stream handshake waits for a live trainer that reads slowly."""
+    import time
+
+    server = spawn("serve", f"{SAMPLER}:numbered", "--epochs", "1", "--samples-per-message",
+                   "10", "--hwm", "2", *endpoints.args())
+    ids = []
+    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20, hwm=2) as loader:
+        for index, sample in enumerate(loader):
+            if index == 100:
+                time.sleep(4.5)  # longer than a silent count is trusted when a trainer is gone
+            ids.append(int(sample["id"]))
+    assert sorted(ids) == list(range(200))
+    assert server.wait(timeout=20) == 0
