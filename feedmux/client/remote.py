@@ -359,6 +359,9 @@ class RemoteLoader:
         self._received[server_id] = self._received.get(server_id, 0) + 1
         self._samples, self._tags, self._server_id = message.samples, message.tags, server_id
         self._index, self._count = 0, len(message.samples)
+        if self._count and self._tags[0, 0] > 1 and self.epoch_size is None:
+            # An epoch has ended, so the server knows its size: ask now, not at the next beat.
+            self._last_heartbeat = 0.0
 
     def _on_new_server(self, server_id: str) -> None:
         known = {link.server_id for link in self._links}
