@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ import numpy as np
 
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Data, Error, encode
+from feedmux.server.epochs import EpochIterator
 from feedmux.server.mux import on_stream_error
 
 __all__ = [
@@ -89,34 +90,65 @@ def error_message(error: BaseException, server_id: str) -> Error:
 
 
 def _encode_batch(
-    tags: list[tuple[int, int]], samples: list[Any], server_id: str, seq: int, skip_bad: bool
+    tags: np.ndarray, samples: list[Any], server_id: str, seq: int, skip_bad: bool
 ) -> tuple[list[Any], int]:
     """Encode one data message; with ``skip_bad``, drop samples the codec refuses.
 
     Returns the frames (empty when nothing was left) and how many samples they hold.
     """
     try:
-        data = Data(np.array(tags, dtype=np.int64), samples, server_id, seq)
-        return list(encode(data)), len(samples)
+        return list(encode(Data(tags, samples, server_id, seq))), len(samples)
     except ProtocolError:
         if not skip_bad:
             raise
-    kept_tags, kept = [], []
-    for tag, sample in zip(tags, samples, strict=True):
+    kept: list[int] = []
+    for row, sample in enumerate(samples):
         try:
-            encode(Data(np.array([tag], dtype=np.int64), [sample], server_id, seq))
+            encode(Data(tags[row : row + 1], [sample], server_id, seq))
         except ProtocolError as error:
-            log.warning("skipping sample %s that cannot be encoded: %s", tag, error)
+            log.warning("skipping sample %s that cannot be encoded: %s", tags[row].tolist(), error)
             continue
-        kept_tags.append(tag)
-        kept.append(sample)
+        kept.append(row)
     if not kept:
         return [], 0
-    return list(encode(Data(np.array(kept_tags, dtype=np.int64), kept, server_id, seq))), len(kept)
+    data = Data(tags[kept], [samples[row] for row in kept], server_id, seq)
+    return list(encode(data)), len(kept)
+
+
+class _Pacer:
+    """Sizes each ``take`` so that a message fills up without keeping samples waiting.
+
+    A chunk holds what ``policy`` allows for the payload size and no more than
+    the sampler produces in ``max_delay`` seconds (from a running mean of its
+    time per item), so a fast sampler ships full messages and a slow one ships
+    small messages promptly. The first chunk is a single item, to measure.
+    """
+
+    def __init__(self, policy: BatchPolicy) -> None:
+        self.policy = policy
+        self.size_limit = 1
+        self.item_seconds = 0.0
+
+    def limit(self) -> int:
+        if self.policy.samples_per_message is not None:
+            return self.policy.samples_per_message
+        if self.item_seconds <= 0:
+            return self.size_limit
+        by_time = int(self.policy.max_delay / self.item_seconds)
+        return max(1, min(self.size_limit, by_time))
+
+    def observe(self, items: list[Any], seconds: float) -> None:
+        if not items:
+            return
+        per_item = seconds / len(items)
+        self.item_seconds = per_item if self.item_seconds <= 0 else (
+            0.8 * self.item_seconds + 0.2 * per_item
+        )
+        self.size_limit = self.policy.limit_for(items[0])
 
 
 def produce(
-    items: Iterator[tuple[int, int, Any]],
+    epochs: EpochIterator[Any],
     send: Callable[[Frames], bool],
     *,
     policy: BatchPolicy,
@@ -124,22 +156,21 @@ def produce(
     skip_errors: bool = False,
     epoch_done: Callable[[int, int], bool] = lambda epoch, count: True,
 ) -> int:
-    """Pull items, batch and encode them, and ``send`` each message; return samples sent.
+    """Take chunks of items, encode each as a data message and ``send`` it.
 
-    A message never spans two epochs: when an item of a new epoch arrives, the
-    message in progress is sent first and ``epoch_done(epoch, count)`` is
-    called with the epoch that just ended and the number of samples it had;
-    the last epoch is reported once ``items`` is exhausted. Sampling stops when
-    ``items`` is exhausted or ``send`` / ``epoch_done`` return False (the
-    server is stopping). With ``skip_errors`` an exception from the streamer
-    is logged and sampling goes on; otherwise it propagates after the samples
-    already drawn have been sent. Inside a mux, a stream that raises is
-    skipped alone (the mux goes on with its other streams); a top-level
-    streamer that raises abandons the rest of its epoch.
+    Returns the number of samples sent. A message never spans two epochs;
+    after the last message of an epoch, ``epoch_done(epoch, count)`` is called
+    with the number of samples that epoch had. Sampling stops when the epochs
+    run out or ``send`` / ``epoch_done`` return False (the server is stopping).
+    With ``skip_errors`` an exception from the streamer is logged and sampling
+    goes on: inside a mux, the stream that raised is skipped alone (the mux
+    carries on with its other streams); a top-level streamer that raises
+    abandons the rest of its epoch. Otherwise the exception propagates, after
+    the samples drawn before it have been sent.
     """
     token = on_stream_error.set(_log_skipped) if skip_errors else None
     try:
-        return _produce(items, send, policy, server_id, skip_errors, epoch_done)
+        return _produce(epochs, send, policy, server_id, skip_errors, epoch_done)
     finally:
         if token is not None:
             on_stream_error.reset(token)
@@ -151,73 +182,45 @@ def _log_skipped(error: BaseException) -> None:
 
 
 def _produce(
-    items: Iterator[tuple[int, int, Any]],
+    epochs: EpochIterator[Any],
     send: Callable[[Frames], bool],
     policy: BatchPolicy,
     server_id: str,
     skip_errors: bool,
     epoch_done: Callable[[int, int], bool],
 ) -> int:
-    seq = 0
-    sent = 0
-    clock = time.monotonic
-    carry: tuple[int, int, Any] | None = None
-    current_epoch = 0
-    epoch_count = 0
-    pending_error: BaseException | None = None
-    finished = False
-    while not finished and pending_error is None:
-        tags: list[tuple[int, int]] = []
-        samples: list[Any] = []
-        limit = 1
-        deadline = 0.0
-        epoch_ended = False
-        while True:
-            if carry is not None:
-                epoch, position, item = carry
-                carry = None
-            else:
-                try:
-                    epoch, position, item = next(items)
-                except StopIteration:
-                    finished = True
-                    break
-                except Exception as error:
-                    if not skip_errors:
-                        pending_error = error
-                        break
-                    log.warning(
-                        "streamer raised %s: %s; skipping it",
-                        type(error).__name__, error, exc_info=error,
-                    )
-                    continue
-            if epoch != current_epoch:
-                if samples or epoch_count:
-                    carry = (epoch, position, item)
-                    epoch_ended = True
-                    break
-                current_epoch = epoch
-            if not samples:
-                limit = policy.limit_for(item)
-                deadline = clock() + policy.max_delay
-            tags.append((epoch, position))
-            samples.append(item)
-            if len(samples) >= limit or clock() >= deadline:
-                break
-        if samples:
-            frames, count = _encode_batch(tags, samples, server_id, seq, skip_errors)
+    clock = time.perf_counter
+    pacer = _Pacer(policy)
+    seq = sent = epoch_count = 0
+    while True:
+        started = clock()
+        try:
+            chunk = epochs.take(pacer.limit())
+        except StopIteration:
+            return sent
+        except Exception as error:
+            if not skip_errors:
+                raise
+            log.warning("streamer raised %s: %s; going on with the next epoch",
+                        type(error).__name__, error, exc_info=error)
+            if epoch_count and not epoch_done(epochs.epoch, epoch_count):
+                return sent
+            epoch_count = 0
+            continue
+        items = chunk.items
+        pacer.observe(items, clock() - started)
+        if items:
+            tags = np.empty((len(items), 2), dtype=np.int64)
+            tags[:, 0] = chunk.epoch
+            tags[:, 1] = np.arange(chunk.start, chunk.start + len(items))
+            frames, count = _encode_batch(tags, items, server_id, seq, skip_errors)
             if frames:
                 if not send(frames):
                     return sent
                 seq += 1
                 sent += count
                 epoch_count += count
-        if (epoch_ended or finished) and epoch_count:
-            if not epoch_done(current_epoch, epoch_count):
+        if chunk.last:
+            if not epoch_done(chunk.epoch, epoch_count):
                 return sent
             epoch_count = 0
-            if carry is not None:
-                current_epoch = carry[0]
-    if pending_error is not None:
-        raise pending_error
-    return sent

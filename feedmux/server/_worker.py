@@ -146,7 +146,7 @@ def _worker_main(
         if wait_for_release(1):
             items = EpochIterator(streamer, max_epochs=config.epochs)
             produce(
-                iter(items), send, policy=config.policy, server_id=config.server_id,
+                items, send, policy=config.policy, server_id=config.server_id,
                 skip_errors=config.on_error == "skip", epoch_done=epoch_done,
             )
     except Exception as error:

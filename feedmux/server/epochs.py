@@ -13,13 +13,13 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Generator, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from feedmux.errors import SamplingError
 from feedmux.server.mux import BaseMux, _check_shard
-from feedmux.server.streamer import Streamer, is_integer
+from feedmux.server.streamer import Streamer, _close, is_integer
 
-__all__ = ["EpochIterator", "is_streamer", "shard"]
+__all__ = ["Chunk", "EpochIterator", "is_streamer", "shard"]
 
 T = TypeVar("T")
 
@@ -105,6 +105,11 @@ class EpochIterator(Generic[T]):
         self._interrupted = False
         self._items = self._run()
         self._next_item = self._items.__next__
+        # State of take(): the open activation, the position in it, a deferred error.
+        self._chunks: Iterator[T] | None = None
+        self._position = 0
+        self._pending_error: Exception | None = None
+        self._exhausted_empty = False
 
     def _run(self) -> Generator[tuple[int, int, T], None, None]:
         streamer = self.streamer
@@ -150,6 +155,85 @@ class EpochIterator(Generic[T]):
     def close(self) -> None:
         """Close the current activation of the streamer (and its sources)."""
         self._items.close()
+        if self._chunks is not None:
+            _close(self._chunks)
+
+    def take(self, limit: int) -> Chunk:
+        """The next up-to-``limit`` items of the current epoch, in one call.
+
+        The batch counterpart of ``next()`` for a caller that ships items in
+        groups (the server): the items are pulled by C code (``islice``), not
+        one generator step and tuple each. A chunk never spans two epochs;
+        ``chunk.last`` says that the epoch ended with it (then ``items`` may be
+        empty, when the previous chunk happened to end exactly at the end).
+        When the streamer raises, the items drawn before are returned first
+        and the exception is raised by the next call, which abandons that
+        epoch like ``next()`` does; the call after starts the next epoch.
+        Raises StopIteration after ``max_epochs`` epochs. Use either ``take``
+        or iteration on one EpochIterator, not both.
+
+        Examples
+        --------
+        >>> epochs = EpochIterator(Streamer("abc"), max_epochs=2)
+        >>> for _ in range(4):
+        ...     print(tuple(epochs.take(2)))
+        (1, 0, ['a', 'b'], False)
+        (1, 2, ['c'], True)
+        (2, 0, ['a', 'b'], False)
+        (2, 2, ['c'], True)
+        """
+        if self._pending_error is not None:
+            error, self._pending_error = self._pending_error, None
+            raise error
+        if self._chunks is None:
+            if self.max_epochs is not None and self.epoch >= self.max_epochs:
+                raise StopIteration
+            if self._exhausted_empty:
+                raise SamplingError(self._empty_message())
+            self.epoch += 1
+            self._position = 0
+            self._chunks = self.streamer.iterate()
+        items: list[T] = []
+        start = self._position
+        try:
+            items.extend(itertools.islice(self._chunks, limit))
+        except Exception as error:
+            # list.extend keeps what it appended before the error: ship those first.
+            self._chunks = None
+            if not items:
+                raise
+            self._pending_error = error
+            self._position += len(items)
+            return Chunk(self.epoch, start, items, False)
+        self._position += len(items)
+        if len(items) == limit:
+            return Chunk(self.epoch, start, items, False)
+        self._chunks = None
+        count = self._position
+        if count == 0:
+            self._exhausted_empty = True
+            raise SamplingError(self._empty_message())
+        self.epoch_size = count
+        self.epochs_completed += 1
+        if self.on_epoch_end is not None:
+            self.on_epoch_end(self.epoch, count)
+        return Chunk(self.epoch, start, items, True)
+
+    def _empty_message(self) -> str:
+        return (
+            f"epoch {self.epoch} of {self.streamer!r} yielded no items; an empty source "
+            "would never yield anything"
+        )
+
+
+class Chunk(NamedTuple):
+    """Items of one epoch from :meth:`EpochIterator.take`: the epoch, the position
+    of the first item, the items, and whether the epoch ended with them."""
+
+    epoch: int
+    start: int
+    items: list[Any]
+    last: bool
 
 
 def _every_nth(streamer: Streamer[T], index: int, count: int) -> Iterator[T]:

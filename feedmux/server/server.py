@@ -505,7 +505,7 @@ class Server:
                 return not self._stop
 
             produce(
-                iter(items), send, policy=config.policy, server_id=config.server_id,
+                items, send, policy=config.policy, server_id=config.server_id,
                 skip_errors=config.on_error == "skip", epoch_done=epoch_done,
             )
             if not self._stop:
