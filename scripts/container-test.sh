@@ -183,7 +183,8 @@ if [ -z "$host_python" ]; then
 else
   t=$SECONDS
   projects+=("$host_project")
-  if ! FEEDMUX_EPOCHS=1 timeout 120 "${compose[@]}" -p "$host_project" up -d --no-build sampler \
+  if ! FEEDMUX_EPOCHS=1 FEEDMUX_TRAINERS=1 timeout 120 "${compose[@]}" -p "$host_project" \
+       up -d --no-build sampler \
        >"$work/up-host.log" 2>&1; then
     tail -30 "$work/up-host.log" >&2
     die "compose up sampler (for the host trainer)"
