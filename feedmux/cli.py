@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="fixed transport batch (default: sized from the samples)")
     serve.add_argument("--min-trainers", type=int, default=0, metavar="N",
                        help="start sampling once N trainers are connected (default 0)")
+    serve.add_argument("--reliable", action="store_true",
+                       help="acknowledged delivery: nothing is lost when a trainer dies")
     serve.add_argument("--on-error", choices=("raise", "skip"), default="raise",
                        help="a streamer that raises stops the server (raise) or is skipped")
     serve.add_argument("--log-every", type=_positive_float, default=10.0,
@@ -126,7 +128,7 @@ def _serve(args: argparse.Namespace) -> int:
             workers=args.workers, epochs=args.epochs, epoch_size=args.epoch_size, hwm=args.hwm,
             samples_per_message=args.samples_per_message, on_error=args.on_error,
             log_every=args.log_every, drain_timeout=args.drain_timeout,
-            min_trainers=args.min_trainers,
+            min_trainers=args.min_trainers, reliable=args.reliable,
         )
     except (FactoryError, ValueError) as error:
         print(f"feedmux serve: error: {error}", file=sys.stderr)

@@ -34,10 +34,13 @@ from feedmux.errors import (
     RemoteError,
     StreamValueError,
     TransportClosedError,
+    TransportError,
     TransportTimeoutError,
     VersionMismatchError,
 )
 from feedmux.protocol import (
+    Ack,
+    Credit,
     Data,
     Drain,
     EndOfStream,
@@ -73,6 +76,7 @@ class _ServerLink:
     data_address: str
     control_address: str
     socket: Any = None
+    data_socket: Any = None  # reliable mode: this server's own data DEALER
     server_id: str = ""
     epoch_size: int | None = None
     finished: bool = False
@@ -100,6 +104,11 @@ class RemoteLoader:
         Yield ``(SampleMeta, sample)`` pairs instead of bare samples.
     max_message_bytes : int
         Larger data messages are refused (and the connection dropped).
+    reliable : bool
+        Talk to a server started with ``reliable=True`` / ``--reliable``: grant
+        ``hwm`` messages of credit and acknowledge each message once all its
+        samples were handed out, so that if this trainer dies, what it had not
+        finished goes to the others.
 
     Notes
     -----
@@ -121,6 +130,7 @@ class RemoteLoader:
         with_meta: bool = False,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         client_id: str | None = None,
+        reliable: bool = False,
     ) -> None:
         addresses = [address] if isinstance(address, str) else list(address)
         if not addresses or not all(isinstance(a, str) and a for a in addresses):
@@ -148,6 +158,9 @@ class RemoteLoader:
         self.world_size = world_size
         self.with_meta = with_meta
         self.max_message_bytes = max_message_bytes
+        self.reliable = reliable
+        self._pending_ack: tuple[_ServerLink, int] | None = None
+        self._turn = 0
         self.client_id = client_id or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._links = [_ServerLink(a, c) for a, c in zip(addresses, controls, strict=True)]
         self._context: zmq.Context[Any] | None = None
@@ -285,23 +298,44 @@ class RemoteLoader:
         # A fresh context in every process: a ZeroMQ context must never cross a fork.
         self._context = zmq.Context()
         self._pid = os.getpid()
-        self._data = make_socket(
-            self._context, zmq.PULL, hwm=self.hwm, max_message_bytes=self.max_message_bytes,
-            heartbeats=False,
-        )
         self._poller = zmq.Poller()
-        self._poller.register(self._data, zmq.POLLIN)
+        sockets = []
+        if not self.reliable:
+            self._data = make_socket(
+                self._context, zmq.PULL, hwm=self.hwm, max_message_bytes=self.max_message_bytes,
+                heartbeats=False,
+            )
+            self._poller.register(self._data, zmq.POLLIN)
+            sockets.append(self._data)
         for link in self._links:
-            self._data.connect(link.data_address)
+            if self.reliable:
+                # Credit keeps this queue below its limit, so heartbeats are safe here.
+                link.data_socket = make_socket(
+                    self._context, zmq.DEALER, hwm=self.hwm + 16,
+                    max_message_bytes=self.max_message_bytes,
+                )
+                link.data_socket.connect(link.data_address)
+                self._poller.register(link.data_socket, zmq.POLLIN)
+                sockets.append(link.data_socket)
+                self._grant_credit(link)
+            else:
+                self._data.connect(link.data_address)
             link.socket = make_socket(self._context, zmq.DEALER, hwm=100,
                                       max_message_bytes=1 << 20)
             link.socket.connect(link.control_address)
             self._poller.register(link.socket, zmq.POLLIN)
+            sockets.append(link.socket)
             self._send(link, Hello(client_id=self.client_id, world_size=self.world_size))
         self._finalizer = weakref.finalize(
-            self, _close_sockets, self._pid, self._context,
-            [self._data, *(lk.socket for lk in self._links)],
+            self, _close_sockets, self._pid, self._context, sockets
         )
+
+    def _grant_credit(self, link: _ServerLink) -> None:
+        try:
+            send_message(link.data_socket, Credit(credits=self.hwm, client_id=self.client_id),
+                         flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the queue towards an absent server is full: the next welcome grants again
 
     def _send(self, link: _ServerLink, message: Message) -> None:
         try:
@@ -313,13 +347,11 @@ class RemoteLoader:
         """Block until the next data message is current (or raise / end the iteration)."""
         self._connect()
         assert self._poller is not None
-        data = self._data
         waited_from = time.monotonic()
         while True:
             self._heartbeat_if_due()
-            try:
-                frames = data.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            message = self._recv_data()
+            if message is None:
                 if self._all_finished():
                     raise StopIteration from None
                 now = time.monotonic()
@@ -336,23 +368,59 @@ class RemoteLoader:
                     if link.socket in events:
                         self._serve_control(link)
                 continue
-            self._take(frames)
+            self._take(message)
             for link in self._links:
                 if readable(link.socket):
                     self._serve_control(link)
             return
 
-    def _take(self, frames: list[Any]) -> None:
+    def _recv_data(self) -> Data | None:
+        """The next data message waiting on the data socket(s), or None."""
+        if not self.reliable:
+            try:
+                frames = self._data.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return None
+            message = self._decode_data(frames)
+            if not isinstance(message, Data):
+                raise ProtocolError(
+                    f"expected a data message on the data socket, got {type(message).__name__}"
+                )
+            return message
+        if self._pending_ack is not None:
+            # Every sample of the current message was handed out: acknowledge it.
+            link, seq = self._pending_ack
+            self._pending_ack = None
+            try:
+                send_message(link.data_socket, Ack(seqs=[seq], client_id=self.client_id),
+                             flags=zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+        links = self._links
+        for offset in range(len(links)):
+            link = links[(self._turn + offset) % len(links)]
+            while readable(link.data_socket):
+                frames = link.data_socket.recv_multipart(copy=False)
+                seq = int.from_bytes(frames[0].bytes, "little")
+                message = self._decode_data(frames[1:])
+                if isinstance(message, Data):
+                    self._turn = (self._turn + offset + 1) % len(links)
+                    if seq:
+                        self._pending_ack = (link, seq)
+                    return message
+                if isinstance(message, EndOfStream) and message.server_id in ("", link.server_id):
+                    link.finished = True
+        return None
+
+    def _decode_data(self, frames: list[Any]) -> Message:
         try:
-            message = decode([frame.buffer for frame in frames])
+            return decode([frame.buffer for frame in frames])
         except VersionMismatchError:
             raise
         except ProtocolError as error:
             raise ProtocolError(f"malformed data message from {self.addresses}: {error}") from error
-        if not isinstance(message, Data):
-            raise ProtocolError(
-                f"expected a data message on the data socket, got {type(message).__name__}"
-            )
+
+    def _take(self, message: Data) -> None:
         server_id = message.server_id
         if server_id not in self._received:
             self._on_new_server(server_id)
@@ -376,12 +444,23 @@ class RemoteLoader:
             frames = link.socket.recv_multipart(copy=False)
             message = decode([frame.buffer for frame in frames])
             if isinstance(message, Welcome):
+                if message.reliable != self.reliable:
+                    raise TransportError(
+                        f"the server at {link.control_address} "
+                        f"{'uses' if message.reliable else 'does not use'} reliable delivery: "
+                        f"expected RemoteLoader(..., reliable={message.reliable}), "
+                        f"got reliable={self.reliable}"
+                    )
                 if link.server_id and link.server_id != message.server_id:
                     log.warning(
                         "server at %s restarted: server id %s, before %s; continuing",
                         link.control_address, message.server_id, link.server_id,
                     )
                     link.finished = False
+                    if self.reliable:
+                        if self._pending_ack is not None and self._pending_ack[0] is link:
+                            self._pending_ack = None  # its sequence number means nothing now
+                        self._grant_credit(link)
                 link.server_id = message.server_id
                 link.epoch_size = message.epoch_size
             elif isinstance(message, Drain):

@@ -553,6 +553,7 @@ _CONTROL_SPECS = [
         samples_per_message=_INT,
         finished=_BOOL,
         workers=_INT,
+        reliable=_BOOL,
     ),
     _ControlSpec(Kind.HEARTBEAT, Heartbeat, sender_id=_STR, received_messages=_INT),
     _ControlSpec(Kind.ERROR, Error, type=_STR, message=_STR, traceback=_STR, server_id=_STR),

@@ -109,6 +109,7 @@ class Welcome:
     samples_per_message: int = 1
     finished: bool = False
     workers: int = 1
+    reliable: bool = False
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ from feedmux.protocol import (
     replace_tags,
 )
 from feedmux.server._producer import BatchPolicy, Frames, error_message, produce
+from feedmux.server._reliable import ReliableDispatch
 from feedmux.server._worker import WorkerPool
 from feedmux.server.epochs import EpochIterator
 from feedmux.server.factory import Source, resolve_source
@@ -103,6 +104,7 @@ class ServerConfig:
     drain_timeout: float = 30.0
     drain_idle: float = 3.0
     min_trainers: int = 0
+    reliable: bool = False
     server_id: str = ""
 
     def __post_init__(self) -> None:
@@ -150,7 +152,15 @@ class _Endpoints:
         self.config = config
         self.stopping = stopping
         self.context: zmq.Context[Any] = zmq.Context()
-        self.data = make_socket(self.context, zmq.PUSH, hwm=config.hwm, heartbeats=False)
+        self.reliable: ReliableDispatch | None = None
+        if config.reliable:
+            # Credit bounds each trainer's queue, so the socket's own limit only has to
+            # stay out of the way; with queues that never fill, ZMTP heartbeats are safe.
+            self.data = make_socket(self.context, zmq.ROUTER, hwm=100_000)
+            self.data.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            self.reliable = ReliableDispatch(self.data, config.server_id)
+        else:
+            self.data = make_socket(self.context, zmq.PUSH, hwm=config.hwm, heartbeats=False)
         self.control = make_socket(
             self.context, zmq.ROUTER, hwm=1000, max_message_bytes=MAX_CONTROL_BYTES
         )
@@ -177,23 +187,40 @@ class _Endpoints:
     # -- data -------------------------------------------------------------------------------
     def send_data(self, frames: Frames, n_samples: int, epoch: int) -> bool:
         """Send one data message, serving control meanwhile; False if the server is stopping."""
-        data = self.data
-        while True:
-            try:
-                data.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-                break
-            except zmq.Again:
-                # No trainer connected, or all their queues are full (HWM): wait, but keep
-                # answering the control socket and noticing a stop request.
-                if self.stopping:
-                    return False
-                self.serve_control(timeout=0.1, also_writable=True)
+        if self.reliable is not None:
+            sent = self.reliable.send(list(frames), n_samples, epoch, self._wait_reliable)
+        else:
+            sent = self._push(frames)
+        if not sent:
+            return False
         self.messages_sent += 1
         self.samples_sent += n_samples
         self.epoch = max(self.epoch, epoch)
         if readable(self.control):
             self.serve_control(timeout=0)
         self.maybe_log()
+        return not self.stopping
+
+    def _push(self, frames: Frames) -> bool:
+        while True:
+            try:
+                self.data.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                return True
+            except zmq.Again:
+                # No trainer connected, or all their queues are full (HWM): wait, but keep
+                # answering the control socket and noticing a stop request.
+                if self.stopping:
+                    return False
+                self.serve_control(timeout=0.1, also_writable=True)
+
+    def _wait_reliable(self) -> bool:
+        """Wait up to 0.1 s for credit, acknowledgements or control; False when stopping."""
+        poller = zmq.Poller()
+        poller.register(self.data, zmq.POLLIN)
+        poller.register(self.control, zmq.POLLIN)
+        events = dict(poller.poll(100))
+        if self.control in events:
+            self.serve_control(timeout=0)
         return not self.stopping
 
     # -- control ----------------------------------------------------------------------------
@@ -276,6 +303,7 @@ class _Endpoints:
             samples_per_message=self.config.samples_per_message or 0,
             finished=self.finished,
             workers=self.config.workers,
+            reliable=self.config.reliable,
         )
 
     def connected_trainers(self) -> int:
@@ -298,6 +326,7 @@ class _Endpoints:
             "workers": self.config.workers,
             "uptime_s": round(uptime, 3),
             "finished": int(self.finished),
+            **(self.reliable.stats() if self.reliable is not None else {}),
         }
 
     # -- epochs and logging -------------------------------------------------------------------
@@ -353,6 +382,9 @@ class _Endpoints:
         self.finished = True
         config = self.config
         deadline = time.monotonic() + config.drain_timeout
+        if self.reliable is not None:
+            self._finish_reliable(deadline)
+            return
         last_total, last_change = -1, time.monotonic()
         while not self.stopping:
             self.broadcast(Drain(sent_messages=self.messages_sent, server_id=config.server_id))
@@ -377,6 +409,26 @@ class _Endpoints:
         self.broadcast(EndOfStream(config.server_id, self.epochs_completed, self.messages_sent))
         log.info("stream finished after %d epoch(s), %d samples", self.epochs_completed,
                  self.samples_sent)
+
+    def _finish_reliable(self, deadline: float) -> None:
+        """Reliable mode: the stream ends once every message is acknowledged."""
+        dispatch = self.reliable
+        assert dispatch is not None
+        while not self.stopping and time.monotonic() < deadline:
+            dispatch.serve()
+            dispatch.probe()
+            dispatch.flush_resend()
+            if not dispatch.unacknowledged:
+                break
+            self._wait_reliable()
+        else:
+            log.warning("ending the stream with %d message(s) unacknowledged",
+                        dispatch.unacknowledged)
+        end = EndOfStream(self.config.server_id, self.epochs_completed, self.messages_sent)
+        dispatch.broadcast(end)
+        self.broadcast(end)
+        log.info("stream finished after %d epoch(s), %d samples, %d re-sent message(s)",
+                 self.epochs_completed, self.samples_sent, dispatch.resent_messages)
 
     def fail(self, error: BaseException | Error) -> None:
         """Tell every trainer about ``error``, including those whose hello is still on its way.
@@ -440,6 +492,10 @@ class Server:
         Messages queued per trainer before sampling blocks (bounds memory).
     samples_per_message : int, optional
         Fixed transport batch; None sizes each message from its first sample.
+    reliable : bool
+        Credit-based delivery with acknowledgements: a trainer that dies loses
+        nothing, its unacknowledged messages go to the others (trainers must
+        use ``RemoteLoader(..., reliable=True)``).
     min_trainers : int
         Start sampling only once this many trainers have connected (default 0),
         so that a short run is split among all of them from its first sample.

@@ -1,0 +1,81 @@
+"""Reliable mode: a trainer that dies mid-epoch loses nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import feedmux
+from feedmux.client.remote import RemoteLoader
+from tests.integration.conftest import ROOT, Endpoints
+
+pytestmark = pytest.mark.timeout(90)
+
+SAMPLER = "tests.integration.samplers"
+
+
+def read_record(path: Path) -> list[tuple[int, int]]:
+    pairs = []
+    for line in path.read_text().splitlines():
+        epoch, sample_id = line.split()
+        pairs.append((int(epoch), int(sample_id)))
+    return pairs
+
+
+def run_trainers(endpoints: Endpoints, tmp_path: Path, reliable: bool,
+                 die_after: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    common = [sys.executable, "-m", "tests.integration.trainers", endpoints.data,
+              endpoints.control]
+    flags = ["--reliable"] if reliable else []
+    doomed = subprocess.Popen([*common, str(tmp_path / "doomed"), *flags,
+                               "--die-after", str(die_after)], env=env, cwd=ROOT)
+    survivor = subprocess.Popen([*common, str(tmp_path / "survivor"), *flags], env=env,
+                                cwd=ROOT)
+    try:
+        doomed.wait(timeout=60)
+        assert survivor.wait(timeout=60) == 0
+    finally:
+        for process in (doomed, survivor):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return read_record(tmp_path / "doomed"), read_record(tmp_path / "survivor")
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_dead_trainers_share_goes_to_the_others(spawn: Any, endpoints: Endpoints,
+                                                  tmp_path: Path, workers: str) -> None:
+    server = spawn("serve", f"{SAMPLER}:numbered", "--arg", "per_stream=500", "--epochs", "2",
+                   "--samples-per-message", "10", "--reliable", "--min-trainers", "2",
+                   "--workers", workers, *endpoints.args())
+    doomed, survivor = run_trainers(endpoints, tmp_path, reliable=True, die_after=300)
+    assert len(doomed) == 300
+    assert server.wait(timeout=30) == 0
+    for epoch in (1, 2):
+        got = Counter(i for e, i in doomed + survivor if e == epoch)
+        assert set(got) == set(range(2000)), f"epoch {epoch}: samples lost"
+        # Only what the dead trainer was in the middle of may come twice.
+        assert sum(n - 1 for n in got.values()) <= 10
+    assert len(set(survivor)) == len(survivor), "the survivor got something twice"
+
+
+def test_reliable_single_trainer_exactly_once_and_stats(spawn: Any, endpoints: Endpoints) -> None:
+    spawn("serve", f"{SAMPLER}:numbered", "--epochs", "3", "--reliable", *endpoints.args())
+    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20, reliable=True,
+                      with_meta=True) as loader:
+        seen = Counter((meta.epoch, int(sample["id"])) for meta, sample in loader)
+    assert seen == Counter((e, i) for e in (1, 2, 3) for i in range(200))
+
+
+def test_mismatched_modes_say_so(spawn: Any, endpoints: Endpoints) -> None:
+    spawn("serve", f"{SAMPLER}:numbered", "--reliable", *endpoints.args())
+    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=10) as loader, \
+            pytest.raises(feedmux.TransportError, match=r"expected RemoteLoader.*reliable=True"):
+        next(loader)
