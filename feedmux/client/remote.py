@@ -56,6 +56,8 @@ __all__ = ["RemoteLoader", "SampleMeta", "fetch_stats"]
 
 log = logging.getLogger("feedmux.client")
 
+#: Seconds of data without any answer on a control endpoint before a warning.
+CONTROL_SILENCE_WARNING = 5.0
 #: A data message larger than this is refused by ZeroMQ before it reaches Python.
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 
@@ -160,6 +162,9 @@ class RemoteLoader:
         self.max_message_bytes = max_message_bytes
         self.reliable = reliable
         self._pending_ack: tuple[_ServerLink, int] | None = None
+        # Set at the first data message until every control endpoint has answered.
+        self._silent_since: float | None = None
+        self._first_data = True
         self._turn = 0
         self.client_id = client_id or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._links = [_ServerLink(a, c) for a, c in zip(addresses, controls, strict=True)]
@@ -372,7 +377,25 @@ class RemoteLoader:
             for link in self._links:
                 if readable(link.socket):
                     self._serve_control(link)
+            if self._silent_since is not None:
+                self._check_control_answers()
             return
+
+    def _check_control_answers(self) -> None:
+        """Warn once when data flows but a control endpoint never answered (a wrong address)."""
+        silent = [link.control_address for link in self._links if not link.server_id]
+        if not silent:
+            self._silent_since = None
+            return
+        assert self._silent_since is not None
+        if time.monotonic() - self._silent_since > CONTROL_SILENCE_WARNING:
+            log.warning(
+                "data is arriving but the control endpoint(s) %s never answered in %g s: "
+                "is the control address right? (default: data port + 1) Without it this "
+                "loader learns no epoch size, no end of stream and no remote errors",
+                ", ".join(silent), CONTROL_SILENCE_WARNING,
+            )
+            self._silent_since = None
 
     def _recv_data(self) -> Data | None:
         """The next data message waiting on the data socket(s), or None."""
@@ -421,6 +444,9 @@ class RemoteLoader:
             raise ProtocolError(f"malformed data message from {self.addresses}: {error}") from error
 
     def _take(self, message: Data) -> None:
+        if self._first_data:
+            self._first_data = False
+            self._silent_since = time.monotonic()
         server_id = message.server_id
         if server_id not in self._received:
             self._on_new_server(server_id)

@@ -79,8 +79,10 @@ log = logging.getLogger("feedmux.server")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: A trainer not heard from for this long no longer counts as connected.
 TRAINER_TIMEOUT = 3 * HEARTBEAT_INTERVAL
-#: Seconds a failed server keeps telling late trainers why (see ``_Endpoints.fail``).
-ERROR_GRACE = 1.0
+#: Seconds a finished or failed server keeps repeating its last word (``last_word``).
+FINAL_GRACE = 1.0
+#: Seconds between two Drain questions of the end-of-stream handshake.
+DRAIN_INTERVAL = 0.1
 #: Control messages larger than this are refused by ZeroMQ before reaching Python.
 MAX_CONTROL_BYTES = 1 << 20
 
@@ -177,7 +179,7 @@ class _Endpoints:
         self.epochs_completed = 0
         self.epoch_size: int | None = config.epoch_size
         self.finished = False
-        self.failure: Error | None = None
+        self.final_message: Error | EndOfStream | None = None
         self.departed = 0
         self.departed_received = 0
         self._last_log = self.started
@@ -253,8 +255,8 @@ class _Endpoints:
 
     def handle(self, identity: bytes, message: Message) -> None:
         now = time.monotonic()
-        if self.failure is not None and not isinstance(message, StatsRequest):
-            self.reply(identity, self.failure)
+        if self.final_message is not None and not isinstance(message, StatsRequest):
+            self.reply(identity, self.final_message)
         elif isinstance(message, Hello):
             known = self.trainers.get(identity)
             if message.role == "trainer":
@@ -386,9 +388,16 @@ class _Endpoints:
             self._finish_reliable(deadline)
             return
         last_total, last_change = -1, time.monotonic()
+        next_drain = 0.0
         while not self.stopping:
-            self.broadcast(Drain(sent_messages=self.messages_sent, server_id=config.server_id))
-            self.serve_control(timeout=0.1)
+            now = time.monotonic()
+            if now >= next_drain:
+                # Ask at a steady pace: answering each reply with a new question would
+                # make a drained trainer and the server ping-pong without end.
+                next_drain = now + DRAIN_INTERVAL
+                self.broadcast(Drain(sent_messages=self.messages_sent,
+                                     server_id=config.server_id))
+            self.serve_control(timeout=max(0.0, next_drain - time.monotonic()))
             total = self.departed_received + sum(
                 t.received_messages for t in self.trainers.values()
             )
@@ -406,9 +415,9 @@ class _Endpoints:
                     else "a trainer stopped reading",
                 )
                 break
-        self.broadcast(EndOfStream(config.server_id, self.epochs_completed, self.messages_sent))
         log.info("stream finished after %d epoch(s), %d samples", self.epochs_completed,
                  self.samples_sent)
+        self.last_word(EndOfStream(config.server_id, self.epochs_completed, self.messages_sent))
 
     def _finish_reliable(self, deadline: float) -> None:
         """Reliable mode: the stream ends once every message is acknowledged."""
@@ -426,24 +435,30 @@ class _Endpoints:
                         dispatch.unacknowledged)
         end = EndOfStream(self.config.server_id, self.epochs_completed, self.messages_sent)
         dispatch.broadcast(end)
-        self.broadcast(end)
         log.info("stream finished after %d epoch(s), %d samples, %d re-sent message(s)",
                  self.epochs_completed, self.samples_sent, dispatch.resent_messages)
+        self.last_word(end)
 
     def fail(self, error: BaseException | Error) -> None:
-        """Tell every trainer about ``error``, including those whose hello is still on its way.
-
-        The server keeps answering its control socket with the error until it has
-        been quiet for ``ERROR_GRACE`` seconds (at most ``4 * ERROR_GRACE``), so a
-        trainer that connected just before the failure still learns why.
-        """
+        """Tell every trainer about ``error`` (see :meth:`last_word`)."""
         message = error if isinstance(error, Error) else error_message(error, self.config.server_id)
-        self.failure = message
+        self.last_word(message)
+
+    def last_word(self, message: Error | EndOfStream) -> None:
+        """Broadcast the server's final message, and repeat it to whoever speaks next.
+
+        The server keeps answering its control socket with ``message`` until it
+        has been quiet for ``FINAL_GRACE`` seconds (at most ``4 * FINAL_GRACE``),
+        so that a trainer whose hello or heartbeat crossed the broadcast, or
+        connected just before the end, still learns why the stream stopped;
+        then it lingers so the replies leave before the socket closes.
+        """
+        self.final_message = message
         self.broadcast(message)
         started = last_heard = time.monotonic()
         while not self.stopping:
             now = time.monotonic()
-            if now - last_heard > ERROR_GRACE or now - started > 4 * ERROR_GRACE:
+            if now - last_heard > FINAL_GRACE or now - started > 4 * FINAL_GRACE:
                 break
             if self.serve_control(timeout=0.1):
                 last_heard = time.monotonic()

@@ -199,3 +199,24 @@ def test_min_trainers_holds_sampling_until_they_connect(addresses: tuple[str, st
             thread.join(timeout=40)
     assert sorted(results[0] + results[1]) == list(range(100))
     assert results[0] and results[1]
+
+
+def test_a_wrong_control_address_is_reported(addresses: tuple[str, str],
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import time
+
+    from feedmux.client import remote
+
+    monkeypatch.setattr(remote, "CONTROL_SILENCE_WARNING", 0.3)
+    data, control = addresses
+    nobody = f"tcp://127.0.0.1:{free_port()}"
+    with feedmux.Server(ids_stream(0, 50), bind=data, control=control), \
+            RemoteLoader(data, control=nobody, timeout=20) as loader, \
+            caplog.at_level(logging.WARNING, logger="feedmux.client"):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not caplog.records:
+            next(loader)
+    assert any(nobody in r.getMessage() and "never answered" in r.getMessage()
+               for r in caplog.records)

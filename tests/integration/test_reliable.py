@@ -28,18 +28,20 @@ def read_record(path: Path) -> list[tuple[int, int]]:
     return pairs
 
 
-def run_trainers(endpoints: Endpoints, tmp_path: Path, reliable: bool,
-                 die_after: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+def run_trainers(endpoints: Endpoints, tmp_path: Path, reliable: bool, die_after: int = 0,
+                 step_ms: float = 0.0) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     common = [sys.executable, "-m", "tests.integration.trainers", endpoints.data,
               endpoints.control]
     flags = ["--reliable"] if reliable else []
     doomed = subprocess.Popen([*common, str(tmp_path / "doomed"), *flags,
-                               "--die-after", str(die_after)], env=env, cwd=ROOT)
+                               "--die-after", str(die_after), "--step-ms", str(step_ms)],
+                              env=env, cwd=ROOT)
     survivor = subprocess.Popen([*common, str(tmp_path / "survivor"), *flags], env=env,
                                 cwd=ROOT)
     try:
-        doomed.wait(timeout=60)
+        doomed_code = doomed.wait(timeout=60)
+        assert doomed_code == (-9 if die_after else 0)
         assert survivor.wait(timeout=60) == 0
     finally:
         for process in (doomed, survivor):
@@ -79,3 +81,18 @@ def test_mismatched_modes_say_so(spawn: Any, endpoints: Endpoints) -> None:
     with RemoteLoader(endpoints.data, control=endpoints.control, timeout=10) as loader, \
             pytest.raises(feedmux.TransportError, match=r"expected RemoteLoader.*reliable=True"):
         next(loader)
+
+
+@pytest.mark.parametrize("reliable", [False, True])
+def test_trainers_that_finish_at_different_times_both_stop_cleanly(
+    spawn: Any, endpoints: Endpoints, tmp_path: Path, reliable: bool
+) -> None:
+    """Regression: a drained trainer and the server must not ping-pong past the end."""
+    flags = ["--reliable"] if reliable else []
+    server = spawn("serve", f"{SAMPLER}:numbered", "--arg", "per_stream=500", "--epochs", "2",
+                   "--min-trainers", "2", *flags, *endpoints.args())
+    slow, fast = run_trainers(endpoints, tmp_path, reliable=reliable, step_ms=0.3)
+    assert server.wait(timeout=30) == 0
+    for epoch in (1, 2):
+        got = Counter(i for e, i in slow + fast if e == epoch)
+        assert got == Counter(range(2000)), f"epoch {epoch}"

@@ -11,6 +11,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 
 from feedmux.client.remote import RemoteLoader
 
@@ -22,6 +23,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("out")
     parser.add_argument("--reliable", action="store_true")
     parser.add_argument("--die-after", type=int, default=0)
+    parser.add_argument("--step-ms", type=float, default=0.0, help="a training step per sample")
     args = parser.parse_args(argv)
     with open(args.out, "w", buffering=1) as out, RemoteLoader(
         args.data, control=args.control, timeout=30, reliable=args.reliable, with_meta=True,
@@ -29,6 +31,8 @@ def main(argv: list[str]) -> int:
     ) as loader:
         for count, (meta, sample) in enumerate(loader, start=1):
             out.write(f"{meta.epoch} {int(sample['id'])}\n")
+            if args.step_ms:
+                time.sleep(args.step_ms / 1000)
             if count == args.die_after:
                 out.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
