@@ -118,27 +118,6 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def trainer_main(address: str, control: str, world_size: int, out: str) -> int:
-    """One demo trainer: consume the stream to its end, record ids per server epoch."""
-    loader = RemoteLoader(address, control=control, timeout=30.0, world_size=world_size)
-    stream = Stream(loader)
-    seen: dict[int, list[int]] = {}
-    timing: dict[int, list[float]] = {}
-    with loader:
-        for sample in stream.data(math.inf):
-            epoch = loader.last_epoch
-            assert epoch is not None
-            seen.setdefault(epoch, []).append(int(sample["id"]))
-            now = time.perf_counter()
-            timing.setdefault(epoch, [now, now])[1] = now
-    Path(out).write_text(json.dumps({
-        "iterations": stream.iteration,
-        "seen": {str(e): ids for e, ids in seen.items()},
-        "seconds": {str(e): t[1] - t[0] for e, t in timing.items()},
-    }))
-    return 0
-
-
 def run_demo(files: int = 3, examples: int = 1000, epochs: int = 3, trainers: int = 2,
              workers: int = 1) -> int:
     """Run the demo; return 0 if every example was seen exactly once per epoch."""
@@ -146,8 +125,9 @@ def run_demo(files: int = 3, examples: int = 1000, epochs: int = 3, trainers: in
     address, control = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{control_port}"
     processes: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="feedmux-demo-") as scratch:
+        results = Path(scratch) / "results"
+        results.mkdir()
         write_example_files(scratch, files, examples)
-        all_ids = set(range(files * examples))
         print(f"feedmux demo: {files} files x {examples} examples, {epochs} epochs, "
               f"{trainers} trainers, {workers} sampling worker(s), server at {address}")
         try:
@@ -159,12 +139,13 @@ def run_demo(files: int = 3, examples: int = 1000, epochs: int = 3, trainers: in
                 "--min-trainers", str(trainers),
             ])
             processes.append(server)
-            outs = [os.path.join(scratch, f"trainer-{rank}.json") for rank in range(trainers)]
             started = time.perf_counter()
-            for out in outs:
+            for _ in range(trainers):
                 processes.append(subprocess.Popen([
-                    sys.executable, "-m", "feedmux.demo", address, control, str(trainers), out,
-                ]))
+                    sys.executable, "-m", "feedmux.demo", "trainer", address, "--control",
+                    control, "--results", str(results), "--world-size", str(trainers),
+                    "--timeout", "30",
+                ], stdout=subprocess.DEVNULL))
             deadline = time.monotonic() + DEMO_TIMEOUT
             for process in processes[1:]:
                 process.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -174,7 +155,7 @@ def run_demo(files: int = 3, examples: int = 1000, epochs: int = 3, trainers: in
             if any(codes):
                 print(f"trainer exit codes: {codes}")
                 return 1
-            results = [json.loads(Path(out).read_text()) for out in outs]
+            records = _latest_records(results, trainers, wait=0)
         except subprocess.TimeoutExpired:
             print(f"feedmux demo: timed out after {DEMO_TIMEOUT:g} s")
             return 1
@@ -183,22 +164,31 @@ def run_demo(files: int = 3, examples: int = 1000, epochs: int = 3, trainers: in
                 if process.poll() is None:
                     process.kill()
                     process.wait()
-    seen = [{int(e): ids for e, ids in r["seen"].items()} for r in results]
+    seen = [{int(e): ids for e, ids in r["seen"].items()} for r in records]
     print("\n| epoch | " + " | ".join(f"trainer {i} samples" for i in range(trainers))
           + " | samples/s (all trainers) |")
     print("|---" * (trainers + 2) + "|")
     for epoch in range(1, epochs + 1):
         counts = [len(s.get(epoch, [])) for s in seen]
-        seconds = max(r["seconds"].get(str(epoch), 0.0) for r in results) or float("nan")
+        seconds = max(r["seconds"].get(str(epoch), 0.0) for r in records) or float("nan")
         cells = " | ".join(str(c) for c in counts)
         print(f"| {epoch} | {cells} | {sum(counts) / seconds:,.0f} |")
-    print(f"\niterations per trainer: {[r['iterations'] for r in results]}, "
+    print(f"\niterations per trainer: {[r['iterations'] for r in records]}, "
           f"wall time {elapsed:.2f} s")
-    problems = check_exactly_once(seen, all_ids, epochs)
+    return _verdict(seen, files * examples, epochs, trainers)
+
+
+def _verdict(seen: Sequence[dict[int, list[int]]], examples: int, epochs: int,
+             trainers: int) -> int:
+    """Print whether every id was seen once per epoch; 0 if so."""
+    problems = check_exactly_once(seen, set(range(examples)), epochs)
+    extra = sorted({e for s in seen for e in s} - set(range(1, epochs + 1)))
+    if extra:
+        problems.append(f"samples from unexpected epochs {extra}")
     if problems:
         print("FAILED: " + "; ".join(problems))
         return 1
-    print(f"OK: every one of the {len(all_ids)} examples was seen exactly once in each of "
+    print(f"OK: every one of the {examples} examples was seen exactly once in each of "
           f"the {epochs} epochs, across {trainers} trainers")
     return 0
 
@@ -216,18 +206,22 @@ def record_ids(
     loader = RemoteLoader(address, control=control, timeout=timeout, world_size=world_size)
     stream = Stream(loader)
     seen: dict[int, list[int]] = {}
+    timing: dict[int, list[float]] = {}  # first and last time of each epoch
     with loader:
         for sample in stream.data(math.inf):
             epoch = loader.last_epoch
             assert epoch is not None
             seen.setdefault(epoch, []).append(int(sample["id"]))
+            now = time.perf_counter()
+            timing.setdefault(epoch, [now, now])[1] = now
             if step_seconds:
                 time.sleep(step_seconds)
         server_ids = loader.server_ids
     host = socket.gethostname()
     name = f"{'+'.join(server_ids) or 'unknown'}.{host}.{os.getpid()}"
     record = {"server_ids": server_ids, "host": host, "iterations": stream.iteration,
-              "seen": {str(e): ids for e, ids in seen.items()}}
+              "seen": {str(e): ids for e, ids in seen.items()},
+              "seconds": {str(e): last - first for e, (first, last) in timing.items()}}
     partial = Path(results) / f".{name}.partial"
     partial.write_text(json.dumps(record))
     partial.replace(Path(results) / f"{name}.json")  # readers never see half a file
@@ -235,6 +229,25 @@ def record_ids(
     print(f"trainer {host}: {stream.iteration} samples from server {'+'.join(server_ids)}, "
           f"per epoch {counts}", flush=True)
     return 0
+
+
+def _latest_records(results: str | Path, trainers: int, wait: float) -> list[dict[str, Any]]:
+    """The records of the most recent server run in ``results``, waiting up to ``wait``
+    seconds for ``trainers`` of them; sorted by host."""
+    deadline = time.monotonic() + wait
+    while True:
+        runs: dict[str, list[tuple[float, dict[str, Any]]]] = {}
+        for path in Path(results).glob("*.json"):
+            record = json.loads(path.read_text())
+            runs.setdefault("+".join(record["server_ids"]), []).append(
+                (path.stat().st_mtime, record))
+        latest = max(runs.values(), key=lambda run: max(t for t, _ in run), default=[])
+        if len(latest) >= trainers or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    if len(runs) > 1:
+        print(f"{len(runs) - 1} older run(s) in {results} ignored")
+    return sorted((record for _, record in latest), key=lambda r: str(r["host"]))
 
 
 def check_results(
@@ -247,46 +260,25 @@ def check_results(
     (the most recent one, if the directory holds older runs), then prints
     each trainer's share per epoch and the verdict.
     """
-    deadline = time.monotonic() + wait
-    while True:
-        runs: dict[str, list[tuple[float, dict[str, Any]]]] = {}
-        for path in Path(results).glob("*.json"):
-            record = json.loads(path.read_text())
-            runs.setdefault("+".join(record["server_ids"]), []).append(
-                (path.stat().st_mtime, record))
-        latest = max(runs.values(), key=lambda run: max(t for t, _ in run), default=[])
-        if len(latest) >= trainers or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    if len(latest) != trainers:
+    records = _latest_records(results, trainers, wait)
+    if len(records) != trainers:
         print(f"FAILED: expected the records of {trainers} trainers in {results}, found "
-              f"{len(latest)} after {wait:g} s")
+              f"{len(records)} after {wait:g} s")
         return 1
-    records = sorted((record for _, record in latest), key=lambda r: str(r["host"]))
     seen = [{int(e): ids for e, ids in r["seen"].items()} for r in records]
-    print(f"server {'+'.join(records[0]['server_ids'])}, {trainers} trainers, "
-          f"{len(runs) - 1} older run(s) ignored")
+    print(f"server {'+'.join(records[0]['server_ids'])}, {trainers} trainers")
     print("| epoch | " + " | ".join(f"{r['host']}" for r in records) + " | total |")
     print("|---" * (trainers + 2) + "|")
     for epoch in range(1, epochs + 1):
         counts = [len(s.get(epoch, [])) for s in seen]
         print(f"| {epoch} | " + " | ".join(map(str, counts)) + f" | {sum(counts)} |")
-    extra = sorted({e for s in seen for e in s} - set(range(1, epochs + 1)))
-    problems = check_exactly_once(seen, set(range(files * examples)), epochs)
-    if extra:
-        problems.append(f"samples from unexpected epochs {extra}")
-    if problems:
-        print("FAILED: " + "; ".join(problems))
-        return 1
-    print(f"OK: every one of the {files * examples} examples was seen exactly once in each "
-          f"of the {epochs} epochs, across {trainers} trainers")
-    return 0
+    return _verdict(seen, files * examples, epochs, trainers)
 
 
 def _container_cli(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m feedmux.demo",
-        description="The trainers and the checker of the container setup (docker-compose.yml).",
+        description="The demo's trainer and checker (also used by docker-compose.yml).",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     trainer = commands.add_parser("trainer", help="consume the stream, record ids in RESULTS")
@@ -313,21 +305,5 @@ def _container_cli(argv: Sequence[str]) -> int:
                          wait=args.wait)
 
 
-def _main(argv: Sequence[str]) -> int:
-    if argv and argv[0] in ("trainer", "check"):
-        return _container_cli(argv)
-    return _trainer_cli(argv)
-
-
-def _trainer_cli(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m feedmux.demo")
-    parser.add_argument("address")
-    parser.add_argument("control")
-    parser.add_argument("world_size", type=int)
-    parser.add_argument("out")
-    args = parser.parse_args(argv)
-    return trainer_main(args.address, args.control, args.world_size, args.out)
-
-
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    sys.exit(_container_cli(sys.argv[1:]))
