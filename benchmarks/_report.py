@@ -305,7 +305,9 @@ def markdown(
             elif item["unit"] == "share":
                 shown = f"{figure:.0%}"
             elif item["unit"] == "x":
-                shown = f"{figure:.2f}x"
+                # More digits when two would round a miss onto its bound.
+                digits = 4 if item["met"] is False and round(figure, 2) == item["bound"] else 2
+                shown = f"{figure:.{digits}f}x"
             else:
                 shown = f"{figure:.2f} {item['unit']}"
             if item["bound"] is None:
