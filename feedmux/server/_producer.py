@@ -149,7 +149,7 @@ class _Pacer:
 
 def produce(
     epochs: EpochIterator[Any],
-    send: Callable[[Frames], bool],
+    send: Callable[[Frames, int, int], bool],
     *,
     policy: BatchPolicy,
     server_id: str,
@@ -157,6 +157,9 @@ def produce(
     epoch_done: Callable[[int, int], bool] = lambda epoch, count: True,
 ) -> int:
     """Take chunks of items, encode each as a data message and ``send`` it.
+
+    ``send(frames, n_samples, epoch)`` delivers one message and returns False
+    when the server is stopping.
 
     Returns the number of samples sent. A message never spans two epochs;
     after the last message of an epoch, ``epoch_done(epoch, count)`` is called
@@ -183,7 +186,7 @@ def _log_skipped(error: BaseException) -> None:
 
 def _produce(
     epochs: EpochIterator[Any],
-    send: Callable[[Frames], bool],
+    send: Callable[[Frames, int, int], bool],
     policy: BatchPolicy,
     server_id: str,
     skip_errors: bool,
@@ -215,7 +218,7 @@ def _produce(
             tags[:, 1] = np.arange(chunk.start, chunk.start + len(items))
             frames, count = _encode_batch(tags, items, server_id, seq, skip_errors)
             if frames:
-                if not send(frames):
+                if not send(frames, count, chunk.epoch):
                     return sent
                 seq += 1
                 sent += count

@@ -120,7 +120,7 @@ def _worker_main(
     push = make_socket(context, zmq.PUSH, hwm=config.hwm, heartbeats=False)
     push.connect(endpoint)
 
-    def send(frames: Frames) -> bool:
+    def send(frames: Frames, n_samples: int = 0, epoch: int = 0) -> bool:
         while True:
             try:
                 push.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)

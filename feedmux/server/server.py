@@ -25,7 +25,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import FrameType
 from typing import Any
 
@@ -129,6 +129,11 @@ class ServerConfig:
         require(self.min_trainers >= 0, "min_trainers >= 0", self.min_trainers)
         if not self.server_id:
             object.__setattr__(self, "server_id", uuid.uuid4().hex[:12])
+
+    def options(self) -> dict[str, Any]:
+        """Every setting but the source, as keyword arguments of :class:`Server`."""
+        return {item.name: getattr(self, item.name) for item in fields(self)
+                if item.name != "source"}
 
     @property
     def control_address(self) -> str:
@@ -567,16 +572,12 @@ class Server:
                 return EXIT_OK
             items = EpochIterator(streamer, max_epochs=config.epochs)
 
-            def send(frames: Frames) -> bool:
-                tags = read_tags(frames)
-                return endpoints.send_data(frames, len(tags), int(tags[-1, 0]))
-
             def epoch_done(epoch: int, count: int) -> bool:
                 endpoints.epoch_done(epoch, count)
                 return not self._stop
 
             produce(
-                items, send, policy=config.policy, server_id=config.server_id,
+                items, endpoints.send_data, policy=config.policy, server_id=config.server_id,
                 skip_errors=config.on_error == "skip", epoch_done=epoch_done,
             )
             if not self._stop:
@@ -665,10 +666,7 @@ def serve(source: Source, **options: Any) -> int:
 
 
 def _run_in_child(config: ServerConfig) -> None:
-    code = Server(config.source, **{
-        name: getattr(config, name) for name in config.__dataclass_fields__ if name != "source"
-    }).run()
-    raise SystemExit(code)
+    raise SystemExit(Server(config.source, **config.options()).run())
 
 
 def _install_signal_handlers(stop: _StopFlag) -> dict[int, Any]:
