@@ -16,6 +16,7 @@ import inspect
 import json
 import os
 import platform
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,6 +47,23 @@ def _versions() -> dict[str, str | None]:
     except ImportError:
         found["libzmq"] = None
     return found
+
+
+def _source_revision() -> dict[str, Any]:
+    """The commit of the checkout the suite runs from, and whether it had local changes."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", *args], cwd=root, capture_output=True, text=True, timeout=10
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": git("rev-parse", "--short", "HEAD"), "local_changes": bool(changed)}
 
 
 def _machine() -> dict[str, Any]:
@@ -139,6 +157,7 @@ def run(
         "scenarios": [s.key for s in chosen],
         "peers": list(peers) if peers else None,
         "versions": _versions(),
+        "source": _source_revision(),
         "machine": _machine(),
     }
     sizes = {s.key: scenario_table.sample_nbytes(s.kind) for s in chosen}
