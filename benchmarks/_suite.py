@@ -181,7 +181,7 @@ def run(
         "measurements": records,
         "summary": summary,
         "targets": checks,
-        "markdown": _report.markdown(chosen, summary, checks),
+        "markdown": _describe_run(meta) + _report.markdown(chosen, summary, checks),
     }
     if results_dir is not None:
         directory = Path(results_dir)
@@ -191,6 +191,23 @@ def run(
         path.write_text(json.dumps(result, indent=1, default=str) + "\n")
         result["path"] = str(path)
     return result
+
+
+def _describe_run(meta: dict[str, Any]) -> str:
+    machine, versions = meta["machine"], meta["versions"]
+    before = ", ".join(f"{load:.1f}" for load in machine["load_average"])
+    after = ", ".join(f"{load:.1f}" for load in machine["load_average_after"])
+    commit = meta["source"]["commit"] or "unknown"
+    if meta["source"]["local_changes"]:
+        commit += " with local changes"
+    return (
+        f"Run of {meta['started']} ({'quick, ' if meta['quick'] else ''}"
+        f"{meta['repeats']} round{'s' if meta['repeats'] != 1 else ''}), feedmux at {commit}; "
+        f"{machine['cpus']} CPUs, load average {before} before and {after} after; "
+        f"Python {versions['python']}, pyzmq {versions['zmq']} (libzmq {versions['libzmq']}), "
+        f"numpy {versions['numpy']}, pescador {versions['pescador']}, "
+        f"torch {versions['torch']}.\n\n"
+    )
 
 
 def run_others(quick: bool = False) -> dict[str, Any]:
