@@ -10,6 +10,7 @@ from feedmux._version import __version__
 from feedmux.client.remote import RemoteLoader, SampleMeta, fetch_stats
 from feedmux.client.stream import ManualStream, Stream
 from feedmux.errors import (
+    ConfigurationError,
     DataError,
     FactoryError,
     FeedmuxError,
@@ -32,6 +33,7 @@ from feedmux.server.streamer import Streamer, streamable
 
 __all__ = [
     "ChainMux",
+    "ConfigurationError",
     "DataError",
     "FactoryError",
     "FeedmuxError",

@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from feedmux.errors import FactoryError
+    from feedmux.errors import ConfigurationError, FactoryError
     from feedmux.server.factory import parse_factory_args
     from feedmux.server.server import Server
 
@@ -130,7 +130,7 @@ def _serve(args: argparse.Namespace) -> int:
             log_every=args.log_every, drain_timeout=args.drain_timeout,
             min_trainers=args.min_trainers, reliable=args.reliable,
         )
-    except (FactoryError, ValueError) as error:
+    except (FactoryError, ConfigurationError) as error:
         print(f"feedmux serve: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     return server.run()

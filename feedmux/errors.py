@@ -10,6 +10,7 @@ this tree at the boundary where they are called, with context added.
 from __future__ import annotations
 
 __all__ = [
+    "ConfigurationError",
     "DataError",
     "FactoryError",
     "FeedmuxError",
@@ -76,6 +77,10 @@ class RemoteError(FeedmuxError, RuntimeError):
         if remote_traceback:
             text += "\n--- remote traceback ---\n" + remote_traceback.rstrip()
         super().__init__(text)
+
+
+class ConfigurationError(FeedmuxError, ValueError):
+    """A server or loader was given an invalid setting (the message names it)."""
 
 
 class FactoryError(FeedmuxError, ValueError):

@@ -30,6 +30,7 @@ from feedmux._transport import (
     send_message,
 )
 from feedmux.errors import (
+    ConfigurationError,
     ProtocolError,
     RemoteError,
     StreamValueError,
@@ -136,7 +137,7 @@ class RemoteLoader:
     ) -> None:
         addresses = [address] if isinstance(address, str) else list(address)
         if not addresses or not all(isinstance(a, str) and a for a in addresses):
-            raise ValueError(
+            raise ConfigurationError(
                 f"expected a data endpoint or a non-empty list of them, got {address!r}"
             )
         if control is None:
@@ -144,16 +145,16 @@ class RemoteLoader:
         else:
             controls = [control] if isinstance(control, str) else list(control)
         if len(controls) != len(addresses):
-            raise ValueError(
+            raise ConfigurationError(
                 f"expected one control endpoint per data endpoint ({len(addresses)}), "
                 f"got {len(controls)}: {controls!r}"
             )
         if timeout is not None and not timeout > 0:
-            raise ValueError(f"expected timeout None or > 0 seconds, got {timeout!r}")
+            raise ConfigurationError(f"expected timeout None or > 0 seconds, got {timeout!r}")
         if not (isinstance(world_size, int) and world_size >= 1):
-            raise ValueError(f"expected world_size an int >= 1, got {world_size!r}")
+            raise ConfigurationError(f"expected world_size an int >= 1, got {world_size!r}")
         if not (isinstance(hwm, int) and hwm >= 1):
-            raise ValueError(f"expected hwm an int >= 1, got {hwm!r}")
+            raise ConfigurationError(f"expected hwm an int >= 1, got {hwm!r}")
         self.addresses = addresses
         self.timeout = timeout
         self.hwm = hwm
@@ -182,7 +183,6 @@ class RemoteLoader:
         self._received: dict[str, int] = {}
         self._last_heartbeat = 0.0
         self._last: SampleMeta | None = None
-        self._restored: dict[str, Any] = {}
         self._finalizer: weakref.finalize[Any, Any] | None = None
 
     # -- the iterable ---------------------------------------------------------------------
@@ -285,7 +285,6 @@ class RemoteLoader:
             raise StreamValueError(
                 f"RemoteLoader state lacks {sorted(missing)}; got keys {sorted(state)}"
             )
-        self._restored = dict(state)
         if state["last_epoch"] is not None:
             self._last = SampleMeta(
                 int(state["last_epoch"]), int(state["last_position"]),

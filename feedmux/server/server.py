@@ -43,6 +43,7 @@ from feedmux._transport import (
     send_message,
 )
 from feedmux.errors import (
+    ConfigurationError,
     FactoryError,
     FeedmuxError,
     ProtocolError,
@@ -112,7 +113,7 @@ class ServerConfig:
     def __post_init__(self) -> None:
         def require(ok: bool, what: str, value: object) -> None:
             if not ok:
-                raise ValueError(f"expected {what}, got {value!r}")
+                raise ConfigurationError(f"expected {what}, got {value!r}")
 
         require(self.workers >= 1, "workers >= 1", self.workers)
         require(self.epochs is None or self.epochs >= 1, "epochs None or >= 1", self.epochs)

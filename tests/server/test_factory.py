@@ -55,3 +55,20 @@ def test_arguments_parse_as_json_or_strings() -> None:
         parse_factory_args(["novalue"])
     with pytest.raises(FactoryError, match="expected --arg KEY=VALUE"):
         parse_factory_args(["1x=2"])
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"workers": 0}, "expected workers >= 1, got 0"),
+        ({"on_error": "ignore"}, "expected on_error 'raise' or 'skip', got 'ignore'"),
+        ({"hwm": 0}, "expected hwm >= 1"),
+        ({"epochs": 0}, "expected epochs None or >= 1"),
+        ({"min_trainers": -1}, "expected min_trainers >= 0"),
+    ],
+)
+def test_server_settings_are_checked_with_their_names(options: dict[str, object],
+                                                      message: str) -> None:
+    with pytest.raises(feedmux.ConfigurationError, match=message):
+        feedmux.Server(make(), **options)
+    assert issubclass(feedmux.ConfigurationError, ValueError)
