@@ -78,6 +78,7 @@ def make_socket(
     hwm: int = DEFAULT_HWM,
     max_message_bytes: int = -1,
     heartbeats: bool = True,
+    security: Any = None,
 ) -> zmq.Socket[Any]:
     """A socket with feedmux's options: bounded queues, linger 0, dead-peer detection.
 
@@ -89,7 +90,9 @@ def make_socket(
     queued messages, and can then abort on an assertion (``_input_stopped``,
     libzmq issue 3937). Every socket gets TCP keepalive instead, which the
     kernel answers whatever the queues hold. ``max_message_bytes`` caps what a
-    receiving socket accepts before any of it reaches Python.
+    receiving socket accepts before any of it reaches Python. ``security`` (a
+    ``ServerCurve`` or ``ClientCurve``) turns on CURVE before the socket binds
+    or connects.
     """
     socket: zmq.Socket[Any] = context.socket(kind)
     socket.linger = 0
@@ -108,6 +111,8 @@ def make_socket(
     socket.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
     socket.setsockopt(zmq.RECONNECT_IVL, 100)
     socket.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+    if security is not None:
+        security.apply(socket)
     return socket
 
 

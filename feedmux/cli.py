@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="start sampling once N trainers are connected (default 0)")
     serve.add_argument("--reliable", action="store_true",
                        help="acknowledged delivery: nothing is lost when a trainer dies")
+    serve.add_argument("--curve-secret", metavar="FILE",
+                       help="the server's secret certificate: CURVE on every socket")
+    serve.add_argument("--curve-clients", metavar="DIR",
+                       help="only clients whose certificates are in DIR may connect")
     serve.add_argument("--on-error", choices=("raise", "skip"), default="raise",
                        help="a streamer that raises stops the server (raise) or is skipped")
     serve.add_argument("--log-every", type=_positive_float, default=10.0,
@@ -85,6 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("address", help="the control endpoint, e.g. tcp://127.0.0.1:5556")
         sub.add_argument("--timeout", type=_positive_float, default=2.0,
                          help="seconds to wait for an answer (default 2)")
+        sub.add_argument("--curve-server-key", metavar="KEY",
+                         help="the server's public key (.key file or Z85) if it uses CURVE")
+        sub.add_argument("--curve-certificate", metavar="FILE",
+                         help="this client's secret certificate (default: a fresh key pair)")
+
+    keygen = commands.add_parser("keygen", help="make a CURVE key pair (NAME.key, NAME.key_secret)")
+    keygen.add_argument("directory")
+    keygen.add_argument("--name", default="server", help="file name stem (default: server)")
 
     demo = commands.add_parser("demo", help="a server and two trainers on example data")
     demo.add_argument("--files", type=_positive_int, default=3)
@@ -110,6 +122,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command in ("stats", "ping"):
         return _stats(args)
+    if args.command == "keygen":
+        from feedmux._security import create_keys
+
+        public, secret = create_keys(args.directory, args.name)
+        print(f"public key: {public}\nsecret key: {secret} (keep it private)")
+        return 0
     from feedmux.demo import run_demo
 
     return run_demo(files=args.files, examples=args.examples, epochs=args.epochs,
@@ -129,6 +147,7 @@ def _serve(args: argparse.Namespace) -> int:
             samples_per_message=args.samples_per_message, on_error=args.on_error,
             log_every=args.log_every, drain_timeout=args.drain_timeout,
             min_trainers=args.min_trainers, reliable=args.reliable,
+            curve_secret=args.curve_secret, curve_clients=args.curve_clients,
         )
     except (FactoryError, ConfigurationError) as error:
         print(f"feedmux serve: error: {error}", file=sys.stderr)
@@ -141,7 +160,9 @@ def _stats(args: argparse.Namespace) -> int:
     from feedmux.errors import FeedmuxError
 
     try:
-        stats = fetch_stats(args.address, timeout=args.timeout)
+        stats = fetch_stats(args.address, timeout=args.timeout,
+                            curve_server_key=args.curve_server_key,
+                            curve_certificate=args.curve_certificate)
     except FeedmuxError as error:
         print(f"feedmux {args.command}: {error}", file=sys.stderr)
         return 1

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import zmq
 
+from feedmux._security import ClientCurve
 from feedmux._transport import (
     DEFAULT_HWM,
     HEARTBEAT_INTERVAL,
@@ -107,6 +108,12 @@ class RemoteLoader:
         Yield ``(SampleMeta, sample)`` pairs instead of bare samples.
     max_message_bytes : int
         Larger data messages are refused (and the connection dropped).
+    curve_server_key : str or bytes, optional
+        The server's public key (its ``.key`` file or the Z85 key): CURVE
+        encryption on every socket of this loader.
+    curve_certificate : str, optional
+        This trainer's secret certificate, for a server that lets in only known
+        clients; default: a fresh key pair.
     reliable : bool
         Talk to a server started with ``reliable=True`` / ``--reliable``: grant
         ``hwm`` messages of credit and acknowledge each message once all its
@@ -134,6 +141,8 @@ class RemoteLoader:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         client_id: str | None = None,
         reliable: bool = False,
+        curve_server_key: str | bytes | None = None,
+        curve_certificate: str | None = None,
     ) -> None:
         addresses = [address] if isinstance(address, str) else list(address)
         if not addresses or not all(isinstance(a, str) and a for a in addresses):
@@ -162,6 +171,10 @@ class RemoteLoader:
         self.with_meta = with_meta
         self.max_message_bytes = max_message_bytes
         self.reliable = reliable
+        self._security = (
+            None if curve_server_key is None
+            else ClientCurve.create(curve_server_key, curve_certificate)
+        )
         self._pending_ack: tuple[_ServerLink, int] | None = None
         # Set at the first data message until every control endpoint has answered.
         self._silent_since: float | None = None
@@ -307,7 +320,7 @@ class RemoteLoader:
         if not self.reliable:
             self._data = make_socket(
                 self._context, zmq.PULL, hwm=self.hwm, max_message_bytes=self.max_message_bytes,
-                heartbeats=False,
+                heartbeats=False, security=self._security,
             )
             self._poller.register(self._data, zmq.POLLIN)
             sockets.append(self._data)
@@ -316,7 +329,7 @@ class RemoteLoader:
                 # Credit keeps this queue below its limit, so heartbeats are safe here.
                 link.data_socket = make_socket(
                     self._context, zmq.DEALER, hwm=self.hwm + 16,
-                    max_message_bytes=self.max_message_bytes,
+                    max_message_bytes=self.max_message_bytes, security=self._security,
                 )
                 link.data_socket.connect(link.data_address)
                 self._poller.register(link.data_socket, zmq.POLLIN)
@@ -325,7 +338,7 @@ class RemoteLoader:
             else:
                 self._data.connect(link.data_address)
             link.socket = make_socket(self._context, zmq.DEALER, hwm=100,
-                                      max_message_bytes=1 << 20)
+                                      max_message_bytes=1 << 20, security=self._security)
             link.socket.connect(link.control_address)
             self._poller.register(link.socket, zmq.POLLIN)
             sockets.append(link.socket)
@@ -546,16 +559,28 @@ def _close_sockets(pid: int, context: zmq.Context[Any], sockets: list[Any]) -> N
     context.term()
 
 
-def fetch_stats(control_address: str, *, timeout: float = 2.0) -> dict[str, Any]:
+def fetch_stats(
+    control_address: str,
+    *,
+    timeout: float = 2.0,
+    curve_server_key: str | bytes | None = None,
+    curve_certificate: str | None = None,
+) -> dict[str, Any]:
     """Ask the server at ``control_address`` for its statistics.
 
     Raises :class:`~feedmux.errors.TransportTimeoutError` when it does not answer
-    within ``timeout`` seconds.
+    within ``timeout`` seconds. The ``curve_*`` arguments are those of
+    :class:`RemoteLoader`.
     """
     from feedmux.protocol import Stats, StatsRequest
 
+    security = (
+        None if curve_server_key is None
+        else ClientCurve.create(curve_server_key, curve_certificate)
+    )
     context: zmq.Context[Any] = zmq.Context()
-    socket = make_socket(context, zmq.DEALER, hwm=10, max_message_bytes=1 << 20)
+    socket = make_socket(context, zmq.DEALER, hwm=10, max_message_bytes=1 << 20,
+                         security=security)
     try:
         socket.connect(control_address)
         send_message(socket, StatsRequest(client_id=f"stats-{os.getpid()}"))

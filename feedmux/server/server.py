@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from feedmux._security import ServerCurve
 from feedmux._transport import (
     DEFAULT_BIND,
     DEFAULT_HWM,
@@ -108,6 +109,8 @@ class ServerConfig:
     drain_idle: float = 3.0
     min_trainers: int = 0
     reliable: bool = False
+    curve_secret: str | None = None
+    curve_clients: str | None = None
     server_id: str = ""
 
     def __post_init__(self) -> None:
@@ -160,17 +163,24 @@ class _Endpoints:
         self.config = config
         self.stopping = stopping
         self.context: zmq.Context[Any] = zmq.Context()
+        self.authenticator: Any = None
+        security = None
+        if config.curve_secret is not None:
+            security = ServerCurve(config.curve_secret, config.curve_clients)
+            self.authenticator = security.start(self.context)
         self.reliable: ReliableDispatch | None = None
         if config.reliable:
             # Credit bounds each trainer's queue, so the socket's own limit only has to
             # stay out of the way; with queues that never fill, ZMTP heartbeats are safe.
-            self.data = make_socket(self.context, zmq.ROUTER, hwm=100_000)
+            self.data = make_socket(self.context, zmq.ROUTER, hwm=100_000, security=security)
             self.data.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.reliable = ReliableDispatch(self.data, config.server_id)
         else:
-            self.data = make_socket(self.context, zmq.PUSH, hwm=config.hwm, heartbeats=False)
+            self.data = make_socket(self.context, zmq.PUSH, hwm=config.hwm, heartbeats=False,
+                                    security=security)
         self.control = make_socket(
-            self.context, zmq.ROUTER, hwm=1000, max_message_bytes=MAX_CONTROL_BYTES
+            self.context, zmq.ROUTER, hwm=1000, max_message_bytes=MAX_CONTROL_BYTES,
+            security=security,
         )
         self.control.setsockopt(zmq.ROUTER_MANDATORY, 1)
         with mapped_zmq_errors("bind the data endpoint", config.bind):
@@ -474,6 +484,8 @@ class _Endpoints:
         # After a finished stream, give what is still queued a moment to reach the trainers.
         self.data.close(linger=1000 if self.finished else 0)
         self.control.close()
+        if self.authenticator is not None:
+            self.authenticator.stop()
         self.context.term()
 
 
@@ -517,6 +529,12 @@ class Server:
         Credit-based delivery with acknowledgements: a trainer that dies loses
         nothing, its unacknowledged messages go to the others (trainers must
         use ``RemoteLoader(..., reliable=True)``).
+    curve_secret : str, optional
+        The server's secret certificate (``feedmux keygen``): CURVE encryption
+        on the data and control sockets.
+    curve_clients : str, optional
+        A directory of the client certificates allowed to connect; without it,
+        any client that knows the server's public key may.
     min_trainers : int
         Start sampling only once this many trainers have connected (default 0),
         so that a short run is split among all of them from its first sample.
@@ -551,7 +569,7 @@ class Server:
     def _open(self) -> _Endpoints | None:
         try:
             endpoints = _Endpoints(self.config, self._stop)
-        except TransportError as error:
+        except (TransportError, ConfigurationError) as error:
             log.error("%s", error)
             return None
         config = self.config

@@ -1,0 +1,75 @@
+"""CURVE: encrypted, authenticated sockets; strangers get nothing."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import feedmux
+from feedmux.client.remote import RemoteLoader, fetch_stats
+from tests.integration.conftest import Endpoints
+
+pytestmark = pytest.mark.timeout(60)
+
+SAMPLER = "tests.integration.samplers"
+
+
+@pytest.fixture
+def keys(tmp_path: Path, spawn: Any) -> Path:
+    for name in ("server", "trainer", "stranger"):
+        keygen = spawn("keygen", str(tmp_path), "--name", name)
+        assert keygen.wait(timeout=20) == 0
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    shutil.copy(tmp_path / "trainer.key", allowed)
+    return tmp_path
+
+
+def test_known_clients_get_data_and_others_do_not(spawn: Any, endpoints: Endpoints,
+                                                  keys: Path) -> None:
+    spawn("serve", f"{SAMPLER}:numbered", "--curve-secret", str(keys / "server.key_secret"),
+          "--curve-clients", str(keys / "allowed"), *endpoints.args())
+    server_key = str(keys / "server.key")
+    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20,
+                      curve_server_key=server_key,
+                      curve_certificate=str(keys / "trainer.key_secret")) as loader:
+        ids = {int(next(loader)["id"]) for _ in range(200)}
+    assert ids == set(range(200))
+    stats = fetch_stats(endpoints.control, timeout=5, curve_server_key=server_key,
+                        curve_certificate=str(keys / "trainer.key_secret"))
+    assert stats["samples_sent"] >= 200
+    strangers = [
+        {},  # no encryption at all
+        {"curve_server_key": server_key,
+         "curve_certificate": str(keys / "stranger.key_secret")},
+        {"curve_server_key": server_key},  # a fresh key pair
+    ]
+    for options in strangers:
+        with RemoteLoader(endpoints.data, control=endpoints.control, timeout=1.0,
+                          **options) as loader, pytest.raises(feedmux.TransportTimeoutError):
+            next(loader)
+    with pytest.raises(feedmux.TransportTimeoutError):
+        fetch_stats(endpoints.control, timeout=1.0)
+
+
+def test_without_a_client_list_any_client_with_the_server_key_gets_in(
+    spawn: Any, endpoints: Endpoints, keys: Path
+) -> None:
+    server = spawn("serve", f"{SAMPLER}:numbered", "--epochs", "1",
+                   "--curve-secret", str(keys / "server.key_secret"), *endpoints.args())
+    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20,
+                      curve_server_key=str(keys / "server.key")) as loader:
+        assert sorted(int(s["id"]) for s in loader) == list(range(200))
+    assert server.wait(timeout=20) == 0
+    assert "any client that knows the server's public key" in server.stderr.read()
+
+
+def test_bad_key_arguments_are_named(keys: Path) -> None:
+    with pytest.raises(feedmux.ConfigurationError, match="40-character Z85 public key"):
+        RemoteLoader("tcp://127.0.0.1:1", curve_server_key="not-a-key")
+    with pytest.raises(feedmux.ConfigurationError, match="expected a secret certificate"):
+        RemoteLoader("tcp://127.0.0.1:1", curve_server_key=str(keys / "server.key"),
+                     curve_certificate=str(keys / "trainer.key"))
