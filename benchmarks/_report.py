@@ -274,6 +274,8 @@ def markdown(
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "|".join("---" for _ in head) + "|")
         for row in rows:
+            if not row["runs"] and not row["failed"]:
+                continue  # not part of this run (--peer)
             cells = [row["label"], row["transport"], _fmt(row["samples_per_second"])]
             if scenario.large:
                 cells.append(_fmt(row["gb_per_second"]))
