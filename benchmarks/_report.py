@@ -197,6 +197,12 @@ def targets(summary: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
             "x",
         )
         check(
+            "context: feedmux over ipc / pescador ZMQStreamer (tcp, its only transport), large",
+            _ratio(_row(large, "feedmux", "ipc"), _row(large, "pescador")),
+            None,
+            "x",
+        )
+        check(
             "context: raw pyzmq / pescador ZMQStreamer, large (the most a transport over "
             "the same sockets can show)",
             _ratio(_row(large, "pyzmq"), _row(large, "pescador")),
