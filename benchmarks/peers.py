@@ -206,7 +206,9 @@ def _connect_feedmux(
 ) -> Consumer:
     import feedmux
 
-    loader = feedmux.RemoteLoader(endpoints.data, timeout=timeout, world_size=trainers)
+    loader = feedmux.RemoteLoader(
+        endpoints.data, control=endpoints.control, timeout=timeout, world_size=trainers
+    )
     return Consumer(samples=iter(loader), close=loader.close)
 
 
