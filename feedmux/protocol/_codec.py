@@ -716,18 +716,24 @@ class _Decoding:
         return np.frombuffer(data, dtype, 1, start)[0]  # type: ignore[no-any-return]
 
 
-def _unpack_payload(data: bytes, ext_hook: Callable[[int, bytes], Any]) -> Any:
-    """Unpack an ext payload: one msgpack value, no longer than the payload itself."""
+def _unpack_payload(
+    data: memoryview | bytes, ext_hook: Callable[[int, bytes], Any] | None = None
+) -> Any:
+    """Unpack one msgpack value whose parts can be no longer than ``data`` itself.
+
+    Without ``ext_hook``, ext values stay inert ExtType objects.
+    """
     size = len(data)
+    hooks = {} if ext_hook is None else {"ext_hook": ext_hook}
     return msgpack.unpackb(
         data,
         strict_map_key=False,
-        ext_hook=ext_hook,
         max_str_len=size,
         max_bin_len=size,
         max_array_len=size,
         max_map_len=size,
         max_ext_len=size,
+        **hooks,
     )
 
 
@@ -742,23 +748,9 @@ def _empty_items(dtype: np.dtype[Any], shape: tuple[int, ...], count: int) -> np
     return np.zeros(shape, dtype)
 
 
-def _unpack_plain(header: memoryview | bytes) -> Any:
-    # No hooks: ext values stay inert ExtType objects.
-    size = len(header)
-    return msgpack.unpackb(
-        header,
-        strict_map_key=False,
-        max_str_len=size,
-        max_bin_len=size,
-        max_array_len=size,
-        max_map_len=size,
-        max_ext_len=size,
-    )
-
-
 def _check_version(header: memoryview | bytes) -> None:
     """Read the version of a header not laid out by our encoder; raise unless it is ours."""
-    plain = _unpack_plain(header)
+    plain = _unpack_payload(header)
     if type(plain) is not dict or "v" not in plain:
         raise ProtocolError("header is not a msgpack map with a protocol version 'v'")
     version = plain["v"]
@@ -928,7 +920,7 @@ def _data_header_ok(header: memoryview | bytes) -> None:
         if prefix[6] == Kind.DATA:
             return
     _check_version(header)
-    plain = _unpack_plain(header)
+    plain = _unpack_payload(header)
     if type(plain) is not dict or plain.get("k") != Kind.DATA or type(plain.get("k")) is not int:
         raise ProtocolError("not a data message")
 

@@ -545,6 +545,17 @@ class BaseMux(Streamer[T]):
         return ""
 
 
+def _shard_weights(mux: object, weights: np.ndarray, index: int, count: int) -> np.ndarray:
+    """The weights of shard ``index`` of ``count``; refuses a shard that could yield nothing."""
+    part = weights[index::count]
+    if not (part > 0).any():
+        raise SamplingError(
+            f"shard {index} of {count} of {mux!r} has only zero-weight streamers; "
+            "use fewer workers or reorder the streamers"
+        )
+    return part
+
+
 class StochasticMux(BaseMux[T]):
     """Interleave a few active streamers at random, replacing them as they end.
 
@@ -628,12 +639,7 @@ class StochasticMux(BaseMux[T]):
 
     def _shard(self, index: int, count: int) -> Streamer[T]:
         part = self._shard_streamers(index, count)
-        weights = self.weights[index::count]
-        if not (weights > 0).any():
-            raise SamplingError(
-                f"shard {index} of {count} of {self!r} has only zero-weight streamers; "
-                "use fewer workers or reorder the streamers"
-            )
+        weights = _shard_weights(self, self.weights, index, count)
         shard = StochasticMux(
             part,
             self.n_active,
@@ -691,12 +697,7 @@ class ShuffledMux(BaseMux[T]):
 
     def _shard(self, index: int, count: int) -> Streamer[T]:
         part = self._shard_streamers(index, count)
-        weights = self.weights[index::count]
-        if not (weights > 0).any():
-            raise SamplingError(
-                f"shard {index} of {count} of {self!r} has only zero-weight streamers; "
-                "use fewer workers or reorder the streamers"
-            )
+        weights = _shard_weights(self, self.weights, index, count)
         return self._with_shard_seed(ShuffledMux(part, weights=weights), index)
 
 
