@@ -8,6 +8,7 @@ message (that is :mod:`feedmux.protocol`) and holds no state of its own.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import re
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -23,6 +24,7 @@ __all__ = [
     "HEARTBEAT_INTERVAL",
     "control_address_for",
     "make_socket",
+    "keep_freed_memory",
     "mapped_zmq_errors",
     "readable",
     "recv_message",
@@ -114,6 +116,36 @@ def make_socket(
     if security is not None:
         security.apply(socket)
     return socket
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_memory_kept = False
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep freed large buffers for reuse (once per process).
+
+    ZeroMQ allocates every received message afresh. glibc serves allocations
+    above its mmap threshold with new pages and hands them back on free, so a
+    trainer receiving 16 MiB messages faults in ~1000 fresh pages per message
+    (about 2 µs each): measured here, 1000-1700 page faults and 3.9-5.1 ms of
+    trainer CPU per 16 MiB sample, at 2.5-3.1 GiB/s. Raising the mmap threshold
+    to its 32 MiB maximum and the trim threshold to 1 GiB lets freed buffers be
+    reused instead. The price: the process keeps up to 1 GiB of freed heap
+    rather than returning it to the system. Returns whether the setting took
+    (False where there is no glibc).
+    """
+    global _memory_kept
+    if _memory_kept:
+        return True
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    ok = bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+    _memory_kept = ok
+    return ok
 
 
 def readable(socket: zmq.Socket[Any]) -> bool:

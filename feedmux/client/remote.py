@@ -26,6 +26,7 @@ from feedmux._transport import (
     DEFAULT_HWM,
     HEARTBEAT_INTERVAL,
     control_address_for,
+    keep_freed_memory,
     make_socket,
     readable,
     send_message,
@@ -60,6 +61,8 @@ log = logging.getLogger("feedmux.client")
 
 #: Seconds of data without any answer on a control endpoint before a warning.
 CONTROL_SILENCE_WARNING = 5.0
+#: A frame larger than this makes the loader tune malloc (see ``tune_malloc``).
+LARGE_MESSAGE_BYTES = 1 << 20
 #: A data message larger than this is refused by ZeroMQ before it reaches Python.
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 
@@ -114,6 +117,12 @@ class RemoteLoader:
     curve_certificate : str, optional
         This trainer's secret certificate, for a server that lets in only known
         clients; default: a fresh key pair.
+    tune_malloc : bool
+        When the first large message (over 1 MiB) arrives, make glibc's malloc
+        keep freed large buffers for reuse in this process (see
+        ``feedmux._transport.keep_freed_memory``): 1.2-1.8x the throughput of
+        16 MiB samples at half the trainer CPU, for up to 1 GiB of freed heap
+        kept. False leaves the allocator alone.
     reliable : bool
         Talk to a server started with ``reliable=True`` / ``--reliable``: grant
         ``hwm`` messages of credit and acknowledge each message once all its
@@ -143,6 +152,7 @@ class RemoteLoader:
         reliable: bool = False,
         curve_server_key: str | bytes | None = None,
         curve_certificate: str | None = None,
+        tune_malloc: bool = True,
     ) -> None:
         addresses = [address] if isinstance(address, str) else list(address)
         if not addresses or not all(isinstance(a, str) and a for a in addresses):
@@ -171,6 +181,7 @@ class RemoteLoader:
         self.with_meta = with_meta
         self.max_message_bytes = max_message_bytes
         self.reliable = reliable
+        self._tune_malloc = tune_malloc
         self._security = (
             None if curve_server_key is None
             else ClientCurve.create(curve_server_key, curve_certificate)
@@ -448,6 +459,9 @@ class RemoteLoader:
         return None
 
     def _decode_data(self, frames: list[Any]) -> Message:
+        if self._tune_malloc and len(frames) > 2 and len(frames[-1]) > LARGE_MESSAGE_BYTES:
+            self._tune_malloc = False
+            keep_freed_memory()
         try:
             return decode([frame.buffer for frame in frames])
         except VersionMismatchError:

@@ -220,3 +220,31 @@ def test_a_wrong_control_address_is_reported(addresses: tuple[str, str],
             next(loader)
     assert any(nobody in r.getMessage() and "never answered" in r.getMessage()
                for r in caplog.records)
+
+
+@pytest.mark.parametrize("tune", [True, False])
+def test_large_messages_tune_malloc_once_unless_told_not_to(
+    addresses: tuple[str, str], monkeypatch: pytest.MonkeyPatch, tune: bool
+) -> None:
+    from feedmux.client import remote
+
+    calls: list[int] = []
+    monkeypatch.setattr(remote, "keep_freed_memory", lambda: calls.append(1) or True)
+
+    def big() -> Iterator[dict[str, Any]]:
+        while True:
+            yield {"X": np.ones(1 << 19, np.float32)}  # 2 MiB
+
+    data, control = addresses
+    with feedmux.Server(feedmux.Streamer(big), bind=data, control=control), \
+            RemoteLoader(data, control=control, timeout=20, tune_malloc=tune) as loader:
+        for _ in range(5):
+            assert next(loader)["X"].shape == (1 << 19,)
+    assert calls == ([1] if tune else [])
+
+
+def test_keep_freed_memory_is_idempotent() -> None:
+    from feedmux._transport import keep_freed_memory
+
+    first = keep_freed_memory()
+    assert keep_freed_memory() == first
