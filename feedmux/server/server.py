@@ -38,6 +38,7 @@ from feedmux._transport import (
     DEFAULT_HWM,
     HEARTBEAT_INTERVAL,
     control_address_for,
+    keep_freed_memory,
     make_socket,
     mapped_zmq_errors,
     readable,
@@ -705,6 +706,8 @@ def _restore_signal_handlers(previous: dict[int, Any]) -> None:
 
 def _forward(pool: WorkerPool, endpoints: _Endpoints, config: ServerConfig, stop: _StopFlag) -> int:
     """Forward the workers' messages, numbering positions per epoch across shards."""
+    # Every worker message is received into fresh memory: reuse freed buffers instead.
+    keep_freed_memory()
     inbound = make_socket(endpoints.context, zmq.PULL, hwm=config.hwm, heartbeats=False)
     with mapped_zmq_errors("bind the internal endpoint", pool.endpoint):
         inbound.bind(pool.endpoint)
