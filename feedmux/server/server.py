@@ -559,6 +559,10 @@ class Server:
         except FactoryError as error:
             log.error("%s", error)
             return EXIT_USAGE
+        # Samplers allocate large arrays (and the forwarding process receives every
+        # worker message) into fresh memory: let this process and its workers reuse
+        # freed buffers instead of faulting in new pages for each sample.
+        keep_freed_memory()
         previous = _install_signal_handlers(self._stop)
         try:
             if config.workers == 1:
@@ -706,8 +710,6 @@ def _restore_signal_handlers(previous: dict[int, Any]) -> None:
 
 def _forward(pool: WorkerPool, endpoints: _Endpoints, config: ServerConfig, stop: _StopFlag) -> int:
     """Forward the workers' messages, numbering positions per epoch across shards."""
-    # Every worker message is received into fresh memory: reuse freed buffers instead.
-    keep_freed_memory()
     inbound = make_socket(endpoints.context, zmq.PULL, hwm=config.hwm, heartbeats=False)
     with mapped_zmq_errors("bind the internal endpoint", pool.endpoint):
         inbound.bind(pool.endpoint)
