@@ -8,7 +8,8 @@ acknowledged. When a trainer goes away (its connection drops, seen by a send
 that fails under ``ROUTER_MANDATORY``; ZMTP heartbeats turn a frozen trainer
 into a dropped connection), its unacknowledged messages go back to the front
 of the queue for the others. So nothing is lost and every sample of an epoch
-reaches a live trainer; what a dead trainer was in the middle of is sent again.
+reaches a live trainer (at-least-once): what a dead trainer had not yet
+acknowledged — at most its credit — is sent again.
 
 With credit, a trainer's receive queue never fills up, which is what makes
 ZMTP heartbeats safe on this data socket (see ``make_socket``).

@@ -63,8 +63,9 @@ def test_a_dead_trainers_share_goes_to_the_others(spawn: Any, endpoints: Endpoin
     for epoch in (1, 2):
         got = Counter(i for e, i in doomed + survivor if e == epoch)
         assert set(got) == set(range(2000)), f"epoch {epoch}: samples lost"
-        # Only what the dead trainer was in the middle of may come twice.
-        assert sum(n - 1 for n in got.values()) <= 10
+        # Only messages whose acknowledgement had not reached the server come twice:
+        # at most the dead trainer's credit (hwm=4 messages of 10 samples).
+        assert sum(n - 1 for n in got.values()) <= 4 * 10
     assert len(set(survivor)) == len(survivor), "the survivor got something twice"
 
 
