@@ -168,3 +168,19 @@ def test_a_slow_trainer_still_gets_the_whole_stream(spawn: Any, endpoints: Endpo
             ids.append(int(sample["id"]))
     assert sorted(ids) == list(range(200))
     assert server.wait(timeout=20) == 0
+
+
+def test_logs_a_start_line_and_periodic_throughput(spawn: Any, endpoints: Endpoints) -> None:
+    server = spawn("serve", f"{SAMPLER}:numbered", "--log-every", "0.2", "--workers", "2",
+                   *endpoints.args())
+    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20) as loader:
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            next(loader)
+    server.terminate()
+    _, stderr = server.communicate(timeout=10)
+    assert server.returncode == 0
+    start = next(line for line in stderr.splitlines() if "serving" in line)
+    assert endpoints.data in start and endpoints.control in start and "2 worker(s)" in start
+    assert "epoch size is 200 samples" in stderr
+    assert sum("samples/s" in line for line in stderr.splitlines()) >= 2
