@@ -1,8 +1,10 @@
 """ZeroMQ plumbing shared by the server and the client.
 
 This module owns socket options, address arithmetic and the translation of
-``zmq.ZMQError`` into :mod:`feedmux.errors`; it never encodes or decodes a
-message (that is :mod:`feedmux.protocol`) and holds no state of its own.
+``zmq.ZMQError`` into :mod:`feedmux.errors`. It knows nothing of the wire
+format beyond handing a message to :func:`feedmux.protocol.encode` in
+:func:`send_message` (``decode`` takes zmq frames as they come), and apart
+from a once-per-process allocator setting it holds no state of its own.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from typing import Any
 
 import zmq
 
-from feedmux.errors import ProtocolError, TransportError
-from feedmux.protocol import Message, decode, encode
+from feedmux.errors import TransportError
+from feedmux.protocol import Message, encode
 
 __all__ = [
     "DEFAULT_BIND",
@@ -27,7 +29,6 @@ __all__ = [
     "keep_freed_memory",
     "mapped_zmq_errors",
     "readable",
-    "recv_message",
     "send_message",
 ]
 
@@ -163,20 +164,3 @@ def send_message(
     """Encode ``message`` and send it as one multipart message (after ``prefix`` frames)."""
     frames: list[Any] = [*prefix, *encode(message)]
     socket.send_multipart(frames, flags=flags, copy=False)
-
-
-def recv_message(socket: zmq.Socket[Any], *, flags: int = 0) -> tuple[list[bytes], Message]:
-    """Receive one multipart message; return its routing prefix and the decoded message.
-
-    A ROUTER socket prepends the sender's identity; that frame is returned as
-    the prefix. Frames are received without a copy and handed to the decoder
-    as writable buffers, so decoded arrays are views of ZeroMQ's memory.
-    """
-    parts = socket.recv_multipart(flags=flags, copy=False)
-    prefix: list[bytes] = []
-    if socket.type == zmq.ROUTER:
-        if not parts:
-            raise ProtocolError("expected an identity frame from a ROUTER socket, got nothing")
-        prefix = [parts[0].bytes]
-        parts = parts[1:]
-    return prefix, decode([part.buffer for part in parts])

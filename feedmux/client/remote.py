@@ -463,7 +463,7 @@ class RemoteLoader:
             self._tune_malloc = False
             keep_freed_memory()
         try:
-            return decode([frame.buffer for frame in frames])
+            return decode(frames)
         except VersionMismatchError:
             raise
         except ProtocolError as error:
@@ -494,7 +494,7 @@ class RemoteLoader:
     def _serve_control(self, link: _ServerLink) -> None:
         while readable(link.socket):
             frames = link.socket.recv_multipart(copy=False)
-            message = decode([frame.buffer for frame in frames])
+            message = decode(frames)
             if isinstance(message, Welcome):
                 if message.reliable != self.reliable:
                     raise TransportError(
@@ -602,7 +602,7 @@ def fetch_stats(
         while (remaining := deadline - time.monotonic()) > 0:
             if not socket.poll(int(remaining * 1000) + 1):
                 break
-            message = decode([frame.buffer for frame in socket.recv_multipart(copy=False)])
+            message = decode(socket.recv_multipart(copy=False))
             if isinstance(message, Stats):
                 return dict(message.values)
             if isinstance(message, Error):

@@ -172,7 +172,7 @@ class EndOfStream:
 
 @dataclass(frozen=True)
 class Credit:
-    """Reliable mode (reserved): the client can take ``credits`` more data messages."""
+    """Reliable mode: the client can hold ``credits`` data messages in all (client to server)."""
 
     credits: int
     client_id: str = ""
@@ -180,7 +180,7 @@ class Credit:
 
 @dataclass(frozen=True)
 class Ack:
-    """Reliable mode (reserved): the client has processed the data messages ``seqs``."""
+    """Reliable mode: the client has handed out every sample of the messages ``seqs``."""
 
     seqs: Sequence[int] = ()
     client_id: str = ""

@@ -51,8 +51,9 @@ class BatchPolicy:
         as many samples as fit in ``TARGET_MESSAGE_BYTES``, at most
         ``MAX_SAMPLES_PER_MESSAGE``.
     max_delay : float
-        Seconds a message may wait for more samples before it is sent anyway,
-        so a slow sampler does not hold finished samples back.
+        About how long a message may take to fill: a message holds no more
+        samples than the sampler makes in this time (from a running mean of its
+        time per sample), so a slow sampler does not hold finished samples back.
     """
 
     samples_per_message: int | None = None

@@ -88,7 +88,7 @@ class ReliableDispatch:
                 return
             identity = parts[0].bytes
             try:
-                message = decode([part.buffer for part in parts[1:]])
+                message = decode(parts[1:])
             except ProtocolError as error:
                 log.warning("malformed message on the reliable data socket: %s", error)
                 continue

@@ -260,7 +260,7 @@ class _Endpoints:
                 parts = self.control.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            identity, frames = parts[0].bytes, [part.buffer for part in parts[1:]]
+            identity, frames = parts[0].bytes, parts[1:]
             try:
                 message = decode(frames)
             except ProtocolError as error:
@@ -732,7 +732,7 @@ def _forward(pool: WorkerPool, endpoints: _Endpoints, config: ServerConfig, stop
             if inbound not in events:
                 endpoints.maybe_log()
                 continue
-            frames = [frame.buffer for frame in inbound.recv_multipart(copy=False)]
+            frames = inbound.recv_multipart(copy=False)
             if len(frames) > 1:  # data: header + tags frame + buffers
                 tags = read_tags(frames).copy()
                 for epoch in np.unique(tags[:, 0]):
