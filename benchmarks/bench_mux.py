@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-import feedmux.server as feedmux_server
+import feedmux.sampling as feedmux_sampling
 
 try:  # pescador 3.0 is a benchmark dependency only
     import pescador
@@ -93,7 +93,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     samples = 512 if quick else 20_000
     repeats = 1 if quick else 5
     items = make_items(N_STREAMERS, length)
-    libraries: dict[str, Any] = {"feedmux": feedmux_server}
+    libraries: dict[str, Any] = {"feedmux": feedmux_sampling}
     if pescador is not None:
         libraries["pescador"] = pescador
 

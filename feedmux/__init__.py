@@ -26,10 +26,10 @@ from feedmux.errors import (
     TransportTimeoutError,
     VersionMismatchError,
 )
-from feedmux.server.maps import buffer_stream, keras_tuples, tuples
-from feedmux.server.mux import ChainMux, RoundRobinMux, ShuffledMux, StochasticMux
+from feedmux.sampling.maps import buffer_stream, keras_tuples, tuples
+from feedmux.sampling.mux import ChainMux, RoundRobinMux, ShuffledMux, StochasticMux
+from feedmux.sampling.streamer import Streamer, streamable
 from feedmux.server.server import Server, serve
-from feedmux.server.streamer import Streamer, streamable
 
 __all__ = [
     "ChainMux",

@@ -33,7 +33,7 @@ import numpy as np
 
 from feedmux.client.remote import RemoteLoader
 from feedmux.client.stream import Stream
-from feedmux.server import StochasticMux, Streamer
+from feedmux.sampling import StochasticMux, Streamer
 
 __all__ = [
     "check_exactly_once", "check_results", "make_example_mux", "make_mux", "record_ids",

@@ -1,7 +1,7 @@
 """Turn a streamer's epochs into encoded data messages (transport batching).
 
 Shared by the in-process sampler and the sampling worker processes. It pulls
-``(epoch, position, item)`` from an :class:`~feedmux.server.epochs.EpochIterator`,
+``(epoch, position, item)`` from an :class:`~feedmux.sampling.epochs.EpochIterator`,
 groups items into data messages and hands each message's frames to a ``send``
 callable. It owns no socket: ``send`` decides where the frames go and reports
 whether the server is still running.
@@ -20,8 +20,8 @@ import numpy as np
 
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Data, Error, encode
-from feedmux.server.epochs import EpochIterator
-from feedmux.server.mux import on_stream_error
+from feedmux.sampling.epochs import EpochIterator
+from feedmux.sampling.mux import on_stream_error
 
 __all__ = [
     "BatchPolicy",

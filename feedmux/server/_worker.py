@@ -23,8 +23,8 @@ import zmq
 
 from feedmux._transport import make_socket
 from feedmux.protocol import EndOfEpoch, encode
+from feedmux.sampling.epochs import EpochIterator, shard
 from feedmux.server._producer import Frames, error_message, produce
-from feedmux.server.epochs import EpochIterator, shard
 
 if TYPE_CHECKING:
     from feedmux.server.server import ServerConfig

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from feedmux.errors import FactoryError
-from feedmux.server.epochs import is_streamer
+from feedmux.sampling.epochs import is_streamer
 
 __all__ = ["Source", "parse_factory_args", "resolve_source"]
 
@@ -111,6 +111,6 @@ def resolve_source(source: Source, kwargs: Mapping[str, Any] | None = None) -> A
 
 def is_streamer_class(obj: type) -> bool:
     """Whether ``obj`` is a streamer class (a common slip: naming the class, not an instance)."""
-    from feedmux.server.streamer import Streamer
+    from feedmux.sampling.streamer import Streamer
 
     return issubclass(obj, Streamer)

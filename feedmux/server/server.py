@@ -68,10 +68,10 @@ from feedmux.protocol import (
     read_tags,
     replace_tags,
 )
+from feedmux.sampling.epochs import EpochIterator
 from feedmux.server._producer import BatchPolicy, Frames, error_message, produce
 from feedmux.server._reliable import ReliableDispatch
 from feedmux.server._worker import WorkerPool
-from feedmux.server.epochs import EpochIterator
 from feedmux.server.factory import Source, resolve_source
 
 __all__ = ["Server", "ServerConfig", "serve"]

@@ -16,8 +16,8 @@ from collections.abc import Callable, Generator, Iterator
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from feedmux.errors import SamplingError
-from feedmux.server.mux import BaseMux, _check_shard
-from feedmux.server.streamer import Streamer, _close, is_integer
+from feedmux.sampling.mux import BaseMux, _check_shard
+from feedmux.sampling.streamer import Streamer, _close, is_integer
 
 __all__ = ["Chunk", "EpochIterator", "is_streamer", "shard"]
 
@@ -272,7 +272,7 @@ def shard(streamer: Streamer[T], index: int, count: int) -> Streamer[T]:
 
     Examples
     --------
-    >>> from feedmux.server import ChainMux
+    >>> from feedmux.sampling import ChainMux
     >>> mux = ChainMux(["ab", "cd", "ef"])
     >>> ["".join(shard(mux, index, 2)) for index in range(2)]
     ['abef', 'cd']

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from feedmux.errors import SamplingError
-from feedmux.server import ShuffledMux, StochasticMux, Streamer
+from feedmux.sampling import ShuffledMux, StochasticMux, Streamer
 
 # Every test here is fast: a hang is a bug, so fail it early.
 pytestmark = pytest.mark.timeout(30)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from feedmux.errors import DataError, SamplingError
-from feedmux.server import Streamer, buffer_stream, keras_tuples, tuples
+from feedmux.sampling import Streamer, buffer_stream, keras_tuples, tuples
 
 # Every test here is fast: a hang is a bug, so fail it early.
 pytestmark = pytest.mark.timeout(30)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from feedmux.errors import SamplingError
-from feedmux.server import StochasticMux, Streamer, streamable
-from feedmux.server.streamer import check_max_iter
+from feedmux.sampling import StochasticMux, Streamer, streamable
+from feedmux.sampling.streamer import check_max_iter
 
 # Every test here is fast: a hang is a bug, so fail it early.
 pytestmark = pytest.mark.timeout(30)

@@ -21,9 +21,9 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from feedmux.errors import SamplingError
-from feedmux.server._sampling_pool import make_pool
-from feedmux.server._sampling_rng import SeedPlan, seed_plan
-from feedmux.server.streamer import Streamer, _close, is_integer, is_real
+from feedmux.sampling._pool import make_pool
+from feedmux.sampling._rng import SeedPlan, seed_plan
+from feedmux.sampling.streamer import Streamer, _close, is_integer, is_real
 
 __all__ = ["BaseMux", "ChainMux", "RoundRobinMux", "ShuffledMux", "StochasticMux"]
 

@@ -17,9 +17,9 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-import feedmux.server as feedmux_server
+import feedmux.sampling as feedmux_sampling
 from feedmux.errors import DataError, SamplingError
-from feedmux.server import (
+from feedmux.sampling import (
     ChainMux,
     RoundRobinMux,
     ShuffledMux,
@@ -56,7 +56,7 @@ def test_1_n_active_beyond_the_streamers_is_clamped(mode: str) -> None:
         assert sorted(items) == list("abcde")
 
 
-@pytest.mark.parametrize("library, expected", [(pescador, 10), (feedmux_server, 2)])
+@pytest.mark.parametrize("library, expected", [(pescador, 10), (feedmux_sampling, 2)])
 def test_1_with_replacement_is_clamped_too(library: ModuleType, expected: int) -> None:
     # Two streamers, ten requested slots: pescador keeps ten activations open
     # (the same streamer in several slots); feedmux keeps two.
@@ -118,7 +118,7 @@ def test_3_the_long_run_share_follows_the_weights(n_active: int) -> None:
     # pescador draws the active streamers uniformly: in the long run each
     # gets the same share whatever its weight.
     np.testing.assert_allclose(long_run_shares(pescador, n_active), [0.5, 0.5], atol=0.05)
-    np.testing.assert_allclose(long_run_shares(feedmux_server, n_active), [0.75, 0.25], atol=0.04)
+    np.testing.assert_allclose(long_run_shares(feedmux_sampling, n_active), [0.75, 0.25], atol=0.04)
 
 
 def test_3_a_zero_weight_streamer_never_ends_a_mux_early() -> None:
@@ -140,7 +140,7 @@ def test_3_a_zero_weight_streamer_never_ends_a_mux_early() -> None:
 # 4. iterate(max_iter) never pulls an extra item ---------------------------------------------
 
 
-@pytest.mark.parametrize("library, expected_pulls", [(pescador, 4), (feedmux_server, 3)])
+@pytest.mark.parametrize("library, expected_pulls", [(pescador, 4), (feedmux_sampling, 3)])
 def test_4_iterate_never_pulls_an_extra_item(library: ModuleType, expected_pulls: int) -> None:
     pulled = []
 
@@ -174,7 +174,7 @@ def test_5_nothing_hangs() -> None:
 # 6. single_active prunes; RoundRobinMux checks its mode and permutes round 1; int weights ----
 
 
-@pytest.mark.parametrize("library, pruned", [(pescador, False), (feedmux_server, True)])
+@pytest.mark.parametrize("library, pruned", [(pescador, False), (feedmux_sampling, True)])
 def test_6_single_active_prunes_empty_streamers(library: ModuleType, pruned: bool) -> None:
     opened: list[str] = []
 

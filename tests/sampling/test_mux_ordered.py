@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedmux.errors import SamplingError
-from feedmux.server import ChainMux, RoundRobinMux, Streamer
+from feedmux.sampling import ChainMux, RoundRobinMux, Streamer
 
 # Every test here is fast: a hang is a bug, so fail it early.
 pytestmark = pytest.mark.timeout(30)

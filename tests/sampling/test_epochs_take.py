@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 import feedmux
-from feedmux.server.epochs import Chunk, EpochIterator
+from feedmux.sampling.epochs import Chunk, EpochIterator
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from feedmux.errors import SamplingError
-from feedmux.server.streamer import is_integer
+from feedmux.sampling.streamer import is_integer
 
 __all__ = ["SeedPlan", "seed_plan"]
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 import feedmux
-from feedmux.server.mux import on_stream_error
+from feedmux.sampling.mux import on_stream_error
 
 pytestmark = pytest.mark.timeout(10)
 

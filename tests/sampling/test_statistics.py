@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-import feedmux.server as feedmux_server
-from feedmux.server import ShuffledMux, StochasticMux, Streamer
+import feedmux.sampling as feedmux_sampling
+from feedmux.sampling import ShuffledMux, StochasticMux, Streamer
 
 # Every test here is fast: a hang is a bug, so fail it early.
 pytestmark = pytest.mark.timeout(30)
@@ -71,13 +71,13 @@ def shares(items: list[int], n_streams: int) -> np.ndarray:
 
 @pytest.mark.parametrize("rate, expected", [(8, 8), (2.5, 3), (1, 1)])
 def test_constant_dist_caps_every_activation_at_rate(rate: float, expected: int) -> None:
-    _, lengths = activations(feedmux_server, 8, 4, rate, dist="constant", seed=0, n_items=4000)
+    _, lengths = activations(feedmux_sampling, 8, 4, rate, dist="constant", seed=0, n_items=4000)
     assert len(lengths) > 4000 / (expected + 1)
     assert set(lengths) == {expected}
 
 
 def test_poisson_dist_has_mean_rate_and_variance_rate_minus_one() -> None:
-    _, lengths = activations(feedmux_server, 8, 4, 8, dist="poisson", seed=0)
+    _, lengths = activations(feedmux_sampling, 8, 4, 8, dist="poisson", seed=0)
     # ~2500 activations: standard error of the mean ~0.05, of the variance ~0.2
     assert np.mean(lengths) == pytest.approx(8, abs=0.3)
     assert np.var(lengths) == pytest.approx(7, abs=1.2)
@@ -87,7 +87,8 @@ def test_poisson_dist_has_mean_rate_and_variance_rate_minus_one() -> None:
 def test_binomial_dist_matches_pescador() -> None:
     # With 4 equal slots p = 1/4: n = floor(7 / 0.75) = 9 trials of 0.75, so
     # the mean is 1 + 9 * 0.75 = 7.75 and the variance 9 * 0.75 * 0.25 = 1.69.
-    ours = [activations(feedmux_server, 8, 4, 8, dist="binomial", seed=seed)[1] for seed in (0, 1)]
+    ours = [activations(feedmux_sampling, 8, 4, 8, dist="binomial", seed=seed)[1]
+            for seed in (0, 1)]
     theirs = [activations(pescador, 8, 4, 8, dist="binomial", seed=seed)[1] for seed in (0, 1)]
     for lengths in ours + theirs:
         assert np.mean(lengths) == pytest.approx(7.75, abs=0.15)
@@ -99,7 +100,7 @@ def test_binomial_dist_matches_pescador() -> None:
 
 
 def test_binomial_with_one_slot_falls_back_to_poisson() -> None:
-    _, lengths = activations(feedmux_server, 4, 1, 6, dist="binomial", seed=2)
+    _, lengths = activations(feedmux_sampling, 4, 1, 6, dist="binomial", seed=2)
     assert np.mean(lengths) == pytest.approx(6, abs=0.3)
     assert np.var(lengths) == pytest.approx(5, abs=1.0)
 
@@ -108,7 +109,7 @@ def test_binomial_with_one_slot_falls_back_to_poisson() -> None:
 @pytest.mark.parametrize("dist", ["binomial", "poisson", "constant"])
 def test_long_run_shares_follow_the_weights(n_active: int, dist: str) -> None:
     weights = np.array([4.0, 3.0, 2.0, 1.0])
-    items, _ = activations(feedmux_server, 4, n_active, 4, weights=weights, dist=dist, seed=1)
+    items, _ = activations(feedmux_sampling, 4, n_active, 4, weights=weights, dist=dist, seed=1)
     # ~5000 activations of ~4 items: standard error of a share below 0.01
     np.testing.assert_allclose(shares(items, 4), weights / weights.sum(), atol=0.04)
 
@@ -117,7 +118,7 @@ def test_active_streams_are_sampled_in_proportion_to_their_weights() -> None:
     # Every streamer active all the time: only the per-sample slot draw acts.
     weights = np.array([1.0, 2.0, 3.0, 4.0])
     items, _ = activations(
-        feedmux_server, 4, 4, None, weights=weights, mode="single_active", seed=3
+        feedmux_sampling, 4, 4, None, weights=weights, mode="single_active", seed=3
     )
     # standard error of a share ~0.003
     np.testing.assert_allclose(shares(items, 4), weights / weights.sum(), atol=0.02)
@@ -125,7 +126,7 @@ def test_active_streams_are_sampled_in_proportion_to_their_weights() -> None:
 
 def test_uniform_slot_draws_are_uniform() -> None:
     items, _ = activations(
-        feedmux_server, 32, 32, None, mode="single_active", seed=4, n_items=64_000
+        feedmux_sampling, 32, 32, None, mode="single_active", seed=4, n_items=64_000
     )
     counts = np.bincount(items, minlength=32)
     chi_square = ((counts - 2000) ** 2 / 2000).sum()
@@ -145,7 +146,7 @@ def test_exhaustive_activation_order_follows_the_weights() -> None:
 
 def test_shuffled_mux_shares_follow_the_weights_like_pescador() -> None:
     weights = [0.5, 0.25, 0.25]
-    for library in (feedmux_server, pescador):
+    for library in (feedmux_sampling, pescador):
         mux = library.ShuffledMux(
             [library.Streamer(letter) for letter in "abc"], weights=weights, random_state=6
         )

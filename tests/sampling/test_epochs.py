@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedmux.errors import SamplingError
-from feedmux.server import (
+from feedmux.sampling import (
     ChainMux,
     EpochIterator,
     RoundRobinMux,
