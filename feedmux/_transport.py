@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_BIND",
     "DEFAULT_HWM",
     "HEARTBEAT_INTERVAL",
+    "bound_address",
     "control_address_for",
     "make_socket",
     "keep_freed_memory",
@@ -46,16 +47,22 @@ _TCP = re.compile(r"^tcp://(?P<host>.+):(?P<port>\d+)$")
 def control_address_for(data_address: str) -> str:
     """Return the default control endpoint of a data endpoint: the same host, port + 1.
 
+    Port 0 (any free port) stays 0: each socket then gets its own free port, and
+    the server reports both (:func:`bound_address`).
+
     Examples
     --------
     >>> control_address_for("tcp://127.0.0.1:5555")
     'tcp://127.0.0.1:5556'
+    >>> control_address_for("tcp://127.0.0.1:0")
+    'tcp://127.0.0.1:0'
     >>> control_address_for("ipc:///tmp/feed")
     'ipc:///tmp/feed.control'
     """
     match = _TCP.match(data_address)
     if match:
-        return f"tcp://{match['host']}:{int(match['port']) + 1}"
+        port = int(match["port"])
+        return f"tcp://{match['host']}:{port + 1 if port else 0}"
     if data_address.startswith(("ipc://", "inproc://")):
         return data_address + ".control"
     raise TransportError(
@@ -147,6 +154,11 @@ def keep_freed_memory() -> bool:
     ok = bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
     _memory_kept = ok
     return ok
+
+
+def bound_address(socket: zmq.Socket[Any]) -> str:
+    """The endpoint ``socket`` last bound, as the system chose it (a real port for port 0)."""
+    return str(socket.getsockopt_string(zmq.LAST_ENDPOINT))
 
 
 def readable(socket: zmq.Socket[Any]) -> bool:

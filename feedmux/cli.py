@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="keyword argument for the factory (JSON value, else a string)")
     serve.add_argument("--bind", default=DEFAULT_BIND,
                        help=f"data endpoint (default {DEFAULT_BIND})")
-    serve.add_argument("--control", help="control endpoint (default: data port + 1)")
+    serve.add_argument("--control",
+                       help="control endpoint (default: data port + 1; port 0 if that is 0)")
     serve.add_argument("--workers", type=_positive_int, default=1,
                        help="sampling processes (default 1)")
     serve.add_argument("--epochs", type=_positive_int, help="stop after N epochs (default: never)")

@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from multiprocessing.connection import Connection, wait
 from types import FrameType
 from typing import Any
 
@@ -37,6 +38,7 @@ from feedmux._transport import (
     DEFAULT_BIND,
     DEFAULT_HWM,
     HEARTBEAT_INTERVAL,
+    bound_address,
     control_address_for,
     keep_freed_memory,
     make_socket,
@@ -88,6 +90,8 @@ FINAL_GRACE = 1.0
 DRAIN_INTERVAL = 0.1
 #: Control messages larger than this are refused by ZeroMQ before reaching Python.
 MAX_CONTROL_BYTES = 1 << 20
+#: Seconds ``Server.start()`` waits for the background server to bind.
+START_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True)
@@ -188,6 +192,9 @@ class _Endpoints:
             self.data.bind(config.bind)
         with mapped_zmq_errors("bind the control endpoint", config.control_address):
             self.control.bind(config.control_address)
+        # What the system gave us: a real port where the configuration said 0.
+        self.data_address = bound_address(self.data)
+        self.control_address = bound_address(self.control)
         self.trainers: dict[bytes, _Trainer] = {}
         self.started = time.monotonic()
         self.samples_sent = 0
@@ -515,7 +522,9 @@ class Server:
     bind : str
         The data endpoint (PUSH). Default ``tcp://127.0.0.1:5555``: loopback only.
     control : str, optional
-        The control endpoint (ROUTER); default: the data port + 1.
+        The control endpoint (ROUTER); default: the data port + 1 (port 0 when
+        the data port is 0). Once bound, :attr:`data_address` and
+        :attr:`control_address` give the real endpoints.
     workers : int
         Sampling processes; the streamers are sharded across them.
     epochs : int, optional
@@ -549,6 +558,33 @@ class Server:
         self.config = ServerConfig(source=source, **options)
         self._process: multiprocessing.process.BaseProcess | None = None
         self._stop = _StopFlag()
+        self._bound: tuple[str, str] | None = None
+        # In a process started by start(): where to tell the parent what was bound.
+        self._report: Connection | None = None
+
+    @property
+    def data_address(self) -> str:
+        """The data endpoint as bound (a real port where ``bind`` said port 0)."""
+        return self._addresses()[0]
+
+    @property
+    def control_address(self) -> str:
+        """The control endpoint as bound (a real port where it said, or defaulted to, 0)."""
+        return self._addresses()[1]
+
+    def _addresses(self) -> tuple[str, str]:
+        if self._bound is None:
+            raise RuntimeError("this server has not bound its endpoints yet: start() or run() it")
+        return self._bound
+
+    def _tell_parent(self, *report: str) -> None:
+        if self._report is not None:
+            try:
+                self._report.send(report)
+            except OSError:  # the parent stopped waiting: nobody to tell
+                pass
+            self._report.close()
+            self._report = None
 
     # -- running here -------------------------------------------------------------------------
     def run(self) -> int:
@@ -558,6 +594,7 @@ class Server:
             streamer = resolve_source(config.source, config.factory_kwargs)
         except FactoryError as error:
             log.error("%s", error)
+            self._tell_parent("failed", str(error))
             return EXIT_USAGE
         # Samplers allocate large arrays (and the forwarding process receives every
         # worker message) into fresh memory: let this process and its workers reuse
@@ -576,14 +613,19 @@ class Server:
             endpoints = _Endpoints(self.config, self._stop)
         except (TransportError, ConfigurationError) as error:
             log.error("%s", error)
+            self._tell_parent("failed", str(error))
             return None
         config = self.config
+        self._bound = (endpoints.data_address, endpoints.control_address)
         source = config.source if isinstance(config.source, str) else type(config.source).__name__
+        # A stable, documented line (docs/server.md): tests and scripts read the bound
+        # endpoints from it when they asked for port 0.
         log.info(
             "serving %s: data %s, control %s, %d worker(s), epoch size %s, server id %s",
-            source, config.bind, config.control_address, config.workers,
+            source, endpoints.data_address, endpoints.control_address, config.workers,
             config.epoch_size or "measured after the first epoch", config.server_id,
         )
+        self._tell_parent("bound", *self._bound)
         return endpoints
 
     def _run_local(self, streamer: Any) -> int:
@@ -635,15 +677,38 @@ class Server:
                 pool.stop()
 
     # -- running in the background ------------------------------------------------------------
-    def start(self) -> Server:
-        """Run the server in a background process (forked); return self."""
+    def start(self, timeout: float = START_TIMEOUT) -> Server:
+        """Run the server in a background process (forked); return self once it has bound.
+
+        Afterwards :attr:`data_address` and :attr:`control_address` give the
+        bound endpoints. Raises :class:`TransportError` if the server could not
+        bind or resolve its source, died, or had not bound within ``timeout`` s
+        (the process is stopped then).
+        """
         if self._process is not None:
             raise RuntimeError("this server was already started")
         context = multiprocessing.get_context("fork")
-        self._process = context.Process(target=_run_in_child, args=(self.config,), daemon=False,
-                                        name=f"feedmux-server-{self.config.server_id}")
-        self._process.start()
-        return self
+        reader, writer = context.Pipe(duplex=False)
+        process = self._process = context.Process(
+            target=_run_in_child, args=(self.config, writer), daemon=False,
+            name=f"feedmux-server-{self.config.server_id}",
+        )
+        process.start()
+        writer.close()
+        try:
+            report = _wait_for_report(reader, process, timeout)
+        finally:
+            reader.close()
+        if report is not None and report[0] == "bound":
+            self._bound = (report[1], report[2])
+            return self
+        if report is None:
+            problem = (f"it did not bind within {timeout} s" if process.exitcode is None
+                       else f"it exited with code {process.exitcode} before binding")
+        else:
+            problem = report[1]
+        self.stop()
+        raise TransportError(f"cannot start server {self.config.server_id}: {problem}")
 
     @property
     def pid(self) -> int | None:
@@ -689,8 +754,31 @@ def serve(source: Source, **options: Any) -> int:
     return Server(source, **options).run()
 
 
-def _run_in_child(config: ServerConfig) -> None:
-    raise SystemExit(Server(config.source, **config.options()).run())
+def _run_in_child(config: ServerConfig, report: Connection) -> None:
+    server = Server(config.source, **config.options())
+    server._report = report
+    raise SystemExit(server.run())
+
+
+def _wait_for_report(reader: Connection, process: multiprocessing.process.BaseProcess,
+                     timeout: float) -> tuple[str, ...] | None:
+    """What a starting server process reported, or None if it died or stayed silent."""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        # The sentinel too: forked workers may hold the pipe open after the server died.
+        ready = wait([reader, process.sentinel], remaining)
+        if reader in ready or reader.poll(0):
+            try:
+                report: tuple[str, ...] = reader.recv()
+            except EOFError:
+                return None
+            return report
+        if process.sentinel in ready:
+            process.join(0)
+            return None
 
 
 def _install_signal_handlers(stop: _StopFlag) -> dict[int, Any]:
