@@ -4,8 +4,16 @@
 message and :func:`decode` turns such a list back into a message. Frame 0 is
 a msgpack header (a map holding the protocol version under ``"v"`` and the
 message kind under ``"k"``), frame 1 of a data message holds its tags as raw
-little-endian int64, and large arrays follow as raw frames. Nothing is ever
-pickled. The format is described in ``docs/protocol.md``.
+little-endian int64, and large arrays follow as raw frames. On the reliable
+data socket a message is preceded by an envelope frame (:func:`pack_envelope`,
+:func:`unpack_envelope`). Nothing is ever pickled. The format is described in
+``docs/protocol.md``.
+
+The modules, one job each: ``_messages`` (the message classes and kinds),
+``_ext`` (msgpack ext codes), ``_fields`` (control-message field checks),
+``_frames`` (the frame layout and version check), ``_tags`` (the tag frame),
+``_encode``, ``_decode``, ``_batch`` (stacked samples), ``_dtypes`` (dtype
+descriptions) and ``_envelope``.
 
 Examples
 --------
@@ -17,17 +25,10 @@ Examples
 """
 
 from feedmux.protocol._batch import SampleBatch
-from feedmux.protocol._codec import (
-    DEFAULT_LIMITS,
-    INLINE_THRESHOLD,
-    TAG_DTYPE,
-    FrameLike,
-    Limits,
-    decode,
-    encode,
-    read_tags,
-    replace_tags,
-)
+from feedmux.protocol._decode import DEFAULT_LIMITS, Limits, decode
+from feedmux.protocol._encode import INLINE_THRESHOLD, encode
+from feedmux.protocol._envelope import ENVELOPE_BYTES, pack_envelope, unpack_envelope
+from feedmux.protocol._frames import FrameLike
 from feedmux.protocol._messages import (
     PROTOCOL_VERSION,
     Ack,
@@ -45,9 +46,11 @@ from feedmux.protocol._messages import (
     StatsRequest,
     Welcome,
 )
+from feedmux.protocol._tags import TAG_DTYPE, read_tags, replace_tags
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "ENVELOPE_BYTES",
     "INLINE_THRESHOLD",
     "PROTOCOL_VERSION",
     "TAG_DTYPE",
@@ -70,6 +73,8 @@ __all__ = [
     "Welcome",
     "decode",
     "encode",
+    "pack_envelope",
     "read_tags",
     "replace_tags",
+    "unpack_envelope",
 ]
