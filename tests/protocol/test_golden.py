@@ -8,10 +8,33 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 
-from feedmux.protocol import Data, EndOfEpoch, Hello, SampleBatch, decode, encode
+from feedmux.protocol import (
+    ENVELOPE_BYTES,
+    PROTOCOL_VERSION,
+    Ack,
+    Credit,
+    Data,
+    Drain,
+    EndOfEpoch,
+    EndOfStream,
+    Error,
+    Heartbeat,
+    Hello,
+    Kind,
+    SampleBatch,
+    Stats,
+    StatsRequest,
+    Welcome,
+    decode,
+    encode,
+    pack_envelope,
+    unpack_envelope,
+)
+from feedmux.protocol import _ext as ext_codes
 from tests.protocol.trees import assert_same
 
 
@@ -31,12 +54,129 @@ GOLDEN: list[tuple[str, Any, dict[str, Any], list[bytes]]] = [
         ),
     ),
     (
+        "welcome",
+        Welcome(
+            server_id="s1",
+            epoch_size=1000,
+            epoch=2,
+            samples_per_message=64,
+            finished=False,
+            workers=2,
+            reliable=True,
+        ),
+        {},
+        frames_of(
+            # {"v": 1, "k": 3, "server_id": "s1", "epoch_size": 1000, "epoch": 2,
+            #  "samples_per_message": 64, "finished": false, "workers": 2, "reliable": true}
+            "89 a1 76 01 a1 6b 03 a9 73 65 72 76 65 72 5f 69 64 a2 73 31 aa 65 70 6f 63 68"
+            " 5f 73 69 7a 65 cd 03 e8 a5 65 70 6f 63 68 02 b3 73 61 6d 70 6c 65 73 5f 70 65"
+            " 72 5f 6d 65 73 73 61 67 65 40 a8 66 69 6e 69 73 68 65 64 c2 a7 77 6f 72 6b 65"
+            " 72 73 02 a8 72 65 6c 69 61 62 6c 65 c3",
+        ),
+    ),
+    (
+        "welcome-defaults",
+        Welcome(server_id="s1"),
+        {},
+        frames_of(
+            # every field is written, defaults too: "epoch_size": nil (c0), "epoch": 0, ...
+            "89 a1 76 01 a1 6b 03 a9 73 65 72 76 65 72 5f 69 64 a2 73 31 aa 65 70 6f 63 68"
+            " 5f 73 69 7a 65 c0 a5 65 70 6f 63 68 00 b3 73 61 6d 70 6c 65 73 5f 70 65 72 5f"
+            " 6d 65 73 73 61 67 65 01 a8 66 69 6e 69 73 68 65 64 c2 a7 77 6f 72 6b 65 72 73"
+            " 01 a8 72 65 6c 69 61 62 6c 65 c2",
+        ),
+    ),
+    (
+        "heartbeat",
+        Heartbeat(sender_id="s1", received_messages=300),
+        {},
+        frames_of(
+            # {"v": 1, "k": 4, "sender_id": "s1", "received_messages": 300 (uint 16)}
+            "84 a1 76 01 a1 6b 04 a9 73 65 6e 64 65 72 5f 69 64 a2 73 31 b1 72 65 63 65 69"
+            " 76 65 64 5f 6d 65 73 73 61 67 65 73 cd 01 2c",
+        ),
+    ),
+    (
+        "error",
+        Error(type="ValueError", message="bad", traceback="tb", server_id="s1"),
+        {},
+        frames_of(
+            # {"v": 1, "k": 5, "type": "ValueError", "message": "bad", "traceback": "tb",
+            #  "server_id": "s1"}
+            "86 a1 76 01 a1 6b 05 a4 74 79 70 65 aa 56 61 6c 75 65 45 72 72 6f 72 a7 6d 65"
+            " 73 73 61 67 65 a3 62 61 64 a9 74 72 61 63 65 62 61 63 6b a2 74 62 a9 73 65 72"
+            " 76 65 72 5f 69 64 a2 73 31",
+        ),
+    ),
+    (
+        "stats-request",
+        StatsRequest(client_id="c"),
+        {},
+        frames_of(
+            # {"v": 1, "k": 6, "client_id": "c"}
+            "83 a1 76 01 a1 6b 06 a9 63 6c 69 65 6e 74 5f 69 64 a1 63",
+        ),
+    ),
+    (
+        "stats",
+        Stats(values={"sent": 10, "rate": 1.5, "name": "s1", "size": None, "ok": True}),
+        {},
+        frames_of(
+            # {"v": 1, "k": 7, "values": {"sent": 10, "rate": 1.5 (float 64), "name": "s1",
+            #  "size": nil, "ok": true}}
+            "83 a1 76 01 a1 6b 07 a6 76 61 6c 75 65 73 85 a4 73 65 6e 74 0a a4 72 61 74 65"
+            " cb 3f f8 00 00 00 00 00 00 a4 6e 61 6d 65 a2 73 31 a4 73 69 7a 65 c0 a2 6f 6b"
+            " c3",
+        ),
+    ),
+    (
         "end-of-epoch",
         EndOfEpoch(epoch=3, count=1000, worker=1),
         {},
         frames_of(
             "85 a1 76 01 a1 6b 08 a5 65 70 6f 63 68 03 a5 63 6f 75 6e 74 cd 03 e8"
             " a6 77 6f 72 6b 65 72 01",
+        ),
+    ),
+    (
+        "drain",
+        Drain(sent_messages=99, server_id="s1"),
+        {},
+        frames_of(
+            # {"v": 1, "k": 9, "sent_messages": 99, "server_id": "s1"}
+            "84 a1 76 01 a1 6b 09 ad 73 65 6e 74 5f 6d 65 73 73 61 67 65 73 63 a9 73 65 72"
+            " 76 65 72 5f 69 64 a2 73 31",
+        ),
+    ),
+    (
+        "end-of-stream",
+        EndOfStream(server_id="s1", epochs=5, sent_messages=1000),
+        {},
+        frames_of(
+            # {"v": 1, "k": 10, "server_id": "s1", "epochs": 5, "sent_messages": 1000}
+            "85 a1 76 01 a1 6b 0a a9 73 65 72 76 65 72 5f 69 64 a2 73 31 a6 65 70 6f 63 68"
+            " 73 05 ad 73 65 6e 74 5f 6d 65 73 73 61 67 65 73 cd 03 e8",
+        ),
+    ),
+    (
+        "credit",
+        Credit(credits=16, client_id="c"),
+        {},
+        frames_of(
+            # {"v": 1, "k": 11, "credits": 16, "client_id": "c"}
+            "84 a1 76 01 a1 6b 0b a7 63 72 65 64 69 74 73 10 a9 63 6c 69 65 6e 74 5f 69 64"
+            " a1 63",
+        ),
+    ),
+    (
+        "ack",
+        Ack(seqs=(1, 2, 70000), client_id="c"),
+        {},
+        frames_of(
+            # {"v": 1, "k": 12, "seqs": (1, 2, 70000), "client_id": "c"}: seqs is a tuple,
+            # so it travels as an array led by ext 4 (c7 00 04), 70000 as uint 32
+            "84 a1 76 01 a1 6b 0c a4 73 65 71 73 94 c7 00 04 01 02 ce 00 01 11 70 a9 63 6c"
+            " 69 65 6e 74 5f 69 64 a1 63",
         ),
     ),
     (
@@ -134,3 +274,62 @@ def test_golden_bytes_decode_to_the_message(
         assert isinstance(decoded.samples, SampleBatch)
     for expected, actual in zip(message.samples, decoded.samples, strict=True):
         assert_same(expected, actual)
+
+
+def test_every_kind_has_golden_bytes() -> None:
+    kinds = {msgpack.unpackb(golden[0])["k"] for _, _, _, golden in GOLDEN}
+    assert kinds == {int(kind) for kind in Kind}
+
+
+def test_kind_numbers_are_fixed() -> None:
+    # A kind number is never reused or renumbered: this table only ever grows.
+    assert {kind.name: int(kind) for kind in Kind} == {
+        "DATA": 1,
+        "HELLO": 2,
+        "WELCOME": 3,
+        "HEARTBEAT": 4,
+        "ERROR": 5,
+        "STATS_REQUEST": 6,
+        "STATS": 7,
+        "END_OF_EPOCH": 8,
+        "DRAIN": 9,
+        "END_OF_STREAM": 10,
+        "CREDIT": 11,
+        "ACK": 12,
+    }
+    assert PROTOCOL_VERSION == 1
+
+
+def test_ext_codes_are_fixed() -> None:
+    # An ext code is never reused or renumbered either.
+    codes = {name: getattr(ext_codes, name) for name in dir(ext_codes) if name.startswith("EXT_")}
+    assert codes == {
+        "EXT_ARRAY_INLINE": 1,
+        "EXT_ARRAY_FRAME": 2,
+        "EXT_SCALAR": 3,
+        "EXT_TUPLE": 4,
+        "EXT_STACKED_ARRAY": 5,
+        "EXT_STACKED_SCALAR": 6,
+        "EXT_COLUMN": 7,
+    }
+
+
+# A heartbeat on the reliable data socket: envelope (seq 0, no acknowledgement wanted),
+# then the encoded message. A data message there carries its own seq in the envelope.
+RELIABLE_HEARTBEAT = frames_of(
+    "00 00 00 00 00 00 00 00",
+    # {"v": 1, "k": 4, "sender_id": "s1", "received_messages": 0}
+    "84 a1 76 01 a1 6b 04 a9 73 65 6e 64 65 72 5f 69 64 a2 73 31 b1 72 65 63 65 69"
+    " 76 65 64 5f 6d 65 73 73 61 67 65 73 00",
+)
+
+
+def test_envelope_golden_bytes() -> None:
+    assert ENVELOPE_BYTES == 8
+    # seq 0x0102030405060708 as a little-endian u64
+    assert pack_envelope(0x0102030405060708) == bytes.fromhex("08 07 06 05 04 03 02 01")
+    assert pack_envelope(7) == bytes.fromhex("07 00 00 00 00 00 00 00")
+    heartbeat = Heartbeat(sender_id="s1")
+    assert [pack_envelope(0), *encode(heartbeat)] == RELIABLE_HEARTBEAT
+    seq, rest = unpack_envelope(RELIABLE_HEARTBEAT)
+    assert (seq, decode(rest)) == (0, heartbeat)

@@ -213,7 +213,8 @@ def test_decoded_arrays_are_writable_from_every_kind_of_buffer() -> None:
 
 
 def test_torch_from_numpy_does_not_warn() -> None:
-    torch = pytest.importorskip("torch")
+    import torch  # a test dependency (make test installs it); imported here as it is slow
+
     frames = encode(Data(tags_for(1), [np.arange(100_000, dtype=np.float32)]))
     message = decode([bytes(frame) for frame in frames])
     assert isinstance(message, Data)
