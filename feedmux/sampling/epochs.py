@@ -10,14 +10,20 @@ the per-item cost of the epoch loop to a tuple and a generator step.
 
 from __future__ import annotations
 
-import functools
 import itertools
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from feedmux.errors import SamplingError
-from feedmux.sampling.mux import BaseMux, _check_shard
-from feedmux.sampling.streamer import Streamer, _close, is_integer
+from feedmux.sampling._checks import check_shard
+from feedmux.sampling.mux import BaseMux
+from feedmux.sampling.streamer import (
+    Streamer,
+    StreamErrorHook,
+    activate,
+    close_stream,
+    is_integer,
+)
 
 __all__ = ["Chunk", "EpochIterator", "is_streamer", "shard"]
 
@@ -36,10 +42,12 @@ def is_streamer(obj: object) -> bool:
 
 
 class EpochIterator(Generic[T]):
-    """Run a streamer in cycle mode and tag each item with (epoch, position).
+    """Run a streamer in cycle mode, one activation per epoch, in chunks of items.
 
-    Each activation of the streamer (``streamer.iterate()``) is one epoch:
-    for a mux in exhaustive mode with ``rate=None``, every item exactly once.
+    Each activation of the streamer is one epoch: for a mux in exhaustive
+    mode with ``rate=None``, every item exactly once. :meth:`take` hands out
+    the items of the current epoch in chunks that carry the epoch and the
+    position of their first item.
 
     Parameters
     ----------
@@ -51,12 +59,17 @@ class EpochIterator(Generic[T]):
     on_epoch_end : callable(epoch, count), optional
         Called after each complete epoch with its number and its item count,
         before the first item of the next epoch is drawn.
+    on_stream_error : callable(exception), optional
+        Handed to every mux the streamer runs: when one of a mux's streams
+        raises, it is called with the exception and that stream counts as
+        ended, the mux going on with the others. None (the default): the
+        exception propagates. Read when each epoch starts.
 
     Attributes
     ----------
     epoch : int
-        The current epoch (1-based), the one the latest item belongs to; 0
-        before iteration starts.
+        The current epoch (1-based), the one the latest chunk belongs to; 0
+        before the first chunk.
     epoch_size : int or None
         The item count of the latest complete epoch; None until one is done.
     epochs_completed : int
@@ -65,22 +78,13 @@ class EpochIterator(Generic[T]):
     Raises
     ------
     SamplingError
-        From iteration, if an epoch yields no item (an empty source would
-        otherwise spin forever; iteration then stays over), or at
-        construction on a bad ``max_epochs``.
-
-    Notes
-    -----
-    An exception raised by the streamer propagates to the caller and
-    abandons its epoch (not counted as complete, no ``on_epoch_end``); the
-    next ``next()`` starts the following epoch, so a server can log the error
-    and go on.
+        At construction on a bad ``max_epochs``.
 
     Examples
     --------
     >>> epochs = EpochIterator(Streamer("ab"), max_epochs=2)
-    >>> list(epochs)
-    [(1, 0, 'a'), (1, 1, 'b'), (2, 0, 'a'), (2, 1, 'b')]
+    >>> [tuple(epochs.take(5)) for _ in range(2)]
+    [(1, 0, ['a', 'b'], True), (2, 0, ['a', 'b'], True)]
     >>> epochs.epoch_size, epochs.epochs_completed
     (2, 2)
     """
@@ -91,6 +95,7 @@ class EpochIterator(Generic[T]):
         *,
         max_epochs: int | None = None,
         on_epoch_end: Callable[[int, int], None] | None = None,
+        on_stream_error: StreamErrorHook | None = None,
     ) -> None:
         if max_epochs is not None and not (is_integer(max_epochs) and int(max_epochs) >= 0):
             raise SamplingError(
@@ -99,78 +104,36 @@ class EpochIterator(Generic[T]):
         self.streamer: Streamer[T] = streamer if is_streamer(streamer) else Streamer(streamer)
         self.max_epochs = None if max_epochs is None else int(max_epochs)
         self.on_epoch_end = on_epoch_end
+        self.on_stream_error = on_stream_error
         self.epoch = 0
         self.epoch_size: int | None = None
         self.epochs_completed = 0
-        self._interrupted = False
-        self._items = self._run()
-        self._next_item = self._items.__next__
-        # State of take(): the open activation, the position in it, a deferred error.
+        # The open activation, the position in it, a deferred error.
         self._chunks: Iterator[T] | None = None
         self._position = 0
         self._pending_error: Exception | None = None
         self._exhausted_empty = False
 
-    def _run(self) -> Generator[tuple[int, int, T], None, None]:
-        streamer = self.streamer
-        max_epochs = self.max_epochs
-        while max_epochs is None or self.epoch < max_epochs:
-            epoch = self.epoch + 1
-            self.epoch = epoch
-            position = -1
-            try:
-                for position, item in enumerate(streamer.iterate()):
-                    yield (epoch, position, item)
-            except GeneratorExit:
-                raise
-            except BaseException:
-                # A generator cannot go on after raising: note it, so that the
-                # next call starts a fresh one at the next epoch.
-                self._interrupted = True
-                raise
-            count = position + 1
-            if count == 0:
-                raise SamplingError(
-                    f"epoch {epoch} of {streamer!r} yielded no items; an empty source "
-                    "would never yield anything"
-                )
-            self.epoch_size = count
-            self.epochs_completed += 1
-            if self.on_epoch_end is not None:
-                self.on_epoch_end(epoch, count)
-
-    def _resume(self) -> None:
-        self._interrupted = False
-        self._items = self._run()
-        self._next_item = self._items.__next__
-
-    def __iter__(self) -> EpochIterator[T]:
-        return self
-
-    def __next__(self) -> tuple[int, int, T]:
-        if self._interrupted:
-            self._resume()
-        return self._next_item()
-
     def close(self) -> None:
         """Close the current activation of the streamer (and its sources)."""
-        self._items.close()
         if self._chunks is not None:
-            _close(self._chunks)
+            close_stream(self._chunks)
 
     def take(self, limit: int) -> Chunk:
         """The next up-to-``limit`` items of the current epoch, in one call.
 
-        The batch counterpart of ``next()`` for a caller that ships items in
-        groups (the server): the items are pulled by C code (``islice``), not
-        one generator step and tuple each. A chunk never spans two epochs;
+        The items are pulled by C code (``islice``), not one generator step
+        and tuple each, for a caller that ships items in groups (the server).
+        A chunk never spans two epochs;
         ``chunk.last`` says that the epoch ended with it (then ``items`` may be
         empty, when the previous chunk happened to end exactly at the end).
         When the streamer raises, the items drawn before are returned first
         and the exception is raised by the next call, which abandons that
-        epoch like ``next()`` does; the call after starts the next epoch.
-        Raises StopIteration after ``max_epochs`` epochs. Use either ``take``
-        or iteration on one EpochIterator, not both.
+        epoch (not counted as complete, no ``on_epoch_end``); the call after
+        starts the next epoch, so a server can log the error and go on.
+        Raises StopIteration after ``max_epochs`` epochs, and SamplingError
+        when an epoch yields no item (an empty source would otherwise spin
+        forever; every later call raises it again).
 
         Examples
         --------
@@ -192,7 +155,7 @@ class EpochIterator(Generic[T]):
                 raise SamplingError(self._empty_message())
             self.epoch += 1
             self._position = 0
-            self._chunks = self.streamer.iterate()
+            self._chunks = activate(self.streamer, None, self.on_stream_error)
         items: list[T] = []
         start = self._position
         try:
@@ -236,8 +199,21 @@ class Chunk(NamedTuple):
     last: bool
 
 
-def _every_nth(streamer: Streamer[T], index: int, count: int) -> Iterator[T]:
-    return itertools.islice(streamer.iterate(), index, None, count)
+class _EveryNth(Streamer[T]):
+    """The items at positions ``index, index + count, ...`` of each activation of a streamer."""
+
+    def __init__(self, streamer: Streamer[T], index: int, count: int) -> None:
+        super().__init__(streamer)
+        self.index = index
+        self.count = count
+
+    def _start(self, on_stream_error: StreamErrorHook | None) -> Iterator[T]:
+        # The hook reaches the muxes of the whole source, which every shard runs.
+        items = activate(self.source, None, on_stream_error)
+        return itertools.islice(items, self.index, None, self.count)
+
+    def __repr__(self) -> str:
+        return f"shard({self.source!r}, {self.index}, {self.count})"
 
 
 def shard(streamer: Streamer[T], index: int, count: int) -> Streamer[T]:
@@ -284,7 +260,7 @@ def shard(streamer: Streamer[T], index: int, count: int) -> Streamer[T]:
             f"streamer must be a Streamer or a mux, got streamer={streamer!r} "
             f"({type(streamer).__name__})"
         )
-    _check_shard(index, count)
+    check_shard(index, count)
     if count == 1:
         return streamer
     if isinstance(streamer, BaseMux):
@@ -299,4 +275,4 @@ def shard(streamer: Streamer[T], index: int, count: int) -> Streamer[T]:
     ):
         # Streamer(mux) is the mux: split the mux itself, by streamers.
         return shard(streamer.source, index, count)
-    return Streamer(functools.partial(_every_nth, streamer, index, count))
+    return _EveryNth(streamer, int(index), int(count))

@@ -1,29 +1,38 @@
 """Muxes: streamers that interleave other streamers (pescador 3.0's four, fixed).
 
-This module owns :class:`StochasticMux`, :class:`ShuffledMux`,
-:class:`RoundRobinMux` and :class:`ChainMux`. Each activation of a mux is one
-*pass*, run by a per-pass object (so concurrent passes never share state)
-whose base class owns the sampling loop and whose subclasses override small
-hooks: ``_next_sample_index``, ``_on_stream_exhausted`` and
-``_replace_stream``. It is pure (no I/O, no clocks) and must never call
-``rng.choice`` per sample: slot draws come from blocks of uniforms.
+This module owns the public muxes, :class:`StochasticMux`,
+:class:`ShuffledMux`, :class:`RoundRobinMux` and :class:`ChainMux`: their
+arguments, their shards and how each activation becomes one *pass*. The
+sampling loop itself lives in the per-pass objects of
+:mod:`feedmux.sampling._passes`, built afresh for every activation. It is
+pure (no I/O, no clocks) and must never hold state set by serving code: what
+a pass does when a stream raises is handed to it with the activation.
 """
 
 from __future__ import annotations
 
-import math
-from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextvars import ContextVar
-from itertools import accumulate
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from feedmux.errors import SamplingError
-from feedmux.sampling._pool import make_pool
+from feedmux.sampling._checks import (
+    check_choice,
+    check_positive_int,
+    check_rate,
+    check_streamers,
+    check_weights,
+)
+from feedmux.sampling._passes import (
+    ChainPass,
+    MuxPass,
+    RoundRobinPass,
+    ShuffledPass,
+    StochasticPass,
+)
 from feedmux.sampling._rng import SeedPlan, seed_plan
-from feedmux.sampling.streamer import Streamer, _close, is_integer, is_real
+from feedmux.sampling.streamer import Streamer, StreamErrorHook
 
 __all__ = ["BaseMux", "ChainMux", "RoundRobinMux", "ShuffledMux", "StochasticMux"]
 
@@ -33,434 +42,6 @@ STOCHASTIC_MODES = ("with_replacement", "single_active", "exhaustive")
 DISTRIBUTIONS = ("constant", "binomial", "poisson")
 ROUND_ROBIN_MODES = ("exhaustive", "cycle", "permuted_cycle")
 CHAIN_MODES = ("exhaustive", "cycle")
-
-#: What a mux does when one of its streams raises. None (the default): the
-#: exception propagates and ends the pass. A callable (set by a server running
-#: with ``on_error="skip"``): it is called with the exception, then the stream
-#: counts as ended and the pass goes on with the others.
-on_stream_error: ContextVar[Callable[[BaseException], None] | None] = ContextVar(
-    "on_stream_error", default=None
-)
-
-# The placeholder of a slot with no open stream; the loop never selects one.
-_NO_STREAM: Iterator[Any] = iter(())
-_END = object()
-
-# Uniforms drawn per block for slot selection: small at first so that short
-# passes (nested muxes) stay cheap, growing for long ones.
-_FIRST_BLOCK = 64
-_MAX_BLOCK = 4096
-# pescador switches from the binomial to the poisson cap above this
-# probability of drawing the new slot.
-_BINOMIAL_LIMIT = 0.9999
-
-
-# --- argument checks -------------------------------------------------------------
-
-
-def _check_choice(value: object, argument: str, choices: Sequence[str]) -> str:
-    if isinstance(value, str) and value in choices:
-        return value
-    allowed = ", ".join(repr(choice) for choice in choices)
-    raise SamplingError(f"{argument} must be one of {allowed}, got {argument}={value!r}")
-
-
-def _as_streamer(item: object, argument: str) -> Streamer[Any]:
-    if isinstance(item, Streamer):
-        return item
-    try:
-        return Streamer(item)
-    except SamplingError as error:
-        raise SamplingError(f"invalid element of {argument}: {error}") from None
-
-
-def _check_streamers(streamers: object, argument: str = "streamers") -> list[Streamer[Any]]:
-    if isinstance(streamers, Iterator):
-        raise SamplingError(
-            f"{argument} must be a list of streamers or re-iterables, got "
-            f"{argument}={streamers!r}, which is a one-shot iterator; pass a list (ChainMux "
-            "also takes the function that yields the streamers, called at each activation)"
-        )
-    if not isinstance(streamers, Iterable):
-        raise SamplingError(
-            f"{argument} must be a list of streamers or re-iterables, got "
-            f"{argument}={streamers!r}, which is not iterable"
-        )
-    checked = [_as_streamer(item, argument) for item in streamers]
-    if not checked:
-        raise SamplingError(f"{argument} must not be empty, got {argument}={streamers!r}")
-    return checked
-
-
-def _check_weights(weights: object, n_streams: int) -> np.ndarray:
-    if weights is None:
-        return np.full(n_streams, 1.0 / n_streams)
-    try:
-        array = np.atleast_1d(np.asarray(weights, dtype=np.float64))
-    except (TypeError, ValueError):
-        raise SamplingError(
-            f"weights must be a sequence of {n_streams} numbers >= 0, got weights={weights!r}"
-        ) from None
-    if array.ndim != 1 or len(array) != n_streams:
-        raise SamplingError(
-            f"weights must have one weight per streamer ({n_streams}), got "
-            f"{array.size} in weights={weights!r}"
-        )
-    if not np.isfinite(array).all():
-        raise SamplingError(f"weights must be finite, got weights={weights!r}")
-    if (array < 0).any():
-        index = int(np.flatnonzero(array < 0)[0])
-        raise SamplingError(
-            f"weights must be >= 0, got weights[{index}]={float(array[index])!r} in "
-            f"weights={weights!r}"
-        )
-    if not (array > 0).any():
-        raise SamplingError(
-            f"weights must contain at least one positive value, got weights={weights!r}"
-        )
-    normalized: np.ndarray = array / array.sum()
-    return normalized
-
-
-def _check_positive_int(value: object, argument: str) -> int:
-    if is_integer(value) and int(value) >= 1:
-        return int(value)
-    raise SamplingError(f"{argument} must be an int >= 1, got {argument}={value!r}")
-
-
-def _check_rate(rate: object) -> float | None:
-    if rate is None:
-        return None
-    if is_real(rate):
-        value = float(rate)
-        if value > 0 and math.isfinite(value):
-            return value
-    raise SamplingError(f"rate must be None or a finite number > 0, got rate={rate!r}")
-
-
-def _check_shard(index: object, count: object) -> None:
-    if not (is_integer(count) and int(count) >= 1):
-        raise SamplingError(f"count must be an int >= 1, got count={count!r}")
-    if not (is_integer(index)):
-        raise SamplingError(f"index must be an int, got index={index!r}")
-    if not 0 <= int(index) < int(count):
-        raise SamplingError(f"index must be in [0, {count}), got index={index!r}")
-
-
-# --- one pass of a mux: the template ------------------------------------------------
-
-
-class _MuxPass(Generic[T]):
-    """The state of one activation of a mux; the base class owns the loop.
-
-    ``streams[i]`` is the open stream of slot ``i`` and ``counts[i]`` how many
-    items it has yielded since it was opened. Subclasses set up the slots
-    and override the hooks.
-    """
-
-    def __init__(self, n_slots: int) -> None:
-        self.streams: list[Iterator[T]] = [_NO_STREAM] * n_slots
-        self.counts: list[int] = [0] * n_slots
-
-    def _next_sample_index(self) -> int:
-        """Return the slot to take the next item from, or -1 to end the pass."""
-        raise NotImplementedError
-
-    def _on_stream_exhausted(self, index: int) -> None:
-        """Hook: the stream of slot ``index`` ended (``counts[index]`` is its yield)."""
-
-    def _replace_stream(self, index: int) -> None:
-        """Hook: open the next stream of slot ``index``, or leave it empty."""
-        self.streams[index] = _NO_STREAM
-
-    def _end_stream(self, index: int) -> int:
-        """The stream of slot ``index`` ended: refill the slot; return the slot to draw from."""
-        produced = self.counts[index]
-        self._on_stream_exhausted(index)
-        self._replace_stream(index)
-        self.counts[index] = 0
-        # The draw stands when a stream ended after yielding: the slot's new
-        # stream gives the item. pescador draws again, which starves short
-        # streams (a ShuffledMux streamer of length 1 lost half its share).
-        # After an empty stream the draw is redone, so that every slot gets
-        # its turn.
-        if not produced or self.streams[index] is _NO_STREAM:
-            return self._next_sample_index()
-        return index
-
-    def run(self) -> Iterator[T]:
-        """Yield the items of the pass."""
-        streams = self.streams
-        counts = self.counts
-        next_index = self._next_sample_index
-        on_error = on_stream_error.get()
-        try:
-            index = next_index()
-            while index >= 0:
-                try:
-                    item = next(streams[index])
-                except StopIteration:
-                    index = self._end_stream(index)
-                    continue
-                except Exception as error:
-                    if on_error is None:
-                        raise
-                    on_error(error)  # skipping errors: this stream ends, the pass goes on
-                    index = self._end_stream(index)
-                    continue
-                counts[index] += 1
-                yield item
-                index = next_index()
-        finally:
-            for stream in streams:
-                _close(stream)
-
-
-class _WeightedPass(_MuxPass[T]):
-    """Slots drawn in proportion to their weights, from blocks of uniforms.
-
-    Each draw maps one uniform through the cumulative slot weights (a C-level
-    bisect), so the statistics are exactly those of a per-sample weighted
-    choice with the current weights, while numpy is called once per block.
-    """
-
-    def __init__(self, n_slots: int, rng: np.random.Generator) -> None:
-        super().__init__(n_slots)
-        self._rng = rng
-        self._slot_weights = [0.0] * n_slots
-        self._cum = [0.0] * n_slots
-        self._total = 0.0
-        self._last = 0
-        self._uniforms: list[float] = []
-        self._n_uniforms = 0
-        self._position = 0
-        self._block = _FIRST_BLOCK
-
-    def _set_slot_weight(self, index: int, weight: float) -> None:
-        if self._slot_weights[index] != weight:
-            self._slot_weights[index] = weight
-            self._rebuild()
-
-    def _rebuild(self) -> None:
-        weights = self._slot_weights
-        self._cum = list(accumulate(weights))
-        self._total = self._cum[-1]
-        last = len(weights) - 1
-        while last > 0 and weights[last] <= 0.0:
-            last -= 1
-        # bisect is bounded by the last live slot: float rounding of
-        # u * total up to total then still lands on a live slot.
-        self._last = last
-
-    def _next_sample_index(self) -> int:
-        total = self._total
-        if total <= 0.0:
-            return -1
-        position = self._position
-        if position >= self._n_uniforms:
-            self._uniforms = self._rng.random(self._block).tolist()
-            self._n_uniforms = self._block
-            self._block = min(2 * self._block, _MAX_BLOCK)
-            position = 0
-        self._position = position + 1
-        return bisect_right(self._cum, self._uniforms[position] * total, 0, self._last)
-
-
-class _StochasticPass(_WeightedPass[T]):
-    def __init__(self, mux: StochasticMux[T], rng: np.random.Generator) -> None:
-        n_slots = min(mux.n_active, len(mux.streamers))
-        super().__init__(n_slots, rng)
-        self._streamers = mux.streamers
-        self._weights: list[float] = mux.weights.tolist()
-        self._rate = mux.rate
-        self._dist = mux.dist
-        self._prune = mux.prune_empty_streams
-        self._pool = make_pool(mux.mode, mux.weights, rng)
-        self._slot_streamer = [-1] * n_slots
-        self._finished_items = 0
-        self._empty_mark = -1
-        self._empty_streamers: set[int] = set()
-        self._stalled = False
-
-        chosen = [self._pool.take() for _ in range(n_slots)]
-        for slot, index in enumerate(chosen):
-            self._slot_weights[slot] = self._weights[index] if index >= 0 else 0.0
-        self._rebuild()
-        for slot, index in enumerate(chosen):
-            if index >= 0:
-                self._open(slot, index)
-
-    def _open(self, slot: int, index: int) -> None:
-        self.streams[slot] = self._streamers[index].iterate(self._cap(slot, index))
-        self._slot_streamer[slot] = index
-
-    def _cap(self, slot: int, index: int) -> int | None:
-        rate = self._rate
-        if rate is None:
-            return None
-        if self._dist == "constant":
-            return math.ceil(rate)
-        mean_extra = max(rate - 1.0, 0.0)
-        if self._dist == "binomial":
-            weight = self._weights[index]
-            # The chance that the next draw picks this slot once it holds the
-            # new streamer; the binomial keeps the mean at `rate` while the
-            # number of replacements stays close to rate * n_active (pescador).
-            others = self._total - self._slot_weights[slot]
-            chance = weight / (others + weight)
-            if chance <= _BINOMIAL_LIMIT:
-                trials = int(mean_extra / (1.0 - chance))
-                return 1 + int(self._rng.binomial(trials, 1.0 - chance))
-        return 1 + int(self._rng.poisson(mean_extra))
-
-    def _on_stream_exhausted(self, slot: int) -> None:
-        index = self._slot_streamer[slot]
-        produced = self.counts[slot]
-        if produced:
-            self._finished_items += produced
-            self._stalled = False
-        elif self._prune:
-            self._pool.prune(index)
-        else:
-            self._note_empty(index)
-        self._pool.release(index)
-
-    def _note_empty(self, index: int) -> None:
-        # Without pruning, a set of streamers that all come up empty would be
-        # re-activated forever (pescador hangs). Once every candidate has come
-        # up empty since the last item was yielded, slots are let die.
-        emitted = self._finished_items + sum(self.counts)
-        if emitted != self._empty_mark:
-            self._empty_mark = emitted
-            self._empty_streamers.clear()
-            self._stalled = False
-        self._empty_streamers.add(index)
-        if len(self._empty_streamers) >= self._pool.n_candidates:
-            self._stalled = True
-
-    def _replace_stream(self, slot: int) -> None:
-        index = -1 if self._stalled else self._pool.take()
-        if index < 0:
-            self.streams[slot] = _NO_STREAM
-            self._slot_streamer[slot] = -1
-            self._set_slot_weight(slot, 0.0)
-            return
-        self._open(slot, index)
-        self._set_slot_weight(slot, self._weights[index])
-
-
-class _ShuffledPass(_WeightedPass[T]):
-    def __init__(self, mux: ShuffledMux[T], rng: np.random.Generator) -> None:
-        super().__init__(len(mux.streamers), rng)
-        self._streamers = mux.streamers
-        self._slot_weights = mux.weights.tolist()
-        self._rebuild()
-        for index, weight in enumerate(self._slot_weights):
-            if weight > 0:
-                self.streams[index] = self._streamers[index].iterate()
-
-    def _on_stream_exhausted(self, index: int) -> None:
-        if self.counts[index] == 0:
-            self._set_slot_weight(index, 0.0)
-
-    def _replace_stream(self, index: int) -> None:
-        if self._slot_weights[index] > 0:
-            self.streams[index] = self._streamers[index].iterate()
-        else:
-            self.streams[index] = _NO_STREAM
-
-
-class _RoundRobinPass(_MuxPass[T]):
-    def __init__(self, mux: RoundRobinMux[T], rng: np.random.Generator | None) -> None:
-        super().__init__(len(mux.streamers))
-        self._streamers = mux.streamers
-        self._mode = mux.mode
-        self._rng = rng
-        self._alive = [False] * len(mux.streamers)
-        self._n_alive = 0
-        self._cursor = 0
-        self._round_items = 0
-        self._start_round()
-
-    def _start_round(self) -> None:
-        order: list[int] = (
-            self._rng.permutation(len(self._streamers)).tolist()
-            if self._rng is not None
-            else list(range(len(self._streamers)))
-        )
-        for slot, index in enumerate(order):
-            self.streams[slot] = self._streamers[index].iterate()
-            self._alive[slot] = True
-        self._n_alive = len(order)
-        self._cursor = 0
-        self._round_items = 0
-
-    def _next_sample_index(self) -> int:
-        if self._n_alive == 0:
-            # A round that yielded nothing would repeat forever: end instead.
-            if self._mode == "exhaustive" or self._round_items == 0:
-                return -1
-            self._start_round()
-        alive = self._alive
-        n_slots = len(alive)
-        slot = self._cursor
-        while not alive[slot]:
-            slot = slot + 1 if slot + 1 < n_slots else 0
-        self._cursor = slot + 1 if slot + 1 < n_slots else 0
-        return slot
-
-    def _on_stream_exhausted(self, slot: int) -> None:
-        self._alive[slot] = False
-        self._n_alive -= 1
-        self._round_items += self.counts[slot]
-
-
-class _ChainPass(_MuxPass[T]):
-    def __init__(self, mux: ChainMux[T]) -> None:
-        super().__init__(1)
-        self._mux = mux
-        self._cycle = mux.mode == "cycle"
-        self._sources = mux._open_sources()
-        self._round_items = 0
-        self._done = False
-        self._replace_stream(0)
-
-    def _next_sample_index(self) -> int:
-        return -1 if self._done else 0
-
-    def _on_stream_exhausted(self, slot: int) -> None:
-        self._round_items += self.counts[slot]
-
-    def _replace_stream(self, slot: int) -> None:
-        while True:
-            source = next(self._sources, _END)
-            if source is not _END:
-                self.streams[0] = _activate_chained(source)
-                return
-            # A round that yielded nothing would repeat forever: end instead.
-            if self._cycle and self._round_items > 0:
-                self._sources = self._mux._open_sources()
-                self._round_items = 0
-                continue
-            self.streams[0] = _NO_STREAM
-            self._done = True
-            return
-
-
-def _activate_chained(source: object) -> Iterator[Any]:
-    if isinstance(source, Streamer):
-        return source.iterate()
-    if isinstance(source, Iterable):
-        # Items of a generator function are used once per activation, so a
-        # one-shot iterable is fine here.
-        return iter(source)
-    raise SamplingError(
-        f"ChainMux's streamers yielded {source!r} ({type(source).__name__}), "
-        "which is neither a streamer nor iterable"
-    )
-
-
-# --- the muxes -----------------------------------------------------------------------
 
 
 class BaseMux(Streamer[T]):
@@ -510,14 +91,16 @@ class BaseMux(Streamer[T]):
         """The number of streamers."""
         return len(self.streamers)
 
-    def _start(self) -> Iterator[T]:
+    def _start(self, on_stream_error: StreamErrorHook | None) -> Iterator[T]:
         self._passes += 1
-        return self._make_pass(self._passes).run()
+        return self._make_pass(self._passes, on_stream_error).run()
 
     def _pass_rng(self, pass_number: int) -> np.random.Generator:
         return self._seed_plan.for_pass(pass_number)
 
-    def _make_pass(self, pass_number: int) -> _MuxPass[T]:
+    def _make_pass(
+        self, pass_number: int, on_stream_error: StreamErrorHook | None
+    ) -> MuxPass[T]:
         """Build the state of pass ``pass_number`` (1-based)."""
         raise NotImplementedError
 
@@ -625,17 +208,19 @@ class StochasticMux(BaseMux[T]):
         dist: str = "binomial",
         random_state: object = None,
     ) -> None:
-        checked = _check_streamers(streamers)
-        self.n_active = _check_positive_int(n_active, "n_active")
-        self.rate = _check_rate(rate)
-        self.mode = _check_choice(mode, "mode", STOCHASTIC_MODES)
-        self.dist = _check_choice(dist, "dist", DISTRIBUTIONS)
+        checked = check_streamers(streamers)
+        self.n_active = check_positive_int(n_active, "n_active")
+        self.rate = check_rate(rate)
+        self.mode = check_choice(mode, "mode", STOCHASTIC_MODES)
+        self.dist = check_choice(dist, "dist", DISTRIBUTIONS)
         self.prune_empty_streams = bool(prune_empty_streams)
-        self.weights = _check_weights(weights, len(checked))
+        self.weights = check_weights(weights, len(checked))
         super().__init__(checked, random_state)
 
-    def _make_pass(self, pass_number: int) -> _MuxPass[T]:
-        return _StochasticPass(self, self._pass_rng(pass_number))
+    def _make_pass(
+        self, pass_number: int, on_stream_error: StreamErrorHook | None
+    ) -> MuxPass[T]:
+        return StochasticPass(self, self._pass_rng(pass_number), on_stream_error)
 
     def _shard(self, index: int, count: int) -> Streamer[T]:
         part = self._shard_streamers(index, count)
@@ -688,12 +273,14 @@ class ShuffledMux(BaseMux[T]):
         weights: Sequence[float] | np.ndarray | None = None,
         random_state: object = None,
     ) -> None:
-        checked = _check_streamers(streamers)
-        self.weights = _check_weights(weights, len(checked))
+        checked = check_streamers(streamers)
+        self.weights = check_weights(weights, len(checked))
         super().__init__(checked, random_state)
 
-    def _make_pass(self, pass_number: int) -> _MuxPass[T]:
-        return _ShuffledPass(self, self._pass_rng(pass_number))
+    def _make_pass(
+        self, pass_number: int, on_stream_error: StreamErrorHook | None
+    ) -> MuxPass[T]:
+        return ShuffledPass(self, self._pass_rng(pass_number), on_stream_error)
 
     def _shard(self, index: int, count: int) -> Streamer[T]:
         part = self._shard_streamers(index, count)
@@ -732,13 +319,15 @@ class RoundRobinMux(BaseMux[T]):
         mode: str = "exhaustive",
         random_state: object = None,
     ) -> None:
-        checked = _check_streamers(streamers)
-        self.mode = _check_choice(mode, "mode", ROUND_ROBIN_MODES)
+        checked = check_streamers(streamers)
+        self.mode = check_choice(mode, "mode", ROUND_ROBIN_MODES)
         super().__init__(checked, random_state)
 
-    def _make_pass(self, pass_number: int) -> _MuxPass[T]:
+    def _make_pass(
+        self, pass_number: int, on_stream_error: StreamErrorHook | None
+    ) -> MuxPass[T]:
         rng = self._pass_rng(pass_number) if self.mode == "permuted_cycle" else None
-        return _RoundRobinPass(self, rng)
+        return RoundRobinPass(self, rng, on_stream_error)
 
     def _shard(self, index: int, count: int) -> Streamer[T]:
         part = self._shard_streamers(index, count)
@@ -756,7 +345,8 @@ class ChainMux(BaseMux[T]):
     streamers : iterable of Streamer or re-iterable, or a generator function
         The streamers, or a function (generator function, or any callable)
         yielding them, called afresh at each activation. A generator *object*
-        is rejected: it could not restart.
+        is rejected: it could not restart. An empty list yields nothing, as in
+        pescador.
     mode : {"exhaustive", "cycle"}
         ``exhaustive``: the pass ends after the last streamer.
         ``cycle``: then it starts again from the first, forever (a round that
@@ -793,8 +383,10 @@ class ChainMux(BaseMux[T]):
             checked = []
         else:
             self._factory_of_streamers = None
-            checked = _check_streamers(streamers)
-        self.mode = _check_choice(mode, "mode", CHAIN_MODES)
+            # An empty list yields nothing, as in pescador (and as a function
+            # yielding no streamers does); cycle mode ends instead of looping.
+            checked = check_streamers(streamers, allow_empty=True)
+        self.mode = check_choice(mode, "mode", CHAIN_MODES)
         super().__init__(checked, random_state)
 
     def _open_sources(self) -> Iterator[Any]:
@@ -808,8 +400,10 @@ class ChainMux(BaseMux[T]):
             )
         return iter(produced)
 
-    def _make_pass(self, pass_number: int) -> _MuxPass[T]:
-        return _ChainPass(self)
+    def _make_pass(
+        self, pass_number: int, on_stream_error: StreamErrorHook | None
+    ) -> MuxPass[T]:
+        return ChainPass(self._open_sources, self.mode == "cycle", on_stream_error)
 
     def _shard(self, index: int, count: int) -> Streamer[T] | None:
         if self._factory_of_streamers is not None:

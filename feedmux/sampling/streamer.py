@@ -20,10 +20,25 @@ from typing import Any, Generic, ParamSpec, TypeGuard, TypeVar
 
 from feedmux.errors import SamplingError
 
-__all__ = ["Streamer", "check_max_iter", "is_integer", "is_real", "streamable"]
+__all__ = [
+    "StreamErrorHook",
+    "Streamer",
+    "activate",
+    "check_max_iter",
+    "close_stream",
+    "is_integer",
+    "is_real",
+    "streamable",
+]
 
 T = TypeVar("T")
 P = ParamSpec("P")
+
+#: What a mux does when one of its streams raises, handed down explicitly from
+#: the caller that activates it. None: the exception propagates and ends the
+#: pass. A callable: it is called with the exception, then that stream counts
+#: as ended and the pass goes on with the others.
+StreamErrorHook = Callable[[BaseException], None]
 
 
 def is_integer(value: object) -> TypeGuard[numbers.Integral]:
@@ -77,13 +92,34 @@ def check_max_iter(max_iter: object, argument: str = "max_iter") -> int | None:
     raise SamplingError(f"{argument} must be None or a number >= 0, got {argument}={max_iter!r}")
 
 
-def _close(iterator: object) -> None:
+def close_stream(iterator: object) -> None:
+    """Close ``iterator`` if it can be closed (a generator, an activation)."""
     # Close the source generator as soon as its activation is over, so that a
     # capped activation releases its resources (open files, ...) at once
     # instead of whenever the garbage collector gets to it.
     close = getattr(iterator, "close", None)
     if close is not None:
         close()
+
+
+def activate(
+    streamer: Streamer[T], limit: int | None = None, on_stream_error: StreamErrorHook | None = None
+) -> Iterator[T]:
+    """One activation of ``streamer``, handing ``on_stream_error`` down to its muxes.
+
+    This is how muxes and the epoch loop open their streams. ``limit`` is an
+    already checked ``max_iter`` (an int >= 0 or None). A subclass that
+    overrides ``iterate`` (pescador style) is activated through it, so the
+    hook does not reach the muxes it runs inside.
+
+    Examples
+    --------
+    >>> list(activate(Streamer("abc"), 2))
+    ['a', 'b']
+    """
+    if type(streamer).iterate is not Streamer.iterate:
+        return streamer.iterate(limit)
+    return streamer._activation(limit, on_stream_error)
 
 
 def _rebuild(factory: Callable[..., Streamer[Any]], args: tuple[Any, ...], kwargs: Any) -> Any:
@@ -170,6 +206,10 @@ class Streamer(Generic[T]):
 
     # --- pescador compatibility -------------------------------------------------
 
+    #: pescador's handle on an activation: None on every streamer, set only on
+    #: the copy that ``with streamer as active`` returns (see ``__enter__``).
+    stream_: Iterator[Any] | None = None
+
     @property
     def streamer(self) -> Any:
         """The source, under its pescador name."""
@@ -180,13 +220,45 @@ class Streamer(Generic[T]):
         """The number of activations of this streamer currently open."""
         return self._active
 
+    def __enter__(self) -> Streamer[T]:
+        """Open an activation the pescador way, for subclasses written against it.
+
+        As in pescador 3.0, ``with streamer as active`` leaves ``streamer``
+        itself untouched (its ``stream_`` stays None) and returns a copy whose
+        ``stream_`` is the fresh activation of the source; the copy keeps it
+        after the block ends, and entering the copy again returns the copy.
+
+        Examples
+        --------
+        >>> stream = Streamer("ab")
+        >>> with stream as active:
+        ...     items = list(active.stream_)
+        ...     open_inside = stream.active
+        >>> items, open_inside, stream.active, stream.stream_ is None
+        (['a', 'b'], 1, 0, True)
+        """
+        if self.stream_ is not None:
+            return self
+        copy = object.__new__(type(self))
+        copy.__dict__.update(self.__dict__)
+        copy.stream_ = self._start(None)
+        self._active += 1
+        return copy
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.stream_ is None:
+            self._active -= 1
+
     # --- activation -----------------------------------------------------------
 
-    def _start(self) -> Iterator[T]:
-        """Open one activation of the source (the hook muxes override)."""
+    def _start(self, on_stream_error: StreamErrorHook | None) -> Iterator[T]:
+        """Open one activation of the source (the hook muxes override).
+
+        ``on_stream_error`` is handed down to the muxes this activation starts.
+        """
         source = self.source
         if isinstance(source, Streamer):
-            return source.iterate()
+            return activate(source, None, on_stream_error)
         if not self._callable_source:
             return iter(source)
         produced = source(*self.args, **self.kwargs)
@@ -197,12 +269,14 @@ class Streamer(Generic[T]):
                 f"source={source!r} returned {type(produced).__name__!s}, which is not iterable"
             ) from None
 
-    def _activation(self, limit: int | None) -> Iterator[T]:
+    def _activation(
+        self, limit: int | None, on_stream_error: StreamErrorHook | None
+    ) -> Iterator[T]:
         if limit == 0:
             return
         self._active += 1
         try:
-            items = self._start()
+            items = self._start(on_stream_error)
             try:
                 if limit is None:
                     yield from items
@@ -210,7 +284,7 @@ class Streamer(Generic[T]):
                     # islice stops after `limit` items without asking for one more.
                     yield from itertools.islice(items, limit)
             finally:
-                _close(items)
+                close_stream(items)
         finally:
             self._active -= 1
 
@@ -233,7 +307,7 @@ class Streamer(Generic[T]):
         >>> list(Streamer(range(10)).iterate(4))
         [0, 1, 2, 3]
         """
-        return self._activation(check_max_iter(max_iter))
+        return self._activation(check_max_iter(max_iter), None)
 
     def cycle(self, max_iter: int | float | None = None) -> Iterator[T]:
         """Yield items forever, starting a new activation whenever one ends.
@@ -260,7 +334,7 @@ class Streamer(Generic[T]):
         remaining = limit
         while remaining is None or remaining > 0:
             produced = 0
-            for produced, item in enumerate(self._activation(remaining), 1):  # noqa: B007
+            for produced, item in enumerate(self._activation(remaining, None), 1):  # noqa: B007
                 yield item
             if produced == 0:
                 raise SamplingError(

@@ -21,7 +21,6 @@ import numpy as np
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Data, Error, encode
 from feedmux.sampling.epochs import EpochIterator
-from feedmux.sampling.mux import on_stream_error
 
 __all__ = [
     "BatchPolicy",
@@ -172,12 +171,10 @@ def produce(
     abandons the rest of its epoch. Otherwise the exception propagates, after
     the samples drawn before it have been sent.
     """
-    token = on_stream_error.set(_log_skipped) if skip_errors else None
-    try:
-        return _produce(epochs, send, policy, server_id, skip_errors, epoch_done)
-    finally:
-        if token is not None:
-            on_stream_error.reset(token)
+    # The muxes get the hook from the epochs, which hand it down at each activation.
+    if skip_errors:
+        epochs.on_stream_error = _log_skipped
+    return _produce(epochs, send, policy, server_id, skip_errors, epoch_done)
 
 
 def _log_skipped(error: BaseException) -> None:

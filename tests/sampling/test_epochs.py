@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Iterator
+from typing import TypeVar
 
 import pytest
 from hypothesis import given, settings
@@ -21,12 +22,14 @@ from feedmux.sampling import (
     is_streamer,
     shard,
 )
+from feedmux.sampling.epochs import Chunk
 
 # Every test here is fast: a hang is a bug, so fail it early.
 pytestmark = pytest.mark.timeout(30)
 
 
 Item = tuple[int, int]
+T = TypeVar("T")
 
 
 def make_streamers(lengths: list[int]) -> list[Streamer[Item]]:
@@ -164,12 +167,27 @@ def test_clamped_n_active_still_covers_every_item(n_active: int) -> None:
 # --- EpochIterator -------------------------------------------------------------------------
 
 
+def tagged_items(
+    epochs: EpochIterator[T], limit: int = 2, max_chunks: int = 1000
+) -> list[tuple[int, int, T]]:
+    """Every (epoch, position, item) that ``take`` hands out until StopIteration."""
+    tagged: list[tuple[int, int, T]] = []
+    for _ in range(max_chunks):
+        try:
+            chunk = epochs.take(limit)
+        except StopIteration:
+            return tagged
+        tagged += [(chunk.epoch, chunk.start + offset, item) for offset, item in
+                   enumerate(chunk.items)]
+    raise AssertionError(f"no StopIteration after {max_chunks} chunks")
+
+
 def test_epoch_iterator_tags_epoch_and_position() -> None:
     mux = StochasticMux(make_streamers([2, 3]), 2, None, mode="exhaustive", random_state=0)
     ended: list[tuple[int, int]] = []
     epochs = EpochIterator(mux, max_epochs=3, on_epoch_end=lambda e, n: ended.append((e, n)))
     assert (epochs.epoch, epochs.epoch_size, epochs.epochs_completed) == (0, None, 0)
-    tagged = list(epochs)
+    tagged = tagged_items(epochs)
     assert [(epoch, position) for epoch, position, _ in tagged] == [
         (epoch, position) for epoch in (1, 2, 3) for position in range(5)
     ]
@@ -186,41 +204,30 @@ def test_epoch_size_is_known_after_the_first_epoch_and_follows_changes() -> None
         yield from range(next(calls))
 
     epochs = EpochIterator(Streamer(growing))
-    seen = []
-    for epoch, position, _ in epochs:
-        seen.append((epoch, position, epochs.epoch_size))
-        if epoch == 3:
-            break
-    assert seen[:3] == [(1, 0, None), (1, 1, None), (1, 2, None)]
-    assert seen[3] == (2, 0, 3)
-    assert seen[-1] == (3, 0, 4)
-    assert epochs.epochs_completed == 2
-
-
-def test_epoch_iterator_next_and_iter_advance_the_same_sequence() -> None:
-    epochs = EpochIterator(Streamer("ab"), max_epochs=2)
-    assert next(epochs) == (1, 0, "a")
-    assert list(epochs) == [(1, 1, "b"), (2, 0, "a"), (2, 1, "b")]
-    with pytest.raises(StopIteration):
-        next(epochs)
+    assert epochs.take(2) == Chunk(1, 0, [0, 1], False)
+    assert epochs.epoch_size is None
+    assert epochs.take(2) == Chunk(1, 2, [2], True)
+    assert epochs.epoch_size == 3
+    assert epochs.take(10) == Chunk(2, 0, [0, 1, 2, 3], True)
+    assert (epochs.epoch_size, epochs.epochs_completed) == (4, 2)
 
 
 def test_epoch_iterator_wraps_a_re_iterable_and_stops_at_zero_epochs() -> None:
-    assert list(EpochIterator([1], max_epochs=2)) == [(1, 0, 1), (2, 0, 1)]
-    assert list(EpochIterator(Streamer("ab"), max_epochs=0)) == []
+    assert tagged_items(EpochIterator([1], max_epochs=2)) == [(1, 0, 1), (2, 0, 1)]
+    assert tagged_items(EpochIterator(Streamer("ab"), max_epochs=0)) == []
 
 
 @pytest.mark.timeout(10)
 def test_an_empty_epoch_raises() -> None:
     with pytest.raises(SamplingError, match=r"epoch 1 of .* yielded no items"):
-        list(EpochIterator(StochasticMux(["", ""], 2, None, mode="exhaustive")))
+        tagged_items(EpochIterator(StochasticMux(["", ""], 2, None, mode="exhaustive")))
     calls = itertools.count(2, -1)
 
     def shrinking() -> Iterator[int]:
         yield from range(next(calls))
 
     with pytest.raises(SamplingError, match="epoch 3 of"):
-        list(EpochIterator(Streamer(shrinking)))
+        tagged_items(EpochIterator(Streamer(shrinking)))
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "2", True])
@@ -242,17 +249,18 @@ def test_an_error_abandons_its_epoch_and_the_next_call_starts_the_next_one() -> 
     epochs = EpochIterator(
         Streamer(flaky), max_epochs=4, on_epoch_end=lambda e, n: ended.append((e, n))
     )
-    assert [next(epochs), next(epochs)] == [(1, 0, "a"), (1, 1, "b")]
+    assert epochs.take(5) == Chunk(1, 0, ["a", "b"], False)
     with pytest.raises(ValueError, match="boom 1"):
-        next(epochs)
+        epochs.take(5)
     assert (epochs.epoch, epochs.epochs_completed, epochs.epoch_size) == (1, 0, None)
-    assert list(itertools.islice(epochs, 4)) == [(2, 0, "a"), (2, 1, "b"), (3, 0, "a"), (3, 1, "b")]
+    assert epochs.take(5) == Chunk(2, 0, ["a", "b"], True)
+    assert epochs.take(5) == Chunk(3, 0, ["a", "b"], False)
     with pytest.raises(ValueError, match="boom 3"):
-        next(epochs)
-    assert list(epochs) == [(4, 0, "a"), (4, 1, "b")]
+        epochs.take(5)
+    assert tagged_items(epochs) == [(4, 0, "a"), (4, 1, "b")]
     assert ended == [(2, 2), (4, 2)]
     assert (epochs.epoch, epochs.epochs_completed, epochs.epoch_size) == (4, 2, 2)
-    assert list(epochs) == []
+    assert tagged_items(epochs) == []
 
 
 def test_a_server_loop_can_skip_errors() -> None:
@@ -263,15 +271,15 @@ def test_a_server_loop_can_skip_errors() -> None:
     epochs = EpochIterator(Streamer(failing), max_epochs=3)
     seen: list[tuple[int, int]] = []
     errors = 0
-    while True:
+    for _ in range(100):
         try:
-            epoch, position, _ = next(epochs)
+            chunk = epochs.take(2)
         except StopIteration:
             break
         except ValueError:
             errors += 1
             continue
-        seen.append((epoch, position))
+        seen += [(chunk.epoch, chunk.start + offset) for offset in range(len(chunk.items))]
     assert errors == 3
     assert Counter(epoch for epoch, _ in seen) == {1: 5, 2: 5, 3: 5}
 
@@ -279,7 +287,7 @@ def test_a_server_loop_can_skip_errors() -> None:
 def test_closing_an_epoch_iterator_closes_the_activation() -> None:
     stream = Streamer("abc")
     epochs = EpochIterator(stream)
-    next(epochs)
+    epochs.take(1)
     assert stream.active == 1
     epochs.close()
     assert stream.active == 0
@@ -287,8 +295,10 @@ def test_closing_an_epoch_iterator_closes_the_activation() -> None:
 
 def test_an_infinite_pass_is_one_endless_epoch() -> None:
     epochs = EpochIterator(ShuffledMux(["a", "b"], random_state=0))
-    tags = [(epoch, position) for epoch, position, _ in itertools.islice(epochs, 50)]
-    assert tags == [(1, position) for position in range(50)]
+    chunks = [epochs.take(25), epochs.take(25)]
+    assert [(chunk.epoch, chunk.start, len(chunk.items), chunk.last) for chunk in chunks] == [
+        (1, 0, 25, False), (1, 25, 25, False),
+    ]
     assert epochs.epoch_size is None
 
 

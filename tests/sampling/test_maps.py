@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
+import pescador
 import pytest
 
 from feedmux.errors import DataError, SamplingError
@@ -13,8 +14,6 @@ from feedmux.sampling import Streamer, buffer_stream, keras_tuples, tuples
 # Every test here is fast: a hang is a bug, so fail it early.
 pytestmark = pytest.mark.timeout(30)
 
-
-pescador = pytest.importorskip("pescador")
 
 
 def items(n: int) -> Iterator[dict[str, np.ndarray]]:

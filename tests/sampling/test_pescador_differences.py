@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from types import ModuleType
 
 import numpy as np
+import pescador
 import pytest
 
 import feedmux.sampling as feedmux_sampling
@@ -31,8 +32,6 @@ from feedmux.sampling import (
 # Every test here is fast: a hang is a bug, so fail it early.
 pytestmark = pytest.mark.timeout(30)
 
-
-pescador = pytest.importorskip("pescador")
 
 
 def endless(letter: str) -> Iterator[str]:
@@ -169,6 +168,16 @@ def test_5_nothing_hangs() -> None:
     assert list(RoundRobinMux(["", ""], mode="permuted_cycle")) == []
     with pytest.raises(SamplingError, match="yielded no items"):
         next(ChainMux([""]).cycle())
+
+
+@pytest.mark.timeout(10)
+def test_5_an_empty_chain_in_cycle_mode_ends() -> None:
+    # pescador fails on the first draw (a StopIteration escaping its generator).
+    with pytest.raises(RuntimeError, match="StopIteration"):
+        list(pescador.ChainMux([], mode="cycle"))
+    assert list(ChainMux([], mode="cycle")) == []
+    with pytest.raises(SamplingError, match="yielded no items"):
+        next(ChainMux([], mode="cycle").cycle())
 
 
 # 6. single_active prunes; RoundRobinMux checks its mode and permutes round 1; int weights ----

@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+import pescador
 import pytest
 
 import feedmux.sampling as feedmux_sampling
@@ -21,8 +22,6 @@ from feedmux.sampling import ShuffledMux, StochasticMux, Streamer
 # Every test here is fast: a hang is a bug, so fail it early.
 pytestmark = pytest.mark.timeout(30)
 
-
-pescador = pytest.importorskip("pescador")
 
 N_ITEMS = 20_000
 
