@@ -14,10 +14,14 @@ acknowledged — at most its credit — is sent again.
 With credit, a trainer's receive queue never fills up, which is what makes
 ZMTP heartbeats safe on this data socket (see ``make_socket``).
 
-Every message on the reliable data socket, server to trainer, starts with an
-8-byte little-endian envelope: the message's sequence number (0 for messages
-that need no acknowledgement: heartbeats, end of stream), then the encoded
-message's frames.
+Every message on the reliable data socket, server to trainer, starts with the
+envelope of :mod:`feedmux.protocol` (:func:`~feedmux.protocol.pack_envelope`):
+the message's sequence number, 0 for messages that need no acknowledgement
+(heartbeats, end of stream).
+
+The bookkeeping (credit, unacknowledged messages, the re-send queue) is the
+pure :class:`ReliableLedger`; :class:`ReliableDispatch` is the socket edge
+around it and must hold no delivery state of its own.
 """
 
 from __future__ import annotations
@@ -33,18 +37,14 @@ import zmq
 
 from feedmux._transport import HEARTBEAT_INTERVAL, readable
 from feedmux.errors import ProtocolError
-from feedmux.protocol import Ack, Credit, Heartbeat, Message, decode, encode
+from feedmux.protocol import Ack, Credit, Heartbeat, Message, decode, encode, pack_envelope
 
-__all__ = ["ENVELOPE_BYTES", "ReliableDispatch", "envelope"]
+__all__ = ["ReliableDispatch", "ReliableLedger"]
 
 log = logging.getLogger("feedmux.server")
 
-ENVELOPE_BYTES = 8
-
-
-def envelope(seq: int) -> bytes:
-    """The envelope frame of a reliable message (0: no acknowledgement wanted)."""
-    return seq.to_bytes(ENVELOPE_BYTES, "little")
+#: The envelope of messages that want no acknowledgement (heartbeats, end of stream).
+_NO_ACK = pack_envelope(0)
 
 
 @dataclass
@@ -65,36 +65,22 @@ class _Peer:
         return self.capacity - len(self.unacked)
 
 
-class ReliableDispatch:
-    """Hands data messages to trainers with credit and re-sends what a lost trainer held."""
+class ReliableLedger:
+    """Who has credit, what each trainer holds unacknowledged, what waits to be re-sent.
 
-    def __init__(self, socket: zmq.Socket[Any], server_id: str) -> None:
-        self.socket = socket
-        self.server_id = server_id
+    Pure bookkeeping: no socket, no clock (``now`` is passed in).
+    """
+
+    def __init__(self) -> None:
         self.peers: dict[bytes, _Peer] = {}
         self.resend: deque[_Pending] = deque()
         self.next_seq = 1
         self.resent_messages = 0
         self.lost_trainers = 0
-        self._last_probe = 0.0
+        self._last_probe = float("-inf")
 
-    # -- input --------------------------------------------------------------------------
-    def serve(self) -> None:
-        """Take in every credit and acknowledgement waiting on the socket."""
-        while readable(self.socket):
-            try:
-                parts = self.socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            identity = parts[0].bytes
-            try:
-                message = decode(parts[1:])
-            except ProtocolError as error:
-                log.warning("malformed message on the reliable data socket: %s", error)
-                continue
-            self._take(identity, message)
-
-    def _take(self, identity: bytes, message: Message) -> None:
+    def take(self, identity: bytes, message: Message) -> None:
+        """A credit grant or an acknowledgement from ``identity``."""
         if isinstance(message, Credit):
             peer = self.peers.get(identity)
             if peer is None:
@@ -110,41 +96,7 @@ class ReliableDispatch:
         else:
             log.warning("unexpected %s on the reliable data socket", type(message).__name__)
 
-    # -- output -------------------------------------------------------------------------
-    def send(self, frames: list[Any], n_samples: int, epoch: int,
-             wait: Callable[[], bool]) -> bool:
-        """Deliver one new message (after any waiting re-sends); False if told to stop.
-
-        ``wait`` blocks briefly while serving the sockets and returns False when
-        the server is stopping.
-        """
-        pending = _Pending(frames, n_samples, epoch)
-        while True:
-            self.serve()
-            self.probe()
-            self.flush_resend()
-            if not self.resend:
-                identity = self._pick()
-                if identity is not None and self._deliver(identity, pending):
-                    return True
-                if identity is not None:
-                    continue  # that trainer was gone; try another
-            if not wait():
-                return False
-
-    def flush_resend(self) -> None:
-        """Re-send what lost trainers held, as far as credit goes."""
-        while self.resend:
-            identity = self._pick()
-            if identity is None:
-                return
-            pending = self.resend.popleft()
-            if self._deliver(identity, pending):
-                self.resent_messages += 1
-            else:
-                self.resend.appendleft(pending)
-
-    def _pick(self) -> bytes | None:
+    def pick(self) -> bytes | None:
         """The trainer with the most credit left (spreads load across trainers), or None."""
         best, best_credit = None, 0
         for identity, peer in self.peers.items():
@@ -152,19 +104,13 @@ class ReliableDispatch:
                 best, best_credit = identity, peer.credit
         return best
 
-    def _deliver(self, identity: bytes, pending: _Pending) -> bool:
-        seq = self.next_seq
-        try:
-            self.socket.send_multipart([identity, envelope(seq), *pending.frames],
-                                       flags=zmq.NOBLOCK, copy=False)
-        except zmq.ZMQError:
-            self._lose(identity)
-            return False
-        self.next_seq = seq + 1
-        self.peers[identity].unacked[seq] = pending
-        return True
+    def delivered(self, identity: bytes, pending: _Pending) -> None:
+        """``pending`` went to ``identity`` under sequence number :attr:`next_seq`."""
+        self.peers[identity].unacked[self.next_seq] = pending
+        self.next_seq += 1
 
-    def _lose(self, identity: bytes) -> None:
+    def lose(self, identity: bytes) -> None:
+        """``identity`` is gone: what it held goes to the front of the re-send queue."""
         peer = self.peers.pop(identity, None)
         if peer is None:
             return
@@ -174,30 +120,13 @@ class ReliableDispatch:
         log.warning("trainer %s went away holding %d unacknowledged message(s); "
                     "sending them to the others", peer.client_id, len(held))
 
-    def probe(self, force: bool = False) -> None:
-        """Every heartbeat interval, find out which trainers are gone (a send fails)."""
-        now = time.monotonic()
+    def probe_due(self, now: float, force: bool = False) -> bool:
+        """Whether a heartbeat interval has passed since the last probe (and start one)."""
         if not force and now - self._last_probe < HEARTBEAT_INTERVAL:
-            return
+            return False
         self._last_probe = now
-        beat = [envelope(0), *encode(Heartbeat(sender_id=self.server_id))]
-        for identity in list(self.peers):
-            try:
-                self.socket.send_multipart([identity, *beat], flags=zmq.NOBLOCK)
-            except zmq.Again:
-                pass  # its queue is full: alive, just busy
-            except zmq.ZMQError:
-                self._lose(identity)
+        return True
 
-    def broadcast(self, message: Message) -> None:
-        frames = [envelope(0), *encode(message)]
-        for identity in list(self.peers):
-            try:
-                self.socket.send_multipart([identity, *frames], flags=zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
-
-    # -- state --------------------------------------------------------------------------
     @property
     def unacknowledged(self) -> int:
         return len(self.resend) + sum(len(peer.unacked) for peer in self.peers.values())
@@ -209,3 +138,94 @@ class ReliableDispatch:
             "resent_messages": self.resent_messages,
             "lost_trainers": self.lost_trainers,
         }
+
+
+class ReliableDispatch:
+    """Hands data messages to trainers with credit and re-sends what a lost trainer held."""
+
+    def __init__(self, socket: zmq.Socket[Any], server_id: str) -> None:
+        self.socket = socket
+        self.server_id = server_id
+        self.ledger = ReliableLedger()
+
+    def serve(self) -> None:
+        """Take in every credit and acknowledgement waiting on the socket."""
+        while readable(self.socket):
+            try:
+                parts = self.socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                message = decode(parts[1:])
+            except ProtocolError as error:
+                log.warning("malformed message on the reliable data socket: %s", error)
+                continue
+            self.ledger.take(parts[0].bytes, message)
+
+    def send(self, frames: list[Any], n_samples: int, epoch: int,
+             wait: Callable[[], bool]) -> bool:
+        """Deliver one new message (after any waiting re-sends); False if told to stop.
+
+        ``wait`` blocks briefly while serving the sockets and returns False when
+        the server is stopping.
+        """
+        pending = _Pending(frames, n_samples, epoch)
+        ledger = self.ledger
+        while True:
+            self.serve()
+            self.probe()
+            self.flush_resend()
+            if not ledger.resend:
+                identity = ledger.pick()
+                if identity is not None and self._deliver(identity, pending):
+                    return True
+                if identity is not None:
+                    continue  # that trainer was gone; try another
+            if not wait():
+                return False
+
+    def flush_resend(self) -> None:
+        """Re-send what lost trainers held, as far as credit goes."""
+        ledger = self.ledger
+        while ledger.resend:
+            identity = ledger.pick()
+            if identity is None:
+                return
+            pending = ledger.resend.popleft()
+            if self._deliver(identity, pending):
+                ledger.resent_messages += 1
+            else:
+                ledger.resend.appendleft(pending)
+
+    def _deliver(self, identity: bytes, pending: _Pending) -> bool:
+        try:
+            self.socket.send_multipart(
+                [identity, pack_envelope(self.ledger.next_seq), *pending.frames],
+                flags=zmq.NOBLOCK, copy=False,
+            )
+        except zmq.ZMQError:
+            self.ledger.lose(identity)
+            return False
+        self.ledger.delivered(identity, pending)
+        return True
+
+    def probe(self, force: bool = False) -> None:
+        """Every heartbeat interval, find out which trainers are gone (a send fails)."""
+        if not self.ledger.probe_due(time.monotonic(), force):
+            return
+        beat = [_NO_ACK, *encode(Heartbeat(sender_id=self.server_id))]
+        for identity in list(self.ledger.peers):
+            try:
+                self.socket.send_multipart([identity, *beat], flags=zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # its queue is full: alive, just busy
+            except zmq.ZMQError:
+                self.ledger.lose(identity)
+
+    def broadcast(self, message: Message) -> None:
+        frames = [_NO_ACK, *encode(message)]
+        for identity in list(self.ledger.peers):
+            try:
+                self.socket.send_multipart([identity, *frames], flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass

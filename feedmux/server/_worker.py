@@ -17,7 +17,7 @@ import multiprocessing
 import os
 import signal
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
 
@@ -25,9 +25,7 @@ from feedmux._transport import make_socket
 from feedmux.protocol import EndOfEpoch, encode
 from feedmux.sampling.epochs import EpochIterator, shard
 from feedmux.server._producer import Frames, error_message, produce
-
-if TYPE_CHECKING:
-    from feedmux.server.server import ServerConfig
+from feedmux.server.config import ServerConfig
 
 __all__ = ["WorkerPool"]
 
