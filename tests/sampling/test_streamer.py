@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
 
 import numpy as np
+import pescador
 import pytest
 
+import feedmux.sampling as feedmux_sampling
 from feedmux.errors import SamplingError
-from feedmux.sampling import StochasticMux, Streamer, streamable
+from feedmux.sampling import ChainMux, StochasticMux, Streamer, streamable
 from feedmux.sampling.streamer import check_max_iter
 
 # Every test here is fast: a hang is a bug, so fail it early.
@@ -214,3 +218,78 @@ def test_nested_streamers_close_their_sources() -> None:
 def test_repr_names_the_source_and_arguments() -> None:
     assert repr(Streamer(count_up, 3, x=1)).startswith("Streamer(<function count_up")
     assert repr(Streamer(count_up, 3, x=1)).endswith(", 3, x=1)")
+
+
+# --- pescador's stream_ and activation context -----------------------------------------
+
+libraries = pytest.mark.parametrize("library", [pescador, feedmux_sampling],
+                                    ids=["pescador", "feedmux"])
+
+
+@libraries
+def test_stream_is_none_on_the_streamer_before_during_and_after_iteration(
+    library: ModuleType,
+) -> None:
+    stream = library.Streamer(count_up, 3)
+    assert stream.stream_ is None
+    items = stream.iterate()
+    assert next(items) == 0
+    assert stream.stream_ is None and stream.active == 1
+    assert list(items) == [1, 2]
+    assert stream.stream_ is None and stream.active == 0
+
+
+@libraries
+def test_with_gives_an_activated_copy_whose_stream_stays_set(library: ModuleType) -> None:
+    stream = library.Streamer(count_up, 3)
+    with stream as active:
+        assert active is not stream
+        assert stream.stream_ is None and stream.active == 1
+        assert isinstance(active.stream_, Iterator)
+        with active as again:
+            assert again is active
+        assert list(active.stream_) == [0, 1, 2]
+    assert stream.active == 0
+    assert isinstance(active.stream_, Iterator)
+    assert list(active.stream_) == []
+
+
+@libraries
+def test_each_with_block_opens_a_fresh_activation(library: ModuleType) -> None:
+    stream = library.Streamer(count_up, 2)
+    with stream as first, stream as second:
+        assert first.stream_ is not second.stream_
+        assert stream.active == 2
+        assert list(first.stream_) == list(second.stream_) == [0, 1]
+    assert stream.active == 0
+
+
+def pescador_style(library: ModuleType) -> type:
+    """A subclass written against pescador: it overrides iterate and reads stream_."""
+
+    class Doubled(library.Streamer):  # type: ignore[misc, name-defined]
+        def iterate(self, max_iter: int | None = None) -> Iterator[Any]:
+            with self as active:
+                for count, item in enumerate(active.stream_):
+                    if max_iter is not None and count >= max_iter:
+                        break
+                    yield 2 * item
+
+    return Doubled
+
+
+@libraries
+def test_a_pescador_style_subclass_runs_alone_and_in_a_mux(library: ModuleType) -> None:
+    doubled = pescador_style(library)(count_up, 3)
+    assert list(doubled.iterate()) == [0, 2, 4]
+    assert list(doubled.iterate(max_iter=2)) == [0, 2]
+    assert list(library.ChainMux([doubled, doubled])) == [0, 2, 4, 0, 2, 4]
+    assert doubled.active == 0
+
+
+def test_a_mux_entered_with_with_starts_a_new_pass() -> None:
+    mux = ChainMux(["ab", "c"])
+    with mux as active:
+        assert list(active.stream_ or ()) == ["a", "b", "c"]
+    assert mux.stream_ is None and mux.active == 0
+
