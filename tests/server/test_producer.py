@@ -1,0 +1,65 @@
+"""produce: epochs in, data messages out; what --on-error skip does to a failing stream."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import feedmux
+from feedmux.protocol import Data, decode
+from feedmux.sampling import EpochIterator
+from feedmux.server._producer import BatchPolicy, Frames, produce
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def failing_after(n: int) -> Iterator[str]:
+    for i in range(n):
+        yield f"f{i}"
+    raise OSError("disk gone")
+
+
+def run(streamer: feedmux.Streamer[str], *, skip_errors: bool) -> list[tuple[int, list[Any]]]:
+    """Produce two epochs of ``streamer``; return (epoch, samples) of every message sent."""
+    sent: list[tuple[int, list[Any]]] = []
+
+    def send(frames: Frames, n_samples: int, epoch: int) -> bool:
+        message = decode(frames)
+        assert isinstance(message, Data)
+        samples = list(message.samples)
+        assert len(samples) == n_samples
+        sent.append((epoch, samples))
+        return True
+
+    produce(EpochIterator(streamer, max_epochs=2), send,
+            policy=BatchPolicy(samples_per_message=2), server_id="test",
+            skip_errors=skip_errors)
+    return sent
+
+
+def items_of(sent: list[tuple[int, list[Any]]], epoch: int) -> list[Any]:
+    return sorted(item for message_epoch, samples in sent if message_epoch == epoch
+                  for item in samples)
+
+
+def test_without_skipping_a_stream_error_stops_production() -> None:
+    mux = feedmux.ChainMux([feedmux.Streamer(failing_after, 2), "abc"])
+    with pytest.raises(OSError, match="disk gone"):
+        run(mux, skip_errors=False)
+
+
+def test_skipping_ends_only_the_failing_stream_of_a_mux(caplog: pytest.LogCaptureFixture) -> None:
+    mux = feedmux.ChainMux([feedmux.Streamer(failing_after, 2), "abc"])
+    with caplog.at_level(logging.WARNING, logger="feedmux.server"):
+        sent = run(mux, skip_errors=True)
+    for epoch in (1, 2):
+        assert items_of(sent, epoch) == ["a", "b", "c", "f0", "f1"]
+    assert caplog.text.count("skipping the rest of it") == 2
+
+
+def test_skipping_abandons_the_epoch_of_a_failing_top_level_streamer() -> None:
+    sent = run(feedmux.Streamer(failing_after, 3), skip_errors=True)
+    assert [items_of(sent, epoch) for epoch in (1, 2)] == [["f0", "f1", "f2"]] * 2
