@@ -1,11 +1,12 @@
 """Epochs and shards: how the server runs a streamer and splits it over workers.
 
 This module owns the server's view of a streamer: :class:`EpochIterator`
-runs it in cycle mode, one activation per epoch, and tags every item with its
-epoch and position; :func:`shard` gives each of several sampling processes
-its part so that, in exhaustive mode, the parts together yield every item of
-an epoch exactly once. It is pure (no sockets, no processes) and must keep
-the per-item cost of the epoch loop to a tuple and a generator step.
+runs it in cycle mode, one activation per epoch, and hands its items out in
+chunks tagged with their epoch and position; :func:`shard` gives each of
+several sampling processes its part so that, in exhaustive mode, the parts
+together yield every item of an epoch exactly once. It is pure (no sockets,
+no processes, no hooks but those passed in) and must keep the per-item cost
+of the epoch loop to C-level slicing: no Python step per item.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ T = TypeVar("T")
 
 
 def is_streamer(obj: object) -> bool:
-    """Whether ``obj`` is a :class:`~feedmux.server.Streamer` or a mux.
+    """Whether ``obj`` is a :class:`~feedmux.sampling.Streamer` or a mux.
 
     Examples
     --------
@@ -124,9 +125,9 @@ class EpochIterator(Generic[T]):
 
         The items are pulled by C code (``islice``), not one generator step
         and tuple each, for a caller that ships items in groups (the server).
-        A chunk never spans two epochs;
-        ``chunk.last`` says that the epoch ended with it (then ``items`` may be
-        empty, when the previous chunk happened to end exactly at the end).
+        A chunk never spans two epochs; ``chunk.last`` says that the epoch
+        ended with it (then ``items`` may be empty, when the previous chunk
+        happened to end exactly at the end).
         When the streamer raises, the items drawn before are returned first
         and the exception is raised by the next call, which abandons that
         epoch (not counted as complete, no ``on_epoch_end``); the call after
