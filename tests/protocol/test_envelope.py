@@ -63,6 +63,17 @@ def test_unpack_reads_zmq_frame_like_objects_through_their_buffer() -> None:
     assert rest == [frames[1]]
 
 
+def test_unpack_reads_zmq_frames() -> None:
+    import zmq  # the loader's input; the protocol package itself never imports zmq
+
+    frames = [zmq.Frame(pack_envelope(2**64 - 1)), zmq.Frame(b"header")]
+    seq, rest = unpack_envelope(frames)
+    assert seq == 2**64 - 1
+    assert rest == [frames[1]]
+    with pytest.raises(ProtocolError, match="got 3 bytes"):
+        unpack_envelope([zmq.Frame(b"abc")])
+
+
 def test_unpack_without_frames_says_what_it_expected() -> None:
     with pytest.raises(ProtocolError, match="expected an envelope frame of 8 bytes, got an empty"):
         unpack_envelope([])
