@@ -1,0 +1,342 @@
+"""The server's control core, driven with events and a made-up clock: no sockets."""
+
+from __future__ import annotations
+
+import ast
+import logging
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from feedmux.errors import ProtocolError
+from feedmux.protocol import (
+    Drain,
+    EndOfStream,
+    Error,
+    Heartbeat,
+    Hello,
+    Message,
+    Stats,
+    StatsRequest,
+    Welcome,
+)
+from feedmux.server._core import (
+    DRAIN_INTERVAL,
+    FINAL_GRACE,
+    TRAINER_TIMEOUT,
+    ControlCore,
+    Phase,
+    Sends,
+)
+from feedmux.server.config import ServerConfig
+
+A, B, C = b"a", b"b", b"c"
+
+
+def make_core(**options: object) -> ControlCore:
+    config = ServerConfig(source="unused:source", server_id="srv", **options)  # type: ignore[arg-type]
+    return ControlCore(config, started=0.0, pid=123)
+
+
+def hello(client_id: str = "t") -> Hello:
+    return Hello(client_id=client_id, role="trainer")
+
+
+def beat(received: int, sender: str = "t") -> Heartbeat:
+    return Heartbeat(sender_id=sender, received_messages=received)
+
+
+def kinds(sends: Sends) -> list[tuple[bytes, type[Message]]]:
+    return [(identity, type(message)) for identity, message in sends]
+
+
+def test_hello_gets_a_welcome_and_registers_the_trainer() -> None:
+    core = make_core(epoch_size=10)
+    [(identity, welcome)] = core.receive(A, hello("one"), now=1.0)
+    assert identity == A and isinstance(welcome, Welcome)
+    assert welcome.server_id == "srv" and welcome.epoch_size == 10 and not welcome.finished
+    assert core.connected_trainers(now=1.0) == 1
+    assert core.connected_trainers(now=1.0 + TRAINER_TIMEOUT + 0.1) == 0
+
+
+def test_a_heartbeat_from_an_unknown_peer_registers_it_with_its_count() -> None:
+    core = make_core()
+    assert kinds(core.receive(B, beat(7), now=2.0)) == [(B, Welcome)]
+    assert core.received_total() == 7
+
+
+def test_stats_answer_with_the_counters() -> None:
+    core = make_core()
+    core.data_sent(4, epoch=1)
+    core.data_sent(2, epoch=2)
+    [(_, stats)] = core.receive(C, StatsRequest(), now=2.0)
+    assert isinstance(stats, Stats)
+    figures = stats.values
+    assert (figures["samples_sent"], figures["messages_sent"], figures["epoch"]) == (6, 2, 2)
+    assert figures["pid"] == 123 and figures["uptime_s"] == 2.0
+    assert figures["samples_per_second"] == 3.0
+
+
+def test_unexpected_and_malformed_messages_get_an_error_back() -> None:
+    core = make_core()
+    [(_, error)] = core.receive(A, Drain(sent_messages=1, server_id="x"), now=0.0)
+    assert isinstance(error, Error) and "expected Hello, Heartbeat or StatsRequest" in error.message
+    [(_, error)] = core.malformed(A, ProtocolError("bad header"), now=0.0)
+    assert isinstance(error, Error) and error.type == "feedmux.errors.ProtocolError"
+    assert not core.trainers
+
+
+def test_a_departed_trainer_keeps_its_count() -> None:
+    core = make_core()
+    core.receive(A, beat(5), now=0.0)
+    core.receive(B, beat(3), now=0.0)
+    core.peer_gone(A)
+    core.peer_gone(A)  # twice: counted once
+    assert (core.departed, core.departed_received, core.received_total()) == (1, 5, 8)
+
+
+def test_min_trainers_waits_for_hellos_and_forgets_one_that_left() -> None:
+    core = make_core(min_trainers=2)
+    core.begin()
+    assert core.phase is Phase.WAITING
+    core.receive(A, hello("one"), now=0.0)
+    core.receive(B, hello("two"), now=0.0)
+    assert kinds(core.tick(now=0.1)) == [(A, Welcome), (B, Welcome)]
+    core.peer_gone(B)  # the welcome to B failed: it has gone
+    assert kinds(core.tick(now=0.2)) == [(A, Welcome)]
+    assert core.phase is Phase.WAITING
+    core.receive(C, hello("three"), now=0.3)
+    assert core.tick(now=0.3) == ()
+    assert core.phase is Phase.SAMPLING
+
+
+def test_without_min_trainers_sampling_starts_at_once() -> None:
+    core = make_core()
+    assert core.begin() == ()
+    assert core.phase is Phase.SAMPLING
+
+
+def test_an_epoch_broadcasts_its_size() -> None:
+    core = make_core()
+    core.receive(A, hello(), now=0.0)
+    [(_, welcome)] = core.epoch_finished(1, 40)
+    assert isinstance(welcome, Welcome) and welcome.epoch_size == 40
+    assert core.epochs_completed == 1
+
+
+def test_the_drain_asks_at_a_steady_pace_and_ends_once_everything_is_counted() -> None:
+    core = make_core()
+    core.receive(A, hello(), now=0.0)
+    core.receive(B, hello(), now=0.0)
+    for _ in range(10):
+        core.data_sent(1, epoch=1)
+    core.finish(now=1.0)
+    assert kinds(core.tick(now=1.0)) == [(A, Drain), (B, Drain)]
+    assert core.tick(now=1.0 + DRAIN_INTERVAL / 2) == ()
+    core.receive(A, beat(6), now=1.05)
+    core.receive(B, beat(3), now=1.05)
+    assert kinds(core.tick(now=1.0 + DRAIN_INTERVAL)) == [(A, Drain), (B, Drain)]
+    core.receive(B, beat(4), now=1.2)
+    sends = core.tick(now=1.2)
+    assert kinds(sends) == [(A, EndOfStream), (B, EndOfStream)]
+    end = sends[0][1]
+    assert isinstance(end, EndOfStream) and end.sent_messages == 10
+    assert core.phase is Phase.LAST_WORD
+
+
+def test_the_last_word_is_repeated_to_late_speakers_until_quiet() -> None:
+    core = make_core()
+    core.finish(now=0.0)
+    core.tick(now=0.0)  # nothing sent: ends at once
+    assert core.phase is Phase.LAST_WORD
+    assert kinds(core.receive(C, hello(), now=0.5)) == [(C, EndOfStream)]
+    assert kinds(core.receive(C, StatsRequest(), now=0.6)) == [(C, Stats)]
+    core.tick(now=0.6 + FINAL_GRACE)
+    assert core.phase is Phase.LAST_WORD
+    core.tick(now=0.6 + FINAL_GRACE + 0.01)
+    assert core.phase is Phase.DONE
+
+
+def test_the_last_word_is_bounded_even_when_someone_keeps_talking() -> None:
+    core = make_core()
+    core.fail(RuntimeError("boom"), now=0.0)
+    now = 0.0
+    while core.phase is Phase.LAST_WORD:
+        now += 0.5
+        assert kinds(core.receive(A, beat(0), now=now)) == [(A, Error)]
+        core.tick(now)
+    assert 4 * FINAL_GRACE < now <= 4 * FINAL_GRACE + 0.5
+
+
+def test_a_gone_trainer_ends_the_drain_after_drain_idle(caplog: pytest.LogCaptureFixture) -> None:
+    core = make_core(drain_idle=3.0, drain_timeout=30.0)
+    core.receive(A, beat(0), now=0.0)
+    core.receive(B, beat(0), now=0.0)
+    for _ in range(10):
+        core.data_sent(1, epoch=1)
+    core.receive(A, beat(4), now=0.0)
+    core.peer_gone(A)  # took its unread messages with it
+    core.finish(now=1.0)
+    core.receive(B, beat(5), now=1.0)
+    assert kinds(core.tick(now=1.0)) == [(B, Drain)]
+    assert core.phase is Phase.DRAINING
+    core.tick(now=4.0)
+    assert core.phase is Phase.DRAINING
+    with caplog.at_level(logging.WARNING, logger="feedmux.server"):
+        assert kinds(core.tick(now=4.01)) == [(B, EndOfStream)]
+    assert "1 of 10 data messages unconfirmed (1 trainer(s) went away)" in caplog.text
+
+
+def test_a_live_slow_trainer_is_waited_for_until_the_drain_timeout() -> None:
+    core = make_core(drain_idle=1.0, drain_timeout=10.0)
+    core.receive(A, beat(0), now=0.0)
+    core.data_sent(1, epoch=1)
+    core.finish(now=0.0)
+    now = 0.0
+    while core.phase is Phase.DRAINING:
+        now += DRAIN_INTERVAL
+        core.receive(A, beat(0), now=now)
+        core.tick(now)
+    assert 10.0 < now <= 10.0 + 2 * DRAIN_INTERVAL
+
+
+def test_throughput_is_logged_every_log_every(caplog: pytest.LogCaptureFixture) -> None:
+    core = make_core(log_every=1.0)
+    with caplog.at_level(logging.INFO, logger="feedmux.server"):
+        core.data_sent(50, epoch=1)
+        assert core.tick(now=0.5) == ()
+        assert "samples/s" not in caplog.text
+        core.tick(now=2.0)
+    assert "epoch 1: 50 samples sent, 25 samples/s, 0 trainer(s) connected" in caplog.text
+
+
+class CoreSequences(RuleBasedStateMachine):
+    """Joins, leaves, restarts, heartbeats, data and a drain in any order.
+
+    The model: every data message sent is in the hands of one trainer
+    identity (or lost with a departed one); a trainer reports at most what
+    it holds.
+    """
+
+    @initialize(drain_idle=st.sampled_from([0.5, 3.0]), timeout=st.sampled_from([2.0, 30.0]))
+    def start(self, drain_idle: float, timeout: float) -> None:
+        self.core = make_core(drain_idle=drain_idle, drain_timeout=timeout)
+        self.now = 0.0
+        self.next_identity = 0
+        self.held: dict[bytes, int] = {}  # identity -> data messages it holds (model)
+        self.reported: dict[bytes, int] = {}
+        self.gone_reported = 0
+        self.finished_at: float | None = None
+        self.end_at: float | None = None
+        self.final: Message | None = None
+
+    def _record(self, sends: Sends, ticked: bool = False) -> None:
+        for _, message in sends:
+            if isinstance(message, (EndOfStream, Error)):
+                self.final = message
+        ended = self.finished_at is not None and self.core.phase is not Phase.DRAINING
+        if ticked and any(isinstance(m, EndOfStream) for _, m in sends):
+            assert ended and self.end_at is None, "end of stream broadcast twice"
+        if ended and self.end_at is None:
+            self.end_at = self.now
+            self.final = self.core.final_message
+            assert isinstance(self.final, EndOfStream)
+            total = self.core.received_total()
+            assert self.finished_at is not None
+            waited = self.now - self.finished_at
+            config = self.core.config
+            assert (total >= self.core.messages_sent or waited > config.drain_idle
+                    or waited > config.drain_timeout), (total, self.core.messages_sent, waited)
+
+    @rule()
+    def join(self) -> None:
+        identity = b"id%d" % self.next_identity
+        self.next_identity += 1
+        self.held[identity] = 0
+        sends = self.core.receive(identity, hello(identity.decode()), self.now)
+        if self.final is not None:
+            assert [m for _, m in sends] == [self.final], "the last word is repeated"
+        self._record(sends)
+
+    @rule(data=st.data())
+    @precondition(lambda self: bool(self.held))
+    def leave(self, data: st.DataObject) -> None:
+        identity = data.draw(st.sampled_from(sorted(self.held)))
+        del self.held[identity]
+        self.gone_reported += self.reported.pop(identity, 0)
+        self.core.peer_gone(identity)
+
+    @rule(data=st.data())
+    @precondition(lambda self: bool(self.held))
+    def restart(self, data: st.DataObject) -> None:
+        """The same client comes back under a new identity; the old one is found gone."""
+        self.leave(data)
+        self.join()
+
+    @rule(data=st.data())
+    @precondition(lambda self: bool(self.held))
+    def heartbeat(self, data: st.DataObject) -> None:
+        identity = data.draw(st.sampled_from(sorted(self.held)))
+        count = data.draw(st.integers(self.reported.get(identity, 0), self.held[identity]))
+        self.reported[identity] = count
+        sends = self.core.receive(identity, beat(count, identity.decode()), self.now)
+        if self.final is not None:
+            assert [m for _, m in sends] == [self.final], "the last word is repeated"
+        self._record(sends)
+
+    @rule(data=st.data(), samples=st.integers(1, 5))
+    @precondition(lambda self: bool(self.held) and self.finished_at is None)
+    def send_data(self, data: st.DataObject, samples: int) -> None:
+        identity = data.draw(st.sampled_from(sorted(self.held)))
+        self.held[identity] += 1
+        self.core.data_sent(samples, epoch=1)
+
+    @rule()
+    @precondition(lambda self: self.finished_at is None)
+    def finish(self) -> None:
+        self.finished_at = self.now
+        self._record(self.core.finish(self.now))
+
+    @rule(seconds=st.sampled_from([0.01, DRAIN_INTERVAL, 0.7, 2.5]))
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+        self._record(self.core.tick(self.now), ticked=True)
+
+    @invariant()
+    def counts_add_up(self) -> None:
+        core = self.core
+        assert core.connected_trainers(self.now) >= 0
+        assert core.departed_received == self.gone_reported
+        assert core.received_total() == self.gone_reported + sum(self.reported.values())
+
+    @invariant()
+    def the_drain_is_bounded(self) -> None:
+        if self.finished_at is not None and self.core.phase is Phase.DRAINING:
+            assert self.now <= self.finished_at + self.core.config.drain_timeout + 2.5
+
+
+TestCoreSequences = CoreSequences.TestCase
+TestCoreSequences.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_no_import_cycle_in_the_server_package() -> None:
+    package = Path(__file__).resolve().parents[2] / "feedmux" / "server"
+    imports: dict[str, set[str]] = {}
+    for path in package.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imports[path.stem] = {
+            node.module.rsplit(".", 1)[1] for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module
+            and node.module.startswith("feedmux.server.")
+        }
+
+    def visit(module: str, trail: tuple[str, ...]) -> None:
+        assert module not in trail, " -> ".join((*trail, module))
+        for imported in imports.get(module, ()):
+            visit(imported, (*trail, module))
+
+    for module in imports:
+        visit(module, ())

@@ -1,0 +1,53 @@
+"""The reliable dispatch's bookkeeping (credit, unacknowledged messages, re-sends): no sockets."""
+
+from __future__ import annotations
+
+from feedmux.protocol import Ack, Credit
+from feedmux.server._reliable import ReliableLedger, _Pending
+
+
+def pending(tag: int) -> _Pending:
+    return _Pending(frames=[tag], n_samples=1, epoch=1)
+
+
+def test_the_trainer_with_the_most_credit_gets_the_next_message() -> None:
+    ledger = ReliableLedger()
+    assert ledger.pick() is None
+    ledger.take(b"a", Credit(client_id="a", credits=2))
+    ledger.take(b"b", Credit(client_id="b", credits=3))
+    assert ledger.pick() == b"b"
+    ledger.delivered(b"b", pending(1))
+    ledger.delivered(b"b", pending(2))
+    assert ledger.pick() == b"a"
+    assert ledger.unacknowledged == 2 and ledger.next_seq == 3
+
+
+def test_acknowledged_messages_are_released() -> None:
+    ledger = ReliableLedger()
+    ledger.take(b"a", Credit(client_id="a", credits=1))
+    ledger.delivered(b"a", pending(1))
+    assert ledger.pick() is None  # no credit left
+    ledger.take(b"a", Ack(seqs=[1, 99]))  # an unknown seq is ignored
+    assert ledger.unacknowledged == 0 and ledger.pick() == b"a"
+
+
+def test_a_lost_trainer_s_messages_go_to_the_front_in_order() -> None:
+    ledger = ReliableLedger()
+    ledger.take(b"a", Credit(client_id="a", credits=4))
+    for tag in (1, 2, 3):
+        ledger.delivered(b"a", pending(tag))
+    ledger.take(b"a", Ack(seqs=[2]))
+    ledger.resend.append(pending(9))
+    ledger.lose(b"a")
+    ledger.lose(b"a")  # twice: counted once
+    assert [p.frames for p in ledger.resend] == [[1], [3], [9]]
+    assert ledger.stats() == {"reliable_trainers": 0, "unacknowledged_messages": 3,
+                              "resent_messages": 0, "lost_trainers": 1}
+
+
+def test_probes_are_paced_by_the_heartbeat_interval() -> None:
+    ledger = ReliableLedger()
+    assert ledger.probe_due(10.0)
+    assert not ledger.probe_due(10.5)
+    assert ledger.probe_due(10.5, force=True)
+    assert ledger.probe_due(11.6)
