@@ -1,22 +1,24 @@
 """RemoteLoader: the trainer's end of the wire, an iterable of decoded samples.
 
-This module owns the trainer's sockets: one PULL socket connected to every
-server's data endpoint and one DEALER per server's control endpoint (hello,
-heartbeats, the end-of-stream handshake, remote errors). It never imports the
-server package. Every blocking wait is bounded: by the user's ``timeout``, or
-by a short poll interval when no timeout is asked for (then it waits for data
-as long as it takes, by the user's choice).
+This module owns the trainer's sockets and nothing else: one PULL socket
+connected to every server's data endpoint (in reliable mode one DEALER per
+server instead) and one DEALER per server's control endpoint. It connects,
+polls, receives, decodes and sends; every decision about what the servers said
+(welcomes, restarts, drains, ends of stream, remote errors, heartbeats,
+timeouts) belongs to the pure link state in ``_link``, which it calls once per
+message and never once per sample. It never imports the server package. Every
+blocking wait is bounded: by the user's ``timeout``, or by a heartbeat interval
+when no timeout is asked for (then it waits for data as long as it takes, by
+the user's choice).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 import uuid
 import weakref
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import zmq
@@ -31,13 +33,13 @@ from feedmux._transport import (
     readable,
     send_message,
 )
+from feedmux.client._link import Action, Send, ServerLinks
 from feedmux.errors import (
     ConfigurationError,
     ProtocolError,
     RemoteError,
     StreamValueError,
     TransportClosedError,
-    TransportError,
     TransportTimeoutError,
     VersionMismatchError,
 )
@@ -45,22 +47,15 @@ from feedmux.protocol import (
     Ack,
     Credit,
     Data,
-    Drain,
     EndOfStream,
     Error,
-    Heartbeat,
-    Hello,
     Message,
-    Welcome,
     decode,
+    unpack_envelope,
 )
 
 __all__ = ["RemoteLoader", "SampleMeta", "fetch_stats"]
 
-log = logging.getLogger("feedmux.client")
-
-#: Seconds of data without any answer on a control endpoint before a warning.
-CONTROL_SILENCE_WARNING = 5.0
 #: A frame larger than this makes the loader tune malloc (see ``tune_malloc``).
 LARGE_MESSAGE_BYTES = 1 << 20
 #: A data message larger than this is refused by ZeroMQ before it reaches Python.
@@ -74,19 +69,6 @@ class SampleMeta(NamedTuple):
     epoch: int
     position: int
     server_id: str
-
-
-@dataclass
-class _ServerLink:
-    """What this trainer knows about one server (one control endpoint)."""
-
-    data_address: str
-    control_address: str
-    socket: Any = None
-    data_socket: Any = None  # reliable mode: this server's own data DEALER
-    server_id: str = ""
-    epoch_size: int | None = None
-    finished: bool = False
 
 
 class RemoteLoader:
@@ -154,26 +136,8 @@ class RemoteLoader:
         curve_certificate: str | None = None,
         tune_malloc: bool = True,
     ) -> None:
-        addresses = [address] if isinstance(address, str) else list(address)
-        if not addresses or not all(isinstance(a, str) and a for a in addresses):
-            raise ConfigurationError(
-                f"expected a data endpoint or a non-empty list of them, got {address!r}"
-            )
-        if control is None:
-            controls = [control_address_for(a) for a in addresses]
-        else:
-            controls = [control] if isinstance(control, str) else list(control)
-        if len(controls) != len(addresses):
-            raise ConfigurationError(
-                f"expected one control endpoint per data endpoint ({len(addresses)}), "
-                f"got {len(controls)}: {controls!r}"
-            )
-        if timeout is not None and not timeout > 0:
-            raise ConfigurationError(f"expected timeout None or > 0 seconds, got {timeout!r}")
-        if not (isinstance(world_size, int) and world_size >= 1):
-            raise ConfigurationError(f"expected world_size an int >= 1, got {world_size!r}")
-        if not (isinstance(hwm, int) and hwm >= 1):
-            raise ConfigurationError(f"expected hwm an int >= 1, got {hwm!r}")
+        addresses, controls = _endpoints(address, control)
+        _check_settings(timeout=timeout, world_size=world_size, hwm=hwm)
         self.addresses = addresses
         self.timeout = timeout
         self.hwm = hwm
@@ -186,16 +150,19 @@ class RemoteLoader:
             None if curve_server_key is None
             else ClientCurve.create(curve_server_key, curve_certificate)
         )
-        self._pending_ack: tuple[_ServerLink, int] | None = None
-        # Set at the first data message until every control endpoint has answered.
-        self._silent_since: float | None = None
-        self._first_data = True
-        self._turn = 0
         self.client_id = client_id or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._links = [_ServerLink(a, c) for a, c in zip(addresses, controls, strict=True)]
+        self._links = ServerLinks(
+            addresses, controls, client_id=self.client_id, world_size=world_size,
+            reliable=reliable, timeout=timeout, heartbeat_interval=HEARTBEAT_INTERVAL,
+        )
+        # Reliable mode: (link number, sequence number) of the message being handed out.
+        self._pending_ack: tuple[int, int] | None = None
+        self._turn = 0
         self._context: zmq.Context[Any] | None = None
         self._pid = 0
-        self._data: Any = None
+        self._data: Any = None  # plain mode: one PULL socket connected to every server
+        self._data_sockets: list[Any] = []  # reliable mode: one DEALER per server
+        self._control: list[Any] = []  # one DEALER per server
         self._poller: zmq.Poller | None = None
         self._closed = False
         # The current data message: its samples, tags and the next index to hand out.
@@ -204,8 +171,6 @@ class RemoteLoader:
         self._server_id = ""
         self._index = 0
         self._count = 0
-        self._received: dict[str, int] = {}
-        self._last_heartbeat = 0.0
         self._last: SampleMeta | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
 
@@ -245,13 +210,7 @@ class RemoteLoader:
             yield next(self)
 
     def __len__(self) -> int:
-        sizes = [link.epoch_size for link in self._links]
-        if not self._links or any(size is None for size in sizes):
-            raise TypeError(
-                "the epoch size is not known yet: the server learns it after its first epoch "
-                "(or declare it with --epoch-size)"
-            )
-        return max(1, sum(size for size in sizes if size is not None) // self.world_size)
+        return self._links.length()
 
     # -- what was seen --------------------------------------------------------------------
     @property
@@ -277,13 +236,12 @@ class RemoteLoader:
     @property
     def server_ids(self) -> list[str]:
         """The id of each server, in address order ('' until it answered)."""
-        return [link.server_id for link in self._links]
+        return self._links.server_ids
 
     @property
     def epoch_size(self) -> int | None:
         """The total epoch size over all servers, once every one of them knows it."""
-        sizes = [link.epoch_size for link in self._links]
-        return None if any(s is None for s in sizes) else sum(s for s in sizes if s is not None)
+        return self._links.epoch_size
 
     def state_dict(self) -> dict[str, Any]:
         """Plain data: servers, the last (epoch, position, server) seen, messages received.
@@ -299,7 +257,7 @@ class RemoteLoader:
             "last_epoch": None if meta is None else meta.epoch,
             "last_position": None if meta is None else meta.position,
             "last_server_id": None if meta is None else meta.server_id,
-            "received_messages": dict(self._received),
+            "received_messages": dict(self._links.received),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -324,101 +282,58 @@ class RemoteLoader:
         if self._context is not None and self._pid == os.getpid():
             return
         # A fresh context in every process: a ZeroMQ context must never cross a fork.
-        self._context = zmq.Context()
+        self._context = context = zmq.Context()
         self._pid = os.getpid()
-        self._poller = zmq.Poller()
-        sockets = []
-        if not self.reliable:
-            self._data = make_socket(
-                self._context, zmq.PULL, hwm=self.hwm, max_message_bytes=self.max_message_bytes,
-                heartbeats=False, security=self._security,
-            )
-            self._poller.register(self._data, zmq.POLLIN)
-            sockets.append(self._data)
-        for link in self._links:
-            if self.reliable:
-                # Credit keeps this queue below its limit, so heartbeats are safe here.
-                link.data_socket = make_socket(
-                    self._context, zmq.DEALER, hwm=self.hwm + 16,
-                    max_message_bytes=self.max_message_bytes, security=self._security,
-                )
-                link.data_socket.connect(link.data_address)
-                self._poller.register(link.data_socket, zmq.POLLIN)
-                sockets.append(link.data_socket)
-                self._grant_credit(link)
-            else:
-                self._data.connect(link.data_address)
-            link.socket = make_socket(self._context, zmq.DEALER, hwm=100,
-                                      max_message_bytes=1 << 20, security=self._security)
-            link.socket.connect(link.control_address)
-            self._poller.register(link.socket, zmq.POLLIN)
-            sockets.append(link.socket)
-            self._send(link, Hello(client_id=self.client_id, world_size=self.world_size))
-        self._finalizer = weakref.finalize(
-            self, _close_sockets, self._pid, self._context, sockets
+        self._data, self._data_sockets, self._control = _open_sockets(
+            context, self._links, reliable=self.reliable, hwm=self.hwm,
+            max_message_bytes=self.max_message_bytes, security=self._security,
         )
+        sockets = [*([self._data] if self._data is not None else []), *self._data_sockets,
+                   *self._control]
+        self._poller = zmq.Poller()
+        for socket in sockets:
+            self._poller.register(socket, zmq.POLLIN)
+        for index in range(len(self._data_sockets)):
+            self._grant_credit(index)
+        self._act(self._links.hello())
+        self._finalizer = weakref.finalize(self, _close_sockets, self._pid, context, sockets)
 
-    def _grant_credit(self, link: _ServerLink) -> None:
-        try:
-            send_message(link.data_socket, Credit(credits=self.hwm, client_id=self.client_id),
-                         flags=zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # the queue towards an absent server is full: the next welcome grants again
+    def _act(self, actions: Iterable[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Send):
+                # If the server is away and the queue full, the next heartbeat will do.
+                _send_or_drop(self._control[action.link], action.message)
+            else:  # a restarted server behind a reliable link
+                if self._pending_ack is not None and self._pending_ack[0] == action.link:
+                    self._pending_ack = None  # its sequence number means nothing now
+                self._grant_credit(action.link)
 
-    def _send(self, link: _ServerLink, message: Message) -> None:
-        try:
-            send_message(link.socket, message, flags=zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # the server is away and the queue is full: the next heartbeat will do
+    def _grant_credit(self, index: int) -> None:
+        # If the queue towards an absent server is full, the next welcome grants again.
+        _send_or_drop(self._data_sockets[index], Credit(credits=self.hwm, client_id=self.client_id))
 
     def _receive(self) -> None:
         """Block until the next data message is current (or raise / end the iteration)."""
         self._connect()
         assert self._poller is not None
-        waited_from = time.monotonic()
+        links = self._links
+        waited_from = now = time.monotonic()
         while True:
-            self._heartbeat_if_due()
+            self._act(links.tick(now))
             message = self._recv_data()
-            if message is None:
-                if self._all_finished():
-                    raise StopIteration from None
-                now = time.monotonic()
-                if self.timeout is not None and now - waited_from >= self.timeout:
-                    raise TransportTimeoutError(
-                        f"no data from {', '.join(self.addresses)} for {self.timeout:g} s "
-                        f"(servers: {self._describe_servers()})"
-                    ) from None
-                remaining = HEARTBEAT_INTERVAL
-                if self.timeout is not None:
-                    remaining = min(remaining, self.timeout - (now - waited_from))
-                events = dict(self._poller.poll(max(1, int(remaining * 1000))))
-                for link in self._links:
-                    if link.socket in events:
-                        self._serve_control(link)
-                continue
-            self._take(message)
-            for link in self._links:
-                if readable(link.socket):
-                    self._serve_control(link)
-            if self._silent_since is not None:
-                self._check_control_answers()
-            return
-
-    def _check_control_answers(self) -> None:
-        """Warn once when data flows but a control endpoint never answered (a wrong address)."""
-        silent = [link.control_address for link in self._links if not link.server_id]
-        if not silent:
-            self._silent_since = None
-            return
-        assert self._silent_since is not None
-        if time.monotonic() - self._silent_since > CONTROL_SILENCE_WARNING:
-            log.warning(
-                "data is arriving but the control endpoint(s) %s never answered in %g s: "
-                "is the control address right? (default: data port + 1) Without it this "
-                "loader learns no epoch size, no end of stream and no remote errors",
-                ", ".join(silent), CONTROL_SILENCE_WARNING,
-            )
-            self._silent_since = None
+            if message is not None:
+                self._take(message, now)
+                for index in range(len(self._control)):
+                    self._serve_control(index)
+                return
+            if links.finished:
+                raise StopIteration from None
+            wait = links.wait(waited_from, now)
+            events = dict(self._poller.poll(max(1, int(wait * 1000))))
+            for index, socket in enumerate(self._control):
+                if socket in events:
+                    self._serve_control(index)
+            now = time.monotonic()
 
     def _recv_data(self) -> Data | None:
         """The next data message waiting on the data socket(s), or None."""
@@ -427,7 +342,7 @@ class RemoteLoader:
                 frames = self._data.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return None
-            message = self._decode_data(frames)
+            _, message = self._decode_data(frames)
             if not isinstance(message, Data):
                 raise ProtocolError(
                     f"expected a data message on the data socket, got {type(message).__name__}"
@@ -435,117 +350,52 @@ class RemoteLoader:
             return message
         if self._pending_ack is not None:
             # Every sample of the current message was handed out: acknowledge it.
-            link, seq = self._pending_ack
+            index, seq = self._pending_ack
             self._pending_ack = None
-            try:
-                send_message(link.data_socket, Ack(seqs=[seq], client_id=self.client_id),
-                             flags=zmq.NOBLOCK)
-            except zmq.Again:
-                pass
-        links = self._links
-        for offset in range(len(links)):
-            link = links[(self._turn + offset) % len(links)]
-            while readable(link.data_socket):
-                frames = link.data_socket.recv_multipart(copy=False)
-                seq = int.from_bytes(frames[0].bytes, "little")
-                message = self._decode_data(frames[1:])
+            # A dropped ack only means the server deals that message again.
+            _send_or_drop(self._data_sockets[index], Ack(seqs=[seq], client_id=self.client_id))
+        count = len(self._data_sockets)
+        for offset in range(count):
+            index = (self._turn + offset) % count
+            socket = self._data_sockets[index]
+            while readable(socket):
+                seq, message = self._decode_data(socket.recv_multipart(copy=False), enveloped=True)
                 if isinstance(message, Data):
-                    self._turn = (self._turn + offset + 1) % len(links)
+                    self._turn = (index + 1) % count
                     if seq:
-                        self._pending_ack = (link, seq)
+                        self._pending_ack = (index, seq)
                     return message
-                if isinstance(message, EndOfStream) and message.server_id in ("", link.server_id):
-                    link.finished = True
+                if isinstance(message, EndOfStream):
+                    self._links.data_end_of_stream(index, message.server_id)
         return None
 
-    def _decode_data(self, frames: list[Any]) -> Message:
-        if self._tune_malloc and len(frames) > 2 and len(frames[-1]) > LARGE_MESSAGE_BYTES:
-            self._tune_malloc = False
-            keep_freed_memory()
+    def _decode_data(self, frames: list[Any], *, enveloped: bool = False) -> tuple[int, Message]:
+        """The sequence number (0 without an envelope) and the message of a data message."""
+        seq = 0
         try:
-            return decode(frames)
+            if enveloped:
+                seq, frames = unpack_envelope(frames)
+            if self._tune_malloc and len(frames) > 2 and len(frames[-1]) > LARGE_MESSAGE_BYTES:
+                self._tune_malloc = False
+                keep_freed_memory()
+            message = decode(frames)
         except VersionMismatchError:
             raise
         except ProtocolError as error:
             raise ProtocolError(f"malformed data message from {self.addresses}: {error}") from error
+        return seq, message
 
-    def _take(self, message: Data) -> None:
-        if self._first_data:
-            self._first_data = False
-            self._silent_since = time.monotonic()
-        server_id = message.server_id
-        if server_id not in self._received:
-            self._on_new_server(server_id)
-        self._received[server_id] = self._received.get(server_id, 0) + 1
-        self._samples, self._tags, self._server_id = message.samples, message.tags, server_id
-        self._index, self._count = 0, len(message.samples)
-        if self._count and self._tags[0, 0] > 1 and self.epoch_size is None:
-            # An epoch has ended, so the server knows its size: ask now, not at the next beat.
-            self._last_heartbeat = 0.0
+    def _take(self, message: Data, now: float) -> None:
+        samples, tags, server_id = message.samples, message.tags, message.server_id
+        count = len(samples)
+        self._act(self._links.data(server_id, int(tags[0, 0]) if count else 0, now=now))
+        self._samples, self._tags, self._server_id = samples, tags, server_id
+        self._index, self._count = 0, count
 
-    def _on_new_server(self, server_id: str) -> None:
-        known = {link.server_id for link in self._links}
-        if server_id not in known:
-            # A restarted server (or a first message racing its welcome): say hello again.
-            for link in self._links:
-                self._send(link, Hello(client_id=self.client_id, world_size=self.world_size))
-        self._received[server_id] = 0
-
-    def _serve_control(self, link: _ServerLink) -> None:
-        while readable(link.socket):
-            frames = link.socket.recv_multipart(copy=False)
-            message = decode(frames)
-            if isinstance(message, Welcome):
-                if message.reliable != self.reliable:
-                    raise TransportError(
-                        f"the server at {link.control_address} "
-                        f"{'uses' if message.reliable else 'does not use'} reliable delivery: "
-                        f"expected RemoteLoader(..., reliable={message.reliable}), "
-                        f"got reliable={self.reliable}"
-                    )
-                if link.server_id and link.server_id != message.server_id:
-                    log.warning(
-                        "server at %s restarted: server id %s, before %s; continuing",
-                        link.control_address, message.server_id, link.server_id,
-                    )
-                    link.finished = False
-                    if self.reliable:
-                        if self._pending_ack is not None and self._pending_ack[0] is link:
-                            self._pending_ack = None  # its sequence number means nothing now
-                        self._grant_credit(link)
-                link.server_id = message.server_id
-                link.epoch_size = message.epoch_size
-            elif isinstance(message, Drain):
-                self._send(link, Heartbeat(
-                    sender_id=self.client_id,
-                    received_messages=self._received.get(message.server_id, 0),
-                ))
-            elif isinstance(message, EndOfStream):
-                if message.server_id == link.server_id or not link.server_id:
-                    link.finished = True
-            elif isinstance(message, Error):
-                if message.type.rsplit(".", 1)[-1] == "VersionMismatchError":
-                    raise VersionMismatchError(f"{message.message} (server {link.control_address})")
-                raise RemoteError(message.type, message.message, message.traceback,
-                                  message.server_id or link.control_address)
-
-    def _heartbeat_if_due(self) -> None:
-        now = time.monotonic()
-        if now - self._last_heartbeat < HEARTBEAT_INTERVAL:
-            return
-        self._last_heartbeat = now
-        for link in self._links:
-            self._send(link, Heartbeat(
-                sender_id=self.client_id, received_messages=self._received.get(link.server_id, 0)
-            ))
-
-    def _all_finished(self) -> bool:
-        return all(link.finished for link in self._links)
-
-    def _describe_servers(self) -> str:
-        return ", ".join(
-            f"{link.control_address}={link.server_id or 'never answered'}" for link in self._links
-        )
+    def _serve_control(self, index: int) -> None:
+        socket = self._control[index]
+        while readable(socket):
+            self._act(self._links.control(index, decode(socket.recv_multipart(copy=False))))
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
@@ -563,6 +413,78 @@ class RemoteLoader:
 
     def __repr__(self) -> str:
         return f"RemoteLoader({self.addresses!r}, timeout={self.timeout!r})"
+
+
+def _endpoints(
+    address: str | Sequence[str], control: str | Sequence[str] | None
+) -> tuple[list[str], list[str]]:
+    """The data endpoints and one control endpoint per data endpoint, checked."""
+    addresses = [address] if isinstance(address, str) else list(address)
+    if not addresses or not all(isinstance(a, str) and a for a in addresses):
+        raise ConfigurationError(
+            f"expected a data endpoint or a non-empty list of them, got {address!r}"
+        )
+    if control is None:
+        controls = [control_address_for(a) for a in addresses]
+    else:
+        controls = [control] if isinstance(control, str) else list(control)
+    if len(controls) != len(addresses):
+        raise ConfigurationError(
+            f"expected one control endpoint per data endpoint ({len(addresses)}), "
+            f"got {len(controls)}: {controls!r}"
+        )
+    return addresses, controls
+
+
+def _check_settings(*, timeout: float | None, world_size: int, hwm: int) -> None:
+    if timeout is not None and not timeout > 0:
+        raise ConfigurationError(f"expected timeout None or > 0 seconds, got {timeout!r}")
+    if not (isinstance(world_size, int) and world_size >= 1):
+        raise ConfigurationError(f"expected world_size an int >= 1, got {world_size!r}")
+    if not (isinstance(hwm, int) and hwm >= 1):
+        raise ConfigurationError(f"expected hwm an int >= 1, got {hwm!r}")
+
+
+def _open_sockets(
+    context: zmq.Context[Any],
+    links: ServerLinks,
+    *,
+    reliable: bool,
+    hwm: int,
+    max_message_bytes: int,
+    security: ClientCurve | None,
+) -> tuple[Any, list[Any], list[Any]]:
+    """Connected sockets: the plain PULL (None in reliable mode), the reliable data
+    DEALERs (one per server, none in plain mode) and the control DEALERs."""
+    data = None
+    data_sockets: list[Any] = []
+    if reliable:
+        # Credit keeps these queues below their limit, so heartbeats are safe here.
+        data_sockets = targets = [
+            make_socket(context, zmq.DEALER, hwm=hwm + 16, max_message_bytes=max_message_bytes,
+                        security=security)
+            for _ in links.links
+        ]
+    else:
+        data = make_socket(context, zmq.PULL, hwm=hwm, max_message_bytes=max_message_bytes,
+                           heartbeats=False, security=security)
+        targets = [data] * len(links.links)
+    control = [
+        make_socket(context, zmq.DEALER, hwm=100, max_message_bytes=1 << 20, security=security)
+        for _ in links.links
+    ]
+    for target, control_socket, link in zip(targets, control, links.links, strict=True):
+        target.connect(link.data_address)
+        control_socket.connect(link.control_address)
+    return data, data_sockets, control
+
+
+def _send_or_drop(socket: Any, message: Message) -> None:
+    """Send without blocking; a message that finds the queue full is dropped."""
+    try:
+        send_message(socket, message, flags=zmq.NOBLOCK)
+    except zmq.Again:
+        pass
 
 
 def _close_sockets(pid: int, context: zmq.Context[Any], sockets: list[Any]) -> None:

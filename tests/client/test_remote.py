@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import gc
 import json
-import socket
+import logging
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -16,16 +18,49 @@ import pytest
 import zmq
 
 import feedmux
+from feedmux.client import _link, remote
 from feedmux.client.remote import RemoteLoader
-from feedmux.protocol import PROTOCOL_VERSION, Hello, decode, encode
+from feedmux.protocol import (
+    PROTOCOL_VERSION,
+    Data,
+    Drain,
+    Error,
+    Heartbeat,
+    Hello,
+    Message,
+    Welcome,
+    decode,
+    encode,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
+#: Every server in these tests binds a free port of its own choosing.
+ANY_PORT = "tcp://127.0.0.1:0"
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+
+def server(source: feedmux.Streamer[Any], **kwargs: Any) -> feedmux.Server:
+    return feedmux.Server(source, bind=ANY_PORT, **kwargs)
+
+
+def run_in_threads(target: Callable[[int], None], count: int) -> None:
+    """Run ``target(0)`` ... ``target(count - 1)`` in threads; join them and re-raise a failure."""
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            target(rank)
+        except BaseException as error:  # handed to the test thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=40)
+    assert not any(thread.is_alive() for thread in threads), "a trainer thread hung"
+    if errors:
+        raise errors[0]
 
 
 def ids_stream(start: int, stop: int) -> feedmux.Streamer[dict[str, Any]]:
@@ -37,8 +72,9 @@ def ids_stream(start: int, stop: int) -> feedmux.Streamer[dict[str, Any]]:
 
 
 @pytest.fixture
-def addresses() -> tuple[str, str]:
-    return f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+def nowhere(tmp_path: Path) -> str:
+    """A data endpoint nobody listens on."""
+    return f"ipc://{tmp_path}/nobody"
 
 
 @pytest.mark.parametrize(
@@ -57,19 +93,19 @@ def test_bad_arguments_say_what_was_expected(kwargs: dict[str, Any], message: st
         RemoteLoader(**kwargs)
 
 
-def test_a_server_object_in_a_background_process(addresses: tuple[str, str]) -> None:
-    data, control = addresses
-    with feedmux.Server(ids_stream(0, 10), bind=data, control=control, epochs=2) as server:
-        with RemoteLoader(data, control=control, timeout=20, with_meta=True) as loader:
+def test_a_server_object_in_a_background_process() -> None:
+    with server(ids_stream(0, 10), epochs=2) as running:
+        with RemoteLoader(running.data_address, control=running.control_address, timeout=20,
+                          with_meta=True) as loader:
             received = [(meta.epoch, meta.position, int(s["id"])) for meta, s in loader]
-        assert server.join(timeout=10) == 0
+        assert running.join(timeout=10) == 0
     assert received == [(e, i, i) for e in (1, 2) for i in range(10)]
 
 
-def test_samples_arrive_intact_and_writable(addresses: tuple[str, str]) -> None:
-    data, control = addresses
-    with feedmux.Server(ids_stream(0, 5), bind=data, control=control, epochs=1):
-        with RemoteLoader(data, control=control, timeout=20) as loader:
+def test_samples_arrive_intact_and_writable() -> None:
+    with server(ids_stream(0, 5), epochs=1) as running:
+        with RemoteLoader(running.data_address, control=running.control_address,
+                          timeout=20) as loader:
             samples = list(loader)
     assert [int(s["id"]) for s in samples] == list(range(5))
     for i, sample in enumerate(samples):
@@ -77,22 +113,21 @@ def test_samples_arrive_intact_and_writable(addresses: tuple[str, str]) -> None:
         assert sample["x"].flags.writeable
 
 
-def test_one_loader_takes_from_several_servers(addresses: tuple[str, str]) -> None:
-    first, second = addresses
-    controls = [f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"]
-    with feedmux.Server(ids_stream(0, 50), bind=first, control=controls[0], epochs=2), \
-            feedmux.Server(ids_stream(50, 100), bind=second, control=controls[1], epochs=2):
-        with RemoteLoader([first, second], control=controls, timeout=20,
-                          with_meta=True) as loader:
+def test_one_loader_takes_from_several_servers() -> None:
+    with server(ids_stream(0, 50), epochs=2) as first, \
+            server(ids_stream(50, 100), epochs=2) as second:
+        with RemoteLoader([first.data_address, second.data_address],
+                          control=[first.control_address, second.control_address],
+                          timeout=20, with_meta=True) as loader:
             seen = Counter((meta.epoch, int(sample["id"])) for meta, sample in loader)
             assert len(loader) == 100
             assert all(loader.server_ids)
     assert seen == Counter((epoch, i) for epoch in (1, 2) for i in range(100))
 
 
-def test_state_dict_is_plain_data_and_restores(addresses: tuple[str, str]) -> None:
-    data, control = addresses
-    with feedmux.Server(ids_stream(0, 20), bind=data, control=control):
+def test_state_dict_is_plain_data_and_restores() -> None:
+    with server(ids_stream(0, 20)) as running:
+        data, control = running.data_address, running.control_address
         with RemoteLoader(data, control=control, timeout=20) as loader:
             stream = feedmux.Stream(loader)
             for _ in range(7):
@@ -101,6 +136,7 @@ def test_state_dict_is_plain_data_and_restores(addresses: tuple[str, str]) -> No
     assert state["iteration"] == 7
     assert state["loader"]["last_epoch"] == 1
     assert state["loader"]["last_position"] == 6
+    assert sum(state["loader"]["received_messages"].values()) >= 1
     restored = feedmux.Stream(RemoteLoader(data, control=control, timeout=1))
     restored.load_state_dict(state)
     assert restored.iteration == 7
@@ -110,16 +146,16 @@ def test_state_dict_is_plain_data_and_restores(addresses: tuple[str, str]) -> No
         restored.load_state_dict({**state, "loader": {"last_epoch": 1}})
 
 
-def test_closed_loader_refuses_to_iterate() -> None:
-    loader = RemoteLoader(f"tcp://127.0.0.1:{free_port()}", timeout=0.2)
+def test_closed_loader_refuses_to_iterate(nowhere: str) -> None:
+    loader = RemoteLoader(nowhere, timeout=0.2)
     loader.close()
     with pytest.raises(feedmux.TransportClosedError, match="closed"):
         next(loader)
 
 
-def test_garbage_collection_closes_the_sockets() -> None:
-    loader = RemoteLoader(f"tcp://127.0.0.1:{free_port()}", timeout=0.1)
-    with pytest.raises(feedmux.TransportTimeoutError):
+def test_garbage_collection_closes_the_sockets(nowhere: str) -> None:
+    loader = RemoteLoader(nowhere, timeout=0.1)
+    with pytest.raises(feedmux.TransportTimeoutError, match="never answered"):
         next(loader)
     finalizer = loader._finalizer
     assert finalizer is not None and finalizer.alive
@@ -128,14 +164,13 @@ def test_garbage_collection_closes_the_sockets() -> None:
     assert not finalizer.alive
 
 
-def test_a_peer_with_another_protocol_version_is_told_so(addresses: tuple[str, str]) -> None:
-    data, control = addresses
-    with feedmux.Server(ids_stream(0, 5), bind=data, control=control):
+def test_a_peer_with_another_protocol_version_is_told_so() -> None:
+    with server(ids_stream(0, 5)) as running:
         context = zmq.Context()
         dealer = context.socket(zmq.DEALER)
         dealer.linger = 0
         try:
-            dealer.connect(control)
+            dealer.connect(running.control_address)
             header = msgpack.packb({**msgpack.unpackb(bytes(encode(Hello("x"))[0])),
                                     "v": PROTOCOL_VERSION + 6})
             dealer.send(header)
@@ -151,69 +186,53 @@ def test_a_peer_with_another_protocol_version_is_told_so(addresses: tuple[str, s
     )
 
 
-def test_a_loader_per_thread(addresses: tuple[str, str]) -> None:
-    data, control = addresses
+def test_a_loader_per_thread() -> None:
     results: list[list[int]] = [[], []]
+    with server(ids_stream(0, 4000), epochs=1, samples_per_message=8,
+                min_trainers=2) as running:
 
-    def trainer(rank: int) -> None:
-        with RemoteLoader(data, control=control, timeout=20, world_size=2) as loader:
-            results[rank] = [int(s["id"]) for s in loader]
+        def trainer(rank: int) -> None:
+            with RemoteLoader(running.data_address, control=running.control_address,
+                              timeout=20, world_size=2) as loader:
+                results[rank] = [int(s["id"]) for s in loader]
 
-    with feedmux.Server(ids_stream(0, 4000), bind=data, control=control, epochs=1,
-                        samples_per_message=8, min_trainers=2):
-        threads = [threading.Thread(target=trainer, args=(r,)) for r in range(2)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=40)
+        run_in_threads(trainer, 2)
     assert sorted(results[0] + results[1]) == list(range(4000))
 
 
-def test_iter_epoch_yields_one_server_epoch_at_a_time(addresses: tuple[str, str]) -> None:
-    data, control = addresses
-    with feedmux.Server(ids_stream(0, 10), bind=data, control=control, epochs=3,
-                        samples_per_message=4):
-        with RemoteLoader(data, control=control, timeout=20) as loader:
+def test_iter_epoch_yields_one_server_epoch_at_a_time() -> None:
+    with server(ids_stream(0, 10), epochs=3, samples_per_message=4) as running:
+        with RemoteLoader(running.data_address, control=running.control_address,
+                          timeout=20) as loader:
             epochs = [[int(s["id"]) for s in loader.iter_epoch()] for _ in range(4)]
     assert epochs == [list(range(10))] * 3 + [[]]
 
 
-def test_min_trainers_holds_sampling_until_they_connect(addresses: tuple[str, str]) -> None:
-    data, control = addresses
-    with feedmux.Server(ids_stream(0, 100), bind=data, control=control, epochs=1,
-                        min_trainers=2, samples_per_message=10):
+def test_min_trainers_holds_sampling_until_they_connect() -> None:
+    results: list[list[int]] = [[], []]
+    with server(ids_stream(0, 100), epochs=1, min_trainers=2,
+                samples_per_message=10) as running:
+        data, control = running.data_address, running.control_address
         first = RemoteLoader(data, control=control, timeout=0.5)
         with first, pytest.raises(feedmux.TransportTimeoutError):
             next(first)  # alone: nothing is sent
         assert feedmux.fetch_stats(control)["samples_sent"] == 0
-        results: list[list[int]] = [[], []]
 
         def trainer(rank: int) -> None:
             with RemoteLoader(data, control=control, timeout=20) as loader:
                 results[rank] = [int(s["id"]) for s in loader]
 
-        threads = [threading.Thread(target=trainer, args=(r,)) for r in range(2)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=40)
+        run_in_threads(trainer, 2)
     assert sorted(results[0] + results[1]) == list(range(100))
     assert results[0] and results[1]
 
 
-def test_a_wrong_control_address_is_reported(addresses: tuple[str, str],
-                                              monkeypatch: pytest.MonkeyPatch,
+def test_a_wrong_control_address_is_reported(nowhere: str, monkeypatch: pytest.MonkeyPatch,
                                               caplog: pytest.LogCaptureFixture) -> None:
-    import logging
-    import time
-
-    from feedmux.client import remote
-
-    monkeypatch.setattr(remote, "CONTROL_SILENCE_WARNING", 0.3)
-    data, control = addresses
-    nobody = f"tcp://127.0.0.1:{free_port()}"
-    with feedmux.Server(ids_stream(0, 50), bind=data, control=control), \
-            RemoteLoader(data, control=nobody, timeout=20) as loader, \
+    monkeypatch.setattr(_link, "CONTROL_SILENCE_WARNING", 0.3)
+    nobody = nowhere + ".control"
+    with server(ids_stream(0, 50)) as running, \
+            RemoteLoader(running.data_address, control=nobody, timeout=20) as loader, \
             caplog.at_level(logging.WARNING, logger="feedmux.client"):
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not caplog.records:
@@ -222,12 +241,108 @@ def test_a_wrong_control_address_is_reported(addresses: tuple[str, str],
                for r in caplog.records)
 
 
+# -- a scripted server: what the loader says and does, message by message ------------------
+class FakeServer:
+    """A PUSH data socket and a ROUTER control socket on free ports, driven by a test."""
+
+    def __init__(self, context: zmq.Context[Any]) -> None:
+        self.push = context.socket(zmq.PUSH)
+        self.router = context.socket(zmq.ROUTER)
+        self.push.sndtimeo = 10_000  # a push waits for the loader to connect, within a bound
+        for socket in (self.push, self.router):
+            socket.linger = 0
+            socket.bind(ANY_PORT)
+        self.data_address = self.push.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.control_address = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.trainer = b""
+
+    def expect(self, wanted: Callable[[Message], bool], bound: float = 10.0) -> Message:
+        """The first control message for which ``wanted`` holds (others are skipped)."""
+        deadline = time.monotonic() + bound
+        while (remaining := deadline - time.monotonic()) > 0:
+            if self.router.poll(int(remaining * 1000) + 1):
+                identity, *frames = self.router.recv_multipart()
+                self.trainer, message = identity, decode(frames)
+                if wanted(message):
+                    return message
+        raise AssertionError(f"the loader did not send the expected message in {bound} s")
+
+    def tell(self, message: Message) -> None:
+        self.router.send_multipart([self.trainer, *encode(message)])
+
+    def push_data(self, server_id: str, epoch: int, positions: list[int]) -> None:
+        tags = np.array([[epoch, position] for position in positions], dtype=np.int64)
+        samples = [{"position": position} for position in positions]
+        self.push.send_multipart(encode(Data(tags=tags, samples=samples, server_id=server_id)))
+
+    def close(self) -> None:
+        self.push.close()
+        self.router.close()
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeServer]:
+    context: zmq.Context[Any] = zmq.Context()
+    fake_server = FakeServer(context)
+    try:
+        yield fake_server
+    finally:
+        fake_server.close()
+        context.term()
+
+
+def test_welcome_restart_drain_and_error_against_a_scripted_server(
+    fake: FakeServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    def script(_: int) -> None:
+        fake.expect(lambda m: isinstance(m, Hello))
+        fake.tell(Welcome("first", epoch_size=2))
+        fake.push_data("first", 1, [0, 1])
+        fake.push_data("second", 1, [0])  # a restarted server, before its welcome
+        fake.push_data("second", 1, [1])
+        fake.expect(lambda m: isinstance(m, Hello))  # ... so the loader says hello again
+        fake.tell(Welcome("second", epoch_size=3))
+        fake.tell(Drain(sent_messages=2, server_id="second"))
+        # Before the new welcome, heartbeats count the messages of "first" (1).
+        fake.expect(lambda m: isinstance(m, Heartbeat) and m.received_messages == 2)
+        fake.tell(Error("ValueError", "bad sample", "Traceback (remote)", server_id="second"))
+
+    loader = RemoteLoader(fake.data_address, control=fake.control_address, timeout=20,
+                          with_meta=True)
+    seen: list[tuple[str, int]] = []
+
+    def trainer(_: int) -> None:
+        with loader, pytest.raises(feedmux.RemoteError, match="bad sample") as raised:
+            while True:
+                meta, sample = next(loader)
+                seen.append((meta.server_id, sample["position"]))
+        assert raised.value.remote_traceback == "Traceback (remote)"
+
+    with caplog.at_level(logging.WARNING, logger="feedmux.client"):
+        run_in_threads(lambda rank: (script, trainer)[rank](rank), 2)
+    assert seen == [("first", 0), ("first", 1), ("second", 0), ("second", 1)]
+    assert loader.server_ids == ["second"] and len(loader) == 3
+    assert "restarted: server id second, before first" in caplog.text
+
+
+def test_a_reliable_loader_refuses_a_plain_server(fake: FakeServer) -> None:
+    def script(_: int) -> None:
+        fake.expect(lambda m: isinstance(m, Hello))
+        fake.tell(Welcome("plain", reliable=False))
+
+    def trainer(_: int) -> None:
+        with RemoteLoader(fake.data_address, control=fake.control_address, timeout=20,
+                          reliable=True) as loader, \
+                pytest.raises(feedmux.TransportError, match="does not use reliable delivery"):
+            next(loader)
+
+    run_in_threads(lambda rank: (script, trainer)[rank](rank), 2)
+
+
 @pytest.mark.parametrize("tune", [True, False])
 def test_large_messages_tune_malloc_once_unless_told_not_to(
-    addresses: tuple[str, str], monkeypatch: pytest.MonkeyPatch, tune: bool
+    monkeypatch: pytest.MonkeyPatch, tune: bool
 ) -> None:
-    from feedmux.client import remote
-
     calls: list[int] = []
     monkeypatch.setattr(remote, "keep_freed_memory", lambda: calls.append(1) or True)
 
@@ -235,9 +350,9 @@ def test_large_messages_tune_malloc_once_unless_told_not_to(
         while True:
             yield {"X": np.ones(1 << 19, np.float32)}  # 2 MiB
 
-    data, control = addresses
-    with feedmux.Server(feedmux.Streamer(big), bind=data, control=control), \
-            RemoteLoader(data, control=control, timeout=20, tune_malloc=tune) as loader:
+    with server(feedmux.Streamer(big)) as running, \
+            RemoteLoader(running.data_address, control=running.control_address, timeout=20,
+                         tune_malloc=tune) as loader:
         for _ in range(5):
             assert next(loader)["X"].shape == (1 << 19,)
     assert calls == ([1] if tune else [])

@@ -1,0 +1,325 @@
+"""What a trainer knows about its servers: the pure control logic behind a RemoteLoader.
+
+This module owns the trainer's side of the control conversation with each server:
+the welcome (server id, epoch size, workers, the reliable-mode check), a server
+restart (a new server id on the same link), the answer to a drain (how many data
+messages came from that server), the end of stream, errors a server sends, when a
+heartbeat is due, how long to wait for data before timing out, and when every
+server has finished. Events come in — a decoded control message, a data message
+received, a tick at time ``now`` — and actions come out (:class:`Send` this message,
+:class:`Resync` this link) or the exception to raise. It never imports zmq, never
+reads a clock (time is always passed in) and never touches a socket: the socket
+shell in ``remote.py`` does all of that and calls this module once per message,
+never once per sample.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from feedmux.errors import (
+    RemoteError,
+    TransportError,
+    TransportTimeoutError,
+    VersionMismatchError,
+)
+from feedmux.protocol import Drain, EndOfStream, Error, Heartbeat, Hello, Message, Welcome
+
+__all__ = [
+    "CONTROL_SILENCE_WARNING",
+    "Action",
+    "Resync",
+    "Send",
+    "ServerLink",
+    "ServerLinks",
+]
+
+log = logging.getLogger("feedmux.client")
+
+#: Seconds of data without any answer on a control endpoint before a warning.
+CONTROL_SILENCE_WARNING = 5.0
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send ``message`` to the control endpoint of link number ``link`` (never blocking)."""
+
+    link: int
+    message: Hello | Heartbeat
+
+
+@dataclass(frozen=True)
+class Resync:
+    """Reliable mode: link number ``link`` now talks to a new server process.
+
+    The pending acknowledgement of that link means nothing to the new server (drop
+    it) and the new server has granted this trainer no credit yet (grant it again).
+    """
+
+    link: int
+
+
+Action = Send | Resync
+
+
+@dataclass
+class ServerLink:
+    """What this trainer knows about one server (one data and one control endpoint).
+
+    Examples
+    --------
+    >>> link = ServerLink("tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556")
+    >>> link.welcome(Welcome("a", epoch_size=10), reliable=False)
+    False
+    >>> link.welcome(Welcome("b", epoch_size=12), reliable=False)  # a restart
+    True
+    >>> link.server_id, link.epoch_size
+    ('b', 12)
+    """
+
+    data_address: str
+    control_address: str
+    server_id: str = ""
+    epoch_size: int | None = None
+    workers: int = 1
+    finished: bool = False
+
+    def welcome(self, message: Welcome, *, reliable: bool) -> bool:
+        """Take the server's welcome; True when it comes from a restarted server.
+
+        Raises :class:`~feedmux.errors.TransportError` when the server's delivery
+        mode is not this trainer's: the two would wait on each other forever.
+        """
+        if message.reliable != reliable:
+            raise TransportError(
+                f"the server at {self.control_address} "
+                f"{'uses' if message.reliable else 'does not use'} reliable delivery: "
+                f"expected RemoteLoader(..., reliable={message.reliable}), "
+                f"got reliable={reliable}"
+            )
+        restarted = bool(self.server_id) and self.server_id != message.server_id
+        if restarted:
+            log.warning(
+                "server at %s restarted: server id %s, before %s; continuing",
+                self.control_address, message.server_id, self.server_id,
+            )
+            self.finished = False  # the new process serves a new stream
+        self.server_id = message.server_id
+        self.epoch_size = message.epoch_size
+        self.workers = message.workers
+        return restarted
+
+    def end_of_stream(self, server_id: str, *, on_data_socket: bool = False) -> None:
+        """The server with ``server_id`` said its stream has ended.
+
+        On the control socket an end from a server that never welcomed this
+        trainer counts (it may have finished before it answered); on the reliable
+        data socket an end without a server id counts. An end from an older
+        server process on the same link never does.
+        """
+        if on_data_socket:
+            if server_id in ("", self.server_id):
+                self.finished = True
+        elif server_id == self.server_id or not self.server_id:
+            self.finished = True
+
+    def error(self, message: Error) -> VersionMismatchError | RemoteError:
+        """The exception to raise for an error message the server sent."""
+        if message.type.rsplit(".", 1)[-1] == "VersionMismatchError":
+            return VersionMismatchError(f"{message.message} (server {self.control_address})")
+        return RemoteError(message.type, message.message, message.traceback,
+                           message.server_id or self.control_address)
+
+
+class ServerLinks:
+    """A trainer's links to all its servers: events in, actions out, no sockets.
+
+    Parameters
+    ----------
+    data_addresses, control_addresses : sequence of str
+        One pair per server; link number ``i`` is the ``i``-th pair.
+    client_id : str
+        This trainer's id, sent in its hellos and heartbeats.
+    world_size : int
+        Trainers sharing the stream (sent in the hello).
+    reliable : bool
+        Whether this trainer expects reliable delivery.
+    timeout : float, optional
+        Seconds without data before :meth:`wait` raises; None waits forever.
+    heartbeat_interval : float
+        Seconds between heartbeats, and the longest single wait for data, so
+        that heartbeats go out while the trainer waits.
+
+    Examples
+    --------
+    >>> links = ServerLinks(["tcp://h:1"], ["tcp://h:2"], client_id="t", world_size=1,
+    ...                     reliable=False, timeout=None, heartbeat_interval=1.0)
+    >>> [action.message for action in links.hello()]
+    [Hello(client_id='t', role='trainer', world_size=1)]
+    >>> links.control(0, Welcome("s1", epoch_size=4))
+    []
+    >>> links.data("s1", first_epoch=1, now=0.0)
+    []
+    >>> links.control(0, Drain(sent_messages=1, server_id="s1"))
+    [Send(link=0, message=Heartbeat(sender_id='t', received_messages=1))]
+    >>> links.control(0, EndOfStream("s1"))
+    []
+    >>> links.finished, len(links.links), links.epoch_size
+    (True, 1, 4)
+    """
+
+    def __init__(
+        self,
+        data_addresses: Sequence[str],
+        control_addresses: Sequence[str],
+        *,
+        client_id: str,
+        world_size: int,
+        reliable: bool,
+        timeout: float | None,
+        heartbeat_interval: float,
+    ) -> None:
+        self.links = [ServerLink(data, control)
+                      for data, control in zip(data_addresses, control_addresses, strict=True)]
+        self.client_id = client_id
+        self.world_size = world_size
+        self.reliable = reliable
+        self.timeout = timeout
+        self.heartbeat_interval = heartbeat_interval
+        #: Data messages received, by server id (a restarted server counts from 0).
+        self.received: dict[str, int] = {}
+        self._heartbeat_due = -math.inf
+        self._first_data = True
+        # Set at the first data message until every control endpoint has answered.
+        self._silent_since: float | None = None
+
+    # -- events ---------------------------------------------------------------------------
+    def hello(self) -> list[Action]:
+        """Introduce this trainer to every server (on connecting, and to a new server)."""
+        hello = Hello(client_id=self.client_id, world_size=self.world_size)
+        return [Send(index, hello) for index in range(len(self.links))]
+
+    def control(self, index: int, message: Message) -> list[Action]:
+        """A control message from the server of link ``index``; raises a server's error."""
+        link = self.links[index]
+        if isinstance(message, Welcome):
+            restarted = link.welcome(message, reliable=self.reliable)
+            return [Resync(index)] if restarted and self.reliable else []
+        if isinstance(message, Drain):
+            # The server stops once every trainer received all it sent: say how many came.
+            return [Send(index, Heartbeat(
+                sender_id=self.client_id,
+                received_messages=self.received.get(message.server_id, 0),
+            ))]
+        if isinstance(message, EndOfStream):
+            link.end_of_stream(message.server_id)
+        elif isinstance(message, Error):
+            raise link.error(message)
+        return []
+
+    def data_end_of_stream(self, index: int, server_id: str) -> None:
+        """Reliable mode: an end of stream on the data socket of link ``index``."""
+        self.links[index].end_of_stream(server_id, on_data_socket=True)
+
+    def data(self, server_id: str, first_epoch: int, *, now: float) -> list[Action]:
+        """A data message from ``server_id`` whose first sample is of ``first_epoch``.
+
+        ``first_epoch`` is 0 for a message with no sample.
+        """
+        actions: list[Action] = []
+        if self._first_data:
+            self._first_data = False
+            self._silent_since = now
+        count = self.received.get(server_id)
+        if count is None:
+            count = 0
+            if server_id not in {link.server_id for link in self.links}:
+                # A restarted server (or a first message racing its welcome): hello again.
+                actions = self.hello()
+        self.received[server_id] = count + 1
+        if first_epoch > 1 and self.epoch_size is None:
+            # An epoch has ended, so the server knows its size: ask now, not at the next beat.
+            self._heartbeat_due = -math.inf
+        if self._silent_since is not None:
+            self._check_control_answers(now)
+        return actions
+
+    def tick(self, now: float) -> Sequence[Action]:
+        """The heartbeats due at time ``now`` (each one also asks for a fresh welcome)."""
+        if now < self._heartbeat_due:
+            return ()
+        self._heartbeat_due = now + self.heartbeat_interval
+        return [
+            Send(index, Heartbeat(sender_id=self.client_id,
+                                  received_messages=self.received.get(link.server_id, 0)))
+            for index, link in enumerate(self.links)
+        ]
+
+    def wait(self, waited_from: float, now: float) -> float:
+        """Seconds to wait for data now, having waited since ``waited_from``.
+
+        Raises :class:`~feedmux.errors.TransportTimeoutError` once the timeout has
+        passed. Never more than a heartbeat interval, so heartbeats keep going out.
+        """
+        waited = now - waited_from
+        if self.timeout is None:
+            return self.heartbeat_interval
+        if waited >= self.timeout:
+            addresses = ", ".join(link.data_address for link in self.links)
+            raise TransportTimeoutError(
+                f"no data from {addresses} for {self.timeout:g} s "
+                f"(servers: {self.describe()})"
+            )
+        return min(self.heartbeat_interval, self.timeout - waited)
+
+    # -- decisions ------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        """Whether every server said its stream has ended."""
+        return all(link.finished for link in self.links)
+
+    @property
+    def server_ids(self) -> list[str]:
+        """The id of each server, in link order ('' until it answered)."""
+        return [link.server_id for link in self.links]
+
+    @property
+    def epoch_size(self) -> int | None:
+        """The total epoch size over all servers, once every one of them knows it."""
+        sizes = [link.epoch_size for link in self.links]
+        return None if any(s is None for s in sizes) else sum(s for s in sizes if s is not None)
+
+    def length(self) -> int:
+        """This trainer's share of an epoch; TypeError while the epoch size is unknown."""
+        total = self.epoch_size
+        if not self.links or total is None:
+            raise TypeError(
+                "the epoch size is not known yet: the server learns it after its first epoch "
+                "(or declare it with --epoch-size)"
+            )
+        return max(1, total // self.world_size)
+
+    def describe(self) -> str:
+        """Each control endpoint with the id of its server, for error messages."""
+        return ", ".join(
+            f"{link.control_address}={link.server_id or 'never answered'}" for link in self.links
+        )
+
+    def _check_control_answers(self, now: float) -> None:
+        """Warn once when data flows but a control endpoint never answered (a wrong address)."""
+        silent = [link.control_address for link in self.links if not link.server_id]
+        if not silent:
+            self._silent_since = None
+            return
+        assert self._silent_since is not None
+        if now - self._silent_since > CONTROL_SILENCE_WARNING:
+            log.warning(
+                "data is arriving but the control endpoint(s) %s never answered in %g s: "
+                "is the control address right? (default: data port + 1) Without it this "
+                "loader learns no epoch size, no end of stream and no remote errors",
+                ", ".join(silent), CONTROL_SILENCE_WARNING,
+            )
+            self._silent_since = None
