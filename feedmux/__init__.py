@@ -6,9 +6,9 @@ and pushes their samples over ZeroMQ; trainers iterate a
 :class:`ManualStream` loops. The names below are the public API.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from feedmux._version import __version__
-from feedmux.client.remote import RemoteLoader, SampleMeta, fetch_stats
-from feedmux.client.stream import ManualStream, Stream
 from feedmux.errors import (
     ConfigurationError,
     DataError,
@@ -26,10 +26,51 @@ from feedmux.errors import (
     TransportTimeoutError,
     VersionMismatchError,
 )
-from feedmux.sampling.maps import buffer_stream, keras_tuples, tuples
-from feedmux.sampling.mux import ChainMux, RoundRobinMux, ShuffledMux, StochasticMux
-from feedmux.sampling.streamer import Streamer, streamable
-from feedmux.server.server import Server, serve
+
+if TYPE_CHECKING:
+    from feedmux.client.remote import RemoteLoader, SampleMeta, fetch_stats
+    from feedmux.client.stream import ManualStream, Stream
+    from feedmux.sampling.maps import buffer_stream, keras_tuples, tuples
+    from feedmux.sampling.mux import ChainMux, RoundRobinMux, ShuffledMux, StochasticMux
+    from feedmux.sampling.streamer import Streamer, streamable
+    from feedmux.server.server import Server, serve
+
+# The layers load on first use (PEP 562): ``import feedmux.protocol`` loads no
+# sampling, server or client code, and ``import feedmux.sampling`` never loads zmq.
+_LAZY = {
+    "ChainMux": "feedmux.sampling.mux",
+    "RoundRobinMux": "feedmux.sampling.mux",
+    "ShuffledMux": "feedmux.sampling.mux",
+    "StochasticMux": "feedmux.sampling.mux",
+    "Streamer": "feedmux.sampling.streamer",
+    "buffer_stream": "feedmux.sampling.maps",
+    "keras_tuples": "feedmux.sampling.maps",
+    "streamable": "feedmux.sampling.streamer",
+    "tuples": "feedmux.sampling.maps",
+    "ManualStream": "feedmux.client.stream",
+    "RemoteLoader": "feedmux.client.remote",
+    "SampleMeta": "feedmux.client.remote",
+    "Server": "feedmux.server.server",
+    "Stream": "feedmux.client.stream",
+    "fetch_stats": "feedmux.client.remote",
+    "serve": "feedmux.server.server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'feedmux' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "ChainMux",

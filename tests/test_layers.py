@@ -69,11 +69,6 @@ def test_pure_package_imports_nothing_forbidden(package: str) -> None:
     assert _forbidden(loaded, PURE[package]) == [], f"importing {package} brought these in"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="feedmux/__init__.py imports the server and the client (and so zmq) eagerly; "
-    "a lazy top-level package (PEP 562 __getattr__) makes this pass: then drop this mark",
-)
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("package", sorted(PURE))
 def test_pure_package_imported_the_usual_way_imports_nothing_forbidden(package: str) -> None:
@@ -150,3 +145,14 @@ def later():
     found = imports_in(source, "feedmux.client.remote")
     assert {"zmq.asyncio", "feedmux.client.stream", "feedmux.server"} <= found
     assert "zmq" in _imports_by_module("feedmux.client")["feedmux.client.remote"]
+
+
+def test_every_public_name_resolves_and_is_listed_sorted() -> None:
+    import feedmux
+
+    assert list(feedmux.__all__) == sorted(feedmux.__all__)
+    for name in feedmux.__all__:
+        assert getattr(feedmux, name) is not None, name
+    assert set(feedmux.__all__) <= set(dir(feedmux))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = feedmux.nope  # type: ignore[attr-defined]
