@@ -162,7 +162,7 @@ class ServerLinks:
     >>> links.control(0, Welcome("s1", epoch_size=4))
     []
     >>> links.data("s1", first_epoch=1, now=0.0)
-    []
+    ()
     >>> links.control(0, Drain(sent_messages=1, server_id="s1"))
     [Send(link=0, message=Heartbeat(sender_id='t', received_messages=1))]
     >>> links.control(0, EndOfStream("s1"))
@@ -224,12 +224,13 @@ class ServerLinks:
         """Reliable mode: an end of stream on the data socket of link ``index``."""
         self.links[index].end_of_stream(server_id, on_data_socket=True)
 
-    def data(self, server_id: str, first_epoch: int, *, now: float) -> list[Action]:
+    def data(self, server_id: str, first_epoch: int, *, now: float) -> Sequence[Action]:
         """A data message from ``server_id`` whose first sample is of ``first_epoch``.
 
-        ``first_epoch`` is 0 for a message with no sample.
+        ``first_epoch`` is 0 for a message with no sample. This runs once per data
+        message: an empty tuple when there is nothing to do keeps it cheap.
         """
-        actions: list[Action] = []
+        actions: Sequence[Action] = ()
         if self._first_data:
             self._first_data = False
             self._silent_since = now

@@ -319,7 +319,9 @@ class RemoteLoader:
         links = self._links
         waited_from = now = time.monotonic()
         while True:
-            self._act(links.tick(now))
+            due = links.tick(now)
+            if due:
+                self._act(due)
             message = self._recv_data()
             if message is not None:
                 self._take(message, now)
@@ -388,7 +390,9 @@ class RemoteLoader:
     def _take(self, message: Data, now: float) -> None:
         samples, tags, server_id = message.samples, message.tags, message.server_id
         count = len(samples)
-        self._act(self._links.data(server_id, int(tags[0, 0]) if count else 0, now=now))
+        actions = self._links.data(server_id, int(tags[0, 0]) if count else 0, now=now)
+        if actions:
+            self._act(actions)
         self._samples, self._tags, self._server_id = samples, tags, server_id
         self._index, self._count = 0, count
 

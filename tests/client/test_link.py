@@ -106,10 +106,10 @@ def test_a_drain_is_answered_with_the_messages_of_that_server() -> None:
 def test_data_from_an_unknown_server_says_hello_again_once() -> None:
     links = make_links(2)
     links.control(0, Welcome("a"))
-    assert links.data("a", first_epoch=1, now=0.0) == []
+    assert links.data("a", first_epoch=1, now=0.0) == ()
     hellos = links.hello()
     assert links.data("restarted", first_epoch=1, now=0.0) == hellos
-    assert links.data("restarted", first_epoch=1, now=0.0) == []
+    assert links.data("restarted", first_epoch=1, now=0.0) == ()
     assert links.received == {"a": 1, "restarted": 2}
 
 
@@ -276,7 +276,7 @@ def test_sequences_of_welcomes_restarts_drains_and_ends(
             received[event.server_id] += 1
             # Hello again exactly at the first message of a server no link knows.
             assert actions == (links.hello() if new and event.server_id not in server_ids
-                               else [])
+                               else ())
         elif event.kind == "drain":
             assert links.control(link, Drain(0, event.server_id)) == [
                 heartbeat(link, received[event.server_id])
