@@ -191,7 +191,7 @@ class ServerLinks:
         self.heartbeat_interval = heartbeat_interval
         #: Data messages received, by server id (a restarted server counts from 0).
         self.received: dict[str, int] = {}
-        self._heartbeat_due = -math.inf
+        self._last_heartbeat = -math.inf
         self._first_data = True
         # Set at the first data message until every control endpoint has answered.
         self._silent_since: float | None = None
@@ -243,16 +243,16 @@ class ServerLinks:
         self.received[server_id] = count + 1
         if first_epoch > 1 and self.epoch_size is None:
             # An epoch has ended, so the server knows its size: ask now, not at the next beat.
-            self._heartbeat_due = -math.inf
+            self._last_heartbeat = -math.inf
         if self._silent_since is not None:
             self._check_control_answers(now)
         return actions
 
     def tick(self, now: float) -> Sequence[Action]:
         """The heartbeats due at time ``now`` (each one also asks for a fresh welcome)."""
-        if now < self._heartbeat_due:
+        if now - self._last_heartbeat < self.heartbeat_interval:
             return ()
-        self._heartbeat_due = now + self.heartbeat_interval
+        self._last_heartbeat = now
         return [
             Send(index, Heartbeat(sender_id=self.client_id,
                                   received_messages=self.received.get(link.server_id, 0)))
