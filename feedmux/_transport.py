@@ -21,9 +21,14 @@ from feedmux.errors import TransportError
 from feedmux.protocol import Message, encode
 
 __all__ = [
+    "CONTROL_FRAME_BYTES",
+    "CONTROL_RCVHWM",
     "DEFAULT_BIND",
     "DEFAULT_HWM",
     "HEARTBEAT_INTERVAL",
+    "RELIABLE_INBOUND_FRAME_BYTES",
+    "check_port",
+    "bind",
     "bound_address",
     "control_address_for",
     "make_socket",
@@ -40,6 +45,18 @@ DEFAULT_BIND = "tcp://127.0.0.1:5555"
 DEFAULT_HWM = 8
 #: Seconds between application heartbeats (trainer -> server) and between ZMTP pings.
 HEARTBEAT_INTERVAL = 1.0
+
+#: Largest frame a control socket accepts, either way (libzmq's ``MAXMSGSIZE`` is per
+#: frame and drops the connection of a peer that exceeds it before anything reaches
+#: Python). Control messages are a few hundred bytes; a server's Error carries a
+#: traceback of a few KiB at most (the server cuts it to fit, see ``error_message``).
+CONTROL_FRAME_BYTES = 64 * 1024
+#: Control messages queued per peer on a receiving control socket: with the frame limit
+#: this bounds what one connection can park in libzmq to about this many messages.
+CONTROL_RCVHWM = 64
+#: Largest frame the server's reliable data socket accepts: trainers send only credit
+#: and acknowledgements there, each well under a KiB.
+RELIABLE_INBOUND_FRAME_BYTES = 64 * 1024
 
 _TCP = re.compile(r"^tcp://(?P<host>.+):(?P<port>\d+)$")
 
@@ -61,7 +78,12 @@ def control_address_for(data_address: str) -> str:
     """
     match = _TCP.match(data_address)
     if match:
-        port = int(match["port"])
+        port = check_port(data_address)
+        if port == 65535:
+            raise TransportError(
+                f"the data endpoint {data_address!r} uses port 65535, so the default control "
+                "port (data port + 1) does not exist; pass the control endpoint explicitly"
+            )
         return f"tcp://{match['host']}:{port + 1 if port else 0}"
     if data_address.startswith(("ipc://", "inproc://")):
         return data_address + ".control"
@@ -69,6 +91,29 @@ def control_address_for(data_address: str) -> str:
         f"cannot derive a control endpoint from {data_address!r}: expected tcp://HOST:PORT, "
         "ipc://PATH or inproc://NAME; pass the control endpoint explicitly"
     )
+
+
+def check_port(address: str) -> int:
+    """The port of a ``tcp://`` endpoint, checked to be in ``[0, 65535]`` (-1 for other transports).
+
+    libzmq takes a port such as 99999 modulo 65536 and listens elsewhere than asked.
+
+    Examples
+    --------
+    >>> check_port("tcp://127.0.0.1:5555")
+    5555
+    >>> check_port("tcp://127.0.0.1:99999")
+    Traceback (most recent call last):
+    ...
+    feedmux.errors.TransportError: expected a port in [0, 65535], got 99999 in 'tcp://127.0.0.1:99999'
+    """
+    match = _TCP.match(address)
+    if not match:
+        return -1
+    port = int(match["port"])
+    if port > 65535:
+        raise TransportError(f"expected a port in [0, 65535], got {port} in {address!r}")
+    return port
 
 
 @contextlib.contextmanager
@@ -154,6 +199,14 @@ def keep_freed_memory() -> bool:
     ok = bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
     _memory_kept = ok
     return ok
+
+
+def bind(socket: zmq.Socket[Any], address: str, what: str) -> str:
+    """Bind ``socket`` to ``address`` (port range checked); return the endpoint as bound."""
+    check_port(address)
+    with mapped_zmq_errors(f"bind the {what} endpoint", address):
+        socket.bind(address)
+    return bound_address(socket)
 
 
 def bound_address(socket: zmq.Socket[Any]) -> str:

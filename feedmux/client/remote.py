@@ -25,6 +25,7 @@ import zmq
 
 from feedmux._security import ClientCurve
 from feedmux._transport import (
+    CONTROL_FRAME_BYTES,
     DEFAULT_HWM,
     HEARTBEAT_INTERVAL,
     control_address_for,
@@ -44,6 +45,7 @@ from feedmux.errors import (
     VersionMismatchError,
 )
 from feedmux.protocol import (
+    CONTROL_LIMITS,
     Ack,
     Credit,
     Data,
@@ -399,7 +401,8 @@ class RemoteLoader:
     def _serve_control(self, index: int) -> None:
         socket = self._control[index]
         while readable(socket):
-            self._act(self._links.control(index, decode(socket.recv_multipart(copy=False))))
+            frames = socket.recv_multipart(copy=False)
+            self._act(self._links.control(index, decode(frames, limits=CONTROL_LIMITS)))
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
@@ -474,7 +477,8 @@ def _open_sockets(
                            heartbeats=False, security=security)
         targets = [data] * len(links.links)
     control = [
-        make_socket(context, zmq.DEALER, hwm=100, max_message_bytes=1 << 20, security=security)
+        make_socket(context, zmq.DEALER, hwm=100, max_message_bytes=CONTROL_FRAME_BYTES,
+                    security=security)
         for _ in links.links
     ]
     for target, control_socket, link in zip(targets, control, links.links, strict=True):
@@ -519,7 +523,7 @@ def fetch_stats(
         else ClientCurve.create(curve_server_key, curve_certificate)
     )
     context: zmq.Context[Any] = zmq.Context()
-    socket = make_socket(context, zmq.DEALER, hwm=10, max_message_bytes=1 << 20,
+    socket = make_socket(context, zmq.DEALER, hwm=10, max_message_bytes=CONTROL_FRAME_BYTES,
                          security=security)
     try:
         socket.connect(control_address)
@@ -528,7 +532,7 @@ def fetch_stats(
         while (remaining := deadline - time.monotonic()) > 0:
             if not socket.poll(int(remaining * 1000) + 1):
                 break
-            message = decode(socket.recv_multipart(copy=False))
+            message = decode(socket.recv_multipart(copy=False), limits=CONTROL_LIMITS)
             if isinstance(message, Stats):
                 return dict(message.values)
             if isinstance(message, Error):

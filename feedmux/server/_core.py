@@ -23,8 +23,9 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from feedmux._ratelog import RateLimitedLog
 from feedmux._transport import HEARTBEAT_INTERVAL
-from feedmux.errors import ProtocolError
+from feedmux.errors import ProtocolError, VersionMismatchError
 from feedmux.protocol import (
     PROTOCOL_VERSION,
     Drain,
@@ -52,6 +53,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("feedmux.server")
+#: Lines any peer can trigger (malformed or unexpected messages) go through this.
+peer_log = RateLimitedLog(log)
 
 #: A trainer not heard from for this long no longer counts as connected.
 TRAINER_TIMEOUT = 3 * HEARTBEAT_INTERVAL
@@ -141,8 +144,8 @@ class ControlCore:
             return [(identity, self.welcome())]
         if isinstance(message, StatsRequest):
             return [(identity, Stats(self.stats(now)))]
-        log.warning("unexpected %s on the control socket from %r", type(message).__name__,
-                    identity)
+        peer_log.log(logging.WARNING, "unexpected", "unexpected %s on the control socket from %r",
+                     type(message).__name__, identity[:16])
         return [(identity, Error(
             type="feedmux.errors.ProtocolError",
             message=f"expected Hello, Heartbeat or StatsRequest, got {type(message).__name__}",
@@ -150,10 +153,24 @@ class ControlCore:
         ))]
 
     def malformed(self, identity: bytes, error: ProtocolError, now: float) -> Sends:
-        """A control message from ``identity`` that did not decode."""
+        """A control message from ``identity`` that did not decode.
+
+        The peer may be anyone who can reach the port, so it gets the error's kind
+        and nothing else (no detail of the decoder, no traceback); the detail goes
+        to the log, rate-limited.
+        """
         self._last_heard = now
-        log.warning("malformed control message from %r: %s", identity, error)
-        return [(identity, error_message(error, self.config.server_id))]
+        peer_log.log(logging.WARNING, "malformed", "malformed control message from %r: %s",
+                     identity[:16], error)
+        if isinstance(error, VersionMismatchError):
+            # A peer of another version is told both versions (its own it sent; no detail of
+            # the decoder), so that an old trainer can say what to upgrade.
+            reply = Error(type="feedmux.errors.VersionMismatchError", message=str(error)[:200],
+                          server_id=self.config.server_id)
+        else:
+            reply = Error(type="feedmux.errors.ProtocolError", message="malformed control message",
+                          server_id=self.config.server_id)
+        return [(identity, reply)]
 
     def peer_gone(self, identity: bytes) -> None:
         """A send to ``identity`` failed: forget it, keep what it had received for the count."""

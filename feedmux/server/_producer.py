@@ -79,14 +79,26 @@ def _payload_bytes(sample: Any) -> int:
     return 8
 
 
+#: Most characters of an error's message and of its traceback on the wire: an Error must
+#: fit in one control frame (``CONTROL_FRAME_BYTES``) on the trainer's side.
+MAX_ERROR_TEXT = 12 * 1024
+
+
 def error_message(error: BaseException, server_id: str) -> Error:
-    """The wire message that carries ``error`` (type, message, traceback) to trainers."""
+    """The wire message that carries ``error`` (type, message, traceback) to trainers.
+
+    Sent only to trainers about the server's own sampling; the message keeps its
+    head and the traceback its tail (the innermost frames) when they are too long.
+    """
     kind = type(error)
     name = kind.__qualname__
     if kind.__module__ != "builtins":
         name = f"{kind.__module__}.{name}"
     text = "".join(traceback.format_exception(kind, error, error.__traceback__))
-    return Error(type=name, message=str(error), traceback=text, server_id=server_id)
+    if len(text) > MAX_ERROR_TEXT:
+        text = "...\n" + text[-MAX_ERROR_TEXT:]
+    return Error(type=name[:256], message=str(error)[:MAX_ERROR_TEXT], traceback=text,
+                 server_id=server_id)
 
 
 def _encode_batch(

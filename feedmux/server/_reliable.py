@@ -35,13 +35,31 @@ from typing import Any
 
 import zmq
 
+from feedmux._ratelog import RateLimitedLog
 from feedmux._transport import HEARTBEAT_INTERVAL, readable
 from feedmux.errors import ProtocolError
-from feedmux.protocol import Ack, Credit, Heartbeat, Message, decode, encode, pack_envelope
+from feedmux.protocol import (
+    CONTROL_LIMITS,
+    Ack,
+    Credit,
+    Heartbeat,
+    Message,
+    decode,
+    encode,
+    pack_envelope,
+)
 
-__all__ = ["ReliableDispatch", "ReliableLedger"]
+__all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "ReliableDispatch", "ReliableLedger"]
 
 log = logging.getLogger("feedmux.server")
+peer_log = RateLimitedLog(log)
+
+#: Most messages of credit one trainer's grant counts for (a larger grant is cut to this).
+MAX_CREDIT = 256
+#: Most bytes of data messages held for acknowledgement across all trainers: past this
+#: the server waits for acknowledgements (or a lost trainer) before it sends more, so a
+#: peer that grants credit and never acknowledges pins at most this much.
+MAX_UNACKED_BYTES = 512 * 1024 * 1024
 
 #: The envelope of messages that want no acknowledgement (heartbeats, end of stream).
 _NO_ACK = pack_envelope(0)
@@ -52,6 +70,7 @@ class _Pending:
     frames: list[Any]
     n_samples: int
     epoch: int
+    nbytes: int = 0
 
 
 @dataclass
@@ -77,6 +96,7 @@ class ReliableLedger:
         self.next_seq = 1
         self.resent_messages = 0
         self.lost_trainers = 0
+        self.unacked_bytes = 0
         self._last_probe = float("-inf")
 
     def take(self, identity: bytes, message: Message) -> None:
@@ -85,19 +105,27 @@ class ReliableLedger:
             peer = self.peers.get(identity)
             if peer is None:
                 peer = self.peers[identity] = _Peer(message.client_id)
-                log.info("trainer %s grants %d messages of credit", message.client_id,
-                         message.credits)
-            peer.capacity = max(0, message.credits)
+                peer_log.log(logging.INFO, "credit", "trainer %s grants %d messages of credit",
+                             message.client_id[:64], message.credits)
+            peer.capacity = min(MAX_CREDIT, max(0, message.credits))
         elif isinstance(message, Ack):
             peer = self.peers.get(identity)
             if peer is not None:
                 for seq in message.seqs:
-                    peer.unacked.pop(seq, None)
+                    done = peer.unacked.pop(seq, None)
+                    if done is not None:
+                        self.unacked_bytes -= done.nbytes
         else:
-            log.warning("unexpected %s on the reliable data socket", type(message).__name__)
+            peer_log.log(logging.WARNING, "unexpected", "unexpected %s on the reliable data socket",
+                         type(message).__name__)
 
     def pick(self) -> bytes | None:
-        """The trainer with the most credit left (spreads load across trainers), or None."""
+        """The trainer with the most credit left (spreads load across trainers), or None.
+
+        None also while :data:`MAX_UNACKED_BYTES` are held for acknowledgement.
+        """
+        if self.unacked_bytes >= MAX_UNACKED_BYTES:
+            return None
         best, best_credit = None, 0
         for identity, peer in self.peers.items():
             if peer.credit > best_credit:
@@ -107,6 +135,7 @@ class ReliableLedger:
     def delivered(self, identity: bytes, pending: _Pending) -> None:
         """``pending`` went to ``identity`` under sequence number :attr:`next_seq`."""
         self.peers[identity].unacked[self.next_seq] = pending
+        self.unacked_bytes += pending.nbytes
         self.next_seq += 1
 
     def lose(self, identity: bytes) -> None:
@@ -116,6 +145,7 @@ class ReliableLedger:
             return
         self.lost_trainers += 1
         held = [peer.unacked[seq] for seq in sorted(peer.unacked)]
+        self.unacked_bytes -= sum(pending.nbytes for pending in held)
         self.resend.extendleft(reversed(held))
         log.warning("trainer %s went away holding %d unacknowledged message(s); "
                     "sending them to the others", peer.client_id, len(held))
@@ -140,6 +170,11 @@ class ReliableLedger:
         }
 
 
+def _size(frames: list[Any]) -> int:
+    """Bytes in ``frames`` (bytes, memoryviews of any item size, zmq Frames)."""
+    return sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
+
+
 class ReliableDispatch:
     """Hands data messages to trainers with credit and re-sends what a lost trainer held."""
 
@@ -156,9 +191,10 @@ class ReliableDispatch:
             except zmq.Again:
                 return
             try:
-                message = decode(parts[1:])
+                message = decode(parts[1:], limits=CONTROL_LIMITS)
             except ProtocolError as error:
-                log.warning("malformed message on the reliable data socket: %s", error)
+                peer_log.log(logging.WARNING, "malformed",
+                             "malformed message on the reliable data socket: %s", error)
                 continue
             self.ledger.take(parts[0].bytes, message)
 
@@ -169,7 +205,7 @@ class ReliableDispatch:
         ``wait`` blocks briefly while serving the sockets and returns False when
         the server is stopping.
         """
-        pending = _Pending(frames, n_samples, epoch)
+        pending = _Pending(frames, n_samples, epoch, _size(frames))
         ledger = self.ledger
         while True:
             self.serve()

@@ -19,14 +19,16 @@ import zmq
 
 from feedmux._security import ServerCurve
 from feedmux._transport import (
-    bound_address,
+    CONTROL_FRAME_BYTES,
+    CONTROL_RCVHWM,
+    RELIABLE_INBOUND_FRAME_BYTES,
+    bind,
     make_socket,
-    mapped_zmq_errors,
     readable,
     send_message,
 )
 from feedmux.errors import ProtocolError
-from feedmux.protocol import Error, decode
+from feedmux.protocol import CONTROL_LIMITS, Error, decode
 from feedmux.server._core import ControlCore, Phase, Sends
 from feedmux.server._producer import Frames
 from feedmux.server._reliable import ReliableDispatch
@@ -36,8 +38,8 @@ __all__ = ["Endpoints", "MAX_CONTROL_BYTES"]
 
 log = logging.getLogger("feedmux.server")
 
-#: Control messages larger than this are refused by ZeroMQ before reaching Python.
-MAX_CONTROL_BYTES = 1 << 20
+#: Control frames larger than this are refused by ZeroMQ before reaching Python.
+MAX_CONTROL_BYTES = CONTROL_FRAME_BYTES
 
 
 class StopFlag(Protocol):
@@ -73,24 +75,22 @@ class Endpoints:
         if config.reliable:
             # Credit bounds each trainer's queue, so the socket's own limit only has to
             # stay out of the way; with queues that never fill, ZMTP heartbeats are safe.
-            self.data = make_socket(self.context, zmq.ROUTER, hwm=100_000, security=security)
+            self.data = make_socket(self.context, zmq.ROUTER, hwm=100_000, security=security,
+                                    max_message_bytes=RELIABLE_INBOUND_FRAME_BYTES)
             self.data.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.reliable = ReliableDispatch(self.data, config.server_id)
         else:
             self.data = make_socket(self.context, zmq.PUSH, hwm=config.hwm, heartbeats=False,
                                     security=security)
         self.control = make_socket(
-            self.context, zmq.ROUTER, hwm=1000, max_message_bytes=MAX_CONTROL_BYTES,
+            self.context, zmq.ROUTER, hwm=1000, max_message_bytes=CONTROL_FRAME_BYTES,
             security=security,
         )
+        self.control.rcvhwm = CONTROL_RCVHWM
         self.control.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        with mapped_zmq_errors("bind the data endpoint", config.bind):
-            self.data.bind(config.bind)
-        with mapped_zmq_errors("bind the control endpoint", config.control_address):
-            self.control.bind(config.control_address)
         # What the system gave us: a real port where the configuration said 0.
-        self.data_address = bound_address(self.data)
-        self.control_address = bound_address(self.control)
+        self.data_address = bind(self.data, config.bind, "data")
+        self.control_address = bind(self.control, config.control_address, "control")
 
     # -- data -------------------------------------------------------------------------------
     def send_data(self, frames: Frames, n_samples: int, epoch: int) -> bool:
@@ -151,7 +151,7 @@ class Endpoints:
                 break
             identity = parts[0].bytes
             try:
-                message = decode(parts[1:])
+                message = decode(parts[1:], limits=CONTROL_LIMITS)
             except ProtocolError as error:
                 self.deliver(core.malformed(identity, error, time.monotonic()))
                 continue
