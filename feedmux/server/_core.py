@@ -197,7 +197,7 @@ class ControlCore:
     def epoch_finished(self, epoch: int, count: int) -> Sends:
         """Every sample of ``epoch`` (``count`` of them) has been sent."""
         self.epochs_completed = max(self.epochs_completed, epoch)
-        if self.epoch_size != count:
+        if count and self.epoch_size != count:  # 0: the epoch failed at once (on_error skip)
             if self.epoch_size is not None:
                 log.warning("epoch %d had %d samples, expected %s", epoch, count, self.epoch_size)
             self.epoch_size = count

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from feedmux._ratelog import RateLimitedLog
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Data, Error, encode
 from feedmux.sampling.epochs import EpochIterator
@@ -30,6 +31,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("feedmux.server")
+#: A streamer that raises on every pull would otherwise write a traceback per pull.
+error_log = RateLimitedLog(log)
 
 Frames = Sequence[Any]
 
@@ -190,8 +193,8 @@ def produce(
 
 
 def _log_skipped(error: BaseException) -> None:
-    log.warning("a stream raised %s: %s; skipping the rest of it", type(error).__name__, error,
-                exc_info=error)
+    error_log.log(logging.WARNING, "stream", "a stream raised %s: %s; skipping the rest of it",
+                  type(error).__name__, error, exc_info=error)
 
 
 def _produce(
@@ -214,9 +217,12 @@ def _produce(
         except Exception as error:
             if not skip_errors:
                 raise
-            log.warning("streamer raised %s: %s; going on with the next epoch",
-                        type(error).__name__, error, exc_info=error)
-            if epoch_count and not epoch_done(epochs.epoch, epoch_count):
+            error_log.log(logging.WARNING, "streamer",
+                          "streamer raised %s: %s; going on with the next epoch",
+                          type(error).__name__, error, exc_info=error)
+            # The epoch is over even when it raised on its first pull: a worker must say
+            # so (the server waits for every shard's end of epoch) and wait for the next.
+            if not epoch_done(epochs.epoch, epoch_count):
                 return sent
             epoch_count = 0
             continue

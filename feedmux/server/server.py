@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import pickle
 import signal
 import tempfile
+import threading
 import time
 from multiprocessing.connection import Connection, wait
 from types import FrameType
@@ -55,19 +58,43 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 START_TIMEOUT = 30.0
 
 
+class _Interrupted(BaseException):
+    """Raised by a second SIGINT / SIGTERM: stop now, wherever the main thread is."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 class _StopFlag:
-    """Set by SIGTERM / SIGINT; checked by every loop of the server."""
+    """Set by SIGTERM / SIGINT; checked by every loop of the server.
+
+    The handler never logs (a signal may arrive inside the logging machinery,
+    which is not re-entrant): it writes one line to stderr itself. A second
+    signal raises :class:`_Interrupted` in the main thread, so that a streamer
+    stuck in user code, which never returns to the server's loops, still stops.
+    """
 
     def __init__(self) -> None:
         self.stopped = False
+        self.signum = 0
 
     def __bool__(self) -> bool:
         return self.stopped
 
     def set(self, signum: int = 0, frame: FrameType | None = None) -> None:
-        if signum:
-            log.info("received %s, shutting down", signal.Signals(signum).name)
         self.stopped = True
+        if not signum:
+            return
+        if self.signum:
+            raise _Interrupted(signum)
+        self.signum = signum
+        name = signal.Signals(signum).name
+        try:
+            os.write(2, f"feedmux: received {name}, shutting down (again to stop at once)\n"
+                     .encode())
+        except OSError:
+            pass
 
 
 class Server:
@@ -115,6 +142,9 @@ class Server:
     def __init__(self, source: Source, **options: Any) -> None:
         self.config = ServerConfig(source=source, **options)
         self._process: multiprocessing.process.BaseProcess | None = None
+        #: How :meth:`start` made the server process: "fork", or "forkserver" when
+        #: this process already ran other threads (see :func:`_start_method`).
+        self.start_method = ""
         self._stop = _StopFlag()
         self._bound: tuple[str, str] | None = None
         # In a process started by start(): where to tell the parent what was bound.
@@ -163,8 +193,13 @@ class Server:
             if config.workers == 1:
                 return self._run_local(streamer)
             return self._run_workers(streamer)
+        except _Interrupted as interrupt:
+            log.warning("stopped at once by a second %s", signal.Signals(interrupt.signum).name)
+            return 128 + interrupt.signum
         finally:
             _restore_signal_handlers(previous)
+            if self._stop.signum:
+                log.info("stopped by %s", signal.Signals(self._stop.signum).name)
 
     def _open(self) -> Endpoints | None:
         try:
@@ -245,10 +280,11 @@ class Server:
         """
         if self._process is not None:
             raise RuntimeError("this server was already started")
-        context = multiprocessing.get_context("fork")
+        self.start_method = _start_method(self.config)
+        context: Any = multiprocessing.get_context(self.start_method)
         reader, writer = context.Pipe(duplex=False)
         process = self._process = context.Process(
-            target=_run_in_child, args=(self.config, writer), daemon=False,
+            target=_run_in_child, args=(self.config, writer, _log_level()), daemon=False,
             name=f"feedmux-server-{self.config.server_id}",
         )
         process.start()
@@ -312,7 +348,43 @@ def serve(source: Source, **options: Any) -> int:
     return Server(source, **options).run()
 
 
-def _run_in_child(config: ServerConfig, report: Connection) -> None:
+def _threads() -> int:
+    """Threads of this process: the kernel's count (native threads too: torch's, libzmq's)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def _start_method(config: ServerConfig) -> str:
+    """"fork" while this process runs one thread; otherwise "forkserver".
+
+    Forking a process that runs other threads copies locks they may hold (in
+    malloc, in torch's or libzmq's threads) into a child that has none of those
+    threads to release them: the child can deadlock. The fork server is a clean
+    single-threaded process to fork from; it needs a source that pickles (a
+    ``"module:attr"`` string always does). A source that does not is forked as
+    before, with a warning.
+    """
+    if _threads() == 1:
+        return "fork"
+    try:
+        pickle.dumps(config)
+    except Exception as error:
+        log.warning("forking the server from a process that runs %d threads (the source "
+                    "cannot be pickled for a clean start: %s); pass it as 'module:attr' "
+                    "to avoid this", _threads(), error)
+        return "fork"
+    return "forkserver"
+
+
+def _log_level() -> int:
+    return logging.getLogger().getEffectiveLevel()
+
+
+def _run_in_child(config: ServerConfig, report: Connection, level: int = logging.WARNING) -> None:
+    if not logging.getLogger().handlers:  # a fresh interpreter (fork server): log as the parent
+        logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     server = Server(config.source, **config.options())
     server._report = report
     raise SystemExit(server.run())

@@ -38,7 +38,13 @@ def _draws(count: int) -> Iterator[dict[str, Any]]:
 
 
 def draws(streams: int = 2, count: int = 10) -> feedmux.ChainMux:
-    """Streams of draws from the global RNGs, one stream per worker."""
+    """Streams of draws from the global RNGs, one stream per worker.
+
+    Seeded here, in the server process before it forks its workers, as a sampler
+    module that seeds at import would be: every worker then starts from this state.
+    """
+    np.random.seed(0)
+    random.seed(0)
     return feedmux.ChainMux([feedmux.Streamer(_draws, count) for _ in range(streams)],
                             mode="exhaustive")
 
