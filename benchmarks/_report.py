@@ -116,8 +116,8 @@ def _reference_row(
 def _row(rows: list[dict[str, Any]], peer: str, transport: str = "tcp", **options: int) -> Any:
     for row in rows:
         contender = row["contender"]
-        peer_of, transport_of, workers, trainers = contender.split("/")
-        if peer_of != peer or transport_of != transport:
+        peer_of, transport_of, workers, trainers, *flags = contender.split("/")
+        if peer_of != peer or transport_of != transport or flags:
             continue
         if int(workers[1:]) != options.get("workers", int(workers[1:])):
             continue

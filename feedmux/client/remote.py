@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import zmq
 
+from feedmux._handshake import HandshakeWatch
 from feedmux._security import ClientCurve
 from feedmux._transport import (
     CONTROL_FRAME_BYTES,
@@ -105,8 +106,9 @@ class RemoteLoader:
         When the first large message (over 1 MiB) arrives, make glibc's malloc
         keep freed large buffers for reuse in this process (see
         ``feedmux._transport.keep_freed_memory``): 1.2-1.8x the throughput of
-        16 MiB samples at half the trainer CPU, for up to 1 GiB of freed heap
-        kept. False leaves the allocator alone.
+        16 MiB samples at half the trainer CPU. The price: freed buffers stay in
+        the process, up to its peak heap use (not a fixed bound; see
+        ``docs/performance.md``). False leaves the allocator alone.
     reliable : bool
         Talk to a server started with ``reliable=True`` / ``--reliable``: grant
         ``hwm`` messages of credit and acknowledge each message once all its
@@ -148,6 +150,7 @@ class RemoteLoader:
         self.max_message_bytes = max_message_bytes
         self.reliable = reliable
         self._tune_malloc = tune_malloc
+        self._handshakes: HandshakeWatch | None = None
         self._security = (
             None if curve_server_key is None
             else ClientCurve.create(curve_server_key, curve_certificate)
@@ -292,6 +295,11 @@ class RemoteLoader:
         )
         sockets = [*([self._data] if self._data is not None else []), *self._data_sockets,
                    *self._control]
+        self._handshakes = None
+        if self._security is not None:  # a refused key is otherwise a silent timeout
+            self._handshakes = HandshakeWatch(self._control, [link.control_address
+                                                              for link in self._links.links])
+            sockets = [*self._handshakes.monitors, *sockets]
         self._poller = zmq.Poller()
         for socket in sockets:
             self._poller.register(socket, zmq.POLLIN)
@@ -332,12 +340,24 @@ class RemoteLoader:
                 return
             if links.finished:
                 raise StopIteration from None
-            wait = links.wait(waited_from, now)
+            try:
+                wait = links.wait(waited_from, now)
+            except TransportTimeoutError as error:
+                raise self._refused(error) from None
             events = dict(self._poller.poll(max(1, int(wait * 1000))))
             for index, socket in enumerate(self._control):
                 if socket in events:
                     self._serve_control(index)
             now = time.monotonic()
+
+    def _refused(self, error: TransportTimeoutError) -> TransportTimeoutError:
+        """``error``, saying why if a server refused this loader's CURVE handshake."""
+        if self._handshakes is None:
+            return error
+        self._handshakes.poll()
+        if not self._handshakes.seen:
+            return error
+        return TransportTimeoutError(f"{error}; {'; '.join(self._handshakes.seen[:2])}")
 
     def _recv_data(self) -> Data | None:
         """The next data message waiting on the data socket(s), or None."""

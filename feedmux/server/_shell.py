@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import zmq
 
+from feedmux._handshake import HandshakeLogger
 from feedmux._security import ServerCurve
 from feedmux._transport import (
     CONTROL_FRAME_BYTES,
@@ -54,6 +55,7 @@ class Endpoints:
         self.stopping = stopping
         self.context: zmq.Context[Any] = zmq.Context()
         self.authenticator: Any = None
+        self.handshakes: HandshakeLogger | None = None
         try:
             self._open_sockets()
         except BaseException:
@@ -91,6 +93,9 @@ class Endpoints:
         # What the system gave us: a real port where the configuration said 0.
         self.data_address = bind(self.data, config.bind, "data")
         self.control_address = bind(self.control, config.control_address, "control")
+        if security is not None:  # log the peers CURVE refuses (libzmq drops them silently)
+            self.handshakes = HandshakeLogger(
+                [self.data, self.control], [self.data_address, self.control_address]).start()
 
     # -- data -------------------------------------------------------------------------------
     def send_data(self, frames: Frames, n_samples: int, epoch: int) -> bool:
@@ -244,5 +249,7 @@ class Endpoints:
         self.context.term()
 
     def _stop_authenticator(self) -> None:
+        if self.handshakes is not None:
+            self.handshakes.stop()
         if self.authenticator is not None:
             self.authenticator.stop()

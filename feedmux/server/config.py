@@ -44,6 +44,7 @@ class ServerConfig:
     curve_secret: str | None = None
     curve_clients: str | None = None
     server_id: str = ""
+    zero_copy: bool = False
 
     def __post_init__(self) -> None:
         def require(ok: bool, what: str, value: object) -> None:
@@ -78,4 +79,4 @@ class ServerConfig:
 
     @property
     def policy(self) -> BatchPolicy:
-        return BatchPolicy(self.samples_per_message, self.max_delay)
+        return BatchPolicy(self.samples_per_message, self.max_delay, not self.zero_copy)

@@ -70,16 +70,21 @@ class _StopFlag:
     """Set by SIGTERM / SIGINT; checked by every loop of the server.
 
     The handler never logs (a signal may arrive inside the logging machinery,
-    which is not re-entrant): it writes one line to stderr itself. A second
-    signal raises :class:`_Interrupted` in the main thread, so that a streamer
-    stuck in user code, which never returns to the server's loops, still stops.
+    which is not re-entrant): the first loop that sees the flag set does. A
+    second signal raises :class:`_Interrupted` in the main thread, so that a
+    streamer stuck in user code, which never returns to the server's loops,
+    still stops.
     """
 
     def __init__(self) -> None:
         self.stopped = False
         self.signum = 0
+        self._announced = False
 
     def __bool__(self) -> bool:
+        if self.stopped and self.signum and not self._announced:
+            self._announced = True
+            log.info("received %s, shutting down", signal.Signals(self.signum).name)
         return self.stopped
 
     def set(self, signum: int = 0, frame: FrameType | None = None) -> None:
@@ -89,12 +94,6 @@ class _StopFlag:
         if self.signum:
             raise _Interrupted(signum)
         self.signum = signum
-        name = signal.Signals(signum).name
-        try:
-            os.write(2, f"feedmux: received {name}, shutting down (again to stop at once)\n"
-                     .encode())
-        except OSError:
-            pass
 
 
 class Server:
@@ -133,6 +132,11 @@ class Server:
     min_trainers : int
         Start sampling only once this many trainers have connected (default 0),
         so that a short run is split among all of them from its first sample.
+    zero_copy : bool
+        Send arrays as views of the streamer's own arrays (no copy). Only for a
+        streamer that never reuses an array it yielded: by default each array is
+        copied once, so that one reused for every sample cannot change a sample
+        already queued (or kept for re-sending).
     on_error : {"raise", "skip"}
         A streamer that raises ends the server (trainers get ``RemoteError``) or is skipped.
     factory_kwargs : mapping, optional
@@ -198,8 +202,7 @@ class Server:
             return 128 + interrupt.signum
         finally:
             _restore_signal_handlers(previous)
-            if self._stop.signum:
-                log.info("stopped by %s", signal.Signals(self._stop.signum).name)
+            bool(self._stop)  # says which signal stopped it, if one did and nobody said yet
 
     def _open(self) -> Endpoints | None:
         try:

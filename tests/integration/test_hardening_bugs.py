@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -80,12 +81,12 @@ def _read_lines(stream: Any, lines: list[str]) -> None:
         lines.append(line)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_second_signal_stops_a_server_stuck_in_user_code(signum: int) -> None:
+@contextlib.contextmanager
+def _cli_server(*args: str) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+    """``feedmux serve ARGS`` on port 0, its stderr lines collected; killed by pid after."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "feedmux", "serve", f"{SAMPLERS}:stuck",
-         "--bind", "tcp://127.0.0.1:0"],
+        [sys.executable, "-m", "feedmux", "serve", *args, "--bind", "tcp://127.0.0.1:0"],
         env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     lines: list[str] = []
@@ -93,18 +94,30 @@ def test_a_second_signal_stops_a_server_stuck_in_user_code(signum: int) -> None:
     reader.start()
     try:
         wait_until(lambda: any("serving" in line for line in lines), 20, "the start line")
-        process.send_signal(signum)
-        name = signal.Signals(signum).name
-        wait_until(lambda: any(f"received {name}" in line for line in lines), 10,
-                   "the first signal to be seen")
-        process.send_signal(signum)
-        assert process.wait(timeout=5) == 128 + signum
+        yield process, lines
     finally:
         if process.poll() is None:
             process.kill()
-            process.wait(10)
+        process.wait(10)
         reader.join(10)
     assert not reader.is_alive()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_stops_a_server_stuck_in_user_code(signum: int) -> None:
+    with _cli_server(f"{SAMPLERS}:stuck") as (process, _):
+        # Two signals sent back to back may reach Python's handler as one: keep sending
+        # until it stops (before the fix no number of them stopped it).
+        def stopped() -> bool:
+            process.send_signal(signum)
+            try:
+                process.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+
+        wait_until(stopped, 5, "the server to stop")
+        assert process.returncode == 128 + signum
 
 
 def test_keygen_never_leaves_the_secret_readable(tmp_path: Path,
@@ -137,3 +150,38 @@ def test_a_failed_bind_leaves_no_thread_or_socket_behind(tmp_path: Path,
     with pytest.raises(TransportError, match=r"(?i)address already in use"):
         Endpoints(config, stopping=False)
     wait_until(lambda: threading.active_count() == threads, 5, "the authenticator to stop")
+
+
+@pytest.mark.parametrize("reliable", [False, True], ids=["plain", "reliable"])
+def test_a_streamer_reusing_one_array_never_corrupts_a_sample(
+        started: list[Server], reliable: bool) -> None:
+    server = Server(f"{SAMPLERS}:reused", bind="tcp://127.0.0.1:0", epochs=1, hwm=4,
+                    reliable=reliable, factory_kwargs={"count": 120, "megabytes": 1})
+    started.append(server.start())
+    samples = _samples(server, timeout=30)
+    assert len(samples) == 120
+    corrupted = [int(s["id"]) for s in samples if not (s["x"] == int(s["id"])).all()]
+    assert corrupted == []
+
+
+def test_a_refused_curve_key_is_reported_on_both_sides(tmp_path: Path) -> None:
+    import re
+
+    from feedmux._security import create_keys
+    from feedmux.errors import TransportTimeoutError
+
+    server_public, server_secret = create_keys(tmp_path, "server")
+    create_keys(tmp_path / "allowed", "trainer")
+    _, stranger = create_keys(tmp_path, "stranger")
+    with _cli_server(f"{SAMPLERS}:draws", "--curve-secret", str(server_secret),
+                     "--curve-clients", str(tmp_path / "allowed")) as (_, lines):
+        start = next(line for line in lines if "serving" in line)
+        found = re.search(r"data (\S+), control (\S+),", start)
+        assert found is not None, start
+        with RemoteLoader(found[1], control=found[2], timeout=2.0,
+                          curve_server_key=str(server_public),
+                          curve_certificate=str(stranger)) as loader, pytest.raises(
+                TransportTimeoutError, match="CURVE authentication refused"):
+            next(loader)
+        wait_until(lambda: any("CURVE authentication refused" in line for line in lines), 10,
+                   "the server to log the refusal")
