@@ -170,11 +170,16 @@ def run(minutes: float) -> int:
         epochs, missing, wrong = _check(Path(scratch_dir) / "received.txt")
     print(f"{minutes:g} min: {soak.count} trainers ({soak.count // 3} SIGKILLed), "
           f"{soak.servers} server runs")
+    short = 0
     for name, points in sorted(soak.rss.items()):
+        if points[-1][0] - points[0][0] < 20:  # too short-lived for a slope: start-up only
+            short += 1
+            continue
         if len(points) >= 4:
             print(f"  {name:>12}: RSS {points[0][1] / MiB:6.1f} -> {points[-1][1] / MiB:6.1f} MiB "
                   f"over {points[-1][0] - points[0][0]:5.0f} s, slope once warm "
                   f"{slope(points):+.2f} MiB/min")
+    print(f"  ({short} short-lived trainers not listed: they never got warm)")
     print(f"  reliable delivery: {epochs} complete epochs checked, {missing} ids missing, "
           f"{wrong} wrong samples")
     return 1 if missing or wrong or not epochs else 0

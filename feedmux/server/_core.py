@@ -62,6 +62,8 @@ TRAINER_TIMEOUT = 3 * HEARTBEAT_INTERVAL
 FINAL_GRACE = 1.0
 #: Seconds between two Drain questions of the end-of-stream handshake.
 DRAIN_INTERVAL = 0.1
+#: A trainer heard within this long answers the drain questions (it waits for data).
+ANSWERING = 2 * HEARTBEAT_INTERVAL
 #: How often the shell looks again while waiting for trainers or repeating the last word.
 POLL_INTERVAL = 0.1
 
@@ -213,8 +215,11 @@ class ControlCore:
         While some are missing, the server waits: they are in flight or queued
         at a live trainer. Only once a trainer has gone (its queue died with
         it) does a count that stays put for ``drain_idle`` seconds end the wait
-        early; ``drain_timeout`` bounds it in every case (a trainer that
-        stopped reading). Reliable mode ends on acknowledgements instead; the
+        early, and then only while every trainer still here keeps answering
+        the drain questions: a trainer waiting for data answers each one, a
+        slow trainer busy with its tail answers none until it reads again, and
+        is waited for. ``drain_timeout`` bounds the wait in every case (a
+        trainer that stopped reading). Reliable mode ends on acknowledgements instead; the
         shell calls :meth:`end_stream` then.
         """
         self.finished = True
@@ -290,8 +295,8 @@ class ControlCore:
             return self.end_stream(now)
         if total != self._last_total:
             self._last_total, self._last_change = total, now
-        stalled = ((self.departed or not self.trainers)
-                   and now - self._last_change > self.config.drain_idle)
+        idle = now - self._last_change > self.config.drain_idle
+        stalled = idle and (not self.trainers or (self.departed and self._all_answering(now)))
         if stalled or now > self.drain_deadline:
             return self.end_stream(now, f"{self.departed} trainer(s) went away" if stalled
                                    else "a trainer stopped reading")
@@ -302,6 +307,10 @@ class ControlCore:
         self._next_drain = now + DRAIN_INTERVAL
         return self.broadcast(Drain(sent_messages=self.messages_sent,
                                     server_id=self.config.server_id))
+
+    def _all_answering(self, now: float) -> bool:
+        """Whether every trainer was heard lately: each is waiting for data, none reading."""
+        return all(now - t.last_seen <= ANSWERING for t in self.trainers.values())
 
     def _log_throughput(self, now: float) -> None:
         self._rate = (self.samples_sent - self._samples_at_last_log) / (now - self._last_log)

@@ -96,3 +96,20 @@ def test_malformed_control_message_gets_no_traceback(server: Server) -> None:
         else:
             assert message.message == "malformed control message"
         assert b"File " not in b"".join(reply) and b".py" not in b"".join(reply)
+
+
+def test_control_floods_while_the_sampler_is_slow() -> None:
+    # Control is served between samples: with a second per sample, what libzmq holds
+    # for the control socket is all there is between the attacker and the server.
+    server = Server(numbered, bind="tcp://127.0.0.1:0", factory_kwargs={"delay": 1.0})
+    server.start()
+    try:
+        frame = b"\x00" * MiB
+
+        def attack() -> None:
+            flood(server.control_address, [frame] * 200, messages=10)
+            assert ask(server.control_address, [b"\x81\xa1v\x01"], timeout=10) is not None
+
+        assert _attack_memory(server, attack) < BOUND
+    finally:
+        assert server.stop() is not None

@@ -431,3 +431,12 @@ def test_declared_array_length_is_bounded_before_allocation() -> None:
     header = b"\x82\xa1v\x01\xa1x\xdd" + (1 << 30).to_bytes(4, "big") + b"\x00" * 64
     with pytest.raises(ProtocolError):
         decode([header], limits=Limits(max_container_len=1 << 16))
+
+
+def test_a_loader_refuses_a_header_of_millions_of_empty_maps() -> None:
+    # What a hostile server could send a loader: 4 MiB of 0x80 (4 million maps) in
+    # arrays under the per-container limit. The total stops it at 2**20 maps.
+    chunk = b"\xdd" + (1 << 20).to_bytes(4, "big") + b"\x80" * (1 << 20)
+    header = b"\x82\xa1v\x01\xa1x\x94" + chunk * 4
+    with pytest.raises(ProtocolError, match="too many arrays and maps"):
+        decode([header])
