@@ -174,6 +174,7 @@ def test_logs_a_start_line_and_periodic_throughput(spawn: Any, endpoints: Endpoi
     server = spawn("serve", f"{SAMPLER}:numbered", "--log-every", "0.2", "--workers", "2",
                    *endpoints.args())
     with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20) as loader:
+        next(loader)  # the server is up (its start-up alone can take a second on a busy machine)
         deadline = time.monotonic() + 1.5
         while time.monotonic() < deadline:
             next(loader)
