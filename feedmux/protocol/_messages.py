@@ -92,16 +92,25 @@ class Data:
 
 @dataclass(frozen=True)
 class Hello:
-    """A trainer introduces itself to a server (client to server)."""
+    """A trainer introduces itself to a server (client to server).
+
+    ``rank`` is the trainer's rank in a data-parallel job of ``world_size``
+    ranks, or -1 for a free trainer (dynamic dealing).
+    """
 
     client_id: str
     role: str = "trainer"
     world_size: int = 1
+    rank: int = -1
 
 
 @dataclass(frozen=True)
 class Welcome:
-    """The server's answer to :class:`Hello`: who it is and what it serves."""
+    """The server's answer to :class:`Hello`: who it is and what it serves.
+
+    ``world_size`` is the number of ranks the server deals each epoch to (0:
+    free trainers) and ``uneven`` how it evens their shares ("pad" or "drop").
+    """
 
     server_id: str
     epoch_size: int | None = None
@@ -110,6 +119,8 @@ class Welcome:
     finished: bool = False
     workers: int = 1
     reliable: bool = False
+    world_size: int = 0
+    uneven: str = ""
 
 
 @dataclass(frozen=True)
