@@ -39,6 +39,17 @@ __all__ = [
 
 log = logging.getLogger("feedmux.client")
 
+
+def rank_steps(epoch_size: int, world_size: int, uneven: str) -> int:
+    """Samples each rank gets per epoch (the server's rule: pad rounds up, drop down).
+
+    The same rule as the server's ``_dealing.rank_steps``: the client never imports
+    the server, and the rule is one line.
+    """
+    if uneven == "drop":
+        return epoch_size // world_size
+    return -(-epoch_size // world_size)
+
 #: Seconds of data without any answer on a control endpoint before a warning.
 CONTROL_SILENCE_WARNING = 5.0
 
@@ -86,6 +97,8 @@ class ServerLink:
     epoch_size: int | None = None
     workers: int = 1
     finished: bool = False
+    world_size: int = 0
+    uneven: str = ""
 
     def welcome(self, message: Welcome, *, reliable: bool) -> bool:
         """Take the server's welcome; True when it comes from a restarted server.
@@ -110,6 +123,7 @@ class ServerLink:
         self.server_id = message.server_id
         self.epoch_size = message.epoch_size
         self.workers = message.workers
+        self.world_size, self.uneven = message.world_size, message.uneven
         return restarted
 
     def end_of_stream(self, server_id: str, *, on_data_socket: bool = False) -> None:
@@ -158,7 +172,7 @@ class ServerLinks:
     >>> links = ServerLinks(["tcp://h:1"], ["tcp://h:2"], client_id="t", world_size=1,
     ...                     reliable=False, timeout=None, heartbeat_interval=1.0)
     >>> [action.message for action in links.hello()]
-    [Hello(client_id='t', role='trainer', world_size=1)]
+    [Hello(client_id='t', role='trainer', world_size=1, rank=-1)]
     >>> links.control(0, Welcome("s1", epoch_size=4))
     []
     >>> links.data("s1", first_epoch=1, now=0.0)
@@ -181,11 +195,13 @@ class ServerLinks:
         reliable: bool,
         timeout: float | None,
         heartbeat_interval: float,
+        rank: int = -1,
     ) -> None:
         self.links = [ServerLink(data, control)
                       for data, control in zip(data_addresses, control_addresses, strict=True)]
         self.client_id = client_id
         self.world_size = world_size
+        self.rank = rank
         self.reliable = reliable
         self.timeout = timeout
         self.heartbeat_interval = heartbeat_interval
@@ -199,7 +215,7 @@ class ServerLinks:
     # -- events ---------------------------------------------------------------------------
     def hello(self) -> list[Action]:
         """Introduce this trainer to every server (on connecting, and to a new server)."""
-        hello = Hello(client_id=self.client_id, world_size=self.world_size)
+        hello = Hello(client_id=self.client_id, world_size=self.world_size, rank=self.rank)
         return [Send(index, hello) for index in range(len(self.links))]
 
     def control(self, index: int, message: Message) -> list[Action]:
@@ -301,6 +317,11 @@ class ServerLinks:
                 "the epoch size is not known yet: the server learns it after its first epoch "
                 "(or declare it with --epoch-size)"
             )
+        if self.rank >= 0:
+            ranked = [link for link in self.links if link.world_size]
+            if ranked:  # steps per epoch: every rank takes the same number
+                return sum(rank_steps(link.epoch_size or 0, link.world_size, link.uneven)
+                           for link in ranked)
         return max(1, total // self.world_size)
 
     def describe(self) -> str:

@@ -1,8 +1,9 @@
 """RemoteLoader: the trainer's end of the wire, an iterable of decoded samples.
 
-This module owns the trainer's sockets and nothing else: one PULL socket
-connected to every server's data endpoint (in reliable mode one DEALER per
-server instead) and one DEALER per server's control endpoint. It connects,
+This module owns the trainer's sockets and nothing else: one data DEALER per
+server (named by this trainer's client id, so that the server can address it:
+by rank, or to whichever free trainer has room) and one DEALER per server's
+control endpoint. It connects,
 polls, receives, decodes and sends; every decision about what the servers said
 (welcomes, restarts, drains, ends of stream, remote errors, heartbeats,
 timeouts) belongs to the pure link state in ``_link``, which it calls once per
@@ -58,6 +59,8 @@ __all__ = ["RemoteLoader", "SampleMeta", "fetch_stats"]
 
 #: A frame larger than this makes the loader tune malloc (see ``tune_malloc``).
 LARGE_MESSAGE_BYTES = 1 << 20
+#: The longest ``len()`` waits for the servers' welcome before the first sample.
+WELCOME_WAIT = 5.0
 #: A data message larger than this is refused by ZeroMQ before it reaches Python.
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 
@@ -88,7 +91,15 @@ class RemoteLoader:
     hwm : int
         Data messages queued in this process before the server is held back.
     world_size : int
-        Trainers sharing the stream; ``len(loader)`` is ``epoch_size // world_size``.
+        Trainers sharing the stream. Without ``rank``, ``len(loader)`` is
+        ``epoch_size // world_size``.
+    rank : int, optional
+        This trainer's rank in a data-parallel job of ``world_size`` ranks (torch
+        DDP): the server deals each epoch among the ranks by a fixed rule of the
+        position and every rank gets the same number of samples per epoch (see
+        the server's ``uneven``), so every rank's ``iter_epoch()`` ends on the
+        same step and ``len(loader)`` is the steps per epoch. None: a free
+        trainer, dealt whatever it has room for.
     with_meta : bool
         Yield ``(SampleMeta, sample)`` pairs instead of bare samples.
     max_message_bytes : int
@@ -128,6 +139,7 @@ class RemoteLoader:
         timeout: float | None = None,
         hwm: int = DEFAULT_HWM,
         world_size: int = 1,
+        rank: int | None = None,
         with_meta: bool = False,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         client_id: str | None = None,
@@ -138,6 +150,15 @@ class RemoteLoader:
     ) -> None:
         addresses, controls = _endpoints(address, control)
         _check_settings(timeout=timeout, world_size=world_size, hwm=hwm)
+        if rank is not None and not (isinstance(rank, int) and 0 <= rank < world_size):
+            raise ConfigurationError(
+                f"expected rank an int in [0, {world_size}) for world_size {world_size}, "
+                f"got {rank!r}"
+            )
+        if rank is not None and reliable:
+            raise ConfigurationError("expected reliable=False with rank= (ranked delivery is "
+                                     "plain), got reliable=True")
+        self.rank = rank
         self.addresses = addresses
         self.timeout = timeout
         self.hwm = hwm
@@ -153,18 +174,18 @@ class RemoteLoader:
         self.client_id = client_id or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._links = ServerLinks(
             addresses, controls, client_id=self.client_id, world_size=world_size,
-            reliable=reliable, timeout=timeout, heartbeat_interval=HEARTBEAT_INTERVAL,
+            rank=-1 if rank is None else rank, reliable=reliable, timeout=timeout, heartbeat_interval=HEARTBEAT_INTERVAL,
         )
         # Reliable mode: (link number, sequence number) of the message being handed out.
         self._pending_ack: tuple[int, int] | None = None
         self._turn = 0
         self._context: zmq.Context[Any] | None = None
         self._pid = 0
-        self._data: Any = None  # plain mode: one PULL socket connected to every server
-        self._data_sockets: list[Any] = []  # reliable mode: one DEALER per server
+        self._data_sockets: list[Any] = []  # one DEALER per server
         self._control: list[Any] = []  # one DEALER per server
         self._poller: zmq.Poller | None = None
         self._closed = False
+        self._asked = False
         # The current data message: its samples, tags and the next index to hand out.
         self._samples: Sequence[Any] = ()
         self._tags: Any = None
@@ -210,7 +231,26 @@ class RemoteLoader:
             yield next(self)
 
     def __len__(self) -> int:
+        """Samples (steps) per epoch for this trainer; TypeError while the size is unknown.
+
+        Before the first sample this asks the servers (a bounded wait for their
+        welcome), so a declared epoch size is known from the start.
+        """
+        if self._links.epoch_size is None and not self._closed and not self._asked:
+            self._asked = True  # once: a server that does not answer is not asked again
+            self._await_welcome(WELCOME_WAIT if self.timeout is None
+                                else min(self.timeout, WELCOME_WAIT))
         return self._links.length()
+
+    def _await_welcome(self, seconds: float) -> None:
+        self._connect()
+        assert self._poller is not None
+        deadline = time.monotonic() + seconds
+        while not all(self._links.server_ids) and (left := deadline - time.monotonic()) > 0:
+            events = dict(self._poller.poll(max(1, int(left * 1000))))
+            for index, socket in enumerate(self._control):
+                if socket in events:
+                    self._serve_control(index)
 
     # -- what was seen --------------------------------------------------------------------
     @property
@@ -284,17 +324,17 @@ class RemoteLoader:
         # A fresh context in every process: a ZeroMQ context must never cross a fork.
         self._context = context = zmq.Context()
         self._pid = os.getpid()
-        self._data, self._data_sockets, self._control = _open_sockets(
-            context, self._links, reliable=self.reliable, hwm=self.hwm,
-            max_message_bytes=self.max_message_bytes, security=self._security,
+        self._data_sockets, self._control = _open_sockets(
+            context, self._links, client_id=self.client_id, reliable=self.reliable,
+            hwm=self.hwm, max_message_bytes=self.max_message_bytes, security=self._security,
         )
-        sockets = [*([self._data] if self._data is not None else []), *self._data_sockets,
-                   *self._control]
+        sockets = [*self._data_sockets, *self._control]
         self._poller = zmq.Poller()
         for socket in sockets:
             self._poller.register(socket, zmq.POLLIN)
-        for index in range(len(self._data_sockets)):
-            self._grant_credit(index)
+        if self.reliable:
+            for index in range(len(self._data_sockets)):
+                self._grant_credit(index)
         self._act(self._links.hello())
         self._finalizer = weakref.finalize(self, _close_sockets, self._pid, context, sockets)
 
@@ -340,16 +380,7 @@ class RemoteLoader:
     def _recv_data(self) -> Data | None:
         """The next data message waiting on the data socket(s), or None."""
         if not self.reliable:
-            try:
-                frames = self._data.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return None
-            _, message = self._decode_data(frames)
-            if not isinstance(message, Data):
-                raise ProtocolError(
-                    f"expected a data message on the data socket, got {type(message).__name__}"
-                )
-            return message
+            return self._recv_plain()
         if self._pending_ack is not None:
             # Every sample of the current message was handed out: acknowledge it.
             index, seq = self._pending_ack
@@ -369,6 +400,24 @@ class RemoteLoader:
                     return message
                 if isinstance(message, EndOfStream):
                     self._links.data_end_of_stream(index, message.server_id)
+        return None
+
+    def _recv_plain(self) -> Data | None:
+        count = len(self._data_sockets)
+        for offset in range(count):
+            index = (self._turn + offset) % count
+            try:
+                frames = self._data_sockets[index].recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                continue
+            if count > 1:
+                self._turn = (index + 1) % count  # take from every server in turn
+            _, message = self._decode_data(frames)
+            if not isinstance(message, Data):
+                raise ProtocolError(
+                    f"expected a data message on the data socket, got {type(message).__name__}"
+                )
+            return message
         return None
 
     def _decode_data(self, frames: list[Any], *, enveloped: bool = False) -> tuple[int, Message]:
@@ -453,26 +502,31 @@ def _open_sockets(
     context: zmq.Context[Any],
     links: ServerLinks,
     *,
+    client_id: str,
     reliable: bool,
     hwm: int,
     max_message_bytes: int,
     security: ClientCurve | None,
-) -> tuple[Any, list[Any], list[Any]]:
-    """Connected sockets: the plain PULL (None in reliable mode), the reliable data
-    DEALERs (one per server, none in plain mode) and the control DEALERs."""
-    data = None
-    data_sockets: list[Any] = []
+) -> tuple[list[Any], list[Any]]:
+    """Connected sockets: the data DEALERs and the control DEALERs, one of each per server.
+
+    Plain mode names each data DEALER by the client id: that is how the server
+    addresses this trainer (its hello carries the same id).
+    """
     if reliable:
         # Credit keeps these queues below their limit, so heartbeats are safe here.
-        data_sockets = targets = [
+        targets = [
             make_socket(context, zmq.DEALER, hwm=hwm + 16, max_message_bytes=max_message_bytes,
                         security=security)
             for _ in links.links
         ]
     else:
-        data = make_socket(context, zmq.PULL, hwm=hwm, max_message_bytes=max_message_bytes,
-                           heartbeats=False, security=security)
-        targets = [data] * len(links.links)
+        targets = []
+        for _ in links.links:
+            socket = make_socket(context, zmq.DEALER, hwm=hwm, max_message_bytes=max_message_bytes,
+                                 heartbeats=False, security=security)
+            socket.setsockopt(zmq.ROUTING_ID, client_id.encode())
+            targets.append(socket)
     control = [
         make_socket(context, zmq.DEALER, hwm=100, max_message_bytes=1 << 20, security=security)
         for _ in links.links
@@ -480,7 +534,7 @@ def _open_sockets(
     for target, control_socket, link in zip(targets, control, links.links, strict=True):
         target.connect(link.data_address)
         control_socket.connect(link.control_address)
-    return data, data_sockets, control
+    return targets, control
 
 
 def _send_or_drop(socket: Any, message: Message) -> None:

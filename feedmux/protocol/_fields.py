@@ -154,7 +154,7 @@ class ControlSpec:
     >>> header
     {'v': 1, 'k': 2, 'client_id': 'c', 'role': 'trainer', 'world_size': 1}
     >>> spec.message(header)
-    Hello(client_id='c', role='trainer', world_size=1)
+    Hello(client_id='c', role='trainer', world_size=1, rank=-1)
     """
 
     def __init__(self, kind: Kind, cls: type, *, omit_default: tuple[str, ...] = (),

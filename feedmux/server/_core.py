@@ -38,6 +38,7 @@ from feedmux.protocol import (
     Welcome,
 )
 from feedmux.server._producer import error_message
+from feedmux.server._ranks import RankTable
 from feedmux.server.config import ServerConfig
 
 __all__ = [
@@ -83,6 +84,7 @@ class _Trainer:
     client_id: str
     last_seen: float
     received_messages: int = 0
+    rank: int = -1
 
 
 class ControlCore:
@@ -118,6 +120,10 @@ class ControlCore:
         self._last_total = -1
         self._last_change = 0.0
         self._final_started = self._last_heard = 0.0
+        self.ranks = RankTable()
+        self._waiting_since: float | None = None
+        self._waiting_for: list[int] | None = None
+        self._free_turn = 0
 
     # -- events: the trainers ---------------------------------------------------------------
     def receive(self, identity: bytes, message: Message, now: float) -> Sends:
@@ -127,13 +133,13 @@ class ControlCore:
             return [(identity, self.final_message)]
         if isinstance(message, Hello):
             if message.role == "trainer":
-                known = identity in self.trainers
-                self.trainers[identity] = _Trainer(message.client_id, now)
-                if not known:
-                    log.info("trainer %s connected", message.client_id)
+                return self._hello(identity, message, now)
             return [(identity, self.welcome())]
         if isinstance(message, Heartbeat):
             trainer = self.trainers.get(identity)
+            if trainer is None and self.ranks.ranked:
+                # A ranked trainer is known by its hello alone (its rank): say it again.
+                return [(identity, self.welcome())]
             if trainer is None:
                 trainer = self.trainers[identity] = _Trainer(message.sender_id, now)
             trainer.last_seen = now
@@ -149,6 +155,43 @@ class ControlCore:
             server_id=self.config.server_id,
         ))]
 
+    def _hello(self, identity: bytes, message: Hello, now: float) -> Sends:
+        """A trainer's hello: admit it (its rank, if any) or tell it why not."""
+        refused = self.ranks.admit(identity, message, lambda holder: self._alive(holder, now))
+        if refused is not None:
+            log.warning("refused trainer %s: %s", message.client_id, refused[1])
+            sends: list[Send] = [(identity, Error(type=refused[0], message=refused[1],
+                                                  server_id=self.config.server_id))]
+            holder = self.ranks.holder(message.rank)
+            if holder is not None and holder[0] != identity:
+                # Is the holder still there? A failed send tells (peer_gone frees the rank).
+                sends.append((holder[0], self.welcome()))
+            return sends
+        known = identity in self.trainers
+        self.trainers[identity] = _Trainer(message.client_id, now, rank=message.rank)
+        if not known:
+            rank = f" as rank {message.rank} of {message.world_size}" if message.rank >= 0 else ""
+            log.info("trainer %s connected%s", message.client_id, rank)
+        return [(identity, self.welcome())]
+
+    def _alive(self, identity: bytes, now: float) -> bool:
+        trainer = self.trainers.get(identity)
+        return trainer is not None and now - trainer.last_seen <= TRAINER_TIMEOUT
+
+    # -- where data goes --------------------------------------------------------------------
+    def rank_target(self, rank: int) -> bytes | None:
+        """The data-socket identity of the holder of ``rank`` (None while nobody holds it)."""
+        holder = self.ranks.holder(rank)
+        return None if holder is None else holder[1].encode()
+
+    def free_targets(self) -> list[bytes]:
+        """Data-socket identities of the free trainers, starting with the next in turn."""
+        ids = [trainer.client_id.encode() for trainer in self.trainers.values()]
+        if not ids:
+            return ids
+        self._free_turn = turn = (self._free_turn + 1) % len(ids)
+        return ids[turn:] + ids[:turn]
+
     def malformed(self, identity: bytes, error: ProtocolError, now: float) -> Sends:
         """A control message from ``identity`` that did not decode."""
         self._last_heard = now
@@ -158,16 +201,21 @@ class ControlCore:
     def peer_gone(self, identity: bytes) -> None:
         """A send to ``identity`` failed: forget it, keep what it had received for the count."""
         gone = self.trainers.pop(identity, None)
+        self.ranks.release(identity)
         if gone is not None:
             self.departed += 1
             self.departed_received += gone.received_messages
 
     # -- events: the sampler ----------------------------------------------------------------
     def begin(self) -> Sends:
-        """The sockets are bound: hold sampling until ``min_trainers`` said hello."""
-        if self.config.min_trainers:
-            self.phase = Phase.WAITING
-            log.info("waiting for %d trainer(s) to connect", self.config.min_trainers)
+        """The sockets are bound: hold sampling until the trainers said hello.
+
+        The first hello tells the mode: free trainers (then ``min_trainers``,
+        at least one, must be connected) or the ranks of one job (then all of
+        them, within ``rank_timeout`` seconds of the first).
+        """
+        self.phase = Phase.WAITING
+        log.info("waiting for %d trainer(s) to connect", max(1, self.config.min_trainers))
         return NO_SENDS
 
     def data_sent(self, n_samples: int, epoch: int) -> None:
@@ -248,9 +296,16 @@ class ControlCore:
             # Count only after a welcome went out since the last look: a send to a trainer
             # that has gone fails (ROUTER_MANDATORY) and forgets it, so one that connected
             # and left does not count.
-            if self._welcomed and self.connected_trainers(now) >= self.config.min_trainers:
+            if self._welcomed and self._ready(now):
                 self.phase = Phase.SAMPLING
                 return NO_SENDS
+            if self.ranks.ranked and now - (self._waiting_since or now) > self.config.rank_timeout:
+                missing = self.ranks.missing()
+                return self.fail(Error(
+                    type="feedmux.errors.TransportTimeoutError",
+                    message=(f"rank(s) {missing} of {self.ranks.world_size} never connected "
+                             f"within the rank timeout of {self.config.rank_timeout:g} s"),
+                    server_id=self.config.server_id), now)
             self._welcomed = True
             return self.broadcast(self.welcome())
         if phase is Phase.DRAINING:
@@ -260,6 +315,19 @@ class ControlCore:
                     or now - self._final_started > 4 * FINAL_GRACE):
                 self.phase = Phase.DONE
         return NO_SENDS
+
+    def _ready(self, now: float) -> bool:
+        """Whether the trainers needed to start sampling are connected (logs who is missing)."""
+        if not self.ranks.ranked:
+            return self.connected_trainers(now) >= max(1, self.config.min_trainers)
+        missing = self.ranks.missing()
+        if self._waiting_since is None:
+            self._waiting_since = now
+        if missing != self._waiting_for:
+            self._waiting_for = missing
+            if missing:
+                log.info("waiting for rank(s) %s of %d to connect", missing, self.ranks.world_size)
+        return not missing
 
     def wait_time(self, now: float) -> float:
         """How long the shell may wait for control messages before the next :meth:`tick`."""
@@ -308,6 +376,8 @@ class ControlCore:
             finished=self.finished,
             workers=config.workers,
             reliable=config.reliable,
+            world_size=self.ranks.world_size or 0,
+            uneven=config.uneven if self.ranks.ranked else "",
         )
 
     def received_total(self) -> int:

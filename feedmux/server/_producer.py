@@ -21,6 +21,7 @@ import numpy as np
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Data, Error, encode
 from feedmux.sampling.epochs import EpochIterator
+from feedmux.server._dealing import RankDealer
 
 __all__ = [
     "BatchPolicy",
@@ -155,6 +156,7 @@ def produce(
     server_id: str,
     skip_errors: bool = False,
     epoch_done: Callable[[int, int], bool] = lambda epoch, count: True,
+    dealer: RankDealer | None = None,
 ) -> int:
     """Take chunks of items, encode each as a data message and ``send`` it.
 
@@ -170,10 +172,16 @@ def produce(
     carries on with its other streams); a top-level streamer that raises
     abandons the rest of its epoch. Otherwise the exception propagates, after
     the samples drawn before it have been sent.
+
+    With a ``dealer`` (ranked trainers) each chunk is dealt to the ranks before
+    it is encoded, one message per rank, and ``send`` gets the rank as a fourth
+    argument.
     """
     # The muxes get the hook from the epochs, which hand it down at each activation.
     if skip_errors:
         epochs.on_stream_error = _log_skipped
+    if dealer is not None:
+        return _produce_ranked(epochs, send, policy, server_id, epoch_done, dealer)
     return _produce(epochs, send, policy, server_id, skip_errors, epoch_done)
 
 
@@ -221,6 +229,49 @@ def _produce(
                 seq += 1
                 sent += count
                 epoch_count += count
+        if chunk.last:
+            if not epoch_done(chunk.epoch, epoch_count):
+                return sent
+            epoch_count = 0
+
+
+def _produce_ranked(
+    epochs: EpochIterator[Any],
+    send: Callable[..., bool],
+    policy: BatchPolicy,
+    server_id: str,
+    epoch_done: Callable[[int, int], bool],
+    dealer: RankDealer,
+) -> int:
+    """:func:`produce` for ranked trainers: each chunk dealt to the ranks, then encoded.
+
+    A chunk holds about ``world_size`` messages' worth of samples, so each rank's
+    message is as full as a free trainer's would be. A sample the codec refuses
+    fails the run here (skipping it would unbalance the ranks).
+    """
+    clock = time.perf_counter
+    pacer = _Pacer(policy)
+    sent = epoch_count = 0
+    n = dealer.world_size
+    while True:
+        started = clock()
+        try:
+            chunk = epochs.take(pacer.limit() * n)
+        except StopIteration:
+            return sent
+        items = chunk.items
+        pacer.observe(items, (clock() - started) * n)  # time per rank message
+        epoch_count += len(items)
+        shares = dealer.deal(chunk.epoch, items) if items else []
+        if chunk.last:
+            shares += dealer.finish_epoch(chunk.epoch)
+        for share in shares:
+            if not share.items:
+                continue
+            frames = list(encode(Data(share.tags, share.items, server_id)))
+            if not send(frames, len(share.items), chunk.epoch, share.rank):
+                return sent
+            sent += len(share.items)
         if chunk.last:
             if not epoch_done(chunk.epoch, epoch_count):
                 return sent

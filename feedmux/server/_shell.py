@@ -1,7 +1,8 @@
 """The server's socket shell: binds, polls, receives, decodes, sends, and asks the core.
 
-:class:`Endpoints` owns the server's two public sockets (data: PUSH, or a
-ROUTER in reliable mode; control: ROUTER) and the clock. Every decision — who
+:class:`Endpoints` owns the server's two public sockets (data and control,
+both ROUTERs: each trainer connects a DEALER to each, its data DEALER named by
+its client id) and the clock. Every decision — who
 is connected, what to answer, when the stream may end — belongs to
 :class:`~feedmux.server._core.ControlCore`; this module feeds it events with
 the time and sends what it returns, reporting back the sends that failed. It
@@ -50,6 +51,8 @@ class Endpoints:
     def __init__(self, config: ServerConfig, stopping: StopFlag) -> None:
         self.config = config
         self.stopping = stopping
+        #: Set when the server gave up before sampling (the ranks did not all come).
+        self.failed = False
         self.context: zmq.Context[Any] = zmq.Context()
         self.authenticator: Any = None
         try:
@@ -77,8 +80,11 @@ class Endpoints:
             self.data.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.reliable = ReliableDispatch(self.data, config.server_id)
         else:
-            self.data = make_socket(self.context, zmq.PUSH, hwm=config.hwm, heartbeats=False,
+            # A ROUTER, so that the core can address a message: to a rank, or to the next
+            # free trainer whose queue has room (an addressed send fails instead of blocking).
+            self.data = make_socket(self.context, zmq.ROUTER, hwm=config.hwm, heartbeats=False,
                                     security=security)
+            self.data.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.control = make_socket(
             self.context, zmq.ROUTER, hwm=1000, max_message_bytes=MAX_CONTROL_BYTES,
             security=security,
@@ -93,12 +99,13 @@ class Endpoints:
         self.control_address = bound_address(self.control)
 
     # -- data -------------------------------------------------------------------------------
-    def send_data(self, frames: Frames, n_samples: int, epoch: int) -> bool:
-        """Send one data message, serving control meanwhile; False if the server is stopping."""
+    def send_data(self, frames: Frames, n_samples: int, epoch: int, rank: int = -1) -> bool:
+        """Send one data message (to ``rank``, or -1: any free trainer), serving control
+        meanwhile; False if the server is stopping."""
         if self.reliable is not None:
             sent = self.reliable.send(list(frames), n_samples, epoch, self._wait_reliable)
         else:
-            sent = self._push(frames)
+            sent = self._push(frames, rank)
         if not sent:
             return False
         core = self.core
@@ -108,17 +115,33 @@ class Endpoints:
         core.tick(time.monotonic())  # sampling: at most a throughput log line, never a send
         return not self.stopping
 
-    def _push(self, frames: Frames) -> bool:
+    def _push(self, frames: Frames, rank: int) -> bool:
+        core, data = self.core, self.data
+        message = [b"", *frames]
+        waited = False
         while True:
-            try:
-                self.data.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-                return True
-            except zmq.Again:
-                # No trainer connected, or all their queues are full (HWM): wait, but keep
-                # answering the control socket and noticing a stop request.
-                if self.stopping:
-                    return False
+            targets = core.free_targets() if rank < 0 else [core.rank_target(rank)]
+            for identity in targets:
+                if identity is None:
+                    continue
+                message[0] = identity
+                try:
+                    data.send_multipart(message, flags=zmq.NOBLOCK, copy=False)
+                    return True
+                except zmq.ZMQError:
+                    # Again: its queue is full (HWM); EHOSTUNREACH: its data connection is
+                    # not up yet, or gone (the control heartbeats decide that). Next one.
+                    continue
+            # Nobody took it: wait, but keep answering the control socket and noticing a
+            # stop request. A ROUTER is writable when any trainer's queue has room, which
+            # may not be this rank's: after the first try, wait on control alone, briefly.
+            if self.stopping:
+                return False
+            if rank < 0 or not waited:
                 self.serve_control(timeout=0.1, also_writable=True)
+            else:
+                self.serve_control(timeout=0.001)
+            waited = True
 
     def _wait_reliable(self) -> bool:
         """Wait up to 0.1 s for credit, acknowledgements or control; False when stopping."""
@@ -186,6 +209,10 @@ class Endpoints:
         """
         self.deliver(self.core.begin())
         self.run_phase(Phase.WAITING)
+        if self.core.phase is Phase.LAST_WORD:  # the ranks did not all come
+            self.failed = True
+            self._repeat_last_word()
+            return False
         return not self.stopping
 
     def tick(self) -> None:

@@ -41,6 +41,8 @@ class ServerConfig:
     drain_idle: float = 3.0
     min_trainers: int = 0
     reliable: bool = False
+    uneven: str = "pad"
+    rank_timeout: float = 60.0
     curve_secret: str | None = None
     curve_clients: str | None = None
     server_id: str = ""
@@ -63,6 +65,8 @@ class ServerConfig:
         require(self.log_every > 0, "log_every > 0 seconds", self.log_every)
         require(self.max_delay >= 0, "max_delay >= 0 seconds", self.max_delay)
         require(self.min_trainers >= 0, "min_trainers >= 0", self.min_trainers)
+        require(self.uneven in ("pad", "drop"), "uneven 'pad' or 'drop'", self.uneven)
+        require(self.rank_timeout > 0, "rank_timeout > 0 seconds", self.rank_timeout)
         if not self.server_id:
             object.__setattr__(self, "server_id", uuid.uuid4().hex[:12])
 

@@ -37,8 +37,9 @@ from feedmux.errors import (
     SamplingError,
     TransportError,
 )
-from feedmux.protocol import EndOfEpoch, Error, decode, read_tags, replace_tags
+from feedmux.protocol import Data, EndOfEpoch, Error, decode, encode, read_tags, replace_tags
 from feedmux.sampling.epochs import EpochIterator
+from feedmux.server._dealing import RankDealer, RankShare
 from feedmux.server._producer import produce
 from feedmux.server._shell import Endpoints
 from feedmux.server._worker import WorkerPool
@@ -193,7 +194,7 @@ class Server:
         config = self.config
         try:
             if not endpoints.wait_for_trainers():
-                return EXIT_OK
+                return EXIT_FAILED if endpoints.failed else EXIT_OK
             items = EpochIterator(streamer, max_epochs=config.epochs)
 
             def epoch_done(epoch: int, count: int) -> bool:
@@ -203,6 +204,7 @@ class Server:
             produce(
                 items, endpoints.send_data, policy=config.policy, server_id=config.server_id,
                 skip_errors=config.on_error == "skip", epoch_done=epoch_done,
+                dealer=_dealer(endpoints, config),
             )
             if not self._stop:
                 endpoints.finish()
@@ -360,8 +362,9 @@ def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop:
     with mapped_zmq_errors("bind the internal endpoint", pool.endpoint):
         inbound.bind(pool.endpoint)
     if not endpoints.wait_for_trainers():
-        return EXIT_OK
+        return EXIT_FAILED if endpoints.failed else EXIT_OK
     pool.release(1)
+    dealer = _dealer(endpoints, config)
     positions: dict[int, int] = {}
     finished_shards: dict[int, set[int]] = {}
     poller = zmq.Poller()
@@ -387,7 +390,11 @@ def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop:
                     count = int(rows.sum())
                     tags[rows, 1] = np.arange(start, start + count)
                     positions[int(epoch)] = start + count
-                if not endpoints.send_data(replace_tags(frames, tags), len(tags), int(tags[-1, 0])):
+                if dealer is not None:
+                    if not _deal_forwarded(frames, tags, dealer, endpoints, config.server_id):
+                        break
+                elif not endpoints.send_data(replace_tags(frames, tags), len(tags),
+                                             int(tags[-1, 0])):
                     break
                 continue
             message = decode(frames)
@@ -399,6 +406,9 @@ def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop:
                 done = finished_shards.setdefault(message.epoch, set())
                 done.add(message.worker)
                 if len(done) == config.workers:
+                    if dealer is not None and not _send_shares(
+                            dealer.finish_epoch(message.epoch), endpoints, config.server_id):
+                        break
                     endpoints.epoch_done(message.epoch, positions.get(message.epoch, 0))
                     if config.epochs is not None and message.epoch >= config.epochs:
                         endpoints.finish()
@@ -412,3 +422,31 @@ def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop:
     finally:
         inbound.close(linger=0)
 
+
+
+def _dealer(endpoints: Endpoints, config: ServerConfig) -> RankDealer | None:
+    """The dealer of a ranked run (its trainers' hellos told the world size), else None."""
+    world_size = endpoints.core.ranks.world_size
+    return RankDealer(world_size, config.uneven) if world_size else None
+
+
+def _deal_forwarded(frames: list[Any], tags: np.ndarray, dealer: RankDealer,
+                    endpoints: Endpoints, server_id: str) -> bool:
+    """Ranked ``--workers``: deal a worker's message (renumbered ``tags``) to the ranks.
+
+    The forwarder decodes and re-encodes here (the workers do not know the
+    ranks' round boundaries across shards); a message never spans two epochs.
+    """
+    message = decode(frames)
+    assert isinstance(message, Data)
+    return _send_shares(dealer.deal(int(tags[0, 0]), list(message.samples)), endpoints,
+                        server_id)
+
+
+def _send_shares(shares: list[RankShare], endpoints: Endpoints, server_id: str) -> bool:
+    for share in shares:
+        if share.items and not endpoints.send_data(
+                encode(Data(share.tags, share.items, server_id)), len(share.items),
+                int(share.tags[0, 0]), share.rank):
+            return False
+    return True

@@ -113,9 +113,14 @@ def test_min_trainers_waits_for_hellos_and_forgets_one_that_left() -> None:
     assert core.phase is Phase.SAMPLING
 
 
-def test_without_min_trainers_sampling_starts_at_once() -> None:
+def test_without_min_trainers_sampling_starts_at_the_first_hello() -> None:
+    # The first hello tells whether the trainers are free or the ranks of one job.
     core = make_core()
     assert core.begin() == ()
+    assert core.phase is Phase.WAITING
+    core.tick(now=0.0)
+    core.receive(A, hello(), now=0.05)
+    core.tick(now=0.1)
     assert core.phase is Phase.SAMPLING
 
 
