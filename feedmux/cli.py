@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="fixed transport batch (default: sized from the samples)")
     serve.add_argument("--min-trainers", type=int, default=0, metavar="N",
                        help="start sampling once N trainers are connected (default 0)")
+    serve.add_argument("--uneven", choices=("pad", "drop"), default="pad",
+                       help="ranked trainers: pad the last round with repeats so every rank "
+                            "gets ceil(E/n) samples, or drop it: E//n (default pad)")
+    serve.add_argument("--rank-timeout", type=float, default=60.0, metavar="S",
+                       help="ranked trainers: fail if not all ranks connect within S seconds "
+                            "of the first (default 60)")
     serve.add_argument("--reliable", action="store_true",
                        help="acknowledged delivery: nothing is lost when a trainer dies")
     serve.add_argument("--curve-secret", metavar="FILE",
@@ -148,6 +154,7 @@ def _serve(args: argparse.Namespace) -> int:
             samples_per_message=args.samples_per_message, on_error=args.on_error,
             log_every=args.log_every, drain_timeout=args.drain_timeout,
             min_trainers=args.min_trainers, reliable=args.reliable,
+            uneven=args.uneven, rank_timeout=args.rank_timeout,
             curve_secret=args.curve_secret, curve_clients=args.curve_clients,
         )
     except (FactoryError, ConfigurationError) as error:

@@ -174,7 +174,8 @@ class RemoteLoader:
         self.client_id = client_id or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._links = ServerLinks(
             addresses, controls, client_id=self.client_id, world_size=world_size,
-            rank=-1 if rank is None else rank, reliable=reliable, timeout=timeout, heartbeat_interval=HEARTBEAT_INTERVAL,
+            rank=-1 if rank is None else rank, reliable=reliable, timeout=timeout,
+            heartbeat_interval=HEARTBEAT_INTERVAL,
         )
         # Reliable mode: (link number, sequence number) of the message being handed out.
         self._pending_ack: tuple[int, int] | None = None

@@ -36,8 +36,9 @@ class RankTable:
     >>> table.admit(b"a", Hello("a", world_size=2, rank=0), alive=lambda identity: True)
     >>> table.missing()
     [1]
-    >>> table.admit(b"b", Hello("b", world_size=3, rank=1), alive=lambda identity: True)
-    ('feedmux.errors.ConfigurationError', 'expected world_size 2 (the ranks already connected), got world_size 3 from rank 1')
+    >>> refused = table.admit(b"b", Hello("b", world_size=3, rank=1), alive=lambda i: True)
+    >>> refused[1]
+    'expected world_size 2 (the ranks already connected), got world_size 3 from rank 1'
     """
 
     def __init__(self) -> None:

@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 import feedmux
-from feedmux.client import _link, remote
+from feedmux.client import remote
 from feedmux.client.remote import RemoteLoader
 from feedmux.errors import TransportTimeoutError
 from feedmux.protocol import (
