@@ -25,7 +25,7 @@ def test_every_scenario_runs_for_a_few_samples(tmp_path):
     for record in result["measurements"]:
         assert "error" not in record, f"{record['label']} in {record['scenario']}: {record}"
         assert record["samples"] > 0
-        assert record["trainer_cpu_us_per_sample"] >= 0
+        assert record["trainer_cpu_us_per_sample"] > 0  # the trainer's loop costs some CPU
     two_trainers = [r for r in result["measurements"] if r["contender"]["trainers"] == 2]
     assert two_trainers
     for record in two_trainers:

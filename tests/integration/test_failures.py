@@ -27,6 +27,7 @@ def test_timeout_when_no_server(tmp_path: Path) -> None:
     with loader, pytest.raises(feedmux.TransportTimeoutError, match=nobody.data):
         next(iter(loader))
     assert time.monotonic() - started < 5
+    assert isinstance(feedmux.TransportTimeoutError("x"), TimeoutError)
 
 
 def iterate_until(loader: RemoteLoader, condition: Callable[[SampleMeta], bool],
