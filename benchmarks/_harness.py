@@ -18,7 +18,6 @@ import multiprocessing
 import os
 import shutil
 import signal
-import socket
 import tempfile
 import time
 import traceback
@@ -65,25 +64,12 @@ class Budget:
         )
 
 
-def free_tcp_ports(count: int) -> list[int]:
-    """Ports free on 127.0.0.1 right now (held open together so they differ)."""
-    holders = []
-    try:
-        for _ in range(count):
-            holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            holder.bind(("127.0.0.1", 0))
-            holders.append(holder)
-        return [holder.getsockname()[1] for holder in holders]
-    finally:
-        for holder in holders:
-            holder.close()
-
-
 def endpoints_for(transport: str, workdir: str) -> peers.Endpoints:
+    """Where a producer binds: ipc paths in the run's folder, or port 0 on loopback
+    (the producer reports the ports it got)."""
     if transport == "ipc":
         return peers.Endpoints(f"ipc://{workdir}/data", f"ipc://{workdir}/control")
-    data, control = free_tcp_ports(2)
-    return peers.Endpoints(f"tcp://127.0.0.1:{data}", f"tcp://127.0.0.1:{control}")
+    return peers.Endpoints("tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
 
 
 # --------------------------------------------------------------------------
@@ -229,9 +215,11 @@ def _leader(
     signal.alarm(int(budget.timeout) + 15)  # a backstop if the watchdog dies too
     producer = None
     try:
-        endpoints = endpoints_for(contender.transport, workdir)
-        producer = peers.start_producer(contender, scenario.kind, endpoints, budget.timeout)
+        producer = peers.start_producer(
+            contender, scenario.kind, endpoints_for(contender.transport, workdir), budget.timeout
+        )
         connection.send(("pids", producer.pids))
+        endpoints = producer.endpoints
         if contender.trainers > 1:
             figures = _several_trainers(contender, scenario.kind, endpoints, budget)
         else:
