@@ -148,10 +148,12 @@ def _trainer_process(
     budget: Budget,
     barrier: Any,
     connection: Any,
+    index: int = 0,
 ) -> None:
     try:
         consumer = peers.connect(
-            contender, kind, endpoints, timeout=budget.timeout, trainers=contender.trainers
+            contender, kind, endpoints, timeout=budget.timeout, trainers=contender.trainers,
+            index=index,
         )
         try:
             figures = _consume(consumer, budget, start_gate=lambda: barrier.wait(budget.timeout))
@@ -168,11 +170,11 @@ def _several_trainers(
     """Several trainer processes on one producer, timed over the same window."""
     barrier = _FORK.Barrier(contender.trainers + 1)
     processes, connections = [], []
-    for _ in range(contender.trainers):
+    for index in range(contender.trainers):
         receiver, sender = _FORK.Pipe(duplex=False)
         process = _FORK.Process(
             target=_trainer_process,
-            args=(contender, kind, endpoints, budget, barrier, sender),
+            args=(contender, kind, endpoints, budget, barrier, sender, index),
             daemon=True,
         )
         process.start()

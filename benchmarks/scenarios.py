@@ -136,6 +136,7 @@ class Contender:
     workers: int = 1  # producer processes (feedmux --workers, DataLoader num_workers)
     trainers: int = 1  # consuming processes sharing the producer
     show_workers: bool = False  # name the worker count in the label
+    ranked: bool = False  # feedmux: the trainers are the ranks of one job (rank=, world_size=)
 
     @property
     def label(self) -> str:
@@ -150,12 +151,13 @@ class Contender:
         if self.show_workers or self.peer == "torch":
             parts.append(f"{self.workers} worker{'s' if self.workers != 1 else ''}")
         if self.trainers != 1:
-            parts.append(f"{self.trainers} trainers")
+            parts.append(f"{self.trainers} {'ranked ' if self.ranked else ''}trainers")
         return ", ".join(parts)
 
     @property
     def key(self) -> str:
-        return f"{self.peer}/{self.transport}/w{self.workers}/t{self.trainers}"
+        key = f"{self.peer}/{self.transport}/w{self.workers}/t{self.trainers}"
+        return key + "/ranked" if self.ranked else key
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,9 @@ SCENARIOS: tuple[Scenario, ...] = (
         (
             Contender("feedmux", "tcp", trainers=1),
             Contender("feedmux", "tcp", trainers=2),
+            Contender("feedmux", "tcp", trainers=2, ranked=True),
+            Contender("feedmux", "tcp", workers=2, trainers=2, show_workers=True),
+            Contender("feedmux", "tcp", workers=2, trainers=2, show_workers=True, ranked=True),
             Contender("pyzmq", "tcp", trainers=1),
             Contender("pyzmq", "tcp", trainers=2),
         ),

@@ -43,6 +43,7 @@ def _key(record):
     return (
         f"{contender['peer']}/{contender['transport']}"
         f"/w{contender['workers']}/t{contender['trainers']}"
+        + ("/ranked" if contender["ranked"] else "")
     )
 
 
