@@ -52,6 +52,12 @@ def rank_steps(epoch_size: int, world_size: int, uneven: str) -> int:
 
 #: Seconds of data without any answer on a control endpoint before a warning.
 CONTROL_SILENCE_WARNING = 5.0
+#: The error type of a hello refused because a live trainer holds the rank.
+RANK_TAKEN = "RankTakenError"
+#: Heartbeat intervals a refused rank keeps saying hello: the server's liveness period
+#: (three intervals without a heartbeat) and some margin, as the holder may be a crashed
+#: predecessor whose death the server has not seen yet.
+RANK_TAKEN_RETRIES = 5
 
 
 @dataclass(frozen=True)
@@ -208,6 +214,8 @@ class ServerLinks:
         #: Data messages received, by server id (a restarted server counts from 0).
         self.received: dict[str, int] = {}
         self._last_heartbeat = -math.inf
+        #: Links whose hello was refused as a live duplicate rank: refusals so far.
+        self._refused: dict[int, int] = {}
         self._first_data = True
         # Set at the first data message until every control endpoint has answered.
         self._silent_since: float | None = None
@@ -233,6 +241,15 @@ class ServerLinks:
         if isinstance(message, EndOfStream):
             link.end_of_stream(message.server_id)
         elif isinstance(message, Error):
+            refusals = self._refused.get(index, 0) + 1
+            if (message.type.rsplit(".", 1)[-1] == RANK_TAKEN
+                    and refusals <= RANK_TAKEN_RETRIES):
+                # Maybe our own crashed predecessor: say hello again at each beat (instead
+                # of a heartbeat) until data comes.
+                log.warning("%s (server %s); trying again for a while", message.message,
+                            link.control_address)
+                self._refused[index] = refusals
+                return []
             raise link.error(message)
         return []
 
@@ -253,6 +270,8 @@ class ServerLinks:
         count = self.received.get(server_id)
         if count is None:
             count = 0
+            if self._refused:  # data: this rank was admitted after all
+                self._refused.clear()
             if server_id not in {link.server_id for link in self.links}:
                 # A restarted server (or a first message racing its welcome): hello again.
                 actions = self.hello()
@@ -269,7 +288,9 @@ class ServerLinks:
         if now - self._last_heartbeat < self.heartbeat_interval:
             return ()
         self._last_heartbeat = now
+        hello = Hello(client_id=self.client_id, world_size=self.world_size, rank=self.rank)
         return [
+            Send(index, hello) if index in self._refused else
             Send(index, Heartbeat(sender_id=self.client_id,
                                   received_messages=self.received.get(link.server_id, 0)))
             for index, link in enumerate(self.links)

@@ -34,6 +34,7 @@ from feedmux._transport import (
     readable,
     send_message,
 )
+from feedmux.client._acks import HandOutAcks, progress_of
 from feedmux.client._link import Action, Send, ServerLinks
 from feedmux.errors import (
     ConfigurationError,
@@ -195,6 +196,10 @@ class RemoteLoader:
         self._count = 0
         self._last: SampleMeta | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
+        # Ranked: (link number, server id, tags) of the current message, for the acks thread.
+        self._current: tuple[int, str, Any] | None = None
+        self._link_of_last = 0
+        self._acks: HandOutAcks | None = None
 
     # -- the iterable ---------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -338,6 +343,13 @@ class RemoteLoader:
                 self._grant_credit(index)
         self._act(self._links.hello())
         self._finalizer = weakref.finalize(self, _close_sockets, self._pid, context, sockets)
+        if self.rank is not None:
+            # A restarted rank continues after the last sample this one handed out: tell the
+            # servers every few ms, from a thread (nothing per sample on the hot path).
+            self._acks = HandOutAcks([link.control_address for link in self._links.links],
+                                     client_id=self.client_id, rank=self.rank,
+                                     progress=progress_of(self), security=self._security)
+            weakref.finalize(self, self._acks.stop)
 
     def _act(self, actions: Iterable[Action]) -> None:
         for action in actions:
@@ -413,6 +425,7 @@ class RemoteLoader:
                 continue
             if count > 1:
                 self._turn = (index + 1) % count  # take from every server in turn
+            self._link_of_last = index
             _, message = self._decode_data(frames)
             if not isinstance(message, Data):
                 raise ProtocolError(
@@ -443,8 +456,12 @@ class RemoteLoader:
         actions = self._links.data(server_id, int(tags[0, 0]) if count else 0, now=now)
         if actions:
             self._act(actions)
+        # The index first, then the message: the acks thread reads them the other way round.
+        self._index = self._count = 0
         self._samples, self._tags, self._server_id = samples, tags, server_id
-        self._index, self._count = 0, count
+        if self._acks is not None:
+            self._current = (self._link_of_last, server_id, tags)
+        self._count = count
 
     def _serve_control(self, index: int) -> None:
         socket = self._control[index]
@@ -455,6 +472,8 @@ class RemoteLoader:
     def close(self) -> None:
         """Close the sockets; iterating afterwards raises TransportClosedError."""
         self._closed = True
+        if self._acks is not None:
+            self._acks.stop()  # its last acknowledgement goes out before the sockets close
         if self._finalizer is not None:
             self._finalizer()
         self._context = None

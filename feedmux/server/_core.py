@@ -27,6 +27,7 @@ from feedmux._transport import HEARTBEAT_INTERVAL
 from feedmux.errors import ProtocolError
 from feedmux.protocol import (
     PROTOCOL_VERSION,
+    Ack,
     Drain,
     EndOfStream,
     Error,
@@ -39,6 +40,7 @@ from feedmux.protocol import (
 )
 from feedmux.server._producer import error_message
 from feedmux.server._ranks import RankTable
+from feedmux.server._retention import RankRetention
 from feedmux.server.config import ServerConfig
 
 __all__ = [
@@ -121,6 +123,8 @@ class ControlCore:
         self._last_change = 0.0
         self._final_started = self._last_heard = 0.0
         self.ranks = RankTable()
+        #: What each rank was sent beyond what it handed out (for a restarted rank).
+        self.retention = RankRetention(limit=4 * config.hwm + 64)
         self._waiting_since: float | None = None
         self._waiting_for: list[int] | None = None
         self._free_turn = 0
@@ -129,6 +133,17 @@ class ControlCore:
     def receive(self, identity: bytes, message: Message, now: float) -> Sends:
         """A decoded control message from ``identity``."""
         self._last_heard = now
+        if isinstance(message, Ack) and message.rank >= 0:
+            # A ranked trainer's hand-out mark, from a socket that reads nothing: no answer.
+            # It is also the sign of life of the rank's holder (sent from the loader's thread).
+            holder = self.ranks.holder(message.rank)
+            if holder is not None and holder[1] == message.client_id:
+                trainer = self.trainers.get(holder[0])
+                if trainer is not None:
+                    trainer.last_seen = now
+            self.retention.handed(message.rank, message.client_id.encode(), message.epoch,
+                                  message.position)
+            return NO_SENDS
         if self.final_message is not None and not isinstance(message, StatsRequest):
             return [(identity, self.final_message)]
         if isinstance(message, Hello):

@@ -27,7 +27,7 @@ from feedmux._transport import (
     send_message,
 )
 from feedmux.errors import ProtocolError
-from feedmux.protocol import Error, decode
+from feedmux.protocol import Error, decode, read_tags
 from feedmux.server._core import ControlCore, Phase, Sends
 from feedmux.server._producer import Frames
 from feedmux.server._reliable import ReliableDispatch
@@ -120,18 +120,27 @@ class Endpoints:
         message = [b"", *frames]
         waited = False
         while True:
-            targets = core.free_targets() if rank < 0 else [core.rank_target(rank)]
+            targets: list[bytes] = []
+            if rank < 0:
+                targets = core.free_targets()
+            else:
+                target = core.rank_target(rank)
+                # A rank taken over by a restarted trainer: what its predecessor did not hand
+                # out goes first (nothing new until that is through).
+                if target is not None and (not core.retention.pending(rank, target)
+                                           or self._replay(rank, target)):
+                    targets = [target]
             for identity in targets:
-                if identity is None:
-                    continue
                 message[0] = identity
                 try:
                     data.send_multipart(message, flags=zmq.NOBLOCK, copy=False)
-                    return True
                 except zmq.ZMQError:
                     # Again: its queue is full (HWM); EHOSTUNREACH: its data connection is
                     # not up yet, or gone (the control heartbeats decide that). Next one.
                     continue
+                if rank >= 0:
+                    core.retention.sent(rank, identity, list(frames))
+                return True
             # Nobody took it: wait, but keep answering the control socket and noticing a
             # stop request. A ROUTER is writable when any trainer's queue has room, which
             # may not be this rank's: after the first try, wait on control alone, briefly.
@@ -142,6 +151,29 @@ class Endpoints:
             else:
                 self.serve_control(timeout=0.001)
             waited = True
+
+    def _replay(self, rank: int, target: bytes) -> bool:
+        """Send ``rank``'s new holder what its predecessor did not hand out; True when done."""
+        retention = self.core.retention
+        sent = 0
+        for handle, frames in retention.replay(rank, target):
+            try:
+                self.data.send_multipart([target, *frames], flags=zmq.NOBLOCK, copy=False)
+            except zmq.ZMQError:
+                return False  # not connected yet, or full: again at the next turn
+            retention.moved(handle, target)
+            self.core.data_sent(len(read_tags(frames)), int(read_tags(frames)[0, 0]))
+            sent += 1
+        retention.settled(rank, target, sent)
+        return True
+
+    def _replay_ranks(self) -> None:
+        """Hand over every rank taken over since the last look (also with no new data)."""
+        core = self.core
+        for rank in range(core.ranks.world_size or 0):
+            target = core.rank_target(rank)
+            if target is not None and core.retention.pending(rank, target):
+                self._replay(rank, target)
 
     def _wait_reliable(self) -> bool:
         """Wait up to 0.1 s for credit, acknowledgements or control; False when stopping."""
@@ -179,6 +211,8 @@ class Endpoints:
                 self.deliver(core.malformed(identity, error, time.monotonic()))
                 continue
             self.deliver(core.receive(identity, message, time.monotonic()))
+        if core.ranks.ranked and self.reliable is None:
+            self._replay_ranks()
         return True
 
     def deliver(self, sends: Sends) -> None:
@@ -186,7 +220,11 @@ class Endpoints:
         for identity, message in sends:
             try:
                 send_message(self.control, message, prefix=[identity], flags=zmq.NOBLOCK)
-            except zmq.ZMQError:  # also zmq.Again: its queue is full
+            except zmq.Again:
+                if self.core.ranks.ranked:
+                    continue  # a rank busy in a long step: its holder stays (its acks tell)
+                self.core.peer_gone(identity)
+            except zmq.ZMQError:
                 # The peer went away (ROUTER_MANDATORY) or cannot keep up: the core forgets
                 # it but keeps what it had received for the end-of-stream count.
                 self.core.peer_gone(identity)
