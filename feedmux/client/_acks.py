@@ -1,8 +1,11 @@
-"""A ranked trainer's acknowledgements of what it handed out, sent off the hot path.
+"""A trainer's acknowledgements of what it handed out, sent off the hot path.
 
 This module owns the background thread that tells each server, every few
-milliseconds, the last ``(epoch, position)`` this rank handed out, so that a
-restarted rank (same rank, new process) continues right after it; repeated
+milliseconds, the last ``(epoch, position)`` this trainer handed out: a ranked
+trainer, so that a restarted rank (same rank, new process) continues right
+after it; a reliable free trainer, with the sequence number of the message it
+is in, so that only the rest of that message goes to the others if it dies.
+For a rank it is repeated
 once per heartbeat interval, it is also the rank's sign of life (a trainer in a
 long step does not call its loader, but this thread runs; a killed one is silent). The thread
 has its own ZeroMQ context and one DEALER per control endpoint (a ZeroMQ
@@ -11,6 +14,9 @@ without locking — the loader publishes the current message before resetting
 nothing and the index after, so a torn read can only under-report, never claim
 a sample not yet handed out — and sends only when the mark moved. It must
 never touch the loader's sockets, block the trainer, or send per sample.
+
+It also owns :class:`SeenPositions`, a reliable loader's memory of what it
+took, so that a sample dealt to it twice is handed out once.
 """
 
 from __future__ import annotations
@@ -27,13 +33,14 @@ import zmq
 from feedmux._transport import HEARTBEAT_INTERVAL, make_socket, send_message
 from feedmux.protocol import Ack
 
-__all__ = ["ACK_INTERVAL", "HandOutAcks", "Progress"]
+__all__ = ["ACK_INTERVAL", "HandOutAcks", "Progress", "SeenPositions", "progress_of"]
 
 #: Seconds between two looks at what was handed out (an acknowledgement only if it moved).
 ACK_INTERVAL = 0.005
 
-#: ``() -> (link number, server id, tags, handed-out count)`` of the current message, or None.
-Progress = Callable[[], "tuple[int, str, Any, int] | None"]
+#: ``() -> (link number, server id, tags, sequence number, handed-out count)`` of the
+#: current message (sequence number 0 outside reliable mode), or None.
+Progress = Callable[[], "tuple[int, str, Any, int, int] | None"]
 
 
 class HandOutAcks:
@@ -81,21 +88,22 @@ class HandOutAcks:
         except ReferenceError:
             return False
         now = time.monotonic()
-        if current is None or current[3] <= 0:
-            if now - self._last_sent >= HEARTBEAT_INTERVAL:
+        if current is None or current[4] <= 0:
+            if self.rank >= 0 and now - self._last_sent >= HEARTBEAT_INTERVAL:
                 self._last_sent = now
                 for socket in sockets:  # nothing handed out yet: a sign of life only
                     self._offer(socket, Ack(client_id=self.client_id, rank=self.rank))
             return True
-        link, server_id, tags, handed = current
+        link, server_id, tags, seq, handed = current
         row = tags[min(handed, len(tags)) - 1]
         mark = (server_id, int(row[0]), int(row[1]))
         # The same mark again once per heartbeat interval: the server takes it as a sign of
         # life of this rank's holder, however long the trainer's own steps take.
-        if mark == self.sent and now - self._last_sent < HEARTBEAT_INTERVAL:
+        if mark == self.sent and (self.rank < 0 or now - self._last_sent < HEARTBEAT_INTERVAL):
             return True
-        if self._offer(sockets[link], Ack(client_id=self.client_id, server_id=server_id,
-                                          rank=self.rank, epoch=mark[1], position=mark[2])):
+        if self._offer(sockets[link], Ack(seqs=(seq,) if seq else (), client_id=self.client_id,
+                                          server_id=server_id, rank=self.rank, epoch=mark[1],
+                                          position=mark[2])):
             self.sent, self._last_sent = mark, now
         return True
 
@@ -120,13 +128,52 @@ def progress_of(loader: Any) -> Progress:
     keep the loader alive); raises ReferenceError once the loader is gone."""
     ref = weakref.ref(loader)
 
-    def progress() -> tuple[int, str, Any, int] | None:
+    def progress() -> tuple[int, str, Any, int, int] | None:
         target = ref()
         if target is None:
             raise ReferenceError("the loader is gone")
         current = target._current  # the message first ...
         if current is None:
             return None
-        return (*current, target._index)  # ... then how far: a torn read under-reports
+        link, server_id, tags, seq = current
+        return link, server_id, tags, seq, target._index  # ... then how far: a torn read
+        # under-reports
 
     return progress
+
+
+class SeenPositions:
+    """The positions a loader took, per (server id, epoch): the last two epochs of each server.
+
+    Checked once per data message (set operations on its tags), never per sample.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> seen = SeenPositions()
+    >>> seen.fresh("s", np.array([[1, 0], [1, 1]])) is None  # all new
+    True
+    >>> seen.fresh("s", np.array([[1, 1], [1, 2]]))  # row 0 came before
+    [1]
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, int], set[int]] = {}
+
+    def fresh(self, server_id: str, tags: Any) -> list[int] | None:
+        """Record a message's positions; the rows not seen before, or None when all are new."""
+        if not len(tags):
+            return None
+        epoch = int(tags[0, 0])  # a data message never spans two epochs
+        seen = self._seen.get((server_id, epoch))
+        if seen is None:
+            seen = self._seen[(server_id, epoch)] = set()
+            for key in [key for key in self._seen if key[0] == server_id and key[1] < epoch - 1]:
+                del self._seen[key]
+        positions = tags[:, 1].tolist()
+        if seen.isdisjoint(positions):
+            seen.update(positions)
+            return None
+        rows = [row for row, position in enumerate(positions) if position not in seen]
+        seen.update(positions)
+        return rows

@@ -15,6 +15,7 @@ the user's choice).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -34,7 +35,7 @@ from feedmux._transport import (
     readable,
     send_message,
 )
-from feedmux.client._acks import HandOutAcks, progress_of
+from feedmux.client._acks import HandOutAcks, SeenPositions, progress_of
 from feedmux.client._link import Action, Send, ServerLinks
 from feedmux.errors import (
     ConfigurationError,
@@ -57,6 +58,8 @@ from feedmux.protocol import (
 )
 
 __all__ = ["RemoteLoader", "SampleMeta", "fetch_stats"]
+
+log = logging.getLogger("feedmux.client")
 
 #: A frame larger than this makes the loader tune malloc (see ``tune_malloc``).
 LARGE_MESSAGE_BYTES = 1 << 20
@@ -196,10 +199,13 @@ class RemoteLoader:
         self._count = 0
         self._last: SampleMeta | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
-        # Ranked: (link number, server id, tags) of the current message, for the acks thread.
-        self._current: tuple[int, str, Any] | None = None
+        # Ranked or reliable: (link number, server id, tags, sequence number) of the current
+        # message, for the acknowledging thread.
+        self._current: tuple[int, str, Any, int] | None = None
         self._link_of_last = 0
+        self._seq_of_last = 0
         self._acks: HandOutAcks | None = None
+        self._seen = SeenPositions() if reliable else None
 
     # -- the iterable ---------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -343,11 +349,13 @@ class RemoteLoader:
                 self._grant_credit(index)
         self._act(self._links.hello())
         self._finalizer = weakref.finalize(self, _close_sockets, self._pid, context, sockets)
-        if self.rank is not None:
-            # A restarted rank continues after the last sample this one handed out: tell the
+        if self.rank is not None or self.reliable:
+            # A restarted rank continues after the last sample this one handed out, and a
+            # reliable trainer's unfinished message goes to the others cut there: tell the
             # servers every few ms, from a thread (nothing per sample on the hot path).
             self._acks = HandOutAcks([link.control_address for link in self._links.links],
-                                     client_id=self.client_id, rank=self.rank,
+                                     client_id=self.client_id,
+                                     rank=-1 if self.rank is None else self.rank,
                                      progress=progress_of(self), security=self._security)
             weakref.finalize(self, self._acks.stop)
 
@@ -408,6 +416,7 @@ class RemoteLoader:
                 seq, message = self._decode_data(socket.recv_multipart(copy=False), enveloped=True)
                 if isinstance(message, Data):
                     self._turn = (index + 1) % count
+                    self._link_of_last, self._seq_of_last = index, seq
                     if seq:
                         self._pending_ack = (index, seq)
                     return message
@@ -456,11 +465,16 @@ class RemoteLoader:
         actions = self._links.data(server_id, int(tags[0, 0]) if count else 0, now=now)
         if actions:
             self._act(actions)
+        if self._seen is not None and (rows := self._seen.fresh(server_id, tags)) is not None:
+            # Dealt to this trainer twice (a re-send crossed its acknowledgement): once only.
+            log.warning("dropping %d sample(s) of server %s already handed out",
+                        count - len(rows), server_id)
+            samples, tags, count = [samples[row] for row in rows], tags[rows], len(rows)
         # The index first, then the message: the acks thread reads them the other way round.
         self._index = self._count = 0
         self._samples, self._tags, self._server_id = samples, tags, server_id
         if self._acks is not None:
-            self._current = (self._link_of_last, server_id, tags)
+            self._current = (self._link_of_last, server_id, tags, self._seq_of_last)
         self._count = count
 
     def _serve_control(self, index: int) -> None:

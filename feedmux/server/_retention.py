@@ -22,9 +22,34 @@ import numpy as np
 
 from feedmux.protocol import Data, decode, encode, read_tags
 
-__all__ = ["RankRetention"]
+__all__ = ["RankRetention", "rest_after"]
 
 log = logging.getLogger("feedmux.server")
+
+
+def rest_after(frames: list[Any], mark: tuple[int, int]) -> tuple[np.ndarray, list[Any]] | None:
+    """The tags and frames of the samples of a data message after ``(epoch, position)``.
+
+    The message as it is when none was handed out, re-encoded when some were,
+    None when all were (positions grow within a message).
+
+    >>> from feedmux.protocol import Data, encode
+    >>> frames = list(encode(Data(np.array([[1, 0], [1, 2]]), ["a", "b"])))
+    >>> tags, rest = rest_after(frames, (1, 0))
+    >>> tags.tolist(), rest_after(frames, (1, 2))
+    ([[1, 2]], None)
+    """
+    tags = read_tags(frames)
+    rows = [i for i, row in enumerate(tags.tolist()) if tuple(row) > mark]
+    if not rows:
+        return None
+    if len(rows) == len(tags):
+        return tags, frames
+    message = decode(frames)
+    assert isinstance(message, Data)
+    samples = list(message.samples)
+    kept = tags[rows].copy()
+    return kept, list(encode(Data(kept, [samples[i] for i in rows], message.server_id)))
 
 
 @dataclass
@@ -106,16 +131,10 @@ class RankRetention:
         kept: deque[_Sent] = deque()
         for entry in queue:
             if entry.target != target:
-                rows = [i for i, row in enumerate(entry.tags.tolist()) if tuple(row) > mark]
-                if not rows:
+                rest = rest_after(entry.frames, mark)
+                if rest is None:
                     continue  # handed out whole by the predecessor
-                if len(rows) < len(entry.tags):
-                    message = decode(entry.frames)
-                    assert isinstance(message, Data)
-                    samples = list(message.samples)
-                    entry.tags = entry.tags[rows].copy()
-                    entry.frames = list(encode(Data(entry.tags, [samples[i] for i in rows],
-                                                    message.server_id)))
+                entry.tags, entry.frames = rest
                 out.append((entry, entry.frames))
             kept.append(entry)
         self._sent[rank] = kept

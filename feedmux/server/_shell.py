@@ -27,7 +27,7 @@ from feedmux._transport import (
     send_message,
 )
 from feedmux.errors import ProtocolError
-from feedmux.protocol import Error, decode, read_tags
+from feedmux.protocol import Ack, Error, decode, read_tags
 from feedmux.server._core import ControlCore, Phase, Sends
 from feedmux.server._producer import Frames
 from feedmux.server._reliable import ReliableDispatch
@@ -209,6 +209,10 @@ class Endpoints:
                 message = decode(parts[1:])
             except ProtocolError as error:
                 self.deliver(core.malformed(identity, error, time.monotonic()))
+                continue
+            if isinstance(message, Ack) and message.rank < 0:
+                if self.reliable is not None:  # a free trainer's hand-out mark: no answer
+                    self.reliable.ledger.handed(message)
                 continue
             self.deliver(core.receive(identity, message, time.monotonic()))
         if core.ranks.ranked and self.reliable is None:
