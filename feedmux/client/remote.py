@@ -30,39 +30,31 @@ from feedmux._transport import (
     DEFAULT_HWM,
     HEARTBEAT_INTERVAL,
     control_address_for,
-    keep_freed_memory,
     make_socket,
     readable,
     send_message,
 )
 from feedmux.client._acks import HandOutAcks, SeenPositions, progress_of
+from feedmux.client._data import DataSockets, send_or_drop
 from feedmux.client._link import Action, Send, ServerLinks
 from feedmux.errors import (
     ConfigurationError,
-    ProtocolError,
     RemoteError,
     StreamValueError,
     TransportClosedError,
     TransportTimeoutError,
-    VersionMismatchError,
 )
 from feedmux.protocol import (
-    Ack,
     Credit,
     Data,
-    EndOfStream,
     Error,
-    Message,
     decode,
-    unpack_envelope,
 )
 
 __all__ = ["RemoteLoader", "SampleMeta", "fetch_stats"]
 
 log = logging.getLogger("feedmux.client")
 
-#: A frame larger than this makes the loader tune malloc (see ``tune_malloc``).
-LARGE_MESSAGE_BYTES = 1 << 20
 #: The longest ``len()`` waits for the servers' welcome before the first sample.
 WELCOME_WAIT = 5.0
 #: A data message larger than this is refused by ZeroMQ before it reaches Python.
@@ -181,12 +173,10 @@ class RemoteLoader:
             rank=-1 if rank is None else rank, reliable=reliable, timeout=timeout,
             heartbeat_interval=HEARTBEAT_INTERVAL,
         )
-        # Reliable mode: (link number, sequence number) of the message being handed out.
-        self._pending_ack: tuple[int, int] | None = None
-        self._turn = 0
         self._context: zmq.Context[Any] | None = None
         self._pid = 0
-        self._data_sockets: list[Any] = []  # one DEALER per server
+        self._data = DataSockets([], reliable=reliable, client_id="", addresses=addresses,
+                                 tune_malloc=False)
         self._control: list[Any] = []  # one DEALER per server
         self._poller: zmq.Poller | None = None
         self._closed = False
@@ -202,8 +192,6 @@ class RemoteLoader:
         # Ranked or reliable: (link number, server id, tags, sequence number) of the current
         # message, for the acknowledging thread.
         self._current: tuple[int, str, Any, int] | None = None
-        self._link_of_last = 0
-        self._seq_of_last = 0
         self._acks: HandOutAcks | None = None
         self._seen = SeenPositions() if reliable else None
 
@@ -336,16 +324,18 @@ class RemoteLoader:
         # A fresh context in every process: a ZeroMQ context must never cross a fork.
         self._context = context = zmq.Context()
         self._pid = os.getpid()
-        self._data_sockets, self._control = _open_sockets(
+        data_sockets, self._control = _open_sockets(
             context, self._links, client_id=self.client_id, reliable=self.reliable,
             hwm=self.hwm, max_message_bytes=self.max_message_bytes, security=self._security,
         )
-        sockets = [*self._data_sockets, *self._control]
+        self._data = DataSockets(data_sockets, reliable=self.reliable, client_id=self.client_id,
+                                 addresses=self.addresses, tune_malloc=self._tune_malloc)
+        sockets = [*data_sockets, *self._control]
         self._poller = zmq.Poller()
         for socket in sockets:
             self._poller.register(socket, zmq.POLLIN)
         if self.reliable:
-            for index in range(len(self._data_sockets)):
+            for index in range(len(data_sockets)):
                 self._grant_credit(index)
         self._act(self._links.hello())
         self._finalizer = weakref.finalize(self, _close_sockets, self._pid, context, sockets)
@@ -363,15 +353,14 @@ class RemoteLoader:
         for action in actions:
             if isinstance(action, Send):
                 # If the server is away and the queue full, the next heartbeat will do.
-                _send_or_drop(self._control[action.link], action.message)
+                send_or_drop(self._control[action.link], action.message)
             else:  # a restarted server behind a reliable link
-                if self._pending_ack is not None and self._pending_ack[0] == action.link:
-                    self._pending_ack = None  # its sequence number means nothing now
+                self._data.forget_ack(action.link)  # its sequence number means nothing now
                 self._grant_credit(action.link)
 
     def _grant_credit(self, index: int) -> None:
         # If the queue towards an absent server is full, the next welcome grants again.
-        _send_or_drop(self._data_sockets[index], Credit(credits=self.hwm, client_id=self.client_id))
+        send_or_drop(self._data.sockets[index], Credit(credits=self.hwm, client_id=self.client_id))
 
     def _receive(self) -> None:
         """Block until the next data message is current (or raise / end the iteration)."""
@@ -383,7 +372,7 @@ class RemoteLoader:
             due = links.tick(now)
             if due:
                 self._act(due)
-            message = self._recv_data()
+            message = self._data.receive(links)
             if message is not None:
                 self._take(message, now)
                 for index in range(len(self._control)):
@@ -397,67 +386,6 @@ class RemoteLoader:
                 if socket in events:
                     self._serve_control(index)
             now = time.monotonic()
-
-    def _recv_data(self) -> Data | None:
-        """The next data message waiting on the data socket(s), or None."""
-        if not self.reliable:
-            return self._recv_plain()
-        if self._pending_ack is not None:
-            # Every sample of the current message was handed out: acknowledge it.
-            index, seq = self._pending_ack
-            self._pending_ack = None
-            # A dropped ack only means the server deals that message again.
-            _send_or_drop(self._data_sockets[index], Ack(seqs=[seq], client_id=self.client_id))
-        count = len(self._data_sockets)
-        for offset in range(count):
-            index = (self._turn + offset) % count
-            socket = self._data_sockets[index]
-            while readable(socket):
-                seq, message = self._decode_data(socket.recv_multipart(copy=False), enveloped=True)
-                if isinstance(message, Data):
-                    self._turn = (index + 1) % count
-                    self._link_of_last, self._seq_of_last = index, seq
-                    if seq:
-                        self._pending_ack = (index, seq)
-                    return message
-                if isinstance(message, EndOfStream):
-                    self._links.data_end_of_stream(index, message.server_id)
-        return None
-
-    def _recv_plain(self) -> Data | None:
-        count = len(self._data_sockets)
-        for offset in range(count):
-            index = (self._turn + offset) % count
-            try:
-                frames = self._data_sockets[index].recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                continue
-            if count > 1:
-                self._turn = (index + 1) % count  # take from every server in turn
-            self._link_of_last = index
-            _, message = self._decode_data(frames)
-            if not isinstance(message, Data):
-                raise ProtocolError(
-                    f"expected a data message on the data socket, got {type(message).__name__}"
-                )
-            return message
-        return None
-
-    def _decode_data(self, frames: list[Any], *, enveloped: bool = False) -> tuple[int, Message]:
-        """The sequence number (0 without an envelope) and the message of a data message."""
-        seq = 0
-        try:
-            if enveloped:
-                seq, frames = unpack_envelope(frames)
-            if self._tune_malloc and len(frames) > 2 and len(frames[-1]) > LARGE_MESSAGE_BYTES:
-                self._tune_malloc = False
-                keep_freed_memory()
-            message = decode(frames)
-        except VersionMismatchError:
-            raise
-        except ProtocolError as error:
-            raise ProtocolError(f"malformed data message from {self.addresses}: {error}") from error
-        return seq, message
 
     def _take(self, message: Data, now: float) -> None:
         samples, tags, server_id = message.samples, message.tags, message.server_id
@@ -474,7 +402,7 @@ class RemoteLoader:
         self._index = self._count = 0
         self._samples, self._tags, self._server_id = samples, tags, server_id
         if self._acks is not None:
-            self._current = (self._link_of_last, server_id, tags, self._seq_of_last)
+            self._current = (self._data.link, server_id, tags, self._data.seq)
         self._count = count
 
     def _serve_control(self, index: int) -> None:
@@ -569,14 +497,6 @@ def _open_sockets(
         target.connect(link.data_address)
         control_socket.connect(link.control_address)
     return targets, control
-
-
-def _send_or_drop(socket: Any, message: Message) -> None:
-    """Send without blocking; a message that finds the queue full is dropped."""
-    try:
-        send_message(socket, message, flags=zmq.NOBLOCK)
-    except zmq.Again:
-        pass
 
 
 def _close_sockets(pid: int, context: zmq.Context[Any], sockets: list[Any]) -> None:
