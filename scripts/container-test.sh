@@ -188,8 +188,12 @@ else
     die "compose up sampler (for the host trainer)"
   fi
   published() {  # published PORT: the host address of the sampler's container port
-    timeout 30 "${compose[@]}" -p "$host_project" port sampler "$1" 2>/dev/null \
-      | grep -Eo '[0-9.]+:[0-9]+$' | tail -1
+    # docker compose prints HOST:PORT, podman-compose only the port; the compose file
+    # publishes on the host's loopback either way.
+    local port
+    port=$(timeout 30 "${compose[@]}" -p "$host_project" port sampler "$1" 2>/dev/null \
+             | grep -Eo '[0-9]+$' | tail -1)
+    [ -n "$port" ] && echo "127.0.0.1:$port"
   }
   data_host="" control_host="" answered=0
   for _ in $(seq 60); do
