@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a streamer that raises stops the server (raise) or is skipped")
     serve.add_argument("--log-every", type=_positive_float, default=10.0,
                        help="seconds between throughput log lines (default 10)")
+    serve.add_argument("--metrics-port", type=int, metavar="PORT",
+                       help="serve Prometheus metrics on http://HOST:PORT/metrics "
+                            "(needs feedmux[metrics]; 0 picks a free port)")
+    serve.add_argument("--metrics-host", default="127.0.0.1",
+                       help="interface of the metrics endpoint (default 127.0.0.1: loopback)")
     serve.add_argument("--drain-timeout", type=_positive_float, default=30.0,
                        help="seconds a finished server waits for trainers to drain (default 30)")
 
@@ -149,6 +154,7 @@ def _serve(args: argparse.Namespace) -> int:
             log_every=args.log_every, drain_timeout=args.drain_timeout,
             min_trainers=args.min_trainers, reliable=args.reliable,
             curve_secret=args.curve_secret, curve_clients=args.curve_clients,
+            metrics_port=args.metrics_port, metrics_host=args.metrics_host,
         )
     except (FactoryError, ConfigurationError) as error:
         print(f"feedmux serve: error: {error}", file=sys.stderr)
