@@ -102,5 +102,5 @@ def test_without_prometheus_client_the_error_names_the_extra(
 
 
 def test_a_bad_metrics_port_is_refused_with_what_was_expected() -> None:
-    with pytest.raises(ConfigurationError, match="expected metrics_port .* got 70000"):
+    with pytest.raises(ConfigurationError, match=r"expected metrics_port .* got 70000"):
         Server("tests.integration.samplers:numbered", metrics_port=70000)
