@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from feedmux.protocol import Message, Stats
+
 __all__ = [
     "BLOCKED_LIMIT",
     "BUSY_LIMIT",
@@ -101,8 +103,9 @@ class InputDiagnosis:
     ----------
     links : int
         How many servers the loader talks to.
-    window : float
-        Seconds over which the wait fraction is measured and judged.
+    window : float or None
+        Seconds over which the wait fraction is measured and judged; None
+        turns the diagnosis off (it then asks nothing and reports None).
     threshold : float
         A window in which the trainer waited more than this fraction of the
         time gets a warning with the likely cause.
@@ -110,11 +113,11 @@ class InputDiagnosis:
     Examples
     --------
     >>> diagnosis = InputDiagnosis(links=1, window=10.0, threshold=0.2)
-    >>> diagnosis.message(now=0.0, waited=0.0, samples=10)  # the window starts: ask the server
+    >>> diagnosis.message(now=0.0, waited_from=0.0, samples=10)  # the window starts: ask
     True
     >>> diagnosis.server_stats(0, {"uptime_s": 5.0, "sampler_busy_seconds": 0.0,
     ...                            "send_blocked_seconds": 0.0}, now=0.1)
-    >>> diagnosis.message(now=10.0, waited=6.0, samples=10)  # window over: ask again
+    >>> diagnosis.message(now=10.0, waited_from=4.0, samples=10)  # window over: ask again
     True
     >>> diagnosis.server_stats(0, {"uptime_s": 15.0, "sampler_busy_seconds": 9.9,
     ...                            "send_blocked_seconds": 0.0}, now=10.1)[:60]
@@ -123,7 +126,8 @@ class InputDiagnosis:
     (0.6, 2.0)
     """
 
-    def __init__(self, links: int, window: float = 60.0, threshold: float = 0.25) -> None:
+    def __init__(self, links: int, window: float | None = 60.0,
+                 threshold: float = 0.25) -> None:
         self.window = window
         self.threshold = threshold
         self._links = [_LinkFigures() for _ in range(links)]
@@ -134,11 +138,15 @@ class InputDiagnosis:
         self._last: tuple[float, float, float] | None = None
         self._pending: tuple[float, float] | None = None  # a verdict awaiting server figures
 
-    def message(self, now: float, waited: float, samples: int) -> bool:
-        """A data message of ``samples`` samples arrived after ``waited`` s inside ``next()``.
+    def message(self, now: float, waited_from: float, samples: int) -> bool:
+        """A data message of ``samples`` samples arrived at ``now``; ``next()`` waited
+        for it from ``waited_from``.
 
         Returns True when the servers should be asked for their statistics now.
         """
+        if self.window is None:
+            return False
+        waited = now - waited_from
         if self._started is None:
             # The wait for the very first message (connecting, a server warming up) is
             # not the training loop's: windows start at the first data.
@@ -156,6 +164,14 @@ class InputDiagnosis:
             self._say(*self._pending, loads=[])
         self._pending = (fraction, elapsed) if fraction > self.threshold else None
         self._started, self._waited, self._samples = now, 0.0, 0
+        return True
+
+    def answer(self, link: int, message: Message, now: float) -> bool:
+        """Take ``message`` from the control endpoint of ``link`` if it is a statistics
+        answer (True), else leave it to the link state (False)."""
+        if not isinstance(message, Stats):
+            return False
+        self.server_stats(link, message.values, now)
         return True
 
     def server_stats(self, link: int, values: Mapping[str, Any], now: float) -> str | None:

@@ -51,7 +51,6 @@ from feedmux.protocol import (
     EndOfStream,
     Error,
     Message,
-    Stats,
     StatsRequest,
     decode,
     unpack_envelope,
@@ -145,8 +144,7 @@ class RemoteLoader:
         curve_server_key: str | bytes | None = None,
         curve_certificate: str | None = None,
         tune_malloc: bool = True,
-        diagnose_window: float | None = 60.0,
-        diagnose_threshold: float = 0.25,
+        diagnose_window: float | None = 60.0, diagnose_threshold: float = 0.25,
     ) -> None:
         addresses, controls = _endpoints(address, control)
         _check_settings(timeout=timeout, world_size=world_size, hwm=hwm)
@@ -167,8 +165,7 @@ class RemoteLoader:
             addresses, controls, client_id=self.client_id, world_size=world_size,
             reliable=reliable, timeout=timeout, heartbeat_interval=HEARTBEAT_INTERVAL,
         )
-        self._diagnosis = (None if diagnose_window is None else InputDiagnosis(
-            len(addresses), window=diagnose_window, threshold=diagnose_threshold))
+        self._diagnosis = InputDiagnosis(len(addresses), diagnose_window, diagnose_threshold)
         # Reliable mode: (link number, sequence number) of the message being handed out.
         self._pending_ack: tuple[int, int] | None = None
         self._turn = 0
@@ -267,9 +264,6 @@ class RemoteLoader:
         fetched over the control channel. None until a window has passed (or the
         servers answered); all None with ``diagnose_window=None``.
         """
-        if self._diagnosis is None:
-            return dict.fromkeys(("samples_per_second", "wait_fraction", "window_s",
-                                  "server_busy_fraction", "server_blocked_fraction"))
         return self._diagnosis.stats()
 
     def state_dict(self) -> dict[str, Any]:
@@ -354,8 +348,8 @@ class RemoteLoader:
             message = self._recv_data()
             if message is not None:
                 self._take(message, now)
-                if self._diagnosis is not None:
-                    self._diagnose(waited_from, len(message.samples))
+                if self._diagnosis.message(time.monotonic(), waited_from, len(message.samples)):
+                    _ask_for_stats(self._control, self.client_id)
                 for index in range(len(self._control)):
                     self._serve_control(index)
                 return
@@ -427,24 +421,12 @@ class RemoteLoader:
         self._samples, self._tags, self._server_id = samples, tags, server_id
         self._index, self._count = 0, count
 
-    def _diagnose(self, waited_from: float, samples: int) -> None:
-        """Account one data message's wait; ask the servers for their load when it is due."""
-        assert self._diagnosis is not None
-        arrived = time.monotonic()
-        if self._diagnosis.message(arrived, arrived - waited_from, samples):
-            request = StatsRequest(client_id=self.client_id)
-            for socket in self._control:
-                _send_or_drop(socket, request)
-
     def _serve_control(self, index: int) -> None:
         socket = self._control[index]
         while readable(socket):
             message = decode(socket.recv_multipart(copy=False))
-            if isinstance(message, Stats):  # the answer to the diagnosis's question
-                if self._diagnosis is not None:
-                    self._diagnosis.server_stats(index, message.values, time.monotonic())
-                continue
-            self._act(self._links.control(index, message))
+            if not self._diagnosis.answer(index, message, time.monotonic()):
+                self._act(self._links.control(index, message))
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
@@ -534,6 +516,13 @@ def _send_or_drop(socket: Any, message: Message) -> None:
         send_message(socket, message, flags=zmq.NOBLOCK)
     except zmq.Again:
         pass
+
+
+def _ask_for_stats(control: list[Any], client_id: str) -> None:
+    """The diagnosis wants the servers' load: ask each (a full queue skips a window)."""
+    request = StatsRequest(client_id=client_id)
+    for socket in control:
+        _send_or_drop(socket, request)
 
 
 def _close_sockets(pid: int, context: zmq.Context[Any], sockets: list[Any]) -> None:

@@ -19,8 +19,9 @@ def run_window(diagnosis: InputDiagnosis, waited_fraction: float, window: float 
     """Messages spread over one window, each after waiting its share; the last one's answer."""
     asked = False
     for step in range(1, messages + 1):
-        asked = diagnosis.message(now=start + step * window / messages,
-                                  waited=waited_fraction * window / messages, samples=4)
+        now = start + step * window / messages
+        asked = diagnosis.message(now=now, waited_from=now - waited_fraction * window / messages,
+                                  samples=4)
     return asked
 
 
@@ -28,7 +29,7 @@ def test_a_trainer_waiting_on_a_busy_server_is_told_to_add_workers(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     diagnosis = InputDiagnosis(links=1, window=10.0, threshold=0.25)
-    assert diagnosis.message(now=0.0, waited=5.0, samples=4)  # the first message: ask
+    assert diagnosis.message(now=0.0, waited_from=-5.0, samples=4)  # the first message: ask
     assert diagnosis.server_stats(0, answer(100.0, 50.0, 0.0), now=0.0) is None
     assert run_window(diagnosis, waited_fraction=0.4)
     with caplog.at_level(logging.WARNING, logger="feedmux.client"):
@@ -45,7 +46,7 @@ def test_a_trainer_waiting_on_a_busy_server_is_told_to_add_workers(
 
 def test_busy_is_per_sampling_process() -> None:
     diagnosis = InputDiagnosis(links=1, window=10.0)
-    diagnosis.message(now=0.0, waited=0.0, samples=1)
+    diagnosis.message(now=0.0, waited_from=0.0, samples=1)
     diagnosis.server_stats(0, answer(0.0, 0.0, 0.0, workers=4), now=0.0)
     diagnosis.server_stats(0, answer(10.0, 20.0, 0.0, workers=4), now=10.0)
     assert diagnosis.stats()["server_busy_fraction"] == pytest.approx(0.5)
@@ -53,7 +54,7 @@ def test_busy_is_per_sampling_process() -> None:
 
 def test_a_server_blocked_on_sending_points_at_the_transport() -> None:
     diagnosis = InputDiagnosis(links=1, window=10.0)
-    diagnosis.message(now=0.0, waited=0.0, samples=1)
+    diagnosis.message(now=0.0, waited_from=0.0, samples=1)
     diagnosis.server_stats(0, answer(0.0, 0.0, 0.0), now=0.0)
     run_window(diagnosis, waited_fraction=0.7)
     verdict = diagnosis.server_stats(0, answer(10.0, 1.0, 7.0), now=10.0)
@@ -63,7 +64,7 @@ def test_a_server_blocked_on_sending_points_at_the_transport() -> None:
 
 def test_a_trainer_that_rarely_waits_gets_no_warning(caplog: pytest.LogCaptureFixture) -> None:
     diagnosis = InputDiagnosis(links=1, window=10.0, threshold=0.25)
-    diagnosis.message(now=0.0, waited=0.0, samples=1)
+    diagnosis.message(now=0.0, waited_from=0.0, samples=1)
     diagnosis.server_stats(0, answer(0.0, 0.0, 0.0), now=0.0)
     with caplog.at_level(logging.WARNING, logger="feedmux.client"):
         for window in range(3):
@@ -76,7 +77,7 @@ def test_a_trainer_that_rarely_waits_gets_no_warning(caplog: pytest.LogCaptureFi
 
 def test_the_first_wait_is_not_the_training_loops() -> None:
     diagnosis = InputDiagnosis(links=1, window=10.0)
-    diagnosis.message(now=30.0, waited=30.0, samples=1)  # connecting took 30 s
+    diagnosis.message(now=30.0, waited_from=0.0, samples=1)  # connecting took 30 s
     run_window(diagnosis, waited_fraction=0.0, start=30.0)
     assert diagnosis.stats()["wait_fraction"] == 0.0
 
@@ -85,7 +86,7 @@ def test_without_an_answer_the_verdict_comes_at_the_next_window_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     diagnosis = InputDiagnosis(links=1, window=10.0)
-    diagnosis.message(now=0.0, waited=0.0, samples=1)
+    diagnosis.message(now=0.0, waited_from=0.0, samples=1)
     run_window(diagnosis, waited_fraction=0.9)
     with caplog.at_level(logging.WARNING, logger="feedmux.client"):
         run_window(diagnosis, waited_fraction=0.0, start=10.0)
@@ -95,7 +96,7 @@ def test_without_an_answer_the_verdict_comes_at_the_next_window_and_says_so(
 
 def test_every_server_is_heard_before_the_verdict() -> None:
     diagnosis = InputDiagnosis(links=2, window=10.0)
-    diagnosis.message(now=0.0, waited=0.0, samples=1)
+    diagnosis.message(now=0.0, waited_from=0.0, samples=1)
     for link in (0, 1):
         diagnosis.server_stats(link, answer(0.0, 0.0, 0.0), now=0.0)
     run_window(diagnosis, waited_fraction=0.5)
@@ -114,3 +115,20 @@ def test_an_old_server_without_the_figures_is_ignored() -> None:
 def test_explain_names_a_cause_for_a_server_neither_busy_nor_blocked() -> None:
     text = explain(0.3, 60, [ServerLoad(busy=0.1, blocked=0.1)])
     assert "neither sampling (10%) nor blocked (10%)" in text
+
+
+def test_only_statistics_answers_are_taken_from_the_control_messages() -> None:
+    from feedmux.protocol import Stats, Welcome
+
+    diagnosis = InputDiagnosis(links=1, window=10.0)
+    assert not diagnosis.answer(0, Welcome("s"), now=0.0)
+    assert diagnosis.answer(0, Stats(answer(0.0, 0.0, 0.0)), now=0.0)
+    assert diagnosis.answer(0, Stats(answer(10.0, 3.0, 0.0)), now=10.0)
+    assert diagnosis.stats()["server_busy_fraction"] == pytest.approx(0.3)
+
+
+def test_turned_off_it_asks_nothing_and_reports_none() -> None:
+    diagnosis = InputDiagnosis(links=1, window=None)
+    assert not diagnosis.message(now=0.0, waited_from=0.0, samples=1)
+    assert not diagnosis.message(now=100.0, waited_from=0.0, samples=1)
+    assert set(diagnosis.stats().values()) == {None}
