@@ -49,6 +49,7 @@ __all__ = [
     "Phase",
     "Send",
     "Sends",
+    "Stat",
 ]
 
 log = logging.getLogger("feedmux.server")
@@ -59,6 +60,8 @@ TRAINER_TIMEOUT = 3 * HEARTBEAT_INTERVAL
 FINAL_GRACE = 1.0
 #: Seconds between two Drain questions of the end-of-stream handshake.
 DRAIN_INTERVAL = 0.1
+#: Trainer ids remembered to count reconnects (ids come from peers: the set is bounded).
+MAX_REMEMBERED_TRAINERS = 10_000
 #: How often the shell looks again while waiting for trainers or repeating the last word.
 POLL_INTERVAL = 0.1
 
@@ -93,7 +96,7 @@ class ControlCore:
     """
 
     def __init__(self, config: ServerConfig, started: float, pid: int = 0,
-                 extra_stats: Callable[[], dict[str, int]] | None = None) -> None:
+                 extra_stats: Callable[[], dict[str, Stat]] | None = None) -> None:
         self.config = config
         self.pid = pid
         self.extra_stats = extra_stats
@@ -103,7 +106,10 @@ class ControlCore:
         self.samples_sent = 0
         self.messages_sent = 0
         self.epoch = 0
+        self.epoch_position = 0
         self.epochs_completed = 0
+        self.reconnects = 0
+        self._seen_clients: set[str] = set()
         self.epoch_size: int | None = config.epoch_size
         self.finished = False
         self.final_message: Error | EndOfStream | None = None
@@ -131,11 +137,13 @@ class ControlCore:
                 self.trainers[identity] = _Trainer(message.client_id, now)
                 if not known:
                     log.info("trainer %s connected", message.client_id)
+                    self._count_reconnect(message.client_id)
             return [(identity, self.welcome())]
         if isinstance(message, Heartbeat):
             trainer = self.trainers.get(identity)
             if trainer is None:
                 trainer = self.trainers[identity] = _Trainer(message.sender_id, now)
+                self._count_reconnect(message.sender_id)
             trainer.last_seen = now
             trainer.received_messages = message.received_messages
             return [(identity, self.welcome())]
@@ -148,6 +156,13 @@ class ControlCore:
             message=f"expected Hello, Heartbeat or StatsRequest, got {type(message).__name__}",
             server_id=self.config.server_id,
         ))]
+
+    def _count_reconnect(self, client_id: str) -> None:
+        """A trainer id seen before arrived on a new connection: count a reconnect."""
+        if client_id in self._seen_clients:
+            self.reconnects += 1
+        elif len(self._seen_clients) < MAX_REMEMBERED_TRAINERS:  # bounded: ids come from peers
+            self._seen_clients.add(client_id)
 
     def malformed(self, identity: bytes, error: ProtocolError, now: float) -> Sends:
         """A control message from ``identity`` that did not decode."""
@@ -175,7 +190,8 @@ class ControlCore:
         self.messages_sent += 1
         self.samples_sent += n_samples
         if epoch > self.epoch:
-            self.epoch = epoch
+            self.epoch, self.epoch_position = epoch, 0
+        self.epoch_position += n_samples
 
     def epoch_finished(self, epoch: int, count: int) -> Sends:
         """Every sample of ``epoch`` (``count`` of them) has been sent."""
@@ -290,9 +306,19 @@ class ControlCore:
         self._rate = (self.samples_sent - self._samples_at_last_log) / (now - self._last_log)
         self._last_log, self._samples_at_last_log = now, self.samples_sent
         log.info(
-            "epoch %d: %d samples sent, %.0f samples/s, %d trainer(s) connected",
+            "epoch %d: %d samples sent, %.0f samples/s, %d trainer(s) connected%s",
             self.epoch, self.samples_sent, self._rate, self.connected_trainers(now),
+            self._progress(),
         )
+
+    def _progress(self) -> str:
+        """The current epoch's progress and time to its end, once the epoch size is known."""
+        size = self.epoch_size
+        if not size:
+            return ""
+        done = min(self.epoch_position, size)
+        eta = f"{(size - done) / self._rate:.0f} s" if self._rate > 0 else "unknown"
+        return f"; epoch {self.epoch} {100 * done / size:.0f}% ({done}/{size}), ETA {eta}"
 
     # -- state ------------------------------------------------------------------------------
     def broadcast(self, message: Message) -> Sends:
@@ -312,10 +338,11 @@ class ControlCore:
 
     def received_total(self) -> int:
         """Data messages the trainers, present and departed, said they received."""
-        return self.departed_received + sum(t.received_messages for t in self.trainers.values())
+        return self.departed_received + sum(
+            t.received_messages for t in list(self.trainers.values()))
 
     def connected_trainers(self, now: float) -> int:
-        return sum(1 for t in self.trainers.values() if now - t.last_seen <= TRAINER_TIMEOUT)
+        return sum(1 for t in list(self.trainers.values()) if now - t.last_seen <= TRAINER_TIMEOUT)
 
     def stats(self, now: float) -> dict[str, Stat]:
         uptime = now - self.started
@@ -328,10 +355,23 @@ class ControlCore:
             "epoch": self.epoch,
             "epochs_completed": self.epochs_completed,
             "epoch_size": self.epoch_size,
+            "epoch_position": self.epoch_position,
+            "reconnects": self.reconnects,
             "samples_per_second": round(self._rate or self.samples_sent / max(uptime, 1e-9), 1),
             "connected_trainers": self.connected_trainers(now),
             "workers": self.config.workers,
             "uptime_s": round(uptime, 3),
             "finished": int(self.finished),
             **(self.extra_stats() if self.extra_stats is not None else {}),
+            **self._trainer_stats(now),
         }
+
+    def _trainer_stats(self, now: float) -> dict[str, Stat]:
+        """Each connected trainer's figures as ``trainer.<client id>.<name>`` (stats are flat)."""
+        stats: dict[str, Stat] = {}
+        # A copy (one C call under the GIL): the metrics thread reads the stats while
+        # the server's thread may add or forget trainers.
+        for trainer in list(self.trainers.values()):
+            if now - trainer.last_seen <= TRAINER_TIMEOUT:
+                stats[f"trainer.{trainer.client_id}.received_messages"] = trainer.received_messages
+        return stats

@@ -21,6 +21,7 @@ import numpy as np
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Data, Error, encode
 from feedmux.sampling.epochs import EpochIterator
+from feedmux.server._meter import SamplerMeter
 
 __all__ = [
     "BatchPolicy",
@@ -155,6 +156,7 @@ def produce(
     server_id: str,
     skip_errors: bool = False,
     epoch_done: Callable[[int, int], bool] = lambda epoch, count: True,
+    meter: SamplerMeter | None = None,
 ) -> int:
     """Take chunks of items, encode each as a data message and ``send`` it.
 
@@ -170,16 +172,20 @@ def produce(
     carries on with its other streams); a top-level streamer that raises
     abandons the rest of its epoch. Otherwise the exception propagates, after
     the samples drawn before it have been sent.
+
+    ``meter`` gets the seconds spent sampling and encoding each message (not
+    sending it: that is the shell's blocked time) and every skipped stream.
     """
-    # The muxes get the hook from the epochs, which hand it down at each activation.
+    meter = SamplerMeter() if meter is None else meter
     if skip_errors:
-        epochs.on_stream_error = _log_skipped
-    return _produce(epochs, send, policy, server_id, skip_errors, epoch_done)
+        def log_skipped(error: BaseException) -> None:
+            meter.skipped()
+            log.warning("a stream raised %s: %s; skipping the rest of it",
+                        type(error).__name__, error, exc_info=error)
 
-
-def _log_skipped(error: BaseException) -> None:
-    log.warning("a stream raised %s: %s; skipping the rest of it", type(error).__name__, error,
-                exc_info=error)
+        # The muxes get the hook from the epochs, which hand it down at each activation.
+        epochs.on_stream_error = log_skipped
+    return _produce(epochs, send, policy, server_id, skip_errors, epoch_done, meter)
 
 
 def _produce(
@@ -189,6 +195,7 @@ def _produce(
     server_id: str,
     skip_errors: bool,
     epoch_done: Callable[[int, int], bool],
+    meter: SamplerMeter,
 ) -> int:
     clock = time.perf_counter
     pacer = _Pacer(policy)
@@ -202,6 +209,7 @@ def _produce(
         except Exception as error:
             if not skip_errors:
                 raise
+            meter.skipped()
             log.warning("streamer raised %s: %s; going on with the next epoch",
                         type(error).__name__, error, exc_info=error)
             if epoch_count and not epoch_done(epochs.epoch, epoch_count):
@@ -215,6 +223,7 @@ def _produce(
             tags[:, 0] = chunk.epoch
             tags[:, 1] = np.arange(chunk.start, chunk.start + len(items))
             frames, count = _encode_batch(tags, items, server_id, seq, skip_errors)
+            meter.add_busy(clock() - started)
             if frames:
                 if not send(frames, count, chunk.epoch):
                     return sent

@@ -44,6 +44,8 @@ class ServerConfig:
     curve_secret: str | None = None
     curve_clients: str | None = None
     server_id: str = ""
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         def require(ok: bool, what: str, value: object) -> None:
@@ -63,6 +65,12 @@ class ServerConfig:
         require(self.log_every > 0, "log_every > 0 seconds", self.log_every)
         require(self.max_delay >= 0, "max_delay >= 0 seconds", self.max_delay)
         require(self.min_trainers >= 0, "min_trainers >= 0", self.min_trainers)
+        require(self.metrics_port is None or 0 <= self.metrics_port <= 65535,
+                "metrics_port None or a TCP port 0-65535", self.metrics_port)
+        if self.metrics_port is not None:
+            from feedmux.server._metrics import check_available
+
+            check_available()
         if not self.server_id:
             object.__setattr__(self, "server_id", uuid.uuid4().hex[:12])
 
