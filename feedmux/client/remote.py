@@ -36,6 +36,7 @@ from feedmux._transport import (
 )
 from feedmux.client._acks import HandOutAcks, SeenPositions, progress_of
 from feedmux.client._data import DataSockets, send_or_drop
+from feedmux.client._diagnosis import InputDiagnosis
 from feedmux.client._link import Action, Send, ServerLinks
 from feedmux.errors import (
     ConfigurationError,
@@ -48,6 +49,7 @@ from feedmux.protocol import (
     Credit,
     Data,
     Error,
+    StatsRequest,
     decode,
 )
 
@@ -117,6 +119,13 @@ class RemoteLoader:
         ``hwm`` messages of credit and acknowledge each message once all its
         samples were handed out, so that if this trainer dies, what it had not
         finished goes to the others.
+    diagnose_window : float, optional
+        Seconds per window of the input-bound diagnosis (see :meth:`stats`):
+        a window in which the training loop waited inside ``next()`` more than
+        ``diagnose_threshold`` of the time logs a warning with the likely cause
+        and the fix. None turns the diagnosis off.
+    diagnose_threshold : float
+        The wait fraction above which a window gets that warning.
 
     Notes
     -----
@@ -143,6 +152,7 @@ class RemoteLoader:
         curve_server_key: str | bytes | None = None,
         curve_certificate: str | None = None,
         tune_malloc: bool = True,
+        diagnose_window: float | None = 60.0, diagnose_threshold: float = 0.25,
     ) -> None:
         addresses, controls = _endpoints(address, control)
         _check_settings(timeout=timeout, world_size=world_size, hwm=hwm)
@@ -173,6 +183,7 @@ class RemoteLoader:
             rank=-1 if rank is None else rank, reliable=reliable, timeout=timeout,
             heartbeat_interval=HEARTBEAT_INTERVAL,
         )
+        self._diagnosis = InputDiagnosis(len(addresses), diagnose_window, diagnose_threshold)
         self._context: zmq.Context[Any] | None = None
         self._pid = 0
         self._data = DataSockets([], reliable=reliable, client_id="", addresses=addresses,
@@ -283,6 +294,18 @@ class RemoteLoader:
         """The total epoch size over all servers, once every one of them knows it."""
         return self._links.epoch_size
 
+    def stats(self) -> dict[str, float | None]:
+        """Is the training loop waiting for data? The last diagnosis window's figures.
+
+        ``samples_per_second`` handed to the loop, ``wait_fraction`` of the time
+        spent waiting inside ``next()``, the window's length ``window_s``, and
+        the servers' ``server_busy_fraction`` (sampling, per sampling process)
+        and ``server_blocked_fraction`` (waiting for trainers to take more),
+        fetched over the control channel. None until a window has passed (or the
+        servers answered); all None with ``diagnose_window=None``.
+        """
+        return self._diagnosis.stats()
+
     def state_dict(self) -> dict[str, Any]:
         """Plain data: servers, the last (epoch, position, server) seen, messages received.
 
@@ -375,6 +398,8 @@ class RemoteLoader:
             message = self._data.receive(links)
             if message is not None:
                 self._take(message, now)
+                if self._diagnosis.message(time.monotonic(), waited_from, len(message.samples)):
+                    _ask_for_stats(self._control, self.client_id)
                 for index in range(len(self._control)):
                     self._serve_control(index)
                 return
@@ -408,7 +433,9 @@ class RemoteLoader:
     def _serve_control(self, index: int) -> None:
         socket = self._control[index]
         while readable(socket):
-            self._act(self._links.control(index, decode(socket.recv_multipart(copy=False))))
+            message = decode(socket.recv_multipart(copy=False))
+            if not self._diagnosis.answer(index, message, time.monotonic()):
+                self._act(self._links.control(index, message))
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
@@ -497,6 +524,13 @@ def _open_sockets(
         target.connect(link.data_address)
         control_socket.connect(link.control_address)
     return targets, control
+
+
+def _ask_for_stats(control: list[Any], client_id: str) -> None:
+    """The diagnosis wants the servers' load: ask each (a full queue skips a window)."""
+    request = StatsRequest(client_id=client_id)
+    for socket in control:
+        send_or_drop(socket, request)
 
 
 def _close_sockets(pid: int, context: zmq.Context[Any], sockets: list[Any]) -> None:

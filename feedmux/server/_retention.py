@@ -153,5 +153,6 @@ class RankRetention:
                      self._handed.get(rank, (0, -1)))
 
     def held(self) -> int:
-        """Messages kept in all (for the statistics)."""
-        return sum(len(queue) for queue in self._sent.values())
+        """Messages kept in all (for the statistics; read from the metrics thread too, hence
+        a copy of the queues first)."""
+        return sum(len(queue) for queue in list(self._sent.values()))

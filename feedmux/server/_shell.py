@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import zmq
@@ -28,7 +29,9 @@ from feedmux._transport import (
 )
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Ack, Error, decode, read_tags
-from feedmux.server._core import ControlCore, Phase, Sends
+from feedmux.server._core import ControlCore, Phase, Sends, Stat
+from feedmux.server._meter import SamplerMeter, sampler_stats
+from feedmux.server._metrics import MetricsEndpoint
 from feedmux.server._producer import Frames
 from feedmux.server._reliable import ReliableDispatch
 from feedmux.server.config import ServerConfig
@@ -61,10 +64,32 @@ class Endpoints:
             self._stop_authenticator()
             self.context.destroy(linger=0)  # closes whichever socket was opened
             raise
-        self.core = ControlCore(
-            config, time.monotonic(), os.getpid(),
-            self.reliable.ledger.stats if self.reliable is not None else None,
-        )
+        #: The sampling processes' meters (the server's own, or its workers').
+        self.meters = [SamplerMeter()]
+        #: Seconds the data path waited because no trainer could take a message.
+        self.blocked_seconds = 0.0
+        #: More figures for the statistics (the worker pool's liveness).
+        self.probes: list[Callable[[], dict[str, Stat]]] = []
+        #: Bytes of data messages handed to the data socket.
+        self.bytes_sent = 0
+        self.core = ControlCore(config, time.monotonic(), os.getpid(), self._extra_stats)
+        self.metrics: MetricsEndpoint | None = None
+        if config.metrics_port is not None:
+            try:
+                self.metrics = MetricsEndpoint(lambda: self.core.stats(time.monotonic()),
+                                               config.metrics_port, config.metrics_host)
+            except BaseException:
+                self.close()
+                raise
+
+    def _extra_stats(self) -> dict[str, Stat]:
+        stats: dict[str, Stat] = dict(sampler_stats(self.meters, self.blocked_seconds))
+        stats["bytes_sent"] = self.bytes_sent
+        if self.reliable is not None:
+            stats.update(self.reliable.ledger.stats())
+        for probe in self.probes:
+            stats.update(probe())
+        return stats
 
     def _open_sockets(self) -> None:
         config = self.config
@@ -103,11 +128,12 @@ class Endpoints:
         """Send one data message (to ``rank``, or -1: any free trainer), serving control
         meanwhile; False if the server is stopping."""
         if self.reliable is not None:
-            sent = self.reliable.send(list(frames), n_samples, epoch, self._wait_reliable)
+            sent = self.reliable.send(list(frames), n_samples, epoch, self._wait_for_credit)
         else:
             sent = self._push(frames, rank)
         if not sent:
             return False
+        self.bytes_sent += sum(len(frame) for frame in frames)
         core = self.core
         core.data_sent(n_samples, epoch)
         if readable(self.control):
@@ -119,6 +145,7 @@ class Endpoints:
         core, data = self.core, self.data
         message = [b"", *frames]
         waited = False
+        blocked_since = 0.0
         while True:
             targets: list[bytes] = []
             if rank < 0:
@@ -140,11 +167,17 @@ class Endpoints:
                     continue
                 if rank >= 0:
                     core.retention.sent(rank, identity, list(frames))
+                if blocked_since:
+                    self.blocked_seconds += time.perf_counter() - blocked_since
                 return True
-            # Nobody took it: wait, but keep answering the control socket and noticing a
-            # stop request. A ROUTER is writable when any trainer's queue has room, which
-            # may not be this rank's: after the first try, wait on control alone, briefly.
+            # Nobody took it: wait (blocked time: no trainer, or this rank's, could take it),
+            # but keep answering the control socket and noticing a stop request. A ROUTER is
+            # writable when any trainer's queue has room, which may not be this rank's: after
+            # the first try, wait on control alone, briefly.
+            if not blocked_since:
+                blocked_since = time.perf_counter()
             if self.stopping:
+                self.blocked_seconds += time.perf_counter() - blocked_since
                 return False
             if rank < 0 or not waited:
                 self.serve_control(timeout=0.1, also_writable=True)
@@ -162,6 +195,7 @@ class Endpoints:
             except zmq.ZMQError:
                 return False  # not connected yet, or full: again at the next turn
             retention.moved(handle, target)
+            self.bytes_sent += sum(len(frame) for frame in frames)
             self.core.data_sent(len(read_tags(frames)), int(read_tags(frames)[0, 0]))
             sent += 1
         retention.settled(rank, target, sent)
@@ -174,6 +208,14 @@ class Endpoints:
             target = core.rank_target(rank)
             if target is not None and core.retention.pending(rank, target):
                 self._replay(rank, target)
+
+    def _wait_for_credit(self) -> bool:
+        """Reliable mode's send path waits for credit: that time counts as blocked."""
+        started = time.perf_counter()
+        try:
+            return self._wait_reliable()
+        finally:
+            self.blocked_seconds += time.perf_counter() - started
 
     def _wait_reliable(self) -> bool:
         """Wait up to 0.1 s for credit, acknowledgements or control; False when stopping."""
@@ -306,6 +348,8 @@ class Endpoints:
         self.control.linger = 1000
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         # After a finished stream, give what is still queued a moment to reach the trainers.
         self.data.close(linger=1000 if self.core.finished else 0)
         self.control.close()
