@@ -2,7 +2,9 @@
 
 Every contender is split in two halves. ``start_producer`` starts what runs
 outside the trainer (a feedmux server, a raw PUSH process) and returns its
-process ids so the harness can kill it by pid; ``connect`` opens the trainer's
+process ids so the harness can kill it by pid, and the endpoints it bound (tcp
+producers bind port 0: nothing here picks a port by binding and releasing it);
+``connect`` opens the trainer's
 side and returns an iterator of samples. Peers that start their own producer
 processes (pescador's ``ZMQStreamer``, a torch ``DataLoader``) do it in
 ``connect`` and report the pids they started. Nothing here times anything and
@@ -56,6 +58,7 @@ class Endpoints:
 class Producer:
     """A running producer outside the trainer, stopped by ``stop()``."""
 
+    endpoints: Endpoints
     pids: list[int] = field(default_factory=list)
     stop: Callable[[], None] = lambda: None
     handle: Any = None
@@ -109,8 +112,8 @@ def start_producer(
     if contender.peer == "feedmux":
         return _start_feedmux(contender, kind, endpoints)
     if contender.peer == "pyzmq":
-        return _start_raw_pyzmq(kind, endpoints)
-    return Producer()
+        return _start_raw_pyzmq(kind, endpoints, timeout)
+    return Producer(endpoints)
 
 
 def _start_feedmux(contender: Contender, kind: str, endpoints: Endpoints) -> Producer:
@@ -124,7 +127,7 @@ def _start_feedmux(contender: Contender, kind: str, endpoints: Endpoints) -> Pro
         zero_copy=contender.zero_copy,
         factory_kwargs={"kind": kind},
     )
-    server.start()
+    server.start()  # returns once bound: the endpoints below are the real ones
     pids = [server.pid] if server.pid else []
 
     def stop() -> None:
@@ -134,7 +137,8 @@ def _start_feedmux(contender: Contender, kind: str, endpoints: Endpoints) -> Pro
             for pid in pids:
                 kill_pid(pid)
 
-    return Producer(pids=pids, stop=stop, handle=server)
+    bound = Endpoints(server.data_address, server.control_address)
+    return Producer(bound, pids=pids, stop=stop, handle=server)
 
 
 def prebuilt_frames(kind: str) -> tuple[list[Any], bool]:
@@ -155,21 +159,26 @@ def prebuilt_frames(kind: str) -> tuple[list[Any], bool]:
     return [msgpack.packb(header), *arrays.values()], False
 
 
-def _raw_pyzmq_loop(address: str, kind: str) -> None:
+def _raw_pyzmq_loop(address: str, kind: str, report: Any) -> None:
     import zmq
 
     frames, copy = prebuilt_frames(kind)
     context = zmq.Context()
     socket = context.socket(zmq.PUSH)
     socket.bind(address)
+    report.send(socket.getsockopt_string(zmq.LAST_ENDPOINT))  # the real port for port 0
+    report.close()
     send = socket.send_multipart
     while True:
         send(frames, copy=copy)
 
 
-def _start_raw_pyzmq(kind: str, endpoints: Endpoints) -> Producer:
-    process = _FORK.Process(target=_raw_pyzmq_loop, args=(endpoints.data, kind), daemon=True)
+def _start_raw_pyzmq(kind: str, endpoints: Endpoints, timeout: float) -> Producer:
+    receiver, sender = _FORK.Pipe(duplex=False)
+    process = _FORK.Process(target=_raw_pyzmq_loop, args=(endpoints.data, kind, sender),
+                            daemon=True)
     process.start()
+    sender.close()
     pid = process.pid
     assert pid is not None
 
@@ -177,7 +186,16 @@ def _start_raw_pyzmq(kind: str, endpoints: Endpoints) -> Producer:
         kill_pid(pid)
         process.join(5)
 
-    return Producer(pids=[pid], stop=stop, handle=process)
+    try:
+        if not receiver.poll(timeout):
+            raise TimeoutError(f"the raw pyzmq producer did not bind within {timeout} s")
+        data = receiver.recv()
+    except BaseException:
+        stop()
+        raise
+    finally:
+        receiver.close()
+    return Producer(Endpoints(data, endpoints.control), pids=[pid], stop=stop, handle=process)
 
 
 # --------------------------------------------------------------------------
@@ -190,8 +208,9 @@ def connect(
     endpoints: Endpoints,
     timeout: float,
     trainers: int = 1,
+    index: int = 0,
 ) -> Consumer:
-    """Open the trainer's side of a contender."""
+    """Open the trainer's side of a contender (``index``: which of its trainers, from 0)."""
     openers = {
         "feedmux": _connect_feedmux,
         "pyzmq": _connect_raw_pyzmq,
@@ -199,16 +218,20 @@ def connect(
         "torch": _connect_torch,
         "inline": _connect_inline,
     }
+    if contender.ranked:
+        return _connect_feedmux(contender, kind, endpoints, timeout, trainers, rank=index)
     return openers[contender.peer](contender, kind, endpoints, timeout, trainers)
 
 
 def _connect_feedmux(
-    contender: Contender, kind: str, endpoints: Endpoints, timeout: float, trainers: int
+    contender: Contender, kind: str, endpoints: Endpoints, timeout: float, trainers: int,
+    rank: int | None = None,
 ) -> Consumer:
     import feedmux
 
     loader = feedmux.RemoteLoader(
-        endpoints.data, control=endpoints.control, timeout=timeout, world_size=trainers
+        endpoints.data, control=endpoints.control, timeout=timeout, world_size=trainers,
+        rank=rank,
     )
     return Consumer(samples=iter(loader), close=loader.close)
 

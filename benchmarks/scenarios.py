@@ -137,6 +137,7 @@ class Contender:
     trainers: int = 1  # consuming processes sharing the producer
     show_workers: bool = False  # name the worker count in the label
     zero_copy: bool = False  # feedmux: arrays sent as views (the streamer promises no reuse)
+    ranked: bool = False  # feedmux: the trainers are the ranks of one job (rank=, world_size=)
 
     @property
     def label(self) -> str:
@@ -151,7 +152,7 @@ class Contender:
         if self.show_workers or self.peer == "torch":
             parts.append(f"{self.workers} worker{'s' if self.workers != 1 else ''}")
         if self.trainers != 1:
-            parts.append(f"{self.trainers} trainers")
+            parts.append(f"{self.trainers} {'ranked ' if self.ranked else ''}trainers")
         if self.zero_copy:
             parts.append("zero-copy")
         return ", ".join(parts)
@@ -159,6 +160,7 @@ class Contender:
     @property
     def key(self) -> str:
         key = f"{self.peer}/{self.transport}/w{self.workers}/t{self.trainers}"
+        key += "/ranked" if self.ranked else ""
         return key + "/zc" if self.zero_copy else key
 
 
@@ -240,6 +242,9 @@ SCENARIOS: tuple[Scenario, ...] = (
         (
             Contender("feedmux", "tcp", trainers=1),
             Contender("feedmux", "tcp", trainers=2),
+            Contender("feedmux", "tcp", trainers=2, ranked=True),
+            Contender("feedmux", "tcp", workers=2, trainers=2, show_workers=True),
+            Contender("feedmux", "tcp", workers=2, trainers=2, show_workers=True, ranked=True),
             Contender("pyzmq", "tcp", trainers=1),
             Contender("pyzmq", "tcp", trainers=2),
         ),

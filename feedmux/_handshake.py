@@ -62,6 +62,11 @@ class HandshakeWatch:
         self.seen += fresh[: max(0, 16 - len(self.seen))]
         return fresh
 
+    def explain(self, error: Exception) -> str:
+        """``error``'s text, followed by the refusals seen so far (if there were any)."""
+        self.poll()
+        return "; ".join([str(error), *self.seen[:2]])
+
     def close(self) -> None:
         for monitor in self.monitors:
             monitor.close(linger=0)

@@ -6,7 +6,9 @@ every example with a unique id), serves
 from a real server process, and runs trainer processes that iterate a
 :class:`~feedmux.Stream` over a :class:`~feedmux.RemoteLoader`. It then checks
 that, in every epoch, the trainers together saw every example exactly once.
-Every process it starts is waited for or killed, whatever happens.
+Every process it starts is waited for or killed, whatever happens. The server binds
+port 0 and the trainers are given the ports it got: the demo never picks a port
+itself (a port probed free can be taken by another process before the server binds).
 
 The same sampler and trainer, as files to copy, are in ``examples/``.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
+import logging
 import math
 import os
 import shutil
@@ -33,7 +36,9 @@ import numpy as np
 
 from feedmux.client.remote import RemoteLoader
 from feedmux.client.stream import Stream
+from feedmux.errors import TransportError
 from feedmux.sampling import StochasticMux, Streamer
+from feedmux.server.server import Server
 
 __all__ = [
     "check_exactly_once", "check_results", "make_example_mux", "make_mux", "record_ids",
@@ -112,46 +117,53 @@ def check_exactly_once(
     return problems
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def _start_server(data_dir: str, epochs: int, workers: int, epoch_size: int,
+                  trainers: int) -> Server:
+    """The demo's server in a background process, bound to ports the system picked."""
+    server_log = logging.getLogger("feedmux.server")
+    level = server_log.level
+    # The forked server keeps this level: its progress lines would crowd the demo's table.
+    server_log.setLevel(logging.WARNING)
+    try:
+        return Server(
+            "feedmux.demo:make_mux", factory_kwargs={"data_dir": data_dir},
+            bind="tcp://127.0.0.1:0", epochs=epochs, workers=workers, epoch_size=epoch_size,
+            min_trainers=trainers,
+        ).start()
+    finally:
+        server_log.setLevel(level)
 
 
 def run_demo(files: int = 3, examples: int = 1000, epochs: int = 3, trainers: int = 2,
              workers: int = 1) -> int:
     """Run the demo; return 0 if every example was seen exactly once per epoch."""
-    port, control_port = _free_port(), _free_port()
-    address, control = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{control_port}"
     processes: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="feedmux-demo-") as scratch:
         results = Path(scratch) / "results"
         results.mkdir()
         write_example_files(scratch, files, examples)
-        print(f"feedmux demo: {files} files x {examples} examples, {epochs} epochs, "
-              f"{trainers} trainers, {workers} sampling worker(s), server at {address}")
         try:
-            server = subprocess.Popen([
-                sys.executable, "-m", "feedmux", "--log-level", "WARNING", "serve",
-                "feedmux.demo:make_mux", "--arg", f"data_dir={scratch}",
-                "--bind", address, "--control", control, "--epochs", str(epochs),
-                "--workers", str(workers), "--epoch-size", str(files * examples),
-                "--min-trainers", str(trainers),
-            ])
-            processes.append(server)
+            server = _start_server(scratch, epochs, workers, files * examples, trainers)
+        except TransportError as error:
+            print(f"feedmux demo: {error}")
+            return 1
+        print(f"feedmux demo: {files} files x {examples} examples, {epochs} epochs, "
+              f"{trainers} trainers, {workers} sampling worker(s), "
+              f"server at {server.data_address}")
+        try:
             started = time.perf_counter()
             for _ in range(trainers):
                 processes.append(subprocess.Popen([
-                    sys.executable, "-m", "feedmux.demo", "trainer", address, "--control",
-                    control, "--results", str(results), "--world-size", str(trainers),
-                    "--timeout", "30",
+                    sys.executable, "-m", "feedmux.demo", "trainer", server.data_address,
+                    "--control", server.control_address, "--results", str(results),
+                    "--world-size", str(trainers), "--timeout", "30",
                 ], stdout=subprocess.DEVNULL))
             deadline = time.monotonic() + DEMO_TIMEOUT
-            for process in processes[1:]:
+            for process in processes:
                 process.wait(timeout=max(1.0, deadline - time.monotonic()))
             elapsed = time.perf_counter() - started
-            codes = [p.returncode for p in processes[1:]]
-            server.wait(timeout=max(1.0, deadline - time.monotonic()))
+            codes = [p.returncode for p in processes]
+            server.join(timeout=max(1.0, deadline - time.monotonic()))
             if any(codes):
                 print(f"trainer exit codes: {codes}")
                 return 1
@@ -160,6 +172,7 @@ def run_demo(files: int = 3, examples: int = 1000, epochs: int = 3, trainers: in
             print(f"feedmux demo: timed out after {DEMO_TIMEOUT:g} s")
             return 1
         finally:
+            server.stop()
             for process in processes:
                 if process.poll() is None:
                     process.kill()

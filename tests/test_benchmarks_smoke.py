@@ -10,11 +10,8 @@ import json
 
 import pytest
 
-import feedmux
 from benchmarks import run
 from benchmarks.scenarios import SCENARIOS
-
-FEEDMUX_READY = hasattr(feedmux, "Server") and hasattr(feedmux, "RemoteLoader")
 
 
 @pytest.mark.timeout(120)
@@ -26,15 +23,13 @@ def test_every_scenario_runs_for_a_few_samples(tmp_path):
     assert measured == planned
 
     for record in result["measurements"]:
-        if record["contender"]["peer"] == "feedmux" and not FEEDMUX_READY:
-            continue
         assert "error" not in record, f"{record['label']} in {record['scenario']}: {record}"
         assert record["samples"] > 0
-        assert record["trainer_cpu_us_per_sample"] >= 0
+        assert record["trainer_cpu_us_per_sample"] > 0  # the trainer's loop costs some CPU
     two_trainers = [r for r in result["measurements"] if r["contender"]["trainers"] == 2]
+    assert two_trainers
     for record in two_trainers:
-        if "error" not in record:
-            assert len(record["shares"]) == 2
+        assert len(record["shares"]) == 2
 
     for scenario in SCENARIOS:
         assert f"### {scenario.number}. " in result["markdown"]
@@ -42,15 +37,13 @@ def test_every_scenario_runs_for_a_few_samples(tmp_path):
     saved = json.loads((tmp_path / next(p.name for p in tmp_path.iterdir())).read_text())
     assert len(saved["measurements"]) == len(planned)
 
-    if not FEEDMUX_READY:
-        pytest.skip("feedmux has no Server/RemoteLoader yet: only the peers were checked")
-
 
 def _key(record):
     contender = record["contender"]
     key = (
         f"{contender['peer']}/{contender['transport']}"
         f"/w{contender['workers']}/t{contender['trainers']}"
+        + ("/ranked" if contender["ranked"] else "")
     )
     return key + "/zc" if contender.get("zero_copy") else key
 

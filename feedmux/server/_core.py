@@ -27,7 +27,7 @@ from feedmux._ratelog import RateLimitedLog
 from feedmux._transport import HEARTBEAT_INTERVAL
 from feedmux.errors import ProtocolError, VersionMismatchError
 from feedmux.protocol import (
-    PROTOCOL_VERSION,
+    Ack,
     Drain,
     EndOfStream,
     Error,
@@ -39,6 +39,9 @@ from feedmux.protocol import (
     Welcome,
 )
 from feedmux.server._producer import error_message
+from feedmux.server._ranks import RankTable
+from feedmux.server._report import Stat, core_stats, progress_line
+from feedmux.server._retention import RankRetention
 from feedmux.server.config import ServerConfig
 
 __all__ = [
@@ -50,6 +53,7 @@ __all__ = [
     "Phase",
     "Send",
     "Sends",
+    "Stat",
 ]
 
 log = logging.getLogger("feedmux.server")
@@ -64,6 +68,8 @@ FINAL_GRACE = 1.0
 DRAIN_INTERVAL = 0.1
 #: A trainer heard within this long answers the drain questions (it waits for data).
 ANSWERING = 2 * HEARTBEAT_INTERVAL
+#: Trainer ids remembered to count reconnects (ids come from peers: the set is bounded).
+MAX_REMEMBERED_TRAINERS = 10_000
 #: How often the shell looks again while waiting for trainers or repeating the last word.
 POLL_INTERVAL = 0.1
 
@@ -71,8 +77,6 @@ Send = tuple[bytes, Message]
 Sends = Sequence[Send]
 #: The answer of an event that sends nothing (shared: the data path allocates nothing).
 NO_SENDS: Sends = ()
-
-Stat = int | float | str | None
 
 
 class Phase(enum.Enum):
@@ -88,6 +92,7 @@ class _Trainer:
     client_id: str
     last_seen: float
     received_messages: int = 0
+    rank: int = -1
 
 
 class ControlCore:
@@ -98,7 +103,7 @@ class ControlCore:
     """
 
     def __init__(self, config: ServerConfig, started: float, pid: int = 0,
-                 extra_stats: Callable[[], dict[str, int]] | None = None) -> None:
+                 extra_stats: Callable[[], dict[str, Stat]] | None = None) -> None:
         self.config = config
         self.pid = pid
         self.extra_stats = extra_stats
@@ -108,7 +113,10 @@ class ControlCore:
         self.samples_sent = 0
         self.messages_sent = 0
         self.epoch = 0
+        self.epoch_position = 0
         self.epochs_completed = 0
+        self.reconnects = 0
+        self._seen_clients: set[str] = set()
         self.epoch_size: int | None = config.epoch_size
         self.finished = False
         self.final_message: Error | EndOfStream | None = None
@@ -116,31 +124,49 @@ class ControlCore:
         self.departed_received = 0
         self._last_log = started
         self._samples_at_last_log = 0
-        self._rate = 0.0
+        self.rate = 0.0  # samples per second over the last log period
         self._welcomed = False
         self.drain_deadline = 0.0
         self._next_drain = 0.0
         self._last_total = -1
         self._last_change = 0.0
         self._final_started = self._last_heard = 0.0
+        self.ranks = RankTable()
+        #: What each rank was sent beyond what it handed out (for a restarted rank).
+        self.retention = RankRetention(limit=4 * config.hwm + 64)
+        self._waiting_since: float | None = None
+        self._waiting_for: list[int] | None = None
+        self._free_turn = 0
 
     # -- events: the trainers ---------------------------------------------------------------
     def receive(self, identity: bytes, message: Message, now: float) -> Sends:
         """A decoded control message from ``identity``."""
         self._last_heard = now
+        if isinstance(message, Ack) and message.rank >= 0:
+            # A ranked trainer's hand-out mark, from a socket that reads nothing: no answer.
+            # It is also the sign of life of the rank's holder (sent from the loader's thread).
+            holder = self.ranks.holder(message.rank)
+            if holder is not None and holder[1] == message.client_id:
+                trainer = self.trainers.get(holder[0])
+                if trainer is not None:
+                    trainer.last_seen = now
+            self.retention.handed(message.rank, message.client_id.encode(), message.epoch,
+                                  message.position)
+            return NO_SENDS
         if self.final_message is not None and not isinstance(message, StatsRequest):
             return [(identity, self.final_message)]
         if isinstance(message, Hello):
             if message.role == "trainer":
-                known = identity in self.trainers
-                self.trainers[identity] = _Trainer(message.client_id, now)
-                if not known:
-                    log.info("trainer %s connected", message.client_id)
+                return self._hello(identity, message, now)
             return [(identity, self.welcome())]
         if isinstance(message, Heartbeat):
             trainer = self.trainers.get(identity)
+            if trainer is None and self.ranks.ranked:
+                # A ranked trainer is known by its hello alone (its rank): say it again.
+                return [(identity, self.welcome())]
             if trainer is None:
                 trainer = self.trainers[identity] = _Trainer(message.sender_id, now)
+                self._count_reconnect(message.sender_id)
             trainer.last_seen = now
             trainer.received_messages = message.received_messages
             return [(identity, self.welcome())]
@@ -154,6 +180,51 @@ class ControlCore:
             server_id=self.config.server_id,
         ))]
 
+    def _hello(self, identity: bytes, message: Hello, now: float) -> Sends:
+        """A trainer's hello: admit it (its rank, if any) or tell it why not."""
+        refused = self.ranks.admit(identity, message, lambda holder: self._alive(holder, now))
+        if refused is not None:
+            log.warning("refused trainer %s: %s", message.client_id, refused[1])
+            sends: list[Send] = [(identity, Error(type=refused[0], message=refused[1],
+                                                  server_id=self.config.server_id))]
+            holder = self.ranks.holder(message.rank)
+            if holder is not None and holder[0] != identity:
+                # Is the holder still there? A failed send tells (peer_gone frees the rank).
+                sends.append((holder[0], self.welcome()))
+            return sends
+        known = identity in self.trainers
+        self.trainers[identity] = _Trainer(message.client_id, now, rank=message.rank)
+        if not known:
+            rank = f" as rank {message.rank} of {message.world_size}" if message.rank >= 0 else ""
+            log.info("trainer %s connected%s", message.client_id, rank)
+            self._count_reconnect(message.client_id)
+        return [(identity, self.welcome())]
+
+    def _alive(self, identity: bytes, now: float) -> bool:
+        trainer = self.trainers.get(identity)
+        return trainer is not None and now - trainer.last_seen <= TRAINER_TIMEOUT
+
+    # -- where data goes --------------------------------------------------------------------
+    def rank_target(self, rank: int) -> bytes | None:
+        """The data-socket identity of the holder of ``rank`` (None while nobody holds it)."""
+        holder = self.ranks.holder(rank)
+        return None if holder is None else holder[1].encode()
+
+    def free_targets(self) -> list[bytes]:
+        """Data-socket identities of the free trainers, starting with the next in turn."""
+        ids = [trainer.client_id.encode() for trainer in self.trainers.values()]
+        if not ids:
+            return ids
+        self._free_turn = turn = (self._free_turn + 1) % len(ids)
+        return ids[turn:] + ids[:turn]
+
+    def _count_reconnect(self, client_id: str) -> None:
+        """A trainer id seen before arrived on a new connection: count a reconnect."""
+        if client_id in self._seen_clients:
+            self.reconnects += 1
+        elif len(self._seen_clients) < MAX_REMEMBERED_TRAINERS:  # bounded: ids come from peers
+            self._seen_clients.add(client_id)
+
     def malformed(self, identity: bytes, error: ProtocolError, now: float) -> Sends:
         """A control message from ``identity`` that did not decode.
 
@@ -164,29 +235,26 @@ class ControlCore:
         self._last_heard = now
         peer_log.log(logging.WARNING, "malformed", "malformed control message from %r: %s",
                      identity[:16], error)
-        if isinstance(error, VersionMismatchError):
-            # A peer of another version is told both versions (its own it sent; no detail of
-            # the decoder), so that an old trainer can say what to upgrade.
-            reply = Error(type="feedmux.errors.VersionMismatchError", message=str(error)[:200],
-                          server_id=self.config.server_id)
-        else:
-            reply = Error(type="feedmux.errors.ProtocolError", message="malformed control message",
-                          server_id=self.config.server_id)
-        return [(identity, reply)]
+        return [(identity, malformed_reply(error, self.config.server_id))]
 
     def peer_gone(self, identity: bytes) -> None:
         """A send to ``identity`` failed: forget it, keep what it had received for the count."""
         gone = self.trainers.pop(identity, None)
+        self.ranks.release(identity)
         if gone is not None:
             self.departed += 1
             self.departed_received += gone.received_messages
 
     # -- events: the sampler ----------------------------------------------------------------
     def begin(self) -> Sends:
-        """The sockets are bound: hold sampling until ``min_trainers`` said hello."""
-        if self.config.min_trainers:
-            self.phase = Phase.WAITING
-            log.info("waiting for %d trainer(s) to connect", self.config.min_trainers)
+        """The sockets are bound: hold sampling until the trainers said hello.
+
+        The first hello tells the mode: free trainers (then ``min_trainers``,
+        at least one, must be connected) or the ranks of one job (then all of
+        them, within ``rank_timeout`` seconds of the first).
+        """
+        self.phase = Phase.WAITING
+        log.info("waiting for %d trainer(s) to connect", max(1, self.config.min_trainers))
         return NO_SENDS
 
     def data_sent(self, n_samples: int, epoch: int) -> None:
@@ -194,7 +262,8 @@ class ControlCore:
         self.messages_sent += 1
         self.samples_sent += n_samples
         if epoch > self.epoch:
-            self.epoch = epoch
+            self.epoch, self.epoch_position = epoch, 0
+        self.epoch_position += n_samples
 
     def epoch_finished(self, epoch: int, count: int) -> Sends:
         """Every sample of ``epoch`` (``count`` of them) has been sent."""
@@ -270,9 +339,16 @@ class ControlCore:
             # Count only after a welcome went out since the last look: a send to a trainer
             # that has gone fails (ROUTER_MANDATORY) and forgets it, so one that connected
             # and left does not count.
-            if self._welcomed and self.connected_trainers(now) >= self.config.min_trainers:
+            if self._welcomed and self._ready(now):
                 self.phase = Phase.SAMPLING
                 return NO_SENDS
+            if self.ranks.ranked and now - (self._waiting_since or now) > self.config.rank_timeout:
+                missing = self.ranks.missing()
+                return self.fail(Error(
+                    type="feedmux.errors.TransportTimeoutError",
+                    message=(f"rank(s) {missing} of {self.ranks.world_size} never connected "
+                             f"within the rank timeout of {self.config.rank_timeout:g} s"),
+                    server_id=self.config.server_id), now)
             self._welcomed = True
             return self.broadcast(self.welcome())
         if phase is Phase.DRAINING:
@@ -282,6 +358,19 @@ class ControlCore:
                     or now - self._final_started > 4 * FINAL_GRACE):
                 self.phase = Phase.DONE
         return NO_SENDS
+
+    def _ready(self, now: float) -> bool:
+        """Whether the trainers needed to start sampling are connected (logs who is missing)."""
+        if not self.ranks.ranked:
+            return self.connected_trainers(now) >= max(1, self.config.min_trainers)
+        missing = self.ranks.missing()
+        if self._waiting_since is None:
+            self._waiting_since = now
+        if missing != self._waiting_for:
+            self._waiting_for = missing
+            if missing:
+                log.info("waiting for rank(s) %s of %d to connect", missing, self.ranks.world_size)
+        return not missing
 
     def wait_time(self, now: float) -> float:
         """How long the shell may wait for control messages before the next :meth:`tick`."""
@@ -313,11 +402,12 @@ class ControlCore:
         return all(now - t.last_seen <= ANSWERING for t in self.trainers.values())
 
     def _log_throughput(self, now: float) -> None:
-        self._rate = (self.samples_sent - self._samples_at_last_log) / (now - self._last_log)
+        self.rate = (self.samples_sent - self._samples_at_last_log) / (now - self._last_log)
         self._last_log, self._samples_at_last_log = now, self.samples_sent
         log.info(
-            "epoch %d: %d samples sent, %.0f samples/s, %d trainer(s) connected",
-            self.epoch, self.samples_sent, self._rate, self.connected_trainers(now),
+            "epoch %d: %d samples sent, %.0f samples/s, %d trainer(s) connected%s",
+            self.epoch, self.samples_sent, self.rate, self.connected_trainers(now),
+            progress_line(self.epoch, self.epoch_position, self.epoch_size, self.rate),
         )
 
     # -- state ------------------------------------------------------------------------------
@@ -334,30 +424,30 @@ class ControlCore:
             finished=self.finished,
             workers=config.workers,
             reliable=config.reliable,
+            world_size=self.ranks.world_size or 0,
+            uneven=config.uneven if self.ranks.ranked else "",
         )
 
     def received_total(self) -> int:
         """Data messages the trainers, present and departed, said they received."""
-        return self.departed_received + sum(t.received_messages for t in self.trainers.values())
+        return self.departed_received + sum(
+            t.received_messages for t in list(self.trainers.values()))
 
     def connected_trainers(self, now: float) -> int:
-        return sum(1 for t in self.trainers.values() if now - t.last_seen <= TRAINER_TIMEOUT)
+        return sum(1 for t in list(self.trainers.values()) if now - t.last_seen <= TRAINER_TIMEOUT)
 
     def stats(self, now: float) -> dict[str, Stat]:
-        uptime = now - self.started
-        return {
-            "server_id": self.config.server_id,
-            "protocol_version": PROTOCOL_VERSION,
-            "pid": self.pid,
-            "samples_sent": self.samples_sent,
-            "messages_sent": self.messages_sent,
-            "epoch": self.epoch,
-            "epochs_completed": self.epochs_completed,
-            "epoch_size": self.epoch_size,
-            "samples_per_second": round(self._rate or self.samples_sent / max(uptime, 1e-9), 1),
-            "connected_trainers": self.connected_trainers(now),
-            "workers": self.config.workers,
-            "uptime_s": round(uptime, 3),
-            "finished": int(self.finished),
-            **(self.extra_stats() if self.extra_stats is not None else {}),
-        }
+        return core_stats(self, now, TRAINER_TIMEOUT)
+
+
+def malformed_reply(error: ProtocolError, server_id: str) -> Error:
+    """What a peer whose message did not decode is told: the error's kind, no detail.
+
+    A peer of another version is told both versions (its own it sent; no detail
+    of the decoder), so that an old trainer can say what to upgrade.
+    """
+    if isinstance(error, VersionMismatchError):
+        return Error(type="feedmux.errors.VersionMismatchError", message=str(error)[:200],
+                     server_id=server_id)
+    return Error(type="feedmux.errors.ProtocolError", message="malformed control message",
+                 server_id=server_id)

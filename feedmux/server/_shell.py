@@ -1,7 +1,8 @@
 """The server's socket shell: binds, polls, receives, decodes, sends, and asks the core.
 
-:class:`Endpoints` owns the server's two public sockets (data: PUSH, or a
-ROUTER in reliable mode; control: ROUTER) and the clock. Every decision — who
+:class:`Endpoints` owns the server's two public sockets (data and control,
+both ROUTERs: each trainer connects a DEALER to each, its data DEALER named by
+its client id) and the clock. Every decision — who
 is connected, what to answer, when the stream may end — belongs to
 :class:`~feedmux.server._core.ControlCore`; this module feeds it events with
 the time and sends what it returns, reporting back the sends that failed. It
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import zmq
@@ -29,8 +31,10 @@ from feedmux._transport import (
     send_message,
 )
 from feedmux.errors import ProtocolError
-from feedmux.protocol import CONTROL_LIMITS, Error, decode
-from feedmux.server._core import ControlCore, Phase, Sends
+from feedmux.protocol import CONTROL_LIMITS, Ack, Error, decode, read_tags
+from feedmux.server._core import ControlCore, Phase, Sends, Stat
+from feedmux.server._meter import SamplerMeter, sampler_stats
+from feedmux.server._metrics import MetricsEndpoint
 from feedmux.server._producer import Frames
 from feedmux.server._reliable import ReliableDispatch
 from feedmux.server.config import ServerConfig
@@ -53,6 +57,8 @@ class Endpoints:
     def __init__(self, config: ServerConfig, stopping: StopFlag) -> None:
         self.config = config
         self.stopping = stopping
+        #: Set when the server gave up before sampling (the ranks did not all come).
+        self.failed = False
         self.context: zmq.Context[Any] = zmq.Context()
         self.authenticator: Any = None
         self.handshakes: HandshakeLogger | None = None
@@ -62,10 +68,32 @@ class Endpoints:
             self._stop_authenticator()
             self.context.destroy(linger=0)  # closes whichever socket was opened
             raise
-        self.core = ControlCore(
-            config, time.monotonic(), os.getpid(),
-            self.reliable.ledger.stats if self.reliable is not None else None,
-        )
+        #: The sampling processes' meters (the server's own, or its workers').
+        self.meters = [SamplerMeter()]
+        #: Seconds the data path waited because no trainer could take a message.
+        self.blocked_seconds = 0.0
+        #: More figures for the statistics (the worker pool's liveness).
+        self.probes: list[Callable[[], dict[str, Stat]]] = []
+        #: Bytes of data messages handed to the data socket.
+        self.bytes_sent = 0
+        self.core = ControlCore(config, time.monotonic(), os.getpid(), self._extra_stats)
+        self.metrics: MetricsEndpoint | None = None
+        if config.metrics_port is not None:
+            try:
+                self.metrics = MetricsEndpoint(lambda: self.core.stats(time.monotonic()),
+                                               config.metrics_port, config.metrics_host)
+            except BaseException:
+                self.close()
+                raise
+
+    def _extra_stats(self) -> dict[str, Stat]:
+        stats: dict[str, Stat] = dict(sampler_stats(self.meters, self.blocked_seconds))
+        stats["bytes_sent"] = self.bytes_sent
+        if self.reliable is not None:
+            stats.update(self.reliable.ledger.stats())
+        for probe in self.probes:
+            stats.update(probe())
+        return stats
 
     def _open_sockets(self) -> None:
         config = self.config
@@ -82,8 +110,11 @@ class Endpoints:
             self.data.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.reliable = ReliableDispatch(self.data, config.server_id)
         else:
-            self.data = make_socket(self.context, zmq.PUSH, hwm=config.hwm, heartbeats=False,
+            # A ROUTER, so that the core can address a message: to a rank, or to the next
+            # free trainer whose queue has room (an addressed send fails instead of blocking).
+            self.data = make_socket(self.context, zmq.ROUTER, hwm=config.hwm, heartbeats=False,
                                     security=security)
+            self.data.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.control = make_socket(
             self.context, zmq.ROUTER, hwm=1000, max_message_bytes=CONTROL_FRAME_BYTES,
             security=security,
@@ -98,14 +129,16 @@ class Endpoints:
                 [self.data, self.control], [self.data_address, self.control_address]).start()
 
     # -- data -------------------------------------------------------------------------------
-    def send_data(self, frames: Frames, n_samples: int, epoch: int) -> bool:
-        """Send one data message, serving control meanwhile; False if the server is stopping."""
+    def send_data(self, frames: Frames, n_samples: int, epoch: int, rank: int = -1) -> bool:
+        """Send one data message (to ``rank``, or -1: any free trainer), serving control
+        meanwhile; False if the server is stopping."""
         if self.reliable is not None:
-            sent = self.reliable.send(list(frames), n_samples, epoch, self._wait_reliable)
+            sent = self.reliable.send(list(frames), n_samples, epoch, self._wait_for_credit)
         else:
-            sent = self._push(frames)
+            sent = self._push(frames, rank)
         if not sent:
             return False
+        self.bytes_sent += sum(len(frame) for frame in frames)
         core = self.core
         core.data_sent(n_samples, epoch)
         if readable(self.control):
@@ -113,17 +146,81 @@ class Endpoints:
         core.tick(time.monotonic())  # sampling: at most a throughput log line, never a send
         return not self.stopping
 
-    def _push(self, frames: Frames) -> bool:
+    def _push(self, frames: Frames, rank: int) -> bool:
+        core, data = self.core, self.data
+        message = [b"", *frames]
+        waited = False
+        blocked_since = 0.0
         while True:
-            try:
-                self.data.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            targets: list[bytes] = []
+            if rank < 0:
+                targets = core.free_targets()
+            else:
+                target = core.rank_target(rank)
+                # A rank taken over by a restarted trainer: what its predecessor did not hand
+                # out goes first (nothing new until that is through).
+                if target is not None and (not core.retention.pending(rank, target)
+                                           or self._replay(rank, target)):
+                    targets = [target]
+            for identity in targets:
+                message[0] = identity
+                try:
+                    data.send_multipart(message, flags=zmq.NOBLOCK, copy=False)
+                except zmq.ZMQError:
+                    # Again: its queue is full (HWM); EHOSTUNREACH: its data connection is
+                    # not up yet, or gone (the control heartbeats decide that). Next one.
+                    continue
+                if rank >= 0:
+                    core.retention.sent(rank, identity, list(frames))
+                if blocked_since:
+                    self.blocked_seconds += time.perf_counter() - blocked_since
                 return True
-            except zmq.Again:
-                # No trainer connected, or all their queues are full (HWM): wait, but keep
-                # answering the control socket and noticing a stop request.
-                if self.stopping:
-                    return False
+            # Nobody took it: wait (blocked time: no trainer, or this rank's, could take it),
+            # but keep answering the control socket and noticing a stop request. A ROUTER is
+            # writable when any trainer's queue has room, which may not be this rank's: after
+            # the first try, wait on control alone, briefly.
+            if not blocked_since:
+                blocked_since = time.perf_counter()
+            if self.stopping:
+                self.blocked_seconds += time.perf_counter() - blocked_since
+                return False
+            if rank < 0 or not waited:
                 self.serve_control(timeout=0.1, also_writable=True)
+            else:
+                self.serve_control(timeout=0.001)
+            waited = True
+
+    def _replay(self, rank: int, target: bytes) -> bool:
+        """Send ``rank``'s new holder what its predecessor did not hand out; True when done."""
+        retention = self.core.retention
+        sent = 0
+        for handle, frames in retention.replay(rank, target):
+            try:
+                self.data.send_multipart([target, *frames], flags=zmq.NOBLOCK, copy=False)
+            except zmq.ZMQError:
+                return False  # not connected yet, or full: again at the next turn
+            retention.moved(handle, target)
+            self.bytes_sent += sum(len(frame) for frame in frames)
+            self.core.data_sent(len(read_tags(frames)), int(read_tags(frames)[0, 0]))
+            sent += 1
+        retention.settled(rank, target, sent)
+        return True
+
+    def _replay_ranks(self) -> None:
+        """Hand over every rank taken over since the last look (also with no new data)."""
+        core = self.core
+        for rank in range(core.ranks.world_size or 0):
+            target = core.rank_target(rank)
+            if target is not None and core.retention.pending(rank, target):
+                self._replay(rank, target)
+
+    def _wait_for_credit(self) -> bool:
+        """Reliable mode's send path waits for credit: that time counts as blocked."""
+        started = time.perf_counter()
+        try:
+            return self._wait_reliable()
+        finally:
+            self.blocked_seconds += time.perf_counter() - started
 
     def _wait_reliable(self) -> bool:
         """Wait up to 0.1 s for credit, acknowledgements or control; False when stopping."""
@@ -160,7 +257,13 @@ class Endpoints:
             except ProtocolError as error:
                 self.deliver(core.malformed(identity, error, time.monotonic()))
                 continue
+            if isinstance(message, Ack) and message.rank < 0:
+                if self.reliable is not None:  # a free trainer's hand-out mark: no answer
+                    self.reliable.ledger.handed(message)
+                continue
             self.deliver(core.receive(identity, message, time.monotonic()))
+        if core.ranks.ranked and self.reliable is None:
+            self._replay_ranks()
         return True
 
     def deliver(self, sends: Sends) -> None:
@@ -168,7 +271,11 @@ class Endpoints:
         for identity, message in sends:
             try:
                 send_message(self.control, message, prefix=[identity], flags=zmq.NOBLOCK)
-            except zmq.ZMQError:  # also zmq.Again: its queue is full
+            except zmq.Again:
+                if self.core.ranks.ranked:
+                    continue  # a rank busy in a long step: its holder stays (its acks tell)
+                self.core.peer_gone(identity)
+            except zmq.ZMQError:
                 # The peer went away (ROUTER_MANDATORY) or cannot keep up: the core forgets
                 # it but keeps what it had received for the end-of-stream count.
                 self.core.peer_gone(identity)
@@ -191,6 +298,10 @@ class Endpoints:
         """
         self.deliver(self.core.begin())
         self.run_phase(Phase.WAITING)
+        if self.core.phase is Phase.LAST_WORD:  # the ranks did not all come
+            self.failed = True
+            self._repeat_last_word()
+            return False
         return not self.stopping
 
     def tick(self) -> None:
@@ -242,6 +353,8 @@ class Endpoints:
         self.control.linger = 1000
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         # After a finished stream, give what is still queued a moment to reach the trainers.
         self.data.close(linger=1000 if self.core.finished else 0)
         self.control.close()

@@ -41,10 +41,14 @@ class ServerConfig:
     drain_idle: float = 3.0
     min_trainers: int = 0
     reliable: bool = False
+    uneven: str = "pad"
+    rank_timeout: float = 60.0
     curve_secret: str | None = None
     curve_clients: str | None = None
     server_id: str = ""
     zero_copy: bool = False
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         def require(ok: bool, what: str, value: object) -> None:
@@ -64,6 +68,14 @@ class ServerConfig:
         require(self.log_every > 0, "log_every > 0 seconds", self.log_every)
         require(self.max_delay >= 0, "max_delay >= 0 seconds", self.max_delay)
         require(self.min_trainers >= 0, "min_trainers >= 0", self.min_trainers)
+        require(self.uneven in ("pad", "drop"), "uneven 'pad' or 'drop'", self.uneven)
+        require(self.rank_timeout > 0, "rank_timeout > 0 seconds", self.rank_timeout)
+        require(self.metrics_port is None or 0 <= self.metrics_port <= 65535,
+                "metrics_port None or a TCP port 0-65535", self.metrics_port)
+        if self.metrics_port is not None:
+            from feedmux.server._metrics import check_available
+
+            check_available()
         if not self.server_id:
             object.__setattr__(self, "server_id", uuid.uuid4().hex[:12])
 

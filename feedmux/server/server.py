@@ -40,8 +40,9 @@ from feedmux.errors import (
     SamplingError,
     TransportError,
 )
-from feedmux.protocol import EndOfEpoch, Error, decode, read_tags, replace_tags
+from feedmux.protocol import Data, EndOfEpoch, Error, decode, encode, read_tags, replace_tags
 from feedmux.sampling.epochs import EpochIterator
+from feedmux.server._dealing import RankDealer, RankShare
 from feedmux.server._producer import produce
 from feedmux.server._shell import Endpoints
 from feedmux.server._worker import WorkerPool
@@ -151,6 +152,7 @@ class Server:
         self.start_method = ""
         self._stop = _StopFlag()
         self._bound: tuple[str, str] | None = None
+        self._metrics_address = ""
         # In a process started by start(): where to tell the parent what was bound.
         self._report: Connection | None = None
 
@@ -163,6 +165,12 @@ class Server:
     def control_address(self) -> str:
         """The control endpoint as bound (a real port where it said, or defaulted to, 0)."""
         return self._addresses()[1]
+
+    @property
+    def metrics_address(self) -> str | None:
+        """Where the Prometheus metrics are served once bound (None without ``metrics_port``)."""
+        self._addresses()
+        return self._metrics_address or None
 
     def _addresses(self) -> tuple[str, str]:
         if self._bound is None:
@@ -221,7 +229,10 @@ class Server:
             source, endpoints.data_address, endpoints.control_address, config.workers,
             config.epoch_size or "measured after the first epoch", config.server_id,
         )
-        self._tell_parent("bound", *self._bound)
+        if endpoints.metrics is not None:
+            self._metrics_address = endpoints.metrics.address
+            log.info("metrics on %s", self._metrics_address)
+        self._tell_parent("bound", *self._bound, self._metrics_address)
         return endpoints
 
     def _run_local(self, streamer: Any) -> int:
@@ -231,7 +242,7 @@ class Server:
         config = self.config
         try:
             if not endpoints.wait_for_trainers():
-                return EXIT_OK
+                return EXIT_FAILED if endpoints.failed else EXIT_OK
             items = EpochIterator(streamer, max_epochs=config.epochs)
 
             def epoch_done(epoch: int, count: int) -> bool:
@@ -241,6 +252,7 @@ class Server:
             produce(
                 items, endpoints.send_data, policy=config.policy, server_id=config.server_id,
                 skip_errors=config.on_error == "skip", epoch_done=epoch_done,
+                dealer=_dealer(endpoints, config), meter=endpoints.meters[0],
             )
             if not self._stop:
                 endpoints.finish()
@@ -265,6 +277,8 @@ class Server:
                 endpoints = self._open()
                 if endpoints is None:
                     return EXIT_USAGE
+                endpoints.meters = pool.meters
+                endpoints.probes.append(pool.liveness)
                 try:
                     return _forward(pool, endpoints, config, self._stop)
                 finally:
@@ -298,6 +312,7 @@ class Server:
             reader.close()
         if report is not None and report[0] == "bound":
             self._bound = (report[1], report[2])
+            self._metrics_address = report[3] if len(report) > 3 else ""
             return self
         if report is None:
             problem = (f"it did not bind within {timeout} s" if process.exitcode is None
@@ -435,8 +450,9 @@ def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop:
     with mapped_zmq_errors("bind the internal endpoint", pool.endpoint):
         inbound.bind(pool.endpoint)
     if not endpoints.wait_for_trainers():
-        return EXIT_OK
+        return EXIT_FAILED if endpoints.failed else EXIT_OK
     pool.release(1)
+    dealer = _dealer(endpoints, config)
     positions: dict[int, int] = {}
     finished_shards: dict[int, set[int]] = {}
     poller = zmq.Poller()
@@ -462,7 +478,11 @@ def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop:
                     count = int(rows.sum())
                     tags[rows, 1] = np.arange(start, start + count)
                     positions[int(epoch)] = start + count
-                if not endpoints.send_data(replace_tags(frames, tags), len(tags), int(tags[-1, 0])):
+                if dealer is not None:
+                    if not _deal_forwarded(frames, tags, dealer, endpoints, config.server_id):
+                        break
+                elif not endpoints.send_data(replace_tags(frames, tags), len(tags),
+                                             int(tags[-1, 0])):
                     break
                 continue
             message = decode(frames)
@@ -474,6 +494,9 @@ def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop:
                 done = finished_shards.setdefault(message.epoch, set())
                 done.add(message.worker)
                 if len(done) == config.workers:
+                    if dealer is not None and not _send_shares(
+                            dealer.finish_epoch(message.epoch), endpoints, config.server_id):
+                        break
                     endpoints.epoch_done(message.epoch, positions.get(message.epoch, 0))
                     if config.epochs is not None and message.epoch >= config.epochs:
                         endpoints.finish()
@@ -487,3 +510,31 @@ def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop:
     finally:
         inbound.close(linger=0)
 
+
+
+def _dealer(endpoints: Endpoints, config: ServerConfig) -> RankDealer | None:
+    """The dealer of a ranked run (its trainers' hellos told the world size), else None."""
+    world_size = endpoints.core.ranks.world_size
+    return RankDealer(world_size, config.uneven) if world_size else None
+
+
+def _deal_forwarded(frames: list[Any], tags: np.ndarray, dealer: RankDealer,
+                    endpoints: Endpoints, server_id: str) -> bool:
+    """Ranked ``--workers``: deal a worker's message (renumbered ``tags``) to the ranks.
+
+    The forwarder decodes and re-encodes here (the workers do not know the
+    ranks' round boundaries across shards); a message never spans two epochs.
+    """
+    message = decode(frames)
+    assert isinstance(message, Data)
+    return _send_shares(dealer.deal(int(tags[0, 0]), list(message.samples)), endpoints,
+                        server_id)
+
+
+def _send_shares(shares: list[RankShare], endpoints: Endpoints, server_id: str) -> bool:
+    for share in shares:
+        if share.items and not endpoints.send_data(
+                encode(Data(share.tags, share.items, server_id)), len(share.items),
+                int(share.tags[0, 0]), share.rank):
+            return False
+    return True

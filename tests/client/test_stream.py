@@ -6,6 +6,7 @@ import itertools
 import math
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -206,7 +207,6 @@ def test_increment_epoch_refuses_non_numbers(bad: object) -> None:
 
 
 def test_numpy_counts_are_accepted() -> None:
-    np = pytest.importorskip("numpy")
     stream = Stream(range(5))
     assert stream.increment_epoch(np.int64(1))
     assert list(stream.data(np.int32(2))) == [0, 1]

@@ -85,7 +85,6 @@ def test_epochs_without_length_fails_at_the_epoch() -> None:
 
 
 def test_progress_bar_per_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("tqdm")
     errors = io.StringIO()
     monkeypatch.setattr(sys, "stderr", errors)
     stream = Stream(range(4))
@@ -100,7 +99,6 @@ def test_progress_bar_per_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_progress_bar_without_total_and_early_break(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("tqdm")
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     stream = Stream(range(3))
     epochs = stream.epochs(3, epoch_size=math.inf, progress=True)

@@ -14,12 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from feedmux.client import Stream
+from feedmux.client.remote import RemoteLoader
 from feedmux.errors import StreamValueError
-
-try:
-    from feedmux.client.remote import RemoteLoader
-except ImportError as exc:  # pragma: no cover - only while the loader is not importable
-    pytest.skip(f"RemoteLoader is not importable: {exc}", allow_module_level=True)
 
 
 @pytest.fixture

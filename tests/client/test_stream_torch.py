@@ -6,12 +6,11 @@ import json
 from collections.abc import Iterator
 
 import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from feedmux.client import ManualStream, Stream
 from feedmux.errors import StreamValueError
-
-torch = pytest.importorskip("torch")
-from torch.utils.data import DataLoader, IterableDataset, TensorDataset  # noqa: E402
 
 
 class Counting(IterableDataset):  # type: ignore[type-arg]

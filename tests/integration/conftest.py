@@ -1,34 +1,161 @@
-"""Real server processes on 127.0.0.1 for the integration tests, always killed by pid."""
+"""Real server processes for the integration tests, and the waits and threads they use.
+
+This module owns how a test starts ``python -m feedmux ...`` (every process, and its
+children, killed by pid afterwards), where a server binds (port 0 on 127.0.0.1, or
+ipc paths in the test's temporary folder) and how the test learns the endpoints it
+got: from the server's start line on stderr, read with a bounded wait. It also owns
+the test's waits (a condition polled until a deadline) and its threads (joined with
+a timeout, their exception re-raised). It must never pick a port by binding and
+releasing it (another process may take the port in between), never sleep to
+synchronise, and never wait without a bound.
+"""
 
 from __future__ import annotations
 
 import os
+import re
+import select
 import signal
-import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+#: Seconds a server may take to bind and log its start line (a loaded machine is slow).
+START_TIMEOUT = 30.0
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+# The server's documented start line (docs/server.md) names the bound endpoints.
+_START_LINE = re.compile(r"serving .*?: data (\S+), control (\S+),")
 
 
+@dataclass(frozen=True)
 class Endpoints:
-    def __init__(self) -> None:
-        self.data = f"tcp://127.0.0.1:{free_port()}"
-        self.control = f"tcp://127.0.0.1:{free_port()}"
+    """A data and a control endpoint, as given to ``feedmux serve``."""
+
+    data: str
+    control: str
+
+    @classmethod
+    def any_port(cls) -> Endpoints:
+        """Port 0 on loopback: the system picks free ports when the server binds."""
+        return cls("tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
+
+    @classmethod
+    def ipc(cls, folder: Path) -> Endpoints:
+        """ipc paths in ``folder``: stable across a restart, private to the test."""
+        return cls(f"ipc://{folder}/data", f"ipc://{folder}/control")
 
     def args(self) -> list[str]:
         return ["--bind", self.data, "--control", self.control]
+
+
+class Spawned:
+    """A ``python -m feedmux ...`` process whose output is read as it comes, never blocking.
+
+    Its pipes are read with ``select`` and a deadline, so a wait for a log line is
+    bounded and a process that dies is noticed (its stderr goes into the failure).
+    """
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdout is not None and process.stderr is not None
+        self.process = process
+        self._stdout_fd = process.stdout.fileno()
+        self._stderr_fd = process.stderr.fileno()
+        self._output = {self._stdout_fd: bytearray(), self._stderr_fd: bytearray()}
+        self._open = set(self._output)
+        for fd in self._open:
+            os.set_blocking(fd, False)
+        self._endpoints: Endpoints | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.poll()
+
+    def send_signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    @property
+    def stdout(self) -> str:
+        """What the process wrote on stdout so far."""
+        self._read(0)
+        return self._output[self._stdout_fd].decode(errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        """What the process wrote on stderr so far."""
+        self._read(0)
+        return self._output[self._stderr_fd].decode(errors="replace")
+
+    def _read(self, timeout: float) -> None:
+        """Read what is written within ``timeout`` s (returning at the first output)."""
+        if not self._open:
+            return
+        ready, _, _ = select.select(sorted(self._open), [], [], max(0.0, timeout))
+        for fd in ready:
+            chunk = os.read(fd, 1 << 16)
+            if chunk:
+                self._output[fd] += chunk
+            else:
+                self._open.discard(fd)
+
+    def wait_for_stderr(self, condition: Callable[[str], bool], timeout: float,
+                        what: str) -> str:
+        """Read stderr until ``condition(stderr)`` holds; fail after ``timeout`` s or at exit."""
+        deadline = time.monotonic() + timeout
+        while not condition(self.stderr):
+            if self._stderr_fd not in self._open:
+                raise AssertionError(f"the process exited (code {self.process.wait(10)}) "
+                                     f"before {what}; stderr:\n{self.stderr}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"timed out after {timeout} s waiting for {what}; "
+                                     f"stderr:\n{self.stderr}")
+            self._read(remaining)
+        return self.stderr
+
+    def endpoints(self, timeout: float = START_TIMEOUT) -> Endpoints:
+        """The endpoints a ``feedmux serve`` process bound, from its start line."""
+        if self._endpoints is None:
+            text = self.wait_for_stderr(lambda text: _START_LINE.search(text) is not None,
+                                        timeout, "the server's start line")
+            match = _START_LINE.search(text)
+            assert match is not None
+            self._endpoints = Endpoints(match[1], match[2])
+        return self._endpoints
+
+    @property
+    def data(self) -> str:
+        return self.endpoints().data
+
+    @property
+    def control(self) -> str:
+        return self.endpoints().control
+
+    def wait(self, timeout: float) -> int:
+        """Read the output to its end and wait for the exit code, all within ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while self._open and time.monotonic() < deadline:
+            self._read(deadline - time.monotonic())
+        return self.process.wait(max(0.0, deadline - time.monotonic()))
+
+    def kill(self) -> None:
+        """SIGKILL the process and its children (sampling workers), if still running."""
+        if self.process.poll() is None:
+            for child in child_pids(self.pid):
+                os.kill(child, signal.SIGKILL)
+            self.process.kill()
 
 
 def child_pids(pid: int) -> list[int]:
@@ -59,36 +186,82 @@ def pid_alive(pid: int) -> bool:
 
 
 @pytest.fixture
-def endpoints() -> Endpoints:
-    return Endpoints()
+def spawn() -> Iterator[Callable[..., Spawned]]:
+    """Start ``python -m feedmux ARGS...``; every process (and its children) is killed after."""
+    started: list[Spawned] = []
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def start(*args: str) -> Spawned:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "feedmux", *args], env=env, cwd=ROOT,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        started.append(Spawned(process))
+        return started[-1]
+
+    yield start
+    for spawned in started:
+        spawned.kill()
+        spawned.wait(timeout=10)
 
 
 @pytest.fixture
-def spawn() -> Iterator[Callable[..., subprocess.Popen[str]]]:
-    """Start ``python -m feedmux ARGS...``; every process (and its children) is killed after."""
-    started: list[subprocess.Popen[str]] = []
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def serve(spawn: Callable[..., Spawned]) -> Callable[..., Spawned]:
+    """Start ``feedmux serve SOURCE ARGS...`` on port 0 (or ``endpoints=``); return it bound."""
 
-    def start(*args: str) -> subprocess.Popen[str]:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "feedmux", *args], env=env, cwd=ROOT,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        started.append(process)
-        return process
+    def start(source: str, *args: str, endpoints: Endpoints | None = None) -> Spawned:
+        server = spawn("serve", source, *(endpoints or Endpoints.any_port()).args(), *args)
+        server.endpoints()
+        return server
 
-    yield start
-    for process in started:
-        if process.poll() is None:
-            for child in child_pids(process.pid):
-                os.kill(child, signal.SIGKILL)
-            process.kill()
-        process.communicate(timeout=10)
+    return start
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``condition`` until it holds; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(0.05)  # the poll interval of a bounded wait, not a synchronisation
+
+
+def holds_for(condition: Callable[[], bool], seconds: float) -> bool:
+    """Whether ``condition`` holds at every poll for ``seconds`` (False at its first miss)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not condition():
+            return False
+        time.sleep(0.05)  # the poll interval of an observation window
+    return condition()
+
+
+class CheckedThread:
+    """Run ``target(*args)`` in a thread; :meth:`join` re-raises what it raised.
+
+    A thread that has not finished within the join timeout fails the test, so no
+    thread is left behind unnoticed and no failure in one is lost.
+    """
+
+    def __init__(self, target: Callable[..., Any], *args: Any) -> None:
+        self.result: Any = None
+        self._error: BaseException | None = None
+        self._target = target
+        self._thread = threading.Thread(target=self._run, args=args, daemon=True,
+                                        name=getattr(target, "__name__", "worker"))
+        self._thread.start()
+
+    def _run(self, *args: Any) -> None:
+        try:
+            self.result = self._target(*args)
+        except BaseException as error:  # handed to join(), in the test's thread
+            self._error = error
+
+    def join(self, timeout: float) -> Any:
+        """Wait up to ``timeout`` s; return the target's result or raise its exception."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise AssertionError(f"thread {self._thread.name} still running after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self.result

@@ -17,10 +17,9 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_the_demo_sees_every_example_once_per_epoch(spawn: Any, workers: str) -> None:
     demo = spawn("demo", "--examples", "200", "--epochs", "2", "--workers", workers)
-    stdout, stderr = demo.communicate(timeout=100)
-    assert demo.returncode == 0, stdout + stderr
+    assert demo.wait(timeout=100) == 0, demo.stdout + demo.stderr
     assert "OK: every one of the 600 examples was seen exactly once in each of the 2 epochs" in (
-        stdout
+        demo.stdout
     )
 
 

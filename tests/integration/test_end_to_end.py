@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import threading
+import re
+import signal
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import feedmux
 from feedmux.client.remote import RemoteLoader, fetch_stats
-from tests.integration.conftest import Endpoints
+from tests.integration.conftest import CheckedThread, Endpoints, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,48 +37,45 @@ def assert_exactly_once(seen: list[dict[int, list[int]]], epochs: int, ids: int)
     assert set().union(*seen) <= set(range(1, epochs + 1))
 
 
-def test_one_trainer_gets_every_sample_once_per_epoch(spawn: Any, endpoints: Endpoints) -> None:
-    server = spawn("serve", f"{SAMPLER}:numbered", "--epochs", "3", *endpoints.args())
-    loader = RemoteLoader(endpoints.data, control=endpoints.control, timeout=20, with_meta=True)
+@pytest.mark.parametrize("transport", ["tcp", "ipc"])
+def test_one_trainer_gets_every_sample_once_per_epoch(serve: Any, tmp_path: Path,
+                                                      transport: str) -> None:
+    """Over ipc too: the end-of-stream handshake, not LINGER, makes the tail arrive."""
+    endpoints = Endpoints.ipc(tmp_path) if transport == "ipc" else None
+    server = serve(f"{SAMPLER}:numbered", "--epochs", "3", endpoints=endpoints)
+    loader = RemoteLoader(server.data, control=server.control, timeout=20, with_meta=True)
     seen = consume(loader)
     assert_exactly_once([seen], epochs=3, ids=200)
     assert server.wait(timeout=20) == 0
 
 
-def test_two_trainers_receive_disjoint_complete_epochs(spawn: Any, endpoints: Endpoints) -> None:
-    spawn("serve", f"{SAMPLER}:numbered", "--arg", "per_stream=500", "--epochs", "2",
-          "--samples-per-message", "16", "--min-trainers", "2", *endpoints.args())
-    results: list[dict[int, list[int]]] = [{}, {}]
+def test_two_trainers_receive_disjoint_complete_epochs(serve: Any) -> None:
+    server = serve(f"{SAMPLER}:numbered", "--arg", "per_stream=500", "--epochs", "2",
+                   "--samples-per-message", "16", "--min-trainers", "2")
 
-    def trainer(rank: int) -> None:
-        loader = RemoteLoader(endpoints.data, control=endpoints.control, timeout=20,
-                              with_meta=True, world_size=2)
-        results[rank] = consume(loader)
+    def trainer() -> dict[int, list[int]]:
+        return consume(RemoteLoader(server.data, control=server.control, timeout=20,
+                                    with_meta=True, world_size=2))
 
-    threads = [threading.Thread(target=trainer, args=(rank,)) for rank in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=40)
-    assert all(r for r in results), "a trainer received nothing"
+    threads = [CheckedThread(trainer) for _ in range(2)]
+    results = [thread.join(timeout=40) for thread in threads]
+    assert all(results), "a trainer received nothing"
     assert_exactly_once(results, epochs=2, ids=2000)
-
-
-def test_two_workers_keep_exactly_once(spawn: Any, endpoints: Endpoints) -> None:
-    server = spawn("serve", f"{SAMPLER}:numbered", "--workers", "2", "--epochs", "3",
-                   *endpoints.args())
-    loader = RemoteLoader(endpoints.data, control=endpoints.control, timeout=20, with_meta=True)
-    seen = consume(loader)
-    assert_exactly_once([seen], epochs=3, ids=200)
-    for epoch, ids in seen.items():
-        assert len(ids) == 200, f"epoch {epoch}"
     assert server.wait(timeout=20) == 0
 
 
-def test_positions_number_each_epoch(spawn: Any, endpoints: Endpoints) -> None:
-    spawn("serve", f"{SAMPLER}:numbered", "--workers", "2", "--epochs", "2", *endpoints.args())
+def test_two_workers_keep_exactly_once(serve: Any) -> None:
+    server = serve(f"{SAMPLER}:numbered", "--workers", "2", "--epochs", "3")
+    loader = RemoteLoader(server.data, control=server.control, timeout=20, with_meta=True)
+    seen = consume(loader)
+    assert_exactly_once([seen], epochs=3, ids=200)
+    assert server.wait(timeout=20) == 0
+
+
+def test_positions_number_each_epoch(serve: Any) -> None:
+    server = serve(f"{SAMPLER}:numbered", "--workers", "2", "--epochs", "2")
     positions: dict[int, list[int]] = {}
-    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20,
+    with RemoteLoader(server.data, control=server.control, timeout=20,
                       with_meta=True) as loader:
         for meta, _ in loader:
             positions.setdefault(meta.epoch, []).append(meta.position)
@@ -85,9 +84,9 @@ def test_positions_number_each_epoch(spawn: Any, endpoints: Endpoints) -> None:
                                                            2: list(range(200))}
 
 
-def test_len_and_stream_data_follow_the_epoch_size(spawn: Any, endpoints: Endpoints) -> None:
-    spawn("serve", f"{SAMPLER}:numbered", *endpoints.args())
-    loader = RemoteLoader(endpoints.data, control=endpoints.control, timeout=20, world_size=2)
+def test_len_and_stream_data_follow_the_epoch_size(serve: Any) -> None:
+    server = serve(f"{SAMPLER}:numbered")
+    loader = RemoteLoader(server.data, control=server.control, timeout=20, world_size=2)
     with loader:
         stream = feedmux.Stream(loader)
         with pytest.raises(TypeError, match="epoch size is not known"):
@@ -100,9 +99,9 @@ def test_len_and_stream_data_follow_the_epoch_size(spawn: Any, endpoints: Endpoi
         assert len(list(stream.data())) == 100
 
 
-def test_remote_exception_surfaces_as_remote_error(spawn: Any, endpoints: Endpoints) -> None:
-    server = spawn("serve", f"{SAMPLER}:failing", "--arg", "after=5", *endpoints.args())
-    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20) as loader:
+def test_remote_exception_surfaces_as_remote_error(serve: Any) -> None:
+    server = serve(f"{SAMPLER}:failing", "--arg", "after=5")
+    with RemoteLoader(server.data, control=server.control, timeout=20) as loader:
         with pytest.raises(feedmux.RemoteError) as raised:
             for _ in loader:
                 pass
@@ -113,23 +112,20 @@ def test_remote_exception_surfaces_as_remote_error(spawn: Any, endpoints: Endpoi
     assert server.wait(timeout=10) == 1
 
 
-def test_on_error_skip_keeps_serving(spawn: Any, endpoints: Endpoints) -> None:
-    server = spawn("serve", f"{SAMPLER}:failing", "--arg", "after=5", "--on-error", "skip",
-                   "--epochs", "3", *endpoints.args())
-    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20,
+def test_on_error_skip_keeps_serving(serve: Any) -> None:
+    server = serve(f"{SAMPLER}:failing", "--arg", "after=5", "--on-error", "skip",
+                   "--epochs", "3")
+    with RemoteLoader(server.data, control=server.control, timeout=20,
                       with_meta=True) as loader:
         epochs = Counter(meta.epoch for meta, _ in loader)
     assert epochs == {1: 5, 2: 5, 3: 5}
     assert server.wait(timeout=10) == 0
-    assert "boom after 5 samples" in server.stderr.read()
+    assert "boom after 5 samples" in server.stderr
 
 
-def test_on_error_skip_inside_a_mux_skips_only_the_failing_stream(
-    spawn: Any, endpoints: Endpoints
-) -> None:
-    server = spawn("serve", f"{SAMPLER}:partly_failing", "--on-error", "skip", "--epochs", "2",
-                   *endpoints.args())
-    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20,
+def test_on_error_skip_inside_a_mux_skips_only_the_failing_stream(serve: Any) -> None:
+    server = serve(f"{SAMPLER}:partly_failing", "--on-error", "skip", "--epochs", "2")
+    with RemoteLoader(server.data, control=server.control, timeout=20,
                       with_meta=True) as loader:
         seen: dict[int, list[int]] = {}
         for meta, sample in loader:
@@ -139,49 +135,57 @@ def test_on_error_skip_inside_a_mux_skips_only_the_failing_stream(
     assert server.wait(timeout=10) == 0
 
 
-def test_stats_and_ping(spawn: Any, endpoints: Endpoints) -> None:
-    spawn("serve", f"{SAMPLER}:numbered", *endpoints.args())
-    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20) as loader:
+def test_stats_and_ping(serve: Any, spawn: Any, tmp_path: Path) -> None:
+    server = serve(f"{SAMPLER}:numbered")
+    with RemoteLoader(server.data, control=server.control, timeout=20) as loader:
         for _, _sample in zip(range(300), loader, strict=False):
             pass
-        stats = fetch_stats(endpoints.control, timeout=5)
+        stats = fetch_stats(server.control, timeout=5)
         assert stats["samples_sent"] >= 300
         assert stats["epoch_size"] == 200
         assert stats["connected_trainers"] == 1
         assert loader.last_meta is not None
         assert stats["server_id"] == loader.last_meta.server_id
-    ping = spawn("ping", endpoints.control)
+    ping = spawn("ping", server.control)
     assert ping.wait(timeout=10) == 0
-    nobody = spawn("ping", Endpoints().control, "--timeout", "0.3")
+    nobody = spawn("ping", Endpoints.ipc(tmp_path).control, "--timeout", "0.3")
     assert nobody.wait(timeout=10) == 1
 
 
-def test_a_slow_trainer_still_gets_the_whole_stream(spawn: Any, endpoints: Endpoints) -> None:
+def test_a_slow_trainer_still_gets_the_whole_stream(serve: Any) -> None:
     """The end-of-stream handshake waits for a live trainer that reads slowly."""
-    server = spawn("serve", f"{SAMPLER}:numbered", "--epochs", "1", "--samples-per-message",
-                   "10", "--hwm", "2", *endpoints.args())
+    server = serve(f"{SAMPLER}:numbered", "--epochs", "1", "--samples-per-message",
+                   "10", "--hwm", "2")
     ids = []
-    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20, hwm=2) as loader:
+    with RemoteLoader(server.data, control=server.control, timeout=20, hwm=2) as loader:
         for index, sample in enumerate(loader):
             if index == 100:
-                time.sleep(4.5)  # longer than a silent count is trusted when a trainer is gone
+                # A training step (not a synchronisation) longer than the 3 s after which
+                # a silent trainer no longer counts as connected.
+                time.sleep(4.5)
             ids.append(int(sample["id"]))
     assert sorted(ids) == list(range(200))
     assert server.wait(timeout=20) == 0
 
 
-def test_logs_a_start_line_and_periodic_throughput(spawn: Any, endpoints: Endpoints) -> None:
-    server = spawn("serve", f"{SAMPLER}:numbered", "--log-every", "0.2", "--workers", "2",
-                   *endpoints.args())
-    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20) as loader:
-        next(loader)  # the server is up (its start-up alone can take a second on a busy machine)
-        deadline = time.monotonic() + 1.5
-        while time.monotonic() < deadline:
-            next(loader)
-    server.terminate()
-    _, stderr = server.communicate(timeout=10)
-    assert server.returncode == 0
+def test_logs_a_start_line_and_periodic_throughput(serve: Any) -> None:
+    server = serve(f"{SAMPLER}:numbered", "--log-every", "0.2", "--workers", "2")
+    with RemoteLoader(server.data, control=server.control, timeout=20) as loader:
+
+        def logged_twice() -> bool:
+            for _ in range(100):
+                next(loader)
+            return sum("samples/s" in line for line in server.stderr.splitlines()) >= 2
+
+        wait_until(logged_twice, 20, "two throughput log lines")
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=10) == 0
+    stderr = server.stderr
     start = next(line for line in stderr.splitlines() if "serving" in line)
-    assert endpoints.data in start and endpoints.control in start and "2 worker(s)" in start
+    assert "2 worker(s)" in start
+    # The line names the ports the system picked, not the port 0 that was asked for.
+    for endpoint in (server.data, server.control):
+        assert re.fullmatch(r"tcp://127\.0\.0\.1:[1-9][0-9]*", endpoint), endpoint
+    assert server.data != server.control
     assert "epoch size is 200 samples" in stderr
     assert sum("samples/s" in line for line in stderr.splitlines()) >= 2

@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
+from benchmarks.attacks import ask
 from feedmux import RemoteLoader, Server
 from feedmux.errors import TransportError
-from tests.integration.conftest import ROOT, wait_until
+from feedmux.protocol import Hello, Welcome, decode, encode
+from tests.integration.conftest import _START_LINE, ROOT, wait_until
 
 SAMPLERS = "tests.integration.hard_samplers"
 
@@ -105,7 +107,14 @@ def _cli_server(*args: str) -> Iterator[tuple[subprocess.Popen[str], list[str]]]
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_second_signal_stops_a_server_stuck_in_user_code(signum: int) -> None:
-    with _cli_server(f"{SAMPLERS}:stuck") as (process, _):
+    with _cli_server(f"{SAMPLERS}:stuck") as (process, lines):
+        # The server samples once a trainer said hello (its hello tells the delivery mode):
+        # one hello answered, and it is in the streamer, which never returns.
+        start = next(match for line in lines if (match := _START_LINE.search(line)))
+        reply = ask(start[2], [bytes(frame) for frame in encode(Hello("stuck-test"))],
+                    timeout=10)
+        assert reply is not None and isinstance(decode(reply), Welcome)
+
         # Two signals sent back to back may reach Python's handler as one: keep sending
         # until it stops (before the fix no number of them stopped it).
         def stopped() -> bool:

@@ -10,7 +10,6 @@ import pytest
 
 import feedmux
 from feedmux.client.remote import RemoteLoader, fetch_stats
-from tests.integration.conftest import Endpoints
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,17 +27,17 @@ def keys(tmp_path: Path, spawn: Any) -> Path:
     return tmp_path
 
 
-def test_known_clients_get_data_and_others_do_not(spawn: Any, endpoints: Endpoints,
+def test_known_clients_get_data_and_others_do_not(serve: Any,
                                                   keys: Path) -> None:
-    spawn("serve", f"{SAMPLER}:numbered", "--curve-secret", str(keys / "server.key_secret"),
-          "--curve-clients", str(keys / "allowed"), *endpoints.args())
+    server = serve(f"{SAMPLER}:numbered", "--curve-secret", str(keys / "server.key_secret"),
+          "--curve-clients", str(keys / "allowed"))
     server_key = str(keys / "server.key")
-    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20,
+    with RemoteLoader(server.data, control=server.control, timeout=20,
                       curve_server_key=server_key,
                       curve_certificate=str(keys / "trainer.key_secret")) as loader:
         ids = {int(next(loader)["id"]) for _ in range(200)}
     assert ids == set(range(200))
-    stats = fetch_stats(endpoints.control, timeout=5, curve_server_key=server_key,
+    stats = fetch_stats(server.control, timeout=5, curve_server_key=server_key,
                         curve_certificate=str(keys / "trainer.key_secret"))
     assert stats["samples_sent"] >= 200
     strangers = [
@@ -48,23 +47,23 @@ def test_known_clients_get_data_and_others_do_not(spawn: Any, endpoints: Endpoin
         {"curve_server_key": server_key},  # a fresh key pair
     ]
     for options in strangers:
-        with RemoteLoader(endpoints.data, control=endpoints.control, timeout=1.0,
+        with RemoteLoader(server.data, control=server.control, timeout=1.0,
                           **options) as loader, pytest.raises(feedmux.TransportTimeoutError):
             next(loader)
     with pytest.raises(feedmux.TransportTimeoutError):
-        fetch_stats(endpoints.control, timeout=1.0)
+        fetch_stats(server.control, timeout=1.0)
 
 
 def test_without_a_client_list_any_client_with_the_server_key_gets_in(
-    spawn: Any, endpoints: Endpoints, keys: Path
+    serve: Any, keys: Path
 ) -> None:
-    server = spawn("serve", f"{SAMPLER}:numbered", "--epochs", "1",
-                   "--curve-secret", str(keys / "server.key_secret"), *endpoints.args())
-    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=20,
+    server = serve(f"{SAMPLER}:numbered", "--epochs", "1",
+                   "--curve-secret", str(keys / "server.key_secret"))
+    with RemoteLoader(server.data, control=server.control, timeout=20,
                       curve_server_key=str(keys / "server.key")) as loader:
         assert sorted(int(s["id"]) for s in loader) == list(range(200))
     assert server.wait(timeout=20) == 0
-    assert "any client that knows the server's public key" in server.stderr.read()
+    assert "any client that knows the server's public key" in server.stderr
 
 
 def test_bad_key_arguments_are_named(keys: Path) -> None:

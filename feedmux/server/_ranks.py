@@ -1,0 +1,100 @@
+"""Who holds which rank of a data-parallel job: the admission rules of ranked trainers.
+
+This module owns the server's delivery mode as the trainers' hellos reveal it
+(free trainers, or ``n`` ranked trainers), the table of rank holders, and the
+checks a newcomer must pass: a rank inside ``[0, n)``, the same ``n`` as the
+ranks already known, no second live holder of a rank, no free trainer on a
+ranked server and no ranked one on a free server. It is pure (time and
+liveness are passed in) and must never send anything: the control core turns
+its answers into messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from feedmux.protocol import Hello
+
+__all__ = ["RANK_TAKEN", "RankTable"]
+
+#: The error type a newcomer gets while another live trainer holds its rank; the
+#: loader retries its hello for a while, as the holder may be a crashed predecessor.
+RANK_TAKEN = "feedmux.errors.RankTakenError"
+#: The error type of every other refused hello.
+RANK_REFUSED = "feedmux.errors.ConfigurationError"
+
+
+class RankTable:
+    """The delivery mode and the holder (a control identity) of each rank.
+
+    ``world_size`` is None until the first trainer's hello, then 0 for free
+    trainers or ``n`` for a job of ``n`` ranks; it stays for the run.
+
+    Examples
+    --------
+    >>> table = RankTable()
+    >>> table.admit(b"a", Hello("a", world_size=2, rank=0), alive=lambda identity: True)
+    >>> table.missing()
+    [1]
+    >>> refused = table.admit(b"b", Hello("b", world_size=3, rank=1), alive=lambda i: True)
+    >>> refused[1]
+    'expected world_size 2 (the ranks already connected), got world_size 3 from rank 1'
+    """
+
+    def __init__(self) -> None:
+        self.world_size: int | None = None
+        #: rank -> (control identity, client id) of its holder
+        self.holders: dict[int, tuple[bytes, str]] = {}
+
+    @property
+    def ranked(self) -> bool:
+        return bool(self.world_size)
+
+    def admit(self, identity: bytes, hello: Hello,
+              alive: Callable[[bytes], bool]) -> tuple[str, str] | None:
+        """Admit the trainer behind ``hello``; ``(error type, message)`` when it is refused."""
+        rank, size = hello.rank, hello.world_size
+        if rank < 0:
+            if self.ranked:
+                return RANK_REFUSED, (
+                    f"this server deals to {self.world_size} ranked trainers: expected a "
+                    f"RemoteLoader with rank= and world_size={self.world_size}, got a free "
+                    f"trainer (no rank)"
+                )
+            self.world_size = 0
+            return None
+        if not 0 <= rank < size:
+            return RANK_REFUSED, f"expected rank in [0, {size}) for world_size {size}, got {rank}"
+        if self.world_size == 0:
+            return RANK_REFUSED, (
+                f"this server deals to free trainers: expected a RemoteLoader without rank, "
+                f"got rank {rank} of world_size {size}"
+            )
+        if self.world_size is not None and size != self.world_size:
+            return RANK_REFUSED, (
+                f"expected world_size {self.world_size} (the ranks already connected), "
+                f"got world_size {size} from rank {rank}"
+            )
+        holder = self.holders.get(rank)
+        if holder is not None and holder[0] != identity and alive(holder[0]):
+            return RANK_TAKEN, (
+                f"rank {rank} is held by live trainer {holder[1]}: expected a free rank, "
+                f"got rank {rank} again from trainer {hello.client_id}"
+            )
+        self.world_size = size
+        self.holders[rank] = (identity, hello.client_id)
+        return None
+
+    def holder(self, rank: int) -> tuple[bytes, str] | None:
+        """(control identity, client id) of the holder of ``rank``, or None."""
+        return self.holders.get(rank)
+
+    def release(self, identity: bytes) -> None:
+        """``identity`` is gone: its rank waits for a successor."""
+        for rank, holder in list(self.holders.items()):
+            if holder[0] == identity:
+                del self.holders[rank]
+
+    def missing(self) -> list[int]:
+        """The ranks nobody holds (all of them before the first ranked hello)."""
+        return [rank for rank in range(self.world_size or 0) if rank not in self.holders]
