@@ -89,7 +89,11 @@ def _valid_messages() -> list[list[bytes]]:
     tags = np.array([[1, 0], [1, 1]], dtype=np.int64)
     data = Data(tags=tags, samples=[{"x": np.arange(4)}, {"x": np.zeros(70_000, np.uint8)}])
     messages = [Hello("fuzz"), Heartbeat("fuzz", 3), StatsRequest("fuzz"),
-                Credit(credits=4, client_id="fuzz"), Ack(seqs=[1, 2, 3]), data]
+                Credit(credits=4, client_id="fuzz"), Ack(seqs=[1, 2, 3]), data,
+                # ranked delivery's forms: a rank's hello, a hand-out mark (rank or seqs)
+                Hello("fuzz", world_size=2, rank=1),
+                Ack(client_id="fuzz", server_id="s", rank=0, epoch=1, position=3),
+                Ack(seqs=[1], client_id="fuzz", epoch=1, position=3)]
     return [[bytes(frame) for frame in encode(message)] for message in messages]
 
 

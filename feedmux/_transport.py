@@ -22,11 +22,13 @@ from feedmux.protocol import Message, encode
 
 __all__ = [
     "CONTROL_FRAME_BYTES",
+    "CONTROL_INBOUND_FRAME_BYTES",
     "CONTROL_RCVHWM",
+    "DATA_INBOUND_FRAME_BYTES",
+    "DATA_RCVHWM",
     "DEFAULT_BIND",
     "DEFAULT_HWM",
     "HEARTBEAT_INTERVAL",
-    "RELIABLE_INBOUND_FRAME_BYTES",
     "check_port",
     "bind",
     "bound_address",
@@ -46,17 +48,32 @@ DEFAULT_HWM = 8
 #: Seconds between application heartbeats (trainer -> server) and between ZMTP pings.
 HEARTBEAT_INTERVAL = 1.0
 
-#: Largest frame a control socket accepts, either way (libzmq's ``MAXMSGSIZE`` is per
+#: Largest frame a loader's control socket accepts (libzmq's ``MAXMSGSIZE`` is per
 #: frame and drops the connection of a peer that exceeds it before anything reaches
-#: Python). Control messages are a few hundred bytes; a server's Error carries a
-#: traceback of a few KiB at most (the server cuts it to fit, see ``error_message``).
+#: Python): a server's Error carries a traceback of a few KiB at most (the server cuts
+#: it to fit, see ``error_message``), its statistics a few KiB.
 CONTROL_FRAME_BYTES = 64 * 1024
-#: Control messages queued per peer on a receiving control socket: with the frame limit
-#: this bounds what one connection can park in libzmq to about this many messages.
-CONTROL_RCVHWM = 64
-#: Largest frame the server's reliable data socket accepts: trainers send only credit
-#: and acknowledgements there, each well under a KiB.
-RELIABLE_INBOUND_FRAME_BYTES = 64 * 1024
+#: Largest frame the server's control socket accepts: hello, heartbeat, statistics
+#: request and acknowledgement are a few hundred bytes (a client id is at most
+#: ``MAX_CLIENT_ID`` characters).
+CONTROL_INBOUND_FRAME_BYTES = 8 * 1024
+#: Control messages queued per peer on the server's control socket: with the frame
+#: limit, what one connection can park in libzmq (8 MiB). A loader's acknowledging
+#: thread sends up to 200 a second while the server may be busy in a slow streamer: a
+#: queue that fills stops libzmq reading that connection, and ZMTP heartbeats then
+#: drop it after a few seconds, so this leaves about five seconds of room.
+CONTROL_RCVHWM = 1024
+#: Largest frame the server's data socket accepts: trainers send only credit and
+#: acknowledgements there (reliable mode), each well under a KiB, and nothing at all
+#: in plain mode.
+DATA_INBOUND_FRAME_BYTES = 16 * 1024
+#: Messages queued per trainer on the server's data socket: a reliable trainer sends
+#: at most one acknowledgement per message it was granted (at most ``MAX_CREDIT``,
+#: 256) and a credit grant now and then before the server reads them (5 MiB a
+#: connection at most, with the frame limit).
+DATA_RCVHWM = 320
+#: Longest client id a loader may use (it travels in every hello and acknowledgement).
+MAX_CLIENT_ID = 1024
 
 _TCP = re.compile(r"^tcp://(?P<host>.+):(?P<port>\d+)$")
 

@@ -31,6 +31,7 @@ from feedmux._transport import (
     CONTROL_FRAME_BYTES,
     DEFAULT_HWM,
     HEARTBEAT_INTERVAL,
+    MAX_CLIENT_ID,
     control_address_for,
     make_socket,
     readable,
@@ -160,7 +161,7 @@ class RemoteLoader:
     ) -> None:
         addresses, controls = _endpoints(address, control)
         _check_settings(timeout=timeout, world_size=world_size, hwm=hwm, rank=rank,
-                        reliable=reliable)
+                        reliable=reliable, client_id=client_id)
         self.rank = rank
         self.addresses = addresses
         self.timeout = timeout
@@ -482,7 +483,7 @@ def _endpoints(
 
 
 def _check_settings(*, timeout: float | None, world_size: int, hwm: int, rank: int | None,
-                    reliable: bool) -> None:
+                    reliable: bool, client_id: str | None) -> None:
     if timeout is not None and not timeout > 0:
         raise ConfigurationError(f"expected timeout None or > 0 seconds, got {timeout!r}")
     if not (isinstance(world_size, int) and world_size >= 1):
@@ -497,6 +498,11 @@ def _check_settings(*, timeout: float | None, world_size: int, hwm: int, rank: i
     if rank is not None and reliable:
         raise ConfigurationError("expected reliable=False with rank= (ranked delivery is "
                                  "plain), got reliable=True")
+    if client_id is not None and not (isinstance(client_id, str)
+                                      and len(client_id) <= MAX_CLIENT_ID):
+        raise ConfigurationError(f"expected client_id a str of at most {MAX_CLIENT_ID} "
+                                 f"characters, got {type(client_id).__name__} of "
+                                 f"{len(str(client_id))} characters")
 
 
 def _open_sockets(

@@ -143,6 +143,8 @@ class ControlCore:
         """A decoded control message from ``identity``."""
         self._last_heard = now
         if isinstance(message, Ack) and message.rank >= 0:
+            if not self.ranks.dealt(message.rank):
+                return NO_SENDS  # not a rank of this job (or not a ranked server)
             # A ranked trainer's hand-out mark, from a socket that reads nothing: no answer.
             # It is also the sign of life of the rank's holder (sent from the loader's thread).
             holder = self.ranks.holder(message.rank)

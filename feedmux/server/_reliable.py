@@ -131,16 +131,19 @@ class ReliableLedger:
 
         These come from the trainer's acknowledging thread, over the control
         socket, every few ms; an acknowledgement of a message already
-        acknowledged whole (or re-sent) finds nothing and is ignored.
+        acknowledged whole (or re-sent) finds nothing and is ignored. Only the
+        sender's own messages (by its client id) are marked: anyone can reach the
+        control port, and a mark on another trainer's message would cut what is
+        re-sent when that trainer goes.
         """
         mark = (message.epoch, message.position)
-        for seq in message.seqs:
-            for peer in self.peers.values():
+        for peer in self.peers.values():
+            if peer.client_id != message.client_id:
+                continue
+            for seq in message.seqs:
                 pending = peer.unacked.get(seq)
-                if pending is not None:
-                    if pending.handed is None or mark > pending.handed:
-                        pending.handed = mark
-                    break
+                if pending is not None and (pending.handed is None or mark > pending.handed):
+                    pending.handed = mark
 
     def pick(self) -> bytes | None:
         """The trainer with the most credit left (spreads load across trainers), or None.

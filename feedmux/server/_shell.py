@@ -22,9 +22,10 @@ import zmq
 from feedmux._handshake import HandshakeLogger
 from feedmux._security import ServerCurve
 from feedmux._transport import (
-    CONTROL_FRAME_BYTES,
+    CONTROL_INBOUND_FRAME_BYTES,
     CONTROL_RCVHWM,
-    RELIABLE_INBOUND_FRAME_BYTES,
+    DATA_INBOUND_FRAME_BYTES,
+    DATA_RCVHWM,
     bind,
     make_socket,
     readable,
@@ -44,7 +45,7 @@ __all__ = ["Endpoints", "MAX_CONTROL_BYTES"]
 log = logging.getLogger("feedmux.server")
 
 #: Control frames larger than this are refused by ZeroMQ before reaching Python.
-MAX_CONTROL_BYTES = CONTROL_FRAME_BYTES
+MAX_CONTROL_BYTES = CONTROL_INBOUND_FRAME_BYTES
 
 
 class StopFlag(Protocol):
@@ -106,17 +107,19 @@ class Endpoints:
             # Credit bounds each trainer's queue, so the socket's own limit only has to
             # stay out of the way; with queues that never fill, ZMTP heartbeats are safe.
             self.data = make_socket(self.context, zmq.ROUTER, hwm=100_000, security=security,
-                                    max_message_bytes=RELIABLE_INBOUND_FRAME_BYTES)
+                                    max_message_bytes=DATA_INBOUND_FRAME_BYTES)
             self.data.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.reliable = ReliableDispatch(self.data, config.server_id)
         else:
             # A ROUTER, so that the core can address a message: to a rank, or to the next
             # free trainer whose queue has room (an addressed send fails instead of blocking).
+            # Trainers send nothing here: what a peer sends waits unread, bounded below.
             self.data = make_socket(self.context, zmq.ROUTER, hwm=config.hwm, heartbeats=False,
-                                    security=security)
+                                    security=security, max_message_bytes=DATA_INBOUND_FRAME_BYTES)
             self.data.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.data.rcvhwm = DATA_RCVHWM
         self.control = make_socket(
-            self.context, zmq.ROUTER, hwm=1000, max_message_bytes=CONTROL_FRAME_BYTES,
+            self.context, zmq.ROUTER, hwm=1000, max_message_bytes=CONTROL_INBOUND_FRAME_BYTES,
             security=security,
         )
         self.control.rcvhwm = CONTROL_RCVHWM
@@ -209,7 +212,7 @@ class Endpoints:
     def _replay_ranks(self) -> None:
         """Hand over every rank taken over since the last look (also with no new data)."""
         core = self.core
-        for rank in range(core.ranks.world_size or 0):
+        for rank in list(core.ranks.holders):  # not range(world_size): a peer chose that
             target = core.rank_target(rank)
             if target is not None and core.retention.pending(rank, target):
                 self._replay(rank, target)

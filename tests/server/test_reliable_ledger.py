@@ -75,3 +75,15 @@ def test_unacknowledged_bytes_are_capped_across_trainers() -> None:
     assert ledger.pick() == b"a"
     ledger.lose(b"b")  # what b held goes to the re-send queue, no longer counted as held
     assert ledger.unacked_bytes == 0 and len(ledger.resend) == 1
+
+
+def test_a_hand_out_mark_counts_only_for_the_sender_s_own_messages() -> None:
+    ledger = ReliableLedger()
+    ledger.take(b"a", Credit(client_id="a", credits=2))
+    ledger.delivered(b"a", pending(1))
+    # Anyone can reach the control port: a mark naming a's message from another client
+    # would cut what is re-sent when a goes.
+    ledger.handed(Ack(seqs=[1], client_id="intruder", epoch=1, position=5))
+    assert ledger.peers[b"a"].unacked[1].handed is None
+    ledger.handed(Ack(seqs=[1], client_id="a", epoch=1, position=5))
+    assert ledger.peers[b"a"].unacked[1].handed == (1, 5)
