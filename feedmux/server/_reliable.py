@@ -214,10 +214,19 @@ def _size(frames: list[Any]) -> int:
 class ReliableDispatch:
     """Hands data messages to trainers with credit and re-sends what a lost trainer held."""
 
-    def __init__(self, socket: zmq.Socket[Any], server_id: str) -> None:
+    def __init__(self, socket: zmq.Socket[Any], server_id: str,
+                 read_marks: Callable[[], object] = lambda: None) -> None:
         self.socket = socket
         self.server_id = server_id
         self.ledger = ReliableLedger()
+        #: Reads the control socket: a trainer's last hand-out marks, sent just before it
+        #: died, must count before its messages are cut for the others.
+        self.read_marks = read_marks
+
+    def _lose(self, identity: bytes) -> None:
+        if identity in self.ledger.peers:
+            self.read_marks()
+        self.ledger.lose(identity)
 
     def serve(self) -> None:
         """Take in every credit and acknowledgement waiting on the socket."""
@@ -276,7 +285,7 @@ class ReliableDispatch:
                 flags=zmq.NOBLOCK, copy=False,
             )
         except zmq.ZMQError:
-            self.ledger.lose(identity)
+            self._lose(identity)
             return False
         self.ledger.delivered(identity, pending)
         return True
@@ -292,7 +301,7 @@ class ReliableDispatch:
             except zmq.Again:
                 pass  # its queue is full: alive, just busy
             except zmq.ZMQError:
-                self.ledger.lose(identity)
+                self._lose(identity)
 
     def broadcast(self, message: Message) -> None:
         frames = [_NO_ACK, *encode(message)]

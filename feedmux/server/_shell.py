@@ -109,7 +109,8 @@ class Endpoints:
             self.data = make_socket(self.context, zmq.ROUTER, hwm=100_000, security=security,
                                     max_message_bytes=DATA_INBOUND_FRAME_BYTES)
             self.data.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            self.reliable = ReliableDispatch(self.data, config.server_id)
+            self.reliable = ReliableDispatch(self.data, config.server_id,
+                                             lambda: self.serve_control(timeout=0))
         else:
             # A ROUTER, so that the core can address a message: to a rank, or to the next
             # free trainer whose queue has room (an addressed send fails instead of blocking).
