@@ -38,6 +38,7 @@ from feedmux.client._acks import HandOutAcks, SeenPositions, progress_of
 from feedmux.client._data import DataSockets, send_or_drop
 from feedmux.client._diagnosis import InputDiagnosis
 from feedmux.client._link import Action, Send, ServerLinks
+from feedmux.client._moves import AddressBook, Resolve
 from feedmux.errors import (
     ConfigurationError,
     RemoteError,
@@ -126,6 +127,12 @@ class RemoteLoader:
         and the fix. None turns the diagnosis off.
     diagnose_threshold : float
         The wait fraction above which a window gets that warning.
+    resolve : callable, optional
+        ``() -> [(data, control), ...]``: where the servers listen now, one pair
+        per address. Asked once a second (from the loop that reads data, never
+        per sample); a server whose pair changed (restarted elsewhere by a
+        cluster manager) is followed there and greeted again. A failing
+        resolver is logged and the known endpoints kept.
 
     Notes
     -----
@@ -133,7 +140,9 @@ class RemoteLoader:
     number of epochs and said so; otherwise it goes on forever. A server that
     restarts (a new server id) is picked up again by itself, with a warning.
     ``len()`` raises TypeError until an epoch size is known, like a torch
-    DataLoader over an IterableDataset.
+    DataLoader over an IterableDataset. A loader pickles as its arguments: the
+    copy connects in the process that iterates it (a fresh client id unless one
+    was given).
     """
 
     def __init__(
@@ -153,17 +162,12 @@ class RemoteLoader:
         curve_certificate: str | None = None,
         tune_malloc: bool = True,
         diagnose_window: float | None = 60.0, diagnose_threshold: float = 0.25,
+        resolve: Resolve | None = None,
     ) -> None:
+        self._arguments = {name: value for name, value in locals().items() if name != "self"}
         addresses, controls = _endpoints(address, control)
-        _check_settings(timeout=timeout, world_size=world_size, hwm=hwm)
-        if rank is not None and not (isinstance(rank, int) and 0 <= rank < world_size):
-            raise ConfigurationError(
-                f"expected rank an int in [0, {world_size}) for world_size {world_size}, "
-                f"got {rank!r}"
-            )
-        if rank is not None and reliable:
-            raise ConfigurationError("expected reliable=False with rank= (ranked delivery is "
-                                     "plain), got reliable=True")
+        _check_settings(timeout=timeout, world_size=world_size, hwm=hwm, rank=rank,
+                        reliable=reliable)
         self.rank = rank
         self.addresses = addresses
         self.timeout = timeout
@@ -205,6 +209,10 @@ class RemoteLoader:
         self._current: tuple[int, str, Any, int] | None = None
         self._acks: HandOutAcks | None = None
         self._seen = SeenPositions() if reliable else None
+        self._book = None if resolve is None else AddressBook(resolve)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild_loader, (self._arguments,)
 
     # -- the iterable ---------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -395,6 +403,10 @@ class RemoteLoader:
             due = links.tick(now)
             if due:
                 self._act(due)
+            if self._book is not None and self._book.due(now):
+                self._act(self._book.follow(now, links, self._data.sockets, self._control,
+                                            self._acks))
+                self.addresses = self._data.addresses = links.data_addresses
             message = self._data.receive(links)
             if message is not None:
                 self._take(message, now)
@@ -478,7 +490,20 @@ def _endpoints(
     return addresses, controls
 
 
-def _check_settings(*, timeout: float | None, world_size: int, hwm: int) -> None:
+def _rebuild_loader(arguments: dict[str, Any]) -> RemoteLoader:
+    """A fresh, unconnected loader from the arguments of a pickled one."""
+    return RemoteLoader(arguments.pop("address"), **arguments)
+
+
+def _check_settings(*, timeout: float | None, world_size: int, hwm: int, rank: int | None,
+                    reliable: bool) -> None:
+    if rank is not None and not (isinstance(rank, int) and 0 <= rank < world_size):
+        raise ConfigurationError(
+            f"expected rank an int in [0, {world_size}) for world_size {world_size}, got {rank!r}"
+        )
+    if rank is not None and reliable:
+        raise ConfigurationError("expected reliable=False with rank= (ranked delivery is "
+                                 "plain), got reliable=True")
     if timeout is not None and not timeout > 0:
         raise ConfigurationError(f"expected timeout None or > 0 seconds, got {timeout!r}")
     if not (isinstance(world_size, int) and world_size >= 1):
