@@ -65,9 +65,10 @@ class SamplerServer:
     ``start_timeout`` seconds.
     """
 
-    def __init__(self, source: Any, index: int, count: int, registry_name: str,
+    def __init__(self, source_box: list[Any], index: int, count: int, registry_name: str,
                  options: Mapping[str, Any], start_timeout: float) -> None:
         options = dict(options)
+        source = ray.get(source_box[0])  # the fleet keeps the source in the object store
         streamer = resolve_source(source, options.pop("factory_kwargs", None))
         host = ray.util.get_node_ip_address()
         self.index = index

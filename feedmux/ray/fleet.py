@@ -135,6 +135,9 @@ class SamplerFleet:
         self._finalizer = weakref.finalize(self, _stop_fleet, self._servers, self._registry,
                                            self._group)
         options = {"workers": workers_per_server, "epochs": epochs, **server_options}
+        # Held here for the fleet's life: Ray re-reads a restarted actor's arguments, so the
+        # source must not leave the object store (passed boxed, so the actor gets the ref).
+        self._source = ray.put(source)
         try:
             ray.get(self._group.ready(), timeout=start_timeout)
             for index in range(num_servers):
@@ -143,7 +146,7 @@ class SamplerFleet:
                 self._servers.append(_ServerActor.options(
                     num_cpus=num_cpus, max_restarts=max_restarts, max_task_retries=1,
                     scheduling_strategy=strategy_of,
-                ).remote(source, index, num_servers, self.registry_name, options,
+                ).remote([self._source], index, num_servers, self.registry_name, options,
                          start_timeout))
             ray.get([server.endpoints.remote() for server in self._servers],
                     timeout=start_timeout)

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 import ray
 from ray import cloudpickle
@@ -51,10 +52,20 @@ def cluster() -> Iterator[Cluster]:
         nodes.shutdown()
 
 
-def exhaustive_source(streamers: int, items: int, seed: int = 7) -> StochasticMux:
-    """Values ``0 .. streamers * items - 1``, every one once per epoch (exhaustive mode)."""
+def exhaustive_source(streamers: int, items: int, seed: int = 7,
+                      payload_bytes: int = 0) -> StochasticMux:
+    """Values ``0 .. streamers * items - 1``, every one once per epoch (exhaustive mode).
+
+    With ``payload_bytes``, each sample is ``{"value": v, "payload": array}``: large
+    enough that the sockets' buffers fill and the server waits for its trainers.
+    """
+    def sample(value: int) -> Any:
+        return {"value": value, "payload": np.zeros(payload_bytes, np.uint8)} if payload_bytes \
+            else value
+
     return StochasticMux(
-        [Streamer(list(range(index * items, (index + 1) * items))) for index in range(streamers)],
+        [Streamer([sample(value) for value in range(index * items, (index + 1) * items)])
+         for index in range(streamers)],
         n_active=2, rate=None, mode="exhaustive", random_state=seed,
     )
 
@@ -69,6 +80,7 @@ def read_all(loader: Any, step_seconds: float = 0.0) -> list[tuple[str, int, int
     seen = []
     with loader:
         for meta, value in loader:
+            value = value["value"] if isinstance(value, dict) else value
             seen.append((meta.server_id, meta.epoch, meta.position, int(value)))
             if step_seconds:
                 time.sleep(step_seconds)
