@@ -10,4 +10,4 @@ from __future__ import annotations
 
 import importlib.util
 
-collect_ignore_glob = [] if importlib.util.find_spec("ray") else ["feedmux/ray/*", "tests/ray/*"]
+collect_ignore = [] if importlib.util.find_spec("ray") else ["feedmux/ray", "tests/ray"]
