@@ -22,6 +22,7 @@ took, so that a sample dealt to it twice is handed out once.
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 import weakref
@@ -31,6 +32,7 @@ from typing import Any
 import zmq
 
 from feedmux._transport import CONTROL_FRAME_BYTES, HEARTBEAT_INTERVAL, make_socket, send_message
+from feedmux.client._moves import reconnect
 from feedmux.protocol import Ack
 
 __all__ = ["ACK_INTERVAL", "HandOutAcks", "Progress", "SeenPositions", "progress_of"]
@@ -59,6 +61,8 @@ class HandOutAcks:
         self._security = security
         self._stop = threading.Event()
         self._pid = os.getpid()
+        #: Control endpoints that moved (a restarted server elsewhere): (link number, address).
+        self._moves: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()
         #: The last mark sent: (server id, epoch, position).
         self.sent: tuple[str, int, int] | None = None
         self._last_sent = -HEARTBEAT_INTERVAL
@@ -75,6 +79,7 @@ class HandOutAcks:
             for socket, address in zip(sockets, self._addresses, strict=True):
                 socket.connect(address)
             while not self._stop.wait(ACK_INTERVAL):
+                self._follow_moves(sockets)
                 if not self._send(sockets):
                     break
             self._send(sockets)  # the last word: what was handed out up to the close
@@ -82,6 +87,17 @@ class HandOutAcks:
             for socket in sockets:
                 socket.close(linger=200)
             context.term()
+
+    def move(self, link: int, address: str) -> None:
+        """The server of link ``link`` now listens on control endpoint ``address``."""
+        self._moves.put((link, address))
+
+    def _follow_moves(self, sockets: list[Any]) -> None:
+        while not self._moves.empty():
+            link, address = self._moves.get()
+            if address != self._addresses[link]:
+                reconnect(sockets[link], self._addresses[link], address)
+                self._addresses[link] = address
 
     def _send(self, sockets: list[Any]) -> bool:
         try:

@@ -223,8 +223,11 @@ class ServerLinks:
     # -- events ---------------------------------------------------------------------------
     def hello(self) -> list[Action]:
         """Introduce this trainer to every server (on connecting, and to a new server)."""
-        hello = Hello(client_id=self.client_id, world_size=self.world_size, rank=self.rank)
+        hello = self._hello()
         return [Send(index, hello) for index in range(len(self.links))]
+
+    def _hello(self) -> Hello:
+        return Hello(client_id=self.client_id, world_size=self.world_size, rank=self.rank)
 
     def control(self, index: int, message: Message) -> list[Action]:
         """A control message from the server of link ``index``; raises a server's error."""
@@ -252,6 +255,15 @@ class ServerLinks:
                 return []
             raise link.error(message)
         return []
+
+    def move(self, index: int, data_address: str, control_address: str) -> list[Action]:
+        """The server of link ``index`` now listens on these endpoints: say hello there."""
+        link = self.links[index]
+        log.warning("server %s moved: data %s, control %s (was %s, %s)", link.server_id or "?",
+                    data_address, control_address, link.data_address, link.control_address)
+        link.data_address, link.control_address = data_address, control_address
+        self._refused.pop(index, None)
+        return [Send(index, self._hello())]
 
     def data_end_of_stream(self, index: int, server_id: str) -> None:
         """Reliable mode: an end of stream on the data socket of link ``index``."""
@@ -288,7 +300,7 @@ class ServerLinks:
         if now - self._last_heartbeat < self.heartbeat_interval:
             return ()
         self._last_heartbeat = now
-        hello = Hello(client_id=self.client_id, world_size=self.world_size, rank=self.rank)
+        hello = self._hello()
         return [
             Send(index, hello) if index in self._refused else
             Send(index, Heartbeat(sender_id=self.client_id,
@@ -318,6 +330,11 @@ class ServerLinks:
     def finished(self) -> bool:
         """Whether every server said its stream has ended."""
         return all(link.finished for link in self.links)
+
+    @property
+    def data_addresses(self) -> list[str]:
+        """The data endpoint of each server, in link order (where it listens now)."""
+        return [link.data_address for link in self.links]
 
     @property
     def server_ids(self) -> list[str]:

@@ -41,6 +41,7 @@ from feedmux.client._acks import HandOutAcks, SeenPositions, progress_of
 from feedmux.client._data import DataSockets, send_or_drop
 from feedmux.client._diagnosis import InputDiagnosis
 from feedmux.client._link import Action, Send, ServerLinks
+from feedmux.client._moves import AddressBook, Resolve
 from feedmux.errors import (
     ConfigurationError,
     RemoteError,
@@ -131,6 +132,12 @@ class RemoteLoader:
         and the fix. None turns the diagnosis off.
     diagnose_threshold : float
         The wait fraction above which a window gets that warning.
+    resolve : callable, optional
+        ``() -> [(data, control), ...]``: where the servers listen now, one pair
+        per address. Asked once a second (from the loop that reads data, never
+        per sample); a server whose pair changed (restarted elsewhere by a
+        cluster manager) is followed there and greeted again. A failing
+        resolver is logged and the known endpoints kept.
 
     Notes
     -----
@@ -138,7 +145,9 @@ class RemoteLoader:
     number of epochs and said so; otherwise it goes on forever. A server that
     restarts (a new server id) is picked up again by itself, with a warning.
     ``len()`` raises TypeError until an epoch size is known, like a torch
-    DataLoader over an IterableDataset.
+    DataLoader over an IterableDataset. A loader pickles as its arguments: the
+    copy connects in the process that iterates it (a fresh client id unless one
+    was given).
     """
 
     def __init__(
@@ -158,7 +167,9 @@ class RemoteLoader:
         curve_certificate: str | None = None,
         tune_malloc: bool = True,
         diagnose_window: float | None = 60.0, diagnose_threshold: float = 0.25,
+        resolve: Resolve | None = None,
     ) -> None:
+        self._arguments = {name: value for name, value in locals().items() if name != "self"}
         addresses, controls = _endpoints(address, control)
         _check_settings(timeout=timeout, world_size=world_size, hwm=hwm, rank=rank,
                         reliable=reliable, client_id=client_id)
@@ -204,6 +215,10 @@ class RemoteLoader:
         self._current: tuple[int, str, Any, int] | None = None
         self._acks: HandOutAcks | None = None
         self._seen = SeenPositions() if reliable else None
+        self._book = None if resolve is None else AddressBook(resolve)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild_loader, (self._arguments,)
 
     # -- the iterable ---------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -312,28 +327,14 @@ class RemoteLoader:
         service does); the state records where this trainer was so a resumed run
         can tell which epoch it is in.
         """
-        meta = self.last_meta
-        return {
-            "addresses": list(self.addresses),
-            "server_ids": self.server_ids,
-            "last_epoch": None if meta is None else meta.epoch,
-            "last_position": None if meta is None else meta.position,
-            "last_server_id": None if meta is None else meta.server_id,
-            "received_messages": dict(self._links.received),
-        }
+        return _state_of(self.addresses, self.server_ids, self.last_meta,
+                         dict(self._links.received))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved (the last sample seen)."""
-        missing = {"last_epoch", "last_position", "last_server_id"} - set(state)
-        if missing:
-            raise StreamValueError(
-                f"RemoteLoader state lacks {sorted(missing)}; got keys {sorted(state)}"
-            )
-        if state["last_epoch"] is not None:
-            self._last = SampleMeta(
-                int(state["last_epoch"]), int(state["last_position"]),
-                str(state["last_server_id"]),
-            )
+        last = _restored_meta(state)
+        if last is not None:
+            self._last = last
             if self._index == 0:
                 self._tags = None
 
@@ -396,6 +397,10 @@ class RemoteLoader:
             due = links.tick(now)
             if due:
                 self._act(due)
+            if self._book is not None and self._book.due(now):
+                self._act(self._book.follow(now, links, self._data.sockets, self._control,
+                                            self._acks))
+                self.addresses = self._data.addresses = links.data_addresses
             message = self._data.receive(links)
             if message is not None:
                 self._take(message, now)
@@ -480,6 +485,37 @@ def _endpoints(
             f"got {len(controls)}: {controls!r}"
         )
     return addresses, controls
+
+
+def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | None,
+              received: dict[str, int]) -> dict[str, Any]:
+    """RemoteLoader.state_dict's plain data."""
+    return {
+        "addresses": list(addresses),
+        "server_ids": server_ids,
+        "last_epoch": None if meta is None else meta.epoch,
+        "last_position": None if meta is None else meta.position,
+        "last_server_id": None if meta is None else meta.server_id,
+        "received_messages": received,
+    }
+
+
+def _restored_meta(state: dict[str, Any]) -> SampleMeta | None:
+    """The last sample a saved RemoteLoader state records, checked."""
+    missing = {"last_epoch", "last_position", "last_server_id"} - set(state)
+    if missing:
+        raise StreamValueError(
+            f"RemoteLoader state lacks {sorted(missing)}; got keys {sorted(state)}"
+        )
+    if state["last_epoch"] is None:
+        return None
+    return SampleMeta(int(state["last_epoch"]), int(state["last_position"]),
+                      str(state["last_server_id"]))
+
+
+def _rebuild_loader(arguments: dict[str, Any]) -> RemoteLoader:
+    """A fresh, unconnected loader from the arguments of a pickled one."""
+    return RemoteLoader(arguments.pop("address"), **arguments)
 
 
 def _check_settings(*, timeout: float | None, world_size: int, hwm: int, rank: int | None,

@@ -286,6 +286,13 @@ class Server:
             finally:
                 pool.stop()
 
+    def request_stop(self) -> None:
+        """Ask a server that ``run()`` serves in another thread of this process to stop.
+
+        It stops as on SIGTERM: its loops see the request within a poll period.
+        """
+        self._stop.set()
+
     # -- running in the background ------------------------------------------------------------
     def start(self, timeout: float = START_TIMEOUT) -> Server:
         """Run the server in a background process (forked); return self once it has bound.
