@@ -159,6 +159,9 @@ class ServerLinks:
         This trainer's id, sent in its hellos and heartbeats.
     world_size : int
         Trainers sharing the stream (sent in the hello).
+    group : str
+        This trainer's consumer group ("" : the default group), sent in its
+        hellos and heartbeats.
     reliable : bool
         Whether this trainer expects reliable delivery.
     timeout : float, optional
@@ -172,13 +175,13 @@ class ServerLinks:
     >>> links = ServerLinks(["tcp://h:1"], ["tcp://h:2"], client_id="t", world_size=1,
     ...                     reliable=False, timeout=None, heartbeat_interval=1.0)
     >>> [action.message for action in links.hello()]
-    [Hello(client_id='t', role='trainer', world_size=1, rank=-1)]
+    [Hello(client_id='t', role='trainer', world_size=1, rank=-1, group='')]
     >>> links.control(0, Welcome("s1", epoch_size=4))
     []
     >>> links.data("s1", first_epoch=1, now=0.0)
     ()
     >>> links.control(0, Drain(sent_messages=1, server_id="s1"))
-    [Send(link=0, message=Heartbeat(sender_id='t', received_messages=1))]
+    [Send(link=0, message=Heartbeat(sender_id='t', received_messages=1, group=''))]
     >>> links.control(0, EndOfStream("s1"))
     []
     >>> links.finished, len(links.links), links.epoch_size
@@ -196,12 +199,14 @@ class ServerLinks:
         timeout: float | None,
         heartbeat_interval: float,
         rank: int = -1,
+        group: str = "",
     ) -> None:
         self.links = [ServerLink(data, control)
                       for data, control in zip(data_addresses, control_addresses, strict=True)]
         self.client_id = client_id
         self.world_size = world_size
         self.rank = rank
+        self.group = group
         self.reliable = reliable
         self.timeout = timeout
         self.heartbeat_interval = heartbeat_interval
@@ -215,7 +220,8 @@ class ServerLinks:
     # -- events ---------------------------------------------------------------------------
     def hello(self) -> list[Action]:
         """Introduce this trainer to every server (on connecting, and to a new server)."""
-        hello = Hello(client_id=self.client_id, world_size=self.world_size, rank=self.rank)
+        hello = Hello(client_id=self.client_id, world_size=self.world_size, rank=self.rank,
+                      group=self.group)
         return [Send(index, hello) for index in range(len(self.links))]
 
     def control(self, index: int, message: Message) -> list[Action]:
@@ -229,6 +235,7 @@ class ServerLinks:
             return [Send(index, Heartbeat(
                 sender_id=self.client_id,
                 received_messages=self.received.get(message.server_id, 0),
+                group=self.group,
             ))]
         if isinstance(message, EndOfStream):
             link.end_of_stream(message.server_id)
@@ -271,7 +278,8 @@ class ServerLinks:
         self._last_heartbeat = now
         return [
             Send(index, Heartbeat(sender_id=self.client_id,
-                                  received_messages=self.received.get(link.server_id, 0)))
+                                  received_messages=self.received.get(link.server_id, 0),
+                                  group=self.group))
             for index, link in enumerate(self.links)
         ]
 

@@ -100,6 +100,11 @@ class RemoteLoader:
         the server's ``uneven``), so every rank's ``iter_epoch()`` ends on the
         same step and ``len(loader)`` is the steps per epoch. None: a free
         trainer, dealt whatever it has room for.
+    group : str, optional
+        This trainer's consumer group, on a server started with ``group_buffer``
+        (``--group-buffer``): every group receives the whole stream, every epoch
+        complete, and the trainers of one group split it (``world_size`` is then
+        the number of trainers in the group). None: the default group.
     with_meta : bool
         Yield ``(SampleMeta, sample)`` pairs instead of bare samples.
     max_message_bytes : int
@@ -140,6 +145,7 @@ class RemoteLoader:
         hwm: int = DEFAULT_HWM,
         world_size: int = 1,
         rank: int | None = None,
+        group: str | None = None,
         with_meta: bool = False,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         client_id: str | None = None,
@@ -155,10 +161,13 @@ class RemoteLoader:
                 f"expected rank an int in [0, {world_size}) for world_size {world_size}, "
                 f"got {rank!r}"
             )
+        if group is not None and not (isinstance(group, str) and group):
+            raise ConfigurationError(f"expected group a non-empty str or None, got {group!r}")
         if rank is not None and reliable:
             raise ConfigurationError("expected reliable=False with rank= (ranked delivery is "
                                      "plain), got reliable=True")
         self.rank = rank
+        self.group = group
         self.addresses = addresses
         self.timeout = timeout
         self.hwm = hwm
@@ -174,7 +183,8 @@ class RemoteLoader:
         self.client_id = client_id or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._links = ServerLinks(
             addresses, controls, client_id=self.client_id, world_size=world_size,
-            rank=-1 if rank is None else rank, reliable=reliable, timeout=timeout,
+            rank=-1 if rank is None else rank, group=group or "", reliable=reliable,
+            timeout=timeout,
             heartbeat_interval=HEARTBEAT_INTERVAL,
         )
         # Reliable mode: (link number, sequence number) of the message being handed out.

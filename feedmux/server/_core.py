@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from feedmux._transport import HEARTBEAT_INTERVAL
@@ -37,6 +37,7 @@ from feedmux.protocol import (
     StatsRequest,
     Welcome,
 )
+from feedmux.server._groups import DEFAULT_GROUP
 from feedmux.server._producer import error_message
 from feedmux.server._ranks import RankTable
 from feedmux.server.config import ServerConfig
@@ -85,6 +86,7 @@ class _Trainer:
     last_seen: float
     received_messages: int = 0
     rank: int = -1
+    group: str = DEFAULT_GROUP
 
 
 class ControlCore:
@@ -95,7 +97,7 @@ class ControlCore:
     """
 
     def __init__(self, config: ServerConfig, started: float, pid: int = 0,
-                 extra_stats: Callable[[], dict[str, int]] | None = None) -> None:
+                 extra_stats: Callable[[], Mapping[str, Stat]] | None = None) -> None:
         self.config = config
         self.pid = pid
         self.extra_stats = extra_stats
@@ -141,7 +143,8 @@ class ControlCore:
                 # A ranked trainer is known by its hello alone (its rank): say it again.
                 return [(identity, self.welcome())]
             if trainer is None:
-                trainer = self.trainers[identity] = _Trainer(message.sender_id, now)
+                trainer = self.trainers[identity] = _Trainer(
+                    message.sender_id, now, group=message.group or DEFAULT_GROUP)
             trainer.last_seen = now
             trainer.received_messages = message.received_messages
             return [(identity, self.welcome())]
@@ -157,7 +160,8 @@ class ControlCore:
 
     def _hello(self, identity: bytes, message: Hello, now: float) -> Sends:
         """A trainer's hello: admit it (its rank, if any) or tell it why not."""
-        refused = self.ranks.admit(identity, message, lambda holder: self._alive(holder, now))
+        refused = self._refuse_group(message) or self.ranks.admit(
+            identity, message, lambda holder: self._alive(holder, now))
         if refused is not None:
             log.warning("refused trainer %s: %s", message.client_id, refused[1])
             sends: list[Send] = [(identity, Error(type=refused[0], message=refused[1],
@@ -168,11 +172,25 @@ class ControlCore:
                 sends.append((holder[0], self.welcome()))
             return sends
         known = identity in self.trainers
-        self.trainers[identity] = _Trainer(message.client_id, now, rank=message.rank)
+        group = message.group or DEFAULT_GROUP
+        self.trainers[identity] = _Trainer(message.client_id, now, rank=message.rank, group=group)
         if not known:
             rank = f" as rank {message.rank} of {message.world_size}" if message.rank >= 0 else ""
-            log.info("trainer %s connected%s", message.client_id, rank)
+            where = f" in group {group}" if self.config.grouped else ""
+            log.info("trainer %s connected%s%s", message.client_id, rank, where)
         return [(identity, self.welcome())]
+
+    def _refuse_group(self, message: Hello) -> tuple[str, str] | None:
+        """Why a hello's group does not fit this server, or None."""
+        if message.group and message.group != DEFAULT_GROUP and not self.config.grouped:
+            return "feedmux.errors.ConfigurationError", (
+                f"this server has no consumer groups: expected a RemoteLoader without group= "
+                f"(or a server started with --group-buffer), got group {message.group!r}")
+        if self.config.grouped and message.rank >= 0:
+            return "feedmux.errors.ConfigurationError", (
+                f"this server deals to free trainers in consumer groups: expected a "
+                f"RemoteLoader without rank=, got rank {message.rank} of {message.world_size}")
+        return None
 
     def _alive(self, identity: bytes, now: float) -> bool:
         trainer = self.trainers.get(identity)

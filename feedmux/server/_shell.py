@@ -29,6 +29,7 @@ from feedmux._transport import (
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Error, decode
 from feedmux.server._core import ControlCore, Phase, Sends
+from feedmux.server._fanout import GroupFanout
 from feedmux.server._producer import Frames
 from feedmux.server._reliable import ReliableDispatch
 from feedmux.server.config import ServerConfig
@@ -65,6 +66,14 @@ class Endpoints:
             config, time.monotonic(), os.getpid(),
             self.reliable.ledger.stats if self.reliable is not None else None,
         )
+        #: Consumer groups: every buffered message goes to each group (None: no groups).
+        self.fanout: GroupFanout | None = None
+        if config.grouped:
+            self.fanout = GroupFanout(
+                config, self.data, self.core,
+                lambda timeout: self.serve_control(timeout, also_writable=True),
+                lambda: bool(self.stopping))
+            self.core.extra_stats = self.fanout.stats
 
     def _open_sockets(self) -> None:
         config = self.config
@@ -102,14 +111,18 @@ class Endpoints:
     def send_data(self, frames: Frames, n_samples: int, epoch: int, rank: int = -1) -> bool:
         """Send one data message (to ``rank``, or -1: any free trainer), serving control
         meanwhile; False if the server is stopping."""
-        if self.reliable is not None:
-            sent = self.reliable.send(list(frames), n_samples, epoch, self._wait_reliable)
-        else:
-            sent = self._push(frames, rank)
-        if not sent:
-            return False
         core = self.core
-        core.data_sent(n_samples, epoch)
+        if self.fanout is not None:  # counts each delivery to a group itself
+            if not self.fanout.send(frames, n_samples, epoch):
+                return False
+        elif self.reliable is not None:
+            if not self.reliable.send(list(frames), n_samples, epoch, self._wait_reliable):
+                return False
+            core.data_sent(n_samples, epoch)
+        else:
+            if not self._push(frames, rank):
+                return False
+            core.data_sent(n_samples, epoch)
         if readable(self.control):
             self.serve_control(timeout=0)
         core.tick(time.monotonic())  # sampling: at most a throughput log line, never a send
@@ -220,11 +233,15 @@ class Endpoints:
         self.deliver(self.core.tick(time.monotonic()))
 
     def epoch_done(self, epoch: int, count: int) -> None:
+        if self.fanout is not None:
+            self.fanout.epoch_finished(epoch)
         self.deliver(self.core.epoch_finished(epoch, count))
 
     def finish(self) -> None:
         """The end-of-stream handshake (see :meth:`ControlCore.finish`), then the last word."""
         core = self.core
+        if self.fanout is not None:
+            self.fanout.flush(time.monotonic() + self.config.drain_timeout)
         self.deliver(core.finish(time.monotonic()))
         if self.reliable is not None:
             self._finish_reliable(core.drain_deadline)
