@@ -29,7 +29,7 @@ __all__ = ["GroupFanout"]
 
 log = logging.getLogger("feedmux.server")
 
-#: Seconds between two log lines naming the group that holds the sampler back.
+#: Seconds between two log lines naming the same group as the one holding the sampler back.
 LAG_LOG_INTERVAL = 5.0
 
 
@@ -44,8 +44,8 @@ def _nbytes(frames: Frames) -> int:
 class GroupFanout:
     """Sends one sampled stream to every consumer group of a server.
 
-    ``wait(timeout)`` serves the control socket for up to ``timeout`` seconds
-    (and returns early when the data socket can take a message); ``stopping()``
+    ``wait(timeout)`` serves the control socket for up to ``timeout`` seconds;
+    ``stopping()``
     says whether the server is shutting down.
     """
 
@@ -59,6 +59,7 @@ class GroupFanout:
         self.stopping = stopping
         self._turns: dict[str, int] = {}
         self._last_lag_log = 0.0
+        self._last_lagging: str | None = None
 
     # -- the sampler's side -----------------------------------------------------------------
     def send(self, frames: Frames, n_samples: int, epoch: int) -> bool:
@@ -75,7 +76,7 @@ class GroupFanout:
             if self.stopping():
                 return False
             self._log_lag()
-            self.wait(0.1)
+            self._wait()
         buffer.append(frames, n_samples, epoch, _nbytes(frames))
         self.pump()
         return True
@@ -90,12 +91,24 @@ class GroupFanout:
             if self.buffer.drained:
                 return True
             self._log_lag()
-            self.wait(0.1)
+            self._wait()
         lagging = self.buffer.lagging()
         if lagging is not None:
             log.warning("ending with %d buffered message(s) undelivered to group %s",
                         self.buffer.behind(lagging), lagging)
         return lagging is None
+
+    def _wait(self) -> None:
+        """Serve control while the members' queues are full.
+
+        Briefly (1 ms) while a group has a message pending for live members: a
+        ROUTER's writability says that *some* peer has room, not that this
+        group's has, so polling for it would either spin or sleep through the
+        moment a member's queue drains. Otherwise up to 0.1 s (nobody to send to).
+        """
+        pending = any(self.buffer.behind(name) and group.members
+                      for name, group in self.buffer.groups.items())
+        self.wait(0.001 if pending else 0.1)
 
     # -- delivery ---------------------------------------------------------------------------
     def pump(self) -> None:
@@ -145,9 +158,10 @@ class GroupFanout:
     def _log_lag(self) -> None:
         now = time.monotonic()
         lagging = self.buffer.lagging()
-        if lagging is None or now - self._last_lag_log < LAG_LOG_INTERVAL:
+        if lagging is None or (lagging == self._last_lagging
+                               and now - self._last_lag_log < LAG_LOG_INTERVAL):
             return
-        self._last_lag_log = now
+        self._last_lag_log, self._last_lagging = now, lagging
         log.info("group %s lags: %d message(s) behind, holding the sampler back", lagging,
                  self.buffer.behind(lagging))
 

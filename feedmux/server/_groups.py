@@ -245,7 +245,8 @@ class GroupBuffer:
             "groups": len(self.groups),
             "group_buffer_messages": len(self._messages),
             "group_buffer_bytes": self._bytes,
-            "lagging_group": self.lagging() if self.full else None,
+            "group_buffer_full": int(self.full),
+            "lagging_group": self.lagging(),
         }
         for name, group in sorted(self.groups.items()):
             key = f"group.{name}."

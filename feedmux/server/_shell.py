@@ -71,7 +71,7 @@ class Endpoints:
         if config.grouped:
             self.fanout = GroupFanout(
                 config, self.data, self.core,
-                lambda timeout: self.serve_control(timeout, also_writable=True),
+                lambda timeout: self.serve_control(timeout),
                 lambda: bool(self.stopping))
             self.core.extra_stats = self.fanout.stats
 
