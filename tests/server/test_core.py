@@ -345,3 +345,32 @@ def test_no_import_cycle_in_the_server_package() -> None:
 
     for module in imports:
         visit(module, ())
+
+
+def test_a_group_hello_records_the_group_and_a_heartbeat_restores_it() -> None:
+    core = make_core(group_buffer=8)
+    assert kinds(core.receive(A, Hello("one", group="eval"), now=1.0)) == [(A, Welcome)]
+    assert core.trainers[A].group == "eval"
+    assert kinds(core.receive(B, Hello("two"), now=1.0)) == [(B, Welcome)]
+    assert core.trainers[B].group == "default"
+    # A trainer the server lost track of comes back in its group with its next heartbeat.
+    core.receive(C, Heartbeat(sender_id="three", received_messages=2, group="eval"), now=1.0)
+    assert core.trainers[C].group == "eval"
+    core.begin()
+    core.tick(now=1.0)
+    core.tick(now=1.1)
+    assert core.phase is Phase.SAMPLING  # trainers of every group count for min_trainers
+
+
+def test_a_group_on_a_server_without_groups_is_refused_clearly() -> None:
+    core = make_core()
+    [(identity, error)] = core.receive(A, Hello("one", group="eval"), now=1.0)
+    assert identity == A and isinstance(error, Error)
+    assert "expected a RemoteLoader without group=" in error.message
+    assert "got group 'eval'" in error.message and A not in core.trainers
+
+
+def test_a_ranked_trainer_on_a_group_server_is_refused_clearly() -> None:
+    core = make_core(group_buffer=8)
+    [(_, error)] = core.receive(A, Hello("one", world_size=2, rank=0, group="g"), now=1.0)
+    assert isinstance(error, Error) and "expected a RemoteLoader without rank=" in error.message

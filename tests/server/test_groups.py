@@ -162,3 +162,16 @@ def test_every_active_group_sees_the_stream_in_order_from_its_start(events: list
             first_epoch, first_number = messages[0]
             assert firsts[first_epoch] == first_number
     assert len(buffer.groups) and buffer.stats()["groups"] == len(buffer.groups)
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    ({"group_buffer": 8, "reliable": True}, "expected reliable=False with group_buffer"),
+    ({"group_buffer": "8 furlongs"}, "expected group_buffer"),
+    ({"group_buffer": 8, "join": "later"}, "expected join 'epoch' or 'now'"),
+    ({"group_buffer": 8, "group_timeout": 0}, "expected group_timeout > 0"),
+])
+def test_bad_group_settings_are_refused(options: dict[str, object], expected: str) -> None:
+    from feedmux.server.config import ServerConfig
+
+    with pytest.raises(ConfigurationError, match=expected):
+        ServerConfig(source="unused:source", **options)  # type: ignore[arg-type]
