@@ -155,14 +155,12 @@ class RemoteLoader:
         tune_malloc: bool = True,
     ) -> None:
         addresses, controls = _endpoints(address, control)
-        _check_settings(timeout=timeout, world_size=world_size, hwm=hwm)
+        _check_settings(timeout=timeout, world_size=world_size, hwm=hwm, group=group)
         if rank is not None and not (isinstance(rank, int) and 0 <= rank < world_size):
             raise ConfigurationError(
                 f"expected rank an int in [0, {world_size}) for world_size {world_size}, "
                 f"got {rank!r}"
             )
-        if group is not None and not (isinstance(group, str) and group):
-            raise ConfigurationError(f"expected group a non-empty str or None, got {group!r}")
         if rank is not None and reliable:
             raise ConfigurationError("expected reliable=False with rank= (ranked delivery is "
                                      "plain), got reliable=True")
@@ -500,7 +498,10 @@ def _endpoints(
     return addresses, controls
 
 
-def _check_settings(*, timeout: float | None, world_size: int, hwm: int) -> None:
+def _check_settings(*, timeout: float | None, world_size: int, hwm: int,
+                    group: str | None = None) -> None:
+    if group is not None and not (isinstance(group, str) and group):
+        raise ConfigurationError(f"expected group a non-empty str or None, got {group!r}")
     if timeout is not None and not timeout > 0:
         raise ConfigurationError(f"expected timeout None or > 0 seconds, got {timeout!r}")
     if not (isinstance(world_size, int) and world_size >= 1):

@@ -37,7 +37,7 @@ from feedmux.protocol import (
     StatsRequest,
     Welcome,
 )
-from feedmux.server._groups import DEFAULT_GROUP
+from feedmux.server._groups import DEFAULT_GROUP, refuse_group
 from feedmux.server._producer import error_message
 from feedmux.server._ranks import RankTable
 from feedmux.server.config import ServerConfig
@@ -160,7 +160,7 @@ class ControlCore:
 
     def _hello(self, identity: bytes, message: Hello, now: float) -> Sends:
         """A trainer's hello: admit it (its rank, if any) or tell it why not."""
-        refused = self._refuse_group(message) or self.ranks.admit(
+        refused = refuse_group(message, self.config.grouped) or self.ranks.admit(
             identity, message, lambda holder: self._alive(holder, now))
         if refused is not None:
             log.warning("refused trainer %s: %s", message.client_id, refused[1])
@@ -179,18 +179,6 @@ class ControlCore:
             where = f" in group {group}" if self.config.grouped else ""
             log.info("trainer %s connected%s%s", message.client_id, rank, where)
         return [(identity, self.welcome())]
-
-    def _refuse_group(self, message: Hello) -> tuple[str, str] | None:
-        """Why a hello's group does not fit this server, or None."""
-        if message.group and message.group != DEFAULT_GROUP and not self.config.grouped:
-            return "feedmux.errors.ConfigurationError", (
-                f"this server has no consumer groups: expected a RemoteLoader without group= "
-                f"(or a server started with --group-buffer), got group {message.group!r}")
-        if self.config.grouped and message.rank >= 0:
-            return "feedmux.errors.ConfigurationError", (
-                f"this server deals to free trainers in consumer groups: expected a "
-                f"RemoteLoader without rank=, got rank {message.rank} of {message.world_size}")
-        return None
 
     def _alive(self, identity: bytes, now: float) -> bool:
         trainer = self.trainers.get(identity)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from feedmux.errors import ConfigurationError
+from feedmux.protocol import Hello
 
 __all__ = [
     "DEFAULT_GROUP",
@@ -31,6 +32,7 @@ __all__ = [
     "GroupBuffer",
     "GroupState",
     "parse_group_buffer",
+    "refuse_group",
 ]
 
 #: The group of a trainer that names none.
@@ -66,6 +68,27 @@ def parse_group_buffer(value: int | str) -> tuple[int, int]:
             f"(e.g. 64MiB), got {value!r}")
     number, unit = int(match.group(1)), match.group(2)
     return (number, 0) if not unit else (0, number * _UNITS[unit])
+
+
+def refuse_group(hello: Hello, grouped: bool) -> tuple[str, str] | None:
+    """Why ``hello``'s group (or rank) does not fit a server with(out) groups; None if it does.
+
+    Examples
+    --------
+    >>> refuse_group(Hello("t", group="eval"), grouped=True) is None
+    True
+    >>> refuse_group(Hello("t", group="eval"), grouped=False)[1][:39]
+    'this server has no consumer groups: exp'
+    """
+    if hello.group and hello.group != DEFAULT_GROUP and not grouped:
+        return "feedmux.errors.ConfigurationError", (
+            f"this server has no consumer groups: expected a RemoteLoader without group= "
+            f"(or a server started with --group-buffer), got group {hello.group!r}")
+    if grouped and hello.rank >= 0:
+        return "feedmux.errors.ConfigurationError", (
+            f"this server deals to free trainers in consumer groups: expected a "
+            f"RemoteLoader without rank=, got rank {hello.rank} of {hello.world_size}")
+    return None
 
 
 @dataclass
