@@ -135,6 +135,9 @@ def report(medians: dict[str, dict[str, float]]) -> str:
     lines.append("")
     lines.append(f"4 groups / 1 group, rate per job: {rate_ratio:.0%} (target >= 80%): "
                  f"{'met' if rate_ratio >= 0.8 else 'missed'}")
+    lines.append(f"4 groups / 4 servers, rate per job: "
+                 f"{four['rate_per_job'] / separate['rate_per_job']:.0%} (the same 4 trainers: "
+                 f"what the machine's cores allow 4 jobs)")
     lines.append(f"4 groups / 4 servers, server CPU per delivered sample: {cpu_ratio:.0%} "
                  f"(target <= 40%): {'met' if cpu_ratio <= 0.4 else 'missed'}")
     return "\n".join(lines)
