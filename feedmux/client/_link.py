@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from feedmux.errors import (
+    ConfigurationError,
     RemoteError,
     TransportError,
     TransportTimeoutError,
@@ -35,6 +36,7 @@ __all__ = [
     "Send",
     "ServerLink",
     "ServerLinks",
+    "check_membership",
 ]
 
 log = logging.getLogger("feedmux.client")
@@ -50,8 +52,37 @@ def rank_steps(epoch_size: int, world_size: int, uneven: str) -> int:
         return epoch_size // world_size
     return -(-epoch_size // world_size)
 
+
+def check_membership(*, world_size: int, rank: int | None, group: str | None,
+                     reliable: bool) -> None:
+    """Check what a trainer says of itself in its hellos: its rank and its consumer group.
+
+    Examples
+    --------
+    >>> check_membership(world_size=2, rank=1, group="eval", reliable=False)
+    >>> check_membership(world_size=2, rank=2, group=None, reliable=False)
+    Traceback (most recent call last):
+    ...
+    feedmux.errors.ConfigurationError: expected rank an int in [0, 2) for world_size 2, got 2
+    """
+    if rank is not None and not (isinstance(rank, int) and 0 <= rank < world_size):
+        raise ConfigurationError(
+            f"expected rank an int in [0, {world_size}) for world_size {world_size}, got {rank!r}")
+    if rank is not None and reliable:
+        raise ConfigurationError("expected reliable=False with rank= (ranked delivery is "
+                                 "plain), got reliable=True")
+    if group is not None and not (isinstance(group, str) and group):
+        raise ConfigurationError(f"expected group a non-empty str or None, got {group!r}")
+
+
 #: Seconds of data without any answer on a control endpoint before a warning.
 CONTROL_SILENCE_WARNING = 5.0
+#: The error type of a hello refused because a live trainer holds the rank.
+RANK_TAKEN = "RankTakenError"
+#: Heartbeat intervals a refused rank keeps saying hello: the server's liveness period
+#: (three intervals without a heartbeat) and some margin, as the holder may be a crashed
+#: predecessor whose death the server has not seen yet.
+RANK_TAKEN_RETRIES = 5
 
 
 @dataclass(frozen=True)
@@ -213,6 +244,8 @@ class ServerLinks:
         #: Data messages received, by server id (a restarted server counts from 0).
         self.received: dict[str, int] = {}
         self._last_heartbeat = -math.inf
+        #: Links whose hello was refused as a live duplicate rank: refusals so far.
+        self._refused: dict[int, int] = {}
         self._first_data = True
         # Set at the first data message until every control endpoint has answered.
         self._silent_since: float | None = None
@@ -240,6 +273,15 @@ class ServerLinks:
         if isinstance(message, EndOfStream):
             link.end_of_stream(message.server_id)
         elif isinstance(message, Error):
+            refusals = self._refused.get(index, 0) + 1
+            if (message.type.rsplit(".", 1)[-1] == RANK_TAKEN
+                    and refusals <= RANK_TAKEN_RETRIES):
+                # Maybe our own crashed predecessor: say hello again at each beat (instead
+                # of a heartbeat) until data comes.
+                log.warning("%s (server %s); trying again for a while", message.message,
+                            link.control_address)
+                self._refused[index] = refusals
+                return []
             raise link.error(message)
         return []
 
@@ -260,6 +302,8 @@ class ServerLinks:
         count = self.received.get(server_id)
         if count is None:
             count = 0
+            if self._refused:  # data: this rank was admitted after all
+                self._refused.clear()
             if server_id not in {link.server_id for link in self.links}:
                 # A restarted server (or a first message racing its welcome): hello again.
                 actions = self.hello()
@@ -276,7 +320,9 @@ class ServerLinks:
         if now - self._last_heartbeat < self.heartbeat_interval:
             return ()
         self._last_heartbeat = now
+        hello = Hello(client_id=self.client_id, world_size=self.world_size, rank=self.rank)
         return [
+            Send(index, hello) if index in self._refused else
             Send(index, Heartbeat(sender_id=self.client_id,
                                   received_messages=self.received.get(link.server_id, 0),
                                   group=self.group))

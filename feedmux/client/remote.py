@@ -15,6 +15,7 @@ the user's choice).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -29,36 +30,33 @@ from feedmux._transport import (
     DEFAULT_HWM,
     HEARTBEAT_INTERVAL,
     control_address_for,
-    keep_freed_memory,
     make_socket,
     readable,
     send_message,
 )
-from feedmux.client._link import Action, Send, ServerLinks
+from feedmux.client._acks import HandOutAcks, SeenPositions, progress_of
+from feedmux.client._data import DataSockets, send_or_drop
+from feedmux.client._diagnosis import InputDiagnosis
+from feedmux.client._link import Action, Send, ServerLinks, check_membership
 from feedmux.errors import (
     ConfigurationError,
-    ProtocolError,
     RemoteError,
     StreamValueError,
     TransportClosedError,
     TransportTimeoutError,
-    VersionMismatchError,
 )
 from feedmux.protocol import (
-    Ack,
     Credit,
     Data,
-    EndOfStream,
     Error,
-    Message,
+    StatsRequest,
     decode,
-    unpack_envelope,
 )
 
 __all__ = ["RemoteLoader", "SampleMeta", "fetch_stats"]
 
-#: A frame larger than this makes the loader tune malloc (see ``tune_malloc``).
-LARGE_MESSAGE_BYTES = 1 << 20
+log = logging.getLogger("feedmux.client")
+
 #: The longest ``len()`` waits for the servers' welcome before the first sample.
 WELCOME_WAIT = 5.0
 #: A data message larger than this is refused by ZeroMQ before it reaches Python.
@@ -126,6 +124,13 @@ class RemoteLoader:
         ``hwm`` messages of credit and acknowledge each message once all its
         samples were handed out, so that if this trainer dies, what it had not
         finished goes to the others.
+    diagnose_window : float, optional
+        Seconds per window of the input-bound diagnosis (see :meth:`stats`):
+        a window in which the training loop waited inside ``next()`` more than
+        ``diagnose_threshold`` of the time logs a warning with the likely cause
+        and the fix. None turns the diagnosis off.
+    diagnose_threshold : float
+        The wait fraction above which a window gets that warning.
 
     Notes
     -----
@@ -153,17 +158,11 @@ class RemoteLoader:
         curve_server_key: str | bytes | None = None,
         curve_certificate: str | None = None,
         tune_malloc: bool = True,
+        diagnose_window: float | None = 60.0, diagnose_threshold: float = 0.25,
     ) -> None:
         addresses, controls = _endpoints(address, control)
-        _check_settings(timeout=timeout, world_size=world_size, hwm=hwm, group=group)
-        if rank is not None and not (isinstance(rank, int) and 0 <= rank < world_size):
-            raise ConfigurationError(
-                f"expected rank an int in [0, {world_size}) for world_size {world_size}, "
-                f"got {rank!r}"
-            )
-        if rank is not None and reliable:
-            raise ConfigurationError("expected reliable=False with rank= (ranked delivery is "
-                                     "plain), got reliable=True")
+        _check_settings(timeout=timeout, world_size=world_size, hwm=hwm)
+        check_membership(world_size=world_size, rank=rank, group=group, reliable=reliable)
         self.rank = rank
         self.group = group
         self.addresses = addresses
@@ -182,15 +181,13 @@ class RemoteLoader:
         self._links = ServerLinks(
             addresses, controls, client_id=self.client_id, world_size=world_size,
             rank=-1 if rank is None else rank, group=group or "", reliable=reliable,
-            timeout=timeout,
-            heartbeat_interval=HEARTBEAT_INTERVAL,
+            timeout=timeout, heartbeat_interval=HEARTBEAT_INTERVAL,
         )
-        # Reliable mode: (link number, sequence number) of the message being handed out.
-        self._pending_ack: tuple[int, int] | None = None
-        self._turn = 0
+        self._diagnosis = InputDiagnosis(len(addresses), diagnose_window, diagnose_threshold)
         self._context: zmq.Context[Any] | None = None
         self._pid = 0
-        self._data_sockets: list[Any] = []  # one DEALER per server
+        self._data = DataSockets([], reliable=reliable, client_id="", addresses=addresses,
+                                 tune_malloc=False)
         self._control: list[Any] = []  # one DEALER per server
         self._poller: zmq.Poller | None = None
         self._closed = False
@@ -203,6 +200,11 @@ class RemoteLoader:
         self._count = 0
         self._last: SampleMeta | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
+        # Ranked or reliable: (link number, server id, tags, sequence number) of the current
+        # message, for the acknowledging thread.
+        self._current: tuple[int, str, Any, int] | None = None
+        self._acks: HandOutAcks | None = None
+        self._seen = SeenPositions() if reliable else None
 
     # -- the iterable ---------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -292,6 +294,18 @@ class RemoteLoader:
         """The total epoch size over all servers, once every one of them knows it."""
         return self._links.epoch_size
 
+    def stats(self) -> dict[str, float | None]:
+        """Is the training loop waiting for data? The last diagnosis window's figures.
+
+        ``samples_per_second`` handed to the loop, ``wait_fraction`` of the time
+        spent waiting inside ``next()``, the window's length ``window_s``, and
+        the servers' ``server_busy_fraction`` (sampling, per sampling process)
+        and ``server_blocked_fraction`` (waiting for trainers to take more),
+        fetched over the control channel. None until a window has passed (or the
+        servers answered); all None with ``diagnose_window=None``.
+        """
+        return self._diagnosis.stats()
+
     def state_dict(self) -> dict[str, Any]:
         """Plain data: servers, the last (epoch, position, server) seen, messages received.
 
@@ -333,33 +347,43 @@ class RemoteLoader:
         # A fresh context in every process: a ZeroMQ context must never cross a fork.
         self._context = context = zmq.Context()
         self._pid = os.getpid()
-        self._data_sockets, self._control = _open_sockets(
+        data_sockets, self._control = _open_sockets(
             context, self._links, client_id=self.client_id, reliable=self.reliable,
             hwm=self.hwm, max_message_bytes=self.max_message_bytes, security=self._security,
         )
-        sockets = [*self._data_sockets, *self._control]
+        self._data = DataSockets(data_sockets, reliable=self.reliable, client_id=self.client_id,
+                                 addresses=self.addresses, tune_malloc=self._tune_malloc)
+        sockets = [*data_sockets, *self._control]
         self._poller = zmq.Poller()
         for socket in sockets:
             self._poller.register(socket, zmq.POLLIN)
         if self.reliable:
-            for index in range(len(self._data_sockets)):
+            for index in range(len(data_sockets)):
                 self._grant_credit(index)
         self._act(self._links.hello())
         self._finalizer = weakref.finalize(self, _close_sockets, self._pid, context, sockets)
+        if self.rank is not None or self.reliable:
+            # A restarted rank continues after the last sample this one handed out, and a
+            # reliable trainer's unfinished message goes to the others cut there: tell the
+            # servers every few ms, from a thread (nothing per sample on the hot path).
+            self._acks = HandOutAcks([link.control_address for link in self._links.links],
+                                     client_id=self.client_id,
+                                     rank=-1 if self.rank is None else self.rank,
+                                     progress=progress_of(self), security=self._security)
+            weakref.finalize(self, self._acks.stop)
 
     def _act(self, actions: Iterable[Action]) -> None:
         for action in actions:
             if isinstance(action, Send):
                 # If the server is away and the queue full, the next heartbeat will do.
-                _send_or_drop(self._control[action.link], action.message)
+                send_or_drop(self._control[action.link], action.message)
             else:  # a restarted server behind a reliable link
-                if self._pending_ack is not None and self._pending_ack[0] == action.link:
-                    self._pending_ack = None  # its sequence number means nothing now
+                self._data.forget_ack(action.link)  # its sequence number means nothing now
                 self._grant_credit(action.link)
 
     def _grant_credit(self, index: int) -> None:
         # If the queue towards an absent server is full, the next welcome grants again.
-        _send_or_drop(self._data_sockets[index], Credit(credits=self.hwm, client_id=self.client_id))
+        send_or_drop(self._data.sockets[index], Credit(credits=self.hwm, client_id=self.client_id))
 
     def _receive(self) -> None:
         """Block until the next data message is current (or raise / end the iteration)."""
@@ -371,9 +395,11 @@ class RemoteLoader:
             due = links.tick(now)
             if due:
                 self._act(due)
-            message = self._recv_data()
+            message = self._data.receive(links)
             if message is not None:
                 self._take(message, now)
+                if self._diagnosis.message(time.monotonic(), waited_from, len(message.samples)):
+                    _ask_for_stats(self._control, self.client_id)
                 for index in range(len(self._control)):
                     self._serve_control(index)
                 return
@@ -386,83 +412,37 @@ class RemoteLoader:
                     self._serve_control(index)
             now = time.monotonic()
 
-    def _recv_data(self) -> Data | None:
-        """The next data message waiting on the data socket(s), or None."""
-        if not self.reliable:
-            return self._recv_plain()
-        if self._pending_ack is not None:
-            # Every sample of the current message was handed out: acknowledge it.
-            index, seq = self._pending_ack
-            self._pending_ack = None
-            # A dropped ack only means the server deals that message again.
-            _send_or_drop(self._data_sockets[index], Ack(seqs=[seq], client_id=self.client_id))
-        count = len(self._data_sockets)
-        for offset in range(count):
-            index = (self._turn + offset) % count
-            socket = self._data_sockets[index]
-            while readable(socket):
-                seq, message = self._decode_data(socket.recv_multipart(copy=False), enveloped=True)
-                if isinstance(message, Data):
-                    self._turn = (index + 1) % count
-                    if seq:
-                        self._pending_ack = (index, seq)
-                    return message
-                if isinstance(message, EndOfStream):
-                    self._links.data_end_of_stream(index, message.server_id)
-        return None
-
-    def _recv_plain(self) -> Data | None:
-        count = len(self._data_sockets)
-        for offset in range(count):
-            index = (self._turn + offset) % count
-            try:
-                frames = self._data_sockets[index].recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                continue
-            if count > 1:
-                self._turn = (index + 1) % count  # take from every server in turn
-            _, message = self._decode_data(frames)
-            if not isinstance(message, Data):
-                raise ProtocolError(
-                    f"expected a data message on the data socket, got {type(message).__name__}"
-                )
-            return message
-        return None
-
-    def _decode_data(self, frames: list[Any], *, enveloped: bool = False) -> tuple[int, Message]:
-        """The sequence number (0 without an envelope) and the message of a data message."""
-        seq = 0
-        try:
-            if enveloped:
-                seq, frames = unpack_envelope(frames)
-            if self._tune_malloc and len(frames) > 2 and len(frames[-1]) > LARGE_MESSAGE_BYTES:
-                self._tune_malloc = False
-                keep_freed_memory()
-            message = decode(frames)
-        except VersionMismatchError:
-            raise
-        except ProtocolError as error:
-            raise ProtocolError(f"malformed data message from {self.addresses}: {error}") from error
-        return seq, message
-
     def _take(self, message: Data, now: float) -> None:
         samples, tags, server_id = message.samples, message.tags, message.server_id
         count = len(samples)
         actions = self._links.data(server_id, int(tags[0, 0]) if count else 0, now=now)
         if actions:
             self._act(actions)
+        if self._seen is not None and (rows := self._seen.fresh(server_id, tags)) is not None:
+            # Dealt to this trainer twice (a re-send crossed its acknowledgement): once only.
+            log.warning("dropping %d sample(s) of server %s already handed out",
+                        count - len(rows), server_id)
+            samples, tags, count = [samples[row] for row in rows], tags[rows], len(rows)
+        # The index first, then the message: the acks thread reads them the other way round.
+        self._index = self._count = 0
         self._samples, self._tags, self._server_id = samples, tags, server_id
-        self._index, self._count = 0, count
+        if self._acks is not None:
+            self._current = (self._data.link, server_id, tags, self._data.seq)
+        self._count = count
 
     def _serve_control(self, index: int) -> None:
         socket = self._control[index]
         while readable(socket):
-            self._act(self._links.control(index, decode(socket.recv_multipart(copy=False))))
+            message = decode(socket.recv_multipart(copy=False))
+            if not self._diagnosis.answer(index, message, time.monotonic()):
+                self._act(self._links.control(index, message))
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
         """Close the sockets; iterating afterwards raises TransportClosedError."""
         self._closed = True
+        if self._acks is not None:
+            self._acks.stop()  # its last acknowledgement goes out before the sockets close
         if self._finalizer is not None:
             self._finalizer()
         self._context = None
@@ -498,10 +478,7 @@ def _endpoints(
     return addresses, controls
 
 
-def _check_settings(*, timeout: float | None, world_size: int, hwm: int,
-                    group: str | None = None) -> None:
-    if group is not None and not (isinstance(group, str) and group):
-        raise ConfigurationError(f"expected group a non-empty str or None, got {group!r}")
+def _check_settings(*, timeout: float | None, world_size: int, hwm: int) -> None:
     if timeout is not None and not timeout > 0:
         raise ConfigurationError(f"expected timeout None or > 0 seconds, got {timeout!r}")
     if not (isinstance(world_size, int) and world_size >= 1):
@@ -549,12 +526,11 @@ def _open_sockets(
     return targets, control
 
 
-def _send_or_drop(socket: Any, message: Message) -> None:
-    """Send without blocking; a message that finds the queue full is dropped."""
-    try:
-        send_message(socket, message, flags=zmq.NOBLOCK)
-    except zmq.Again:
-        pass
+def _ask_for_stats(control: list[Any], client_id: str) -> None:
+    """The diagnosis wants the servers' load: ask each (a full queue skips a window)."""
+    request = StatsRequest(client_id=client_id)
+    for socket in control:
+        send_or_drop(socket, request)
 
 
 def _close_sockets(pid: int, context: zmq.Context[Any], sockets: list[Any]) -> None:

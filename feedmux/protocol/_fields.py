@@ -231,7 +231,8 @@ _CONTROL_SPECS = [
     ControlSpec(Kind.DRAIN, Drain, sent_messages=INT, server_id=STR),
     ControlSpec(Kind.END_OF_STREAM, EndOfStream, server_id=STR, epochs=INT, sent_messages=INT),
     ControlSpec(Kind.CREDIT, Credit, credits=INT, client_id=STR),
-    ControlSpec(Kind.ACK, Ack, seqs=_INTS, client_id=STR),
+    ControlSpec(Kind.ACK, Ack, seqs=_INTS, client_id=STR, server_id=STR, rank=INT, epoch=INT,
+                position=INT, omit_default=("server_id", "rank", "epoch", "position")),
 ]
 CONTROL_BY_CLASS: dict[type, ControlSpec] = {spec.cls: spec for spec in _CONTROL_SPECS}
 CONTROL_BY_KIND: dict[int, ControlSpec] = {int(spec.kind): spec for spec in _CONTROL_SPECS}

@@ -199,10 +199,20 @@ class Credit:
 
 @dataclass(frozen=True)
 class Ack:
-    """Reliable mode: the client has handed out every sample of the messages ``seqs``."""
+    """The client has handed out samples (client to server).
+
+    Reliable mode, on the data socket: every sample of the messages ``seqs``.
+    A ranked trainer, on the control socket: every sample of its share up to
+    and including ``(epoch, position)`` of server ``server_id``, as rank
+    ``rank`` (``position`` -1: none).
+    """
 
     seqs: Sequence[int] = ()
     client_id: str = ""
+    server_id: str = ""
+    rank: int = -1
+    epoch: int = 0
+    position: int = -1
 
 
 Message: TypeAlias = Union[  # noqa: UP007 - a runtime alias must work on Python 3.10

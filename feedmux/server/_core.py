@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from feedmux._transport import HEARTBEAT_INTERVAL
 from feedmux.errors import ProtocolError
 from feedmux.protocol import (
-    PROTOCOL_VERSION,
+    Ack,
     Drain,
     EndOfStream,
     Error,
@@ -40,6 +40,8 @@ from feedmux.protocol import (
 from feedmux.server._groups import DEFAULT_GROUP, refuse_group
 from feedmux.server._producer import error_message
 from feedmux.server._ranks import RankTable
+from feedmux.server._report import Stat, core_stats, progress_line
+from feedmux.server._retention import RankRetention
 from feedmux.server.config import ServerConfig
 
 __all__ = [
@@ -51,6 +53,7 @@ __all__ = [
     "Phase",
     "Send",
     "Sends",
+    "Stat",
 ]
 
 log = logging.getLogger("feedmux.server")
@@ -61,6 +64,8 @@ TRAINER_TIMEOUT = 3 * HEARTBEAT_INTERVAL
 FINAL_GRACE = 1.0
 #: Seconds between two Drain questions of the end-of-stream handshake.
 DRAIN_INTERVAL = 0.1
+#: Trainer ids remembered to count reconnects (ids come from peers: the set is bounded).
+MAX_REMEMBERED_TRAINERS = 10_000
 #: How often the shell looks again while waiting for trainers or repeating the last word.
 POLL_INTERVAL = 0.1
 
@@ -68,8 +73,6 @@ Send = tuple[bytes, Message]
 Sends = Sequence[Send]
 #: The answer of an event that sends nothing (shared: the data path allocates nothing).
 NO_SENDS: Sends = ()
-
-Stat = int | float | str | None
 
 
 class Phase(enum.Enum):
@@ -97,7 +100,7 @@ class ControlCore:
     """
 
     def __init__(self, config: ServerConfig, started: float, pid: int = 0,
-                 extra_stats: Callable[[], Mapping[str, Stat]] | None = None) -> None:
+                 extra_stats: Callable[[], dict[str, Stat]] | None = None) -> None:
         self.config = config
         self.pid = pid
         self.extra_stats = extra_stats
@@ -107,7 +110,10 @@ class ControlCore:
         self.samples_sent = 0
         self.messages_sent = 0
         self.epoch = 0
+        self.epoch_position = 0
         self.epochs_completed = 0
+        self.reconnects = 0
+        self._seen_clients: set[str] = set()
         self.epoch_size: int | None = config.epoch_size
         self.finished = False
         self.final_message: Error | EndOfStream | None = None
@@ -115,7 +121,7 @@ class ControlCore:
         self.departed_received = 0
         self._last_log = started
         self._samples_at_last_log = 0
-        self._rate = 0.0
+        self.rate = 0.0  # samples per second over the last log period
         self._welcomed = False
         self.drain_deadline = 0.0
         self._next_drain = 0.0
@@ -123,6 +129,8 @@ class ControlCore:
         self._last_change = 0.0
         self._final_started = self._last_heard = 0.0
         self.ranks = RankTable()
+        #: What each rank was sent beyond what it handed out (for a restarted rank).
+        self.retention = RankRetention(limit=4 * config.hwm + 64)
         self._waiting_since: float | None = None
         self._waiting_for: list[int] | None = None
         self._free_turn = 0
@@ -131,6 +139,17 @@ class ControlCore:
     def receive(self, identity: bytes, message: Message, now: float) -> Sends:
         """A decoded control message from ``identity``."""
         self._last_heard = now
+        if isinstance(message, Ack) and message.rank >= 0:
+            # A ranked trainer's hand-out mark, from a socket that reads nothing: no answer.
+            # It is also the sign of life of the rank's holder (sent from the loader's thread).
+            holder = self.ranks.holder(message.rank)
+            if holder is not None and holder[1] == message.client_id:
+                trainer = self.trainers.get(holder[0])
+                if trainer is not None:
+                    trainer.last_seen = now
+            self.retention.handed(message.rank, message.client_id.encode(), message.epoch,
+                                  message.position)
+            return NO_SENDS
         if self.final_message is not None and not isinstance(message, StatsRequest):
             return [(identity, self.final_message)]
         if isinstance(message, Hello):
@@ -145,6 +164,7 @@ class ControlCore:
             if trainer is None:
                 trainer = self.trainers[identity] = _Trainer(
                     message.sender_id, now, group=message.group or DEFAULT_GROUP)
+                self._count_reconnect(message.sender_id)
             trainer.last_seen = now
             trainer.received_messages = message.received_messages
             return [(identity, self.welcome())]
@@ -178,6 +198,7 @@ class ControlCore:
             rank = f" as rank {message.rank} of {message.world_size}" if message.rank >= 0 else ""
             where = f" in group {group}" if self.config.grouped else ""
             log.info("trainer %s connected%s%s", message.client_id, rank, where)
+            self._count_reconnect(message.client_id)
         return [(identity, self.welcome())]
 
     def _alive(self, identity: bytes, now: float) -> bool:
@@ -197,6 +218,13 @@ class ControlCore:
             return ids
         self._free_turn = turn = (self._free_turn + 1) % len(ids)
         return ids[turn:] + ids[:turn]
+
+    def _count_reconnect(self, client_id: str) -> None:
+        """A trainer id seen before arrived on a new connection: count a reconnect."""
+        if client_id in self._seen_clients:
+            self.reconnects += 1
+        elif len(self._seen_clients) < MAX_REMEMBERED_TRAINERS:  # bounded: ids come from peers
+            self._seen_clients.add(client_id)
 
     def malformed(self, identity: bytes, error: ProtocolError, now: float) -> Sends:
         """A control message from ``identity`` that did not decode."""
@@ -229,7 +257,8 @@ class ControlCore:
         self.messages_sent += 1
         self.samples_sent += n_samples
         if epoch > self.epoch:
-            self.epoch = epoch
+            self.epoch, self.epoch_position = epoch, 0
+        self.epoch_position += n_samples
 
     def epoch_finished(self, epoch: int, count: int) -> Sends:
         """Every sample of ``epoch`` (``count`` of them) has been sent."""
@@ -361,11 +390,12 @@ class ControlCore:
                                     server_id=self.config.server_id))
 
     def _log_throughput(self, now: float) -> None:
-        self._rate = (self.samples_sent - self._samples_at_last_log) / (now - self._last_log)
+        self.rate = (self.samples_sent - self._samples_at_last_log) / (now - self._last_log)
         self._last_log, self._samples_at_last_log = now, self.samples_sent
         log.info(
-            "epoch %d: %d samples sent, %.0f samples/s, %d trainer(s) connected",
-            self.epoch, self.samples_sent, self._rate, self.connected_trainers(now),
+            "epoch %d: %d samples sent, %.0f samples/s, %d trainer(s) connected%s",
+            self.epoch, self.samples_sent, self.rate, self.connected_trainers(now),
+            progress_line(self.epoch, self.epoch_position, self.epoch_size, self.rate),
         )
 
     # -- state ------------------------------------------------------------------------------
@@ -388,26 +418,11 @@ class ControlCore:
 
     def received_total(self) -> int:
         """Data messages the trainers, present and departed, said they received."""
-        return self.departed_received + sum(t.received_messages for t in self.trainers.values())
+        return self.departed_received + sum(
+            t.received_messages for t in list(self.trainers.values()))
 
     def connected_trainers(self, now: float) -> int:
-        return sum(1 for t in self.trainers.values() if now - t.last_seen <= TRAINER_TIMEOUT)
+        return sum(1 for t in list(self.trainers.values()) if now - t.last_seen <= TRAINER_TIMEOUT)
 
     def stats(self, now: float) -> dict[str, Stat]:
-        uptime = now - self.started
-        return {
-            "server_id": self.config.server_id,
-            "protocol_version": PROTOCOL_VERSION,
-            "pid": self.pid,
-            "samples_sent": self.samples_sent,
-            "messages_sent": self.messages_sent,
-            "epoch": self.epoch,
-            "epochs_completed": self.epochs_completed,
-            "epoch_size": self.epoch_size,
-            "samples_per_second": round(self._rate or self.samples_sent / max(uptime, 1e-9), 1),
-            "connected_trainers": self.connected_trainers(now),
-            "workers": self.config.workers,
-            "uptime_s": round(uptime, 3),
-            "finished": int(self.finished),
-            **(self.extra_stats() if self.extra_stats is not None else {}),
-        }
+        return core_stats(self, now, TRAINER_TIMEOUT)

@@ -58,6 +58,10 @@ class GroupFanout:
         self.wait = wait
         self.stopping = stopping
         self._turns: dict[str, int] = {}
+        #: Bytes of the messages delivered to the groups (each delivery counts).
+        self.bytes_sent = 0
+        #: Seconds the sampler waited for the groups (the buffer full, or no group).
+        self.blocked_seconds = 0.0
         self._last_lag_log = 0.0
         self._last_lagging: str | None = None
 
@@ -69,14 +73,20 @@ class GroupFanout:
         exists at all (nobody would receive the message).
         """
         buffer = self.buffer
+        blocked_since = 0.0
         while True:
             self.pump()
             if not buffer.full and buffer.groups:
                 break
+            if not blocked_since:
+                blocked_since = time.perf_counter()
             if self.stopping():
+                self.blocked_seconds += time.perf_counter() - blocked_since
                 return False
             self._log_lag()
             self._wait()
+        if blocked_since:
+            self.blocked_seconds += time.perf_counter() - blocked_since
         buffer.append(frames, n_samples, epoch, _nbytes(frames))
         self.pump()
         return True
@@ -143,6 +153,7 @@ class GroupFanout:
                 continue
             self._turns[name] = (turn + step + 1) % count
             self.buffer.delivered(name)
+            self.bytes_sent += message.nbytes
             self.core.data_sent(message.n_samples, message.epoch)
             return True
         return False

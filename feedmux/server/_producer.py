@@ -22,6 +22,7 @@ from feedmux.errors import ProtocolError
 from feedmux.protocol import Data, Error, encode
 from feedmux.sampling.epochs import EpochIterator
 from feedmux.server._dealing import RankDealer
+from feedmux.server._meter import SamplerMeter
 
 __all__ = [
     "BatchPolicy",
@@ -157,6 +158,7 @@ def produce(
     skip_errors: bool = False,
     epoch_done: Callable[[int, int], bool] = lambda epoch, count: True,
     dealer: RankDealer | None = None,
+    meter: SamplerMeter | None = None,
 ) -> int:
     """Take chunks of items, encode each as a data message and ``send`` it.
 
@@ -176,18 +178,23 @@ def produce(
     With a ``dealer`` (ranked trainers) each chunk is dealt to the ranks before
     it is encoded, one message per rank, and ``send`` gets the rank as a fourth
     argument.
+
+    ``meter`` gets the seconds spent sampling and encoding each message (not
+    sending it: that is the shell's blocked time) and every skipped stream.
     """
-    # The muxes get the hook from the epochs, which hand it down at each activation.
+    meter = SamplerMeter() if meter is None else meter
     if skip_errors:
-        epochs.on_stream_error = _log_skipped
+        def log_skipped(error: BaseException) -> None:
+            meter.skipped()
+            log.warning("a stream raised %s: %s; skipping the rest of it",
+                        type(error).__name__, error, exc_info=error)
+
+        # The muxes get the hook from the epochs, which hand it down at each activation.
+        epochs.on_stream_error = log_skipped
     if dealer is not None:
-        return _produce_ranked(epochs, send, policy, server_id, epoch_done, dealer)
-    return _produce(epochs, send, policy, server_id, skip_errors, epoch_done)
-
-
-def _log_skipped(error: BaseException) -> None:
-    log.warning("a stream raised %s: %s; skipping the rest of it", type(error).__name__, error,
-                exc_info=error)
+        return _produce_ranked(epochs, send, policy, server_id, skip_errors, epoch_done, meter,
+                               dealer)
+    return _produce(epochs, send, policy, server_id, skip_errors, epoch_done, meter)
 
 
 def _produce(
@@ -197,6 +204,7 @@ def _produce(
     server_id: str,
     skip_errors: bool,
     epoch_done: Callable[[int, int], bool],
+    meter: SamplerMeter,
 ) -> int:
     clock = time.perf_counter
     pacer = _Pacer(policy)
@@ -208,10 +216,7 @@ def _produce(
         except StopIteration:
             return sent
         except Exception as error:
-            if not skip_errors:
-                raise
-            log.warning("streamer raised %s: %s; going on with the next epoch",
-                        type(error).__name__, error, exc_info=error)
+            _skip_epoch(error, skip_errors, meter)
             if epoch_count and not epoch_done(epochs.epoch, epoch_count):
                 return sent
             epoch_count = 0
@@ -223,6 +228,7 @@ def _produce(
             tags[:, 0] = chunk.epoch
             tags[:, 1] = np.arange(chunk.start, chunk.start + len(items))
             frames, count = _encode_batch(tags, items, server_id, seq, skip_errors)
+            meter.add_busy(clock() - started)
             if frames:
                 if not send(frames, count, chunk.epoch):
                     return sent
@@ -235,19 +241,32 @@ def _produce(
             epoch_count = 0
 
 
+def _skip_epoch(error: Exception, skip_errors: bool, meter: SamplerMeter) -> None:
+    """A top-level streamer raised: re-raise it, or (``skip_errors``) count and log it."""
+    if not skip_errors:
+        raise error
+    meter.skipped()
+    log.warning("streamer raised %s: %s; going on with the next epoch",
+                type(error).__name__, error, exc_info=error)
+
+
 def _produce_ranked(
     epochs: EpochIterator[Any],
     send: Callable[..., bool],
     policy: BatchPolicy,
     server_id: str,
+    skip_errors: bool,
     epoch_done: Callable[[int, int], bool],
+    meter: SamplerMeter,
     dealer: RankDealer,
 ) -> int:
     """:func:`produce` for ranked trainers: each chunk dealt to the ranks, then encoded.
 
     A chunk holds about ``world_size`` messages' worth of samples, so each rank's
     message is as full as a free trainer's would be. A sample the codec refuses
-    fails the run here (skipping it would unbalance the ranks).
+    fails the run here (skipping it would unbalance the ranks); a top-level
+    streamer that raises with ``skip_errors`` ends its epoch where it stopped
+    (the dealer pads or drops the last round, so the ranks stay even).
     """
     clock = time.perf_counter
     pacer = _Pacer(policy)
@@ -259,20 +278,28 @@ def _produce_ranked(
             chunk = epochs.take(pacer.limit() * n)
         except StopIteration:
             return sent
-        items = chunk.items
-        pacer.observe(items, (clock() - started) * n)  # time per rank message
-        epoch_count += len(items)
-        shares = dealer.deal(chunk.epoch, items) if items else []
-        if chunk.last:
-            shares += dealer.finish_epoch(chunk.epoch)
+        except Exception as error:
+            _skip_epoch(error, skip_errors, meter)
+            epoch, last = epochs.epoch, bool(epoch_count)  # nothing taken: nothing to finish
+            shares = dealer.finish_epoch(epoch)
+        else:
+            items, epoch, last = chunk.items, chunk.epoch, chunk.last
+            pacer.observe(items, (clock() - started) * n)  # time per rank message
+            epoch_count += len(items)
+            shares = dealer.deal(epoch, items) if items else []
+            if last:
+                shares += dealer.finish_epoch(epoch)
         for share in shares:
             if not share.items:
                 continue
             frames = list(encode(Data(share.tags, share.items, server_id)))
-            if not send(frames, len(share.items), chunk.epoch, share.rank):
+            meter.add_busy(clock() - started)  # sampling, dealing and encoding, not sending
+            if not send(frames, len(share.items), epoch, share.rank):
                 return sent
+            started = clock()
             sent += len(share.items)
-        if chunk.last:
-            if not epoch_done(chunk.epoch, epoch_count):
+        meter.add_busy(clock() - started)
+        if last:
+            if not epoch_done(epoch, epoch_count):
                 return sent
             epoch_count = 0

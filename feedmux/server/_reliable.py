@@ -8,8 +8,12 @@ acknowledged. When a trainer goes away (its connection drops, seen by a send
 that fails under ``ROUTER_MANDATORY``; ZMTP heartbeats turn a frozen trainer
 into a dropped connection), its unacknowledged messages go back to the front
 of the queue for the others. So nothing is lost and every sample of an epoch
-reaches a live trainer (at-least-once): what a dead trainer had not yet
-acknowledged — at most its credit — is sent again.
+reaches a live trainer. A trainer also acknowledges, every few ms from a
+thread over the control socket, how far it handed out the message it is in
+(:meth:`ReliableLedger.handed`): only the rest of that message is sent again,
+so every sample is handed out once across the trainers, counting a dead one's
+(up to the last few ms before it died; the loader drops a sample it already
+handed out, should one come twice).
 
 With credit, a trainer's receive queue never fills up, which is what makes
 ZMTP heartbeats safe on this data socket (see ``make_socket``).
@@ -38,6 +42,7 @@ import zmq
 from feedmux._transport import HEARTBEAT_INTERVAL, readable
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Ack, Credit, Heartbeat, Message, decode, encode, pack_envelope
+from feedmux.server._retention import rest_after
 
 __all__ = ["ReliableDispatch", "ReliableLedger"]
 
@@ -52,6 +57,8 @@ class _Pending:
     frames: list[Any]
     n_samples: int
     epoch: int
+    #: The last (epoch, position) of it the trainer said it handed out, if any.
+    handed: tuple[int, int] | None = None
 
 
 @dataclass
@@ -96,6 +103,22 @@ class ReliableLedger:
         else:
             log.warning("unexpected %s on the reliable data socket", type(message).__name__)
 
+    def handed(self, message: Ack) -> None:
+        """A trainer handed out its message ``message.seqs`` up to ``(epoch, position)``.
+
+        These come from the trainer's acknowledging thread, over the control
+        socket, every few ms; an acknowledgement of a message already
+        acknowledged whole (or re-sent) finds nothing and is ignored.
+        """
+        mark = (message.epoch, message.position)
+        for seq in message.seqs:
+            for peer in self.peers.values():
+                pending = peer.unacked.get(seq)
+                if pending is not None:
+                    if pending.handed is None or mark > pending.handed:
+                        pending.handed = mark
+                    break
+
     def pick(self) -> bytes | None:
         """The trainer with the most credit left (spreads load across trainers), or None."""
         best, best_credit = None, 0
@@ -115,7 +138,17 @@ class ReliableLedger:
         if peer is None:
             return
         self.lost_trainers += 1
-        held = [peer.unacked[seq] for seq in sorted(peer.unacked)]
+        held = []
+        for seq in sorted(peer.unacked):
+            pending = peer.unacked[seq]
+            if pending.handed is not None:
+                # Exactly once: only what the trainer had not handed out goes to the others.
+                rest = rest_after(pending.frames, pending.handed)
+                if rest is None:
+                    continue
+                tags, frames = rest
+                pending = _Pending(frames, len(tags), pending.epoch)
+            held.append(pending)
         self.resend.extendleft(reversed(held))
         log.warning("trainer %s went away holding %d unacknowledged message(s); "
                     "sending them to the others", peer.client_id, len(held))

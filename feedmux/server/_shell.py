@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import zmq
@@ -27,10 +28,13 @@ from feedmux._transport import (
     send_message,
 )
 from feedmux.errors import ProtocolError
-from feedmux.protocol import Error, decode
-from feedmux.server._core import ControlCore, Phase, Sends
+from feedmux.protocol import Ack, Error, decode, read_tags
+from feedmux.server._core import ControlCore, Phase, Sends, Stat
 from feedmux.server._fanout import GroupFanout
+from feedmux.server._meter import SamplerMeter, sampler_stats
+from feedmux.server._metrics import MetricsEndpoint
 from feedmux.server._producer import Frames
+from feedmux.server._ranksend import RankSender
 from feedmux.server._reliable import ReliableDispatch
 from feedmux.server.config import ServerConfig
 
@@ -62,10 +66,17 @@ class Endpoints:
             self._stop_authenticator()
             self.context.destroy(linger=0)  # closes whichever socket was opened
             raise
-        self.core = ControlCore(
-            config, time.monotonic(), os.getpid(),
-            self.reliable.ledger.stats if self.reliable is not None else None,
-        )
+        #: The sampling processes' meters (the server's own, or its workers').
+        self.meters = [SamplerMeter()]
+        #: Seconds the data path waited because no trainer could take a message.
+        self.blocked_seconds = 0.0
+        #: More figures for the statistics (the worker pool's liveness).
+        self.probes: list[Callable[[], dict[str, Stat]]] = []
+        #: Bytes of data messages handed to the data socket.
+        self.bytes_sent = 0
+        self.core = ControlCore(config, time.monotonic(), os.getpid(), self._extra_stats)
+        #: Ranked delivery: each rank's messages to its holder, a successor's hand-over first.
+        self.ranked = RankSender(self.data, self.core.retention, self._replayed)
         #: Consumer groups: every buffered message goes to each group (None: no groups).
         self.fanout: GroupFanout | None = None
         if config.grouped:
@@ -73,7 +84,29 @@ class Endpoints:
                 config, self.data, self.core,
                 lambda timeout: self.serve_control(timeout),
                 lambda: bool(self.stopping))
-            self.core.extra_stats = self.fanout.stats
+        self.metrics: MetricsEndpoint | None = None
+        if config.metrics_port is not None:
+            try:
+                self.metrics = MetricsEndpoint(lambda: self.core.stats(time.monotonic()),
+                                               config.metrics_port, config.metrics_host)
+            except BaseException:
+                self.close()
+                raise
+
+    def _extra_stats(self) -> dict[str, Stat]:
+        blocked, sent_bytes = self.blocked_seconds, self.bytes_sent
+        if self.fanout is not None:
+            blocked += self.fanout.blocked_seconds
+            sent_bytes += self.fanout.bytes_sent
+        stats: dict[str, Stat] = dict(sampler_stats(self.meters, blocked))
+        stats["bytes_sent"] = sent_bytes
+        if self.fanout is not None:
+            stats.update(self.fanout.stats())
+        if self.reliable is not None:
+            stats.update(self.reliable.ledger.stats())
+        for probe in self.probes:
+            stats.update(probe())
+        return stats
 
     def _open_sockets(self) -> None:
         config = self.config
@@ -115,13 +148,14 @@ class Endpoints:
         if self.fanout is not None:  # counts each delivery to a group itself
             if not self.fanout.send(frames, n_samples, epoch):
                 return False
-        elif self.reliable is not None:
-            if not self.reliable.send(list(frames), n_samples, epoch, self._wait_reliable):
-                return False
-            core.data_sent(n_samples, epoch)
         else:
-            if not self._push(frames, rank):
+            if self.reliable is not None:
+                sent = self.reliable.send(list(frames), n_samples, epoch, self._wait_for_credit)
+            else:
+                sent = self._push(frames, rank)
+            if not sent:
                 return False
+            self.bytes_sent += sum(len(frame) for frame in frames)
             core.data_sent(n_samples, epoch)
         if readable(self.control):
             self.serve_control(timeout=0)
@@ -132,29 +166,54 @@ class Endpoints:
         core, data = self.core, self.data
         message = [b"", *frames]
         waited = False
+        blocked_since = 0.0
         while True:
-            targets = core.free_targets() if rank < 0 else [core.rank_target(rank)]
-            for identity in targets:
-                if identity is None:
-                    continue
-                message[0] = identity
-                try:
-                    data.send_multipart(message, flags=zmq.NOBLOCK, copy=False)
-                    return True
-                except zmq.ZMQError:
-                    # Again: its queue is full (HWM); EHOSTUNREACH: its data connection is
-                    # not up yet, or gone (the control heartbeats decide that). Next one.
-                    continue
-            # Nobody took it: wait, but keep answering the control socket and noticing a
-            # stop request. A ROUTER is writable when any trainer's queue has room, which
-            # may not be this rank's: after the first try, wait on control alone, briefly.
+            if rank >= 0:
+                target = core.rank_target(rank)
+                sent = target is not None and self.ranked.send(rank, target, frames)
+            else:
+                sent = False
+                for identity in core.free_targets():
+                    message[0] = identity
+                    try:
+                        data.send_multipart(message, flags=zmq.NOBLOCK, copy=False)
+                    except zmq.ZMQError:
+                        # Again: its queue is full (HWM); EHOSTUNREACH: its data connection
+                        # is not up yet, or gone (the control heartbeats decide that). Next.
+                        continue
+                    sent = True
+                    break
+            if sent:
+                if blocked_since:
+                    self.blocked_seconds += time.perf_counter() - blocked_since
+                return True
+            # Nobody took it: wait (blocked time: no trainer, or this rank's, could take it),
+            # but keep answering the control socket and noticing a stop request. A ROUTER is
+            # writable when any trainer's queue has room, which may not be this rank's: after
+            # the first try, wait on control alone, briefly.
+            if not blocked_since:
+                blocked_since = time.perf_counter()
             if self.stopping:
+                self.blocked_seconds += time.perf_counter() - blocked_since
                 return False
             if rank < 0 or not waited:
                 self.serve_control(timeout=0.1, also_writable=True)
             else:
                 self.serve_control(timeout=0.001)
             waited = True
+
+    def _replayed(self, frames: Sequence[Any]) -> None:
+        self.bytes_sent += sum(len(frame) for frame in frames)
+        tags = read_tags(frames)
+        self.core.data_sent(len(tags), int(tags[0, 0]))
+
+    def _wait_for_credit(self) -> bool:
+        """Reliable mode's send path waits for credit: that time counts as blocked."""
+        started = time.perf_counter()
+        try:
+            return self._wait_reliable()
+        finally:
+            self.blocked_seconds += time.perf_counter() - started
 
     def _wait_reliable(self) -> bool:
         """Wait up to 0.1 s for credit, acknowledgements or control; False when stopping."""
@@ -191,7 +250,13 @@ class Endpoints:
             except ProtocolError as error:
                 self.deliver(core.malformed(identity, error, time.monotonic()))
                 continue
+            if isinstance(message, Ack) and message.rank < 0:
+                if self.reliable is not None:  # a free trainer's hand-out mark: no answer
+                    self.reliable.ledger.handed(message)
+                continue
             self.deliver(core.receive(identity, message, time.monotonic()))
+        if core.ranks.ranked and self.reliable is None:
+            self.ranked.replay_taken_over(core.ranks.world_size or 0, core.rank_target)
         return True
 
     def deliver(self, sends: Sends) -> None:
@@ -199,7 +264,11 @@ class Endpoints:
         for identity, message in sends:
             try:
                 send_message(self.control, message, prefix=[identity], flags=zmq.NOBLOCK)
-            except zmq.ZMQError:  # also zmq.Again: its queue is full
+            except zmq.Again:
+                if self.core.ranks.ranked:
+                    continue  # a rank busy in a long step: its holder stays (its acks tell)
+                self.core.peer_gone(identity)
+            except zmq.ZMQError:
                 # The peer went away (ROUTER_MANDATORY) or cannot keep up: the core forgets
                 # it but keeps what it had received for the end-of-stream count.
                 self.core.peer_gone(identity)
@@ -281,6 +350,8 @@ class Endpoints:
         self.control.linger = 1000
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         # After a finished stream, give what is still queued a moment to reach the trainers.
         self.data.close(linger=1000 if self.core.finished else 0)
         self.control.close()

@@ -24,6 +24,7 @@ import zmq
 from feedmux._transport import make_socket
 from feedmux.protocol import EndOfEpoch, encode
 from feedmux.sampling.epochs import EpochIterator, shard
+from feedmux.server._meter import SamplerMeter, SharedMeters
 from feedmux.server._producer import Frames, error_message, produce
 from feedmux.server.config import ServerConfig
 
@@ -46,6 +47,8 @@ class WorkerPool:
         self._mp = multiprocessing.get_context("fork")
         self._released = self._mp.RawValue("q", 0)
         self._stop = self._mp.Event()
+        #: Each worker's sampling time and skipped streams, readable from this process.
+        self.meters = SharedMeters(config.workers).meters
         self.processes: list[multiprocessing.process.BaseProcess] = []
 
     def start(self) -> None:
@@ -53,7 +56,7 @@ class WorkerPool:
             process = self._mp.Process(
                 target=_worker_main,
                 args=(part, self.config, index, self.endpoint, self._released, self._stop,
-                      os.getpid()),
+                      os.getpid(), self.meters[index]),
                 name=f"feedmux-worker-{index}",
                 daemon=True,
             )
@@ -65,6 +68,11 @@ class WorkerPool:
     def release(self, epoch: int) -> None:
         """Let the workers start ``epoch``."""
         self._released.value = epoch
+
+    def liveness(self) -> dict[str, int | float | str | None]:
+        """``worker.<index>.alive``: 1 while that worker process runs, else 0."""
+        return {f"worker.{index}.alive": int(process.exitcode is None)
+                for index, process in enumerate(self.processes)}
 
     def failure(self) -> str:
         """A description of the first worker that exited on its own, or ''."""
@@ -105,6 +113,7 @@ def _worker_main(
     released: Any,
     stop_event: Any,
     parent_pid: int,
+    meter: SamplerMeter,
 ) -> None:
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us
@@ -145,7 +154,7 @@ def _worker_main(
             items = EpochIterator(streamer, max_epochs=config.epochs)
             produce(
                 items, send, policy=config.policy, server_id=config.server_id,
-                skip_errors=config.on_error == "skip", epoch_done=epoch_done,
+                skip_errors=config.on_error == "skip", epoch_done=epoch_done, meter=meter,
             )
     except Exception as error:
         send(encode(error_message(error, config.server_id)))

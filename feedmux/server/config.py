@@ -50,6 +50,8 @@ class ServerConfig:
     curve_secret: str | None = None
     curve_clients: str | None = None
     server_id: str = ""
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         def require(ok: bool, what: str, value: object) -> None:
@@ -77,6 +79,12 @@ class ServerConfig:
             parse_group_buffer(self.group_buffer)  # raises a clear error on a bad limit
             require(not self.reliable, "reliable=False with group_buffer (consumer groups "
                     "use plain delivery)", self.reliable)
+        require(self.metrics_port is None or 0 <= self.metrics_port <= 65535,
+                "metrics_port None or a TCP port 0-65535", self.metrics_port)
+        if self.metrics_port is not None:
+            from feedmux.server._metrics import check_available
+
+            check_available()
         if not self.server_id:
             object.__setattr__(self, "server_id", uuid.uuid4().hex[:12])
 

@@ -131,6 +131,7 @@ class Server:
         self._process: multiprocessing.process.BaseProcess | None = None
         self._stop = _StopFlag()
         self._bound: tuple[str, str] | None = None
+        self._metrics_address = ""
         # In a process started by start(): where to tell the parent what was bound.
         self._report: Connection | None = None
 
@@ -143,6 +144,12 @@ class Server:
     def control_address(self) -> str:
         """The control endpoint as bound (a real port where it said, or defaulted to, 0)."""
         return self._addresses()[1]
+
+    @property
+    def metrics_address(self) -> str | None:
+        """Where the Prometheus metrics are served once bound (None without ``metrics_port``)."""
+        self._addresses()
+        return self._metrics_address or None
 
     def _addresses(self) -> tuple[str, str]:
         if self._bound is None:
@@ -197,7 +204,10 @@ class Server:
             source, endpoints.data_address, endpoints.control_address, config.workers,
             config.epoch_size or "measured after the first epoch", config.server_id,
         )
-        self._tell_parent("bound", *self._bound)
+        if endpoints.metrics is not None:
+            self._metrics_address = endpoints.metrics.address
+            log.info("metrics on %s", self._metrics_address)
+        self._tell_parent("bound", *self._bound, self._metrics_address)
         return endpoints
 
     def _run_local(self, streamer: Any) -> int:
@@ -217,7 +227,7 @@ class Server:
             produce(
                 items, endpoints.send_data, policy=config.policy, server_id=config.server_id,
                 skip_errors=config.on_error == "skip", epoch_done=epoch_done,
-                dealer=_dealer(endpoints, config),
+                dealer=_dealer(endpoints, config), meter=endpoints.meters[0],
             )
             if not self._stop:
                 endpoints.finish()
@@ -242,6 +252,8 @@ class Server:
                 endpoints = self._open()
                 if endpoints is None:
                     return EXIT_USAGE
+                endpoints.meters = pool.meters
+                endpoints.probes.append(pool.liveness)
                 try:
                     return _forward(pool, endpoints, config, self._stop)
                 finally:
@@ -274,6 +286,7 @@ class Server:
             reader.close()
         if report is not None and report[0] == "bound":
             self._bound = (report[1], report[2])
+            self._metrics_address = report[3] if len(report) > 3 else ""
             return self
         if report is None:
             problem = (f"it did not bind within {timeout} s" if process.exitcode is None

@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 import feedmux
-from feedmux.client import remote
+from feedmux.client import _data
 from feedmux.client.remote import RemoteLoader
 from feedmux.errors import ConfigurationError, TransportTimeoutError
 from feedmux.protocol import (
@@ -354,7 +354,7 @@ def test_large_messages_tune_malloc_once_unless_told_not_to(
     monkeypatch: pytest.MonkeyPatch, tune: bool
 ) -> None:
     calls: list[int] = []
-    monkeypatch.setattr(remote, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(_data, "keep_freed_memory", lambda: calls.append(1) or True)
 
     def big() -> Iterator[dict[str, Any]]:
         while True:

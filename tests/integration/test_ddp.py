@@ -118,8 +118,10 @@ def test_torchrun_runs_the_ddp_example(tmp_path: Path) -> None:
 # -- bad input: the newcomer gets a clear error, the established ranks go on ----------------
 @pytest.fixture
 def waiting_server() -> Iterator[Server]:
-    server = Server(SAMPLER, bind="tcp://127.0.0.1:0", control="tcp://127.0.0.1:0",
-                    rank_timeout=60)
+    # Long epochs: the ranks stop reading while the newcomer tries, and a welcome per tiny
+    # epoch would fill their control queues (then the server drops those connections).
+    server = Server(SAMPLER, factory_kwargs={"streams": 2, "per_stream": 50_000},
+                    bind="tcp://127.0.0.1:0", control="tcp://127.0.0.1:0", rank_timeout=60)
     server.start()
     yield server
     server.stop()

@@ -227,6 +227,18 @@ GOLDEN: list[tuple[str, Any, dict[str, Any], list[bytes]]] = [
         ),
     ),
     (
+        "ack-ranked",
+        Ack(client_id="c", server_id="s1", rank=1, epoch=2, position=5),
+        {},
+        frames_of(
+            # {"v": 1, "k": 12, "seqs": (), "client_id": "c", "server_id": "s1", "rank": 1,
+            #  "epoch": 2, "position": 5}: the ranked fields are written only when set
+            "88 a1 76 01 a1 6b 0c a4 73 65 71 73 91 c7 00 04 a9 63 6c 69 65 6e 74 5f 69 64"
+            " a1 63 a9 73 65 72 76 65 72 5f 69 64 a2 73 31 a4 72 61 6e 6b 01 a5 65 70 6f 63"
+            " 68 02 a8 70 6f 73 69 74 69 6f 6e 05",
+        ),
+    ),
+    (
         "data-inline-array",
         Data(
             np.array([[1, 0]]),

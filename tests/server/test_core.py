@@ -165,6 +165,24 @@ def test_the_last_word_is_repeated_to_late_speakers_until_quiet() -> None:
     assert core.phase is Phase.DONE
 
 
+def test_a_heartbeat_after_the_last_word_gets_it_and_changes_no_count() -> None:
+    # The end-of-stream accounting is closed once the last word is out; a late
+    # heartbeat is answered with that word and its count is not taken.
+    core = make_core()
+    core.receive(A, hello(), now=0.0)
+    core.data_sent(3, epoch=1)
+    core.finish(now=0.0)
+    core.receive(A, beat(1), now=0.05)
+    core.tick(now=core.config.drain_timeout + 1)
+    assert core.phase is Phase.LAST_WORD
+    assert kinds(core.receive(A, beat(1), now=core.config.drain_timeout + 1.1)) == [
+        (A, EndOfStream)]
+    assert core.received_total() == 1
+    assert kinds(core.receive(A, beat(2), now=core.config.drain_timeout + 1.2)) == [
+        (A, EndOfStream)]
+    assert core.received_total() == 1
+
+
 def test_the_last_word_is_bounded_even_when_someone_keeps_talking() -> None:
     core = make_core()
     core.fail(RuntimeError("boom"), now=0.0)
@@ -286,7 +304,9 @@ class CoreSequences(RuleBasedStateMachine):
     def heartbeat(self, data: st.DataObject) -> None:
         identity = data.draw(st.sampled_from(sorted(self.held)))
         count = data.draw(st.integers(self.reported.get(identity, 0), self.held[identity]))
-        self.reported[identity] = count
+        if self.core.final_message is None:
+            # Once the last word is out the core only repeats it: counts no longer matter.
+            self.reported[identity] = count
         sends = self.core.receive(identity, beat(count, identity.decode()), self.now)
         if self.final is not None:
             assert [m for _, m in sends] == [self.final], "the last word is repeated"
