@@ -253,9 +253,12 @@ class ServerLinks:
     # -- events ---------------------------------------------------------------------------
     def hello(self) -> list[Action]:
         """Introduce this trainer to every server (on connecting, and to a new server)."""
-        hello = Hello(client_id=self.client_id, world_size=self.world_size, rank=self.rank,
-                      group=self.group)
+        hello = self._hello_message()
         return [Send(index, hello) for index in range(len(self.links))]
+
+    def _hello_message(self) -> Hello:
+        return Hello(client_id=self.client_id, world_size=self.world_size, rank=self.rank,
+                     group=self.group)
 
     def control(self, index: int, message: Message) -> list[Action]:
         """A control message from the server of link ``index``; raises a server's error."""
@@ -320,7 +323,7 @@ class ServerLinks:
         if now - self._last_heartbeat < self.heartbeat_interval:
             return ()
         self._last_heartbeat = now
-        hello = Hello(client_id=self.client_id, world_size=self.world_size, rank=self.rank)
+        hello = self._hello_message()
         return [
             Send(index, hello) if index in self._refused else
             Send(index, Heartbeat(sender_id=self.client_id,

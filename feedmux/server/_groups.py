@@ -71,7 +71,7 @@ def parse_group_buffer(value: int | str) -> tuple[int, int]:
 
 
 def refuse_group(hello: Hello, grouped: bool) -> tuple[str, str] | None:
-    """Why ``hello``'s group (or rank) does not fit a server with(out) groups; None if it does.
+    """Why ``hello``'s group does not fit a server without groups; None if it does.
 
     Examples
     --------
@@ -84,10 +84,6 @@ def refuse_group(hello: Hello, grouped: bool) -> tuple[str, str] | None:
         return "feedmux.errors.ConfigurationError", (
             f"this server has no consumer groups: expected a RemoteLoader without group= "
             f"(or a server started with --group-buffer), got group {hello.group!r}")
-    if grouped and hello.rank >= 0:
-        return "feedmux.errors.ConfigurationError", (
-            f"this server deals to free trainers in consumer groups: expected a "
-            f"RemoteLoader without rank=, got rank {hello.rank} of {hello.world_size}")
     return None
 
 
@@ -190,6 +186,10 @@ class GroupBuffer:
         """Every message of ``epoch`` is in: a group joining now starts with the next epoch."""
         if epoch >= self._last_epoch:
             self._last_epoch, self._epoch_open = epoch, False
+
+    def epoch_closed(self, epoch: int) -> bool:
+        """Whether every message of ``epoch`` is in the buffer (or has passed through it)."""
+        return epoch < self._last_epoch or (epoch == self._last_epoch and not self._epoch_open)
 
     # -- the groups -------------------------------------------------------------------------
     def join(self, name: str, now: float) -> GroupState:

@@ -257,6 +257,8 @@ class Endpoints:
             self.deliver(core.receive(identity, message, time.monotonic()))
         if core.ranks.ranked and self.reliable is None:
             self.ranked.replay_taken_over(core.ranks.world_size or 0, core.rank_target)
+        if self.fanout is not None:
+            self.fanout.replay_taken_over()
         return True
 
     def deliver(self, sends: Sends) -> None:

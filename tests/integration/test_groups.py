@@ -49,6 +49,12 @@ class Trainers:
         return [(int(e), int(i)) for e, i in
                 (line.split() for line in path.read_text().splitlines() if line.strip())]
 
+    def ranked(self, name: str) -> list[tuple[int, int, int]]:
+        """(epoch, id, position) of every sample ranked trainer ``name`` was handed, in order."""
+        path = self.folder / name
+        return [(int(e), int(i), int(p)) for e, i, p in
+                (line.split() for line in path.read_text().splitlines() if line.strip())]
+
     def close(self) -> None:
         for process in self.processes.values():
             if process.poll() is None:
@@ -92,6 +98,75 @@ def test_three_groups_each_see_every_sample_once_per_epoch(
     assert trainers.seen("b0") and trainers.seen("b1")
     # Sampled once: the server's log counts 3 epochs of EPOCH samples, not one per group.
     assert server.stderr.count(f"complete: {EPOCH} samples") == 3
+
+
+#: An odd epoch (3 streams x 33 = 99 samples), so that two ranks must pad or drop.
+ODD_EPOCH = 99
+
+
+def check_ranked_group(shares: list[list[tuple[int, int, int]]], uneven: str,
+                       epochs: int) -> None:
+    """Every rank the same steps per epoch; together every sample of every epoch exactly
+    once, plus the padding (repeats of the epoch's first samples) or minus the dropped
+    remainder."""
+    world_size = len(shares)
+    steps = -(-ODD_EPOCH // world_size) if uneven == "pad" else ODD_EPOCH // world_size
+    for epoch in range(1, epochs + 1):
+        mine = [[row for row in share if row[0] == epoch] for share in shares]
+        assert [len(rows) for rows in mine] == [steps] * world_size, f"epoch {epoch}"
+        for rank, rows in enumerate(mine):
+            assert [p for _, _, p in rows] == list(range(rank, steps * world_size, world_size))
+        dealt = sorted((p, i) for rows in mine for _, i, p in rows)
+        by_position = dict(dealt)
+        ids = Counter(by_position[p] for p in range(min(ODD_EPOCH, steps * world_size)))
+        assert set(ids.values()) == {1}, f"epoch {epoch}: a sample twice"
+        if uneven == "pad":  # padding repeats the epoch's first samples, in order
+            assert sorted(ids) == list(range(ODD_EPOCH)), f"epoch {epoch}: a sample missing"
+            padded = [by_position[p] for p in range(ODD_EPOCH, steps * world_size)]
+            assert padded == [by_position[p] for p in range(len(padded))]
+        else:  # the last, partial round is not delivered
+            assert len(ids) == steps * world_size
+
+
+@pytest.mark.parametrize("uneven", ["pad", "drop"])
+def test_a_ranked_group_and_a_free_group_each_get_whole_epochs(
+        serve: Callable[..., Spawned], trainers: Trainers, uneven: str) -> None:
+    server = serve(SAMPLER, "--arg", "streams=3", "--arg", "per_stream=33", "--epochs", "3",
+                   "--samples-per-message", "8", "--group-buffer", "16", "--min-trainers", "3",
+                   "--uneven", uneven)
+    for rank in range(2):
+        trainers.start(server, f"r{rank}", "--group", "ddp", "--rank", str(rank),
+                       "--world-size", "2")
+    trainers.start(server, "free", "--group", "eval")
+    for name in ("r0", "r1", "free"):
+        assert trainers.wait(name) == 0, f"trainer {name} failed"
+    assert server.wait(timeout=30) == 0
+    check_ranked_group([trainers.ranked("r0"), trainers.ranked("r1")], uneven, epochs=3)
+    whole = Counter(range(ODD_EPOCH))
+    assert per_epoch(trainers.seen("free")) == {1: whole, 2: whole, 3: whole}
+    assert server.stderr.count(f"complete: {ODD_EPOCH} samples") == 3  # sampled once
+
+
+def test_a_restarted_rank_of_a_group_continues_right_after_its_predecessor(
+        serve: Callable[..., Spawned], trainers: Trainers) -> None:
+    server = serve(SAMPLER, "--arg", "streams=3", "--arg", "per_stream=33", "--epochs", "2",
+                   "--samples-per-message", "8", "--group-buffer", "16", "--min-trainers", "3")
+    trainers.start(server, "r0", "--group", "ddp", "--rank", "0", "--world-size", "2",
+                   "--step-ms", "1")
+    trainers.start(server, "doomed", "--group", "ddp", "--rank", "1", "--world-size", "2",
+                   "--die-after", "21", "--step-ms", "1")
+    trainers.start(server, "free", "--group", "eval")
+    assert trainers.wait("doomed") == -9
+    trainers.start(server, "restarted", "--group", "ddp", "--rank", "1", "--world-size", "2")
+    for name in ("r0", "restarted", "free"):
+        assert trainers.wait(name) == 0, f"trainer {name} failed"
+    assert server.wait(timeout=30) == 0
+    doomed = trainers.ranked("doomed")
+    assert len(doomed) == 21
+    check_ranked_group([trainers.ranked("r0"), doomed + trainers.ranked("restarted")], "pad",
+                       epochs=2)
+    whole = Counter(range(ODD_EPOCH))
+    assert per_epoch(trainers.seen("free")) == {1: whole, 2: whole}
 
 
 def test_a_slow_group_holds_the_others_back_without_loss(

@@ -13,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from feedmux.errors import ProtocolError
 from feedmux.protocol import (
+    Ack,
     Drain,
     EndOfStream,
     Error,
@@ -390,7 +391,32 @@ def test_a_group_on_a_server_without_groups_is_refused_clearly() -> None:
     assert "got group 'eval'" in error.message and A not in core.trainers
 
 
-def test_a_ranked_trainer_on_a_group_server_is_refused_clearly() -> None:
+def test_each_group_has_its_own_ranks_and_world_size() -> None:
     core = make_core(group_buffer=8)
-    [(_, error)] = core.receive(A, Hello("one", world_size=2, rank=0, group="g"), now=1.0)
-    assert isinstance(error, Error) and "expected a RemoteLoader without rank=" in error.message
+    [(_, welcome)] = core.receive(A, Hello("a0", world_size=2, rank=0, group="g"), now=1.0)
+    assert isinstance(welcome, Welcome) and (welcome.world_size, welcome.uneven) == (2, "pad")
+    # Another group's rank 0, of another world size, is no conflict.
+    [(_, other)] = core.receive(B, Hello("b0", world_size=3, rank=0, group="h"), now=1.0)
+    assert isinstance(other, Welcome) and other.world_size == 3
+    [(_, free)] = core.receive(C, Hello("f", group="free"), now=1.0)
+    assert isinstance(free, Welcome) and free.world_size == 0
+    assert core.rank_target(0, "g") == b"a0" and core.rank_target(0, "h") == b"b0"
+    assert core.rank_target(1, "g") is None and not core.ranks.ranked  # no server-wide ranks
+    # A rank's acknowledgement (from the loader's own socket) lands in its group's retention.
+    core.receive(b"acks", Ack(client_id="a0", server_id="srv", rank=0, epoch=1, position=4),
+                 now=1.5)
+    assert core.tables.retention_of("g")._handed == {0: (1, 4)}
+    assert core.tables.retention_of("h")._handed == {}
+
+
+def test_a_group_mixing_ranked_and_free_trainers_is_refused_naming_the_group() -> None:
+    core = make_core(group_buffer=8)
+    core.receive(A, Hello("a0", world_size=2, rank=0, group="g"), now=1.0)
+    [(_, error)] = core.receive(B, Hello("free", group="g"), now=1.0)
+    assert isinstance(error, Error) and error.type.endswith("ConfigurationError")
+    assert "group 'g' deals to 2 ranked trainers" in error.message and B not in core.trainers
+    core.receive(C, Hello("f", group="f"), now=1.0)
+    [(_, error)] = core.receive(b"d", Hello("r", world_size=2, rank=1, group="f"), now=1.0)
+    assert isinstance(error, Error) and "group 'f' deals to free trainers" in error.message
+    [(_, error)] = core.receive(b"e", Hello("r", world_size=3, rank=1, group="g"), now=1.0)
+    assert isinstance(error, Error) and "expected world_size 2" in error.message

@@ -7,7 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedmux.errors import ConfigurationError
+from feedmux.protocol import Hello
 from feedmux.server._groups import GroupBuffer, parse_group_buffer
+from feedmux.server._ranks import RankTables
 
 
 def _drain(buffer: GroupBuffer, name: str) -> list[object]:
@@ -175,3 +177,24 @@ def test_bad_group_settings_are_refused(options: dict[str, object], expected: st
 
     with pytest.raises(ConfigurationError, match=expected):
         ServerConfig(source="unused:source", **options)  # type: ignore[arg-type]
+
+
+def test_an_epoch_is_closed_once_its_last_message_is_in() -> None:
+    buffer = GroupBuffer(max_messages=4)
+    buffer.join("a", now=0.0)
+    buffer.append(["m1"], n_samples=2, epoch=1, nbytes=1)
+    assert not buffer.epoch_closed(1)
+    buffer.epoch_finished(1)
+    assert buffer.epoch_closed(1) and not buffer.epoch_closed(2)
+    buffer.append(["m2"], n_samples=2, epoch=2, nbytes=1)
+    assert buffer.epoch_closed(1) and not buffer.epoch_closed(2)
+
+
+def test_a_dropped_group_forgets_its_ranks() -> None:
+    tables = RankTables(grouped=True, retention_limit=4)
+    assert tables.admit(b"a", Hello("a", world_size=2, rank=0, group="g"), lambda i: True) is None
+    tables.forget("g")
+    assert not tables.of("g").ranked
+    # Its trainers coming back may form the group again, even with another world size.
+    assert tables.admit(b"b", Hello("b", world_size=3, rank=2, group="g"), lambda i: True) is None
+    assert tables.of("g").world_size == 3
