@@ -133,7 +133,9 @@ class GroupFanout:
         """
         buffer = self.buffer
         blocked_since = 0.0
-        while True:
+        # With room in the buffer, one pump after the append does all the sends: pumping
+        # before it too would walk every group twice per message for nothing.
+        while buffer.full or not buffer.groups:
             self.pump()
             if not buffer.full and buffer.groups:
                 break
