@@ -116,10 +116,10 @@ def _reference_row(
 def _row(rows: list[dict[str, Any]], peer: str, transport: str = "tcp", **options: int) -> Any:
     for row in rows:
         contender = row["contender"]
-        peer_of, transport_of, workers, trainers, *ranked = contender.split("/")
-        if peer_of != peer or transport_of != transport:
+        peer_of, transport_of, workers, trainers, *flags = contender.split("/")
+        if peer_of != peer or transport_of != transport or "zc" in flags:
             continue
-        if bool(ranked) != bool(options.get("ranked", 0)):
+        if ("ranked" in flags) != bool(options.get("ranked", 0)):
             continue
         if int(workers[1:]) != options.get("workers", int(workers[1:])):
             continue

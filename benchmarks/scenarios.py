@@ -136,6 +136,7 @@ class Contender:
     workers: int = 1  # producer processes (feedmux --workers, DataLoader num_workers)
     trainers: int = 1  # consuming processes sharing the producer
     show_workers: bool = False  # name the worker count in the label
+    zero_copy: bool = False  # feedmux: arrays sent as views (the streamer promises no reuse)
     ranked: bool = False  # feedmux: the trainers are the ranks of one job (rank=, world_size=)
 
     @property
@@ -152,12 +153,15 @@ class Contender:
             parts.append(f"{self.workers} worker{'s' if self.workers != 1 else ''}")
         if self.trainers != 1:
             parts.append(f"{self.trainers} {'ranked ' if self.ranked else ''}trainers")
+        if self.zero_copy:
+            parts.append("zero-copy")
         return ", ".join(parts)
 
     @property
     def key(self) -> str:
         key = f"{self.peer}/{self.transport}/w{self.workers}/t{self.trainers}"
-        return key + "/ranked" if self.ranked else key
+        key += "/ranked" if self.ranked else ""
+        return key + "/zc" if self.zero_copy else key
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,8 @@ def _transport_pair(peer: str) -> tuple[Contender, ...]:
 
 _ONE_TRAINER_PEERS = (
     *_transport_pair("feedmux"),
+    # What the default copy of every array (a streamer may reuse one) costs.
+    Contender("feedmux", "tcp", zero_copy=True),
     *_transport_pair("pyzmq"),
     Contender("pescador", "tcp"),
     Contender("torch", "queue", workers=2),

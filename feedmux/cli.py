@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="fixed transport batch (default: sized from the samples)")
     serve.add_argument("--min-trainers", type=int, default=0, metavar="N",
                        help="start sampling once N trainers are connected (default 0)")
+    serve.add_argument("--zero-copy", action="store_true",
+                       help="send arrays without copying them: only for a streamer that never "
+                       "reuses an array it yielded")
     serve.add_argument("--uneven", choices=("pad", "drop"), default="pad",
                        help="ranked trainers: pad the last round with repeats so every rank "
                             "gets ceil(E/n) samples, or drop it: E//n (default pad)")
@@ -178,7 +181,7 @@ def _serve(args: argparse.Namespace) -> int:
             workers=args.workers, epochs=args.epochs, epoch_size=args.epoch_size, hwm=args.hwm,
             samples_per_message=args.samples_per_message, on_error=args.on_error,
             log_every=args.log_every, drain_timeout=args.drain_timeout,
-            min_trainers=args.min_trainers, reliable=args.reliable,
+            min_trainers=args.min_trainers, reliable=args.reliable, zero_copy=args.zero_copy,
             uneven=args.uneven, rank_timeout=args.rank_timeout,
             group_buffer=_group_buffer(args.group_buffer), join=args.join,
             group_timeout=args.group_timeout,

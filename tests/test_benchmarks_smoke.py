@@ -40,11 +40,12 @@ def test_every_scenario_runs_for_a_few_samples(tmp_path):
 
 def _key(record):
     contender = record["contender"]
-    return (
+    key = (
         f"{contender['peer']}/{contender['transport']}"
         f"/w{contender['workers']}/t{contender['trainers']}"
         + ("/ranked" if contender["ranked"] else "")
     )
+    return key + "/zc" if contender.get("zero_copy") else key
 
 
 def test_scenarios_are_picked_by_key_or_number():

@@ -30,7 +30,7 @@ from typing import Any
 
 import zmq
 
-from feedmux._transport import HEARTBEAT_INTERVAL, make_socket, send_message
+from feedmux._transport import CONTROL_FRAME_BYTES, HEARTBEAT_INTERVAL, make_socket, send_message
 from feedmux.protocol import Ack
 
 __all__ = ["ACK_INTERVAL", "HandOutAcks", "Progress", "SeenPositions", "progress_of"]
@@ -68,7 +68,8 @@ class HandOutAcks:
 
     def _run(self) -> None:
         context: zmq.Context[Any] = zmq.Context()
-        sockets = [make_socket(context, zmq.DEALER, hwm=100, max_message_bytes=1 << 20,
+        # The server answers nothing here: what a server sends waits unread, bounded.
+        sockets = [make_socket(context, zmq.DEALER, hwm=100, max_message_bytes=CONTROL_FRAME_BYTES,
                                security=self._security) for _ in self._addresses]
         try:
             for socket, address in zip(sockets, self._addresses, strict=True):

@@ -25,10 +25,13 @@ from typing import Any, NamedTuple
 
 import zmq
 
+from feedmux._handshake import HandshakeWatch
 from feedmux._security import ClientCurve
 from feedmux._transport import (
+    CONTROL_FRAME_BYTES,
     DEFAULT_HWM,
     HEARTBEAT_INTERVAL,
+    MAX_CLIENT_ID,
     control_address_for,
     make_socket,
     readable,
@@ -46,6 +49,7 @@ from feedmux.errors import (
     TransportTimeoutError,
 )
 from feedmux.protocol import (
+    CONTROL_LIMITS,
     Credit,
     Data,
     Error,
@@ -117,8 +121,9 @@ class RemoteLoader:
         When the first large message (over 1 MiB) arrives, make glibc's malloc
         keep freed large buffers for reuse in this process (see
         ``feedmux._transport.keep_freed_memory``): 1.2-1.8x the throughput of
-        16 MiB samples at half the trainer CPU, for up to 1 GiB of freed heap
-        kept. False leaves the allocator alone.
+        16 MiB samples at half the trainer CPU. The price: freed buffers stay in
+        the process, up to its peak heap use (not a fixed bound; see
+        ``docs/performance.md``). False leaves the allocator alone.
     reliable : bool
         Talk to a server started with ``reliable=True`` / ``--reliable``: grant
         ``hwm`` messages of credit and acknowledge each message once all its
@@ -161,7 +166,7 @@ class RemoteLoader:
         diagnose_window: float | None = 60.0, diagnose_threshold: float = 0.25,
     ) -> None:
         addresses, controls = _endpoints(address, control)
-        _check_settings(timeout=timeout, world_size=world_size, hwm=hwm)
+        _check_settings(timeout=timeout, world_size=world_size, hwm=hwm, client_id=client_id)
         check_membership(world_size=world_size, rank=rank, group=group, reliable=reliable)
         self.rank = rank
         self.group = group
@@ -173,6 +178,7 @@ class RemoteLoader:
         self.max_message_bytes = max_message_bytes
         self.reliable = reliable
         self._tune_malloc = tune_malloc
+        self._handshakes = HandshakeWatch([], [])  # CURVE: what refused this loader's key
         self._security = (
             None if curve_server_key is None
             else ClientCurve.create(curve_server_key, curve_certificate)
@@ -353,7 +359,10 @@ class RemoteLoader:
         )
         self._data = DataSockets(data_sockets, reliable=self.reliable, client_id=self.client_id,
                                  addresses=self.addresses, tune_malloc=self._tune_malloc)
-        sockets = [*data_sockets, *self._control]
+        controls = [link.control_address for link in self._links.links]
+        if self._security is not None:  # a refused key is otherwise a silent timeout
+            self._handshakes = HandshakeWatch(self._control, controls)
+        sockets = [*self._handshakes.monitors, *data_sockets, *self._control]
         self._poller = zmq.Poller()
         for socket in sockets:
             self._poller.register(socket, zmq.POLLIN)
@@ -366,8 +375,7 @@ class RemoteLoader:
             # A restarted rank continues after the last sample this one handed out, and a
             # reliable trainer's unfinished message goes to the others cut there: tell the
             # servers every few ms, from a thread (nothing per sample on the hot path).
-            self._acks = HandOutAcks([link.control_address for link in self._links.links],
-                                     client_id=self.client_id,
+            self._acks = HandOutAcks(controls, client_id=self.client_id,
                                      rank=-1 if self.rank is None else self.rank,
                                      progress=progress_of(self), security=self._security)
             weakref.finalize(self, self._acks.stop)
@@ -405,7 +413,10 @@ class RemoteLoader:
                 return
             if links.finished:
                 raise StopIteration from None
-            wait = links.wait(waited_from, now)
+            try:
+                wait = links.wait(waited_from, now)
+            except TransportTimeoutError as error:
+                raise TransportTimeoutError(self._handshakes.explain(error)) from None
             events = dict(self._poller.poll(max(1, int(wait * 1000))))
             for index, socket in enumerate(self._control):
                 if socket in events:
@@ -433,7 +444,7 @@ class RemoteLoader:
     def _serve_control(self, index: int) -> None:
         socket = self._control[index]
         while readable(socket):
-            message = decode(socket.recv_multipart(copy=False))
+            message = decode(socket.recv_multipart(copy=False), limits=CONTROL_LIMITS)
             if not self._diagnosis.answer(index, message, time.monotonic()):
                 self._act(self._links.control(index, message))
 
@@ -478,13 +489,19 @@ def _endpoints(
     return addresses, controls
 
 
-def _check_settings(*, timeout: float | None, world_size: int, hwm: int) -> None:
+def _check_settings(*, timeout: float | None, world_size: int, hwm: int,
+                    client_id: str | None) -> None:
     if timeout is not None and not timeout > 0:
         raise ConfigurationError(f"expected timeout None or > 0 seconds, got {timeout!r}")
     if not (isinstance(world_size, int) and world_size >= 1):
         raise ConfigurationError(f"expected world_size an int >= 1, got {world_size!r}")
     if not (isinstance(hwm, int) and hwm >= 1):
         raise ConfigurationError(f"expected hwm an int >= 1, got {hwm!r}")
+    if client_id is not None and not (isinstance(client_id, str)
+                                      and len(client_id) <= MAX_CLIENT_ID):
+        raise ConfigurationError(f"expected client_id a str of at most {MAX_CLIENT_ID} "
+                                 f"characters, got {type(client_id).__name__} of "
+                                 f"{len(str(client_id))} characters")
 
 
 def _open_sockets(
@@ -517,7 +534,8 @@ def _open_sockets(
             socket.setsockopt(zmq.ROUTING_ID, client_id.encode())
             targets.append(socket)
     control = [
-        make_socket(context, zmq.DEALER, hwm=100, max_message_bytes=1 << 20, security=security)
+        make_socket(context, zmq.DEALER, hwm=100, max_message_bytes=CONTROL_FRAME_BYTES,
+                    security=security)
         for _ in links.links
     ]
     for target, control_socket, link in zip(targets, control, links.links, strict=True):
@@ -561,7 +579,7 @@ def fetch_stats(
         else ClientCurve.create(curve_server_key, curve_certificate)
     )
     context: zmq.Context[Any] = zmq.Context()
-    socket = make_socket(context, zmq.DEALER, hwm=10, max_message_bytes=1 << 20,
+    socket = make_socket(context, zmq.DEALER, hwm=10, max_message_bytes=CONTROL_FRAME_BYTES,
                          security=security)
     try:
         socket.connect(control_address)
@@ -570,7 +588,7 @@ def fetch_stats(
         while (remaining := deadline - time.monotonic()) > 0:
             if not socket.poll(int(remaining * 1000) + 1):
                 break
-            message = decode(socket.recv_multipart(copy=False))
+            message = decode(socket.recv_multipart(copy=False), limits=CONTROL_LIMITS)
             if isinstance(message, Stats):
                 return dict(message.values)
             if isinstance(message, Error):

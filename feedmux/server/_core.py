@@ -23,8 +23,9 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from feedmux._ratelog import RateLimitedLog
 from feedmux._transport import HEARTBEAT_INTERVAL
-from feedmux.errors import ProtocolError
+from feedmux.errors import ProtocolError, VersionMismatchError
 from feedmux.protocol import (
     Ack,
     Drain,
@@ -56,6 +57,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("feedmux.server")
+#: Lines any peer can trigger (malformed or unexpected messages) go through this.
+peer_log = RateLimitedLog(log)
 
 #: A trainer not heard from for this long no longer counts as connected.
 TRAINER_TIMEOUT = 3 * HEARTBEAT_INTERVAL
@@ -63,6 +66,8 @@ TRAINER_TIMEOUT = 3 * HEARTBEAT_INTERVAL
 FINAL_GRACE = 1.0
 #: Seconds between two Drain questions of the end-of-stream handshake.
 DRAIN_INTERVAL = 0.1
+#: A trainer heard within this long answers the drain questions (it waits for data).
+ANSWERING = 2 * HEARTBEAT_INTERVAL
 #: Trainer ids remembered to count reconnects (ids come from peers: the set is bounded).
 MAX_REMEMBERED_TRAINERS = 10_000
 #: How often the shell looks again while waiting for trainers or repeating the last word.
@@ -148,12 +153,11 @@ class ControlCore:
         self._last_heard = now
         if isinstance(message, Ack) and message.rank >= 0:
             # A ranked trainer's hand-out mark, from a socket that reads nothing: no answer.
-            # It is also the sign of life of the rank's holder (sent from the loader's thread).
+            # It is also the sign of life of the rank's holder (sent from the loader's thread);
+            # one for a rank the trainer's group does not deal to counts for nothing.
             group = _group_of(self.trainers, message.client_id) if self.config.grouped else ""
-            holder = self.tables.acknowledged(group, message)
-            trainer = self.trainers.get(holder) if holder is not None else None
-            if trainer is not None:
-                trainer.last_seen = now
+            if (holder := self.tables.acknowledged(group, message)) and holder in self.trainers:
+                self.trainers[holder].last_seen = now
             return NO_SENDS
         if self.final_message is not None and not isinstance(message, StatsRequest):
             return [(identity, self.final_message)]
@@ -175,8 +179,8 @@ class ControlCore:
             return [(identity, self.welcome(trainer.group))]
         if isinstance(message, StatsRequest):
             return [(identity, Stats(self.stats(now)))]
-        log.warning("unexpected %s on the control socket from %r", type(message).__name__,
-                    identity)
+        peer_log.log(logging.WARNING, "unexpected", "unexpected %s on the control socket from %r",
+                     type(message).__name__, identity[:16])
         return [(identity, Error(
             type="feedmux.errors.ProtocolError",
             message=f"expected Hello, Heartbeat or StatsRequest, got {type(message).__name__}",
@@ -232,10 +236,16 @@ class ControlCore:
             self._seen_clients.add(client_id)
 
     def malformed(self, identity: bytes, error: ProtocolError, now: float) -> Sends:
-        """A control message from ``identity`` that did not decode."""
+        """A control message from ``identity`` that did not decode.
+
+        The peer may be anyone who can reach the port, so it gets the error's kind
+        and nothing else (no detail of the decoder, no traceback); the detail goes
+        to the log, rate-limited.
+        """
         self._last_heard = now
-        log.warning("malformed control message from %r: %s", identity, error)
-        return [(identity, error_message(error, self.config.server_id))]
+        peer_log.log(logging.WARNING, "malformed", "malformed control message from %r: %s",
+                     identity[:16], error)
+        return [(identity, malformed_reply(error, self.config.server_id))]
 
     def peer_gone(self, identity: bytes) -> None:
         """A send to ``identity`` failed: forget it, keep what it had received for the count."""
@@ -268,7 +278,7 @@ class ControlCore:
     def epoch_finished(self, epoch: int, count: int) -> Sends:
         """Every sample of ``epoch`` (``count`` of them) has been sent."""
         self.epochs_completed = max(self.epochs_completed, epoch)
-        if self.epoch_size != count:
+        if count and self.epoch_size != count:  # 0: the epoch failed at once (on_error skip)
             if self.epoch_size is not None:
                 log.warning("epoch %d had %d samples, expected %s", epoch, count, self.epoch_size)
             self.epoch_size = count
@@ -284,8 +294,11 @@ class ControlCore:
         While some are missing, the server waits: they are in flight or queued
         at a live trainer. Only once a trainer has gone (its queue died with
         it) does a count that stays put for ``drain_idle`` seconds end the wait
-        early; ``drain_timeout`` bounds it in every case (a trainer that
-        stopped reading). Reliable mode ends on acknowledgements instead; the
+        early, and then only while every trainer still here keeps answering
+        the drain questions: a trainer waiting for data answers each one, a
+        slow trainer busy with its tail answers none until it reads again, and
+        is waited for. ``drain_timeout`` bounds the wait in every case (a
+        trainer that stopped reading). Reliable mode ends on acknowledgements instead; the
         shell calls :meth:`end_stream` then.
         """
         self.finished = True
@@ -382,8 +395,8 @@ class ControlCore:
             return self.end_stream(now)
         if total != self._last_total:
             self._last_total, self._last_change = total, now
-        stalled = ((self.departed or not self.trainers)
-                   and now - self._last_change > self.config.drain_idle)
+        idle = now - self._last_change > self.config.drain_idle
+        stalled = idle and (not self.trainers or (self.departed and self._all_answering(now)))
         if stalled or now > self.drain_deadline:
             return self.end_stream(now, f"{self.departed} trainer(s) went away" if stalled
                                    else "a trainer stopped reading")
@@ -394,6 +407,10 @@ class ControlCore:
         self._next_drain = now + DRAIN_INTERVAL
         return self.broadcast(Drain(sent_messages=self.messages_sent,
                                     server_id=self.config.server_id))
+
+    def _all_answering(self, now: float) -> bool:
+        """Whether every trainer was heard lately: each is waiting for data, none reading."""
+        return all(now - t.last_seen <= ANSWERING for t in self.trainers.values())
 
     def _log_throughput(self, now: float) -> None:
         self.rate = (self.samples_sent - self._samples_at_last_log) / (now - self._last_log)
@@ -434,3 +451,16 @@ class ControlCore:
 
     def stats(self, now: float) -> dict[str, Stat]:
         return core_stats(self, now, TRAINER_TIMEOUT)
+
+
+def malformed_reply(error: ProtocolError, server_id: str) -> Error:
+    """What a peer whose message did not decode is told: the error's kind, no detail.
+
+    A peer of another version is told both versions (its own it sent; no detail
+    of the decoder), so that an old trainer can say what to upgrade.
+    """
+    if isinstance(error, VersionMismatchError):
+        return Error(type="feedmux.errors.VersionMismatchError", message=str(error)[:200],
+                     server_id=server_id)
+    return Error(type="feedmux.errors.ProtocolError", message="malformed control message",
+                 server_id=server_id)

@@ -244,7 +244,7 @@ class GroupFanout:
     def replay_taken_over(self) -> None:
         """Hand over every rank of a ranked group taken over since the last look."""
         for name, group in self._ranked.items():
-            group.sender.replay_taken_over(group.dealer.world_size,
+            group.sender.replay_taken_over(list(self.core.tables.of(name).holders),
                                            functools.partial(self.core.rank_target, group=name))
 
     def _deliver(self, name: str, message: BufferedMessage, targets: list[bytes]) -> bool:

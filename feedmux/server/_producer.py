@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from feedmux._ratelog import RateLimitedLog
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Data, Error, encode
 from feedmux.sampling.epochs import EpochIterator
@@ -32,6 +33,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("feedmux.server")
+#: A streamer that raises on every pull would otherwise write a traceback per pull.
+error_log = RateLimitedLog(log)
 
 Frames = Sequence[Any]
 
@@ -59,6 +62,12 @@ class BatchPolicy:
 
     samples_per_message: int | None = None
     max_delay: float = 0.005
+    #: Whether array frames are copies rather than views of the streamer's arrays.
+    #: A streamer may reuse one array for every sample (``buf[:] = ...; yield buf``):
+    #: a view would then change under a message still queued, or kept for re-sending
+    #: in reliable mode. Copying costs one memcpy per array (see ``make bench``);
+    #: ``zero_copy=True`` on the server skips it for streamers that never reuse one.
+    copy_arrays: bool = True
 
     def limit_for(self, first_sample: Any) -> int:
         """How many samples the message starting with ``first_sample`` may hold."""
@@ -81,14 +90,43 @@ def _payload_bytes(sample: Any) -> int:
     return 8
 
 
+#: Most characters of an error's message and of its traceback on the wire: an Error must
+#: fit in one control frame (``CONTROL_FRAME_BYTES``) on the trainer's side.
+MAX_ERROR_TEXT = 12 * 1024
+
+
 def error_message(error: BaseException, server_id: str) -> Error:
-    """The wire message that carries ``error`` (type, message, traceback) to trainers."""
+    """The wire message that carries ``error`` (type, message, traceback) to trainers.
+
+    Sent only to trainers about the server's own sampling; the message keeps its
+    head and the traceback its tail (the innermost frames) when they are too long.
+    """
     kind = type(error)
     name = kind.__qualname__
     if kind.__module__ != "builtins":
         name = f"{kind.__module__}.{name}"
     text = "".join(traceback.format_exception(kind, error, error.__traceback__))
-    return Error(type=name, message=str(error), traceback=text, server_id=server_id)
+    if len(text) > MAX_ERROR_TEXT:
+        text = "...\n" + text[-MAX_ERROR_TEXT:]
+    return Error(type=name[:256], message=str(error)[:MAX_ERROR_TEXT], traceback=text,
+                 server_id=server_id)
+
+
+def own(item: Any) -> Any:
+    """``item`` with its arrays copied and its containers rebuilt (the rest shared).
+
+    Applied to each item as it is drawn, before the streamer runs again: a
+    streamer that writes every sample into one array (or one dict) cannot then
+    change a sample that waits in a message, is queued, or is kept for re-sending.
+    """
+    kind = type(item)
+    if kind is np.ndarray:
+        return item.copy()
+    if kind is dict:
+        return {key: own(value) for key, value in item.items()}
+    if kind is tuple or kind is list:
+        return kind(own(value) for value in item)
+    return item
 
 
 def _encode_batch(
@@ -99,7 +137,7 @@ def _encode_batch(
     Returns the frames (empty when nothing was left) and how many samples they hold.
     """
     try:
-        return list(encode(Data(tags, samples, server_id, seq))), len(samples)
+        return encode(Data(tags, samples, server_id, seq)), len(samples)
     except ProtocolError:
         if not skip_bad:
             raise
@@ -114,7 +152,7 @@ def _encode_batch(
     if not kept:
         return [], 0
     data = Data(tags[kept], [samples[row] for row in kept], server_id, seq)
-    return list(encode(data)), len(kept)
+    return encode(data), len(kept)
 
 
 class _Pacer:
@@ -183,11 +221,14 @@ def produce(
     sending it: that is the shell's blocked time) and every skipped stream.
     """
     meter = SamplerMeter() if meter is None else meter
+    if policy.copy_arrays:
+        epochs.prepare = own
     if skip_errors:
         def log_skipped(error: BaseException) -> None:
             meter.skipped()
-            log.warning("a stream raised %s: %s; skipping the rest of it",
-                        type(error).__name__, error, exc_info=error)
+            error_log.log(logging.WARNING, "stream",
+                          "a stream raised %s: %s; skipping the rest of it",
+                          type(error).__name__, error, exc_info=error)
 
         # The muxes get the hook from the epochs, which hand it down at each activation.
         epochs.on_stream_error = log_skipped
@@ -217,7 +258,9 @@ def _produce(
             return sent
         except Exception as error:
             _skip_epoch(error, skip_errors, meter)
-            if epoch_count and not epoch_done(epochs.epoch, epoch_count):
+            # The epoch is over even when it raised on its first pull: a worker must say
+            # so (the server waits for every shard's end of epoch) and wait for the next.
+            if not epoch_done(epochs.epoch, epoch_count):
                 return sent
             epoch_count = 0
             continue
@@ -246,8 +289,9 @@ def _skip_epoch(error: Exception, skip_errors: bool, meter: SamplerMeter) -> Non
     if not skip_errors:
         raise error
     meter.skipped()
-    log.warning("streamer raised %s: %s; going on with the next epoch",
-                type(error).__name__, error, exc_info=error)
+    error_log.log(logging.WARNING, "streamer",
+                  "streamer raised %s: %s; going on with the next epoch",
+                  type(error).__name__, error, exc_info=error)
 
 
 def _produce_ranked(

@@ -19,13 +19,16 @@ from feedmux.protocol import Ack, Hello
 from feedmux.server._groups import DEFAULT_GROUP, refuse_group
 from feedmux.server._retention import RankRetention
 
-__all__ = ["RANK_TAKEN", "RankTable", "RankTables"]
+__all__ = ["MAX_WORLD_SIZE", "RANK_TAKEN", "RankTable", "RankTables"]
 
 #: The error type a newcomer gets while another live trainer holds its rank; the
 #: loader retries its hello for a while, as the holder may be a crashed predecessor.
 RANK_TAKEN = "feedmux.errors.RankTakenError"
 #: The error type of every other refused hello.
 RANK_REFUSED = "feedmux.errors.ConfigurationError"
+#: The largest job a server deals to: a hello names the world size, and anyone who can
+#: reach the control port can send one (the server keeps per-rank state).
+MAX_WORLD_SIZE = 1 << 16
 
 
 class RankTable:
@@ -69,6 +72,8 @@ class RankTable:
                 )
             self.world_size = 0
             return None
+        if size > MAX_WORLD_SIZE:
+            return RANK_REFUSED, f"expected world_size at most {MAX_WORLD_SIZE}, got {size}"
         if not 0 <= rank < size:
             return RANK_REFUSED, f"expected rank in [0, {size}) for world_size {size}, got {rank}"
         if self.world_size == 0:
@@ -104,6 +109,10 @@ class RankTable:
     def missing(self) -> list[int]:
         """The ranks nobody holds (all of them before the first ranked hello)."""
         return [rank for rank in range(self.world_size or 0) if rank not in self.holders]
+
+    def dealt(self, rank: int) -> bool:
+        """Whether ``rank`` is a rank of this job (an acknowledgement of another means nothing)."""
+        return 0 <= rank < (self.world_size or 0)
 
 
 class RankTables:
@@ -166,7 +175,13 @@ class RankTables:
 
     def acknowledged(self, group: str, ack: Ack) -> bytes | None:
         """A rank of ``group`` handed out its share up to ``ack``'s mark; the control
-        identity of the rank's holder if the acknowledgement is from it (a sign of life)."""
+        identity of the rank's holder if the acknowledgement is from it (a sign of life).
+
+        A rank the group does not deal to (or a group no trainer said hello in)
+        counts for nothing: anyone can reach the control port.
+        """
+        if not self.of(group).dealt(ack.rank):
+            return None
         self.retention_of(group).handed(ack.rank, ack.client_id.encode(), ack.epoch,
                                         ack.position)
         holder = self.of(group).holder(ack.rank)

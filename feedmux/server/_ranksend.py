@@ -12,7 +12,7 @@ dealing rule does).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import zmq
@@ -67,9 +67,11 @@ class RankSender:
         retention.settled(rank, target, sent)
         return True
 
-    def replay_taken_over(self, world_size: int, target_of: Callable[[int], bytes | None]) -> None:
-        """Hand over every rank taken over since the last look (also with no new data)."""
-        for rank in range(world_size):
+    def replay_taken_over(self, ranks: Iterable[int],
+                          target_of: Callable[[int], bytes | None]) -> None:
+        """Hand over every rank of ``ranks`` (the held ones: not every rank of a world
+        size a peer chose) taken over since the last look (also with no new data)."""
+        for rank in ranks:
             target = target_of(rank)
             if target is not None and self.retention.pending(rank, target):
                 self.replay(rank, target)

@@ -103,12 +103,16 @@ class RankRetention:
         """``target`` handed out ``rank``'s share up to and including ``(epoch, position)``.
 
         An acknowledgement from an earlier holder (it crossed the hand-over)
-        only counts for what is still recorded as sent to it.
+        only counts for what is still recorded as sent to it; one from a client
+        this rank's data never went to counts for nothing (anyone can reach the
+        control port, and a mark moved ahead would cut what a successor gets).
         """
+        queue = self._sent.get(rank)
+        if self._owner.get(rank) != target and not any(e.target == target for e in queue or ()):
+            return
         mark = (epoch, position)
         if mark > self._handed.get(rank, (0, -1)):
             self._handed[rank] = mark
-        queue = self._sent.get(rank)
         while queue and queue[0].target == target and tuple(queue[0].tags[-1].tolist()) <= mark:
             queue.popleft()
 

@@ -19,16 +19,20 @@ from typing import Any, Protocol
 
 import zmq
 
+from feedmux._handshake import HandshakeLogger
 from feedmux._security import ServerCurve
 from feedmux._transport import (
-    bound_address,
+    CONTROL_INBOUND_FRAME_BYTES,
+    CONTROL_RCVHWM,
+    DATA_INBOUND_FRAME_BYTES,
+    DATA_RCVHWM,
+    bind,
     make_socket,
-    mapped_zmq_errors,
     readable,
     send_message,
 )
 from feedmux.errors import ProtocolError
-from feedmux.protocol import Ack, Error, decode, read_tags
+from feedmux.protocol import CONTROL_LIMITS, Ack, Error, decode, read_tags
 from feedmux.server._core import ControlCore, Phase, Sends, Stat
 from feedmux.server._fanout import GroupFanout
 from feedmux.server._meter import SamplerMeter, sampler_stats
@@ -42,8 +46,8 @@ __all__ = ["Endpoints", "MAX_CONTROL_BYTES"]
 
 log = logging.getLogger("feedmux.server")
 
-#: Control messages larger than this are refused by ZeroMQ before reaching Python.
-MAX_CONTROL_BYTES = 1 << 20
+#: Control frames larger than this are refused by ZeroMQ before reaching Python.
+MAX_CONTROL_BYTES = CONTROL_INBOUND_FRAME_BYTES
 
 
 class StopFlag(Protocol):
@@ -60,6 +64,7 @@ class Endpoints:
         self.failed = False
         self.context: zmq.Context[Any] = zmq.Context()
         self.authenticator: Any = None
+        self.handshakes: HandshakeLogger | None = None
         try:
             self._open_sockets()
         except BaseException:
@@ -114,31 +119,23 @@ class Endpoints:
         if config.curve_secret is not None:
             security = ServerCurve(config.curve_secret, config.curve_clients)
             self.authenticator = security.start(self.context)
+        self.data = _data_socket(self.context, config, security)
         self.reliable: ReliableDispatch | None = None
         if config.reliable:
-            # Credit bounds each trainer's queue, so the socket's own limit only has to
-            # stay out of the way; with queues that never fill, ZMTP heartbeats are safe.
-            self.data = make_socket(self.context, zmq.ROUTER, hwm=100_000, security=security)
-            self.data.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            self.reliable = ReliableDispatch(self.data, config.server_id)
-        else:
-            # A ROUTER, so that the core can address a message: to a rank, or to the next
-            # free trainer whose queue has room (an addressed send fails instead of blocking).
-            self.data = make_socket(self.context, zmq.ROUTER, hwm=config.hwm, heartbeats=False,
-                                    security=security)
-            self.data.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            self.reliable = ReliableDispatch(self.data, config.server_id,
+                                             lambda: self.serve_control(timeout=0))
         self.control = make_socket(
-            self.context, zmq.ROUTER, hwm=1000, max_message_bytes=MAX_CONTROL_BYTES,
+            self.context, zmq.ROUTER, hwm=1000, max_message_bytes=CONTROL_INBOUND_FRAME_BYTES,
             security=security,
         )
+        self.control.rcvhwm = CONTROL_RCVHWM
         self.control.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        with mapped_zmq_errors("bind the data endpoint", config.bind):
-            self.data.bind(config.bind)
-        with mapped_zmq_errors("bind the control endpoint", config.control_address):
-            self.control.bind(config.control_address)
         # What the system gave us: a real port where the configuration said 0.
-        self.data_address = bound_address(self.data)
-        self.control_address = bound_address(self.control)
+        self.data_address = bind(self.data, config.bind, "data")
+        self.control_address = bind(self.control, config.control_address, "control")
+        if security is not None:  # log the peers CURVE refuses (libzmq drops them silently)
+            self.handshakes = HandshakeLogger(
+                [self.data, self.control], [self.data_address, self.control_address]).start()
 
     # -- data -------------------------------------------------------------------------------
     def send_data(self, frames: Frames, n_samples: int, epoch: int, rank: int = -1) -> bool:
@@ -246,7 +243,7 @@ class Endpoints:
                 break
             identity = parts[0].bytes
             try:
-                message = decode(parts[1:])
+                message = decode(parts[1:], limits=CONTROL_LIMITS)
             except ProtocolError as error:
                 self.deliver(core.malformed(identity, error, time.monotonic()))
                 continue
@@ -256,7 +253,7 @@ class Endpoints:
                 continue
             self.deliver(core.receive(identity, message, time.monotonic()))
         if core.ranks.ranked and self.reliable is None:
-            self.ranked.replay_taken_over(core.ranks.world_size or 0, core.rank_target)
+            self.ranked.replay_taken_over(list(core.ranks.holders), core.rank_target)
         if self.fanout is not None:
             self.fanout.replay_taken_over()
         return True
@@ -361,5 +358,26 @@ class Endpoints:
         self.context.term()
 
     def _stop_authenticator(self) -> None:
+        if self.handshakes is not None:
+            self.handshakes.stop()
         if self.authenticator is not None:
             self.authenticator.stop()
+
+
+def _data_socket(context: zmq.Context[Any], config: ServerConfig,
+                 security: ServerCurve | None) -> zmq.Socket[Any]:
+    """The data ROUTER (consumer groups' fan-out sends on it too), with its limits."""
+    if config.reliable:
+        # Credit bounds each trainer's queue, so the socket's own limit only has to
+        # stay out of the way; with queues that never fill, ZMTP heartbeats are safe.
+        data = make_socket(context, zmq.ROUTER, hwm=100_000, security=security,
+                           max_message_bytes=DATA_INBOUND_FRAME_BYTES)
+    else:
+        # A ROUTER, so that the core can address a message: to a rank, or to the next
+        # free trainer whose queue has room (an addressed send fails instead of blocking).
+        # Trainers send nothing here: what a peer sends waits unread, bounded below.
+        data = make_socket(context, zmq.ROUTER, hwm=config.hwm, heartbeats=False,
+                           security=security, max_message_bytes=DATA_INBOUND_FRAME_BYTES)
+    data.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    data.rcvhwm = DATA_RCVHWM
+    return data

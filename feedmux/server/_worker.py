@@ -15,10 +15,13 @@ import ctypes
 import logging
 import multiprocessing
 import os
+import random
 import signal
+import sys
 import time
 from typing import Any
 
+import numpy as np
 import zmq
 
 from feedmux._transport import make_socket
@@ -105,6 +108,19 @@ def _die_with_parent() -> None:
         pass
 
 
+def _reseed_global_rngs() -> None:
+    """Give this forked worker global RNGs of its own (fresh OS entropy for each).
+
+    A fork copies the parent's RNG states: without this, every worker would draw
+    the same "random" numbers from ``random``, ``numpy.random`` (and torch).
+    """
+    random.seed(os.urandom(32))
+    np.random.seed(np.random.SeedSequence().generate_state(8))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()
+
+
 def _worker_main(
     streamer: Any,
     config: ServerConfig,
@@ -116,6 +132,7 @@ def _worker_main(
     meter: SamplerMeter,
 ) -> None:
     _die_with_parent()
+    _reseed_global_rngs()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us
     terminated = []
     signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))

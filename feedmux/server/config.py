@@ -50,6 +50,7 @@ class ServerConfig:
     curve_secret: str | None = None
     curve_clients: str | None = None
     server_id: str = ""
+    zero_copy: bool = False
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
 
@@ -105,4 +106,4 @@ class ServerConfig:
 
     @property
     def policy(self) -> BatchPolicy:
-        return BatchPolicy(self.samples_per_message, self.max_delay)
+        return BatchPolicy(self.samples_per_message, self.max_delay, not self.zero_copy)

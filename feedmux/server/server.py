@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import pickle
 import signal
 import tempfile
+import threading
 import time
 from multiprocessing.connection import Connection, wait
 from types import FrameType
@@ -56,19 +59,42 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 START_TIMEOUT = 30.0
 
 
+class _Interrupted(BaseException):
+    """Raised by a second SIGINT / SIGTERM: stop now, wherever the main thread is."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 class _StopFlag:
-    """Set by SIGTERM / SIGINT; checked by every loop of the server."""
+    """Set by SIGTERM / SIGINT; checked by every loop of the server.
+
+    The handler never logs (a signal may arrive inside the logging machinery,
+    which is not re-entrant): the first loop that sees the flag set does. A
+    second signal raises :class:`_Interrupted` in the main thread, so that a
+    streamer stuck in user code, which never returns to the server's loops,
+    still stops.
+    """
 
     def __init__(self) -> None:
         self.stopped = False
+        self.signum = 0
+        self._announced = False
 
     def __bool__(self) -> bool:
+        if self.stopped and self.signum and not self._announced:
+            self._announced = True
+            log.info("received %s, shutting down", signal.Signals(self.signum).name)
         return self.stopped
 
     def set(self, signum: int = 0, frame: FrameType | None = None) -> None:
-        if signum:
-            log.info("received %s, shutting down", signal.Signals(signum).name)
         self.stopped = True
+        if not signum:
+            return
+        if self.signum:
+            raise _Interrupted(signum)
+        self.signum = signum
 
 
 class Server:
@@ -120,6 +146,11 @@ class Server:
     group_timeout : float
         With groups: seconds after a group's last member left before the group
         is dropped and no longer holds sampling back (default 10).
+    zero_copy : bool
+        Send arrays as views of the streamer's own arrays (no copy). Only for a
+        streamer that never reuses an array it yielded: by default each array is
+        copied once, so that one reused for every sample cannot change a sample
+        already queued (or kept for re-sending).
     on_error : {"raise", "skip"}
         A streamer that raises ends the server (trainers get ``RemoteError``) or is skipped.
     factory_kwargs : mapping, optional
@@ -129,6 +160,9 @@ class Server:
     def __init__(self, source: Source, **options: Any) -> None:
         self.config = ServerConfig(source=source, **options)
         self._process: multiprocessing.process.BaseProcess | None = None
+        #: How :meth:`start` made the server process: "fork", or "forkserver" when
+        #: this process already ran other threads (see :func:`_start_method`).
+        self.start_method = ""
         self._stop = _StopFlag()
         self._bound: tuple[str, str] | None = None
         self._metrics_address = ""
@@ -184,8 +218,12 @@ class Server:
             if config.workers == 1:
                 return self._run_local(streamer)
             return self._run_workers(streamer)
+        except _Interrupted as interrupt:
+            log.warning("stopped at once by a second %s", signal.Signals(interrupt.signum).name)
+            return 128 + interrupt.signum
         finally:
             _restore_signal_handlers(previous)
+            bool(self._stop)  # says which signal stopped it, if one did and nobody said yet
 
     def _open(self) -> Endpoints | None:
         try:
@@ -272,10 +310,11 @@ class Server:
         """
         if self._process is not None:
             raise RuntimeError("this server was already started")
-        context = multiprocessing.get_context("fork")
+        self.start_method = _start_method(self.config)
+        context: Any = multiprocessing.get_context(self.start_method)
         reader, writer = context.Pipe(duplex=False)
         process = self._process = context.Process(
-            target=_run_in_child, args=(self.config, writer), daemon=False,
+            target=_run_in_child, args=(self.config, writer, _log_level()), daemon=False,
             name=f"feedmux-server-{self.config.server_id}",
         )
         process.start()
@@ -340,7 +379,43 @@ def serve(source: Source, **options: Any) -> int:
     return Server(source, **options).run()
 
 
-def _run_in_child(config: ServerConfig, report: Connection) -> None:
+def _threads() -> int:
+    """Threads of this process: the kernel's count (native threads too: torch's, libzmq's)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def _start_method(config: ServerConfig) -> str:
+    """"fork" while this process runs one thread; otherwise "forkserver".
+
+    Forking a process that runs other threads copies locks they may hold (in
+    malloc, in torch's or libzmq's threads) into a child that has none of those
+    threads to release them: the child can deadlock. The fork server is a clean
+    single-threaded process to fork from; it needs a source that pickles (a
+    ``"module:attr"`` string always does). A source that does not is forked as
+    before, with a warning.
+    """
+    if _threads() == 1:
+        return "fork"
+    try:
+        pickle.dumps(config)
+    except Exception as error:
+        log.warning("forking the server from a process that runs %d threads (the source "
+                    "cannot be pickled for a clean start: %s); pass it as 'module:attr' "
+                    "to avoid this", _threads(), error)
+        return "fork"
+    return "forkserver"
+
+
+def _log_level() -> int:
+    return logging.getLogger().getEffectiveLevel()
+
+
+def _run_in_child(config: ServerConfig, report: Connection, level: int = logging.WARNING) -> None:
+    if not logging.getLogger().handlers:  # a fresh interpreter (fork server): log as the parent
+        logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     server = Server(config.source, **config.options())
     server._report = report
     raise SystemExit(server.run())

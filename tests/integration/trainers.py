@@ -56,6 +56,9 @@ def main(argv: list[str]) -> int:
                     acks = loader._acks
                     while acks is not None and acks.sent != mark and time.monotonic() < deadline:
                         time.sleep(0.001)
+                    # Sent is only queued: stop the thread, whose close flushes it to the
+                    # server (under load a SIGKILL right away lost it now and then).
+                    acks.stop()
                 os.kill(os.getpid(), signal.SIGKILL)
     return 0
 

@@ -6,6 +6,7 @@ import ast
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -14,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from feedmux.errors import ProtocolError
 from feedmux.protocol import (
     Ack,
+    Data,
     Drain,
     EndOfStream,
     Error,
@@ -23,6 +25,7 @@ from feedmux.protocol import (
     Stats,
     StatsRequest,
     Welcome,
+    encode,
 )
 from feedmux.server._core import (
     DRAIN_INTERVAL,
@@ -195,23 +198,41 @@ def test_the_last_word_is_bounded_even_when_someone_keeps_talking() -> None:
     assert 4 * FINAL_GRACE < now <= 4 * FINAL_GRACE + 0.5
 
 
-def test_a_gone_trainer_ends_the_drain_after_drain_idle(caplog: pytest.LogCaptureFixture) -> None:
+def _drain_after_a_departure() -> ControlCore:
+    """Trainer A received 4 of 10 messages and left; B is here; the drain begins at 1.0."""
     core = make_core(drain_idle=3.0, drain_timeout=30.0)
     core.receive(A, beat(0), now=0.0)
     core.receive(B, beat(0), now=0.0)
     for _ in range(10):
         core.data_sent(1, epoch=1)
     core.receive(A, beat(4), now=0.0)
-    core.peer_gone(A)  # took its unread messages with it
+    core.peer_gone(A)
     core.finish(now=1.0)
+    return core
+
+
+def test_a_gone_trainer_ends_the_drain_after_drain_idle(caplog: pytest.LogCaptureFixture) -> None:
+    core = _drain_after_a_departure()  # A took its unread messages with it
     core.receive(B, beat(5), now=1.0)
     assert kinds(core.tick(now=1.0)) == [(B, Drain)]
     assert core.phase is Phase.DRAINING
+    core.receive(B, beat(5), now=3.9)  # B waits for data: it answers every question
     core.tick(now=4.0)
     assert core.phase is Phase.DRAINING
     with caplog.at_level(logging.WARNING, logger="feedmux.server"):
         assert kinds(core.tick(now=4.01)) == [(B, EndOfStream)]
     assert "1 of 10 data messages unconfirmed (1 trainer(s) went away)" in caplog.text
+
+
+def test_a_departure_does_not_cut_the_tail_of_a_slow_live_trainer() -> None:
+    core = _drain_after_a_departure()  # A had read all it was sent
+    core.receive(B, beat(5), now=1.0)
+    # B is busy with a long step, its last message still queued: it answers nothing.
+    for tenth in range(11, 100):
+        core.tick(now=tenth / 10)
+    assert core.phase is Phase.DRAINING
+    core.receive(B, beat(6), now=10.0)  # it reads its tail
+    assert kinds(core.tick(now=10.0)) == [(B, EndOfStream)]
 
 
 def test_a_live_slow_trainer_is_waited_for_until_the_drain_timeout() -> None:
@@ -402,7 +423,9 @@ def test_each_group_has_its_own_ranks_and_world_size() -> None:
     assert isinstance(free, Welcome) and free.world_size == 0
     assert core.rank_target(0, "g") == b"a0" and core.rank_target(0, "h") == b"b0"
     assert core.rank_target(1, "g") is None and not core.ranks.ranked  # no server-wide ranks
-    # A rank's acknowledgement (from the loader's own socket) lands in its group's retention.
+    # A rank's acknowledgement (from the loader's own socket) lands in its group's retention
+    # (once the rank's data went to that trainer: a mark from anyone else counts for nothing).
+    core.tables.retention_of("g").sent(0, b"a0", list(encode(Data(np.array([[1, 4]]), ["x"]))))
     core.receive(b"acks", Ack(client_id="a0", server_id="srv", rank=0, epoch=1, position=4),
                  now=1.5)
     assert core.tables.retention_of("g")._handed == {0: (1, 4)}
