@@ -47,9 +47,10 @@ lint: $(VENV)/.test
 	$(VENV)/bin/ruff check feedmux tests benchmarks examples
 	$(VENV)/bin/mypy
 
-## bench: every benchmark, feedmux and its peers side by side
+## bench: every benchmark, feedmux and its peers side by side (and consumer groups vs separate servers)
 bench: $(VENV)/.bench
 	$(PY) -m benchmarks
+	$(PY) -m benchmarks.bench_groups
 
 container-test:
 	scripts/container-test.sh

@@ -80,6 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--rank-timeout", type=float, default=60.0, metavar="S",
                        help="ranked trainers: fail if not all ranks connect within S seconds "
                             "of the first (default 60)")
+    serve.add_argument("--group-buffer", metavar="N|SIZE",
+                       help="serve consumer groups (RemoteLoader(group=...)): each group gets the "
+                            "whole stream, sampled once; buffer N messages or SIZE bytes "
+                            "(e.g. 64MiB) for the slowest group (default: no groups)")
+    serve.add_argument("--join", choices=("epoch", "now"), default="epoch",
+                       help="groups: a group joining mid-stream starts at the next epoch "
+                            "boundary, or at once (default epoch)")
+    serve.add_argument("--group-timeout", type=_positive_float, default=10.0, metavar="S",
+                       help="groups: drop a group S seconds after its last member left "
+                            "(default 10)")
     serve.add_argument("--reliable", action="store_true",
                        help="acknowledged delivery: nothing is lost when a trainer dies")
     serve.add_argument("--curve-secret", metavar="FILE",
@@ -173,6 +183,8 @@ def _serve(args: argparse.Namespace) -> int:
             log_every=args.log_every, drain_timeout=args.drain_timeout,
             min_trainers=args.min_trainers, reliable=args.reliable, zero_copy=args.zero_copy,
             uneven=args.uneven, rank_timeout=args.rank_timeout,
+            group_buffer=_group_buffer(args.group_buffer), join=args.join,
+            group_timeout=args.group_timeout,
             curve_secret=args.curve_secret, curve_clients=args.curve_clients,
             metrics_port=args.metrics_port, metrics_host=args.metrics_host,
         )
@@ -180,6 +192,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"feedmux serve: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     return server.run()
+
+
+def _group_buffer(text: str | None) -> int | str | None:
+    """``--group-buffer``: digits are a count of messages, anything else a size."""
+    return int(text) if text is not None and text.strip().isdigit() else text
 
 
 def _stats(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from feedmux.errors import (
+    ConfigurationError,
     RemoteError,
     TransportError,
     TransportTimeoutError,
@@ -35,6 +36,7 @@ __all__ = [
     "Send",
     "ServerLink",
     "ServerLinks",
+    "check_membership",
 ]
 
 log = logging.getLogger("feedmux.client")
@@ -49,6 +51,29 @@ def rank_steps(epoch_size: int, world_size: int, uneven: str) -> int:
     if uneven == "drop":
         return epoch_size // world_size
     return -(-epoch_size // world_size)
+
+
+def check_membership(*, world_size: int, rank: int | None, group: str | None,
+                     reliable: bool) -> None:
+    """Check what a trainer says of itself in its hellos: its rank and its consumer group.
+
+    Examples
+    --------
+    >>> check_membership(world_size=2, rank=1, group="eval", reliable=False)
+    >>> check_membership(world_size=2, rank=2, group=None, reliable=False)
+    Traceback (most recent call last):
+    ...
+    feedmux.errors.ConfigurationError: expected rank an int in [0, 2) for world_size 2, got 2
+    """
+    if rank is not None and not (isinstance(rank, int) and 0 <= rank < world_size):
+        raise ConfigurationError(
+            f"expected rank an int in [0, {world_size}) for world_size {world_size}, got {rank!r}")
+    if rank is not None and reliable:
+        raise ConfigurationError("expected reliable=False with rank= (ranked delivery is "
+                                 "plain), got reliable=True")
+    if group is not None and not (isinstance(group, str) and group):
+        raise ConfigurationError(f"expected group a non-empty str or None, got {group!r}")
+
 
 #: Seconds of data without any answer on a control endpoint before a warning.
 CONTROL_SILENCE_WARNING = 5.0
@@ -165,6 +190,9 @@ class ServerLinks:
         This trainer's id, sent in its hellos and heartbeats.
     world_size : int
         Trainers sharing the stream (sent in the hello).
+    group : str
+        This trainer's consumer group ("" : the default group), sent in its
+        hellos and heartbeats.
     reliable : bool
         Whether this trainer expects reliable delivery.
     timeout : float, optional
@@ -178,13 +206,13 @@ class ServerLinks:
     >>> links = ServerLinks(["tcp://h:1"], ["tcp://h:2"], client_id="t", world_size=1,
     ...                     reliable=False, timeout=None, heartbeat_interval=1.0)
     >>> [action.message for action in links.hello()]
-    [Hello(client_id='t', role='trainer', world_size=1, rank=-1)]
+    [Hello(client_id='t', role='trainer', world_size=1, rank=-1, group='')]
     >>> links.control(0, Welcome("s1", epoch_size=4))
     []
     >>> links.data("s1", first_epoch=1, now=0.0)
     ()
     >>> links.control(0, Drain(sent_messages=1, server_id="s1"))
-    [Send(link=0, message=Heartbeat(sender_id='t', received_messages=1))]
+    [Send(link=0, message=Heartbeat(sender_id='t', received_messages=1, group=''))]
     >>> links.control(0, EndOfStream("s1"))
     []
     >>> links.finished, len(links.links), links.epoch_size
@@ -202,12 +230,14 @@ class ServerLinks:
         timeout: float | None,
         heartbeat_interval: float,
         rank: int = -1,
+        group: str = "",
     ) -> None:
         self.links = [ServerLink(data, control)
                       for data, control in zip(data_addresses, control_addresses, strict=True)]
         self.client_id = client_id
         self.world_size = world_size
         self.rank = rank
+        self.group = group
         self.reliable = reliable
         self.timeout = timeout
         self.heartbeat_interval = heartbeat_interval
@@ -227,7 +257,8 @@ class ServerLinks:
         return [Send(index, hello) for index in range(len(self.links))]
 
     def _hello(self) -> Hello:
-        return Hello(client_id=self.client_id, world_size=self.world_size, rank=self.rank)
+        return Hello(client_id=self.client_id, world_size=self.world_size, rank=self.rank,
+                     group=self.group)
 
     def control(self, index: int, message: Message) -> list[Action]:
         """A control message from the server of link ``index``; raises a server's error."""
@@ -240,6 +271,7 @@ class ServerLinks:
             return [Send(index, Heartbeat(
                 sender_id=self.client_id,
                 received_messages=self.received.get(message.server_id, 0),
+                group=self.group,
             ))]
         if isinstance(message, EndOfStream):
             link.end_of_stream(message.server_id)
@@ -304,7 +336,8 @@ class ServerLinks:
         return [
             Send(index, hello) if index in self._refused else
             Send(index, Heartbeat(sender_id=self.client_id,
-                                  received_messages=self.received.get(link.server_id, 0)))
+                                  received_messages=self.received.get(link.server_id, 0),
+                                  group=self.group))
             for index, link in enumerate(self.links)
         ]
 

@@ -40,7 +40,7 @@ from feedmux._transport import (
 from feedmux.client._acks import HandOutAcks, SeenPositions, progress_of
 from feedmux.client._data import DataSockets, send_or_drop
 from feedmux.client._diagnosis import InputDiagnosis
-from feedmux.client._link import Action, Send, ServerLinks
+from feedmux.client._link import Action, Send, ServerLinks, check_membership
 from feedmux.client._moves import AddressBook, Resolve
 from feedmux.errors import (
     ConfigurationError,
@@ -103,6 +103,11 @@ class RemoteLoader:
         the server's ``uneven``), so every rank's ``iter_epoch()`` ends on the
         same step and ``len(loader)`` is the steps per epoch. None: a free
         trainer, dealt whatever it has room for.
+    group : str, optional
+        This trainer's consumer group, on a server started with ``group_buffer``
+        (``--group-buffer``): every group receives the whole stream, every epoch
+        complete, and the trainers of one group split it (``world_size`` is then
+        the number of trainers in the group). None: the default group.
     with_meta : bool
         Yield ``(SampleMeta, sample)`` pairs instead of bare samples.
     max_message_bytes : int
@@ -159,6 +164,7 @@ class RemoteLoader:
         hwm: int = DEFAULT_HWM,
         world_size: int = 1,
         rank: int | None = None,
+        group: str | None = None,
         with_meta: bool = False,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         client_id: str | None = None,
@@ -171,9 +177,10 @@ class RemoteLoader:
     ) -> None:
         self._arguments = {name: value for name, value in locals().items() if name != "self"}
         addresses, controls = _endpoints(address, control)
-        _check_settings(timeout=timeout, world_size=world_size, hwm=hwm, rank=rank,
-                        reliable=reliable, client_id=client_id)
+        _check_settings(timeout=timeout, world_size=world_size, hwm=hwm, client_id=client_id)
+        check_membership(world_size=world_size, rank=rank, group=group, reliable=reliable)
         self.rank = rank
+        self.group = group
         self.addresses = addresses
         self.timeout = timeout
         self.hwm = hwm
@@ -190,8 +197,8 @@ class RemoteLoader:
         self.client_id = client_id or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._links = ServerLinks(
             addresses, controls, client_id=self.client_id, world_size=world_size,
-            rank=-1 if rank is None else rank, reliable=reliable, timeout=timeout,
-            heartbeat_interval=HEARTBEAT_INTERVAL,
+            rank=-1 if rank is None else rank, group=group or "", reliable=reliable,
+            timeout=timeout, heartbeat_interval=HEARTBEAT_INTERVAL,
         )
         self._diagnosis = InputDiagnosis(len(addresses), diagnose_window, diagnose_threshold)
         self._context: zmq.Context[Any] | None = None
@@ -518,22 +525,14 @@ def _rebuild_loader(arguments: dict[str, Any]) -> RemoteLoader:
     return RemoteLoader(arguments.pop("address"), **arguments)
 
 
-def _check_settings(*, timeout: float | None, world_size: int, hwm: int, rank: int | None,
-                    reliable: bool, client_id: str | None) -> None:
+def _check_settings(*, timeout: float | None, world_size: int, hwm: int,
+                    client_id: str | None) -> None:
     if timeout is not None and not timeout > 0:
         raise ConfigurationError(f"expected timeout None or > 0 seconds, got {timeout!r}")
     if not (isinstance(world_size, int) and world_size >= 1):
         raise ConfigurationError(f"expected world_size an int >= 1, got {world_size!r}")
     if not (isinstance(hwm, int) and hwm >= 1):
         raise ConfigurationError(f"expected hwm an int >= 1, got {hwm!r}")
-    if rank is not None and not (isinstance(rank, int) and 0 <= rank < world_size):
-        raise ConfigurationError(
-            f"expected rank an int in [0, {world_size}) for world_size {world_size}, "
-            f"got {rank!r}"
-        )
-    if rank is not None and reliable:
-        raise ConfigurationError("expected reliable=False with rank= (ranked delivery is "
-                                 "plain), got reliable=True")
     if client_id is not None and not (isinstance(client_id, str)
                                       and len(client_id) <= MAX_CLIENT_ID):
         raise ConfigurationError(f"expected client_id a str of at most {MAX_CLIENT_ID} "

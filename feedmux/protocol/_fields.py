@@ -154,7 +154,7 @@ class ControlSpec:
     >>> header
     {'v': 1, 'k': 2, 'client_id': 'c', 'role': 'trainer', 'world_size': 1}
     >>> spec.message(header)
-    Hello(client_id='c', role='trainer', world_size=1, rank=-1)
+    Hello(client_id='c', role='trainer', world_size=1, rank=-1, group='')
     """
 
     def __init__(self, kind: Kind, cls: type, *, omit_default: tuple[str, ...] = (),
@@ -207,7 +207,7 @@ class ControlSpec:
 
 _CONTROL_SPECS = [
     ControlSpec(Kind.HELLO, Hello, client_id=STR, role=STR, world_size=INT, rank=INT,
-                omit_default=("rank",)),
+                group=STR, omit_default=("rank", "group")),
     ControlSpec(
         Kind.WELCOME,
         Welcome,
@@ -222,7 +222,8 @@ _CONTROL_SPECS = [
         uneven=STR,
         omit_default=("world_size", "uneven"),
     ),
-    ControlSpec(Kind.HEARTBEAT, Heartbeat, sender_id=STR, received_messages=INT),
+    ControlSpec(Kind.HEARTBEAT, Heartbeat, sender_id=STR, received_messages=INT, group=STR,
+                omit_default=("group",)),
     ControlSpec(Kind.ERROR, Error, type=STR, message=STR, traceback=STR, server_id=STR),
     ControlSpec(Kind.STATS_REQUEST, StatsRequest, client_id=STR),
     ControlSpec(Kind.STATS, Stats, values=_STATS),

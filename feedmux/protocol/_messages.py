@@ -95,13 +95,16 @@ class Hello:
     """A trainer introduces itself to a server (client to server).
 
     ``rank`` is the trainer's rank in a data-parallel job of ``world_size``
-    ranks, or -1 for a free trainer (dynamic dealing).
+    ranks, or -1 for a free trainer (dynamic dealing). ``group`` names the
+    consumer group the trainer belongs to ("" : the default group): every group
+    receives the whole stream, its members split it.
     """
 
     client_id: str
     role: str = "trainer"
     world_size: int = 1
     rank: int = -1
+    group: str = ""
 
 
 @dataclass(frozen=True)
@@ -125,10 +128,15 @@ class Welcome:
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """A sign of life, with how many data messages the sender has received."""
+    """A sign of life, with how many data messages the sender has received.
+
+    ``group`` repeats the trainer's consumer group ("" : the default group), so
+    a server that lost track of the trainer puts it back in the right group.
+    """
 
     sender_id: str
     received_messages: int = 0
+    group: str = ""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from feedmux._ratelog import RateLimitedLog
@@ -38,10 +38,10 @@ from feedmux.protocol import (
     StatsRequest,
     Welcome,
 )
+from feedmux.server._groups import DEFAULT_GROUP
 from feedmux.server._producer import error_message
-from feedmux.server._ranks import RankTable
+from feedmux.server._ranks import RankTables
 from feedmux.server._report import Stat, core_stats, progress_line
-from feedmux.server._retention import RankRetention
 from feedmux.server.config import ServerConfig
 
 __all__ = [
@@ -93,6 +93,13 @@ class _Trainer:
     last_seen: float
     received_messages: int = 0
     rank: int = -1
+    group: str = DEFAULT_GROUP
+
+
+def _group_of(trainers: Mapping[bytes, _Trainer], client_id: str) -> str:
+    """The group of the trainer ``client_id`` (its acknowledging socket is not its own)."""
+    return next((t.group for t in list(trainers.values()) if t.client_id == client_id),
+                DEFAULT_GROUP)
 
 
 class ControlCore:
@@ -131,9 +138,11 @@ class ControlCore:
         self._last_total = -1
         self._last_change = 0.0
         self._final_started = self._last_heard = 0.0
-        self.ranks = RankTable()
+        #: The rank tables: the server's own, or one per consumer group.
+        self.tables = RankTables(config.grouped, retention_limit=4 * config.hwm + 64)
+        self.ranks = self.tables.server
         #: What each rank was sent beyond what it handed out (for a restarted rank).
-        self.retention = RankRetention(limit=4 * config.hwm + 64)
+        self.retention = self.tables.retention
         self._waiting_since: float | None = None
         self._waiting_for: list[int] | None = None
         self._free_turn = 0
@@ -143,17 +152,12 @@ class ControlCore:
         """A decoded control message from ``identity``."""
         self._last_heard = now
         if isinstance(message, Ack) and message.rank >= 0:
-            if not self.ranks.dealt(message.rank):
-                return NO_SENDS  # not a rank of this job (or not a ranked server)
             # A ranked trainer's hand-out mark, from a socket that reads nothing: no answer.
-            # It is also the sign of life of the rank's holder (sent from the loader's thread).
-            holder = self.ranks.holder(message.rank)
-            if holder is not None and holder[1] == message.client_id:
-                trainer = self.trainers.get(holder[0])
-                if trainer is not None:
-                    trainer.last_seen = now
-            self.retention.handed(message.rank, message.client_id.encode(), message.epoch,
-                                  message.position)
+            # It is also the sign of life of the rank's holder (sent from the loader's thread);
+            # one for a rank the trainer's group does not deal to counts for nothing.
+            group = _group_of(self.trainers, message.client_id) if self.config.grouped else ""
+            if (holder := self.tables.acknowledged(group, message)) and holder in self.trainers:
+                self.trainers[holder].last_seen = now
             return NO_SENDS
         if self.final_message is not None and not isinstance(message, StatsRequest):
             return [(identity, self.final_message)]
@@ -163,15 +167,16 @@ class ControlCore:
             return [(identity, self.welcome())]
         if isinstance(message, Heartbeat):
             trainer = self.trainers.get(identity)
-            if trainer is None and self.ranks.ranked:
+            if trainer is None and self.tables.of(message.group).ranked:
                 # A ranked trainer is known by its hello alone (its rank): say it again.
-                return [(identity, self.welcome())]
+                return [(identity, self.welcome(message.group))]
             if trainer is None:
-                trainer = self.trainers[identity] = _Trainer(message.sender_id, now)
+                trainer = self.trainers[identity] = _Trainer(
+                    message.sender_id, now, group=message.group or DEFAULT_GROUP)
                 self._count_reconnect(message.sender_id)
             trainer.last_seen = now
             trainer.received_messages = message.received_messages
-            return [(identity, self.welcome())]
+            return [(identity, self.welcome(trainer.group))]
         if isinstance(message, StatsRequest):
             return [(identity, Stats(self.stats(now)))]
         peer_log.log(logging.WARNING, "unexpected", "unexpected %s on the control socket from %r",
@@ -184,32 +189,35 @@ class ControlCore:
 
     def _hello(self, identity: bytes, message: Hello, now: float) -> Sends:
         """A trainer's hello: admit it (its rank, if any) or tell it why not."""
-        refused = self.ranks.admit(identity, message, lambda holder: self._alive(holder, now))
+        refused = self.tables.admit(identity, message, lambda holder: self._alive(holder, now))
         if refused is not None:
             log.warning("refused trainer %s: %s", message.client_id, refused[1])
             sends: list[Send] = [(identity, Error(type=refused[0], message=refused[1],
                                                   server_id=self.config.server_id))]
-            holder = self.ranks.holder(message.rank)
+            holder = self.tables.of(message.group).holder(message.rank)
             if holder is not None and holder[0] != identity:
                 # Is the holder still there? A failed send tells (peer_gone frees the rank).
-                sends.append((holder[0], self.welcome()))
+                sends.append((holder[0], self.welcome(message.group)))
             return sends
         known = identity in self.trainers
-        self.trainers[identity] = _Trainer(message.client_id, now, rank=message.rank)
+        group = message.group or DEFAULT_GROUP
+        self.trainers[identity] = _Trainer(message.client_id, now, rank=message.rank, group=group)
         if not known:
             rank = f" as rank {message.rank} of {message.world_size}" if message.rank >= 0 else ""
-            log.info("trainer %s connected%s", message.client_id, rank)
+            where = f" in group {group}" if self.config.grouped else ""
+            log.info("trainer %s connected%s%s", message.client_id, rank, where)
             self._count_reconnect(message.client_id)
-        return [(identity, self.welcome())]
+        return [(identity, self.welcome(group))]
 
     def _alive(self, identity: bytes, now: float) -> bool:
         trainer = self.trainers.get(identity)
         return trainer is not None and now - trainer.last_seen <= TRAINER_TIMEOUT
 
     # -- where data goes --------------------------------------------------------------------
-    def rank_target(self, rank: int) -> bytes | None:
-        """The data-socket identity of the holder of ``rank`` (None while nobody holds it)."""
-        holder = self.ranks.holder(rank)
+    def rank_target(self, rank: int, group: str = "") -> bytes | None:
+        """The data-socket identity of the holder of ``rank`` (of ``group``; None while
+        nobody holds it)."""
+        holder = self.tables.of(group).holder(rank)
         return None if holder is None else holder[1].encode()
 
     def free_targets(self) -> list[bytes]:
@@ -242,7 +250,7 @@ class ControlCore:
     def peer_gone(self, identity: bytes) -> None:
         """A send to ``identity`` failed: forget it, keep what it had received for the count."""
         gone = self.trainers.pop(identity, None)
-        self.ranks.release(identity)
+        self.tables.release(identity)
         if gone is not None:
             self.departed += 1
             self.departed_received += gone.received_messages
@@ -352,7 +360,8 @@ class ControlCore:
                              f"within the rank timeout of {self.config.rank_timeout:g} s"),
                     server_id=self.config.server_id), now)
             self._welcomed = True
-            return self.broadcast(self.welcome())
+            return [(identity, self.welcome(trainer.group))
+                    for identity, trainer in self.trainers.items()]
         if phase is Phase.DRAINING:
             return self._drain(now)
         if phase is Phase.LAST_WORD:
@@ -416,8 +425,10 @@ class ControlCore:
     def broadcast(self, message: Message) -> Sends:
         return [(identity, message) for identity in self.trainers]
 
-    def welcome(self) -> Welcome:
+    def welcome(self, group: str = "") -> Welcome:
+        """What the server serves (to a trainer of ``group``: its world size)."""
         config = self.config
+        ranks = self.tables.of(group)
         return Welcome(
             server_id=config.server_id,
             epoch_size=self.epoch_size,
@@ -426,8 +437,8 @@ class ControlCore:
             finished=self.finished,
             workers=config.workers,
             reliable=config.reliable,
-            world_size=self.ranks.world_size or 0,
-            uneven=config.uneven if self.ranks.ranked else "",
+            world_size=ranks.world_size or 0,
+            uneven=config.uneven if ranks.ranked else "",
         )
 
     def received_total(self) -> int:

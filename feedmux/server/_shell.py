@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import zmq
@@ -34,9 +34,11 @@ from feedmux._transport import (
 from feedmux.errors import ProtocolError
 from feedmux.protocol import CONTROL_LIMITS, Ack, Error, decode, read_tags
 from feedmux.server._core import ControlCore, Phase, Sends, Stat
+from feedmux.server._fanout import GroupFanout
 from feedmux.server._meter import SamplerMeter, sampler_stats
 from feedmux.server._metrics import MetricsEndpoint
 from feedmux.server._producer import Frames
+from feedmux.server._ranksend import RankSender
 from feedmux.server._reliable import ReliableDispatch
 from feedmux.server.config import ServerConfig
 
@@ -78,6 +80,15 @@ class Endpoints:
         #: Bytes of data messages handed to the data socket.
         self.bytes_sent = 0
         self.core = ControlCore(config, time.monotonic(), os.getpid(), self._extra_stats)
+        #: Ranked delivery: each rank's messages to its holder, a successor's hand-over first.
+        self.ranked = RankSender(self.data, self.core.retention, self._replayed)
+        #: Consumer groups: every buffered message goes to each group (None: no groups).
+        self.fanout: GroupFanout | None = None
+        if config.grouped:
+            self.fanout = GroupFanout(
+                config, self.data, self.core,
+                lambda timeout: self.serve_control(timeout),
+                lambda: bool(self.stopping))
         self.metrics: MetricsEndpoint | None = None
         if config.metrics_port is not None:
             try:
@@ -88,8 +99,14 @@ class Endpoints:
                 raise
 
     def _extra_stats(self) -> dict[str, Stat]:
-        stats: dict[str, Stat] = dict(sampler_stats(self.meters, self.blocked_seconds))
-        stats["bytes_sent"] = self.bytes_sent
+        blocked, sent_bytes = self.blocked_seconds, self.bytes_sent
+        if self.fanout is not None:
+            blocked += self.fanout.blocked_seconds
+            sent_bytes += self.fanout.bytes_sent
+        stats: dict[str, Stat] = dict(sampler_stats(self.meters, blocked))
+        stats["bytes_sent"] = sent_bytes
+        if self.fanout is not None:
+            stats.update(self.fanout.stats())
         if self.reliable is not None:
             stats.update(self.reliable.ledger.stats())
         for probe in self.probes:
@@ -102,23 +119,11 @@ class Endpoints:
         if config.curve_secret is not None:
             security = ServerCurve(config.curve_secret, config.curve_clients)
             self.authenticator = security.start(self.context)
+        self.data = _data_socket(self.context, config, security)
         self.reliable: ReliableDispatch | None = None
         if config.reliable:
-            # Credit bounds each trainer's queue, so the socket's own limit only has to
-            # stay out of the way; with queues that never fill, ZMTP heartbeats are safe.
-            self.data = make_socket(self.context, zmq.ROUTER, hwm=100_000, security=security,
-                                    max_message_bytes=DATA_INBOUND_FRAME_BYTES)
-            self.data.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.reliable = ReliableDispatch(self.data, config.server_id,
                                              lambda: self.serve_control(timeout=0))
-        else:
-            # A ROUTER, so that the core can address a message: to a rank, or to the next
-            # free trainer whose queue has room (an addressed send fails instead of blocking).
-            # Trainers send nothing here: what a peer sends waits unread, bounded below.
-            self.data = make_socket(self.context, zmq.ROUTER, hwm=config.hwm, heartbeats=False,
-                                    security=security, max_message_bytes=DATA_INBOUND_FRAME_BYTES)
-            self.data.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.data.rcvhwm = DATA_RCVHWM
         self.control = make_socket(
             self.context, zmq.ROUTER, hwm=1000, max_message_bytes=CONTROL_INBOUND_FRAME_BYTES,
             security=security,
@@ -136,15 +141,19 @@ class Endpoints:
     def send_data(self, frames: Frames, n_samples: int, epoch: int, rank: int = -1) -> bool:
         """Send one data message (to ``rank``, or -1: any free trainer), serving control
         meanwhile; False if the server is stopping."""
-        if self.reliable is not None:
-            sent = self.reliable.send(list(frames), n_samples, epoch, self._wait_for_credit)
-        else:
-            sent = self._push(frames, rank)
-        if not sent:
-            return False
-        self.bytes_sent += sum(len(frame) for frame in frames)
         core = self.core
-        core.data_sent(n_samples, epoch)
+        if self.fanout is not None:  # counts each delivery to a group itself
+            if not self.fanout.send(frames, n_samples, epoch):
+                return False
+        else:
+            if self.reliable is not None:
+                sent = self.reliable.send(list(frames), n_samples, epoch, self._wait_for_credit)
+            else:
+                sent = self._push(frames, rank)
+            if not sent:
+                return False
+            self.bytes_sent += sum(len(frame) for frame in frames)
+            core.data_sent(n_samples, epoch)
         if readable(self.control):
             self.serve_control(timeout=0)
         core.tick(time.monotonic())  # sampling: at most a throughput log line, never a send
@@ -156,26 +165,22 @@ class Endpoints:
         waited = False
         blocked_since = 0.0
         while True:
-            targets: list[bytes] = []
-            if rank < 0:
-                targets = core.free_targets()
-            else:
+            if rank >= 0:
                 target = core.rank_target(rank)
-                # A rank taken over by a restarted trainer: what its predecessor did not hand
-                # out goes first (nothing new until that is through).
-                if target is not None and (not core.retention.pending(rank, target)
-                                           or self._replay(rank, target)):
-                    targets = [target]
-            for identity in targets:
-                message[0] = identity
-                try:
-                    data.send_multipart(message, flags=zmq.NOBLOCK, copy=False)
-                except zmq.ZMQError:
-                    # Again: its queue is full (HWM); EHOSTUNREACH: its data connection is
-                    # not up yet, or gone (the control heartbeats decide that). Next one.
-                    continue
-                if rank >= 0:
-                    core.retention.sent(rank, identity, list(frames))
+                sent = target is not None and self.ranked.send(rank, target, frames)
+            else:
+                sent = False
+                for identity in core.free_targets():
+                    message[0] = identity
+                    try:
+                        data.send_multipart(message, flags=zmq.NOBLOCK, copy=False)
+                    except zmq.ZMQError:
+                        # Again: its queue is full (HWM); EHOSTUNREACH: its data connection
+                        # is not up yet, or gone (the control heartbeats decide that). Next.
+                        continue
+                    sent = True
+                    break
+            if sent:
                 if blocked_since:
                     self.blocked_seconds += time.perf_counter() - blocked_since
                 return True
@@ -194,29 +199,10 @@ class Endpoints:
                 self.serve_control(timeout=0.001)
             waited = True
 
-    def _replay(self, rank: int, target: bytes) -> bool:
-        """Send ``rank``'s new holder what its predecessor did not hand out; True when done."""
-        retention = self.core.retention
-        sent = 0
-        for handle, frames in retention.replay(rank, target):
-            try:
-                self.data.send_multipart([target, *frames], flags=zmq.NOBLOCK, copy=False)
-            except zmq.ZMQError:
-                return False  # not connected yet, or full: again at the next turn
-            retention.moved(handle, target)
-            self.bytes_sent += sum(len(frame) for frame in frames)
-            self.core.data_sent(len(read_tags(frames)), int(read_tags(frames)[0, 0]))
-            sent += 1
-        retention.settled(rank, target, sent)
-        return True
-
-    def _replay_ranks(self) -> None:
-        """Hand over every rank taken over since the last look (also with no new data)."""
-        core = self.core
-        for rank in list(core.ranks.holders):  # not range(world_size): a peer chose that
-            target = core.rank_target(rank)
-            if target is not None and core.retention.pending(rank, target):
-                self._replay(rank, target)
+    def _replayed(self, frames: Sequence[Any]) -> None:
+        self.bytes_sent += sum(len(frame) for frame in frames)
+        tags = read_tags(frames)
+        self.core.data_sent(len(tags), int(tags[0, 0]))
 
     def _wait_for_credit(self) -> bool:
         """Reliable mode's send path waits for credit: that time counts as blocked."""
@@ -267,7 +253,9 @@ class Endpoints:
                 continue
             self.deliver(core.receive(identity, message, time.monotonic()))
         if core.ranks.ranked and self.reliable is None:
-            self._replay_ranks()
+            self.ranked.replay_taken_over(list(core.ranks.holders), core.rank_target)
+        if self.fanout is not None:
+            self.fanout.replay_taken_over()
         return True
 
     def deliver(self, sends: Sends) -> None:
@@ -313,11 +301,15 @@ class Endpoints:
         self.deliver(self.core.tick(time.monotonic()))
 
     def epoch_done(self, epoch: int, count: int) -> None:
+        if self.fanout is not None:
+            self.fanout.epoch_finished(epoch)
         self.deliver(self.core.epoch_finished(epoch, count))
 
     def finish(self) -> None:
         """The end-of-stream handshake (see :meth:`ControlCore.finish`), then the last word."""
         core = self.core
+        if self.fanout is not None:
+            self.fanout.flush(time.monotonic() + self.config.drain_timeout)
         self.deliver(core.finish(time.monotonic()))
         if self.reliable is not None:
             self._finish_reliable(core.drain_deadline)
@@ -370,3 +362,22 @@ class Endpoints:
             self.handshakes.stop()
         if self.authenticator is not None:
             self.authenticator.stop()
+
+
+def _data_socket(context: zmq.Context[Any], config: ServerConfig,
+                 security: ServerCurve | None) -> zmq.Socket[Any]:
+    """The data ROUTER (consumer groups' fan-out sends on it too), with its limits."""
+    if config.reliable:
+        # Credit bounds each trainer's queue, so the socket's own limit only has to
+        # stay out of the way; with queues that never fill, ZMTP heartbeats are safe.
+        data = make_socket(context, zmq.ROUTER, hwm=100_000, security=security,
+                           max_message_bytes=DATA_INBOUND_FRAME_BYTES)
+    else:
+        # A ROUTER, so that the core can address a message: to a rank, or to the next
+        # free trainer whose queue has room (an addressed send fails instead of blocking).
+        # Trainers send nothing here: what a peer sends waits unread, bounded below.
+        data = make_socket(context, zmq.ROUTER, hwm=config.hwm, heartbeats=False,
+                           security=security, max_message_bytes=DATA_INBOUND_FRAME_BYTES)
+    data.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    data.rcvhwm = DATA_RCVHWM
+    return data

@@ -15,6 +15,7 @@ from typing import Any
 
 from feedmux._transport import DEFAULT_BIND, DEFAULT_HWM, control_address_for
 from feedmux.errors import ConfigurationError
+from feedmux.server._groups import JOIN_MODES, parse_group_buffer
 from feedmux.server._producer import BatchPolicy
 from feedmux.server.factory import Source
 
@@ -43,6 +44,9 @@ class ServerConfig:
     reliable: bool = False
     uneven: str = "pad"
     rank_timeout: float = 60.0
+    group_buffer: int | str | None = None
+    join: str = "epoch"
+    group_timeout: float = 10.0
     curve_secret: str | None = None
     curve_clients: str | None = None
     server_id: str = ""
@@ -70,6 +74,12 @@ class ServerConfig:
         require(self.min_trainers >= 0, "min_trainers >= 0", self.min_trainers)
         require(self.uneven in ("pad", "drop"), "uneven 'pad' or 'drop'", self.uneven)
         require(self.rank_timeout > 0, "rank_timeout > 0 seconds", self.rank_timeout)
+        require(self.join in JOIN_MODES, "join 'epoch' or 'now'", self.join)
+        require(self.group_timeout > 0, "group_timeout > 0 seconds", self.group_timeout)
+        if self.group_buffer is not None:
+            parse_group_buffer(self.group_buffer)  # raises a clear error on a bad limit
+            require(not self.reliable, "reliable=False with group_buffer (consumer groups "
+                    "use plain delivery)", self.reliable)
         require(self.metrics_port is None or 0 <= self.metrics_port <= 65535,
                 "metrics_port None or a TCP port 0-65535", self.metrics_port)
         if self.metrics_port is not None:
@@ -88,6 +98,11 @@ class ServerConfig:
     def control_address(self) -> str:
         """The control endpoint: explicit, or derived from the data endpoint."""
         return self.control or control_address_for(self.bind)
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the server sends its stream to consumer groups (``group_buffer`` set)."""
+        return self.group_buffer is not None
 
     @property
     def policy(self) -> BatchPolicy:

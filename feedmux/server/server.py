@@ -132,7 +132,20 @@ class Server:
         any client that knows the server's public key may.
     min_trainers : int
         Start sampling only once this many trainers have connected (default 0),
-        so that a short run is split among all of them from its first sample.
+        so that a short run is split among all of them from its first sample
+        (with consumer groups: trainers of all groups together).
+    group_buffer : int or str, optional
+        Serve consumer groups (``RemoteLoader(..., group="name")``): every group
+        gets the whole stream, sampled once. The encoded messages wait in a
+        buffer of this many messages (an int, or a string of digits) or bytes
+        (``"64MiB"``); when it is full the slowest group holds sampling back.
+        None (default): no groups.
+    join : {"epoch", "now"}
+        With groups: a group that joins mid-stream starts at the next epoch
+        boundary (default, so it sees whole epochs only) or with the next message.
+    group_timeout : float
+        With groups: seconds after a group's last member left before the group
+        is dropped and no longer holds sampling back (default 10).
     zero_copy : bool
         Send arrays as views of the streamer's own arrays (no copy). Only for a
         streamer that never reuses an array it yielded: by default each array is

@@ -20,7 +20,7 @@ import zmq
 import feedmux
 from feedmux.client import _data
 from feedmux.client.remote import RemoteLoader
-from feedmux.errors import TransportTimeoutError
+from feedmux.errors import ConfigurationError, TransportTimeoutError
 from feedmux.protocol import (
     PROTOCOL_VERSION,
     Data,
@@ -373,3 +373,9 @@ def test_keep_freed_memory_is_idempotent() -> None:
 
     first = keep_freed_memory()
     assert keep_freed_memory() == first
+
+
+@pytest.mark.parametrize("group", ["", 3])
+def test_a_bad_group_is_refused_clearly(group: object) -> None:
+    with pytest.raises(ConfigurationError, match="expected group a non-empty str or None"):
+        RemoteLoader("tcp://127.0.0.1:1", group=group)  # type: ignore[arg-type]

@@ -99,6 +99,28 @@ GOLDEN: list[tuple[str, Any, dict[str, Any], list[bytes]]] = [
         ),
     ),
     (
+        "hello-grouped",
+        Hello(client_id="t1", group="eval"),
+        {},
+        frames_of(
+            # {"v": 1, "k": 2, "client_id": "t1", "role": "trainer", "world_size": 1,
+            #  "group": "eval"}: group is written only when it is not "" (the default group)
+            "86 a1 76 01 a1 6b 02 a9 63 6c 69 65 6e 74 5f 69 64 a2 74 31"
+            " a4 72 6f 6c 65 a7 74 72 61 69 6e 65 72 aa 77 6f 72 6c 64 5f 73 69 7a 65 01"
+            " a5 67 72 6f 75 70 a4 65 76 61 6c",
+        ),
+    ),
+    (
+        "heartbeat-grouped",
+        Heartbeat(sender_id="t1", received_messages=5, group="eval"),
+        {},
+        frames_of(
+            # {"v": 1, "k": 4, "sender_id": "t1", "received_messages": 5, "group": "eval"}
+            "85 a1 76 01 a1 6b 04 a9 73 65 6e 64 65 72 5f 69 64 a2 74 31 b1 72 65 63 65 69"
+            " 76 65 64 5f 6d 65 73 73 61 67 65 73 05 a5 67 72 6f 75 70 a4 65 76 61 6c",
+        ),
+    ),
+    (
         "welcome-ranked",
         Welcome(server_id="s1", epoch_size=10, world_size=2, uneven="pad"),
         {},

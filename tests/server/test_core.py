@@ -6,6 +6,7 @@ import ast
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -13,6 +14,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from feedmux.errors import ProtocolError
 from feedmux.protocol import (
+    Ack,
+    Data,
     Drain,
     EndOfStream,
     Error,
@@ -22,6 +25,7 @@ from feedmux.protocol import (
     Stats,
     StatsRequest,
     Welcome,
+    encode,
 )
 from feedmux.server._core import (
     DRAIN_INTERVAL,
@@ -383,3 +387,59 @@ def test_no_import_cycle_in_the_server_package() -> None:
 
     for module in imports:
         visit(module, ())
+
+
+def test_a_group_hello_records_the_group_and_a_heartbeat_restores_it() -> None:
+    core = make_core(group_buffer=8)
+    assert kinds(core.receive(A, Hello("one", group="eval"), now=1.0)) == [(A, Welcome)]
+    assert core.trainers[A].group == "eval"
+    assert kinds(core.receive(B, Hello("two"), now=1.0)) == [(B, Welcome)]
+    assert core.trainers[B].group == "default"
+    # A trainer the server lost track of comes back in its group with its next heartbeat.
+    core.receive(C, Heartbeat(sender_id="three", received_messages=2, group="eval"), now=1.0)
+    assert core.trainers[C].group == "eval"
+    core.begin()
+    core.tick(now=1.0)
+    core.tick(now=1.1)
+    assert core.phase is Phase.SAMPLING  # trainers of every group count for min_trainers
+
+
+def test_a_group_on_a_server_without_groups_is_refused_clearly() -> None:
+    core = make_core()
+    [(identity, error)] = core.receive(A, Hello("one", group="eval"), now=1.0)
+    assert identity == A and isinstance(error, Error)
+    assert "expected a RemoteLoader without group=" in error.message
+    assert "got group 'eval'" in error.message and A not in core.trainers
+
+
+def test_each_group_has_its_own_ranks_and_world_size() -> None:
+    core = make_core(group_buffer=8)
+    [(_, welcome)] = core.receive(A, Hello("a0", world_size=2, rank=0, group="g"), now=1.0)
+    assert isinstance(welcome, Welcome) and (welcome.world_size, welcome.uneven) == (2, "pad")
+    # Another group's rank 0, of another world size, is no conflict.
+    [(_, other)] = core.receive(B, Hello("b0", world_size=3, rank=0, group="h"), now=1.0)
+    assert isinstance(other, Welcome) and other.world_size == 3
+    [(_, free)] = core.receive(C, Hello("f", group="free"), now=1.0)
+    assert isinstance(free, Welcome) and free.world_size == 0
+    assert core.rank_target(0, "g") == b"a0" and core.rank_target(0, "h") == b"b0"
+    assert core.rank_target(1, "g") is None and not core.ranks.ranked  # no server-wide ranks
+    # A rank's acknowledgement (from the loader's own socket) lands in its group's retention
+    # (once the rank's data went to that trainer: a mark from anyone else counts for nothing).
+    core.tables.retention_of("g").sent(0, b"a0", list(encode(Data(np.array([[1, 4]]), ["x"]))))
+    core.receive(b"acks", Ack(client_id="a0", server_id="srv", rank=0, epoch=1, position=4),
+                 now=1.5)
+    assert core.tables.retention_of("g")._handed == {0: (1, 4)}
+    assert core.tables.retention_of("h")._handed == {}
+
+
+def test_a_group_mixing_ranked_and_free_trainers_is_refused_naming_the_group() -> None:
+    core = make_core(group_buffer=8)
+    core.receive(A, Hello("a0", world_size=2, rank=0, group="g"), now=1.0)
+    [(_, error)] = core.receive(B, Hello("free", group="g"), now=1.0)
+    assert isinstance(error, Error) and error.type.endswith("ConfigurationError")
+    assert "group 'g' deals to 2 ranked trainers" in error.message and B not in core.trainers
+    core.receive(C, Hello("f", group="f"), now=1.0)
+    [(_, error)] = core.receive(b"d", Hello("r", world_size=2, rank=1, group="f"), now=1.0)
+    assert isinstance(error, Error) and "group 'f' deals to free trainers" in error.message
+    [(_, error)] = core.receive(b"e", Hello("r", world_size=3, rank=1, group="g"), now=1.0)
+    assert isinstance(error, Error) and "expected world_size 2" in error.message
