@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--uneven", choices=("pad", "drop"), default="pad",
                        help="ranked trainers: pad the last round with repeats so every rank "
                             "gets ceil(E/n) samples, or drop it: E//n (default pad)")
-    serve.add_argument("--rank-timeout", type=float, default=60.0, metavar="S",
+    serve.add_argument("--rank-timeout", type=_positive_float, default=60.0, metavar="S",
                        help="ranked trainers: fail if not all ranks connect within S seconds "
                             "of the first (default 60)")
     serve.add_argument("--group-buffer", metavar="N|SIZE",
