@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from feedmux.errors import (
     ConfigurationError,
@@ -95,10 +95,12 @@ class Send:
 
 @dataclass(frozen=True)
 class Resync:
-    """Reliable mode: link number ``link`` now talks to a new server process.
+    """Link number ``link`` now talks to a new server process.
 
-    The pending acknowledgement of that link means nothing to the new server (drop
-    it) and the new server has granted this trainer no credit yet (grant it again).
+    Reliable mode: the pending acknowledgement of that link means nothing to the
+    new server (drop it) and the new server has granted this trainer no credit
+    yet (grant it again). Ranked: what the old process sent and this trainer has
+    not handed out is dropped (the new one resumes where the trainer stands).
     """
 
     link: int
@@ -130,6 +132,9 @@ class ServerLink:
     finished: bool = False
     world_size: int = 0
     uneven: str = ""
+    #: Ids this link's server had before it restarted: a ranked trainer drops what they
+    #: sent that is still queued (the restarted server resumes where the trainer is).
+    stale: set[str] = field(default_factory=set)
 
     def welcome(self, message: Welcome, *, reliable: bool) -> bool:
         """Take the server's welcome; True when it comes from a restarted server.
@@ -151,6 +156,7 @@ class ServerLink:
                 self.control_address, message.server_id, self.server_id,
             )
             self.finished = False  # the new process serves a new stream
+            self.stale.add(self.server_id)
         self.server_id = message.server_id
         self.epoch_size = message.epoch_size
         self.workers = message.workers
@@ -206,7 +212,7 @@ class ServerLinks:
     >>> links = ServerLinks(["tcp://h:1"], ["tcp://h:2"], client_id="t", world_size=1,
     ...                     reliable=False, timeout=None, heartbeat_interval=1.0)
     >>> [action.message for action in links.hello()]
-    [Hello(client_id='t', role='trainer', world_size=1, rank=-1, group='')]
+    [Hello(client_id='t', role='trainer', world_size=1, rank=-1, group='', resume=())]
     >>> links.control(0, Welcome("s1", epoch_size=4))
     []
     >>> links.data("s1", first_epoch=1, now=0.0)
@@ -249,23 +255,35 @@ class ServerLinks:
         self._first_data = True
         # Set at the first data message until every control endpoint has answered.
         self._silent_since: float | None = None
+        #: ``position(link) -> (epoch, position, world_size, checkpoint)`` or ``()``: where a
+        #: ranked trainer stands with the server of ``link``, said in each hello (the loader
+        #: sets it; docs/resume.md).
+        self.position: Callable[[int], tuple[int, ...]] = lambda index: ()
 
     # -- events ---------------------------------------------------------------------------
     def hello(self) -> list[Action]:
         """Introduce this trainer to every server (on connecting, and to a new server)."""
-        hello = self._hello()
-        return [Send(index, hello) for index in range(len(self.links))]
+        return [Send(index, self._hello(index)) for index in range(len(self.links))]
 
-    def _hello(self) -> Hello:
+    def probe(self) -> list[Action]:
+        """Ask every server for its welcome without joining as a trainer (yet)."""
+        probe = Hello(client_id=self.client_id, role="probe")
+        return [Send(index, probe) for index in range(len(self.links))]
+
+    def _hello(self, index: int) -> Hello:
         return Hello(client_id=self.client_id, world_size=self.world_size, rank=self.rank,
-                     group=self.group)
+                     group=self.group, resume=self.position(index) if self.rank >= 0 else ())
 
     def control(self, index: int, message: Message) -> list[Action]:
         """A control message from the server of link ``index``; raises a server's error."""
         link = self.links[index]
         if isinstance(message, Welcome):
-            restarted = link.welcome(message, reliable=self.reliable)
-            return [Resync(index)] if restarted and self.reliable else []
+            if not link.welcome(message, reliable=self.reliable):
+                return []
+            # A new server process knows a trainer by its hello (a rank also says where it
+            # stands, so the restarted server resumes the job there: docs/resume.md).
+            hello = Send(index, self._hello(index))
+            return [Resync(index), hello] if self.reliable or self.rank >= 0 else [hello]
         if isinstance(message, Drain):
             # The server stops once every trainer received all it sent: say how many came.
             return [Send(index, Heartbeat(
@@ -295,7 +313,7 @@ class ServerLinks:
                     data_address, control_address, link.data_address, link.control_address)
         link.data_address, link.control_address = data_address, control_address
         self._refused.pop(index, None)
-        return [Send(index, self._hello())]
+        return [Send(index, self._hello(index))]
 
     def data_end_of_stream(self, index: int, server_id: str) -> None:
         """Reliable mode: an end of stream on the data socket of link ``index``."""
@@ -332,9 +350,8 @@ class ServerLinks:
         if now - self._last_heartbeat < self.heartbeat_interval:
             return ()
         self._last_heartbeat = now
-        hello = self._hello()
         return [
-            Send(index, hello) if index in self._refused else
+            Send(index, self._hello(index)) if index in self._refused else
             Send(index, Heartbeat(sender_id=self.client_id,
                                   received_messages=self.received.get(link.server_id, 0),
                                   group=self.group))

@@ -42,6 +42,7 @@ from feedmux.client._data import DataSockets, send_or_drop
 from feedmux.client._diagnosis import InputDiagnosis
 from feedmux.client._link import Action, Send, ServerLinks, check_membership
 from feedmux.client._moves import AddressBook, Resolve
+from feedmux.client._resume import RankPositions
 from feedmux.errors import (
     ConfigurationError,
     RemoteError,
@@ -209,6 +210,7 @@ class RemoteLoader:
         self._poller: zmq.Poller | None = None
         self._closed = False
         self._asked = False
+        self._announced = False  # said hello as a trainer (in this process)
         # The current data message: its samples, tags and the next index to hand out.
         self._samples: Sequence[Any] = ()
         self._tags: Any = None
@@ -223,6 +225,11 @@ class RemoteLoader:
         self._acks: HandOutAcks | None = None
         self._seen = SeenPositions() if reliable else None
         self._book = None if resolve is None else AddressBook(resolve)
+        #: A rank's position with each server: saved, and announced in its hellos.
+        self._positions = None if rank is None else RankPositions(
+            len(addresses), rank=rank, world_size=world_size, current=self._progress)
+        if self._positions is not None:
+            self._links.position = self._positions.announce
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _rebuild_loader, (self._arguments,)
@@ -275,7 +282,7 @@ class RemoteLoader:
         return self._links.length()
 
     def _await_welcome(self, seconds: float) -> None:
-        self._connect()
+        self._connect(announce=False)
         assert self._poller is not None
         deadline = time.monotonic() + seconds
         while not all(self._links.server_ids) and (left := deadline - time.monotonic()) > 0:
@@ -328,28 +335,53 @@ class RemoteLoader:
         return self._diagnosis.stats()
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain data: servers, the last (epoch, position, server) seen, messages received.
+        """Plain data: servers, the last (epoch, position, server) seen, messages received,
+        and for a ranked trainer its job's position with each server (``"resume"``).
 
-        The server is not rewound on restore (it serves a live stream, as tf.data
-        service does); the state records where this trainer was so a resumed run
-        can tell which epoch it is in.
+        Restored into a ranked loader (:meth:`load_state_dict`, before its first
+        sample), the position is announced to the servers, which resume the job
+        there: each rank gets exactly what an uninterrupted run would have given
+        it from that step on (docs/resume.md). A free trainer's state only
+        records where it was.
         """
-        return _state_of(self.addresses, self.server_ids, self.last_meta,
-                         dict(self._links.received))
+        state = _state_of(self.addresses, self.server_ids, self.last_meta,
+                          dict(self._links.received))
+        if self._positions is not None:
+            state.update(resume=self._positions.state(), rank=self.rank,
+                         world_size=self.world_size)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved (the last sample seen)."""
+        """Restore what :meth:`state_dict` saved (the last sample seen, and a ranked job's
+        position, which the next hello announces). Any rank's state will do, from a job
+        of any world size: the position is the job's."""
         last = _restored_meta(state)
         if last is not None:
             self._last = last
             if self._index == 0:
                 self._tags = None
+        if self._positions is not None and state.get("resume") is not None:
+            if self._announced:
+                raise StreamValueError(
+                    "expected load_state_dict before the loader's first sample (it tells the "
+                    "servers where to resume), got it on a loader already connected"
+                )
+            self._positions.restore(state["resume"])
 
     # -- sockets --------------------------------------------------------------------------
-    def _connect(self) -> None:
+    def _connect(self, announce: bool = True) -> None:
+        """Open the sockets (once per process); ``announce``: say hello as a trainer.
+
+        Asking for the epoch size (``len()``) does not announce the trainer: a
+        state loaded after that and before the first sample still reaches the
+        servers in the hello (a restored rank's position).
+        """
         if self._closed:
             raise TransportClosedError(f"this RemoteLoader of {self.addresses} is closed")
         if self._context is not None and self._pid == os.getpid():
+            if announce and not self._announced:
+                self._announced = True
+                self._act(self._links.hello())
             return
         # A fresh context in every process: a ZeroMQ context must never cross a fork.
         self._context = context = zmq.Context()
@@ -370,7 +402,8 @@ class RemoteLoader:
         if self.reliable:
             for index in range(len(data_sockets)):
                 self._grant_credit(index)
-        self._act(self._links.hello())
+        self._announced = announce
+        self._act(self._links.hello() if announce else self._links.probe())
         self._finalizer = weakref.finalize(self, _close_sockets, self._pid, context, sockets)
         if self.rank is not None or self.reliable:
             # A restarted rank continues after the last sample this one handed out, and a
@@ -386,9 +419,13 @@ class RemoteLoader:
             if isinstance(action, Send):
                 # If the server is away and the queue full, the next heartbeat will do.
                 send_or_drop(self._control[action.link], action.message)
-            else:  # a restarted server behind a reliable link
+            elif self.reliable:  # a restarted server behind a reliable link
                 self._data.forget_ack(action.link)  # its sequence number means nothing now
                 self._grant_credit(action.link)
+            elif (progress := self._progress()) is not None and progress[0] == action.link:
+                # A rank's restarted server resumes where this rank stands: the rest of the
+                # old process's message will come again.
+                self._count = self._index
 
     def _grant_credit(self, index: int) -> None:
         # If the queue towards an absent server is full, the next welcome grants again.
@@ -409,8 +446,7 @@ class RemoteLoader:
                                             self._acks))
                 self.addresses = self._data.addresses = links.data_addresses
             message = self._data.receive(links)
-            if message is not None:
-                self._take(message, now)
+            if message is not None and self._take(message, now):
                 if self._diagnosis.message(time.monotonic(), waited_from, len(message.samples)):
                     _ask_for_stats(self._control, self.client_id)
                 for index in range(len(self._control)):
@@ -428,9 +464,20 @@ class RemoteLoader:
                     self._serve_control(index)
             now = time.monotonic()
 
-    def _take(self, message: Data, now: float) -> None:
+    def _progress(self) -> tuple[int, Any, int] | None:
+        """(link, tags, handed-out count) of the current message, or None."""
+        current = self._current
+        return None if current is None else (current[0], current[2], self._index)
+
+    def _take(self, message: Data, now: float) -> bool:
+        """Make ``message`` the current one; False when it is dropped (a stale server's)."""
         samples, tags, server_id = message.samples, message.tags, message.server_id
         count = len(samples)
+        if self._positions is not None:
+            if server_id in self._links.links[self._data.link].stale:
+                return False  # sent before its server restarted: the new one resumes here
+            if (progress := self._progress()) is not None and progress[2]:
+                self._positions.handed(progress[0], progress[1][progress[2] - 1])
         actions = self._links.data(server_id, int(tags[0, 0]) if count else 0, now=now)
         if actions:
             self._act(actions)
@@ -445,6 +492,7 @@ class RemoteLoader:
         if self._acks is not None:
             self._current = (self._data.link, server_id, tags, self._data.seq)
         self._count = count
+        return True
 
     def _serve_control(self, index: int) -> None:
         socket = self._control[index]

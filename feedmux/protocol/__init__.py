@@ -31,6 +31,8 @@ from feedmux.protocol._envelope import ENVELOPE_BYTES, pack_envelope, unpack_env
 from feedmux.protocol._frames import FrameLike
 from feedmux.protocol._messages import (
     PROTOCOL_VERSION,
+    RESUME_CHECKPOINT,
+    RESUME_LIVE,
     Ack,
     Credit,
     Data,
@@ -54,6 +56,8 @@ __all__ = [
     "ENVELOPE_BYTES",
     "INLINE_THRESHOLD",
     "PROTOCOL_VERSION",
+    "RESUME_CHECKPOINT",
+    "RESUME_LIVE",
     "TAG_DTYPE",
     "Ack",
     "Credit",

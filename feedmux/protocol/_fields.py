@@ -154,7 +154,7 @@ class ControlSpec:
     >>> header
     {'v': 1, 'k': 2, 'client_id': 'c', 'role': 'trainer', 'world_size': 1}
     >>> spec.message(header)
-    Hello(client_id='c', role='trainer', world_size=1, rank=-1, group='')
+    Hello(client_id='c', role='trainer', world_size=1, rank=-1, group='', resume=())
     """
 
     def __init__(self, kind: Kind, cls: type, *, omit_default: tuple[str, ...] = (),
@@ -207,7 +207,7 @@ class ControlSpec:
 
 _CONTROL_SPECS = [
     ControlSpec(Kind.HELLO, Hello, client_id=STR, role=STR, world_size=INT, rank=INT,
-                group=STR, omit_default=("rank", "group")),
+                group=STR, resume=_INTS, omit_default=("rank", "group", "resume")),
     ControlSpec(
         Kind.WELCOME,
         Welcome,

@@ -17,6 +17,8 @@ import numpy as np
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "RESUME_CHECKPOINT",
+    "RESUME_LIVE",
     "Ack",
     "Credit",
     "Data",
@@ -90,6 +92,12 @@ class Data:
         self.__dict__.update(tags=tags, samples=samples, server_id=server_id, seq=seq)
 
 
+#: The last word of :attr:`Hello.resume`: the position was restored from a checkpoint
+#: (every rank of the job announces the same), or is where a live rank stands after its
+#: server restarted (each rank its own).
+RESUME_LIVE, RESUME_CHECKPOINT = 0, 1
+
+
 @dataclass(frozen=True)
 class Hello:
     """A trainer introduces itself to a server (client to server).
@@ -98,6 +106,12 @@ class Hello:
     ranks, or -1 for a free trainer (dynamic dealing). ``group`` names the
     consumer group the trainer belongs to ("" : the default group): every group
     receives the whole stream, its members split it.
+
+    ``resume`` is empty, or the position a ranked trainer restored from a
+    checkpoint (or kept across a server restart) asks the server to continue
+    from: ``(epoch, position, world_size, kind)``, the next round of ``epoch``
+    its job needs (a global position), the world size the job had then, and
+    :data:`RESUME_CHECKPOINT` or :data:`RESUME_LIVE` (docs/resume.md).
     """
 
     client_id: str
@@ -105,6 +119,7 @@ class Hello:
     world_size: int = 1
     rank: int = -1
     group: str = ""
+    resume: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

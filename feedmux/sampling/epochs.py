@@ -11,6 +11,7 @@ of the epoch loop to C-level slicing: no Python step per item.
 
 from __future__ import annotations
 
+import collections
 import itertools
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -120,6 +121,10 @@ class EpochIterator(Generic[T]):
         self._position = 0
         self._pending_error: Exception | None = None
         self._exhausted_empty = False
+        #: (epoch, position, keep) to fast-forward to, until it is reached.
+        self._resume: tuple[int, int, int] | None = None
+        #: The first items of the resumed epoch that :meth:`resume_at` was asked to keep.
+        self.resumed_head: list[T] = []
 
     def close(self) -> None:
         """Close the current activation of the streamer (and its sources)."""
@@ -155,7 +160,7 @@ class EpochIterator(Generic[T]):
         if self._pending_error is not None:
             error, self._pending_error = self._pending_error, None
             raise error
-        if self._chunks is None:
+        while self._chunks is None:
             if self.max_epochs is not None and self.epoch >= self.max_epochs:
                 raise StopIteration
             if self._exhausted_empty:
@@ -163,7 +168,9 @@ class EpochIterator(Generic[T]):
             self.epoch += 1
             self._position = 0
             self._chunks = activate(self.streamer, None, self.on_stream_error)
-            if self.prepare is not None:
+            if self._resume is not None:
+                self._skip_to_resume()
+            if self._chunks is not None and self.prepare is not None:
                 self._chunks = map(self.prepare, self._chunks)
         items: list[T] = []
         start = self._position
@@ -190,6 +197,70 @@ class EpochIterator(Generic[T]):
         if self.on_epoch_end is not None:
             self.on_epoch_end(self.epoch, count)
         return Chunk(self.epoch, start, items, True)
+
+    def resume_at(self, epoch: int, position: int, keep: int = 0) -> None:
+        """Start at ``position`` of ``epoch`` instead of at the first item of epoch 1.
+
+        The epochs before ``epoch`` and the first ``position`` items of it are
+        drawn and discarded when :meth:`take` first needs an item, at C speed
+        (no per-item Python step), with the same hooks as a normal run: a
+        seeded source gives the same items again, so the items after are those
+        an uninterrupted run gives. The first ``keep`` discarded items of
+        ``epoch`` are kept in :attr:`resumed_head` (a ranked dealer pads with
+        them). A ``position`` at or past the end of ``epoch`` resumes at the
+        next epoch. Call it before the first :meth:`take`.
+
+        Raises
+        ------
+        SamplingError
+            On an epoch < 1, a position < 0, or a call after the first take.
+
+        Examples
+        --------
+        >>> epochs = EpochIterator(Streamer("abc"), max_epochs=3)
+        >>> epochs.resume_at(2, 1, keep=1)
+        >>> tuple(epochs.take(5)), epochs.resumed_head, epochs.epochs_completed
+        ((2, 1, ['b', 'c'], True), ['a'], 2)
+        """
+        if self.epoch or self._chunks is not None:
+            raise SamplingError("resume_at must be called before the first take()")
+        if not (is_integer(epoch) and int(epoch) >= 1 and is_integer(position)
+                and int(position) >= 0):
+            raise SamplingError(
+                f"expected an epoch >= 1 and a position >= 0 to resume at, got epoch "
+                f"{epoch!r}, position {position!r}"
+            )
+        self._resume = (int(epoch), int(position), int(keep))
+
+    def _skip_to_resume(self) -> None:
+        """Discard what comes before the resume point in the epoch just activated."""
+        assert self._resume is not None and self._chunks is not None
+        epoch, position, keep = self._resume
+        if self.epoch > epoch:
+            self._resume = None
+            return
+        whole = self.epoch < epoch
+        head: list[T] = [] if whole else list(itertools.islice(self._chunks, min(keep, position)))
+        counter = itertools.count(len(head))
+        limit = None if whole else position - len(head)
+        # zip drives the count from C: deque(maxlen=0) discards without a Python step per item.
+        collections.deque(zip(itertools.islice(self._chunks, limit), counter, strict=False),
+                          maxlen=0)
+        skipped = next(counter)
+        if not whole:
+            self.resumed_head = head
+            self._resume = None
+            self._position = skipped
+            if skipped == position:
+                return
+        # The epoch ended before the resume point: it counts as complete, and is not sent.
+        close_stream(self._chunks)
+        self._chunks = None
+        if skipped == 0:
+            self._exhausted_empty = True
+            raise SamplingError(self._empty_message())
+        self.epoch_size = skipped
+        self.epochs_completed += 1
 
     def _empty_message(self) -> str:
         return (

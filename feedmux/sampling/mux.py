@@ -34,7 +34,7 @@ from feedmux.sampling._passes import (
 from feedmux.sampling._rng import SeedPlan, seed_plan
 from feedmux.sampling.streamer import Streamer, StreamErrorHook
 
-__all__ = ["BaseMux", "ChainMux", "RoundRobinMux", "ShuffledMux", "StochasticMux"]
+__all__ = ["BaseMux", "ChainMux", "RoundRobinMux", "ShuffledMux", "StochasticMux", "restart_passes"]
 
 T = TypeVar("T")
 
@@ -94,6 +94,9 @@ class BaseMux(Streamer[T]):
     def _start(self, on_stream_error: StreamErrorHook | None) -> Iterator[T]:
         self._passes += 1
         return self._make_pass(self._passes, on_stream_error).run()
+
+    def _restart_passes(self) -> None:
+        self._passes = 0
 
     def _pass_rng(self, pass_number: int) -> np.random.Generator:
         return self._seed_plan.for_pass(pass_number)
@@ -418,3 +421,35 @@ class ChainMux(BaseMux[T]):
 
     def _repr_arguments(self) -> str:
         return f", mode={self.mode!r}"
+
+
+def restart_passes(streamer: Any) -> None:
+    """Set every mux reachable from ``streamer`` back before its first pass.
+
+    A mux draws the random generator of each pass from (seed, pass number),
+    so after this a seeded source runs the very passes it ran from the start
+    (a server that resumes a run samples it again from the beginning). Muxes
+    are found through ``streamers`` and ``source``; a mux inside a generator
+    function's closure is out of reach.
+
+    Examples
+    --------
+    >>> mux = ShuffledMux(["ab", "cd"], random_state=3)
+    >>> first = "".join(mux(max_iter=4))
+    >>> restart_passes(Streamer(mux))
+    >>> "".join(mux(max_iter=4)) == first
+    True
+    """
+    seen: set[int] = set()
+    stack = [streamer]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or not isinstance(node, Streamer):
+            continue
+        seen.add(id(node))
+        if isinstance(node, BaseMux):
+            node._restart_passes()
+            if isinstance(node.streamers, (list, tuple)):
+                stack.extend(node.streamers)
+        else:
+            stack.append(node.source)

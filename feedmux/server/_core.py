@@ -40,8 +40,9 @@ from feedmux.protocol import (
 )
 from feedmux.server._groups import DEFAULT_GROUP
 from feedmux.server._producer import error_message
-from feedmux.server._ranks import RankTables
+from feedmux.server._ranks import RANK_REFUSED, RankTables
 from feedmux.server._report import Stat, core_stats, progress_line
+from feedmux.server._resume import CHECKPOINT, agreed_start, check_announcement, describe
 from feedmux.server.config import ServerConfig
 
 __all__ = [
@@ -146,6 +147,13 @@ class ControlCore:
         self._waiting_since: float | None = None
         self._waiting_for: list[int] | None = None
         self._free_turn = 0
+        #: Where the ranks agreed to resume, (epoch, position); None: from the start.
+        self.start_at: tuple[int, int] | None = None
+        #: Live ranks further on than ``start_at``: where each is (nothing before is re-dealt).
+        self.ranks_ahead: dict[int, tuple[int, int]] = {}
+        #: Set when a ranked job restarted from a checkpoint mid-run: the sampler must
+        #: stop, and start again at ``start_at`` once the new job's ranks are all here.
+        self.restarting = False
 
     # -- events: the trainers ---------------------------------------------------------------
     def receive(self, identity: bytes, message: Message, now: float) -> Sends:
@@ -167,8 +175,11 @@ class ControlCore:
             return [(identity, self.welcome())]
         if isinstance(message, Heartbeat):
             trainer = self.trainers.get(identity)
-            if trainer is None and self.tables.of(message.group).ranked:
-                # A ranked trainer is known by its hello alone (its rank): say it again.
+            if trainer is None and (self.phase is Phase.WAITING
+                                    or self.tables.of(message.group).ranked):
+                # A ranked trainer is known by its hello alone (its rank), and so is every
+                # trainer before sampling starts (a rank's heartbeat must not start a free
+                # run): the welcome tells it this is a new server, it says hello.
                 return [(identity, self.welcome(message.group))]
             if trainer is None:
                 trainer = self.trainers[identity] = _Trainer(
@@ -189,11 +200,14 @@ class ControlCore:
 
     def _hello(self, identity: bytes, message: Hello, now: float) -> Sends:
         """A trainer's hello: admit it (its rank, if any) or tell it why not."""
+        sends: list[Send] = []
+        if self._restarts_job(message):
+            sends = self._restart_job(message)
         refused = self.tables.admit(identity, message, lambda holder: self._alive(holder, now))
         if refused is not None:
             log.warning("refused trainer %s: %s", message.client_id, refused[1])
-            sends: list[Send] = [(identity, Error(type=refused[0], message=refused[1],
-                                                  server_id=self.config.server_id))]
+            sends.append((identity, Error(type=refused[0], message=refused[1],
+                                          server_id=self.config.server_id)))
             holder = self.tables.of(message.group).holder(message.rank)
             if holder is not None and holder[0] != identity:
                 # Is the holder still there? A failed send tells (peer_gone frees the rank).
@@ -207,7 +221,35 @@ class ControlCore:
             where = f" in group {group}" if self.config.grouped else ""
             log.info("trainer %s connected%s%s", message.client_id, rank, where)
             self._count_reconnect(message.client_id)
-        return [(identity, self.welcome(group))]
+        return [*sends, (identity, self.welcome(group))]
+
+    def _restarts_job(self, message: Hello) -> bool:
+        """Whether ``message`` is a rank of a job restarted from a checkpoint while this
+        server samples for the previous run (not a member of the current one saying
+        hello again)."""
+        return (check_announcement(message.resume) is None and bool(message.resume)
+                and message.resume[3] == CHECKPOINT and message.rank >= 0
+                and not self.config.grouped and self.phase in (Phase.SAMPLING, Phase.DRAINING)
+                and message.client_id not in {c for _, c in self.ranks.holders.values()})
+
+    def _restart_job(self, message: Hello) -> list[Send]:
+        """A rank resumes from a checkpoint while its job runs: the whole job restarted
+        (torchrun restarts every rank). Forget the previous job's ranks and what they
+        were sent, and wait for the new job's ranks to agree where to sample from."""
+        log.warning("trainer %s (rank %d) resumes from %s: the job restarted from a "
+                    "checkpoint; waiting for its ranks, then sampling from there",
+                    message.client_id, message.rank, describe(message.resume))
+        over = Error(type=RANK_REFUSED, server_id=self.config.server_id, message=(
+            f"the job restarted from a checkpoint ({describe(message.resume)}, announced by "
+            f"rank {message.rank}): this trainer belongs to the previous run"))
+        sends: list[Send] = [(identity, over) for identity in self.tables.restart()
+                 if self.trainers.pop(identity, None) is not None]
+        self.ranks, self.retention = self.tables.server, self.tables.retention
+        self.messages_sent = self.departed = self.departed_received = 0
+        self.finished, self.restarting = False, True
+        self.phase = Phase.WAITING
+        self._welcomed, self._waiting_since, self._waiting_for = False, None, None
+        return sends
 
     def _alive(self, identity: bytes, now: float) -> bool:
         trainer = self.trainers.get(identity)
@@ -350,6 +392,14 @@ class ControlCore:
             # that has gone fails (ROUTER_MANDATORY) and forgets it, so one that connected
             # and left does not count.
             if self._welcomed and self._ready(now):
+                start, problem = agreed_start(self.ranks.resumes, self.ranks.world_size or 0)
+                if start is None:
+                    log.error("%s", problem)
+                    return self.fail(Error(type=RANK_REFUSED, message=problem,
+                                           server_id=self.config.server_id), now)
+                self.start_at, self.ranks_ahead = start
+                if self.start_at is not None:
+                    log.info("resuming the job at epoch %d, position %d", *self.start_at)
                 self.phase = Phase.SAMPLING
                 return NO_SENDS
             if self.ranks.ranked and now - (self._waiting_since or now) > self.config.rank_timeout:

@@ -79,6 +79,30 @@ class RankDealer:
         self._next = 0  # the position of the first item of _carry
         self._carry: list[Any] = []
         self._first: list[Any] = []
+        #: rank -> (epoch, position) it stands at, for live ranks further on than where the
+        #: dealing resumed: what comes before in their share they already had.
+        self.ahead: dict[int, tuple[int, int]] = {}
+
+    def resume(self, epoch: int, position: int, head: Sequence[Any] = ()) -> None:
+        """Deal ``epoch`` from ``position`` on: its items start there (a resumed run).
+
+        The rounds are counted from ``position``: position ``p >= position`` goes
+        to rank ``(p - position) % n``, so a job resumed with another world size
+        shares the rest of the epoch evenly (the same rule as ``p % n`` when
+        ``position`` is a multiple of ``n``, as it is when the world size did not
+        change). ``head`` is the epoch's first items, which pad repeats.
+
+        Examples
+        --------
+        >>> dealer = RankDealer(3, "pad")
+        >>> dealer.resume(2, 4, head=["a", "b"])
+        >>> [(s.rank, s.tags[:, 1].tolist(), s.items) for s in dealer.deal(2, ["e", "f"])]
+        []
+        >>> [(s.rank, s.tags[:, 1].tolist(), s.items) for s in dealer.finish_epoch(2)]
+        [(0, [4], ['e']), (1, [5], ['f']), (2, [6], ['a'])]
+        """
+        self._epoch, self._next, self._carry = epoch, position, []
+        self._first = list(head[: self.world_size - 1]) if self.uneven == "pad" else []
 
     def deal(self, epoch: int, items: Sequence[Any]) -> list[RankShare]:
         """The complete rounds that ``items`` (the next items of ``epoch``) finish."""
@@ -122,4 +146,21 @@ class RankDealer:
             tags[:, 0] = epoch
             tags[:, 1] = np.arange(start + rank, start + rank + n * steps, n)
             shares.append(RankShare(rank, tags, block[rank::n]))
-        return shares
+        return self._skip_had(shares) if self.ahead else shares
+
+    def _skip_had(self, shares: list[RankShare]) -> list[RankShare]:
+        """Leave out of each share what a rank that is :attr:`ahead` already had."""
+        kept = []
+        for share in shares:
+            where = self.ahead.get(share.rank)
+            if where is not None and len(share.items):
+                epoch, position = where
+                if int(share.tags[0, 0]) > epoch:
+                    del self.ahead[share.rank]  # past it: deal this rank everything again
+                else:
+                    rows = (np.flatnonzero(share.tags[:, 1] >= position)
+                            if int(share.tags[0, 0]) == epoch else np.empty(0, dtype=np.int64))
+                    share = RankShare(share.rank, share.tags[rows],
+                                      [share.items[row] for row in rows])
+            kept.append(share)
+        return kept

@@ -197,6 +197,7 @@ def produce(
     epoch_done: Callable[[int, int], bool] = lambda epoch, count: True,
     dealer: RankDealer | None = None,
     meter: SamplerMeter | None = None,
+    start: tuple[int, int] | None = None,
 ) -> int:
     """Take chunks of items, encode each as a data message and ``send`` it.
 
@@ -219,6 +220,10 @@ def produce(
 
     ``meter`` gets the seconds spent sampling and encoding each message (not
     sending it: that is the shell's blocked time) and every skipped stream.
+
+    ``start`` resumes a run at ``(epoch, position)``: what comes before is
+    sampled again and discarded (``EpochIterator.resume_at``), and the dealer
+    deals that epoch from ``position`` on.
     """
     meter = SamplerMeter() if meter is None else meter
     if policy.copy_arrays:
@@ -232,9 +237,11 @@ def produce(
 
         # The muxes get the hook from the epochs, which hand it down at each activation.
         epochs.on_stream_error = log_skipped
+    if start is not None:
+        epochs.resume_at(*start, keep=0 if dealer is None else dealer.world_size - 1)
     if dealer is not None:
         return _produce_ranked(epochs, send, policy, server_id, skip_errors, epoch_done, meter,
-                               dealer)
+                               dealer, start)
     return _produce(epochs, send, policy, server_id, skip_errors, epoch_done, meter)
 
 
@@ -303,6 +310,7 @@ def _produce_ranked(
     epoch_done: Callable[[int, int], bool],
     meter: SamplerMeter,
     dealer: RankDealer,
+    start: tuple[int, int] | None = None,
 ) -> int:
     """:func:`produce` for ranked trainers: each chunk dealt to the ranks, then encoded.
 
@@ -328,6 +336,11 @@ def _produce_ranked(
             shares = dealer.finish_epoch(epoch)
         else:
             items, epoch, last = chunk.items, chunk.epoch, chunk.last
+            if start is not None:
+                if epoch == start[0]:  # the resumed epoch: dealt from where the job stood
+                    dealer.resume(epoch, chunk.start, epochs.resumed_head)
+                    epoch_count = chunk.start  # the epoch's size counts what came before
+                start = None
             pacer.observe(items, (clock() - started) * n)  # time per rank message
             epoch_count += len(items)
             shares = dealer.deal(epoch, items) if items else []

@@ -17,9 +17,10 @@ from collections.abc import Callable
 
 from feedmux.protocol import Ack, Hello
 from feedmux.server._groups import DEFAULT_GROUP, refuse_group
+from feedmux.server._resume import check_announcement
 from feedmux.server._retention import RankRetention
 
-__all__ = ["MAX_WORLD_SIZE", "RANK_TAKEN", "RankTable", "RankTables"]
+__all__ = ["MAX_WORLD_SIZE", "RANK_REFUSED", "RANK_TAKEN", "RankTable", "RankTables"]
 
 #: The error type a newcomer gets while another live trainer holds its rank; the
 #: loader retries its hello for a while, as the holder may be a crashed predecessor.
@@ -54,6 +55,8 @@ class RankTable:
         self.world_size: int | None = None
         #: rank -> (control identity, client id) of its holder
         self.holders: dict[int, tuple[bytes, str]] = {}
+        #: rank -> the resume position its holder announced (empty: none)
+        self.resumes: dict[int, tuple[int, ...]] = {}
 
     @property
     def ranked(self) -> bool:
@@ -76,6 +79,8 @@ class RankTable:
             return RANK_REFUSED, f"expected world_size at most {MAX_WORLD_SIZE}, got {size}"
         if not 0 <= rank < size:
             return RANK_REFUSED, f"expected rank in [0, {size}) for world_size {size}, got {rank}"
+        if (bad := check_announcement(hello.resume)) is not None:
+            return RANK_REFUSED, f"{bad} from rank {rank}"
         if self.world_size == 0:
             return RANK_REFUSED, (
                 f"{self.name} deals to free trainers: expected a RemoteLoader without rank, "
@@ -94,6 +99,7 @@ class RankTable:
             )
         self.world_size = size
         self.holders[rank] = (identity, hello.client_id)
+        self.resumes[rank] = tuple(hello.resume)
         return None
 
     def holder(self, rank: int) -> tuple[bytes, str] | None:
@@ -105,6 +111,7 @@ class RankTable:
         for rank, holder in list(self.holders.items()):
             if holder[0] == identity:
                 del self.holders[rank]
+                self.resumes.pop(rank, None)
 
     def missing(self) -> list[int]:
         """The ranks nobody holds (all of them before the first ranked hello)."""
@@ -170,6 +177,10 @@ class RankTables:
         refused = refuse_group(hello, self.grouped)
         if refused is not None:
             return refused
+        if hello.resume and self.grouped:
+            return RANK_REFUSED, ("expected no resume position with consumer groups (a group "
+                                  "joins the shared stream where it is), got "
+                                  f"{tuple(hello.resume)}")
         table = self._group(hello.group or DEFAULT_GROUP)[0] if self.grouped else self.server
         return table.admit(identity, hello, alive)
 
@@ -186,6 +197,17 @@ class RankTables:
                                         ack.position)
         holder = self.of(group).holder(ack.rank)
         return holder[0] if holder is not None and holder[1] == ack.client_id else None
+
+    def restart(self) -> list[bytes]:
+        """A ranked job restarts from a checkpoint: forget its ranks and what they were sent.
+
+        Returns the control identities of the holders forgotten (the previous
+        job's trainers: gone, or about to be told their run is over).
+        """
+        gone = [identity for identity, _ in self.server.holders.values()]
+        self.server = RankTable()
+        self.retention = RankRetention(limit=self.retention_limit)
+        return gone
 
     def forget(self, group: str) -> None:
         """``group`` was dropped (no member for its timeout): a new hello starts it afresh."""

@@ -157,7 +157,7 @@ class Endpoints:
         if readable(self.control):
             self.serve_control(timeout=0)
         core.tick(time.monotonic())  # sampling: at most a throughput log line, never a send
-        return not self.stopping
+        return not (self.stopping or core.restarting)
 
     def _push(self, frames: Frames, rank: int) -> bool:
         core, data = self.core, self.data
@@ -190,7 +190,7 @@ class Endpoints:
             # the first try, wait on control alone, briefly.
             if not blocked_since:
                 blocked_since = time.perf_counter()
-            if self.stopping:
+            if self.stopping or core.restarting:
                 self.blocked_seconds += time.perf_counter() - blocked_since
                 return False
             if rank < 0 or not waited:
@@ -252,6 +252,9 @@ class Endpoints:
                     self.reliable.ledger.handed(message)
                 continue
             self.deliver(core.receive(identity, message, time.monotonic()))
+        if self.ranked.retention is not core.retention:
+            # The job restarted from a checkpoint: its previous ranks are owed nothing.
+            self.ranked = RankSender(self.data, core.retention, self._replayed)
         if core.ranks.ranked and self.reliable is None:
             self.ranked.replay_taken_over(list(core.ranks.holders), core.rank_target)
         if self.fanout is not None:
@@ -296,6 +299,12 @@ class Endpoints:
             return False
         return not self.stopping
 
+    def restart_job(self) -> bool:
+        """The ranked job restarted from a checkpoint (:attr:`ControlCore.restarting`):
+        wait for the new job's ranks; False if the server stopped or failed meanwhile."""
+        self.core.restarting = False
+        return self.wait_for_trainers()
+
     def tick(self) -> None:
         """Time passed with nothing to send (the forwarding loop's idle turn)."""
         self.deliver(self.core.tick(time.monotonic()))
@@ -315,6 +324,8 @@ class Endpoints:
             self._finish_reliable(core.drain_deadline)
         else:
             self.run_phase(Phase.DRAINING)
+            if core.restarting:  # the job resumed from a checkpoint: not the end after all
+                return
             if core.phase is Phase.DRAINING:  # stopped meanwhile: still say it ended
                 self.deliver(core.end_stream(time.monotonic()))
         self._repeat_last_word()

@@ -42,6 +42,7 @@ from feedmux.errors import (
 )
 from feedmux.protocol import Data, EndOfEpoch, Error, decode, encode, read_tags, replace_tags
 from feedmux.sampling.epochs import EpochIterator
+from feedmux.sampling.mux import restart_passes
 from feedmux.server._dealing import RankDealer, RankShare
 from feedmux.server._producer import produce
 from feedmux.server._shell import Endpoints
@@ -256,20 +257,27 @@ class Server:
         try:
             if not endpoints.wait_for_trainers():
                 return EXIT_FAILED if endpoints.failed else EXIT_OK
-            items = EpochIterator(streamer, max_epochs=config.epochs)
 
             def epoch_done(epoch: int, count: int) -> bool:
                 endpoints.epoch_done(epoch, count)
-                return not self._stop
+                return not (self._stop or endpoints.core.restarting)
 
-            produce(
-                items, endpoints.send_data, policy=config.policy, server_id=config.server_id,
-                skip_errors=config.on_error == "skip", epoch_done=epoch_done,
-                dealer=_dealer(endpoints, config), meter=endpoints.meters[0],
-            )
-            if not self._stop:
-                endpoints.finish()
-            return EXIT_OK
+            while True:
+                produce(
+                    EpochIterator(streamer, max_epochs=config.epochs), endpoints.send_data,
+                    policy=config.policy, server_id=config.server_id,
+                    skip_errors=config.on_error == "skip", epoch_done=epoch_done,
+                    dealer=_dealer(endpoints, config), meter=endpoints.meters[0],
+                    start=endpoints.core.start_at,
+                )
+                if not (self._stop or endpoints.core.restarting):
+                    endpoints.finish()
+                if self._stop or not endpoints.core.restarting:
+                    return EXIT_OK
+                # A ranked job resumed from a checkpoint: sample again, from where it says.
+                restart_passes(streamer)
+                if not endpoints.restart_job():
+                    return EXIT_FAILED if endpoints.failed else EXIT_OK
         except Exception as error:
             log.error("sampling failed: %s: %s", type(error).__name__, error, exc_info=error)
             endpoints.fail(error)
@@ -535,7 +543,11 @@ def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop:
 def _dealer(endpoints: Endpoints, config: ServerConfig) -> RankDealer | None:
     """The dealer of a ranked run (its trainers' hellos told the world size), else None."""
     world_size = endpoints.core.ranks.world_size
-    return RankDealer(world_size, config.uneven) if world_size else None
+    if not world_size:
+        return None
+    dealer = RankDealer(world_size, config.uneven)
+    dealer.ahead = dict(endpoints.core.ranks_ahead)  # live ranks that outlived a server
+    return dealer
 
 
 def _deal_forwarded(frames: list[Any], tags: np.ndarray, dealer: RankDealer,

@@ -1,0 +1,103 @@
+"""Where a ranked trainer stands with each of its servers: what it saves and announces.
+
+A rank of a data-parallel job hands out, from each server, the samples dealt
+to it: with ``n`` ranks, rank ``r``'s sample at position ``p`` belongs to the
+round of positions ``p - r .. p - r + n - 1`` (rounds start where the epoch,
+or a resumed part of it, starts), so after handing it out the job needs the
+round starting at ``p - r + n``. :class:`RankPositions` keeps that per server
+link: it is what ``RemoteLoader.state_dict()`` saves and what the trainer's
+hello announces — restored from a checkpoint (every rank the same, the job
+resumes there) or live after a server restart (each rank where it is). It is
+pure: the loader tells it what was handed out; it never touches a socket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from feedmux.errors import StreamValueError
+from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE
+
+__all__ = ["CHECKPOINT", "LIVE", "RankPositions"]
+
+CHECKPOINT, LIVE = RESUME_CHECKPOINT, RESUME_LIVE
+
+#: ``() -> (link, tags, handed-out count)`` of the loader's current message, or None.
+Current = Callable[[], "tuple[int, Any, int] | None"]
+
+
+class RankPositions:
+    """Per server link: the next round a ranked trainer's job needs, ``(epoch, position)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> positions = RankPositions(1, rank=1, world_size=2, current=lambda: None)
+    >>> positions.announce(0)
+    ()
+    >>> positions.handed(0, np.array([3, 7]))   # rank 1 handed out position 7 of epoch 3
+    >>> positions.announce(0), positions.state()
+    ((3, 8, 2, 0), [[3, 8, 2]])
+    >>> restored = RankPositions(1, rank=0, world_size=3, current=lambda: None)
+    >>> restored.restore([[3, 8, 2]])
+    >>> restored.announce(0)
+    (3, 8, 2, 1)
+    """
+
+    def __init__(self, links: int, *, rank: int, world_size: int, current: Current) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self._current = current
+        #: link -> (epoch, next position, world size) from samples handed out here
+        self._live: list[tuple[int, int, int] | None] = [None] * links
+        #: link -> (epoch, next position, world size) loaded from a checkpoint
+        self._restored: list[tuple[int, int, int] | None] = [None] * links
+
+    def handed(self, link: int, row: Any) -> None:
+        """The trainer handed out the sample tagged ``row`` (epoch, position) of ``link``."""
+        self._live[link] = (int(row[0]), int(row[1]) - self.rank + self.world_size,
+                            self.world_size)
+
+    def _where(self, link: int) -> tuple[tuple[int, int, int] | None, int]:
+        current = self._current()
+        if current is not None and current[0] == link and current[2] > 0:
+            self.handed(link, current[1][current[2] - 1])
+        live = self._live[link]
+        if live is not None:
+            return live, LIVE
+        return self._restored[link], CHECKPOINT
+
+    def announce(self, link: int) -> tuple[int, ...]:
+        """What the hello to ``link``'s server says: ``(epoch, position, world_size,
+        CHECKPOINT or LIVE)``, or ``()`` before anything (a fresh start)."""
+        where, kind = self._where(link)
+        return () if where is None else (*where, kind)
+
+    def state(self) -> list[list[int] | None]:
+        """Per link ``[epoch, position, world_size]`` or None: plain data for a checkpoint."""
+        return [None if where is None else list(where)
+                for where in (self._where(link)[0] for link in range(len(self._live)))]
+
+    def restore(self, saved: Sequence[Sequence[int] | None]) -> None:
+        """Take the positions :meth:`state` saved (any rank's: they are the job's)."""
+        if not isinstance(saved, (list, tuple)) or len(saved) != len(self._restored):
+            raise StreamValueError(
+                f"expected a saved position for each of the {len(self._restored)} server(s), "
+                f"got {saved!r}"
+            )
+        restored: list[tuple[int, int, int] | None] = []
+        for where in saved:
+            if where is None:
+                restored.append(None)
+                continue
+            if not (isinstance(where, (list, tuple)) and len(where) == 3
+                    and all(isinstance(value, int) for value in where)
+                    and where[0] >= 1 and where[1] >= 0 and where[2] >= 1):
+                raise StreamValueError(
+                    f"expected a saved position [epoch >= 1, position >= 0, world_size >= 1], "
+                    f"got {where!r}"
+                )
+            restored.append((where[0], where[1], where[2]))
+        self._restored = restored
+        self._live = [None] * len(self._live)

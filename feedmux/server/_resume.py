@@ -1,0 +1,114 @@
+"""Resuming a ranked job where its checkpoint left it: the positions its ranks announce.
+
+A ranked trainer restored from a checkpoint (or one that outlived its server)
+says in its hello where its job stands: ``(epoch, position, world_size,
+kind)``, the next round of ``epoch`` it needs (a global position), the world
+size the job had when it got there, and whether it comes from a checkpoint or
+from a live rank whose server restarted. This module owns the rules over those
+announcements: what a well-formed one is, and the one position every rank of
+the new job must agree on before anything is dealt. It is pure (no sockets,
+no clock) and must never decide who holds a rank (the rank table does) or how
+the sampler gets there (``EpochIterator.resume_at`` and
+``RankDealer.resume`` do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE
+
+__all__ = ["CHECKPOINT", "LIVE", "Start", "agreed_start", "check_announcement", "describe"]
+
+CHECKPOINT, LIVE = RESUME_CHECKPOINT, RESUME_LIVE
+
+
+def check_announcement(resume: Sequence[int]) -> str | None:
+    """Why ``resume`` (a hello's field) is not a position to resume at, or None.
+
+    Examples
+    --------
+    >>> check_announcement((2, 40, 2, CHECKPOINT)) is None, check_announcement(())
+    (True, None)
+    >>> check_announcement((0, 5, 2, LIVE))
+    'expected resume (epoch >= 1, position >= 0, world_size >= 1, 0 or 1), got (0, 5, 2, 0)'
+    """
+    if not resume:
+        return None
+    if (len(resume) == 4 and resume[0] >= 1 and resume[1] >= 0 and resume[2] >= 1
+            and resume[3] in (LIVE, CHECKPOINT)):
+        return None
+    return (f"expected resume (epoch >= 1, position >= 0, world_size >= 1, 0 or 1), "
+            f"got {tuple(resume)}")
+
+
+def describe(resume: Sequence[int]) -> str:
+    """A resume announcement in words, for logs and errors.
+
+    Examples
+    --------
+    >>> describe((2, 40, 4, CHECKPOINT))
+    'a checkpoint at epoch 2, position 40 (taken with 4 ranks)'
+    >>> describe((2, 40, 4, LIVE)), describe(())
+    ('epoch 2, position 40 (live, 4 ranks)', 'no position (a fresh start)')
+    """
+    if not resume:
+        return "no position (a fresh start)"
+    epoch, position, world_size, kind = resume
+    if kind == CHECKPOINT:
+        return f"a checkpoint at epoch {epoch}, position {position} (taken with {world_size} ranks)"
+    return f"epoch {epoch}, position {position} (live, {world_size} ranks)"
+
+
+class Start(NamedTuple):
+    """Where the ranks of a job agree to start: ``at`` (epoch, position) or None for the
+    beginning, and for each rank that is further on, where it is (its rounds before are
+    not dealt to it again)."""
+
+    at: tuple[int, int] | None
+    ahead: dict[int, tuple[int, int]]
+
+
+def agreed_start(resumes: Mapping[int, Sequence[int]],
+                 world_size: int) -> tuple[Start | None, str]:
+    """Where the ranks of a job of ``world_size`` start: ``(Start, "")``, or
+    ``(None, why)`` when their announcements do not fit together.
+
+    ``resumes`` maps each rank to its announcement (empty: none). Restored from
+    a checkpoint, every rank must announce the same position (the job resumes
+    there; a position is global, so a job of another world size can take it
+    over). Live ranks that outlived their server announce where each is (they
+    differ by the steps a rank ran ahead): the job starts at the earliest, and
+    a rank further on gets nothing it already had. A rank that announces
+    nothing among live ones has had nothing: it starts at the beginning.
+
+    Examples
+    --------
+    >>> agreed_start({0: (2, 40, 2, CHECKPOINT), 1: (2, 40, 2, CHECKPOINT)}, 3)
+    (Start(at=(2, 40), ahead={}), '')
+    >>> agreed_start({0: (), 1: ()}, 2)
+    (Start(at=None, ahead={}), '')
+    >>> agreed_start({0: (2, 44, 2, LIVE), 1: (2, 40, 2, LIVE)}, 2)
+    (Start(at=(2, 40), ahead={0: (2, 44)}), '')
+    >>> agreed_start({0: (2, 40, 2, CHECKPOINT), 1: (2, 42, 2, CHECKPOINT)}, 2)[1]
+    'the ranks announce different positions: rank 0: a checkpoint at epoch 2, position 40 \
+(taken with 2 ranks); rank 1: a checkpoint at epoch 2, position 42 (taken with 2 ranks); \
+expected the same checkpoint from every rank (each loads the state saved at the same step)'
+    """
+    kinds = {resume[3] for resume in resumes.values() if resume}
+    if not kinds:
+        return Start(None, {}), ""
+    if kinds == {LIVE}:
+        where = {rank: (resume[0], resume[1]) if resume else (1, 0)
+                 for rank, resume in resumes.items()}
+        sizes = {resume[2] for resume in resumes.values() if resume}
+        if sizes == {world_size}:
+            first = min(where.values())
+            return Start(first, {rank: at for rank, at in where.items() if at > first}), ""
+    elif len({tuple(resume) for resume in resumes.values()}) == 1:
+        epoch, position = next(iter(resumes.values()))[:2]
+        return Start((epoch, position), {}), ""
+    said = "; ".join(f"rank {rank}: {describe(resumes[rank])}" for rank in sorted(resumes))
+    return None, (f"the ranks announce different positions: {said}; expected the same "
+                  f"checkpoint from every rank (each loads the state saved at the same step)")
