@@ -267,7 +267,8 @@ class ServerLinks:
 
     def probe(self) -> list[Action]:
         """Ask every server for its welcome without joining as a trainer (yet)."""
-        probe = Hello(client_id=self.client_id, role="probe")
+        probe = Hello(client_id=self.client_id, role="probe", world_size=self.world_size,
+                      rank=self.rank, group=self.group)
         return [Send(index, probe) for index in range(len(self.links))]
 
     def _hello(self, index: int) -> Hello:

@@ -59,6 +59,15 @@ class RankPositions:
         self._live[link] = (int(row[0]), int(row[1]) - self.rank + self.world_size,
                             self.world_size)
 
+    def next_message(self, fresh: bool) -> bool:
+        """The loader is about to make a new message current: note how far it got in the
+        one before; returns ``fresh`` (False: a message a restarted server's old process
+        sent, which the loader drops — the new one resumes where the rank stands)."""
+        current = self._current()
+        if current is not None and current[2] > 0:
+            self.handed(current[0], current[1][current[2] - 1])
+        return fresh
+
     def _where(self, link: int) -> tuple[tuple[int, int, int] | None, int]:
         current = self._current()
         if current is not None and current[0] == link and current[2] > 0:

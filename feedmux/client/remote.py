@@ -277,19 +277,9 @@ class RemoteLoader:
         """
         if self._links.epoch_size is None and not self._closed and not self._asked:
             self._asked = True  # once: a server that does not answer is not asked again
-            self._await_welcome(WELCOME_WAIT if self.timeout is None
-                                else min(self.timeout, WELCOME_WAIT))
+            _await_welcome(self, WELCOME_WAIT if self.timeout is None
+                           else min(self.timeout, WELCOME_WAIT))
         return self._links.length()
-
-    def _await_welcome(self, seconds: float) -> None:
-        self._connect(announce=False)
-        assert self._poller is not None
-        deadline = time.monotonic() + seconds
-        while not all(self._links.server_ids) and (left := deadline - time.monotonic()) > 0:
-            events = dict(self._poller.poll(max(1, int(left * 1000))))
-            for index, socket in enumerate(self._control):
-                if socket in events:
-                    self._serve_control(index)
 
     # -- what was seen --------------------------------------------------------------------
     @property
@@ -344,29 +334,14 @@ class RemoteLoader:
         it from that step on (docs/resume.md). A free trainer's state only
         records where it was.
         """
-        state = _state_of(self.addresses, self.server_ids, self.last_meta,
-                          dict(self._links.received))
-        if self._positions is not None:
-            state.update(resume=self._positions.state(), rank=self.rank,
-                         world_size=self.world_size)
-        return state
+        return _state_of(self.addresses, self.server_ids, self.last_meta,
+                         dict(self._links.received), self._positions)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved (the last sample seen, and a ranked job's
         position, which the next hello announces). Any rank's state will do, from a job
         of any world size: the position is the job's."""
-        last = _restored_meta(state)
-        if last is not None:
-            self._last = last
-            if self._index == 0:
-                self._tags = None
-        if self._positions is not None and state.get("resume") is not None:
-            if self._announced:
-                raise StreamValueError(
-                    "expected load_state_dict before the loader's first sample (it tells the "
-                    "servers where to resume), got it on a loader already connected"
-                )
-            self._positions.restore(state["resume"])
+        _restore(self, state)
 
     # -- sockets --------------------------------------------------------------------------
     def _connect(self, announce: bool = True) -> None:
@@ -473,11 +448,9 @@ class RemoteLoader:
         """Make ``message`` the current one; False when it is dropped (a stale server's)."""
         samples, tags, server_id = message.samples, message.tags, message.server_id
         count = len(samples)
-        if self._positions is not None:
-            if server_id in self._links.links[self._data.link].stale:
-                return False  # sent before its server restarted: the new one resumes here
-            if (progress := self._progress()) is not None and progress[2]:
-                self._positions.handed(progress[0], progress[1][progress[2] - 1])
+        if self._positions is not None and not self._positions.next_message(
+                fresh=server_id not in self._links.links[self._data.link].stale):
+            return False  # sent before its server restarted: the new one resumes here
         actions = self._links.data(server_id, int(tags[0, 0]) if count else 0, now=now)
         if actions:
             self._act(actions)
@@ -543,9 +516,9 @@ def _endpoints(
 
 
 def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | None,
-              received: dict[str, int]) -> dict[str, Any]:
+              received: dict[str, int], positions: RankPositions | None) -> dict[str, Any]:
     """RemoteLoader.state_dict's plain data."""
-    return {
+    state: dict[str, Any] = {
         "addresses": list(addresses),
         "server_ids": server_ids,
         "last_epoch": None if meta is None else meta.epoch,
@@ -553,6 +526,38 @@ def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | No
         "last_server_id": None if meta is None else meta.server_id,
         "received_messages": received,
     }
+    if positions is not None:
+        state.update(resume=positions.state(), rank=positions.rank,
+                     world_size=positions.world_size)
+    return state
+
+
+def _await_welcome(loader: RemoteLoader, seconds: float) -> None:
+    """Connect without joining and wait up to ``seconds`` for every server's welcome."""
+    loader._connect(announce=False)
+    assert loader._poller is not None
+    deadline = time.monotonic() + seconds
+    while not all(loader._links.server_ids) and (left := deadline - time.monotonic()) > 0:
+        events = dict(loader._poller.poll(max(1, int(left * 1000))))
+        for index, socket in enumerate(loader._control):
+            if socket in events:
+                loader._serve_control(index)
+
+
+def _restore(loader: RemoteLoader, state: dict[str, Any]) -> None:
+    """RemoteLoader.load_state_dict's body: the last sample seen, a rank's positions."""
+    last = _restored_meta(state)
+    if last is not None:
+        loader._last = last
+        if loader._index == 0:
+            loader._tags = None
+    if loader._positions is not None and state.get("resume") is not None:
+        if loader._announced:
+            raise StreamValueError(
+                "expected load_state_dict before the loader's first sample (it tells the "
+                "servers where to resume), got it on a loader already iterating"
+            )
+        loader._positions.restore(state["resume"])
 
 
 def _restored_meta(state: dict[str, Any]) -> SampleMeta | None:

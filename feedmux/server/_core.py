@@ -18,6 +18,7 @@ to ``LAST_WORD`` from any phase.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -172,7 +173,7 @@ class ControlCore:
         if isinstance(message, Hello):
             if message.role == "trainer":
                 return self._hello(identity, message, now)
-            return [(identity, self.welcome())]
+            return [(identity, _probe_welcome(self, message))]
         if isinstance(message, Heartbeat):
             trainer = self.trainers.get(identity)
             if trainer is None and (self.phase is Phase.WAITING
@@ -201,8 +202,8 @@ class ControlCore:
     def _hello(self, identity: bytes, message: Hello, now: float) -> Sends:
         """A trainer's hello: admit it (its rank, if any) or tell it why not."""
         sends: list[Send] = []
-        if self._restarts_job(message):
-            sends = self._restart_job(message)
+        if _restarts_job(self, message):
+            sends = _restart_job(self, message)
         refused = self.tables.admit(identity, message, lambda holder: self._alive(holder, now))
         if refused is not None:
             log.warning("refused trainer %s: %s", message.client_id, refused[1])
@@ -222,34 +223,6 @@ class ControlCore:
             log.info("trainer %s connected%s%s", message.client_id, rank, where)
             self._count_reconnect(message.client_id)
         return [*sends, (identity, self.welcome(group))]
-
-    def _restarts_job(self, message: Hello) -> bool:
-        """Whether ``message`` is a rank of a job restarted from a checkpoint while this
-        server samples for the previous run (not a member of the current one saying
-        hello again)."""
-        return (check_announcement(message.resume) is None and bool(message.resume)
-                and message.resume[3] == CHECKPOINT and message.rank >= 0
-                and not self.config.grouped and self.phase in (Phase.SAMPLING, Phase.DRAINING)
-                and message.client_id not in {c for _, c in self.ranks.holders.values()})
-
-    def _restart_job(self, message: Hello) -> list[Send]:
-        """A rank resumes from a checkpoint while its job runs: the whole job restarted
-        (torchrun restarts every rank). Forget the previous job's ranks and what they
-        were sent, and wait for the new job's ranks to agree where to sample from."""
-        log.warning("trainer %s (rank %d) resumes from %s: the job restarted from a "
-                    "checkpoint; waiting for its ranks, then sampling from there",
-                    message.client_id, message.rank, describe(message.resume))
-        over = Error(type=RANK_REFUSED, server_id=self.config.server_id, message=(
-            f"the job restarted from a checkpoint ({describe(message.resume)}, announced by "
-            f"rank {message.rank}): this trainer belongs to the previous run"))
-        sends: list[Send] = [(identity, over) for identity in self.tables.restart()
-                 if self.trainers.pop(identity, None) is not None]
-        self.ranks, self.retention = self.tables.server, self.tables.retention
-        self.messages_sent = self.departed = self.departed_received = 0
-        self.finished, self.restarting = False, True
-        self.phase = Phase.WAITING
-        self._welcomed, self._waiting_since, self._waiting_for = False, None, None
-        return sends
 
     def _alive(self, identity: bytes, now: float) -> bool:
         trainer = self.trainers.get(identity)
@@ -388,30 +361,7 @@ class ControlCore:
                 self._log_throughput(now)
             return NO_SENDS
         if phase is Phase.WAITING:
-            # Count only after a welcome went out since the last look: a send to a trainer
-            # that has gone fails (ROUTER_MANDATORY) and forgets it, so one that connected
-            # and left does not count.
-            if self._welcomed and self._ready(now):
-                start, problem = agreed_start(self.ranks.resumes, self.ranks.world_size or 0)
-                if start is None:
-                    log.error("%s", problem)
-                    return self.fail(Error(type=RANK_REFUSED, message=problem,
-                                           server_id=self.config.server_id), now)
-                self.start_at, self.ranks_ahead = start
-                if self.start_at is not None:
-                    log.info("resuming the job at epoch %d, position %d", *self.start_at)
-                self.phase = Phase.SAMPLING
-                return NO_SENDS
-            if self.ranks.ranked and now - (self._waiting_since or now) > self.config.rank_timeout:
-                missing = self.ranks.missing()
-                return self.fail(Error(
-                    type="feedmux.errors.TransportTimeoutError",
-                    message=(f"rank(s) {missing} of {self.ranks.world_size} never connected "
-                             f"within the rank timeout of {self.config.rank_timeout:g} s"),
-                    server_id=self.config.server_id), now)
-            self._welcomed = True
-            return [(identity, self.welcome(trainer.group))
-                    for identity, trainer in self.trainers.items()]
+            return _tick_waiting(self, now)
         if phase is Phase.DRAINING:
             return self._drain(now)
         if phase is Phase.LAST_WORD:
@@ -501,6 +451,75 @@ class ControlCore:
 
     def stats(self, now: float) -> dict[str, Stat]:
         return core_stats(self, now, TRAINER_TIMEOUT)
+
+
+def _tick_waiting(core: ControlCore, now: float) -> Sends:
+    """:meth:`ControlCore.tick` while waiting for trainers: start once they are all here
+    (and, for a job's ranks, agree where), fail when ranks never come, else welcome them."""
+    # Count only after a welcome went out since the last look: a send to a trainer that
+    # has gone fails (ROUTER_MANDATORY) and forgets it, so one that connected and left
+    # does not count.
+    config = core.config
+    if core._welcomed and core._ready(now):
+        start, problem = agreed_start(core.ranks.resumes, core.ranks.world_size or 0)
+        if start is None:
+            log.error("%s", problem)
+            return core.fail(Error(type=RANK_REFUSED, message=problem,
+                                   server_id=config.server_id), now)
+        core.start_at, core.ranks_ahead = start
+        if core.start_at is not None:
+            log.info("resuming the job at epoch %d, position %d", *core.start_at)
+        core.phase = Phase.SAMPLING
+        return NO_SENDS
+    if core.ranks.ranked and now - (core._waiting_since or now) > config.rank_timeout:
+        missing = core.ranks.missing()
+        return core.fail(Error(
+            type="feedmux.errors.TransportTimeoutError",
+            message=(f"rank(s) {missing} of {core.ranks.world_size} never connected "
+                     f"within the rank timeout of {config.rank_timeout:g} s"),
+            server_id=config.server_id), now)
+    core._welcomed = True
+    return [(identity, core.welcome(trainer.group)) for identity, trainer in core.trainers.items()]
+
+
+def _restarts_job(core: ControlCore, message: Hello) -> bool:
+    """Whether ``message`` is a rank of a job restarted from a checkpoint while this
+    server samples for the previous run (not a member of the current one saying
+    hello again)."""
+    return (check_announcement(message.resume) is None and bool(message.resume)
+            and message.resume[3] == CHECKPOINT and message.rank >= 0
+            and not core.config.grouped and core.phase in (Phase.SAMPLING, Phase.DRAINING)
+            and message.client_id not in {c for _, c in core.ranks.holders.values()})
+
+
+def _restart_job(core: ControlCore, message: Hello) -> list[Send]:
+    """A rank resumes from a checkpoint while its job runs: the whole job restarted
+    (torchrun restarts every rank). Forget the previous job's ranks and what they
+    were sent, and wait for the new job's ranks to agree where to sample from."""
+    log.warning("trainer %s (rank %d) resumes from %s: the job restarted from a "
+                "checkpoint; waiting for its ranks, then sampling from there",
+                message.client_id, message.rank, describe(message.resume))
+    over = Error(type=RANK_REFUSED, server_id=core.config.server_id, message=(
+        f"the job restarted from a checkpoint ({describe(message.resume)}, announced by "
+        f"rank {message.rank}): this trainer belongs to the previous run"))
+    sends: list[Send] = [(identity, over) for identity in core.tables.restart()
+                         if core.trainers.pop(identity, None) is not None]
+    core.ranks, core.retention = core.tables.server, core.tables.retention
+    core.messages_sent = core.departed = core.departed_received = 0
+    core.finished, core.restarting = False, True
+    core.phase = Phase.WAITING
+    core._welcomed, core._waiting_since, core._waiting_for = False, None, None
+    return sends
+
+
+def _probe_welcome(core: ControlCore, message: Hello) -> Welcome:
+    """The welcome a trainer that has not joined yet gets (``len()`` asks before the
+    first sample): a rank's tells how the server would deal to its job."""
+    welcome = core.welcome(message.group)
+    if message.rank < 0 or core.config.grouped or core.ranks.world_size is not None:
+        return welcome
+    return dataclasses.replace(welcome, world_size=message.world_size,
+                               uneven=core.config.uneven)
 
 
 def malformed_reply(error: ProtocolError, server_id: str) -> Error:

@@ -299,12 +299,6 @@ class Endpoints:
             return False
         return not self.stopping
 
-    def restart_job(self) -> bool:
-        """The ranked job restarted from a checkpoint (:attr:`ControlCore.restarting`):
-        wait for the new job's ranks; False if the server stopped or failed meanwhile."""
-        self.core.restarting = False
-        return self.wait_for_trainers()
-
     def tick(self) -> None:
         """Time passed with nothing to send (the forwarding loop's idle turn)."""
         self.deliver(self.core.tick(time.monotonic()))
@@ -324,8 +318,6 @@ class Endpoints:
             self._finish_reliable(core.drain_deadline)
         else:
             self.run_phase(Phase.DRAINING)
-            if core.restarting:  # the job resumed from a checkpoint: not the end after all
-                return
             if core.phase is Phase.DRAINING:  # stopped meanwhile: still say it ended
                 self.deliver(core.end_stream(time.monotonic()))
         self._repeat_last_word()

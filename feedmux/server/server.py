@@ -276,7 +276,8 @@ class Server:
                     return EXIT_OK
                 # A ranked job resumed from a checkpoint: sample again, from where it says.
                 restart_passes(streamer)
-                if not endpoints.restart_job():
+                endpoints.core.restarting = False
+                if not endpoints.wait_for_trainers():  # the new job's ranks
                     return EXIT_FAILED if endpoints.failed else EXIT_OK
         except Exception as error:
             log.error("sampling failed: %s: %s", type(error).__name__, error, exc_info=error)

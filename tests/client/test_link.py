@@ -21,6 +21,7 @@ from feedmux.errors import (
     VersionMismatchError,
 )
 from feedmux.protocol import (
+    RESUME_LIVE,
     Drain,
     EndOfStream,
     Error,
@@ -78,11 +79,13 @@ def test_a_delivery_mode_mismatch_is_an_error(reliable: bool) -> None:
         links.control(0, Welcome("a", reliable=not reliable))
 
 
-@pytest.mark.parametrize(("reliable", "actions"), [(False, []), (True, [Resync(0)])])
+@pytest.mark.parametrize(("reliable", "resync"), [(False, []), (True, [Resync(0)])])
 def test_a_new_server_id_on_a_link_is_a_restart(
-    reliable: bool, actions: list[Resync], caplog: pytest.LogCaptureFixture
+    reliable: bool, resync: list[Resync], caplog: pytest.LogCaptureFixture
 ) -> None:
     links = make_links(reliable=reliable)
+    # The new process knows the trainer by its hello only: it says hello again.
+    actions = [*resync, Send(0, Hello(client_id=links.client_id))]
     assert links.control(0, Welcome("a", reliable=reliable)) == []
     assert links.control(0, Welcome("a", epoch_size=3, reliable=reliable)) == []  # not a restart
     links.control(0, EndOfStream("a"))
@@ -266,7 +269,8 @@ def test_sequences_of_welcomes_restarts_drains_and_ends(
             actions = links.control(link, Welcome(event.server_id, epoch_size=event.epoch_size,
                                                   reliable=reliable))
             restarted = server_ids[link] not in ("", event.server_id)
-            assert actions == ([Resync(link)] if restarted and reliable else [])
+            hello = [Send(link, Hello(client_id=links.client_id))]
+            assert actions == (([Resync(link)] if reliable else []) + hello if restarted else [])
             if restarted:
                 finished[link] = False
             server_ids[link] = event.server_id
@@ -313,3 +317,15 @@ def test_a_heartbeat_goes_out_at_least_once_per_interval(gaps: list[float]) -> N
             last = now
         else:
             assert now - last < INTERVAL
+
+
+def test_a_rank_tells_a_restarted_server_where_it_stands() -> None:
+    links = make_links()
+    links.rank, links.world_size = 1, 2
+    links.position = lambda index: (2, 40, 2, RESUME_LIVE)
+    links.control(0, Welcome("a", world_size=2))
+    assert links.control(0, Welcome("b", world_size=2)) == [
+        Resync(0),  # the rest of the old process's message is dropped: it will come again
+        Send(0, Hello(client_id=links.client_id, world_size=2, rank=1,
+                      resume=(2, 40, 2, RESUME_LIVE))),
+    ]

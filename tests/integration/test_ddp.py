@@ -20,6 +20,7 @@ import pytest
 
 from feedmux import RemoteLoader, Server
 from feedmux.errors import RemoteError
+from tests.integration.conftest import CheckedThread
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
@@ -148,13 +149,15 @@ def test_a_bad_newcomer_gets_a_clear_error_and_the_ranks_go_on(
                       world_size=2) as rank0, \
             RemoteLoader(server.data_address, control=server.control_address, timeout=20,
                          rank=1, world_size=2) as rank1:
-        # Both say hello (len() asks the server: no size is declared, so TypeError), then
-        # both take a sample, so both are established before the newcomer comes.
+        # Both ask for the size (no size is declared, so TypeError), then both take a
+        # sample (together: the server deals once both said hello), so both are
+        # established before the newcomer comes.
         for loader in (rank0, rank1):
             with pytest.raises(TypeError):
                 len(loader)
-        next(rank0)
+        first = CheckedThread(next, rank0)
         next(rank1)
+        first.join(timeout=20)
         with pytest.raises(RemoteError, match=message):
             first_sample(server, **ranking)
         assert [next(rank0) is not None, next(rank1) is not None] == [True, True]

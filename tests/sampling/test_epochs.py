@@ -23,6 +23,7 @@ from feedmux.sampling import (
     shard,
 )
 from feedmux.sampling.epochs import Chunk
+from feedmux.sampling.mux import restart_passes
 
 # Every test here is fast: a hang is a bug, so fail it early.
 pytestmark = pytest.mark.timeout(30)
@@ -422,3 +423,36 @@ def test_bad_shard_arguments(index: object, count: object, message: str) -> None
 def test_shard_needs_a_streamer() -> None:
     with pytest.raises(SamplingError, match="streamer must be a Streamer"):
         shard("abc", 0, 2)  # type: ignore[arg-type]
+
+
+def everything(epochs: EpochIterator[int]) -> list[tuple[int, int, int]]:
+    """(epoch, position, item) of every item the epochs give."""
+    rows = []
+    while True:
+        try:
+            chunk = epochs.take(7)
+        except StopIteration:
+            return rows
+        rows += [(chunk.epoch, chunk.start + i, item) for i, item in enumerate(chunk.items)]
+
+
+def test_resume_at_gives_what_an_uninterrupted_run_gives_from_there() -> None:
+    mux = StochasticMux([Streamer(range(i * 10, i * 10 + 10)) for i in range(4)], 2,
+                        rate=None, mode="exhaustive", random_state=5)
+    whole = everything(EpochIterator(mux, max_epochs=3))
+    for epoch, position in [(1, 0), (2, 13), (3, 39), (3, 40), (2, 0)]:
+        restart_passes(mux)  # the mux's passes from the first again, as in a new server
+        resumed = EpochIterator(mux, max_epochs=3)
+        resumed.resume_at(epoch, position, keep=2)
+        assert everything(resumed) == [row for row in whole if row[:2] >= (epoch, position)]
+        assert resumed.resumed_head == [item for e, p, item in whole
+                                        if e == epoch and p < min(2, position)]
+
+
+def test_resume_at_refuses_bad_positions_and_a_late_call() -> None:
+    epochs = EpochIterator(Streamer("abc"))
+    with pytest.raises(SamplingError, match="expected an epoch >= 1 and a position >= 0"):
+        epochs.resume_at(0, 3)
+    epochs.take(1)
+    with pytest.raises(SamplingError, match="before the first take"):
+        epochs.resume_at(1, 1)

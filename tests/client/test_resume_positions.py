@@ -1,0 +1,46 @@
+"""A ranked loader's positions: what it saves, restores and announces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from feedmux.client._resume import RankPositions
+from feedmux.errors import StreamValueError
+from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE
+
+
+def test_the_position_is_the_jobs_next_round_whatever_the_rank() -> None:
+    # 3 ranks, an epoch resumed at position 7: rank r's k-th sample is at 7 + 3k + r.
+    announced = set()
+    for rank in range(3):
+        positions = RankPositions(1, rank=rank, world_size=3, current=lambda: None)
+        positions.handed(0, np.array([2, 7 + 3 * 4 + rank]))  # each rank's 5th sample
+        announced.add(positions.announce(0))
+    assert announced == {(2, 22, 3, RESUME_LIVE)}
+
+
+def test_the_current_message_counts_up_to_what_was_handed_out() -> None:
+    tags = np.array([[1, 0], [1, 2], [1, 4]])
+    current = (0, tags, 2)
+    positions = RankPositions(2, rank=0, world_size=2, current=lambda: current)
+    assert positions.state() == [[1, 4, 2], None]
+    current = (0, tags, 0)  # nothing of a new message handed out yet
+    positions = RankPositions(2, rank=0, world_size=2, current=lambda: current)
+    assert positions.state() == [None, None] and positions.announce(1) == ()
+
+
+def test_a_restored_position_is_announced_as_a_checkpoint_until_something_is_handed_out() -> None:
+    positions = RankPositions(1, rank=1, world_size=3, current=lambda: None)
+    positions.restore([[2, 74, 2]])
+    assert positions.announce(0) == (2, 74, 2, RESUME_CHECKPOINT)
+    positions.handed(0, np.array([2, 75]))
+    assert positions.announce(0) == (2, 77, 3, RESUME_LIVE)
+
+
+@pytest.mark.parametrize("saved", [[[2, 74]], [[0, 1, 2]], "x", [[2, 74, 2], None],
+                                   [["2", 74, 2]]])
+def test_a_bad_saved_position_is_refused_with_what_was_expected(saved: object) -> None:
+    positions = RankPositions(1, rank=0, world_size=2, current=lambda: None)
+    with pytest.raises(StreamValueError, match="expected a saved position"):
+        positions.restore(saved)  # type: ignore[arg-type]
