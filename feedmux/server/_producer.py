@@ -155,6 +155,7 @@ def produce(
     server_id: str,
     skip_errors: bool = False,
     epoch_done: Callable[[int, int], bool] = lambda epoch, count: True,
+    align: int | None = None,
 ) -> int:
     """Take chunks of items, encode each as a data message and ``send`` it.
 
@@ -170,11 +171,14 @@ def produce(
     carries on with its other streams); a top-level streamer that raises
     abandons the rest of its epoch. Otherwise the exception propagates, after
     the samples drawn before it have been sent.
+    With ``align``, no message crosses a multiple of ``align`` samples of its
+    epoch (counting the samples sent), so a server merging several workers in
+    blocks of ``align`` gets the same order whatever the message sizes.
     """
     # The muxes get the hook from the epochs, which hand it down at each activation.
     if skip_errors:
         epochs.on_stream_error = _log_skipped
-    return _produce(epochs, send, policy, server_id, skip_errors, epoch_done)
+    return _produce(epochs, send, policy, server_id, skip_errors, epoch_done, align)
 
 
 def _log_skipped(error: BaseException) -> None:
@@ -189,6 +193,7 @@ def _produce(
     server_id: str,
     skip_errors: bool,
     epoch_done: Callable[[int, int], bool],
+    align: int | None,
 ) -> int:
     clock = time.perf_counter
     pacer = _Pacer(policy)
@@ -196,7 +201,10 @@ def _produce(
     while True:
         started = clock()
         try:
-            chunk = epochs.take(pacer.limit())
+            limit = pacer.limit()
+            if align is not None:
+                limit = min(limit, align - epoch_count % align)
+            chunk = epochs.take(limit)
         except StopIteration:
             return sent
         except Exception as error:

@@ -1,12 +1,16 @@
 """Sampling worker processes: each runs one shard of the streamer.
 
 A worker pushes encoded data messages to the server process over an internal
-endpoint and, after each epoch of its shard, an ``EndOfEpoch`` marker; it then
-waits until the server has heard the end of that epoch from every worker, so
-epochs leave the server one after the other (no shard runs ahead). Workers are
-forked before the server creates its ZeroMQ context, create their own, and die
-with their parent (``PR_SET_PDEATHSIG`` where the kernel offers it, and a
-parent-pid check everywhere they wait), so no exit path leaves one behind.
+endpoint of its own (the server merges them in a fixed order,
+:mod:`feedmux.server._merge`), cut at the merge's block boundaries, and,
+after each epoch of its shard, an ``EndOfEpoch`` marker; it then waits until
+the server has heard the end of that epoch from every worker, so epochs
+leave the server one after the other (no shard runs ahead). At the start of
+each epoch a worker reseeds its random state from (seed, its index, epoch)
+and publishes its :func:`feedmux.worker_info`. Workers are forked before the
+server creates its ZeroMQ context, create their own, and die with their
+parent (``PR_SET_PDEATHSIG`` where the kernel offers it, and a parent-pid
+check everywhere they wait), so no exit path leaves one behind.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ import zmq
 from feedmux._transport import make_socket
 from feedmux.protocol import EndOfEpoch, encode
 from feedmux.sampling.epochs import EpochIterator, shard
+from feedmux.server._merge import merge_block
 from feedmux.server._producer import Frames, error_message, produce
+from feedmux.server._seeding import EpochSeeder
 from feedmux.server.config import ServerConfig
 
 __all__ = ["WorkerPool"]
@@ -39,6 +45,8 @@ class WorkerPool:
     """N forked sampling processes, their epoch gate and their failure reports."""
 
     def __init__(self, streamer: Any, config: ServerConfig, endpoint: str) -> None:
+        if config.seed is None:
+            raise ValueError("expected the run's seed resolved before the workers start, got None")
         self.config = config
         self.endpoint = endpoint
         # Shard in this process first, so a streamer that cannot be split fails here, clearly.
@@ -52,7 +60,8 @@ class WorkerPool:
         for index, part in enumerate(self.shards):
             process = self._mp.Process(
                 target=_worker_main,
-                args=(part, self.config, index, self.endpoint, self._released, self._stop,
+                args=(part, self.config, index, self.endpoint_of(index), self._released,
+                      self._stop,
                       os.getpid()),
                 name=f"feedmux-worker-{index}",
                 daemon=True,
@@ -61,6 +70,10 @@ class WorkerPool:
             self.processes.append(process)
         log.info("started %d sampling worker(s): pids %s", len(self.processes),
                  ", ".join(str(p.pid) for p in self.processes))
+
+    def endpoint_of(self, index: int) -> str:
+        """The internal endpoint worker ``index`` pushes to (one each: merged in a fixed order)."""
+        return f"{self.endpoint}-{index}"
 
     def release(self, epoch: int) -> None:
         """Let the workers start ``epoch``."""
@@ -142,10 +155,13 @@ def _worker_main(
 
     try:
         if wait_for_release(1):
-            items = EpochIterator(streamer, max_epochs=config.epochs)
+            assert config.seed is not None  # resolved by the server before the pool
+            seeder = EpochSeeder(config.seed, index, config.workers)
+            items = EpochIterator(streamer, max_epochs=config.epochs, on_epoch_start=seeder)
             produce(
                 items, send, policy=config.policy, server_id=config.server_id,
                 skip_errors=config.on_error == "skip", epoch_done=epoch_done,
+                align=merge_block(config.samples_per_message),
             )
     except Exception as error:
         send(encode(error_message(error, config.server_id)))

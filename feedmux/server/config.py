@@ -44,6 +44,8 @@ class ServerConfig:
     curve_secret: str | None = None
     curve_clients: str | None = None
     server_id: str = ""
+    # The run's seed (reseeds every sampling process per epoch); None: the mux's, or fresh.
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         def require(ok: bool, what: str, value: object) -> None:
@@ -63,6 +65,11 @@ class ServerConfig:
         require(self.log_every > 0, "log_every > 0 seconds", self.log_every)
         require(self.max_delay >= 0, "max_delay >= 0 seconds", self.max_delay)
         require(self.min_trainers >= 0, "min_trainers >= 0", self.min_trainers)
+        require(
+            self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
+                                  and self.seed >= 0),
+            "seed None or an int >= 0", self.seed,
+        )
         if not self.server_id:
             object.__setattr__(self, "server_id", uuid.uuid4().hex[:12])
 

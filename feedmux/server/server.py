@@ -22,6 +22,7 @@ import multiprocessing
 import signal
 import tempfile
 import time
+from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from types import FrameType
 from typing import Any
@@ -39,7 +40,9 @@ from feedmux.errors import (
 )
 from feedmux.protocol import EndOfEpoch, Error, decode, read_tags, replace_tags
 from feedmux.sampling.epochs import EpochIterator
+from feedmux.server._merge import MergeOrder, merge_block
 from feedmux.server._producer import produce
+from feedmux.server._seeding import EpochSeeder, resolve_seed
 from feedmux.server._shell import Endpoints
 from feedmux.server._worker import WorkerPool
 from feedmux.server.config import ServerConfig
@@ -110,6 +113,11 @@ class Server:
         A streamer that raises ends the server (trainers get ``RemoteError``) or is skipped.
     factory_kwargs : mapping, optional
         Keyword arguments for a factory source.
+    seed : int, optional
+        Every sampling process reseeds ``random``, numpy's global state and
+        torch's (if imported) from (seed, worker index, epoch) at each epoch
+        start (docs/sampling.md). Default: the mux's integer ``random_state``,
+        else fresh entropy each run (logged, so the run can be repeated).
     """
 
     def __init__(self, source: Source, **options: Any) -> None:
@@ -158,6 +166,9 @@ class Server:
         # worker message) into fresh memory: let this process and its workers reuse
         # freed buffers instead of faulting in new pages for each sample.
         keep_freed_memory()
+        seed, origin = resolve_seed(config.seed, streamer)
+        log.info("seed %d (%s)", seed, origin)
+        self.config = config = replace(config, seed=seed)
         previous = _install_signal_handlers(self._stop)
         try:
             if config.workers == 1:
@@ -194,7 +205,9 @@ class Server:
         try:
             if not endpoints.wait_for_trainers():
                 return EXIT_OK
-            items = EpochIterator(streamer, max_epochs=config.epochs)
+            assert config.seed is not None  # resolved by run()
+            seeder = EpochSeeder(config.seed, worker=0, num_workers=1)
+            items = EpochIterator(streamer, max_epochs=config.epochs, on_epoch_start=seeder)
 
             def epoch_done(epoch: int, count: int) -> bool:
                 endpoints.epoch_done(epoch, count)
@@ -212,6 +225,7 @@ class Server:
             endpoints.fail(error)
             return EXIT_FAILED
         finally:
+            EpochSeeder.clear()
             endpoints.close()
 
     def _run_workers(self, streamer: Any) -> int:
@@ -355,20 +369,30 @@ def _restore_signal_handlers(previous: dict[int, Any]) -> None:
 
 
 def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop: _StopFlag) -> int:
-    """Forward the workers' messages, numbering positions per epoch across shards."""
-    inbound = make_socket(endpoints.context, zmq.PULL, hwm=config.hwm, heartbeats=False)
-    with mapped_zmq_errors("bind the internal endpoint", pool.endpoint):
-        inbound.bind(pool.endpoint)
+    """Forward the workers' messages in a fixed order, numbering positions per epoch."""
+    sockets = [make_socket(endpoints.context, zmq.PULL, hwm=config.hwm, heartbeats=False)
+               for _ in range(config.workers)]
+    for index, socket in enumerate(sockets):
+        with mapped_zmq_errors("bind the internal endpoint", pool.endpoint_of(index)):
+            socket.bind(pool.endpoint_of(index))
     if not endpoints.wait_for_trainers():
+        _close_all(sockets)
         return EXIT_OK
     pool.release(1)
     positions: dict[int, int] = {}
-    finished_shards: dict[int, set[int]] = {}
+    order = MergeOrder(config.workers, merge_block(config.samples_per_message))
     poller = zmq.Poller()
-    poller.register(inbound, zmq.POLLIN)
     poller.register(endpoints.control, zmq.POLLIN)
+    worker = order.next_worker()
+    inbound = sockets[worker]
+    poller.register(inbound, zmq.POLLIN)
     try:
         while not stop:
+            if order.next_worker() != worker:  # only the worker whose turn it is is read
+                poller.unregister(inbound)
+                worker = order.next_worker()
+                inbound = sockets[worker]
+                poller.register(inbound, zmq.POLLIN)
             events = dict(poller.poll(100))
             if endpoints.control in events:
                 endpoints.serve_control(timeout=0)
@@ -387,6 +411,7 @@ def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop:
                     count = int(rows.sum())
                     tags[rows, 1] = np.arange(start, start + count)
                     positions[int(epoch)] = start + count
+                order.took(worker, len(tags))
                 if not endpoints.send_data(replace_tags(frames, tags), len(tags), int(tags[-1, 0])):
                     break
                 continue
@@ -396,9 +421,7 @@ def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop:
                 endpoints.fail(message)
                 return EXIT_FAILED
             if isinstance(message, EndOfEpoch):
-                done = finished_shards.setdefault(message.epoch, set())
-                done.add(message.worker)
-                if len(done) == config.workers:
+                if order.ended(worker):
                     endpoints.epoch_done(message.epoch, positions.get(message.epoch, 0))
                     if config.epochs is not None and message.epoch >= config.epochs:
                         endpoints.finish()
@@ -410,5 +433,10 @@ def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop:
         endpoints.fail(error)
         return EXIT_FAILED
     finally:
-        inbound.close(linger=0)
+        _close_all(sockets)
+
+
+def _close_all(sockets: list[zmq.Socket[Any]]) -> None:
+    for socket in sockets:
+        socket.close(linger=0)
 
