@@ -12,8 +12,10 @@ message comes next.
 
 What it costs: the forwarder waits for the worker whose turn it is while the
 others' messages queue up; a slow worker holds the others back by at most their
-queues (``hwm`` messages each), and the server runs at about N times the
-slowest worker's rate instead of the sum of their rates.
+queues (``hwm`` messages each way), so the server runs at about N times the
+slowest worker's rate instead of the sum of their rates; and without a fixed
+``samples_per_message`` a message holds at most one turn (:data:`MERGE_BLOCK`
+samples), which costs small, fast samples some per-message overhead.
 """
 
 from __future__ import annotations
@@ -22,20 +24,27 @@ from feedmux.errors import FeedmuxError
 
 __all__ = ["MERGE_BLOCK", "MergeOrder", "merge_block"]
 
-#: Samples a worker contributes per turn when the message size is not fixed
-#: (as many as one message may hold when samples are small).
-MERGE_BLOCK = 256
+#: Samples a worker contributes per turn when the message size is not fixed. Small,
+#: because a worker waiting for its turn must be able to queue a whole turn: with
+#: slow samples every message holds one sample, and the queues hold ``2 * hwm``
+#: messages (the worker's send queue and the server's receive queue).
+MERGE_BLOCK = 16
 
 
-def merge_block(samples_per_message: int | None) -> int:
-    """The block of one worker's turn: a fixed message size, or :data:`MERGE_BLOCK`.
+def merge_block(samples_per_message: int | None, hwm: int) -> int:
+    """The samples of one worker's turn: one fixed-size message, else what the queues hold.
+
+    With a fixed message size a turn is one message. Otherwise it is
+    :data:`MERGE_BLOCK` samples, or fewer when the queues are shorter
+    (``2 * hwm`` messages of at least one sample), so that the workers not
+    on turn keep sampling instead of waiting for theirs.
 
     Examples
     --------
-    >>> merge_block(None), merge_block(10)
-    (256, 10)
+    >>> merge_block(None, hwm=8), merge_block(100, hwm=8), merge_block(None, hwm=2)
+    (16, 100, 4)
     """
-    return samples_per_message or MERGE_BLOCK
+    return samples_per_message or min(MERGE_BLOCK, 2 * hwm)
 
 
 class MergeOrder:

@@ -161,7 +161,7 @@ def _worker_main(
             produce(
                 items, send, policy=config.policy, server_id=config.server_id,
                 skip_errors=config.on_error == "skip", epoch_done=epoch_done,
-                align=merge_block(config.samples_per_message),
+                align=merge_block(config.samples_per_message, config.hwm),
             )
     except Exception as error:
         send(encode(error_message(error, config.server_id)))

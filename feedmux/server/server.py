@@ -380,7 +380,7 @@ def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop:
         return EXIT_OK
     pool.release(1)
     positions: dict[int, int] = {}
-    order = MergeOrder(config.workers, merge_block(config.samples_per_message))
+    order = MergeOrder(config.workers, merge_block(config.samples_per_message, config.hwm))
     poller = zmq.Poller()
     poller.register(endpoints.control, zmq.POLLIN)
     worker = order.next_worker()

@@ -422,3 +422,17 @@ def test_bad_shard_arguments(index: object, count: object, message: str) -> None
 def test_shard_needs_a_streamer() -> None:
     with pytest.raises(SamplingError, match="streamer must be a Streamer"):
         shard("abc", 0, 2)  # type: ignore[arg-type]
+
+
+def test_on_epoch_start_runs_before_each_activation() -> None:
+    calls: list[tuple[str, int]] = []
+
+    def items():  # type: ignore[no-untyped-def]
+        calls.append(("activated", len(calls)))
+        yield from "ab"
+
+    epochs = EpochIterator(Streamer(items), max_epochs=2,
+                           on_epoch_start=lambda epoch: calls.append(("start", epoch)))
+    epochs.take(5)
+    epochs.take(5)
+    assert calls == [("start", 1), ("activated", 1), ("start", 2), ("activated", 3)]
