@@ -116,8 +116,10 @@ def _reference_row(
 def _row(rows: list[dict[str, Any]], peer: str, transport: str = "tcp", **options: int) -> Any:
     for row in rows:
         contender = row["contender"]
-        peer_of, transport_of, workers, trainers = contender.split("/")
+        peer_of, transport_of, workers, trainers, *seeded = contender.split("/")
         if peer_of != peer or transport_of != transport:
+            continue
+        if bool(seeded) != bool(options.get("seeded", 0)):
             continue
         if int(workers[1:]) != options.get("workers", int(workers[1:])):
             continue
@@ -227,6 +229,12 @@ def targets(summary: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
             "cpu-bound: feedmux --workers 2 ≥ 1.7x --workers 1",
             _ratio(_row(cpu, "feedmux", workers=2), _row(cpu, "feedmux", workers=1)),
             1.7,
+            "x",
+        )
+        check(
+            "context: cpu-bound, feedmux --workers 2: seeded (fixed merge order) / unseeded",
+            _ratio(_row(cpu, "feedmux", workers=2, seeded=1), _row(cpu, "feedmux", workers=2)),
+            None,
             "x",
         )
     two = summary.get(TWO_TRAINERS)

@@ -136,6 +136,7 @@ class Contender:
     workers: int = 1  # producer processes (feedmux --workers, DataLoader num_workers)
     trainers: int = 1  # consuming processes sharing the producer
     show_workers: bool = False  # name the worker count in the label
+    seed: int | None = None  # feedmux --seed: a repeatable run (workers merged in a fixed order)
 
     @property
     def label(self) -> str:
@@ -151,11 +152,14 @@ class Contender:
             parts.append(f"{self.workers} worker{'s' if self.workers != 1 else ''}")
         if self.trainers != 1:
             parts.append(f"{self.trainers} trainers")
+        if self.seed is not None:
+            parts.append("seeded")
         return ", ".join(parts)
 
     @property
     def key(self) -> str:
-        return f"{self.peer}/{self.transport}/w{self.workers}/t{self.trainers}"
+        seeded = "" if self.seed is None else "/seeded"
+        return f"{self.peer}/{self.transport}/w{self.workers}/t{self.trainers}{seeded}"
 
 
 @dataclass(frozen=True)
@@ -219,6 +223,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         (
             Contender("feedmux", "tcp", workers=1, show_workers=True),
             Contender("feedmux", "tcp", workers=2, show_workers=True),
+            Contender("feedmux", "tcp", workers=2, show_workers=True, seed=0),
             Contender("torch", "queue", workers=1),
             Contender("torch", "queue", workers=2),
             Contender("inline", "none"),

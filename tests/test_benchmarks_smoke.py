@@ -11,7 +11,7 @@ import json
 import pytest
 
 from benchmarks import run
-from benchmarks.scenarios import SCENARIOS
+from benchmarks.scenarios import SCENARIOS, Contender
 
 
 @pytest.mark.timeout(120)
@@ -39,11 +39,7 @@ def test_every_scenario_runs_for_a_few_samples(tmp_path):
 
 
 def _key(record):
-    contender = record["contender"]
-    return (
-        f"{contender['peer']}/{contender['transport']}"
-        f"/w{contender['workers']}/t{contender['trainers']}"
-    )
+    return Contender(**record["contender"]).key
 
 
 def test_scenarios_are_picked_by_key_or_number():

@@ -25,7 +25,11 @@ from feedmux._worker_info import WorkerInfo, set_worker_info
 from feedmux.sampling.mux import BaseMux
 from feedmux.sampling.streamer import Streamer
 
-__all__ = ["EpochSeeder", "reseed_globals", "resolve_seed"]
+__all__ = ["FRESH_ENTROPY", "EpochSeeder", "reseed_globals", "resolve_seed"]
+
+#: The origin :func:`resolve_seed` gives a seed drawn for this run only: a run that
+#: asked for no repeatable sequence (the server then merges workers in arrival order).
+FRESH_ENTROPY = "fresh entropy"
 
 log = logging.getLogger("feedmux.server")
 
@@ -55,7 +59,7 @@ def resolve_seed(seed: int | None, streamer: Any) -> tuple[int, str]:
         return mux_seed, "the mux's random_state"
     entropy = np.random.SeedSequence().entropy
     assert isinstance(entropy, int)  # drawn from the OS when not given
-    return entropy, "fresh entropy"
+    return entropy, FRESH_ENTROPY
 
 
 def _mux_seed(streamer: Any) -> int | None:

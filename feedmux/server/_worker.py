@@ -1,8 +1,8 @@
 """Sampling worker processes: each runs one shard of the streamer.
 
 A worker pushes encoded data messages to the server process over an internal
-endpoint of its own (the server merges them in a fixed order,
-:mod:`feedmux.server._merge`), cut at the merge's block boundaries, and,
+endpoint of its own (the server merges them, :mod:`feedmux.server._merge`;
+in a seeded run the worker cuts them at the fixed merge order's turns), and,
 after each epoch of its shard, an ``EndOfEpoch`` marker; it then waits until
 the server has heard the end of that epoch from every worker, so epochs
 leave the server one after the other (no shard runs ahead). At the start of
@@ -28,7 +28,6 @@ import zmq
 from feedmux._transport import make_socket
 from feedmux.protocol import EndOfEpoch, encode
 from feedmux.sampling.epochs import EpochIterator, shard
-from feedmux.server._merge import merge_block
 from feedmux.server._producer import Frames, error_message, produce
 from feedmux.server._seeding import EpochSeeder
 from feedmux.server.config import ServerConfig
@@ -44,11 +43,13 @@ WORKER_STOP_TIMEOUT = 2.0
 class WorkerPool:
     """N forked sampling processes, their epoch gate and their failure reports."""
 
-    def __init__(self, streamer: Any, config: ServerConfig, endpoint: str) -> None:
+    def __init__(self, streamer: Any, config: ServerConfig, endpoint: str,
+                 align: int | None = None) -> None:
         if config.seed is None:
             raise ValueError("expected the run's seed resolved before the workers start, got None")
         self.config = config
         self.endpoint = endpoint
+        self.align = align  # cut messages at the fixed merge order's turns (seeded runs)
         # Shard in this process first, so a streamer that cannot be split fails here, clearly.
         self.shards = [shard(streamer, index, config.workers) for index in range(config.workers)]
         self._mp = multiprocessing.get_context("fork")
@@ -60,9 +61,8 @@ class WorkerPool:
         for index, part in enumerate(self.shards):
             process = self._mp.Process(
                 target=_worker_main,
-                args=(part, self.config, index, self.endpoint_of(index), self._released,
-                      self._stop,
-                      os.getpid()),
+                args=(part, self.config, index, self.endpoint_of(index), self.align,
+                      self._released, self._stop, os.getpid()),
                 name=f"feedmux-worker-{index}",
                 daemon=True,
             )
@@ -115,6 +115,7 @@ def _worker_main(
     config: ServerConfig,
     index: int,
     endpoint: str,
+    align: int | None,
     released: Any,
     stop_event: Any,
     parent_pid: int,
@@ -161,7 +162,7 @@ def _worker_main(
             produce(
                 items, send, policy=config.policy, server_id=config.server_id,
                 skip_errors=config.on_error == "skip", epoch_done=epoch_done,
-                align=merge_block(config.samples_per_message, config.hwm),
+                align=align,
             )
     except Exception as error:
         send(encode(error_message(error, config.server_id)))

@@ -40,9 +40,9 @@ from feedmux.errors import (
 )
 from feedmux.protocol import EndOfEpoch, Error, decode, read_tags, replace_tags
 from feedmux.sampling.epochs import EpochIterator
-from feedmux.server._merge import MergeOrder, merge_block
+from feedmux.server._merge import Merge, merge_block
 from feedmux.server._producer import produce
-from feedmux.server._seeding import EpochSeeder, resolve_seed
+from feedmux.server._seeding import FRESH_ENTROPY, EpochSeeder, resolve_seed
 from feedmux.server._shell import Endpoints
 from feedmux.server._worker import WorkerPool
 from feedmux.server.config import ServerConfig
@@ -167,13 +167,19 @@ class Server:
         # freed buffers instead of faulting in new pages for each sample.
         keep_freed_memory()
         seed, origin = resolve_seed(config.seed, streamer)
-        log.info("seed %d (%s)", seed, origin)
+        # Determinism is paid for only when asked for: a fixed merge order of the workers.
+        repeatable = origin != FRESH_ENTROPY
+        merged = ("" if config.workers == 1 else
+                  "; workers merged in a fixed order" if repeatable else
+                  "; workers merged in arrival order: pass --seed for a repeatable order")
+        log.info("seed %d (%s)%s", seed, origin, merged)
+        block = merge_block(config.samples_per_message, config.hwm) if repeatable else None
         self.config = config = replace(config, seed=seed)
         previous = _install_signal_handlers(self._stop)
         try:
             if config.workers == 1:
                 return self._run_local(streamer)
-            return self._run_workers(streamer)
+            return self._run_workers(streamer, block)
         finally:
             _restore_signal_handlers(previous)
 
@@ -228,11 +234,11 @@ class Server:
             EpochSeeder.clear()
             endpoints.close()
 
-    def _run_workers(self, streamer: Any) -> int:
+    def _run_workers(self, streamer: Any, block: int | None) -> int:
         config = self.config
         with tempfile.TemporaryDirectory(prefix="feedmux-") as scratch:
             try:
-                pool = WorkerPool(streamer, config, f"ipc://{scratch}/workers")
+                pool = WorkerPool(streamer, config, f"ipc://{scratch}/workers", block)
             except SamplingError as error:
                 log.error("cannot shard the streamer over %d workers: %s", config.workers, error)
                 return EXIT_USAGE
@@ -242,7 +248,7 @@ class Server:
                 if endpoints is None:
                     return EXIT_USAGE
                 try:
-                    return _forward(pool, endpoints, config, self._stop)
+                    return _forward(pool, endpoints, config, self._stop, block)
                 finally:
                     endpoints.close()
             finally:
@@ -368,8 +374,13 @@ def _restore_signal_handlers(previous: dict[int, Any]) -> None:
         signal.signal(signum, handler)
 
 
-def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop: _StopFlag) -> int:
-    """Forward the workers' messages in a fixed order, numbering positions per epoch."""
+def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop: _StopFlag,
+             block: int | None) -> int:
+    """Forward the workers' messages, numbering positions per epoch across shards.
+
+    With a ``block`` (a seeded run) in the fixed order of :class:`Merge`, reading
+    ahead of their turn from the other workers; without, in arrival order.
+    """
     sockets = [make_socket(endpoints.context, zmq.PULL, hwm=config.hwm, heartbeats=False)
                for _ in range(config.workers)]
     for index, socket in enumerate(sockets):
@@ -380,53 +391,61 @@ def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop:
         return EXIT_OK
     pool.release(1)
     positions: dict[int, int] = {}
-    order = MergeOrder(config.workers, merge_block(config.samples_per_message, config.hwm))
+    merge: Merge[Any] = Merge(config.workers, block)
+    polled: list[int] = []
     poller = zmq.Poller()
     poller.register(endpoints.control, zmq.POLLIN)
-    worker = order.next_worker()
-    inbound = sockets[worker]
-    poller.register(inbound, zmq.POLLIN)
     try:
         while not stop:
-            if order.next_worker() != worker:  # only the worker whose turn it is is read
-                poller.unregister(inbound)
-                worker = order.next_worker()
-                inbound = sockets[worker]
-                poller.register(inbound, zmq.POLLIN)
+            readable = merge.readable()
+            if readable != polled:
+                for worker in set(polled) - set(readable):
+                    poller.unregister(sockets[worker])
+                for worker in set(readable) - set(polled):
+                    poller.register(sockets[worker], zmq.POLLIN)
+                polled = readable
             events = dict(poller.poll(100))
             if endpoints.control in events:
                 endpoints.serve_control(timeout=0)
             failure = pool.failure()
             if failure:
                 raise FeedmuxError(failure)
-            if inbound not in events:
+            ready = [worker for worker in polled if sockets[worker] in events]
+            if not ready:
                 endpoints.tick()
                 continue
-            frames = inbound.recv_multipart(copy=False)
-            if len(frames) > 1:  # data: header + tags frame + buffers
-                tags = read_tags(frames).copy()
+            for worker in ready:  # one message each: fair to every worker
+                frames = sockets[worker].recv_multipart(copy=False)
+                if len(frames) > 1:  # data: header + tags frame + buffers
+                    merge.put(worker, frames, len(read_tags(frames)),
+                              sum(len(frame) for frame in frames))
+                    continue
+                message = decode(frames)
+                if isinstance(message, Error):  # at once, whoever's turn it is
+                    log.error("sampling worker failed: %s: %s", message.type, message.message)
+                    endpoints.fail(message)
+                    return EXIT_FAILED
+                if isinstance(message, EndOfEpoch):
+                    merge.put(worker, message, None, 0)
+            while (taken := merge.next()) is not None:
+                item, epoch_over = taken
+                if isinstance(item, EndOfEpoch):
+                    if epoch_over:
+                        endpoints.epoch_done(item.epoch, positions.get(item.epoch, 0))
+                        if config.epochs is not None and item.epoch >= config.epochs:
+                            endpoints.finish()
+                            return EXIT_OK
+                        pool.release(item.epoch + 1)
+                    continue
+                tags = read_tags(item).copy()
                 for epoch in np.unique(tags[:, 0]):
                     rows = tags[:, 0] == epoch
                     start = positions.get(int(epoch), 0)
                     count = int(rows.sum())
                     tags[rows, 1] = np.arange(start, start + count)
                     positions[int(epoch)] = start + count
-                order.took(worker, len(tags))
-                if not endpoints.send_data(replace_tags(frames, tags), len(tags), int(tags[-1, 0])):
-                    break
-                continue
-            message = decode(frames)
-            if isinstance(message, Error):
-                log.error("sampling worker failed: %s: %s", message.type, message.message)
-                endpoints.fail(message)
-                return EXIT_FAILED
-            if isinstance(message, EndOfEpoch):
-                if order.ended(worker):
-                    endpoints.epoch_done(message.epoch, positions.get(message.epoch, 0))
-                    if config.epochs is not None and message.epoch >= config.epochs:
-                        endpoints.finish()
-                        return EXIT_OK
-                    pool.release(message.epoch + 1)
+                if not endpoints.send_data(replace_tags(item, tags), len(tags), int(tags[-1, 0])):
+                    return EXIT_OK
         return EXIT_OK
     except Exception as error:
         log.error("server failed: %s", error)

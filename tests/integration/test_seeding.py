@@ -68,12 +68,34 @@ def test_augmentations_differ_across_workers_and_epochs_and_repeat_across_runs(
     assert not {record[3] for record in first} & {record[3] for record in third}
 
 
+def by_sample(records: list[Record]) -> dict[tuple[int, int], Record]:
+    """Each (epoch, id)'s record without its position (arrival order decides that)."""
+    return {(record[0], record[2]): record[:1] + record[2:] for record in records}
+
+
 def test_an_unseeded_run_draws_fresh_entropy_and_logs_it_for_a_repeat(serve: Any) -> None:
     unseeded = ("--arg", "seed=null", "--workers", "2")
     first, log = run(serve, *unseeded)
     second, _ = run(serve, *unseeded)
-    assert [record[3] for record in first] != [record[3] for record in second]
-    match = re.search(r"seed (\d+) \(fresh entropy\)", log)
+    assert by_sample(first) != by_sample(second)
+    match = re.search(r"seed (\d+) \(fresh entropy\); workers merged in arrival order", log)
     assert match is not None, log
-    repeat, _ = run(serve, *unseeded, "--seed", match[1])
-    assert repeat == first
+    # The logged seed repeats every worker's samples and draws; --seed also fixes the order.
+    repeat, log = run(serve, *unseeded, "--seed", match[1])
+    assert by_sample(repeat) == by_sample(first)
+    assert f"seed {match[1]} (seed option); workers merged in a fixed order" in log
+
+
+def test_an_unseeded_run_with_two_workers_has_every_sample_once_per_epoch(serve: Any) -> None:
+    server = serve(SOURCE, "--arg", "seed=null", "--workers", "2", "--epochs", "3",
+                   "--samples-per-message", "3")
+    seen: dict[int, list[tuple[int, int]]] = {1: [], 2: [], 3: []}
+    with RemoteLoader(server.data, control=server.control, timeout=30,
+                      with_meta=True) as loader:
+        for meta, sample in loader:
+            seen[meta.epoch].append((meta.position, int(sample["id"])))
+    assert server.wait(timeout=30) == 0
+    assert "workers merged in arrival order" in server.stderr
+    for epoch, pairs in seen.items():
+        assert sorted(position for position, _ in pairs) == list(range(IDS)), epoch
+        assert sorted(sample for _, sample in pairs) == list(range(IDS)), epoch

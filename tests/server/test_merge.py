@@ -8,7 +8,7 @@ import pytest
 from feedmux.errors import FeedmuxError
 from feedmux.protocol import Data, decode
 from feedmux.sampling import EpochIterator, Streamer
-from feedmux.server._merge import MergeOrder, merge_block
+from feedmux.server._merge import MESSAGE_OVERHEAD, Merge, MergeOrder, merge_block
 from feedmux.server._producer import BatchPolicy, Frames, produce
 
 
@@ -57,6 +57,59 @@ def test_the_merged_order_does_not_depend_on_message_sizes(seed: int) -> None:
     assert len(orders) == 1
     (merged,) = orders
     assert sorted(merged) == sorted(x for part in samples for x in part)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_merge_hands_out_the_fixed_order_whatever_the_arrival_order(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    block = 3
+    samples = [list(range(1000 * worker, 1000 * worker + int(n)))
+               for worker, n in enumerate(rng.integers(0, 20, size=3))]
+    shards = [cut(part, block, rng) for part in samples]
+    pending = [[(message, len(message)) for message in shard] + [("end", None)]
+               for shard in shards]
+    merger: Merge[object] = Merge(len(shards), block)
+    merged: list[int] = []
+    epoch_over = False
+    while not epoch_over:
+        readable = merger.readable()
+        ready = [worker for worker in readable if pending[worker]]
+        worker = ready[int(rng.integers(len(ready)))]  # any readable worker may come first
+        item, count = pending[worker].pop(0)
+        merger.put(worker, item, count, nbytes=8 * (count or 0))
+        while (taken := merger.next()) is not None:
+            item, epoch_over = taken
+            if item != "end":
+                assert isinstance(item, list)
+                merged.extend(item)
+    assert merged == merge(shards, block)
+
+
+def test_merge_reads_ahead_up_to_its_budget_and_always_reads_the_turn() -> None:
+    merge: Merge[str] = Merge(2, block=1, read_ahead=2 * MESSAGE_OVERHEAD + 20)
+    assert merge.readable() == [0, 1]
+    for _ in range(3):
+        merge.put(1, "b", samples=1, nbytes=10)
+    assert merge.readable() == [0]  # worker 1 holds its budget: only the turn is read
+    assert merge.next() is None
+    merge.put(0, "a", samples=1, nbytes=10)
+    assert [merge.next(), merge.next()] == [("a", False), ("b", False)]
+    merge.put(0, "a", samples=1, nbytes=10)
+    merge.next()
+    assert merge.readable() == [0, 1]  # worker 1's turn, and it holds less than its budget
+
+
+def test_merge_in_arrival_order_reads_everyone_and_tells_the_end_of_the_epoch() -> None:
+    merge: Merge[str] = Merge(2, block=None, read_ahead=0)
+    merge.put(1, "b", samples=1, nbytes=10)
+    merge.put(1, "end b", samples=None, nbytes=0)
+    merge.put(0, "a", samples=1, nbytes=10)
+    assert merge.readable() == [0, 1]
+    assert [merge.next(), merge.next(), merge.next()] == [
+        ("b", False), ("end b", False), ("a", False)]
+    merge.put(0, "end a", samples=None, nbytes=0)
+    assert merge.next() == ("end a", True)
+    assert merge.next() is None
 
 
 def test_every_epoch_starts_again_with_worker_0() -> None:
