@@ -5,8 +5,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 # The CPU build of torch, pinned: an unpinned torch pulls a multi-GB CUDA build.
 TORCH  := torch==2.13.0
+# Ray for feedmux.ray (the feedmux[ray] extra), pinned like torch.
+RAY    := ray[train]==2.60.*
 
-.PHONY: demo test lint bench container-test clean
+.PHONY: demo test test-ray lint bench container-test clean
 
 $(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +19,10 @@ $(VENV)/.base: pyproject.toml
 $(VENV)/.test: $(VENV)/.base
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+$(VENV)/.ray: $(VENV)/.test
+	$(PY) -m pip install -q -e '.[ray]' '$(RAY)' $(TORCH)
 	touch $@
 
 $(VENV)/.bench: $(VENV)/.test
@@ -33,13 +39,18 @@ test: $(VENV)/.test
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q tests feedmux
 
+## test-ray: install Ray, then the fleet tests on a two-node local Ray cluster (marker ray)
+test-ray: $(VENV)/.ray
+	$(PY) -m pytest -q -m ray tests/ray
+
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check feedmux tests benchmarks examples
 	$(VENV)/bin/mypy
 
-## bench: every benchmark, feedmux and its peers side by side
+## bench: every benchmark, feedmux and its peers side by side (and consumer groups vs separate servers)
 bench: $(VENV)/.bench
 	$(PY) -m benchmarks
+	$(PY) -m benchmarks.bench_groups
 
 container-test:
 	scripts/container-test.sh

@@ -148,18 +148,59 @@ def _trainer_process(
     budget: Budget,
     barrier: Any,
     connection: Any,
+    index: int = 0,
+    lockstep: Any = None,
 ) -> None:
     try:
         consumer = peers.connect(
-            contender, kind, endpoints, timeout=budget.timeout, trainers=contender.trainers
+            contender, kind, endpoints, timeout=budget.timeout, trainers=contender.trainers,
+            index=index,
         )
         try:
-            figures = _consume(consumer, budget, start_gate=lambda: barrier.wait(budget.timeout))
+            if lockstep is None:
+                figures = _consume(consumer, budget,
+                                   start_gate=lambda: barrier.wait(budget.timeout))
+            else:
+                figures = _consume(consumer, budget, start_gate=lambda: lockstep.arrive(consumer))
+            connection.send(("result", figures))
+            if lockstep is not None:
+                lockstep.drain(consumer)
         finally:
             consumer.close()
-        connection.send(("result", figures))
     except BaseException:
         connection.send(("error", traceback.format_exc()))
+
+
+class _Lockstep:
+    """Start and stop gates for ranked trainers, which must never stop reading alone.
+
+    The server deals ranks in lockstep: a rank that stops reading (waiting at a
+    barrier, or done) stalls the others once its queue is full. So a rank waits
+    for the others *while reading*: it arrives, then reads (untimed) until all
+    arrived; after its timed loop it reads until the leader says stop.
+    """
+
+    def __init__(self, trainers: int, timeout: float) -> None:
+        self.trainers = trainers
+        self.timeout = timeout
+        self.arrived = _FORK.Value("i", 0)
+        self.stop = _FORK.Event()
+
+    def arrive(self, consumer: peers.Consumer) -> None:
+        with self.arrived.get_lock():
+            self.arrived.value += 1
+        deadline = time.monotonic() + self.timeout
+        for _ in consumer.samples:
+            if self.arrived.value >= self.trainers:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the other ranks did not start within {self.timeout} s")
+
+    def drain(self, consumer: peers.Consumer) -> None:
+        deadline = time.monotonic() + self.timeout
+        for _ in consumer.samples:
+            if self.stop.is_set() or time.monotonic() > deadline:
+                return
 
 
 def _several_trainers(
@@ -167,12 +208,13 @@ def _several_trainers(
 ) -> dict[str, Any]:
     """Several trainer processes on one producer, timed over the same window."""
     barrier = _FORK.Barrier(contender.trainers + 1)
+    lockstep = _Lockstep(contender.trainers, budget.timeout) if contender.ranked else None
     processes, connections = [], []
-    for _ in range(contender.trainers):
+    for index in range(contender.trainers):
         receiver, sender = _FORK.Pipe(duplex=False)
         process = _FORK.Process(
             target=_trainer_process,
-            args=(contender, kind, endpoints, budget, barrier, sender),
+            args=(contender, kind, endpoints, budget, barrier, sender, index, lockstep),
             daemon=True,
         )
         process.start()
@@ -180,7 +222,8 @@ def _several_trainers(
         connections.append(receiver)
     trainer_pids = frozenset(p.pid for p in processes if p.pid)
     try:
-        barrier.wait(budget.timeout)
+        if lockstep is None:
+            barrier.wait(budget.timeout)
         start_cpu = _cpu_of_descendants(exclude=trainer_pids)
         results = []
         for receiver in connections:
@@ -192,6 +235,8 @@ def _several_trainers(
             results.append(payload)
         end_cpu = _cpu_of_descendants(exclude=trainer_pids)
     finally:
+        if lockstep is not None:
+            lockstep.stop.set()
         for process in processes:
             process.join(5)
             if process.pid and process.is_alive():

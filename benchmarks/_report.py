@@ -116,10 +116,12 @@ def _reference_row(
 def _row(rows: list[dict[str, Any]], peer: str, transport: str = "tcp", **options: int) -> Any:
     for row in rows:
         contender = row["contender"]
-        peer_of, transport_of, workers, trainers, *seeded = contender.split("/")
-        if peer_of != peer or transport_of != transport:
+        peer_of, transport_of, workers, trainers, *flags = contender.split("/")
+        if peer_of != peer or transport_of != transport or "zc" in flags:
             continue
-        if bool(seeded) != bool(options.get("seeded", 0)):
+        if ("ranked" in flags) != bool(options.get("ranked", 0)):
+            continue
+        if ("seeded" in flags) != bool(options.get("seeded", 0)):
             continue
         if int(workers[1:]) != options.get("workers", int(workers[1:])):
             continue
@@ -252,6 +254,14 @@ def targets(summary: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
             0.4,
             "share",
         )
+        for workers in (1, 2):
+            check(
+                f"two ranked trainers: aggregate ≥ 90% of two free trainers (--workers {workers})",
+                _ratio(_row(two, "feedmux", workers=workers, trainers=2, ranked=1),
+                       _row(two, "feedmux", workers=workers, trainers=2)),
+                0.9 if workers == 1 else None,
+                "x",
+            )
     return checks
 
 

@@ -125,6 +125,7 @@ def _start_feedmux(contender: Contender, kind: str, endpoints: Endpoints) -> Pro
         control=endpoints.control,
         workers=contender.workers,
         seed=contender.seed,
+        zero_copy=contender.zero_copy,
         factory_kwargs={"kind": kind},
     )
     server.start()  # returns once bound: the endpoints below are the real ones
@@ -208,8 +209,9 @@ def connect(
     endpoints: Endpoints,
     timeout: float,
     trainers: int = 1,
+    index: int = 0,
 ) -> Consumer:
-    """Open the trainer's side of a contender."""
+    """Open the trainer's side of a contender (``index``: which of its trainers, from 0)."""
     openers = {
         "feedmux": _connect_feedmux,
         "pyzmq": _connect_raw_pyzmq,
@@ -217,16 +219,20 @@ def connect(
         "torch": _connect_torch,
         "inline": _connect_inline,
     }
+    if contender.ranked:
+        return _connect_feedmux(contender, kind, endpoints, timeout, trainers, rank=index)
     return openers[contender.peer](contender, kind, endpoints, timeout, trainers)
 
 
 def _connect_feedmux(
-    contender: Contender, kind: str, endpoints: Endpoints, timeout: float, trainers: int
+    contender: Contender, kind: str, endpoints: Endpoints, timeout: float, trainers: int,
+    rank: int | None = None,
 ) -> Consumer:
     import feedmux
 
     loader = feedmux.RemoteLoader(
-        endpoints.data, control=endpoints.control, timeout=timeout, world_size=trainers
+        endpoints.data, control=endpoints.control, timeout=timeout, world_size=trainers,
+        rank=rank,
     )
     return Consumer(samples=iter(loader), close=loader.close)
 

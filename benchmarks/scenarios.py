@@ -137,6 +137,8 @@ class Contender:
     trainers: int = 1  # consuming processes sharing the producer
     show_workers: bool = False  # name the worker count in the label
     seed: int | None = None  # feedmux --seed: a repeatable run (workers merged in a fixed order)
+    zero_copy: bool = False  # feedmux: arrays sent as views (the streamer promises no reuse)
+    ranked: bool = False  # feedmux: the trainers are the ranks of one job (rank=, world_size=)
 
     @property
     def label(self) -> str:
@@ -151,15 +153,19 @@ class Contender:
         if self.show_workers or self.peer == "torch":
             parts.append(f"{self.workers} worker{'s' if self.workers != 1 else ''}")
         if self.trainers != 1:
-            parts.append(f"{self.trainers} trainers")
+            parts.append(f"{self.trainers} {'ranked ' if self.ranked else ''}trainers")
         if self.seed is not None:
             parts.append("seeded")
+        if self.zero_copy:
+            parts.append("zero-copy")
         return ", ".join(parts)
 
     @property
     def key(self) -> str:
-        seeded = "" if self.seed is None else "/seeded"
-        return f"{self.peer}/{self.transport}/w{self.workers}/t{self.trainers}{seeded}"
+        key = f"{self.peer}/{self.transport}/w{self.workers}/t{self.trainers}"
+        key += "/ranked" if self.ranked else ""
+        key += "" if self.seed is None else "/seeded"
+        return key + "/zc" if self.zero_copy else key
 
 
 @dataclass(frozen=True)
@@ -184,6 +190,8 @@ def _transport_pair(peer: str) -> tuple[Contender, ...]:
 
 _ONE_TRAINER_PEERS = (
     *_transport_pair("feedmux"),
+    # What the default copy of every array (a streamer may reuse one) costs.
+    Contender("feedmux", "tcp", zero_copy=True),
     *_transport_pair("pyzmq"),
     Contender("pescador", "tcp"),
     Contender("torch", "queue", workers=2),
@@ -239,6 +247,9 @@ SCENARIOS: tuple[Scenario, ...] = (
         (
             Contender("feedmux", "tcp", trainers=1),
             Contender("feedmux", "tcp", trainers=2),
+            Contender("feedmux", "tcp", trainers=2, ranked=True),
+            Contender("feedmux", "tcp", workers=2, trainers=2, show_workers=True),
+            Contender("feedmux", "tcp", workers=2, trainers=2, show_workers=True, ranked=True),
             Contender("pyzmq", "tcp", trainers=1),
             Contender("pyzmq", "tcp", trainers=2),
         ),

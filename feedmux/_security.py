@@ -74,9 +74,30 @@ def create_keys(directory: str | os.PathLike[str], name: str) -> tuple[Path, Pat
     """Write a new key pair ``NAME.key`` / ``NAME.key_secret`` into ``directory``."""
     _require_curve()
     Path(directory).mkdir(parents=True, exist_ok=True)
-    public, secret = zmq.auth.create_certificates(directory, name)
-    os.chmod(secret, 0o600)
-    return Path(public), Path(secret)
+    public_key, secret_key = zmq.curve_keypair()
+    public = Path(directory) / f"{name}.key"
+    secret = Path(directory) / f"{name}.key_secret"
+    _write_certificate(public, 0o644, public_key, None)
+    _write_certificate(secret, 0o600, public_key, secret_key)
+    return public, secret
+
+
+def _write_certificate(path: Path, mode: int, public: bytes, secret: bytes | None) -> None:
+    """Write a certificate in ``zmq.auth``'s format, created with ``mode`` from the start.
+
+    The secret file never exists with a wider mode, whatever the umask (the mode is
+    set on the open descriptor before anything is written).
+    """
+    lines = ["#   ZeroMQ CURVE " + ("**Secret** " if secret else "Public ") + "Certificate",
+             "", "metadata", "curve", f'    public-key = "{public.decode("ascii")}"']
+    if secret is not None:
+        lines.append(f'    secret-key = "{secret.decode("ascii")}"')
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.fchmod(descriptor, mode)
+        os.write(descriptor, ("\n".join(lines) + "\n").encode("ascii"))
+    finally:
+        os.close(descriptor)
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,16 @@ from feedmux.errors import TransportError
 from feedmux.protocol import Message, encode
 
 __all__ = [
+    "CONTROL_FRAME_BYTES",
+    "CONTROL_INBOUND_FRAME_BYTES",
+    "CONTROL_RCVHWM",
+    "DATA_INBOUND_FRAME_BYTES",
+    "DATA_RCVHWM",
     "DEFAULT_BIND",
     "DEFAULT_HWM",
     "HEARTBEAT_INTERVAL",
+    "check_port",
+    "bind",
     "bound_address",
     "control_address_for",
     "make_socket",
@@ -40,6 +47,33 @@ DEFAULT_BIND = "tcp://127.0.0.1:5555"
 DEFAULT_HWM = 8
 #: Seconds between application heartbeats (trainer -> server) and between ZMTP pings.
 HEARTBEAT_INTERVAL = 1.0
+
+#: Largest frame a loader's control socket accepts (libzmq's ``MAXMSGSIZE`` is per
+#: frame and drops the connection of a peer that exceeds it before anything reaches
+#: Python): a server's Error carries a traceback of a few KiB at most (the server cuts
+#: it to fit, see ``error_message``), its statistics a few KiB.
+CONTROL_FRAME_BYTES = 64 * 1024
+#: Largest frame the server's control socket accepts: hello, heartbeat, statistics
+#: request and acknowledgement are a few hundred bytes (a client id is at most
+#: ``MAX_CLIENT_ID`` characters).
+CONTROL_INBOUND_FRAME_BYTES = 8 * 1024
+#: Control messages queued per peer on the server's control socket: with the frame
+#: limit, what one connection can park in libzmq (8 MiB). A loader's acknowledging
+#: thread sends up to 200 a second while the server may be busy in a slow streamer: a
+#: queue that fills stops libzmq reading that connection, and ZMTP heartbeats then
+#: drop it after a few seconds, so this leaves about five seconds of room.
+CONTROL_RCVHWM = 1024
+#: Largest frame the server's data socket accepts: trainers send only credit and
+#: acknowledgements there (reliable mode), each well under a KiB, and nothing at all
+#: in plain mode.
+DATA_INBOUND_FRAME_BYTES = 16 * 1024
+#: Messages queued per trainer on the server's data socket: a reliable trainer sends
+#: at most one acknowledgement per message it was granted (at most ``MAX_CREDIT``,
+#: 256) and a credit grant now and then before the server reads them (5 MiB a
+#: connection at most, with the frame limit).
+DATA_RCVHWM = 320
+#: Longest client id a loader may use (it travels in every hello and acknowledgement).
+MAX_CLIENT_ID = 1024
 
 _TCP = re.compile(r"^tcp://(?P<host>.+):(?P<port>\d+)$")
 
@@ -61,7 +95,12 @@ def control_address_for(data_address: str) -> str:
     """
     match = _TCP.match(data_address)
     if match:
-        port = int(match["port"])
+        port = check_port(data_address)
+        if port == 65535:
+            raise TransportError(
+                f"the data endpoint {data_address!r} uses port 65535, so the default control "
+                "port (data port + 1) does not exist; pass the control endpoint explicitly"
+            )
         return f"tcp://{match['host']}:{port + 1 if port else 0}"
     if data_address.startswith(("ipc://", "inproc://")):
         return data_address + ".control"
@@ -69,6 +108,29 @@ def control_address_for(data_address: str) -> str:
         f"cannot derive a control endpoint from {data_address!r}: expected tcp://HOST:PORT, "
         "ipc://PATH or inproc://NAME; pass the control endpoint explicitly"
     )
+
+
+def check_port(address: str) -> int:
+    """The port of a ``tcp://`` endpoint, checked to be in ``[0, 65535]`` (-1 for other transports).
+
+    libzmq takes a port such as 99999 modulo 65536 and listens elsewhere than asked.
+
+    Examples
+    --------
+    >>> check_port("tcp://127.0.0.1:5555")
+    5555
+    >>> check_port("tcp://127.0.0.1:99999")
+    Traceback (most recent call last):
+    ...
+    feedmux.errors.TransportError: expected a port in [0, 65535], got 99999 in 'tcp://127.0.0.1:99999'
+    """
+    match = _TCP.match(address)
+    if not match:
+        return -1
+    port = int(match["port"])
+    if port > 65535:
+        raise TransportError(f"expected a port in [0, 65535], got {port} in {address!r}")
+    return port
 
 
 @contextlib.contextmanager
@@ -139,9 +201,12 @@ def keep_freed_memory() -> bool:
     (about 2 µs each): measured here, 1000-1700 page faults and 3.9-5.1 ms of
     trainer CPU per 16 MiB sample, at 2.5-3.1 GiB/s. Raising the mmap threshold
     to its 32 MiB maximum and the trim threshold to 1 GiB lets freed buffers be
-    reused instead. The price: the process keeps up to 1 GiB of freed heap
-    rather than returning it to the system. Returns whether the setting took
-    (False where there is no glibc).
+    reused instead. The price: freed heap stays in the process. The trim
+    threshold governs only the top of the heap, so what is kept is not bounded
+    by it: whatever lies below a chunk still in use stays, up to the process's
+    peak heap use (measured: 40 buffers of 16 MiB allocated, all but the last
+    freed, RSS 670 MiB kept, against 46 MiB untuned). Returns whether the
+    setting took (False where there is no glibc).
     """
     global _memory_kept
     if _memory_kept:
@@ -154,6 +219,14 @@ def keep_freed_memory() -> bool:
     ok = bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
     _memory_kept = ok
     return ok
+
+
+def bind(socket: zmq.Socket[Any], address: str, what: str) -> str:
+    """Bind ``socket`` to ``address`` (port range checked); return the endpoint as bound."""
+    check_port(address)
+    with mapped_zmq_errors(f"bind the {what} endpoint", address):
+        socket.bind(address)
+    return bound_address(socket)
 
 
 def bound_address(socket: zmq.Socket[Any]) -> str:

@@ -83,6 +83,25 @@ def build_parser() -> argparse.ArgumentParser:
                        help="fixed transport batch (default: sized from the samples)")
     serve.add_argument("--min-trainers", type=int, default=0, metavar="N",
                        help="start sampling once N trainers are connected (default 0)")
+    serve.add_argument("--zero-copy", action="store_true",
+                       help="send arrays without copying them: only for a streamer that never "
+                       "reuses an array it yielded")
+    serve.add_argument("--uneven", choices=("pad", "drop"), default="pad",
+                       help="ranked trainers: pad the last round with repeats so every rank "
+                            "gets ceil(E/n) samples, or drop it: E//n (default pad)")
+    serve.add_argument("--rank-timeout", type=_positive_float, default=60.0, metavar="S",
+                       help="ranked trainers: fail if not all ranks connect within S seconds "
+                            "of the first (default 60)")
+    serve.add_argument("--group-buffer", metavar="N|SIZE",
+                       help="serve consumer groups (RemoteLoader(group=...)): each group gets the "
+                            "whole stream, sampled once; buffer N messages or SIZE bytes "
+                            "(e.g. 64MiB) for the slowest group (default: no groups)")
+    serve.add_argument("--join", choices=("epoch", "now"), default="epoch",
+                       help="groups: a group joining mid-stream starts at the next epoch "
+                            "boundary, or at once (default epoch)")
+    serve.add_argument("--group-timeout", type=_positive_float, default=10.0, metavar="S",
+                       help="groups: drop a group S seconds after its last member left "
+                            "(default 10)")
     serve.add_argument("--reliable", action="store_true",
                        help="acknowledged delivery: nothing is lost when a trainer dies")
     serve.add_argument("--curve-secret", metavar="FILE",
@@ -93,19 +112,32 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a streamer that raises stops the server (raise) or is skipped")
     serve.add_argument("--log-every", type=_positive_float, default=10.0,
                        help="seconds between throughput log lines (default 10)")
+    serve.add_argument("--metrics-port", type=int, metavar="PORT",
+                       help="serve Prometheus metrics on http://HOST:PORT/metrics "
+                            "(needs feedmux[metrics]; 0 picks a free port)")
+    serve.add_argument("--metrics-host", default="127.0.0.1",
+                       help="interface of the metrics endpoint (default 127.0.0.1: loopback)")
     serve.add_argument("--drain-timeout", type=_positive_float, default=30.0,
                        help="seconds a finished server waits for trainers to drain (default 30)")
 
     for name, text in (("stats", "print a server's statistics"),
-                       ("ping", "exit 0 if a server answers, 1 otherwise")):
+                       ("ping", "exit 0 if a server answers, 1 otherwise"),
+                       ("top", "a live view of one or more servers (q or Ctrl-C quits)")):
         sub = commands.add_parser(name, help=text, description=text)
-        sub.add_argument("address", help="the control endpoint, e.g. tcp://127.0.0.1:5556")
+        sub.add_argument("address", nargs="+" if name == "top" else None,
+                         help="the control endpoint, e.g. tcp://127.0.0.1:5556")
         sub.add_argument("--timeout", type=_positive_float, default=2.0,
                          help="seconds to wait for an answer (default 2)")
         sub.add_argument("--curve-server-key", metavar="KEY",
                          help="the server's public key (.key file or Z85) if it uses CURVE")
         sub.add_argument("--curve-certificate", metavar="FILE",
                          help="this client's secret certificate (default: a fresh key pair)")
+
+        if name == "top":
+            sub.add_argument("--interval", type=_positive_float, default=1.0,
+                             help="seconds between refreshes (default 1)")
+            sub.add_argument("--count", type=_positive_int,
+                             help="stop after N refreshes (default: until q or Ctrl-C)")
 
     keygen = commands.add_parser("keygen", help="make a CURVE key pair (NAME.key, NAME.key_secret)")
     keygen.add_argument("directory")
@@ -135,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command in ("stats", "ping"):
         return _stats(args)
+    if args.command == "top":
+        return _top(args)
     if args.command == "keygen":
         from feedmux._security import create_keys
 
@@ -159,13 +193,22 @@ def _serve(args: argparse.Namespace) -> int:
             workers=args.workers, epochs=args.epochs, epoch_size=args.epoch_size, hwm=args.hwm,
             samples_per_message=args.samples_per_message, on_error=args.on_error,
             log_every=args.log_every, drain_timeout=args.drain_timeout,
-            min_trainers=args.min_trainers, reliable=args.reliable,
-            curve_secret=args.curve_secret, curve_clients=args.curve_clients, seed=args.seed,
+            min_trainers=args.min_trainers, reliable=args.reliable, zero_copy=args.zero_copy,
+            uneven=args.uneven, rank_timeout=args.rank_timeout,
+            group_buffer=_group_buffer(args.group_buffer), join=args.join,
+            group_timeout=args.group_timeout,
+            curve_secret=args.curve_secret, curve_clients=args.curve_clients,
+            metrics_port=args.metrics_port, metrics_host=args.metrics_host, seed=args.seed,
         )
     except (FactoryError, ConfigurationError) as error:
         print(f"feedmux serve: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     return server.run()
+
+
+def _group_buffer(text: str | None) -> int | str | None:
+    """``--group-buffer``: digits are a count of messages, anything else a size."""
+    return int(text) if text is not None and text.strip().isdigit() else text
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -184,6 +227,17 @@ def _stats(args: argparse.Namespace) -> int:
     else:
         print(json.dumps(stats, indent=2, sort_keys=True))
     return 0
+
+
+def _top(args: argparse.Namespace) -> int:
+    from feedmux._top import run_top
+    from feedmux.client.remote import fetch_stats
+
+    def fetch(address: str) -> dict[str, object]:
+        return fetch_stats(address, timeout=args.timeout, curve_server_key=args.curve_server_key,
+                           curve_certificate=args.curve_certificate)
+
+    return run_top(args.address, fetch, interval=args.interval, count=args.count)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -56,17 +56,15 @@ case "${compose[0]}" in
 esac
 engine_version=$(timeout 20 "$engine" version --format '{{.Client.Version}}' 2>/dev/null || echo '?')
 
-# -- scratch space, free host ports, and the teardown -----------------------------------------
+# -- scratch space, host ports, and the teardown -----------------------------------------
 work=$(mktemp -d "${TMPDIR:-/tmp}/feedmux-container-test.XXXXXX")
 project="feedmux-test-$$"
 host_project="$project-host"
 projects=()
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' \
-    2>/dev/null || echo $((20000 + RANDOM % 20000))
-}
-export FEEDMUX_DATA_PORT=${FEEDMUX_DATA_PORT:-$(free_port)}
-export FEEDMUX_CONTROL_PORT=${FEEDMUX_CONTROL_PORT:-$(free_port)}
+# Empty: the engine publishes the sampler's ports on free host ports of its own
+# choosing, read back with `compose port` (no port is probed and released here).
+export FEEDMUX_DATA_PORT=${FEEDMUX_DATA_PORT-}
+export FEEDMUX_CONTROL_PORT=${FEEDMUX_CONTROL_PORT-}
 
 down() {  # down PROJECT: remove its containers, network and volumes
   timeout 180 "${compose[@]}" -p "$1" down -v -t 5 --remove-orphans >>"$work/down.log" 2>&1
@@ -189,33 +187,46 @@ else
     tail -30 "$work/up-host.log" >&2
     die "compose up sampler (for the host trainer)"
   fi
-  control="tcp://127.0.0.1:$FEEDMUX_CONTROL_PORT"
-  answered=0
+  published() {  # published PORT: the host address of the sampler's container port
+    # docker compose prints HOST:PORT, podman-compose only the port; the compose file
+    # publishes on the host's loopback either way.
+    local port
+    port=$(timeout 30 "${compose[@]}" -p "$host_project" port sampler "$1" 2>/dev/null \
+             | grep -Eo '[0-9]+$' | tail -1)
+    [ -n "$port" ] && echo "127.0.0.1:$port"
+  }
+  data_host="" control_host="" answered=0
   for _ in $(seq 60); do
-    if "$host_python" -m feedmux ping "$control" --timeout 1 >"$work/ping.log" 2>&1; then
+    if [ -z "$control_host" ]; then  # known once the container runs
+      data_host=$(published 5555) || true
+      control_host=$(published 5556) || true
+    fi
+    if [ -n "$control_host" ] && [ -n "$data_host" ] \
+       && "$host_python" -m feedmux ping "tcp://$control_host" --timeout 1 >"$work/ping.log" 2>&1; then
       answered=1
       break
     fi
     sleep 1
   done
+  control="tcp://${control_host:-?}"
   if [ "$answered" -ne 1 ]; then
     cat "$work/ping.log" >&2 || true
     show_logs "$host_project" >&2
     die "the sampler's published control port $control did not answer within 60 s"
   fi
   mkdir "$work/host-results"
-  if ! timeout 120 "$host_python" -m feedmux.demo trainer "tcp://127.0.0.1:$FEEDMUX_DATA_PORT" \
+  if ! timeout 120 "$host_python" -m feedmux.demo trainer "tcp://$data_host" \
          --control "$control" --results "$work/host-results" --timeout 60 \
          >"$work/host-trainer.log" 2>&1 \
      || ! "$host_python" -m feedmux.demo check "$work/host-results" --files "$FEEDMUX_FILES" \
          --examples "$FEEDMUX_EXAMPLES" --epochs 1 --trainers 1 --wait 5 >"$work/host-check.log" 2>&1; then
     cat "$work/host-trainer.log" "$work/host-check.log" >&2 2>/dev/null || true
     show_logs "$host_project" >&2
-    die "host trainer against tcp://127.0.0.1:$FEEDMUX_DATA_PORT"
+    die "host trainer against tcp://$data_host"
   fi
   host_s=$((SECONDS - t))
   host_result="ok (${host_s} s): $(grep '^OK: ' "$work/host-check.log")"
-  say "host trainer via the published ports 127.0.0.1:$FEEDMUX_DATA_PORT/$FEEDMUX_CONTROL_PORT: $host_result"
+  say "host trainer via the published ports $data_host and $control_host: $host_result"
 fi
 
 # -- summary ----------------------------------------------------------------------------------

@@ -164,3 +164,26 @@ def test_every_public_name_resolves_and_is_listed_sorted() -> None:
     assert set(feedmux.__all__) <= set(dir(feedmux))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = feedmux.nope  # type: ignore[attr-defined]
+
+
+# Ray is an optional extra: only feedmux.ray may import it, and nothing imports feedmux.ray.
+RAY_GLUE = "feedmux.ray"
+
+
+def test_only_the_ray_package_imports_ray() -> None:
+    crossings = [
+        f"{module} imports {name}"
+        for module, names in _imports_by_module("feedmux").items()
+        if not _is_within(module, RAY_GLUE)
+        for name in _forbidden(names, ("ray", RAY_GLUE))
+    ]
+    assert crossings == []
+
+
+@pytest.mark.timeout(150)
+def test_feedmux_imports_and_serves_without_ray() -> None:
+    loaded = _modules_after(
+        "import feedmux, feedmux.server, feedmux.client, feedmux.cli\n"
+        "from feedmux import RemoteLoader, Server, Stream"
+    )
+    assert _forbidden(loaded, ("ray", RAY_GLUE)) == []

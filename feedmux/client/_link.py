@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from feedmux.errors import (
+    ConfigurationError,
     RemoteError,
     TransportError,
     TransportTimeoutError,
@@ -35,12 +36,53 @@ __all__ = [
     "Send",
     "ServerLink",
     "ServerLinks",
+    "check_membership",
 ]
 
 log = logging.getLogger("feedmux.client")
 
+
+def rank_steps(epoch_size: int, world_size: int, uneven: str) -> int:
+    """Samples each rank gets per epoch (the server's rule: pad rounds up, drop down).
+
+    The same rule as the server's ``_dealing.rank_steps``: the client never imports
+    the server, and the rule is one line.
+    """
+    if uneven == "drop":
+        return epoch_size // world_size
+    return -(-epoch_size // world_size)
+
+
+def check_membership(*, world_size: int, rank: int | None, group: str | None,
+                     reliable: bool) -> None:
+    """Check what a trainer says of itself in its hellos: its rank and its consumer group.
+
+    Examples
+    --------
+    >>> check_membership(world_size=2, rank=1, group="eval", reliable=False)
+    >>> check_membership(world_size=2, rank=2, group=None, reliable=False)
+    Traceback (most recent call last):
+    ...
+    feedmux.errors.ConfigurationError: expected rank an int in [0, 2) for world_size 2, got 2
+    """
+    if rank is not None and not (isinstance(rank, int) and 0 <= rank < world_size):
+        raise ConfigurationError(
+            f"expected rank an int in [0, {world_size}) for world_size {world_size}, got {rank!r}")
+    if rank is not None and reliable:
+        raise ConfigurationError("expected reliable=False with rank= (ranked delivery is "
+                                 "plain), got reliable=True")
+    if group is not None and not (isinstance(group, str) and group):
+        raise ConfigurationError(f"expected group a non-empty str or None, got {group!r}")
+
+
 #: Seconds of data without any answer on a control endpoint before a warning.
 CONTROL_SILENCE_WARNING = 5.0
+#: The error type of a hello refused because a live trainer holds the rank.
+RANK_TAKEN = "RankTakenError"
+#: Heartbeat intervals a refused rank keeps saying hello: the server's liveness period
+#: (three intervals without a heartbeat) and some margin, as the holder may be a crashed
+#: predecessor whose death the server has not seen yet.
+RANK_TAKEN_RETRIES = 5
 
 
 @dataclass(frozen=True)
@@ -86,6 +128,8 @@ class ServerLink:
     epoch_size: int | None = None
     workers: int = 1
     finished: bool = False
+    world_size: int = 0
+    uneven: str = ""
 
     def welcome(self, message: Welcome, *, reliable: bool) -> bool:
         """Take the server's welcome; True when it comes from a restarted server.
@@ -110,6 +154,7 @@ class ServerLink:
         self.server_id = message.server_id
         self.epoch_size = message.epoch_size
         self.workers = message.workers
+        self.world_size, self.uneven = message.world_size, message.uneven
         return restarted
 
     def end_of_stream(self, server_id: str, *, on_data_socket: bool = False) -> None:
@@ -145,6 +190,9 @@ class ServerLinks:
         This trainer's id, sent in its hellos and heartbeats.
     world_size : int
         Trainers sharing the stream (sent in the hello).
+    group : str
+        This trainer's consumer group ("" : the default group), sent in its
+        hellos and heartbeats.
     reliable : bool
         Whether this trainer expects reliable delivery.
     timeout : float, optional
@@ -158,13 +206,13 @@ class ServerLinks:
     >>> links = ServerLinks(["tcp://h:1"], ["tcp://h:2"], client_id="t", world_size=1,
     ...                     reliable=False, timeout=None, heartbeat_interval=1.0)
     >>> [action.message for action in links.hello()]
-    [Hello(client_id='t', role='trainer', world_size=1)]
+    [Hello(client_id='t', role='trainer', world_size=1, rank=-1, group='')]
     >>> links.control(0, Welcome("s1", epoch_size=4))
     []
     >>> links.data("s1", first_epoch=1, now=0.0)
     ()
     >>> links.control(0, Drain(sent_messages=1, server_id="s1"))
-    [Send(link=0, message=Heartbeat(sender_id='t', received_messages=1))]
+    [Send(link=0, message=Heartbeat(sender_id='t', received_messages=1, group=''))]
     >>> links.control(0, EndOfStream("s1"))
     []
     >>> links.finished, len(links.links), links.epoch_size
@@ -181,17 +229,23 @@ class ServerLinks:
         reliable: bool,
         timeout: float | None,
         heartbeat_interval: float,
+        rank: int = -1,
+        group: str = "",
     ) -> None:
         self.links = [ServerLink(data, control)
                       for data, control in zip(data_addresses, control_addresses, strict=True)]
         self.client_id = client_id
         self.world_size = world_size
+        self.rank = rank
+        self.group = group
         self.reliable = reliable
         self.timeout = timeout
         self.heartbeat_interval = heartbeat_interval
         #: Data messages received, by server id (a restarted server counts from 0).
         self.received: dict[str, int] = {}
         self._last_heartbeat = -math.inf
+        #: Links whose hello was refused as a live duplicate rank: refusals so far.
+        self._refused: dict[int, int] = {}
         self._first_data = True
         # Set at the first data message until every control endpoint has answered.
         self._silent_since: float | None = None
@@ -199,8 +253,12 @@ class ServerLinks:
     # -- events ---------------------------------------------------------------------------
     def hello(self) -> list[Action]:
         """Introduce this trainer to every server (on connecting, and to a new server)."""
-        hello = Hello(client_id=self.client_id, world_size=self.world_size)
+        hello = self._hello()
         return [Send(index, hello) for index in range(len(self.links))]
+
+    def _hello(self) -> Hello:
+        return Hello(client_id=self.client_id, world_size=self.world_size, rank=self.rank,
+                     group=self.group)
 
     def control(self, index: int, message: Message) -> list[Action]:
         """A control message from the server of link ``index``; raises a server's error."""
@@ -213,12 +271,31 @@ class ServerLinks:
             return [Send(index, Heartbeat(
                 sender_id=self.client_id,
                 received_messages=self.received.get(message.server_id, 0),
+                group=self.group,
             ))]
         if isinstance(message, EndOfStream):
             link.end_of_stream(message.server_id)
         elif isinstance(message, Error):
+            refusals = self._refused.get(index, 0) + 1
+            if (message.type.rsplit(".", 1)[-1] == RANK_TAKEN
+                    and refusals <= RANK_TAKEN_RETRIES):
+                # Maybe our own crashed predecessor: say hello again at each beat (instead
+                # of a heartbeat) until data comes.
+                log.warning("%s (server %s); trying again for a while", message.message,
+                            link.control_address)
+                self._refused[index] = refusals
+                return []
             raise link.error(message)
         return []
+
+    def move(self, index: int, data_address: str, control_address: str) -> list[Action]:
+        """The server of link ``index`` now listens on these endpoints: say hello there."""
+        link = self.links[index]
+        log.warning("server %s moved: data %s, control %s (was %s, %s)", link.server_id or "?",
+                    data_address, control_address, link.data_address, link.control_address)
+        link.data_address, link.control_address = data_address, control_address
+        self._refused.pop(index, None)
+        return [Send(index, self._hello())]
 
     def data_end_of_stream(self, index: int, server_id: str) -> None:
         """Reliable mode: an end of stream on the data socket of link ``index``."""
@@ -237,6 +314,8 @@ class ServerLinks:
         count = self.received.get(server_id)
         if count is None:
             count = 0
+            if self._refused:  # data: this rank was admitted after all
+                self._refused.clear()
             if server_id not in {link.server_id for link in self.links}:
                 # A restarted server (or a first message racing its welcome): hello again.
                 actions = self.hello()
@@ -253,9 +332,12 @@ class ServerLinks:
         if now - self._last_heartbeat < self.heartbeat_interval:
             return ()
         self._last_heartbeat = now
+        hello = self._hello()
         return [
+            Send(index, hello) if index in self._refused else
             Send(index, Heartbeat(sender_id=self.client_id,
-                                  received_messages=self.received.get(link.server_id, 0)))
+                                  received_messages=self.received.get(link.server_id, 0),
+                                  group=self.group))
             for index, link in enumerate(self.links)
         ]
 
@@ -283,6 +365,11 @@ class ServerLinks:
         return all(link.finished for link in self.links)
 
     @property
+    def data_addresses(self) -> list[str]:
+        """The data endpoint of each server, in link order (where it listens now)."""
+        return [link.data_address for link in self.links]
+
+    @property
     def server_ids(self) -> list[str]:
         """The id of each server, in link order ('' until it answered)."""
         return [link.server_id for link in self.links]
@@ -301,6 +388,11 @@ class ServerLinks:
                 "the epoch size is not known yet: the server learns it after its first epoch "
                 "(or declare it with --epoch-size)"
             )
+        if self.rank >= 0:
+            ranked = [link for link in self.links if link.world_size]
+            if ranked:  # steps per epoch: every rank takes the same number
+                return sum(rank_steps(link.epoch_size or 0, link.world_size, link.uneven)
+                           for link in ranked)
         return max(1, total // self.world_size)
 
     def describe(self) -> str:

@@ -1,8 +1,9 @@
 """RemoteLoader: the trainer's end of the wire, an iterable of decoded samples.
 
-This module owns the trainer's sockets and nothing else: one PULL socket
-connected to every server's data endpoint (in reliable mode one DEALER per
-server instead) and one DEALER per server's control endpoint. It connects,
+This module owns the trainer's sockets and nothing else: one data DEALER per
+server (named by this trainer's client id, so that the server can address it:
+by rank, or to whichever free trainer has room) and one DEALER per server's
+control endpoint. It connects,
 polls, receives, decodes and sends; every decision about what the servers said
 (welcomes, restarts, drains, ends of stream, remote errors, heartbeats,
 timeouts) belongs to the pure link state in ``_link``, which it calls once per
@@ -14,6 +15,7 @@ the user's choice).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -23,41 +25,45 @@ from typing import Any, NamedTuple
 
 import zmq
 
+from feedmux._handshake import HandshakeWatch
 from feedmux._security import ClientCurve
 from feedmux._transport import (
+    CONTROL_FRAME_BYTES,
     DEFAULT_HWM,
     HEARTBEAT_INTERVAL,
+    MAX_CLIENT_ID,
     control_address_for,
-    keep_freed_memory,
     make_socket,
     readable,
     send_message,
 )
-from feedmux.client._link import Action, Send, ServerLinks
+from feedmux.client._acks import HandOutAcks, SeenPositions, progress_of
+from feedmux.client._data import DataSockets, send_or_drop
+from feedmux.client._diagnosis import InputDiagnosis
+from feedmux.client._link import Action, Send, ServerLinks, check_membership
+from feedmux.client._moves import AddressBook, Resolve
 from feedmux.errors import (
     ConfigurationError,
-    ProtocolError,
     RemoteError,
     StreamValueError,
     TransportClosedError,
     TransportTimeoutError,
-    VersionMismatchError,
 )
 from feedmux.protocol import (
-    Ack,
+    CONTROL_LIMITS,
     Credit,
     Data,
-    EndOfStream,
     Error,
-    Message,
+    StatsRequest,
     decode,
-    unpack_envelope,
 )
 
 __all__ = ["RemoteLoader", "SampleMeta", "fetch_stats"]
 
-#: A frame larger than this makes the loader tune malloc (see ``tune_malloc``).
-LARGE_MESSAGE_BYTES = 1 << 20
+log = logging.getLogger("feedmux.client")
+
+#: The longest ``len()`` waits for the servers' welcome before the first sample.
+WELCOME_WAIT = 5.0
 #: A data message larger than this is refused by ZeroMQ before it reaches Python.
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 
@@ -88,7 +94,20 @@ class RemoteLoader:
     hwm : int
         Data messages queued in this process before the server is held back.
     world_size : int
-        Trainers sharing the stream; ``len(loader)`` is ``epoch_size // world_size``.
+        Trainers sharing the stream. Without ``rank``, ``len(loader)`` is
+        ``epoch_size // world_size``.
+    rank : int, optional
+        This trainer's rank in a data-parallel job of ``world_size`` ranks (torch
+        DDP): the server deals each epoch among the ranks by a fixed rule of the
+        position and every rank gets the same number of samples per epoch (see
+        the server's ``uneven``), so every rank's ``iter_epoch()`` ends on the
+        same step and ``len(loader)`` is the steps per epoch. None: a free
+        trainer, dealt whatever it has room for.
+    group : str, optional
+        This trainer's consumer group, on a server started with ``group_buffer``
+        (``--group-buffer``): every group receives the whole stream, every epoch
+        complete, and the trainers of one group split it (``world_size`` is then
+        the number of trainers in the group). None: the default group.
     with_meta : bool
         Yield ``(SampleMeta, sample)`` pairs instead of bare samples.
     max_message_bytes : int
@@ -103,13 +122,27 @@ class RemoteLoader:
         When the first large message (over 1 MiB) arrives, make glibc's malloc
         keep freed large buffers for reuse in this process (see
         ``feedmux._transport.keep_freed_memory``): 1.2-1.8x the throughput of
-        16 MiB samples at half the trainer CPU, for up to 1 GiB of freed heap
-        kept. False leaves the allocator alone.
+        16 MiB samples at half the trainer CPU. The price: freed buffers stay in
+        the process, up to its peak heap use (not a fixed bound; see
+        ``docs/performance.md``). False leaves the allocator alone.
     reliable : bool
         Talk to a server started with ``reliable=True`` / ``--reliable``: grant
         ``hwm`` messages of credit and acknowledge each message once all its
         samples were handed out, so that if this trainer dies, what it had not
         finished goes to the others.
+    diagnose_window : float, optional
+        Seconds per window of the input-bound diagnosis (see :meth:`stats`):
+        a window in which the training loop waited inside ``next()`` more than
+        ``diagnose_threshold`` of the time logs a warning with the likely cause
+        and the fix. None turns the diagnosis off.
+    diagnose_threshold : float
+        The wait fraction above which a window gets that warning.
+    resolve : callable, optional
+        ``() -> [(data, control), ...]``: where the servers listen now, one pair
+        per address. Asked once a second (from the loop that reads data, never
+        per sample); a server whose pair changed (restarted elsewhere by a
+        cluster manager) is followed there and greeted again. A failing
+        resolver is logged and the known endpoints kept.
 
     Notes
     -----
@@ -117,7 +150,9 @@ class RemoteLoader:
     number of epochs and said so; otherwise it goes on forever. A server that
     restarts (a new server id) is picked up again by itself, with a warning.
     ``len()`` raises TypeError until an epoch size is known, like a torch
-    DataLoader over an IterableDataset.
+    DataLoader over an IterableDataset. A loader pickles as its arguments: the
+    copy connects in the process that iterates it (a fresh client id unless one
+    was given).
     """
 
     def __init__(
@@ -128,6 +163,8 @@ class RemoteLoader:
         timeout: float | None = None,
         hwm: int = DEFAULT_HWM,
         world_size: int = 1,
+        rank: int | None = None,
+        group: str | None = None,
         with_meta: bool = False,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         client_id: str | None = None,
@@ -135,9 +172,15 @@ class RemoteLoader:
         curve_server_key: str | bytes | None = None,
         curve_certificate: str | None = None,
         tune_malloc: bool = True,
+        diagnose_window: float | None = 60.0, diagnose_threshold: float = 0.25,
+        resolve: Resolve | None = None,
     ) -> None:
+        self._arguments = {name: value for name, value in locals().items() if name != "self"}
         addresses, controls = _endpoints(address, control)
-        _check_settings(timeout=timeout, world_size=world_size, hwm=hwm)
+        _check_settings(timeout=timeout, world_size=world_size, hwm=hwm, client_id=client_id)
+        check_membership(world_size=world_size, rank=rank, group=group, reliable=reliable)
+        self.rank = rank
+        self.group = group
         self.addresses = addresses
         self.timeout = timeout
         self.hwm = hwm
@@ -146,6 +189,7 @@ class RemoteLoader:
         self.max_message_bytes = max_message_bytes
         self.reliable = reliable
         self._tune_malloc = tune_malloc
+        self._handshakes = HandshakeWatch([], [])  # CURVE: what refused this loader's key
         self._security = (
             None if curve_server_key is None
             else ClientCurve.create(curve_server_key, curve_certificate)
@@ -153,18 +197,18 @@ class RemoteLoader:
         self.client_id = client_id or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._links = ServerLinks(
             addresses, controls, client_id=self.client_id, world_size=world_size,
-            reliable=reliable, timeout=timeout, heartbeat_interval=HEARTBEAT_INTERVAL,
+            rank=-1 if rank is None else rank, group=group or "", reliable=reliable,
+            timeout=timeout, heartbeat_interval=HEARTBEAT_INTERVAL,
         )
-        # Reliable mode: (link number, sequence number) of the message being handed out.
-        self._pending_ack: tuple[int, int] | None = None
-        self._turn = 0
+        self._diagnosis = InputDiagnosis(len(addresses), diagnose_window, diagnose_threshold)
         self._context: zmq.Context[Any] | None = None
         self._pid = 0
-        self._data: Any = None  # plain mode: one PULL socket connected to every server
-        self._data_sockets: list[Any] = []  # reliable mode: one DEALER per server
+        self._data = DataSockets([], reliable=reliable, client_id="", addresses=addresses,
+                                 tune_malloc=False)
         self._control: list[Any] = []  # one DEALER per server
         self._poller: zmq.Poller | None = None
         self._closed = False
+        self._asked = False
         # The current data message: its samples, tags and the next index to hand out.
         self._samples: Sequence[Any] = ()
         self._tags: Any = None
@@ -173,6 +217,15 @@ class RemoteLoader:
         self._count = 0
         self._last: SampleMeta | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
+        # Ranked or reliable: (link number, server id, tags, sequence number) of the current
+        # message, for the acknowledging thread.
+        self._current: tuple[int, str, Any, int] | None = None
+        self._acks: HandOutAcks | None = None
+        self._seen = SeenPositions() if reliable else None
+        self._book = None if resolve is None else AddressBook(resolve)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild_loader, (self._arguments,)
 
     # -- the iterable ---------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -210,7 +263,26 @@ class RemoteLoader:
             yield next(self)
 
     def __len__(self) -> int:
+        """Samples (steps) per epoch for this trainer; TypeError while the size is unknown.
+
+        Before the first sample this asks the servers (a bounded wait for their
+        welcome), so a declared epoch size is known from the start.
+        """
+        if self._links.epoch_size is None and not self._closed and not self._asked:
+            self._asked = True  # once: a server that does not answer is not asked again
+            self._await_welcome(WELCOME_WAIT if self.timeout is None
+                                else min(self.timeout, WELCOME_WAIT))
         return self._links.length()
+
+    def _await_welcome(self, seconds: float) -> None:
+        self._connect()
+        assert self._poller is not None
+        deadline = time.monotonic() + seconds
+        while not all(self._links.server_ids) and (left := deadline - time.monotonic()) > 0:
+            events = dict(self._poller.poll(max(1, int(left * 1000))))
+            for index, socket in enumerate(self._control):
+                if socket in events:
+                    self._serve_control(index)
 
     # -- what was seen --------------------------------------------------------------------
     @property
@@ -243,6 +315,18 @@ class RemoteLoader:
         """The total epoch size over all servers, once every one of them knows it."""
         return self._links.epoch_size
 
+    def stats(self) -> dict[str, float | None]:
+        """Is the training loop waiting for data? The last diagnosis window's figures.
+
+        ``samples_per_second`` handed to the loop, ``wait_fraction`` of the time
+        spent waiting inside ``next()``, the window's length ``window_s``, and
+        the servers' ``server_busy_fraction`` (sampling, per sampling process)
+        and ``server_blocked_fraction`` (waiting for trainers to take more),
+        fetched over the control channel. None until a window has passed (or the
+        servers answered); all None with ``diagnose_window=None``.
+        """
+        return self._diagnosis.stats()
+
     def state_dict(self) -> dict[str, Any]:
         """Plain data: servers, the last (epoch, position, server) seen, messages received.
 
@@ -250,28 +334,14 @@ class RemoteLoader:
         service does); the state records where this trainer was so a resumed run
         can tell which epoch it is in.
         """
-        meta = self.last_meta
-        return {
-            "addresses": list(self.addresses),
-            "server_ids": self.server_ids,
-            "last_epoch": None if meta is None else meta.epoch,
-            "last_position": None if meta is None else meta.position,
-            "last_server_id": None if meta is None else meta.server_id,
-            "received_messages": dict(self._links.received),
-        }
+        return _state_of(self.addresses, self.server_ids, self.last_meta,
+                         dict(self._links.received))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved (the last sample seen)."""
-        missing = {"last_epoch", "last_position", "last_server_id"} - set(state)
-        if missing:
-            raise StreamValueError(
-                f"RemoteLoader state lacks {sorted(missing)}; got keys {sorted(state)}"
-            )
-        if state["last_epoch"] is not None:
-            self._last = SampleMeta(
-                int(state["last_epoch"]), int(state["last_position"]),
-                str(state["last_server_id"]),
-            )
+        last = _restored_meta(state)
+        if last is not None:
+            self._last = last
             if self._index == 0:
                 self._tags = None
 
@@ -284,33 +354,45 @@ class RemoteLoader:
         # A fresh context in every process: a ZeroMQ context must never cross a fork.
         self._context = context = zmq.Context()
         self._pid = os.getpid()
-        self._data, self._data_sockets, self._control = _open_sockets(
-            context, self._links, reliable=self.reliable, hwm=self.hwm,
-            max_message_bytes=self.max_message_bytes, security=self._security,
+        data_sockets, self._control = _open_sockets(
+            context, self._links, client_id=self.client_id, reliable=self.reliable,
+            hwm=self.hwm, max_message_bytes=self.max_message_bytes, security=self._security,
         )
-        sockets = [*([self._data] if self._data is not None else []), *self._data_sockets,
-                   *self._control]
+        self._data = DataSockets(data_sockets, reliable=self.reliable, client_id=self.client_id,
+                                 addresses=self.addresses, tune_malloc=self._tune_malloc)
+        controls = [link.control_address for link in self._links.links]
+        if self._security is not None:  # a refused key is otherwise a silent timeout
+            self._handshakes = HandshakeWatch(self._control, controls)
+        sockets = [*self._handshakes.monitors, *data_sockets, *self._control]
         self._poller = zmq.Poller()
         for socket in sockets:
             self._poller.register(socket, zmq.POLLIN)
-        for index in range(len(self._data_sockets)):
-            self._grant_credit(index)
+        if self.reliable:
+            for index in range(len(data_sockets)):
+                self._grant_credit(index)
         self._act(self._links.hello())
         self._finalizer = weakref.finalize(self, _close_sockets, self._pid, context, sockets)
+        if self.rank is not None or self.reliable:
+            # A restarted rank continues after the last sample this one handed out, and a
+            # reliable trainer's unfinished message goes to the others cut there: tell the
+            # servers every few ms, from a thread (nothing per sample on the hot path).
+            self._acks = HandOutAcks(controls, client_id=self.client_id,
+                                     rank=-1 if self.rank is None else self.rank,
+                                     progress=progress_of(self), security=self._security)
+            weakref.finalize(self, self._acks.stop)
 
     def _act(self, actions: Iterable[Action]) -> None:
         for action in actions:
             if isinstance(action, Send):
                 # If the server is away and the queue full, the next heartbeat will do.
-                _send_or_drop(self._control[action.link], action.message)
+                send_or_drop(self._control[action.link], action.message)
             else:  # a restarted server behind a reliable link
-                if self._pending_ack is not None and self._pending_ack[0] == action.link:
-                    self._pending_ack = None  # its sequence number means nothing now
+                self._data.forget_ack(action.link)  # its sequence number means nothing now
                 self._grant_credit(action.link)
 
     def _grant_credit(self, index: int) -> None:
         # If the queue towards an absent server is full, the next welcome grants again.
-        _send_or_drop(self._data_sockets[index], Credit(credits=self.hwm, client_id=self.client_id))
+        send_or_drop(self._data.sockets[index], Credit(credits=self.hwm, client_id=self.client_id))
 
     def _receive(self) -> None:
         """Block until the next data message is current (or raise / end the iteration)."""
@@ -322,70 +404,29 @@ class RemoteLoader:
             due = links.tick(now)
             if due:
                 self._act(due)
-            message = self._recv_data()
+            if self._book is not None and self._book.due(now):
+                self._act(self._book.follow(now, links, self._data.sockets, self._control,
+                                            self._acks))
+                self.addresses = self._data.addresses = links.data_addresses
+            message = self._data.receive(links)
             if message is not None:
                 self._take(message, now)
+                if self._diagnosis.message(time.monotonic(), waited_from, len(message.samples)):
+                    _ask_for_stats(self._control, self.client_id)
                 for index in range(len(self._control)):
                     self._serve_control(index)
                 return
             if links.finished:
                 raise StopIteration from None
-            wait = links.wait(waited_from, now)
+            try:
+                wait = links.wait(waited_from, now)
+            except TransportTimeoutError as error:
+                raise TransportTimeoutError(self._handshakes.explain(error)) from None
             events = dict(self._poller.poll(max(1, int(wait * 1000))))
             for index, socket in enumerate(self._control):
                 if socket in events:
                     self._serve_control(index)
             now = time.monotonic()
-
-    def _recv_data(self) -> Data | None:
-        """The next data message waiting on the data socket(s), or None."""
-        if not self.reliable:
-            try:
-                frames = self._data.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return None
-            _, message = self._decode_data(frames)
-            if not isinstance(message, Data):
-                raise ProtocolError(
-                    f"expected a data message on the data socket, got {type(message).__name__}"
-                )
-            return message
-        if self._pending_ack is not None:
-            # Every sample of the current message was handed out: acknowledge it.
-            index, seq = self._pending_ack
-            self._pending_ack = None
-            # A dropped ack only means the server deals that message again.
-            _send_or_drop(self._data_sockets[index], Ack(seqs=[seq], client_id=self.client_id))
-        count = len(self._data_sockets)
-        for offset in range(count):
-            index = (self._turn + offset) % count
-            socket = self._data_sockets[index]
-            while readable(socket):
-                seq, message = self._decode_data(socket.recv_multipart(copy=False), enveloped=True)
-                if isinstance(message, Data):
-                    self._turn = (index + 1) % count
-                    if seq:
-                        self._pending_ack = (index, seq)
-                    return message
-                if isinstance(message, EndOfStream):
-                    self._links.data_end_of_stream(index, message.server_id)
-        return None
-
-    def _decode_data(self, frames: list[Any], *, enveloped: bool = False) -> tuple[int, Message]:
-        """The sequence number (0 without an envelope) and the message of a data message."""
-        seq = 0
-        try:
-            if enveloped:
-                seq, frames = unpack_envelope(frames)
-            if self._tune_malloc and len(frames) > 2 and len(frames[-1]) > LARGE_MESSAGE_BYTES:
-                self._tune_malloc = False
-                keep_freed_memory()
-            message = decode(frames)
-        except VersionMismatchError:
-            raise
-        except ProtocolError as error:
-            raise ProtocolError(f"malformed data message from {self.addresses}: {error}") from error
-        return seq, message
 
     def _take(self, message: Data, now: float) -> None:
         samples, tags, server_id = message.samples, message.tags, message.server_id
@@ -393,18 +434,31 @@ class RemoteLoader:
         actions = self._links.data(server_id, int(tags[0, 0]) if count else 0, now=now)
         if actions:
             self._act(actions)
+        if self._seen is not None and (rows := self._seen.fresh(server_id, tags)) is not None:
+            # Dealt to this trainer twice (a re-send crossed its acknowledgement): once only.
+            log.warning("dropping %d sample(s) of server %s already handed out",
+                        count - len(rows), server_id)
+            samples, tags, count = [samples[row] for row in rows], tags[rows], len(rows)
+        # The index first, then the message: the acks thread reads them the other way round.
+        self._index = self._count = 0
         self._samples, self._tags, self._server_id = samples, tags, server_id
-        self._index, self._count = 0, count
+        if self._acks is not None:
+            self._current = (self._data.link, server_id, tags, self._data.seq)
+        self._count = count
 
     def _serve_control(self, index: int) -> None:
         socket = self._control[index]
         while readable(socket):
-            self._act(self._links.control(index, decode(socket.recv_multipart(copy=False))))
+            message = decode(socket.recv_multipart(copy=False), limits=CONTROL_LIMITS)
+            if not self._diagnosis.answer(index, message, time.monotonic()):
+                self._act(self._links.control(index, message))
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
         """Close the sockets; iterating afterwards raises TransportClosedError."""
         self._closed = True
+        if self._acks is not None:
+            self._acks.stop()  # its last acknowledgement goes out before the sockets close
         if self._finalizer is not None:
             self._finalizer()
         self._context = None
@@ -440,55 +494,97 @@ def _endpoints(
     return addresses, controls
 
 
-def _check_settings(*, timeout: float | None, world_size: int, hwm: int) -> None:
+def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | None,
+              received: dict[str, int]) -> dict[str, Any]:
+    """RemoteLoader.state_dict's plain data."""
+    return {
+        "addresses": list(addresses),
+        "server_ids": server_ids,
+        "last_epoch": None if meta is None else meta.epoch,
+        "last_position": None if meta is None else meta.position,
+        "last_server_id": None if meta is None else meta.server_id,
+        "received_messages": received,
+    }
+
+
+def _restored_meta(state: dict[str, Any]) -> SampleMeta | None:
+    """The last sample a saved RemoteLoader state records, checked."""
+    missing = {"last_epoch", "last_position", "last_server_id"} - set(state)
+    if missing:
+        raise StreamValueError(
+            f"RemoteLoader state lacks {sorted(missing)}; got keys {sorted(state)}"
+        )
+    if state["last_epoch"] is None:
+        return None
+    return SampleMeta(int(state["last_epoch"]), int(state["last_position"]),
+                      str(state["last_server_id"]))
+
+
+def _rebuild_loader(arguments: dict[str, Any]) -> RemoteLoader:
+    """A fresh, unconnected loader from the arguments of a pickled one."""
+    return RemoteLoader(arguments.pop("address"), **arguments)
+
+
+def _check_settings(*, timeout: float | None, world_size: int, hwm: int,
+                    client_id: str | None) -> None:
     if timeout is not None and not timeout > 0:
         raise ConfigurationError(f"expected timeout None or > 0 seconds, got {timeout!r}")
     if not (isinstance(world_size, int) and world_size >= 1):
         raise ConfigurationError(f"expected world_size an int >= 1, got {world_size!r}")
     if not (isinstance(hwm, int) and hwm >= 1):
         raise ConfigurationError(f"expected hwm an int >= 1, got {hwm!r}")
+    if client_id is not None and not (isinstance(client_id, str)
+                                      and len(client_id) <= MAX_CLIENT_ID):
+        raise ConfigurationError(f"expected client_id a str of at most {MAX_CLIENT_ID} "
+                                 f"characters, got {type(client_id).__name__} of "
+                                 f"{len(str(client_id))} characters")
 
 
 def _open_sockets(
     context: zmq.Context[Any],
     links: ServerLinks,
     *,
+    client_id: str,
     reliable: bool,
     hwm: int,
     max_message_bytes: int,
     security: ClientCurve | None,
-) -> tuple[Any, list[Any], list[Any]]:
-    """Connected sockets: the plain PULL (None in reliable mode), the reliable data
-    DEALERs (one per server, none in plain mode) and the control DEALERs."""
-    data = None
-    data_sockets: list[Any] = []
+) -> tuple[list[Any], list[Any]]:
+    """Connected sockets: the data DEALERs and the control DEALERs, one of each per server.
+
+    Plain mode names each data DEALER by the client id: that is how the server
+    addresses this trainer (its hello carries the same id).
+    """
     if reliable:
         # Credit keeps these queues below their limit, so heartbeats are safe here.
-        data_sockets = targets = [
+        targets = [
             make_socket(context, zmq.DEALER, hwm=hwm + 16, max_message_bytes=max_message_bytes,
                         security=security)
             for _ in links.links
         ]
     else:
-        data = make_socket(context, zmq.PULL, hwm=hwm, max_message_bytes=max_message_bytes,
-                           heartbeats=False, security=security)
-        targets = [data] * len(links.links)
+        targets = []
+        for _ in links.links:
+            socket = make_socket(context, zmq.DEALER, hwm=hwm, max_message_bytes=max_message_bytes,
+                                 heartbeats=False, security=security)
+            socket.setsockopt(zmq.ROUTING_ID, client_id.encode())
+            targets.append(socket)
     control = [
-        make_socket(context, zmq.DEALER, hwm=100, max_message_bytes=1 << 20, security=security)
+        make_socket(context, zmq.DEALER, hwm=100, max_message_bytes=CONTROL_FRAME_BYTES,
+                    security=security)
         for _ in links.links
     ]
     for target, control_socket, link in zip(targets, control, links.links, strict=True):
         target.connect(link.data_address)
         control_socket.connect(link.control_address)
-    return data, data_sockets, control
+    return targets, control
 
 
-def _send_or_drop(socket: Any, message: Message) -> None:
-    """Send without blocking; a message that finds the queue full is dropped."""
-    try:
-        send_message(socket, message, flags=zmq.NOBLOCK)
-    except zmq.Again:
-        pass
+def _ask_for_stats(control: list[Any], client_id: str) -> None:
+    """The diagnosis wants the servers' load: ask each (a full queue skips a window)."""
+    request = StatsRequest(client_id=client_id)
+    for socket in control:
+        send_or_drop(socket, request)
 
 
 def _close_sockets(pid: int, context: zmq.Context[Any], sockets: list[Any]) -> None:
@@ -519,7 +615,7 @@ def fetch_stats(
         else ClientCurve.create(curve_server_key, curve_certificate)
     )
     context: zmq.Context[Any] = zmq.Context()
-    socket = make_socket(context, zmq.DEALER, hwm=10, max_message_bytes=1 << 20,
+    socket = make_socket(context, zmq.DEALER, hwm=10, max_message_bytes=CONTROL_FRAME_BYTES,
                          security=security)
     try:
         socket.connect(control_address)
@@ -528,7 +624,7 @@ def fetch_stats(
         while (remaining := deadline - time.monotonic()) > 0:
             if not socket.poll(int(remaining * 1000) + 1):
                 break
-            message = decode(socket.recv_multipart(copy=False))
+            message = decode(socket.recv_multipart(copy=False), limits=CONTROL_LIMITS)
             if isinstance(message, Stats):
                 return dict(message.values)
             if isinstance(message, Error):

@@ -25,7 +25,7 @@ Examples
 """
 
 from feedmux.protocol._batch import SampleBatch
-from feedmux.protocol._decode import DEFAULT_LIMITS, Limits, decode
+from feedmux.protocol._decode import CONTROL_LIMITS, DEFAULT_LIMITS, Limits, decode
 from feedmux.protocol._encode import INLINE_THRESHOLD, encode
 from feedmux.protocol._envelope import ENVELOPE_BYTES, pack_envelope, unpack_envelope
 from feedmux.protocol._frames import FrameLike
@@ -49,6 +49,7 @@ from feedmux.protocol._messages import (
 from feedmux.protocol._tags import TAG_DTYPE, read_tags, replace_tags
 
 __all__ = [
+    "CONTROL_LIMITS",
     "DEFAULT_LIMITS",
     "ENVELOPE_BYTES",
     "INLINE_THRESHOLD",

@@ -48,7 +48,7 @@ from feedmux.protocol._frames import (
 from feedmux.protocol._messages import PROTOCOL_VERSION, Data, Kind, Message
 from feedmux.protocol._tags import tags_from_frame
 
-__all__ = ["DEFAULT_LIMITS", "Limits", "decode"]
+__all__ = ["CONTROL_LIMITS", "DEFAULT_LIMITS", "Limits", "decode"]
 
 _DATA = int(Kind.DATA)
 
@@ -70,9 +70,22 @@ class Limits:
     max_frames: int = 4096
     #: Most bytes in all frames of one message together.
     max_message_bytes: int = 2 * 1024 * 1024 * 1024
+    #: Most elements one msgpack array or map of the header may declare (msgpack
+    #: allocates a declared array before reading it); None: the header's size.
+    max_container_len: int | None = 1 << 20
+    #: Most arrays and maps in the whole header together. msgpack's own limits are
+    #: per container: a header of N bytes of ``0x80`` is N empty maps (about 64 bytes
+    #: of memory each), so without a total a 10 MiB header costs 700 MiB.
+    max_containers: int = 1 << 20
 
 
 DEFAULT_LIMITS = Limits()
+#: What a control message (and a credit or acknowledgement) may be: one small frame.
+#: Nothing a peer sends on these sockets legitimately comes near.
+CONTROL_LIMITS = Limits(
+    max_header_bytes=64 * 1024, max_frames=1, max_message_bytes=64 * 1024,
+    max_container_len=8192, max_containers=4096,
+)
 
 _meta_cache: dict[bytes, tuple[np.dtype[Any], tuple[int, ...], int, int]] = {}
 _scalar_cache: dict[bytes, np.dtype[Any]] = {}
@@ -90,16 +103,32 @@ def _array_layout(
 class _Decoding:
     """State of one decode call: the frames, which of them arrays used, open markers."""
 
-    __slots__ = ("frames", "leaves", "open_tuples", "used", "used_frames")
+    __slots__ = ("containers", "frames", "leaves", "open_tuples", "used", "used_frames")
 
-    def __init__(self, frames: list[memoryview | bytes]) -> None:
+    def __init__(self, frames: list[memoryview | bytes], max_containers: int) -> None:
         self.frames = frames
         self.used = [False] * len(frames)
         self.used_frames = 0
         self.open_tuples = 0
         self.leaves = 0
+        # Counts down: the hooks see every array and map as msgpack finishes it.
+        self.containers = max_containers
+
+    def _count(self) -> None:
+        self.containers -= 1
+        if self.containers < 0:
+            raise ProtocolError("header holds too many arrays and maps")
+
+    def map_hook(self, items: dict[Any, Any]) -> Any:
+        self.containers -= 1
+        if self.containers < 0:
+            self._count()
+        return items
 
     def list_hook(self, items: list[Any]) -> Any:
+        self.containers -= 1
+        if self.containers < 0:
+            self._count()
         if items and items[0] is TUPLE_MARK:
             self.open_tuples -= 1
             return tuple(items[1:])
@@ -258,18 +287,20 @@ def _decode(frames: Sequence[Any], limits: Limits) -> Message:
         raise ProtocolError(f"message of {total} bytes, limit is {limits.max_message_bytes}")
     if size < 4 or header_view[1:4] != b"\xa1v\x01" or not 0x80 <= header_view[0] <= 0x8F:
         check_version(header_view)  # not our encoder's layout: read the version the slow way
-    state = _Decoding(views)
+    state = _Decoding(views, limits.max_containers)
     # Nothing in a header can be longer than the header: msgpack refuses a declared
     # length beyond these before it allocates for it.
+    length = size if limits.max_container_len is None else min(size, limits.max_container_len)
     header = msgpack.unpackb(
         header_view,
         strict_map_key=False,
         ext_hook=state.ext_hook,
         list_hook=state.list_hook,
+        object_hook=state.map_hook,
         max_str_len=size,
         max_bin_len=size,
-        max_array_len=size,
-        max_map_len=size,
+        max_array_len=length,
+        max_map_len=length,
         max_ext_len=size,
     )
     if type(header) is not dict:

@@ -178,7 +178,7 @@ def encode(message: Message, *, inline_threshold: int = INLINE_THRESHOLD) -> lis
     >>> len(frames)
     1
     >>> decode(frames)
-    Hello(client_id='trainer-0', role='trainer', world_size=1)
+    Hello(client_id='trainer-0', role='trainer', world_size=1, rank=-1, group='')
     """
     if type(message) is Data:
         return _encode_data(message, inline_threshold)

@@ -154,12 +154,17 @@ class ControlSpec:
     >>> header
     {'v': 1, 'k': 2, 'client_id': 'c', 'role': 'trainer', 'world_size': 1}
     >>> spec.message(header)
-    Hello(client_id='c', role='trainer', world_size=1)
+    Hello(client_id='c', role='trainer', world_size=1, rank=-1, group='')
     """
 
-    def __init__(self, kind: Kind, cls: type, **field_checks: Field) -> None:
+    def __init__(self, kind: Kind, cls: type, *, omit_default: tuple[str, ...] = (),
+                 **field_checks: Field) -> None:
         self.kind = kind
         self.cls = cls
+        # Fields added after a kind's golden bytes were pinned: written only when they
+        # differ from their default, so a message that does not use them keeps its bytes.
+        self.omit_default = {item.name: item.default for item in fields(cls)
+                             if item.name in omit_default}
         names = [item.name for item in fields(cls)]
         assert sorted(names) == sorted(field_checks), cls
         self.fields = [(name, field_checks[name]) for name in names]
@@ -172,8 +177,12 @@ class ControlSpec:
     def header(self, message: Message) -> dict[str, Any]:
         """The header map of ``message``: version, kind, then its fields in class order."""
         header: dict[str, Any] = {"v": PROTOCOL_VERSION, "k": int(self.kind)}
+        omit = self.omit_default
         for name, check in self.fields:
-            header[name] = check.coerce(getattr(message, name), name, self.cls)
+            value = getattr(message, name)
+            if omit and name in omit and value == omit[name]:
+                continue
+            header[name] = check.coerce(value, name, self.cls)
         return header
 
     def message(self, header: dict[Any, Any]) -> Message:
@@ -197,7 +206,8 @@ class ControlSpec:
 
 
 _CONTROL_SPECS = [
-    ControlSpec(Kind.HELLO, Hello, client_id=STR, role=STR, world_size=INT),
+    ControlSpec(Kind.HELLO, Hello, client_id=STR, role=STR, world_size=INT, rank=INT,
+                group=STR, omit_default=("rank", "group")),
     ControlSpec(
         Kind.WELCOME,
         Welcome,
@@ -208,8 +218,12 @@ _CONTROL_SPECS = [
         finished=_BOOL,
         workers=INT,
         reliable=_BOOL,
+        world_size=INT,
+        uneven=STR,
+        omit_default=("world_size", "uneven"),
     ),
-    ControlSpec(Kind.HEARTBEAT, Heartbeat, sender_id=STR, received_messages=INT),
+    ControlSpec(Kind.HEARTBEAT, Heartbeat, sender_id=STR, received_messages=INT, group=STR,
+                omit_default=("group",)),
     ControlSpec(Kind.ERROR, Error, type=STR, message=STR, traceback=STR, server_id=STR),
     ControlSpec(Kind.STATS_REQUEST, StatsRequest, client_id=STR),
     ControlSpec(Kind.STATS, Stats, values=_STATS),
@@ -217,7 +231,8 @@ _CONTROL_SPECS = [
     ControlSpec(Kind.DRAIN, Drain, sent_messages=INT, server_id=STR),
     ControlSpec(Kind.END_OF_STREAM, EndOfStream, server_id=STR, epochs=INT, sent_messages=INT),
     ControlSpec(Kind.CREDIT, Credit, credits=INT, client_id=STR),
-    ControlSpec(Kind.ACK, Ack, seqs=_INTS, client_id=STR),
+    ControlSpec(Kind.ACK, Ack, seqs=_INTS, client_id=STR, server_id=STR, rank=INT, epoch=INT,
+                position=INT, omit_default=("server_id", "rank", "epoch", "position")),
 ]
 CONTROL_BY_CLASS: dict[type, ControlSpec] = {spec.cls: spec for spec in _CONTROL_SPECS}
 CONTROL_BY_KIND: dict[int, ControlSpec] = {int(spec.kind): spec for spec in _CONTROL_SPECS}

@@ -92,16 +92,28 @@ class Data:
 
 @dataclass(frozen=True)
 class Hello:
-    """A trainer introduces itself to a server (client to server)."""
+    """A trainer introduces itself to a server (client to server).
+
+    ``rank`` is the trainer's rank in a data-parallel job of ``world_size``
+    ranks, or -1 for a free trainer (dynamic dealing). ``group`` names the
+    consumer group the trainer belongs to ("" : the default group): every group
+    receives the whole stream, its members split it.
+    """
 
     client_id: str
     role: str = "trainer"
     world_size: int = 1
+    rank: int = -1
+    group: str = ""
 
 
 @dataclass(frozen=True)
 class Welcome:
-    """The server's answer to :class:`Hello`: who it is and what it serves."""
+    """The server's answer to :class:`Hello`: who it is and what it serves.
+
+    ``world_size`` is the number of ranks the server deals each epoch to (0:
+    free trainers) and ``uneven`` how it evens their shares ("pad" or "drop").
+    """
 
     server_id: str
     epoch_size: int | None = None
@@ -110,14 +122,21 @@ class Welcome:
     finished: bool = False
     workers: int = 1
     reliable: bool = False
+    world_size: int = 0
+    uneven: str = ""
 
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """A sign of life, with how many data messages the sender has received."""
+    """A sign of life, with how many data messages the sender has received.
+
+    ``group`` repeats the trainer's consumer group ("" : the default group), so
+    a server that lost track of the trainer puts it back in the right group.
+    """
 
     sender_id: str
     received_messages: int = 0
+    group: str = ""
 
 
 @dataclass(frozen=True)
@@ -180,10 +199,20 @@ class Credit:
 
 @dataclass(frozen=True)
 class Ack:
-    """Reliable mode: the client has handed out every sample of the messages ``seqs``."""
+    """The client has handed out samples (client to server).
+
+    Reliable mode, on the data socket: every sample of the messages ``seqs``.
+    A ranked trainer, on the control socket: every sample of its share up to
+    and including ``(epoch, position)`` of server ``server_id``, as rank
+    ``rank`` (``position`` -1: none).
+    """
 
     seqs: Sequence[int] = ()
     client_id: str = ""
+    server_id: str = ""
+    rank: int = -1
+    epoch: int = 0
+    position: int = -1
 
 
 Message: TypeAlias = Union[  # noqa: UP007 - a runtime alias must work on Python 3.10

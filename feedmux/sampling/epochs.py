@@ -69,6 +69,10 @@ class EpochIterator(Generic[T]):
         raises, it is called with the exception and that stream counts as
         ended, the mux going on with the others. None (the default): the
         exception propagates. Read when each epoch starts.
+    prepare : callable(item) -> item, optional
+        Applied to each item as it is drawn, before the next is (a server copies
+        the arrays of a streamer that may reuse them here). Read when each epoch
+        starts.
 
     Attributes
     ----------
@@ -102,6 +106,7 @@ class EpochIterator(Generic[T]):
         on_epoch_start: Callable[[int], None] | None = None,
         on_epoch_end: Callable[[int, int], None] | None = None,
         on_stream_error: StreamErrorHook | None = None,
+        prepare: Callable[[T], T] | None = None,
     ) -> None:
         if max_epochs is not None and not (is_integer(max_epochs) and int(max_epochs) >= 0):
             raise SamplingError(
@@ -112,6 +117,7 @@ class EpochIterator(Generic[T]):
         self.on_epoch_start = on_epoch_start
         self.on_epoch_end = on_epoch_end
         self.on_stream_error = on_stream_error
+        self.prepare = prepare
         self.epoch = 0
         self.epoch_size: int | None = None
         self.epochs_completed = 0
@@ -165,6 +171,8 @@ class EpochIterator(Generic[T]):
             if self.on_epoch_start is not None:
                 self.on_epoch_start(self.epoch)
             self._chunks = activate(self.streamer, None, self.on_stream_error)
+            if self.prepare is not None:
+                self._chunks = map(self.prepare, self._chunks)
         items: list[T] = []
         start = self._position
         try:

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from feedmux._ratelog import RateLimitedLog
 from feedmux._transport import HEARTBEAT_INTERVAL
-from feedmux.errors import ProtocolError
+from feedmux.errors import ProtocolError, VersionMismatchError
 from feedmux.protocol import (
-    PROTOCOL_VERSION,
+    Ack,
     Drain,
     EndOfStream,
     Error,
@@ -37,7 +38,10 @@ from feedmux.protocol import (
     StatsRequest,
     Welcome,
 )
+from feedmux.server._groups import DEFAULT_GROUP
 from feedmux.server._producer import error_message
+from feedmux.server._ranks import RankTables
+from feedmux.server._report import Stat, core_stats, progress_line
 from feedmux.server.config import ServerConfig
 
 __all__ = [
@@ -49,9 +53,12 @@ __all__ = [
     "Phase",
     "Send",
     "Sends",
+    "Stat",
 ]
 
 log = logging.getLogger("feedmux.server")
+#: Lines any peer can trigger (malformed or unexpected messages) go through this.
+peer_log = RateLimitedLog(log)
 
 #: A trainer not heard from for this long no longer counts as connected.
 TRAINER_TIMEOUT = 3 * HEARTBEAT_INTERVAL
@@ -59,6 +66,10 @@ TRAINER_TIMEOUT = 3 * HEARTBEAT_INTERVAL
 FINAL_GRACE = 1.0
 #: Seconds between two Drain questions of the end-of-stream handshake.
 DRAIN_INTERVAL = 0.1
+#: A trainer heard within this long answers the drain questions (it waits for data).
+ANSWERING = 2 * HEARTBEAT_INTERVAL
+#: Trainer ids remembered to count reconnects (ids come from peers: the set is bounded).
+MAX_REMEMBERED_TRAINERS = 10_000
 #: How often the shell looks again while waiting for trainers or repeating the last word.
 POLL_INTERVAL = 0.1
 
@@ -66,8 +77,6 @@ Send = tuple[bytes, Message]
 Sends = Sequence[Send]
 #: The answer of an event that sends nothing (shared: the data path allocates nothing).
 NO_SENDS: Sends = ()
-
-Stat = int | float | str | None
 
 
 class Phase(enum.Enum):
@@ -83,6 +92,14 @@ class _Trainer:
     client_id: str
     last_seen: float
     received_messages: int = 0
+    rank: int = -1
+    group: str = DEFAULT_GROUP
+
+
+def _group_of(trainers: Mapping[bytes, _Trainer], client_id: str) -> str:
+    """The group of the trainer ``client_id`` (its acknowledging socket is not its own)."""
+    return next((t.group for t in list(trainers.values()) if t.client_id == client_id),
+                DEFAULT_GROUP)
 
 
 class ControlCore:
@@ -93,7 +110,7 @@ class ControlCore:
     """
 
     def __init__(self, config: ServerConfig, started: float, pid: int = 0,
-                 extra_stats: Callable[[], dict[str, int]] | None = None) -> None:
+                 extra_stats: Callable[[], dict[str, Stat]] | None = None) -> None:
         self.config = config
         self.pid = pid
         self.extra_stats = extra_stats
@@ -103,7 +120,10 @@ class ControlCore:
         self.samples_sent = 0
         self.messages_sent = 0
         self.epoch = 0
+        self.epoch_position = 0
         self.epochs_completed = 0
+        self.reconnects = 0
+        self._seen_clients: set[str] = set()
         self.epoch_size: int | None = config.epoch_size
         self.finished = False
         self.final_message: Error | EndOfStream | None = None
@@ -111,63 +131,140 @@ class ControlCore:
         self.departed_received = 0
         self._last_log = started
         self._samples_at_last_log = 0
-        self._rate = 0.0
+        self.rate = 0.0  # samples per second over the last log period
         self._welcomed = False
         self.drain_deadline = 0.0
         self._next_drain = 0.0
         self._last_total = -1
         self._last_change = 0.0
         self._final_started = self._last_heard = 0.0
+        #: The rank tables: the server's own, or one per consumer group.
+        self.tables = RankTables(config.grouped, retention_limit=4 * config.hwm + 64)
+        self.ranks = self.tables.server
+        #: What each rank was sent beyond what it handed out (for a restarted rank).
+        self.retention = self.tables.retention
+        self._waiting_since: float | None = None
+        self._waiting_for: list[int] | None = None
+        self._free_turn = 0
 
     # -- events: the trainers ---------------------------------------------------------------
     def receive(self, identity: bytes, message: Message, now: float) -> Sends:
         """A decoded control message from ``identity``."""
         self._last_heard = now
+        if isinstance(message, Ack) and message.rank >= 0:
+            # A ranked trainer's hand-out mark, from a socket that reads nothing: no answer.
+            # It is also the sign of life of the rank's holder (sent from the loader's thread);
+            # one for a rank the trainer's group does not deal to counts for nothing.
+            group = _group_of(self.trainers, message.client_id) if self.config.grouped else ""
+            if (holder := self.tables.acknowledged(group, message)) and holder in self.trainers:
+                self.trainers[holder].last_seen = now
+            return NO_SENDS
         if self.final_message is not None and not isinstance(message, StatsRequest):
             return [(identity, self.final_message)]
         if isinstance(message, Hello):
             if message.role == "trainer":
-                known = identity in self.trainers
-                self.trainers[identity] = _Trainer(message.client_id, now)
-                if not known:
-                    log.info("trainer %s connected", message.client_id)
+                return self._hello(identity, message, now)
             return [(identity, self.welcome())]
         if isinstance(message, Heartbeat):
             trainer = self.trainers.get(identity)
+            if trainer is None and self.tables.of(message.group).ranked:
+                # A ranked trainer is known by its hello alone (its rank): say it again.
+                return [(identity, self.welcome(message.group))]
             if trainer is None:
-                trainer = self.trainers[identity] = _Trainer(message.sender_id, now)
+                trainer = self.trainers[identity] = _Trainer(
+                    message.sender_id, now, group=message.group or DEFAULT_GROUP)
+                self._count_reconnect(message.sender_id)
             trainer.last_seen = now
             trainer.received_messages = message.received_messages
-            return [(identity, self.welcome())]
+            return [(identity, self.welcome(trainer.group))]
         if isinstance(message, StatsRequest):
             return [(identity, Stats(self.stats(now)))]
-        log.warning("unexpected %s on the control socket from %r", type(message).__name__,
-                    identity)
+        peer_log.log(logging.WARNING, "unexpected", "unexpected %s on the control socket from %r",
+                     type(message).__name__, identity[:16])
         return [(identity, Error(
             type="feedmux.errors.ProtocolError",
             message=f"expected Hello, Heartbeat or StatsRequest, got {type(message).__name__}",
             server_id=self.config.server_id,
         ))]
 
+    def _hello(self, identity: bytes, message: Hello, now: float) -> Sends:
+        """A trainer's hello: admit it (its rank, if any) or tell it why not."""
+        refused = self.tables.admit(identity, message, lambda holder: self._alive(holder, now))
+        if refused is not None:
+            log.warning("refused trainer %s: %s", message.client_id, refused[1])
+            sends: list[Send] = [(identity, Error(type=refused[0], message=refused[1],
+                                                  server_id=self.config.server_id))]
+            holder = self.tables.of(message.group).holder(message.rank)
+            if holder is not None and holder[0] != identity:
+                # Is the holder still there? A failed send tells (peer_gone frees the rank).
+                sends.append((holder[0], self.welcome(message.group)))
+            return sends
+        known = identity in self.trainers
+        group = message.group or DEFAULT_GROUP
+        self.trainers[identity] = _Trainer(message.client_id, now, rank=message.rank, group=group)
+        if not known:
+            rank = f" as rank {message.rank} of {message.world_size}" if message.rank >= 0 else ""
+            where = f" in group {group}" if self.config.grouped else ""
+            log.info("trainer %s connected%s%s", message.client_id, rank, where)
+            self._count_reconnect(message.client_id)
+        return [(identity, self.welcome(group))]
+
+    def _alive(self, identity: bytes, now: float) -> bool:
+        trainer = self.trainers.get(identity)
+        return trainer is not None and now - trainer.last_seen <= TRAINER_TIMEOUT
+
+    # -- where data goes --------------------------------------------------------------------
+    def rank_target(self, rank: int, group: str = "") -> bytes | None:
+        """The data-socket identity of the holder of ``rank`` (of ``group``; None while
+        nobody holds it)."""
+        holder = self.tables.of(group).holder(rank)
+        return None if holder is None else holder[1].encode()
+
+    def free_targets(self) -> list[bytes]:
+        """Data-socket identities of the free trainers, starting with the next in turn."""
+        ids = [trainer.client_id.encode() for trainer in self.trainers.values()]
+        if not ids:
+            return ids
+        self._free_turn = turn = (self._free_turn + 1) % len(ids)
+        return ids[turn:] + ids[:turn]
+
+    def _count_reconnect(self, client_id: str) -> None:
+        """A trainer id seen before arrived on a new connection: count a reconnect."""
+        if client_id in self._seen_clients:
+            self.reconnects += 1
+        elif len(self._seen_clients) < MAX_REMEMBERED_TRAINERS:  # bounded: ids come from peers
+            self._seen_clients.add(client_id)
+
     def malformed(self, identity: bytes, error: ProtocolError, now: float) -> Sends:
-        """A control message from ``identity`` that did not decode."""
+        """A control message from ``identity`` that did not decode.
+
+        The peer may be anyone who can reach the port, so it gets the error's kind
+        and nothing else (no detail of the decoder, no traceback); the detail goes
+        to the log, rate-limited.
+        """
         self._last_heard = now
-        log.warning("malformed control message from %r: %s", identity, error)
-        return [(identity, error_message(error, self.config.server_id))]
+        peer_log.log(logging.WARNING, "malformed", "malformed control message from %r: %s",
+                     identity[:16], error)
+        return [(identity, malformed_reply(error, self.config.server_id))]
 
     def peer_gone(self, identity: bytes) -> None:
         """A send to ``identity`` failed: forget it, keep what it had received for the count."""
         gone = self.trainers.pop(identity, None)
+        self.tables.release(identity)
         if gone is not None:
             self.departed += 1
             self.departed_received += gone.received_messages
 
     # -- events: the sampler ----------------------------------------------------------------
     def begin(self) -> Sends:
-        """The sockets are bound: hold sampling until ``min_trainers`` said hello."""
-        if self.config.min_trainers:
-            self.phase = Phase.WAITING
-            log.info("waiting for %d trainer(s) to connect", self.config.min_trainers)
+        """The sockets are bound: hold sampling until the trainers said hello.
+
+        The first hello tells the mode: free trainers (then ``min_trainers``,
+        at least one, must be connected) or the ranks of one job (then all of
+        them, within ``rank_timeout`` seconds of the first).
+        """
+        self.phase = Phase.WAITING
+        log.info("waiting for %d trainer(s) to connect", max(1, self.config.min_trainers))
         return NO_SENDS
 
     def data_sent(self, n_samples: int, epoch: int) -> None:
@@ -175,12 +272,13 @@ class ControlCore:
         self.messages_sent += 1
         self.samples_sent += n_samples
         if epoch > self.epoch:
-            self.epoch = epoch
+            self.epoch, self.epoch_position = epoch, 0
+        self.epoch_position += n_samples
 
     def epoch_finished(self, epoch: int, count: int) -> Sends:
         """Every sample of ``epoch`` (``count`` of them) has been sent."""
         self.epochs_completed = max(self.epochs_completed, epoch)
-        if self.epoch_size != count:
+        if count and self.epoch_size != count:  # 0: the epoch failed at once (on_error skip)
             if self.epoch_size is not None:
                 log.warning("epoch %d had %d samples, expected %s", epoch, count, self.epoch_size)
             self.epoch_size = count
@@ -196,8 +294,11 @@ class ControlCore:
         While some are missing, the server waits: they are in flight or queued
         at a live trainer. Only once a trainer has gone (its queue died with
         it) does a count that stays put for ``drain_idle`` seconds end the wait
-        early; ``drain_timeout`` bounds it in every case (a trainer that
-        stopped reading). Reliable mode ends on acknowledgements instead; the
+        early, and then only while every trainer still here keeps answering
+        the drain questions: a trainer waiting for data answers each one, a
+        slow trainer busy with its tail answers none until it reads again, and
+        is waited for. ``drain_timeout`` bounds the wait in every case (a
+        trainer that stopped reading). Reliable mode ends on acknowledgements instead; the
         shell calls :meth:`end_stream` then.
         """
         self.finished = True
@@ -248,11 +349,19 @@ class ControlCore:
             # Count only after a welcome went out since the last look: a send to a trainer
             # that has gone fails (ROUTER_MANDATORY) and forgets it, so one that connected
             # and left does not count.
-            if self._welcomed and self.connected_trainers(now) >= self.config.min_trainers:
+            if self._welcomed and self._ready(now):
                 self.phase = Phase.SAMPLING
                 return NO_SENDS
+            if self.ranks.ranked and now - (self._waiting_since or now) > self.config.rank_timeout:
+                missing = self.ranks.missing()
+                return self.fail(Error(
+                    type="feedmux.errors.TransportTimeoutError",
+                    message=(f"rank(s) {missing} of {self.ranks.world_size} never connected "
+                             f"within the rank timeout of {self.config.rank_timeout:g} s"),
+                    server_id=self.config.server_id), now)
             self._welcomed = True
-            return self.broadcast(self.welcome())
+            return [(identity, self.welcome(trainer.group))
+                    for identity, trainer in self.trainers.items()]
         if phase is Phase.DRAINING:
             return self._drain(now)
         if phase is Phase.LAST_WORD:
@@ -260,6 +369,19 @@ class ControlCore:
                     or now - self._final_started > 4 * FINAL_GRACE):
                 self.phase = Phase.DONE
         return NO_SENDS
+
+    def _ready(self, now: float) -> bool:
+        """Whether the trainers needed to start sampling are connected (logs who is missing)."""
+        if not self.ranks.ranked:
+            return self.connected_trainers(now) >= max(1, self.config.min_trainers)
+        missing = self.ranks.missing()
+        if self._waiting_since is None:
+            self._waiting_since = now
+        if missing != self._waiting_for:
+            self._waiting_for = missing
+            if missing:
+                log.info("waiting for rank(s) %s of %d to connect", missing, self.ranks.world_size)
+        return not missing
 
     def wait_time(self, now: float) -> float:
         """How long the shell may wait for control messages before the next :meth:`tick`."""
@@ -273,8 +395,8 @@ class ControlCore:
             return self.end_stream(now)
         if total != self._last_total:
             self._last_total, self._last_change = total, now
-        stalled = ((self.departed or not self.trainers)
-                   and now - self._last_change > self.config.drain_idle)
+        idle = now - self._last_change > self.config.drain_idle
+        stalled = idle and (not self.trainers or (self.departed and self._all_answering(now)))
         if stalled or now > self.drain_deadline:
             return self.end_stream(now, f"{self.departed} trainer(s) went away" if stalled
                                    else "a trainer stopped reading")
@@ -286,20 +408,27 @@ class ControlCore:
         return self.broadcast(Drain(sent_messages=self.messages_sent,
                                     server_id=self.config.server_id))
 
+    def _all_answering(self, now: float) -> bool:
+        """Whether every trainer was heard lately: each is waiting for data, none reading."""
+        return all(now - t.last_seen <= ANSWERING for t in self.trainers.values())
+
     def _log_throughput(self, now: float) -> None:
-        self._rate = (self.samples_sent - self._samples_at_last_log) / (now - self._last_log)
+        self.rate = (self.samples_sent - self._samples_at_last_log) / (now - self._last_log)
         self._last_log, self._samples_at_last_log = now, self.samples_sent
         log.info(
-            "epoch %d: %d samples sent, %.0f samples/s, %d trainer(s) connected",
-            self.epoch, self.samples_sent, self._rate, self.connected_trainers(now),
+            "epoch %d: %d samples sent, %.0f samples/s, %d trainer(s) connected%s",
+            self.epoch, self.samples_sent, self.rate, self.connected_trainers(now),
+            progress_line(self.epoch, self.epoch_position, self.epoch_size, self.rate),
         )
 
     # -- state ------------------------------------------------------------------------------
     def broadcast(self, message: Message) -> Sends:
         return [(identity, message) for identity in self.trainers]
 
-    def welcome(self) -> Welcome:
+    def welcome(self, group: str = "") -> Welcome:
+        """What the server serves (to a trainer of ``group``: its world size)."""
         config = self.config
+        ranks = self.tables.of(group)
         return Welcome(
             server_id=config.server_id,
             epoch_size=self.epoch_size,
@@ -308,30 +437,30 @@ class ControlCore:
             finished=self.finished,
             workers=config.workers,
             reliable=config.reliable,
+            world_size=ranks.world_size or 0,
+            uneven=config.uneven if ranks.ranked else "",
         )
 
     def received_total(self) -> int:
         """Data messages the trainers, present and departed, said they received."""
-        return self.departed_received + sum(t.received_messages for t in self.trainers.values())
+        return self.departed_received + sum(
+            t.received_messages for t in list(self.trainers.values()))
 
     def connected_trainers(self, now: float) -> int:
-        return sum(1 for t in self.trainers.values() if now - t.last_seen <= TRAINER_TIMEOUT)
+        return sum(1 for t in list(self.trainers.values()) if now - t.last_seen <= TRAINER_TIMEOUT)
 
     def stats(self, now: float) -> dict[str, Stat]:
-        uptime = now - self.started
-        return {
-            "server_id": self.config.server_id,
-            "protocol_version": PROTOCOL_VERSION,
-            "pid": self.pid,
-            "samples_sent": self.samples_sent,
-            "messages_sent": self.messages_sent,
-            "epoch": self.epoch,
-            "epochs_completed": self.epochs_completed,
-            "epoch_size": self.epoch_size,
-            "samples_per_second": round(self._rate or self.samples_sent / max(uptime, 1e-9), 1),
-            "connected_trainers": self.connected_trainers(now),
-            "workers": self.config.workers,
-            "uptime_s": round(uptime, 3),
-            "finished": int(self.finished),
-            **(self.extra_stats() if self.extra_stats is not None else {}),
-        }
+        return core_stats(self, now, TRAINER_TIMEOUT)
+
+
+def malformed_reply(error: ProtocolError, server_id: str) -> Error:
+    """What a peer whose message did not decode is told: the error's kind, no detail.
+
+    A peer of another version is told both versions (its own it sent; no detail
+    of the decoder), so that an old trainer can say what to upgrade.
+    """
+    if isinstance(error, VersionMismatchError):
+        return Error(type="feedmux.errors.VersionMismatchError", message=str(error)[:200],
+                     server_id=server_id)
+    return Error(type="feedmux.errors.ProtocolError", message="malformed control message",
+                 server_id=server_id)

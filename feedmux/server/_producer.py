@@ -18,9 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from feedmux._ratelog import RateLimitedLog
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Data, Error, encode
 from feedmux.sampling.epochs import EpochIterator
+from feedmux.server._dealing import RankDealer
+from feedmux.server._meter import SamplerMeter
 
 __all__ = [
     "BatchPolicy",
@@ -30,6 +33,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("feedmux.server")
+#: A streamer that raises on every pull would otherwise write a traceback per pull.
+error_log = RateLimitedLog(log)
 
 Frames = Sequence[Any]
 
@@ -57,6 +62,12 @@ class BatchPolicy:
 
     samples_per_message: int | None = None
     max_delay: float = 0.005
+    #: Whether array frames are copies rather than views of the streamer's arrays.
+    #: A streamer may reuse one array for every sample (``buf[:] = ...; yield buf``):
+    #: a view would then change under a message still queued, or kept for re-sending
+    #: in reliable mode. Copying costs one memcpy per array (see ``make bench``);
+    #: ``zero_copy=True`` on the server skips it for streamers that never reuse one.
+    copy_arrays: bool = True
 
     def limit_for(self, first_sample: Any) -> int:
         """How many samples the message starting with ``first_sample`` may hold."""
@@ -79,14 +90,43 @@ def _payload_bytes(sample: Any) -> int:
     return 8
 
 
+#: Most characters of an error's message and of its traceback on the wire: an Error must
+#: fit in one control frame (``CONTROL_FRAME_BYTES``) on the trainer's side.
+MAX_ERROR_TEXT = 12 * 1024
+
+
 def error_message(error: BaseException, server_id: str) -> Error:
-    """The wire message that carries ``error`` (type, message, traceback) to trainers."""
+    """The wire message that carries ``error`` (type, message, traceback) to trainers.
+
+    Sent only to trainers about the server's own sampling; the message keeps its
+    head and the traceback its tail (the innermost frames) when they are too long.
+    """
     kind = type(error)
     name = kind.__qualname__
     if kind.__module__ != "builtins":
         name = f"{kind.__module__}.{name}"
     text = "".join(traceback.format_exception(kind, error, error.__traceback__))
-    return Error(type=name, message=str(error), traceback=text, server_id=server_id)
+    if len(text) > MAX_ERROR_TEXT:
+        text = "...\n" + text[-MAX_ERROR_TEXT:]
+    return Error(type=name[:256], message=str(error)[:MAX_ERROR_TEXT], traceback=text,
+                 server_id=server_id)
+
+
+def own(item: Any) -> Any:
+    """``item`` with its arrays copied and its containers rebuilt (the rest shared).
+
+    Applied to each item as it is drawn, before the streamer runs again: a
+    streamer that writes every sample into one array (or one dict) cannot then
+    change a sample that waits in a message, is queued, or is kept for re-sending.
+    """
+    kind = type(item)
+    if kind is np.ndarray:
+        return item.copy()
+    if kind is dict:
+        return {key: own(value) for key, value in item.items()}
+    if kind is tuple or kind is list:
+        return kind(own(value) for value in item)
+    return item
 
 
 def _encode_batch(
@@ -97,7 +137,7 @@ def _encode_batch(
     Returns the frames (empty when nothing was left) and how many samples they hold.
     """
     try:
-        return list(encode(Data(tags, samples, server_id, seq))), len(samples)
+        return encode(Data(tags, samples, server_id, seq)), len(samples)
     except ProtocolError:
         if not skip_bad:
             raise
@@ -112,7 +152,7 @@ def _encode_batch(
     if not kept:
         return [], 0
     data = Data(tags[kept], [samples[row] for row in kept], server_id, seq)
-    return list(encode(data)), len(kept)
+    return encode(data), len(kept)
 
 
 class _Pacer:
@@ -155,6 +195,8 @@ def produce(
     server_id: str,
     skip_errors: bool = False,
     epoch_done: Callable[[int, int], bool] = lambda epoch, count: True,
+    dealer: RankDealer | None = None,
+    meter: SamplerMeter | None = None,
     align: int | None = None,
 ) -> int:
     """Take chunks of items, encode each as a data message and ``send`` it.
@@ -171,19 +213,34 @@ def produce(
     carries on with its other streams); a top-level streamer that raises
     abandons the rest of its epoch. Otherwise the exception propagates, after
     the samples drawn before it have been sent.
+
+    With a ``dealer`` (ranked trainers) each chunk is dealt to the ranks before
+    it is encoded, one message per rank, and ``send`` gets the rank as a fourth
+    argument.
+
     With ``align``, no message crosses a multiple of ``align`` samples of its
     epoch (counting the samples sent), so a server merging several workers in
     blocks of ``align`` gets the same order whatever the message sizes.
+
+    ``meter`` gets the seconds spent sampling and encoding each message (not
+    sending it: that is the shell's blocked time) and every skipped stream.
     """
-    # The muxes get the hook from the epochs, which hand it down at each activation.
+    meter = SamplerMeter() if meter is None else meter
+    if policy.copy_arrays:
+        epochs.prepare = own
     if skip_errors:
-        epochs.on_stream_error = _log_skipped
-    return _produce(epochs, send, policy, server_id, skip_errors, epoch_done, align)
+        def log_skipped(error: BaseException) -> None:
+            meter.skipped()
+            error_log.log(logging.WARNING, "stream",
+                          "a stream raised %s: %s; skipping the rest of it",
+                          type(error).__name__, error, exc_info=error)
 
-
-def _log_skipped(error: BaseException) -> None:
-    log.warning("a stream raised %s: %s; skipping the rest of it", type(error).__name__, error,
-                exc_info=error)
+        # The muxes get the hook from the epochs, which hand it down at each activation.
+        epochs.on_stream_error = log_skipped
+    if dealer is not None:
+        return _produce_ranked(epochs, send, policy, server_id, skip_errors, epoch_done, meter,
+                               dealer)
+    return _produce(epochs, send, policy, server_id, skip_errors, epoch_done, meter, align)
 
 
 def _produce(
@@ -193,6 +250,7 @@ def _produce(
     server_id: str,
     skip_errors: bool,
     epoch_done: Callable[[int, int], bool],
+    meter: SamplerMeter,
     align: int | None,
 ) -> int:
     clock = time.perf_counter
@@ -208,11 +266,10 @@ def _produce(
         except StopIteration:
             return sent
         except Exception as error:
-            if not skip_errors:
-                raise
-            log.warning("streamer raised %s: %s; going on with the next epoch",
-                        type(error).__name__, error, exc_info=error)
-            if epoch_count and not epoch_done(epochs.epoch, epoch_count):
+            _skip_epoch(error, skip_errors, meter)
+            # The epoch is over even when it raised on its first pull: a worker must say
+            # so (the server waits for every shard's end of epoch) and wait for the next.
+            if not epoch_done(epochs.epoch, epoch_count):
                 return sent
             epoch_count = 0
             continue
@@ -223,6 +280,7 @@ def _produce(
             tags[:, 0] = chunk.epoch
             tags[:, 1] = np.arange(chunk.start, chunk.start + len(items))
             frames, count = _encode_batch(tags, items, server_id, seq, skip_errors)
+            meter.add_busy(clock() - started)
             if frames:
                 if not send(frames, count, chunk.epoch):
                     return sent
@@ -231,5 +289,70 @@ def _produce(
                 epoch_count += count
         if chunk.last:
             if not epoch_done(chunk.epoch, epoch_count):
+                return sent
+            epoch_count = 0
+
+
+def _skip_epoch(error: Exception, skip_errors: bool, meter: SamplerMeter) -> None:
+    """A top-level streamer raised: re-raise it, or (``skip_errors``) count and log it."""
+    if not skip_errors:
+        raise error
+    meter.skipped()
+    error_log.log(logging.WARNING, "streamer",
+                  "streamer raised %s: %s; going on with the next epoch",
+                  type(error).__name__, error, exc_info=error)
+
+
+def _produce_ranked(
+    epochs: EpochIterator[Any],
+    send: Callable[..., bool],
+    policy: BatchPolicy,
+    server_id: str,
+    skip_errors: bool,
+    epoch_done: Callable[[int, int], bool],
+    meter: SamplerMeter,
+    dealer: RankDealer,
+) -> int:
+    """:func:`produce` for ranked trainers: each chunk dealt to the ranks, then encoded.
+
+    A chunk holds about ``world_size`` messages' worth of samples, so each rank's
+    message is as full as a free trainer's would be. A sample the codec refuses
+    fails the run here (skipping it would unbalance the ranks); a top-level
+    streamer that raises with ``skip_errors`` ends its epoch where it stopped
+    (the dealer pads or drops the last round, so the ranks stay even).
+    """
+    clock = time.perf_counter
+    pacer = _Pacer(policy)
+    sent = epoch_count = 0
+    n = dealer.world_size
+    while True:
+        started = clock()
+        try:
+            chunk = epochs.take(pacer.limit() * n)
+        except StopIteration:
+            return sent
+        except Exception as error:
+            _skip_epoch(error, skip_errors, meter)
+            epoch, last = epochs.epoch, bool(epoch_count)  # nothing taken: nothing to finish
+            shares = dealer.finish_epoch(epoch)
+        else:
+            items, epoch, last = chunk.items, chunk.epoch, chunk.last
+            pacer.observe(items, (clock() - started) * n)  # time per rank message
+            epoch_count += len(items)
+            shares = dealer.deal(epoch, items) if items else []
+            if last:
+                shares += dealer.finish_epoch(epoch)
+        for share in shares:
+            if not share.items:
+                continue
+            frames = list(encode(Data(share.tags, share.items, server_id)))
+            meter.add_busy(clock() - started)  # sampling, dealing and encoding, not sending
+            if not send(frames, len(share.items), epoch, share.rank):
+                return sent
+            started = clock()
+            sent += len(share.items)
+        meter.add_busy(clock() - started)
+        if last:
+            if not epoch_done(epoch, epoch_count):
                 return sent
             epoch_count = 0

@@ -8,8 +8,12 @@ acknowledged. When a trainer goes away (its connection drops, seen by a send
 that fails under ``ROUTER_MANDATORY``; ZMTP heartbeats turn a frozen trainer
 into a dropped connection), its unacknowledged messages go back to the front
 of the queue for the others. So nothing is lost and every sample of an epoch
-reaches a live trainer (at-least-once): what a dead trainer had not yet
-acknowledged — at most its credit — is sent again.
+reaches a live trainer. A trainer also acknowledges, every few ms from a
+thread over the control socket, how far it handed out the message it is in
+(:meth:`ReliableLedger.handed`): only the rest of that message is sent again,
+so every sample is handed out once across the trainers, counting a dead one's
+(up to the last few ms before it died; the loader drops a sample it already
+handed out, should one come twice).
 
 With credit, a trainer's receive queue never fills up, which is what makes
 ZMTP heartbeats safe on this data socket (see ``make_socket``).
@@ -35,13 +39,32 @@ from typing import Any
 
 import zmq
 
+from feedmux._ratelog import RateLimitedLog
 from feedmux._transport import HEARTBEAT_INTERVAL, readable
 from feedmux.errors import ProtocolError
-from feedmux.protocol import Ack, Credit, Heartbeat, Message, decode, encode, pack_envelope
+from feedmux.protocol import (
+    CONTROL_LIMITS,
+    Ack,
+    Credit,
+    Heartbeat,
+    Message,
+    decode,
+    encode,
+    pack_envelope,
+)
+from feedmux.server._retention import rest_after
 
-__all__ = ["ReliableDispatch", "ReliableLedger"]
+__all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "ReliableDispatch", "ReliableLedger"]
 
 log = logging.getLogger("feedmux.server")
+peer_log = RateLimitedLog(log)
+
+#: Most messages of credit one trainer's grant counts for (a larger grant is cut to this).
+MAX_CREDIT = 256
+#: Most bytes of data messages held for acknowledgement across all trainers: past this
+#: the server waits for acknowledgements (or a lost trainer) before it sends more, so a
+#: peer that grants credit and never acknowledges pins at most this much.
+MAX_UNACKED_BYTES = 512 * 1024 * 1024
 
 #: The envelope of messages that want no acknowledgement (heartbeats, end of stream).
 _NO_ACK = pack_envelope(0)
@@ -52,6 +75,9 @@ class _Pending:
     frames: list[Any]
     n_samples: int
     epoch: int
+    nbytes: int = 0
+    #: The last (epoch, position) of it the trainer said it handed out, if any.
+    handed: tuple[int, int] | None = None
 
 
 @dataclass
@@ -77,6 +103,7 @@ class ReliableLedger:
         self.next_seq = 1
         self.resent_messages = 0
         self.lost_trainers = 0
+        self.unacked_bytes = 0
         self._last_probe = float("-inf")
 
     def take(self, identity: bytes, message: Message) -> None:
@@ -85,19 +112,46 @@ class ReliableLedger:
             peer = self.peers.get(identity)
             if peer is None:
                 peer = self.peers[identity] = _Peer(message.client_id)
-                log.info("trainer %s grants %d messages of credit", message.client_id,
-                         message.credits)
-            peer.capacity = max(0, message.credits)
+                peer_log.log(logging.INFO, "credit", "trainer %s grants %d messages of credit",
+                             message.client_id[:64], message.credits)
+            peer.capacity = min(MAX_CREDIT, max(0, message.credits))
         elif isinstance(message, Ack):
             peer = self.peers.get(identity)
             if peer is not None:
                 for seq in message.seqs:
-                    peer.unacked.pop(seq, None)
+                    done = peer.unacked.pop(seq, None)
+                    if done is not None:
+                        self.unacked_bytes -= done.nbytes
         else:
-            log.warning("unexpected %s on the reliable data socket", type(message).__name__)
+            peer_log.log(logging.WARNING, "unexpected", "unexpected %s on the reliable data socket",
+                         type(message).__name__)
+
+    def handed(self, message: Ack) -> None:
+        """A trainer handed out its message ``message.seqs`` up to ``(epoch, position)``.
+
+        These come from the trainer's acknowledging thread, over the control
+        socket, every few ms; an acknowledgement of a message already
+        acknowledged whole (or re-sent) finds nothing and is ignored. Only the
+        sender's own messages (by its client id) are marked: anyone can reach the
+        control port, and a mark on another trainer's message would cut what is
+        re-sent when that trainer goes.
+        """
+        mark = (message.epoch, message.position)
+        for peer in self.peers.values():
+            if peer.client_id != message.client_id:
+                continue
+            for seq in message.seqs:
+                pending = peer.unacked.get(seq)
+                if pending is not None and (pending.handed is None or mark > pending.handed):
+                    pending.handed = mark
 
     def pick(self) -> bytes | None:
-        """The trainer with the most credit left (spreads load across trainers), or None."""
+        """The trainer with the most credit left (spreads load across trainers), or None.
+
+        None also while :data:`MAX_UNACKED_BYTES` are held for acknowledgement.
+        """
+        if self.unacked_bytes >= MAX_UNACKED_BYTES:
+            return None
         best, best_credit = None, 0
         for identity, peer in self.peers.items():
             if peer.credit > best_credit:
@@ -107,6 +161,7 @@ class ReliableLedger:
     def delivered(self, identity: bytes, pending: _Pending) -> None:
         """``pending`` went to ``identity`` under sequence number :attr:`next_seq`."""
         self.peers[identity].unacked[self.next_seq] = pending
+        self.unacked_bytes += pending.nbytes
         self.next_seq += 1
 
     def lose(self, identity: bytes) -> None:
@@ -115,7 +170,18 @@ class ReliableLedger:
         if peer is None:
             return
         self.lost_trainers += 1
-        held = [peer.unacked[seq] for seq in sorted(peer.unacked)]
+        held = []
+        for seq in sorted(peer.unacked):
+            pending = peer.unacked[seq]
+            self.unacked_bytes -= pending.nbytes
+            if pending.handed is not None:
+                # Exactly once: only what the trainer had not handed out goes to the others.
+                rest = rest_after(pending.frames, pending.handed)
+                if rest is None:
+                    continue
+                tags, frames = rest
+                pending = _Pending(frames, len(tags), pending.epoch, _size(frames))
+            held.append(pending)
         self.resend.extendleft(reversed(held))
         log.warning("trainer %s went away holding %d unacknowledged message(s); "
                     "sending them to the others", peer.client_id, len(held))
@@ -140,13 +206,27 @@ class ReliableLedger:
         }
 
 
+def _size(frames: list[Any]) -> int:
+    """Bytes in ``frames`` (bytes, memoryviews of any item size, zmq Frames)."""
+    return sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
+
+
 class ReliableDispatch:
     """Hands data messages to trainers with credit and re-sends what a lost trainer held."""
 
-    def __init__(self, socket: zmq.Socket[Any], server_id: str) -> None:
+    def __init__(self, socket: zmq.Socket[Any], server_id: str,
+                 read_marks: Callable[[], object] = lambda: None) -> None:
         self.socket = socket
         self.server_id = server_id
         self.ledger = ReliableLedger()
+        #: Reads the control socket: a trainer's last hand-out marks, sent just before it
+        #: died, must count before its messages are cut for the others.
+        self.read_marks = read_marks
+
+    def _lose(self, identity: bytes) -> None:
+        if identity in self.ledger.peers:
+            self.read_marks()
+        self.ledger.lose(identity)
 
     def serve(self) -> None:
         """Take in every credit and acknowledgement waiting on the socket."""
@@ -156,9 +236,10 @@ class ReliableDispatch:
             except zmq.Again:
                 return
             try:
-                message = decode(parts[1:])
+                message = decode(parts[1:], limits=CONTROL_LIMITS)
             except ProtocolError as error:
-                log.warning("malformed message on the reliable data socket: %s", error)
+                peer_log.log(logging.WARNING, "malformed",
+                             "malformed message on the reliable data socket: %s", error)
                 continue
             self.ledger.take(parts[0].bytes, message)
 
@@ -169,7 +250,7 @@ class ReliableDispatch:
         ``wait`` blocks briefly while serving the sockets and returns False when
         the server is stopping.
         """
-        pending = _Pending(frames, n_samples, epoch)
+        pending = _Pending(frames, n_samples, epoch, _size(frames))
         ledger = self.ledger
         while True:
             self.serve()
@@ -204,7 +285,7 @@ class ReliableDispatch:
                 flags=zmq.NOBLOCK, copy=False,
             )
         except zmq.ZMQError:
-            self.ledger.lose(identity)
+            self._lose(identity)
             return False
         self.ledger.delivered(identity, pending)
         return True
@@ -220,7 +301,7 @@ class ReliableDispatch:
             except zmq.Again:
                 pass  # its queue is full: alive, just busy
             except zmq.ZMQError:
-                self.ledger.lose(identity)
+                self._lose(identity)
 
     def broadcast(self, message: Message) -> None:
         frames = [_NO_ACK, *encode(message)]

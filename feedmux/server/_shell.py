@@ -1,7 +1,8 @@
 """The server's socket shell: binds, polls, receives, decodes, sends, and asks the core.
 
-:class:`Endpoints` owns the server's two public sockets (data: PUSH, or a
-ROUTER in reliable mode; control: ROUTER) and the clock. Every decision — who
+:class:`Endpoints` owns the server's two public sockets (data and control,
+both ROUTERs: each trainer connects a DEALER to each, its data DEALER named by
+its client id) and the clock. Every decision — who
 is connected, what to answer, when the stream may end — belongs to
 :class:`~feedmux.server._core.ControlCore`; this module feeds it events with
 the time and sends what it returns, reporting back the sends that failed. It
@@ -13,22 +14,31 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import zmq
 
+from feedmux._handshake import HandshakeLogger
 from feedmux._security import ServerCurve
 from feedmux._transport import (
-    bound_address,
+    CONTROL_INBOUND_FRAME_BYTES,
+    CONTROL_RCVHWM,
+    DATA_INBOUND_FRAME_BYTES,
+    DATA_RCVHWM,
+    bind,
     make_socket,
-    mapped_zmq_errors,
     readable,
     send_message,
 )
 from feedmux.errors import ProtocolError
-from feedmux.protocol import Error, decode
-from feedmux.server._core import ControlCore, Phase, Sends
+from feedmux.protocol import CONTROL_LIMITS, Ack, Error, decode, read_tags
+from feedmux.server._core import ControlCore, Phase, Sends, Stat
+from feedmux.server._fanout import GroupFanout
+from feedmux.server._meter import SamplerMeter, sampler_stats
+from feedmux.server._metrics import MetricsEndpoint
 from feedmux.server._producer import Frames
+from feedmux.server._ranksend import RankSender
 from feedmux.server._reliable import ReliableDispatch
 from feedmux.server.config import ServerConfig
 
@@ -36,8 +46,8 @@ __all__ = ["Endpoints", "MAX_CONTROL_BYTES"]
 
 log = logging.getLogger("feedmux.server")
 
-#: Control messages larger than this are refused by ZeroMQ before reaching Python.
-MAX_CONTROL_BYTES = 1 << 20
+#: Control frames larger than this are refused by ZeroMQ before reaching Python.
+MAX_CONTROL_BYTES = CONTROL_INBOUND_FRAME_BYTES
 
 
 class StopFlag(Protocol):
@@ -50,18 +60,58 @@ class Endpoints:
     def __init__(self, config: ServerConfig, stopping: StopFlag) -> None:
         self.config = config
         self.stopping = stopping
+        #: Set when the server gave up before sampling (the ranks did not all come).
+        self.failed = False
         self.context: zmq.Context[Any] = zmq.Context()
         self.authenticator: Any = None
+        self.handshakes: HandshakeLogger | None = None
         try:
             self._open_sockets()
         except BaseException:
             self._stop_authenticator()
             self.context.destroy(linger=0)  # closes whichever socket was opened
             raise
-        self.core = ControlCore(
-            config, time.monotonic(), os.getpid(),
-            self.reliable.ledger.stats if self.reliable is not None else None,
-        )
+        #: The sampling processes' meters (the server's own, or its workers').
+        self.meters = [SamplerMeter()]
+        #: Seconds the data path waited because no trainer could take a message.
+        self.blocked_seconds = 0.0
+        #: More figures for the statistics (the worker pool's liveness).
+        self.probes: list[Callable[[], dict[str, Stat]]] = []
+        #: Bytes of data messages handed to the data socket.
+        self.bytes_sent = 0
+        self.core = ControlCore(config, time.monotonic(), os.getpid(), self._extra_stats)
+        #: Ranked delivery: each rank's messages to its holder, a successor's hand-over first.
+        self.ranked = RankSender(self.data, self.core.retention, self._replayed)
+        #: Consumer groups: every buffered message goes to each group (None: no groups).
+        self.fanout: GroupFanout | None = None
+        if config.grouped:
+            self.fanout = GroupFanout(
+                config, self.data, self.core,
+                lambda timeout: self.serve_control(timeout),
+                lambda: bool(self.stopping))
+        self.metrics: MetricsEndpoint | None = None
+        if config.metrics_port is not None:
+            try:
+                self.metrics = MetricsEndpoint(lambda: self.core.stats(time.monotonic()),
+                                               config.metrics_port, config.metrics_host)
+            except BaseException:
+                self.close()
+                raise
+
+    def _extra_stats(self) -> dict[str, Stat]:
+        blocked, sent_bytes = self.blocked_seconds, self.bytes_sent
+        if self.fanout is not None:
+            blocked += self.fanout.blocked_seconds
+            sent_bytes += self.fanout.bytes_sent
+        stats: dict[str, Stat] = dict(sampler_stats(self.meters, blocked))
+        stats["bytes_sent"] = sent_bytes
+        if self.fanout is not None:
+            stats.update(self.fanout.stats())
+        if self.reliable is not None:
+            stats.update(self.reliable.ledger.stats())
+        for probe in self.probes:
+            stats.update(probe())
+        return stats
 
     def _open_sockets(self) -> None:
         config = self.config
@@ -69,56 +119,98 @@ class Endpoints:
         if config.curve_secret is not None:
             security = ServerCurve(config.curve_secret, config.curve_clients)
             self.authenticator = security.start(self.context)
+        self.data = _data_socket(self.context, config, security)
         self.reliable: ReliableDispatch | None = None
         if config.reliable:
-            # Credit bounds each trainer's queue, so the socket's own limit only has to
-            # stay out of the way; with queues that never fill, ZMTP heartbeats are safe.
-            self.data = make_socket(self.context, zmq.ROUTER, hwm=100_000, security=security)
-            self.data.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            self.reliable = ReliableDispatch(self.data, config.server_id)
-        else:
-            self.data = make_socket(self.context, zmq.PUSH, hwm=config.hwm, heartbeats=False,
-                                    security=security)
+            self.reliable = ReliableDispatch(self.data, config.server_id,
+                                             lambda: self.serve_control(timeout=0))
         self.control = make_socket(
-            self.context, zmq.ROUTER, hwm=1000, max_message_bytes=MAX_CONTROL_BYTES,
+            self.context, zmq.ROUTER, hwm=1000, max_message_bytes=CONTROL_INBOUND_FRAME_BYTES,
             security=security,
         )
+        self.control.rcvhwm = CONTROL_RCVHWM
         self.control.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        with mapped_zmq_errors("bind the data endpoint", config.bind):
-            self.data.bind(config.bind)
-        with mapped_zmq_errors("bind the control endpoint", config.control_address):
-            self.control.bind(config.control_address)
         # What the system gave us: a real port where the configuration said 0.
-        self.data_address = bound_address(self.data)
-        self.control_address = bound_address(self.control)
+        self.data_address = bind(self.data, config.bind, "data")
+        self.control_address = bind(self.control, config.control_address, "control")
+        if security is not None:  # log the peers CURVE refuses (libzmq drops them silently)
+            self.handshakes = HandshakeLogger(
+                [self.data, self.control], [self.data_address, self.control_address]).start()
 
     # -- data -------------------------------------------------------------------------------
-    def send_data(self, frames: Frames, n_samples: int, epoch: int) -> bool:
-        """Send one data message, serving control meanwhile; False if the server is stopping."""
-        if self.reliable is not None:
-            sent = self.reliable.send(list(frames), n_samples, epoch, self._wait_reliable)
-        else:
-            sent = self._push(frames)
-        if not sent:
-            return False
+    def send_data(self, frames: Frames, n_samples: int, epoch: int, rank: int = -1) -> bool:
+        """Send one data message (to ``rank``, or -1: any free trainer), serving control
+        meanwhile; False if the server is stopping."""
         core = self.core
-        core.data_sent(n_samples, epoch)
+        if self.fanout is not None:  # counts each delivery to a group itself
+            if not self.fanout.send(frames, n_samples, epoch):
+                return False
+        else:
+            if self.reliable is not None:
+                sent = self.reliable.send(list(frames), n_samples, epoch, self._wait_for_credit)
+            else:
+                sent = self._push(frames, rank)
+            if not sent:
+                return False
+            self.bytes_sent += sum(len(frame) for frame in frames)
+            core.data_sent(n_samples, epoch)
         if readable(self.control):
             self.serve_control(timeout=0)
         core.tick(time.monotonic())  # sampling: at most a throughput log line, never a send
         return not self.stopping
 
-    def _push(self, frames: Frames) -> bool:
+    def _push(self, frames: Frames, rank: int) -> bool:
+        core, data = self.core, self.data
+        message = [b"", *frames]
+        waited = False
+        blocked_since = 0.0
         while True:
-            try:
-                self.data.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            if rank >= 0:
+                target = core.rank_target(rank)
+                sent = target is not None and self.ranked.send(rank, target, frames)
+            else:
+                sent = False
+                for identity in core.free_targets():
+                    message[0] = identity
+                    try:
+                        data.send_multipart(message, flags=zmq.NOBLOCK, copy=False)
+                    except zmq.ZMQError:
+                        # Again: its queue is full (HWM); EHOSTUNREACH: its data connection
+                        # is not up yet, or gone (the control heartbeats decide that). Next.
+                        continue
+                    sent = True
+                    break
+            if sent:
+                if blocked_since:
+                    self.blocked_seconds += time.perf_counter() - blocked_since
                 return True
-            except zmq.Again:
-                # No trainer connected, or all their queues are full (HWM): wait, but keep
-                # answering the control socket and noticing a stop request.
-                if self.stopping:
-                    return False
+            # Nobody took it: wait (blocked time: no trainer, or this rank's, could take it),
+            # but keep answering the control socket and noticing a stop request. A ROUTER is
+            # writable when any trainer's queue has room, which may not be this rank's: after
+            # the first try, wait on control alone, briefly.
+            if not blocked_since:
+                blocked_since = time.perf_counter()
+            if self.stopping:
+                self.blocked_seconds += time.perf_counter() - blocked_since
+                return False
+            if rank < 0 or not waited:
                 self.serve_control(timeout=0.1, also_writable=True)
+            else:
+                self.serve_control(timeout=0.001)
+            waited = True
+
+    def _replayed(self, frames: Sequence[Any]) -> None:
+        self.bytes_sent += sum(len(frame) for frame in frames)
+        tags = read_tags(frames)
+        self.core.data_sent(len(tags), int(tags[0, 0]))
+
+    def _wait_for_credit(self) -> bool:
+        """Reliable mode's send path waits for credit: that time counts as blocked."""
+        started = time.perf_counter()
+        try:
+            return self._wait_reliable()
+        finally:
+            self.blocked_seconds += time.perf_counter() - started
 
     def _wait_reliable(self) -> bool:
         """Wait up to 0.1 s for credit, acknowledgements or control; False when stopping."""
@@ -151,11 +243,19 @@ class Endpoints:
                 break
             identity = parts[0].bytes
             try:
-                message = decode(parts[1:])
+                message = decode(parts[1:], limits=CONTROL_LIMITS)
             except ProtocolError as error:
                 self.deliver(core.malformed(identity, error, time.monotonic()))
                 continue
+            if isinstance(message, Ack) and message.rank < 0:
+                if self.reliable is not None:  # a free trainer's hand-out mark: no answer
+                    self.reliable.ledger.handed(message)
+                continue
             self.deliver(core.receive(identity, message, time.monotonic()))
+        if core.ranks.ranked and self.reliable is None:
+            self.ranked.replay_taken_over(list(core.ranks.holders), core.rank_target)
+        if self.fanout is not None:
+            self.fanout.replay_taken_over()
         return True
 
     def deliver(self, sends: Sends) -> None:
@@ -163,7 +263,11 @@ class Endpoints:
         for identity, message in sends:
             try:
                 send_message(self.control, message, prefix=[identity], flags=zmq.NOBLOCK)
-            except zmq.ZMQError:  # also zmq.Again: its queue is full
+            except zmq.Again:
+                if self.core.ranks.ranked:
+                    continue  # a rank busy in a long step: its holder stays (its acks tell)
+                self.core.peer_gone(identity)
+            except zmq.ZMQError:
                 # The peer went away (ROUTER_MANDATORY) or cannot keep up: the core forgets
                 # it but keeps what it had received for the end-of-stream count.
                 self.core.peer_gone(identity)
@@ -186,6 +290,10 @@ class Endpoints:
         """
         self.deliver(self.core.begin())
         self.run_phase(Phase.WAITING)
+        if self.core.phase is Phase.LAST_WORD:  # the ranks did not all come
+            self.failed = True
+            self._repeat_last_word()
+            return False
         return not self.stopping
 
     def tick(self) -> None:
@@ -193,11 +301,15 @@ class Endpoints:
         self.deliver(self.core.tick(time.monotonic()))
 
     def epoch_done(self, epoch: int, count: int) -> None:
+        if self.fanout is not None:
+            self.fanout.epoch_finished(epoch)
         self.deliver(self.core.epoch_finished(epoch, count))
 
     def finish(self) -> None:
         """The end-of-stream handshake (see :meth:`ControlCore.finish`), then the last word."""
         core = self.core
+        if self.fanout is not None:
+            self.fanout.flush(time.monotonic() + self.config.drain_timeout)
         self.deliver(core.finish(time.monotonic()))
         if self.reliable is not None:
             self._finish_reliable(core.drain_deadline)
@@ -237,6 +349,8 @@ class Endpoints:
         self.control.linger = 1000
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         # After a finished stream, give what is still queued a moment to reach the trainers.
         self.data.close(linger=1000 if self.core.finished else 0)
         self.control.close()
@@ -244,5 +358,26 @@ class Endpoints:
         self.context.term()
 
     def _stop_authenticator(self) -> None:
+        if self.handshakes is not None:
+            self.handshakes.stop()
         if self.authenticator is not None:
             self.authenticator.stop()
+
+
+def _data_socket(context: zmq.Context[Any], config: ServerConfig,
+                 security: ServerCurve | None) -> zmq.Socket[Any]:
+    """The data ROUTER (consumer groups' fan-out sends on it too), with its limits."""
+    if config.reliable:
+        # Credit bounds each trainer's queue, so the socket's own limit only has to
+        # stay out of the way; with queues that never fill, ZMTP heartbeats are safe.
+        data = make_socket(context, zmq.ROUTER, hwm=100_000, security=security,
+                           max_message_bytes=DATA_INBOUND_FRAME_BYTES)
+    else:
+        # A ROUTER, so that the core can address a message: to a rank, or to the next
+        # free trainer whose queue has room (an addressed send fails instead of blocking).
+        # Trainers send nothing here: what a peer sends waits unread, bounded below.
+        data = make_socket(context, zmq.ROUTER, hwm=config.hwm, heartbeats=False,
+                           security=security, max_message_bytes=DATA_INBOUND_FRAME_BYTES)
+    data.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    data.rcvhwm = DATA_RCVHWM
+    return data

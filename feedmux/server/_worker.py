@@ -7,7 +7,8 @@ after each epoch of its shard, an ``EndOfEpoch`` marker; it then waits until
 the server has heard the end of that epoch from every worker, so epochs
 leave the server one after the other (no shard runs ahead). At the start of
 each epoch a worker reseeds its random state from (seed, its index, epoch)
-and publishes its :func:`feedmux.worker_info`. Workers are forked before the
+(a fork copies the parent's: without that every worker would draw the same
+numbers) and publishes its :func:`feedmux.worker_info`. Workers are forked before the
 server creates its ZeroMQ context, create their own, and die with their
 parent (``PR_SET_PDEATHSIG`` where the kernel offers it, and a parent-pid
 check everywhere they wait), so no exit path leaves one behind.
@@ -28,6 +29,7 @@ import zmq
 from feedmux._transport import make_socket
 from feedmux.protocol import EndOfEpoch, encode
 from feedmux.sampling.epochs import EpochIterator, shard
+from feedmux.server._meter import SamplerMeter, SharedMeters
 from feedmux.server._producer import Frames, error_message, produce
 from feedmux.server._seeding import EpochSeeder
 from feedmux.server.config import ServerConfig
@@ -55,6 +57,8 @@ class WorkerPool:
         self._mp = multiprocessing.get_context("fork")
         self._released = self._mp.RawValue("q", 0)
         self._stop = self._mp.Event()
+        #: Each worker's sampling time and skipped streams, readable from this process.
+        self.meters = SharedMeters(config.workers).meters
         self.processes: list[multiprocessing.process.BaseProcess] = []
 
     def start(self) -> None:
@@ -62,7 +66,7 @@ class WorkerPool:
             process = self._mp.Process(
                 target=_worker_main,
                 args=(part, self.config, index, self.endpoint_of(index), self.align,
-                      self._released, self._stop, os.getpid()),
+                      self._released, self._stop, os.getpid(), self.meters[index]),
                 name=f"feedmux-worker-{index}",
                 daemon=True,
             )
@@ -78,6 +82,11 @@ class WorkerPool:
     def release(self, epoch: int) -> None:
         """Let the workers start ``epoch``."""
         self._released.value = epoch
+
+    def liveness(self) -> dict[str, int | float | str | None]:
+        """``worker.<index>.alive``: 1 while that worker process runs, else 0."""
+        return {f"worker.{index}.alive": int(process.exitcode is None)
+                for index, process in enumerate(self.processes)}
 
     def failure(self) -> str:
         """A description of the first worker that exited on its own, or ''."""
@@ -119,6 +128,7 @@ def _worker_main(
     released: Any,
     stop_event: Any,
     parent_pid: int,
+    meter: SamplerMeter,
 ) -> None:
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us
@@ -161,7 +171,7 @@ def _worker_main(
             items = EpochIterator(streamer, max_epochs=config.epochs, on_epoch_start=seeder)
             produce(
                 items, send, policy=config.policy, server_id=config.server_id,
-                skip_errors=config.on_error == "skip", epoch_done=epoch_done,
+                skip_errors=config.on_error == "skip", epoch_done=epoch_done, meter=meter,
                 align=align,
             )
     except Exception as error:

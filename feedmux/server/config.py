@@ -15,6 +15,7 @@ from typing import Any
 
 from feedmux._transport import DEFAULT_BIND, DEFAULT_HWM, control_address_for
 from feedmux.errors import ConfigurationError
+from feedmux.server._groups import JOIN_MODES, parse_group_buffer
 from feedmux.server._producer import BatchPolicy
 from feedmux.server.factory import Source
 
@@ -41,9 +42,17 @@ class ServerConfig:
     drain_idle: float = 3.0
     min_trainers: int = 0
     reliable: bool = False
+    uneven: str = "pad"
+    rank_timeout: float = 60.0
+    group_buffer: int | str | None = None
+    join: str = "epoch"
+    group_timeout: float = 10.0
     curve_secret: str | None = None
     curve_clients: str | None = None
     server_id: str = ""
+    zero_copy: bool = False
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
     # The run's seed (reseeds every sampling process per epoch); None: the mux's, or fresh.
     seed: int | None = None
 
@@ -65,11 +74,25 @@ class ServerConfig:
         require(self.log_every > 0, "log_every > 0 seconds", self.log_every)
         require(self.max_delay >= 0, "max_delay >= 0 seconds", self.max_delay)
         require(self.min_trainers >= 0, "min_trainers >= 0", self.min_trainers)
+        require(self.uneven in ("pad", "drop"), "uneven 'pad' or 'drop'", self.uneven)
+        require(self.rank_timeout > 0, "rank_timeout > 0 seconds", self.rank_timeout)
+        require(self.join in JOIN_MODES, "join 'epoch' or 'now'", self.join)
+        require(self.group_timeout > 0, "group_timeout > 0 seconds", self.group_timeout)
+        if self.group_buffer is not None:
+            parse_group_buffer(self.group_buffer)  # raises a clear error on a bad limit
+            require(not self.reliable, "reliable=False with group_buffer (consumer groups "
+                    "use plain delivery)", self.reliable)
+        require(self.metrics_port is None or 0 <= self.metrics_port <= 65535,
+                "metrics_port None or a TCP port 0-65535", self.metrics_port)
         require(
             self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
                                   and self.seed >= 0),
             "seed None or an int >= 0", self.seed,
         )
+        if self.metrics_port is not None:
+            from feedmux.server._metrics import check_available
+
+            check_available()
         if not self.server_id:
             object.__setattr__(self, "server_id", uuid.uuid4().hex[:12])
 
@@ -84,5 +107,10 @@ class ServerConfig:
         return self.control or control_address_for(self.bind)
 
     @property
+    def grouped(self) -> bool:
+        """Whether the server sends its stream to consumer groups (``group_buffer`` set)."""
+        return self.group_buffer is not None
+
+    @property
     def policy(self) -> BatchPolicy:
-        return BatchPolicy(self.samples_per_message, self.max_delay)
+        return BatchPolicy(self.samples_per_message, self.max_delay, not self.zero_copy)

@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import pickle
 import signal
 import tempfile
+import threading
 import time
 from dataclasses import replace
 from multiprocessing.connection import Connection, wait
@@ -38,8 +41,9 @@ from feedmux.errors import (
     SamplingError,
     TransportError,
 )
-from feedmux.protocol import EndOfEpoch, Error, decode, read_tags, replace_tags
+from feedmux.protocol import Data, EndOfEpoch, Error, decode, encode, read_tags, replace_tags
 from feedmux.sampling.epochs import EpochIterator
+from feedmux.server._dealing import RankDealer, RankShare
 from feedmux.server._merge import Merge, merge_block
 from feedmux.server._producer import produce
 from feedmux.server._seeding import FRESH_ENTROPY, EpochSeeder, resolve_seed
@@ -58,19 +62,42 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 START_TIMEOUT = 30.0
 
 
+class _Interrupted(BaseException):
+    """Raised by a second SIGINT / SIGTERM: stop now, wherever the main thread is."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 class _StopFlag:
-    """Set by SIGTERM / SIGINT; checked by every loop of the server."""
+    """Set by SIGTERM / SIGINT; checked by every loop of the server.
+
+    The handler never logs (a signal may arrive inside the logging machinery,
+    which is not re-entrant): the first loop that sees the flag set does. A
+    second signal raises :class:`_Interrupted` in the main thread, so that a
+    streamer stuck in user code, which never returns to the server's loops,
+    still stops.
+    """
 
     def __init__(self) -> None:
         self.stopped = False
+        self.signum = 0
+        self._announced = False
 
     def __bool__(self) -> bool:
+        if self.stopped and self.signum and not self._announced:
+            self._announced = True
+            log.info("received %s, shutting down", signal.Signals(self.signum).name)
         return self.stopped
 
     def set(self, signum: int = 0, frame: FrameType | None = None) -> None:
-        if signum:
-            log.info("received %s, shutting down", signal.Signals(signum).name)
         self.stopped = True
+        if not signum:
+            return
+        if self.signum:
+            raise _Interrupted(signum)
+        self.signum = signum
 
 
 class Server:
@@ -108,7 +135,25 @@ class Server:
         any client that knows the server's public key may.
     min_trainers : int
         Start sampling only once this many trainers have connected (default 0),
-        so that a short run is split among all of them from its first sample.
+        so that a short run is split among all of them from its first sample
+        (with consumer groups: trainers of all groups together).
+    group_buffer : int or str, optional
+        Serve consumer groups (``RemoteLoader(..., group="name")``): every group
+        gets the whole stream, sampled once. The encoded messages wait in a
+        buffer of this many messages (an int, or a string of digits) or bytes
+        (``"64MiB"``); when it is full the slowest group holds sampling back.
+        None (default): no groups.
+    join : {"epoch", "now"}
+        With groups: a group that joins mid-stream starts at the next epoch
+        boundary (default, so it sees whole epochs only) or with the next message.
+    group_timeout : float
+        With groups: seconds after a group's last member left before the group
+        is dropped and no longer holds sampling back (default 10).
+    zero_copy : bool
+        Send arrays as views of the streamer's own arrays (no copy). Only for a
+        streamer that never reuses an array it yielded: by default each array is
+        copied once, so that one reused for every sample cannot change a sample
+        already queued (or kept for re-sending).
     on_error : {"raise", "skip"}
         A streamer that raises ends the server (trainers get ``RemoteError``) or is skipped.
     factory_kwargs : mapping, optional
@@ -123,8 +168,12 @@ class Server:
     def __init__(self, source: Source, **options: Any) -> None:
         self.config = ServerConfig(source=source, **options)
         self._process: multiprocessing.process.BaseProcess | None = None
+        #: How :meth:`start` made the server process: "fork", or "forkserver" when
+        #: this process already ran other threads (see :func:`_start_method`).
+        self.start_method = ""
         self._stop = _StopFlag()
         self._bound: tuple[str, str] | None = None
+        self._metrics_address = ""
         # In a process started by start(): where to tell the parent what was bound.
         self._report: Connection | None = None
 
@@ -137,6 +186,12 @@ class Server:
     def control_address(self) -> str:
         """The control endpoint as bound (a real port where it said, or defaulted to, 0)."""
         return self._addresses()[1]
+
+    @property
+    def metrics_address(self) -> str | None:
+        """Where the Prometheus metrics are served once bound (None without ``metrics_port``)."""
+        self._addresses()
+        return self._metrics_address or None
 
     def _addresses(self) -> tuple[str, str]:
         if self._bound is None:
@@ -180,8 +235,12 @@ class Server:
             if config.workers == 1:
                 return self._run_local(streamer)
             return self._run_workers(streamer, block)
+        except _Interrupted as interrupt:
+            log.warning("stopped at once by a second %s", signal.Signals(interrupt.signum).name)
+            return 128 + interrupt.signum
         finally:
             _restore_signal_handlers(previous)
+            bool(self._stop)  # says which signal stopped it, if one did and nobody said yet
 
     def _open(self) -> Endpoints | None:
         try:
@@ -200,7 +259,10 @@ class Server:
             source, endpoints.data_address, endpoints.control_address, config.workers,
             config.epoch_size or "measured after the first epoch", config.server_id,
         )
-        self._tell_parent("bound", *self._bound)
+        if endpoints.metrics is not None:
+            self._metrics_address = endpoints.metrics.address
+            log.info("metrics on %s", self._metrics_address)
+        self._tell_parent("bound", *self._bound, self._metrics_address)
         return endpoints
 
     def _run_local(self, streamer: Any) -> int:
@@ -210,7 +272,7 @@ class Server:
         config = self.config
         try:
             if not endpoints.wait_for_trainers():
-                return EXIT_OK
+                return EXIT_FAILED if endpoints.failed else EXIT_OK
             assert config.seed is not None  # resolved by run()
             seeder = EpochSeeder(config.seed, worker=0, num_workers=1)
             items = EpochIterator(streamer, max_epochs=config.epochs, on_epoch_start=seeder)
@@ -222,6 +284,7 @@ class Server:
             produce(
                 items, endpoints.send_data, policy=config.policy, server_id=config.server_id,
                 skip_errors=config.on_error == "skip", epoch_done=epoch_done,
+                dealer=_dealer(endpoints, config), meter=endpoints.meters[0],
             )
             if not self._stop:
                 endpoints.finish()
@@ -247,12 +310,21 @@ class Server:
                 endpoints = self._open()
                 if endpoints is None:
                     return EXIT_USAGE
+                endpoints.meters = pool.meters
+                endpoints.probes.append(pool.liveness)
                 try:
                     return _forward(pool, endpoints, config, self._stop, block)
                 finally:
                     endpoints.close()
             finally:
                 pool.stop()
+
+    def request_stop(self) -> None:
+        """Ask a server that ``run()`` serves in another thread of this process to stop.
+
+        It stops as on SIGTERM: its loops see the request within a poll period.
+        """
+        self._stop.set()
 
     # -- running in the background ------------------------------------------------------------
     def start(self, timeout: float = START_TIMEOUT) -> Server:
@@ -265,10 +337,11 @@ class Server:
         """
         if self._process is not None:
             raise RuntimeError("this server was already started")
-        context = multiprocessing.get_context("fork")
+        self.start_method = _start_method(self.config)
+        context: Any = multiprocessing.get_context(self.start_method)
         reader, writer = context.Pipe(duplex=False)
         process = self._process = context.Process(
-            target=_run_in_child, args=(self.config, writer), daemon=False,
+            target=_run_in_child, args=(self.config, writer, _log_level()), daemon=False,
             name=f"feedmux-server-{self.config.server_id}",
         )
         process.start()
@@ -279,6 +352,7 @@ class Server:
             reader.close()
         if report is not None and report[0] == "bound":
             self._bound = (report[1], report[2])
+            self._metrics_address = report[3] if len(report) > 3 else ""
             return self
         if report is None:
             problem = (f"it did not bind within {timeout} s" if process.exitcode is None
@@ -332,7 +406,43 @@ def serve(source: Source, **options: Any) -> int:
     return Server(source, **options).run()
 
 
-def _run_in_child(config: ServerConfig, report: Connection) -> None:
+def _threads() -> int:
+    """Threads of this process: the kernel's count (native threads too: torch's, libzmq's)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def _start_method(config: ServerConfig) -> str:
+    """"fork" while this process runs one thread; otherwise "forkserver".
+
+    Forking a process that runs other threads copies locks they may hold (in
+    malloc, in torch's or libzmq's threads) into a child that has none of those
+    threads to release them: the child can deadlock. The fork server is a clean
+    single-threaded process to fork from; it needs a source that pickles (a
+    ``"module:attr"`` string always does). A source that does not is forked as
+    before, with a warning.
+    """
+    if _threads() == 1:
+        return "fork"
+    try:
+        pickle.dumps(config)
+    except Exception as error:
+        log.warning("forking the server from a process that runs %d threads (the source "
+                    "cannot be pickled for a clean start: %s); pass it as 'module:attr' "
+                    "to avoid this", _threads(), error)
+        return "fork"
+    return "forkserver"
+
+
+def _log_level() -> int:
+    return logging.getLogger().getEffectiveLevel()
+
+
+def _run_in_child(config: ServerConfig, report: Connection, level: int = logging.WARNING) -> None:
+    if not logging.getLogger().handlers:  # a fresh interpreter (fork server): log as the parent
+        logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     server = Server(config.source, **config.options())
     server._report = report
     raise SystemExit(server.run())
@@ -388,8 +498,9 @@ def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop:
             socket.bind(pool.endpoint_of(index))
     if not endpoints.wait_for_trainers():
         _close_all(sockets)
-        return EXIT_OK
+        return EXIT_FAILED if endpoints.failed else EXIT_OK
     pool.release(1)
+    dealer = _dealer(endpoints, config)
     positions: dict[int, int] = {}
     merge: Merge[Any] = Merge(config.workers, block)
     polled: list[int] = []
@@ -431,6 +542,9 @@ def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop:
                 item, epoch_over = taken
                 if isinstance(item, EndOfEpoch):
                     if epoch_over:
+                        if dealer is not None and not _send_shares(
+                                dealer.finish_epoch(item.epoch), endpoints, config.server_id):
+                            return EXIT_OK
                         endpoints.epoch_done(item.epoch, positions.get(item.epoch, 0))
                         if config.epochs is not None and item.epoch >= config.epochs:
                             endpoints.finish()
@@ -444,7 +558,11 @@ def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop:
                     count = int(rows.sum())
                     tags[rows, 1] = np.arange(start, start + count)
                     positions[int(epoch)] = start + count
-                if not endpoints.send_data(replace_tags(item, tags), len(tags), int(tags[-1, 0])):
+                if dealer is not None:
+                    if not _deal_forwarded(item, tags, dealer, endpoints, config.server_id):
+                        return EXIT_OK
+                elif not endpoints.send_data(replace_tags(item, tags), len(tags),
+                                             int(tags[-1, 0])):
                     return EXIT_OK
         return EXIT_OK
     except Exception as error:
@@ -459,3 +577,30 @@ def _close_all(sockets: list[zmq.Socket[Any]]) -> None:
     for socket in sockets:
         socket.close(linger=0)
 
+
+def _dealer(endpoints: Endpoints, config: ServerConfig) -> RankDealer | None:
+    """The dealer of a ranked run (its trainers' hellos told the world size), else None."""
+    world_size = endpoints.core.ranks.world_size
+    return RankDealer(world_size, config.uneven) if world_size else None
+
+
+def _deal_forwarded(frames: list[Any], tags: np.ndarray, dealer: RankDealer,
+                    endpoints: Endpoints, server_id: str) -> bool:
+    """Ranked ``--workers``: deal a worker's message (renumbered ``tags``) to the ranks.
+
+    The forwarder decodes and re-encodes here (the workers do not know the
+    ranks' round boundaries across shards); a message never spans two epochs.
+    """
+    message = decode(frames)
+    assert isinstance(message, Data)
+    return _send_shares(dealer.deal(int(tags[0, 0]), list(message.samples)), endpoints,
+                        server_id)
+
+
+def _send_shares(shares: list[RankShare], endpoints: Endpoints, server_id: str) -> bool:
+    for share in shares:
+        if share.items and not endpoints.send_data(
+                encode(Data(share.tags, share.items, server_id)), len(share.items),
+                int(share.tags[0, 0]), share.rank):
+            return False
+    return True

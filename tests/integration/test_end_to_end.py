@@ -189,3 +189,13 @@ def test_logs_a_start_line_and_periodic_throughput(serve: Any) -> None:
     assert server.data != server.control
     assert "epoch size is 200 samples" in stderr
     assert sum("samples/s" in line for line in stderr.splitlines()) >= 2
+
+
+def test_the_cli_logs_the_bound_endpoints(serve: Any) -> None:
+    # serve() reads the start line with a bound on the wait.
+    server = serve(f"{SAMPLER}:numbered", "--epochs", "1")
+    for endpoint in (server.data, server.control):
+        assert re.fullmatch(r"tcp://127\.0\.0\.1:[1-9][0-9]*", endpoint), endpoint
+    with RemoteLoader(server.data, control=server.control, timeout=20) as loader:
+        assert len(list(loader)) == 200
+    assert server.wait(timeout=20) == 0

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from feedmux.client.remote import RemoteLoader
+from tests.integration.conftest import CheckedThread
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -99,3 +100,36 @@ def test_an_unseeded_run_with_two_workers_has_every_sample_once_per_epoch(serve:
     for epoch, pairs in seen.items():
         assert sorted(position for position, _ in pairs) == list(range(IDS)), epoch
         assert sorted(sample for _, sample in pairs) == list(range(IDS)), epoch
+
+
+RankRecord = tuple[int, int, int, float]
+
+
+def run_ranked(serve: Any, *args: str) -> list[list[RankRecord]]:
+    """Serve ``EPOCHS`` epochs to ranks 0 and 1 of one job; each rank's samples as it got them."""
+    server = serve(SOURCE, "--epochs", str(EPOCHS), *args)
+
+    def rank_records(rank: int) -> list[RankRecord]:
+        with RemoteLoader(server.data, control=server.control, timeout=30, rank=rank,
+                          world_size=2, with_meta=True) as loader:
+            return [(meta.epoch, meta.position, int(sample["id"]), float(sample["noise"]))
+                    for meta, sample in loader]
+
+    ranks = [CheckedThread(rank_records, rank) for rank in range(2)]
+    records: list[list[RankRecord]] = [rank.join(60) for rank in ranks]
+    assert server.wait(timeout=30) == 0
+    for rank, got in enumerate(records):
+        assert {position % 2 for _, position, _, _ in got} == {rank}, "dealt by p % n"
+    for epoch in range(1, EPOCHS + 1):
+        ids = sorted(record[2] for got in records for record in got if record[0] == epoch)
+        assert ids == list(range(IDS)), "ids not once each across the ranks"
+    return records
+
+
+def test_a_seeded_ranked_run_with_two_workers_gives_each_rank_the_same_sequence(
+        serve: Any) -> None:
+    args = ("--seed", "5", "--workers", "2")
+    first = run_ranked(serve, *args)
+    second = run_ranked(serve, *args)
+    assert first[0] == second[0]
+    assert first[1] == second[1]

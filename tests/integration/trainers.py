@@ -2,7 +2,8 @@
 
 It records every sample it is handed (``epoch id`` per line, flushed at once,
 so the record survives a crash) and can kill itself with SIGKILL after a given
-number of samples, to play a trainer that dies mid-epoch.
+number of samples, to play a trainer that dies mid-epoch. It may belong to a
+consumer group, and may wait for the test's go (a file) before it connects.
 """
 
 from __future__ import annotations
@@ -24,17 +25,40 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--reliable", action="store_true")
     parser.add_argument("--die-after", type=int, default=0)
     parser.add_argument("--step-ms", type=float, default=0.0, help="a training step per sample")
+    parser.add_argument("--group", help="the consumer group (default: the default group)")
+    parser.add_argument("--rank", type=int, help="a ranked trainer (lines: epoch id position)")
+    parser.add_argument("--world-size", type=int, default=1,
+                        help="ranks of its job (or trainers of its group)")
+    parser.add_argument("--start-file", help="connect only once this file exists (bounded)")
     args = parser.parse_args(argv)
+    if args.start_file:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(args.start_file):
+            if time.monotonic() > deadline:
+                return 3
+            time.sleep(0.005)  # the poll interval of a bounded wait for the test's go
     with open(args.out, "w", buffering=1) as out, RemoteLoader(
         args.data, control=args.control, timeout=30, reliable=args.reliable, with_meta=True,
-        hwm=4,
+        hwm=4, group=args.group, rank=args.rank, world_size=args.world_size,
     ) as loader:
         for count, (meta, sample) in enumerate(loader, start=1):
-            out.write(f"{meta.epoch} {int(sample['id'])}\n")
+            position = f" {meta.position}" if args.rank is not None else ""
+            out.write(f"{meta.epoch} {int(sample['id'])}{position}\n")
             if args.step_ms:
                 time.sleep(args.step_ms / 1000)
             if count == args.die_after:
                 out.flush()
+                if loader._acks is not None:
+                    # A ranked or reliable loader acknowledges from a thread every few ms: die
+                    # once it has told the server this sample (a step longer than that).
+                    mark = (meta.server_id, meta.epoch, meta.position)
+                    deadline = time.monotonic() + 10
+                    acks = loader._acks
+                    while acks is not None and acks.sent != mark and time.monotonic() < deadline:
+                        time.sleep(0.001)
+                    # Sent is only queued: stop the thread, whose close flushes it to the
+                    # server (under load a SIGKILL right away lost it now and then).
+                    acks.stop()
                 os.kill(os.getpid(), signal.SIGKILL)
     return 0
 

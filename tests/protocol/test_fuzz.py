@@ -19,7 +19,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from feedmux.errors import ProtocolError
-from feedmux.protocol import Data, Hello, Limits, SampleBatch, Stats, decode, encode, read_tags
+from feedmux.protocol import (
+    CONTROL_LIMITS,
+    Data,
+    Hello,
+    Limits,
+    SampleBatch,
+    Stats,
+    decode,
+    encode,
+    read_tags,
+)
 
 SEED = int(os.environ.get("FEEDMUX_FUZZ_SEED", random.randrange(2**32)))
 LIMITS = Limits(max_header_bytes=1 << 20, max_frames=64, max_message_bytes=1 << 24)
@@ -407,3 +417,26 @@ def test_markers_out_of_place_are_refused() -> None:
         header = {"v": 1, "k": 1, "n": 1, **fields}
         with pytest.raises(ProtocolError):
             decode([msgpack.packb(header), bytes(16 * header["n"])])
+
+
+def test_control_limits_bound_the_total_of_containers() -> None:
+    # Per-container limits alone let 8000 empty maps through in two arrays of 4000.
+    half = b"\xdc" + (4000).to_bytes(2, "big") + b"\x80" * 4000
+    header = b"\x82\xa1v\x01\xa1x\x92" + half + half
+    with pytest.raises(ProtocolError, match="too many arrays and maps"):
+        decode([header], limits=CONTROL_LIMITS)
+
+
+def test_declared_array_length_is_bounded_before_allocation() -> None:
+    header = b"\x82\xa1v\x01\xa1x\xdd" + (1 << 30).to_bytes(4, "big") + b"\x00" * 64
+    with pytest.raises(ProtocolError):
+        decode([header], limits=Limits(max_container_len=1 << 16))
+
+
+def test_a_loader_refuses_a_header_of_millions_of_empty_maps() -> None:
+    # What a hostile server could send a loader: 4 MiB of 0x80 (4 million maps) in
+    # arrays under the per-container limit. The total stops it at 2**20 maps.
+    chunk = b"\xdd" + (1 << 20).to_bytes(4, "big") + b"\x80" * (1 << 20)
+    header = b"\x82\xa1v\x01\xa1x\x94" + chunk * 4
+    with pytest.raises(ProtocolError, match="too many arrays and maps"):
+        decode([header])

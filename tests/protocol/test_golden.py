@@ -87,6 +87,53 @@ GOLDEN: list[tuple[str, Any, dict[str, Any], list[bytes]]] = [
         ),
     ),
     (
+        "hello-ranked",
+        Hello(client_id="trainer-1", world_size=2, rank=1),
+        {},
+        frames_of(
+            # {"v": 1, "k": 2, "client_id": "trainer-1", "role": "trainer", "world_size": 2,
+            #  "rank": 1}: rank is written only when it is not -1 (a free trainer)
+            "86 a1 76 01 a1 6b 02 a9 63 6c 69 65 6e 74 5f 69 64 a9 74 72 61 69 6e 65 72 2d 31"
+            " a4 72 6f 6c 65 a7 74 72 61 69 6e 65 72 aa 77 6f 72 6c 64 5f 73 69 7a 65 02"
+            " a4 72 61 6e 6b 01",
+        ),
+    ),
+    (
+        "hello-grouped",
+        Hello(client_id="t1", group="eval"),
+        {},
+        frames_of(
+            # {"v": 1, "k": 2, "client_id": "t1", "role": "trainer", "world_size": 1,
+            #  "group": "eval"}: group is written only when it is not "" (the default group)
+            "86 a1 76 01 a1 6b 02 a9 63 6c 69 65 6e 74 5f 69 64 a2 74 31"
+            " a4 72 6f 6c 65 a7 74 72 61 69 6e 65 72 aa 77 6f 72 6c 64 5f 73 69 7a 65 01"
+            " a5 67 72 6f 75 70 a4 65 76 61 6c",
+        ),
+    ),
+    (
+        "heartbeat-grouped",
+        Heartbeat(sender_id="t1", received_messages=5, group="eval"),
+        {},
+        frames_of(
+            # {"v": 1, "k": 4, "sender_id": "t1", "received_messages": 5, "group": "eval"}
+            "85 a1 76 01 a1 6b 04 a9 73 65 6e 64 65 72 5f 69 64 a2 74 31 b1 72 65 63 65 69"
+            " 76 65 64 5f 6d 65 73 73 61 67 65 73 05 a5 67 72 6f 75 70 a4 65 76 61 6c",
+        ),
+    ),
+    (
+        "welcome-ranked",
+        Welcome(server_id="s1", epoch_size=10, world_size=2, uneven="pad"),
+        {},
+        frames_of(
+            # the defaults, then "world_size": 2, "uneven": "pad" (written only when set)
+            "8b a1 76 01 a1 6b 03 a9 73 65 72 76 65 72 5f 69 64 a2 73 31 aa 65 70 6f 63 68"
+            " 5f 73 69 7a 65 0a a5 65 70 6f 63 68 00 b3 73 61 6d 70 6c 65 73 5f 70 65 72 5f"
+            " 6d 65 73 73 61 67 65 01 a8 66 69 6e 69 73 68 65 64 c2 a7 77 6f 72 6b 65 72 73"
+            " 01 a8 72 65 6c 69 61 62 6c 65 c2 aa 77 6f 72 6c 64 5f 73 69 7a 65 02 a6 75 6e"
+            " 65 76 65 6e a3 70 61 64",
+        ),
+    ),
+    (
         "heartbeat",
         Heartbeat(sender_id="s1", received_messages=300),
         {},
@@ -177,6 +224,18 @@ GOLDEN: list[tuple[str, Any, dict[str, Any], list[bytes]]] = [
             # so it travels as an array led by ext 4 (c7 00 04), 70000 as uint 32
             "84 a1 76 01 a1 6b 0c a4 73 65 71 73 94 c7 00 04 01 02 ce 00 01 11 70 a9 63 6c"
             " 69 65 6e 74 5f 69 64 a1 63",
+        ),
+    ),
+    (
+        "ack-ranked",
+        Ack(client_id="c", server_id="s1", rank=1, epoch=2, position=5),
+        {},
+        frames_of(
+            # {"v": 1, "k": 12, "seqs": (), "client_id": "c", "server_id": "s1", "rank": 1,
+            #  "epoch": 2, "position": 5}: the ranked fields are written only when set
+            "88 a1 76 01 a1 6b 0c a4 73 65 71 73 91 c7 00 04 a9 63 6c 69 65 6e 74 5f 69 64"
+            " a1 63 a9 73 65 72 76 65 72 5f 69 64 a2 73 31 a4 72 61 6e 6b 01 a5 65 70 6f 63"
+            " 68 02 a8 70 6f 73 69 74 69 6f 6e 05",
         ),
     ),
     (

@@ -6,6 +6,7 @@ import ast
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -13,6 +14,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from feedmux.errors import ProtocolError
 from feedmux.protocol import (
+    Ack,
+    Data,
     Drain,
     EndOfStream,
     Error,
@@ -22,6 +25,7 @@ from feedmux.protocol import (
     Stats,
     StatsRequest,
     Welcome,
+    encode,
 )
 from feedmux.server._core import (
     DRAIN_INTERVAL,
@@ -113,9 +117,14 @@ def test_min_trainers_waits_for_hellos_and_forgets_one_that_left() -> None:
     assert core.phase is Phase.SAMPLING
 
 
-def test_without_min_trainers_sampling_starts_at_once() -> None:
+def test_without_min_trainers_sampling_starts_at_the_first_hello() -> None:
+    # The first hello tells whether the trainers are free or the ranks of one job.
     core = make_core()
     assert core.begin() == ()
+    assert core.phase is Phase.WAITING
+    core.tick(now=0.0)
+    core.receive(A, hello(), now=0.05)
+    core.tick(now=0.1)
     assert core.phase is Phase.SAMPLING
 
 
@@ -160,6 +169,24 @@ def test_the_last_word_is_repeated_to_late_speakers_until_quiet() -> None:
     assert core.phase is Phase.DONE
 
 
+def test_a_heartbeat_after_the_last_word_gets_it_and_changes_no_count() -> None:
+    # The end-of-stream accounting is closed once the last word is out; a late
+    # heartbeat is answered with that word and its count is not taken.
+    core = make_core()
+    core.receive(A, hello(), now=0.0)
+    core.data_sent(3, epoch=1)
+    core.finish(now=0.0)
+    core.receive(A, beat(1), now=0.05)
+    core.tick(now=core.config.drain_timeout + 1)
+    assert core.phase is Phase.LAST_WORD
+    assert kinds(core.receive(A, beat(1), now=core.config.drain_timeout + 1.1)) == [
+        (A, EndOfStream)]
+    assert core.received_total() == 1
+    assert kinds(core.receive(A, beat(2), now=core.config.drain_timeout + 1.2)) == [
+        (A, EndOfStream)]
+    assert core.received_total() == 1
+
+
 def test_the_last_word_is_bounded_even_when_someone_keeps_talking() -> None:
     core = make_core()
     core.fail(RuntimeError("boom"), now=0.0)
@@ -171,23 +198,41 @@ def test_the_last_word_is_bounded_even_when_someone_keeps_talking() -> None:
     assert 4 * FINAL_GRACE < now <= 4 * FINAL_GRACE + 0.5
 
 
-def test_a_gone_trainer_ends_the_drain_after_drain_idle(caplog: pytest.LogCaptureFixture) -> None:
+def _drain_after_a_departure() -> ControlCore:
+    """Trainer A received 4 of 10 messages and left; B is here; the drain begins at 1.0."""
     core = make_core(drain_idle=3.0, drain_timeout=30.0)
     core.receive(A, beat(0), now=0.0)
     core.receive(B, beat(0), now=0.0)
     for _ in range(10):
         core.data_sent(1, epoch=1)
     core.receive(A, beat(4), now=0.0)
-    core.peer_gone(A)  # took its unread messages with it
+    core.peer_gone(A)
     core.finish(now=1.0)
+    return core
+
+
+def test_a_gone_trainer_ends_the_drain_after_drain_idle(caplog: pytest.LogCaptureFixture) -> None:
+    core = _drain_after_a_departure()  # A took its unread messages with it
     core.receive(B, beat(5), now=1.0)
     assert kinds(core.tick(now=1.0)) == [(B, Drain)]
     assert core.phase is Phase.DRAINING
+    core.receive(B, beat(5), now=3.9)  # B waits for data: it answers every question
     core.tick(now=4.0)
     assert core.phase is Phase.DRAINING
     with caplog.at_level(logging.WARNING, logger="feedmux.server"):
         assert kinds(core.tick(now=4.01)) == [(B, EndOfStream)]
     assert "1 of 10 data messages unconfirmed (1 trainer(s) went away)" in caplog.text
+
+
+def test_a_departure_does_not_cut_the_tail_of_a_slow_live_trainer() -> None:
+    core = _drain_after_a_departure()  # A had read all it was sent
+    core.receive(B, beat(5), now=1.0)
+    # B is busy with a long step, its last message still queued: it answers nothing.
+    for tenth in range(11, 100):
+        core.tick(now=tenth / 10)
+    assert core.phase is Phase.DRAINING
+    core.receive(B, beat(6), now=10.0)  # it reads its tail
+    assert kinds(core.tick(now=10.0)) == [(B, EndOfStream)]
 
 
 def test_a_live_slow_trainer_is_waited_for_until_the_drain_timeout() -> None:
@@ -281,7 +326,9 @@ class CoreSequences(RuleBasedStateMachine):
     def heartbeat(self, data: st.DataObject) -> None:
         identity = data.draw(st.sampled_from(sorted(self.held)))
         count = data.draw(st.integers(self.reported.get(identity, 0), self.held[identity]))
-        self.reported[identity] = count
+        if self.core.final_message is None:
+            # Once the last word is out the core only repeats it: counts no longer matter.
+            self.reported[identity] = count
         sends = self.core.receive(identity, beat(count, identity.decode()), self.now)
         if self.final is not None:
             assert [m for _, m in sends] == [self.final], "the last word is repeated"
@@ -340,3 +387,59 @@ def test_no_import_cycle_in_the_server_package() -> None:
 
     for module in imports:
         visit(module, ())
+
+
+def test_a_group_hello_records_the_group_and_a_heartbeat_restores_it() -> None:
+    core = make_core(group_buffer=8)
+    assert kinds(core.receive(A, Hello("one", group="eval"), now=1.0)) == [(A, Welcome)]
+    assert core.trainers[A].group == "eval"
+    assert kinds(core.receive(B, Hello("two"), now=1.0)) == [(B, Welcome)]
+    assert core.trainers[B].group == "default"
+    # A trainer the server lost track of comes back in its group with its next heartbeat.
+    core.receive(C, Heartbeat(sender_id="three", received_messages=2, group="eval"), now=1.0)
+    assert core.trainers[C].group == "eval"
+    core.begin()
+    core.tick(now=1.0)
+    core.tick(now=1.1)
+    assert core.phase is Phase.SAMPLING  # trainers of every group count for min_trainers
+
+
+def test_a_group_on_a_server_without_groups_is_refused_clearly() -> None:
+    core = make_core()
+    [(identity, error)] = core.receive(A, Hello("one", group="eval"), now=1.0)
+    assert identity == A and isinstance(error, Error)
+    assert "expected a RemoteLoader without group=" in error.message
+    assert "got group 'eval'" in error.message and A not in core.trainers
+
+
+def test_each_group_has_its_own_ranks_and_world_size() -> None:
+    core = make_core(group_buffer=8)
+    [(_, welcome)] = core.receive(A, Hello("a0", world_size=2, rank=0, group="g"), now=1.0)
+    assert isinstance(welcome, Welcome) and (welcome.world_size, welcome.uneven) == (2, "pad")
+    # Another group's rank 0, of another world size, is no conflict.
+    [(_, other)] = core.receive(B, Hello("b0", world_size=3, rank=0, group="h"), now=1.0)
+    assert isinstance(other, Welcome) and other.world_size == 3
+    [(_, free)] = core.receive(C, Hello("f", group="free"), now=1.0)
+    assert isinstance(free, Welcome) and free.world_size == 0
+    assert core.rank_target(0, "g") == b"a0" and core.rank_target(0, "h") == b"b0"
+    assert core.rank_target(1, "g") is None and not core.ranks.ranked  # no server-wide ranks
+    # A rank's acknowledgement (from the loader's own socket) lands in its group's retention
+    # (once the rank's data went to that trainer: a mark from anyone else counts for nothing).
+    core.tables.retention_of("g").sent(0, b"a0", list(encode(Data(np.array([[1, 4]]), ["x"]))))
+    core.receive(b"acks", Ack(client_id="a0", server_id="srv", rank=0, epoch=1, position=4),
+                 now=1.5)
+    assert core.tables.retention_of("g")._handed == {0: (1, 4)}
+    assert core.tables.retention_of("h")._handed == {}
+
+
+def test_a_group_mixing_ranked_and_free_trainers_is_refused_naming_the_group() -> None:
+    core = make_core(group_buffer=8)
+    core.receive(A, Hello("a0", world_size=2, rank=0, group="g"), now=1.0)
+    [(_, error)] = core.receive(B, Hello("free", group="g"), now=1.0)
+    assert isinstance(error, Error) and error.type.endswith("ConfigurationError")
+    assert "group 'g' deals to 2 ranked trainers" in error.message and B not in core.trainers
+    core.receive(C, Hello("f", group="f"), now=1.0)
+    [(_, error)] = core.receive(b"d", Hello("r", world_size=2, rank=1, group="f"), now=1.0)
+    assert isinstance(error, Error) and "group 'f' deals to free trainers" in error.message
+    [(_, error)] = core.receive(b"e", Hello("r", world_size=3, rank=1, group="g"), now=1.0)
+    assert isinstance(error, Error) and "expected world_size 2" in error.message

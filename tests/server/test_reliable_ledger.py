@@ -51,3 +51,39 @@ def test_probes_are_paced_by_the_heartbeat_interval() -> None:
     assert not ledger.probe_due(10.5)
     assert ledger.probe_due(10.5, force=True)
     assert ledger.probe_due(11.6)
+
+
+def test_a_claimed_credit_is_capped() -> None:
+    from feedmux.server._reliable import MAX_CREDIT
+
+    ledger = ReliableLedger()
+    ledger.take(b"a", Credit(client_id="a", credits=2**62))
+    assert ledger.peers[b"a"].credit == MAX_CREDIT
+
+
+def test_unacknowledged_bytes_are_capped_across_trainers() -> None:
+    from feedmux.server._reliable import MAX_UNACKED_BYTES
+
+    ledger = ReliableLedger()
+    for name in (b"a", b"b"):
+        ledger.take(name, Credit(client_id=name.decode(), credits=10))
+    big = _Pending(frames=[], n_samples=1, epoch=1, nbytes=MAX_UNACKED_BYTES // 2)
+    ledger.delivered(b"a", big)
+    ledger.delivered(b"b", big)
+    assert ledger.pick() is None  # credit left, but the bytes held are at the cap
+    ledger.take(b"a", Ack(seqs=[1]))
+    assert ledger.pick() == b"a"
+    ledger.lose(b"b")  # what b held goes to the re-send queue, no longer counted as held
+    assert ledger.unacked_bytes == 0 and len(ledger.resend) == 1
+
+
+def test_a_hand_out_mark_counts_only_for_the_sender_s_own_messages() -> None:
+    ledger = ReliableLedger()
+    ledger.take(b"a", Credit(client_id="a", credits=2))
+    ledger.delivered(b"a", pending(1))
+    # Anyone can reach the control port: a mark naming a's message from another client
+    # would cut what is re-sent when a goes.
+    ledger.handed(Ack(seqs=[1], client_id="intruder", epoch=1, position=5))
+    assert ledger.peers[b"a"].unacked[1].handed is None
+    ledger.handed(Ack(seqs=[1], client_id="a", epoch=1, position=5))
+    assert ledger.peers[b"a"].unacked[1].handed == (1, 5)

@@ -1,0 +1,200 @@
+"""``feedmux top``: a live view of one or more servers, from their control endpoints.
+
+This module owns the view: :func:`describe` turns two statistics answers of a
+server (the previous and the current one, as ``feedmux stats`` prints them)
+into lines — rates, busy and blocked fractions, epoch progress with an ETA,
+workers, trainers with their rates — and :func:`run_top` asks every server
+once a second and redraws. On a terminal it draws full frames in the
+alternate screen and reads ``q`` without waiting for Enter; otherwise it
+prints plain lines. It must never change a server: it only sends statistics
+requests, through the client's ``fetch_stats``.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import termios
+import time
+import tty
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TextIO
+
+__all__ = ["describe", "progress_bar", "run_top"]
+
+Stats = Mapping[str, Any]
+#: Redraw the screen: cursor home, clear it.
+_CLEAR = "\x1b[H\x1b[2J"
+
+
+def progress_bar(done: int, total: int, width: int = 30) -> str:
+    """A text progress bar.
+
+    Examples
+    --------
+    >>> progress_bar(1, 4, width=8)
+    '[##......]'
+    """
+    filled = 0 if total <= 0 else min(width, width * done // total)
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def _rate(current: Stats, previous: Stats | None, key: str) -> float | None:
+    """Growth of ``key`` per second of server uptime between two answers."""
+    if previous is None or previous.get("server_id") != current.get("server_id"):
+        return None
+    elapsed = float(current.get("uptime_s", 0)) - float(previous.get("uptime_s", 0))
+    if elapsed <= 0 or key not in current or key not in previous:
+        return None
+    return (float(current[key]) - float(previous[key])) / elapsed
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * min(1.0, max(0.0, value)):.0f}%"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def describe(address: str, current: Stats, previous: Stats | None) -> list[str]:
+    """The lines for one server, rates from the difference with ``previous``.
+
+    Examples
+    --------
+    >>> before = {"server_id": "s", "uptime_s": 10.0, "samples_sent": 1000, "epoch": 2,
+    ...           "epoch_position": 100, "epoch_size": 1000, "workers": 1, "messages_sent": 10,
+    ...           "sampler_busy_seconds": 5.0, "send_blocked_seconds": 1.0, "bytes_sent": 0}
+    >>> after = dict(before, uptime_s=11.0, samples_sent=1500, epoch_position=600,
+    ...              messages_sent=15, sampler_busy_seconds=5.9, send_blocked_seconds=1.0)
+    >>> for line in describe("tcp://h:5556", after, before)[:3]:
+    ...     print(line)
+    server s at tcp://h:5556: pid ?, up 11s, 1 worker(s), 0 trainer(s), 1500 samples sent
+      500 samples/s, 5 messages/s, 0.0 MB/s; sampling 90%, blocked on sending 0%
+      epoch 2 [##################............] 60% 600/1000, ETA 0s
+    """
+    rate = _rate(current, previous, "samples_sent")
+    shown_rate = rate if rate is not None else current.get("samples_per_second")
+    message_rate = _rate(current, previous, "messages_sent")
+    byte_rate = _rate(current, previous, "bytes_sent")
+    workers = max(1, int(current.get("workers") or 1))
+    busy = _rate(current, previous, "sampler_busy_seconds")
+    busy = None if busy is None else busy / workers
+    blocked = _rate(current, previous, "send_blocked_seconds")
+    lines = [
+        f"server {current.get('server_id', '?')} at {address}: pid {current.get('pid', '?')}, "
+        f"up {_duration(float(current.get('uptime_s', 0)))}, {workers} worker(s), "
+        f"{current.get('connected_trainers', 0)} trainer(s), "
+        f"{current.get('samples_sent', 0)} samples sent"
+        + (", finished" if current.get("finished") else ""),
+        f"  {shown_rate or 0:.0f} samples/s, {message_rate or 0:.0f} messages/s, "
+        f"{(byte_rate or 0) / 1e6:.1f} MB/s; sampling {_percent(busy)}"
+        f", blocked on sending {_percent(blocked)}",
+    ]
+    lines.append("  " + _epoch_line(current, shown_rate))
+    alive = [key for key in current if key.startswith("worker.") and key.endswith(".alive")]
+    if alive:
+        states = " ".join(f"{key.split('.')[1]}:{'up' if current[key] else 'DOWN'}"
+                          for key in sorted(alive))
+        lines.append(f"  workers {states}")
+    lines.extend(_trainer_lines(current, previous))
+    lines.append(f"  reconnects {current.get('reconnects', 0)}, "
+                 f"errors skipped {current.get('errors_skipped', 0)}")
+    return lines
+
+
+def _epoch_line(current: Stats, rate: float | None) -> str:
+    epoch, size = current.get("epoch", 0), current.get("epoch_size")
+    done = int(current.get("epoch_position") or 0)
+    if not size:
+        return f"epoch {epoch}: {done} samples so far (epoch size known after the first epoch)"
+    done = min(done, int(size))
+    eta = _duration((size - done) / rate) if rate else "unknown"
+    return (f"epoch {epoch} {progress_bar(done, int(size))} {100 * done // int(size)}% "
+            f"{done}/{size}, ETA {eta}")
+
+
+def _trainer_lines(current: Stats, previous: Stats | None) -> list[str]:
+    per_message = (float(current.get("samples_sent", 0)) / current["messages_sent"]
+                   if current.get("messages_sent") else 0.0)
+    lines = []
+    for key in sorted(current):
+        if not (key.startswith("trainer.") and key.endswith(".received_messages")):
+            continue
+        client_id = key[len("trainer."):-len(".received_messages")]
+        rate = _rate(current, previous, key)
+        rank = current.get(f"trainer.{client_id}.rank", "-")
+        shown = "-" if rate is None else f"{rate * per_message:.0f}"
+        lines.append(f"  trainer {client_id}: rank {rank}, ~{shown} samples/s, "
+                     f"{current[key]} messages received")
+    return lines
+
+
+Fetch = Callable[[str], dict[str, Any]]
+
+
+def frame(addresses: Sequence[str], fetch: Fetch,
+          previous: dict[str, Stats]) -> list[str]:
+    """Ask every server once and describe it (an unreachable one says why)."""
+    lines = [f"feedmux top: {time.strftime('%H:%M:%S')}  (q or Ctrl-C quits)"]
+    for address in addresses:
+        try:
+            current = fetch(address)
+        except Exception as error:  # one server down must not stop the view of the others
+            lines.append(f"server at {address}: unreachable ({error})")
+            previous.pop(address, None)
+            continue
+        lines.extend(describe(address, current, previous.get(address)))
+        previous[address] = current
+    return lines
+
+
+def run_top(addresses: Sequence[str], fetch: Fetch, *, interval: float = 1.0,
+            count: int | None = None, out: TextIO | None = None) -> int:
+    """Redraw every ``interval`` seconds until ``q``, Ctrl-C or ``count`` refreshes."""
+    out = out or sys.stdout
+    terminal = out.isatty() and sys.stdin.isatty()
+    previous: dict[str, Stats] = {}
+    saved = None
+    if terminal:
+        saved = termios.tcgetattr(sys.stdin)
+        tty.setcbreak(sys.stdin.fileno())
+        out.write("\x1b[?1049h")  # the alternate screen: the shell's screen comes back after
+    refreshes = 0
+    try:
+        while count is None or refreshes < count:
+            lines = frame(addresses, fetch, previous)
+            refreshes += 1
+            if terminal:
+                out.write(_CLEAR + "\r\n".join(lines) + "\r\n")
+            else:
+                out.write("\n".join(lines) + "\n")
+            out.flush()
+            if _quit_requested(interval if count is None or refreshes < count else 0,
+                               terminal):
+                break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if saved is not None:
+            out.write("\x1b[?1049l")
+            out.flush()
+            termios.tcsetattr(sys.stdin, termios.TCSADRAIN, saved)
+    return 0
+
+
+def _quit_requested(timeout: float, terminal: bool) -> bool:
+    """Wait up to ``timeout`` s; True when ``q`` was pressed (terminals only)."""
+    if not terminal:
+        time.sleep(timeout)
+        return False
+    deadline = time.monotonic() + timeout
+    while (remaining := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([sys.stdin], [], [], remaining)
+        if ready and os.read(sys.stdin.fileno(), 1) in (b"q", b"Q"):
+            return True
+    return False

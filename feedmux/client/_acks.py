@@ -1,0 +1,196 @@
+"""A trainer's acknowledgements of what it handed out, sent off the hot path.
+
+This module owns the background thread that tells each server, every few
+milliseconds, the last ``(epoch, position)`` this trainer handed out: a ranked
+trainer, so that a restarted rank (same rank, new process) continues right
+after it; a reliable free trainer, with the sequence number of the message it
+is in, so that only the rest of that message goes to the others if it dies.
+For a rank it is repeated
+once per heartbeat interval, it is also the rank's sign of life (a trainer in a
+long step does not call its loader, but this thread runs; a killed one is silent). The thread
+has its own ZeroMQ context and one DEALER per control endpoint (a ZeroMQ
+socket must never be shared between threads), reads the loader's progress
+without locking — the loader publishes the current message before resetting
+nothing and the index after, so a torn read can only under-report, never claim
+a sample not yet handed out — and sends only when the mark moved. It must
+never touch the loader's sockets, block the trainer, or send per sample.
+
+It also owns :class:`SeenPositions`, a reliable loader's memory of what it
+took, so that a sample dealt to it twice is handed out once.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import zmq
+
+from feedmux._transport import CONTROL_FRAME_BYTES, HEARTBEAT_INTERVAL, make_socket, send_message
+from feedmux.client._moves import reconnect
+from feedmux.protocol import Ack
+
+__all__ = ["ACK_INTERVAL", "HandOutAcks", "Progress", "SeenPositions", "progress_of"]
+
+#: Seconds between two looks at what was handed out (an acknowledgement only if it moved).
+ACK_INTERVAL = 0.005
+
+#: ``() -> (link number, server id, tags, sequence number, handed-out count)`` of the
+#: current message (sequence number 0 outside reliable mode), or None.
+Progress = Callable[[], "tuple[int, str, Any, int, int] | None"]
+
+
+class HandOutAcks:
+    """The acknowledging thread of one ranked loader (one per process: started after a fork).
+
+    ``progress`` is read every :data:`ACK_INTERVAL` seconds; the thread ends
+    when :meth:`stop` is called or ``progress`` reports the loader gone.
+    """
+
+    def __init__(self, control_addresses: Sequence[str], *, client_id: str, rank: int,
+                 progress: Progress, security: Any = None) -> None:
+        self.client_id = client_id
+        self.rank = rank
+        self._progress = progress
+        self._addresses = list(control_addresses)
+        self._security = security
+        self._stop = threading.Event()
+        self._pid = os.getpid()
+        #: Control endpoints that moved (a restarted server elsewhere): (link number, address).
+        self._moves: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()
+        #: The last mark sent: (server id, epoch, position).
+        self.sent: tuple[str, int, int] | None = None
+        self._last_sent = -HEARTBEAT_INTERVAL
+        self._thread = threading.Thread(target=self._run, name=f"feedmux-acks-{client_id}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        context: zmq.Context[Any] = zmq.Context()
+        # The server answers nothing here: what a server sends waits unread, bounded.
+        sockets = [make_socket(context, zmq.DEALER, hwm=100, max_message_bytes=CONTROL_FRAME_BYTES,
+                               security=self._security) for _ in self._addresses]
+        try:
+            for socket, address in zip(sockets, self._addresses, strict=True):
+                socket.connect(address)
+            while not self._stop.wait(ACK_INTERVAL):
+                self._follow_moves(sockets)
+                if not self._send(sockets):
+                    break
+            self._send(sockets)  # the last word: what was handed out up to the close
+        finally:
+            for socket in sockets:
+                socket.close(linger=200)
+            context.term()
+
+    def move(self, link: int, address: str) -> None:
+        """The server of link ``link`` now listens on control endpoint ``address``."""
+        self._moves.put((link, address))
+
+    def _follow_moves(self, sockets: list[Any]) -> None:
+        while not self._moves.empty():
+            link, address = self._moves.get()
+            if address != self._addresses[link]:
+                reconnect(sockets[link], self._addresses[link], address)
+                self._addresses[link] = address
+
+    def _send(self, sockets: list[Any]) -> bool:
+        try:
+            current = self._progress()
+        except ReferenceError:
+            return False
+        now = time.monotonic()
+        if current is None or current[4] <= 0:
+            if self.rank >= 0 and now - self._last_sent >= HEARTBEAT_INTERVAL:
+                self._last_sent = now
+                for socket in sockets:  # nothing handed out yet: a sign of life only
+                    self._offer(socket, Ack(client_id=self.client_id, rank=self.rank))
+            return True
+        link, server_id, tags, seq, handed = current
+        row = tags[min(handed, len(tags)) - 1]
+        mark = (server_id, int(row[0]), int(row[1]))
+        # The same mark again once per heartbeat interval: the server takes it as a sign of
+        # life of this rank's holder, however long the trainer's own steps take.
+        if mark == self.sent and (self.rank < 0 or now - self._last_sent < HEARTBEAT_INTERVAL):
+            return True
+        if self._offer(sockets[link], Ack(seqs=(seq,) if seq else (), client_id=self.client_id,
+                                          server_id=server_id, rank=self.rank, epoch=mark[1],
+                                          position=mark[2])):
+            self.sent, self._last_sent = mark, now
+        return True
+
+    @staticmethod
+    def _offer(socket: Any, ack: Ack) -> bool:
+        try:
+            send_message(socket, ack, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False  # the server is away: the next look sends the newer mark
+        return True
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Send the last mark and end the thread (a no-op in a forked child)."""
+        if self._pid != os.getpid():
+            return
+        self._stop.set()
+        self._thread.join(timeout)
+
+
+def progress_of(loader: Any) -> Progress:
+    """A :data:`Progress` reading ``loader`` through a weak reference (the thread must not
+    keep the loader alive); raises ReferenceError once the loader is gone."""
+    ref = weakref.ref(loader)
+
+    def progress() -> tuple[int, str, Any, int, int] | None:
+        target = ref()
+        if target is None:
+            raise ReferenceError("the loader is gone")
+        current = target._current  # the message first ...
+        if current is None:
+            return None
+        link, server_id, tags, seq = current
+        return link, server_id, tags, seq, target._index  # ... then how far: a torn read
+        # under-reports
+
+    return progress
+
+
+class SeenPositions:
+    """The positions a loader took, per (server id, epoch): the last two epochs of each server.
+
+    Checked once per data message (set operations on its tags), never per sample.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> seen = SeenPositions()
+    >>> seen.fresh("s", np.array([[1, 0], [1, 1]])) is None  # all new
+    True
+    >>> seen.fresh("s", np.array([[1, 1], [1, 2]]))  # row 0 came before
+    [1]
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, int], set[int]] = {}
+
+    def fresh(self, server_id: str, tags: Any) -> list[int] | None:
+        """Record a message's positions; the rows not seen before, or None when all are new."""
+        if not len(tags):
+            return None
+        epoch = int(tags[0, 0])  # a data message never spans two epochs
+        seen = self._seen.get((server_id, epoch))
+        if seen is None:
+            seen = self._seen[(server_id, epoch)] = set()
+            for key in [key for key in self._seen if key[0] == server_id and key[1] < epoch - 1]:
+                del self._seen[key]
+        positions = tags[:, 1].tolist()
+        if seen.isdisjoint(positions):
+            seen.update(positions)
+            return None
+        rows = [row for row, position in enumerate(positions) if position not in seen]
+        seen.update(positions)
+        return rows

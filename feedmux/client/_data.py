@@ -1,0 +1,118 @@
+"""A loader's data sockets: which server's data message comes next, and its decoding.
+
+This module owns the reading side of a :class:`~feedmux.client.remote.RemoteLoader`:
+one data DEALER per server, taken in turn; in reliable mode the envelope, the
+acknowledgement of a message whose samples were all handed out, and an end of
+stream that comes on the data socket. It reports the link number and sequence
+number of the message it returned (the acknowledging thread needs them). It
+must never decide anything about the servers (that is the pure link state's)
+and never look at single samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+
+from feedmux._transport import keep_freed_memory, readable, send_message
+from feedmux.client._link import ServerLinks
+from feedmux.errors import ProtocolError, VersionMismatchError
+from feedmux.protocol import Ack, Data, EndOfStream, Message, decode, unpack_envelope
+
+__all__ = ["LARGE_MESSAGE_BYTES", "DataSockets", "send_or_drop"]
+
+#: A frame larger than this makes the loader tune malloc (see ``tune_malloc``).
+LARGE_MESSAGE_BYTES = 1 << 20
+
+
+def send_or_drop(socket: Any, message: Message) -> None:
+    """Send without blocking; a message that finds the queue full is dropped."""
+    try:
+        send_message(socket, message, flags=zmq.NOBLOCK)
+    except zmq.Again:
+        pass
+
+
+class DataSockets:
+    """The data DEALERs of one loader, one per server, read in turn."""
+
+    def __init__(self, sockets: Sequence[Any], *, reliable: bool, client_id: str,
+                 addresses: Sequence[str], tune_malloc: bool) -> None:
+        self.sockets = list(sockets)
+        self.reliable = reliable
+        self.client_id = client_id
+        self.addresses = addresses
+        self.tune_malloc = tune_malloc
+        self.turn = 0
+        #: Reliable mode: (link number, sequence number) of the message being handed out.
+        self.pending_ack: tuple[int, int] | None = None
+        #: The link number and sequence number (0 outside reliable mode) of the last message.
+        self.link = self.seq = 0
+
+    def forget_ack(self, link: int) -> None:
+        """Link ``link`` talks to a new server: the pending sequence number means nothing."""
+        if self.pending_ack is not None and self.pending_ack[0] == link:
+            self.pending_ack = None
+
+    def receive(self, links: ServerLinks) -> Data | None:
+        """The next data message waiting on the data socket(s), or None."""
+        if not self.reliable:
+            return self._receive_plain()
+        if self.pending_ack is not None:
+            # Every sample of the current message was handed out: acknowledge it.
+            index, seq = self.pending_ack
+            self.pending_ack = None
+            # A dropped ack only means the server deals that message again.
+            send_or_drop(self.sockets[index], Ack(seqs=[seq], client_id=self.client_id))
+        count = len(self.sockets)
+        for offset in range(count):
+            index = (self.turn + offset) % count
+            socket = self.sockets[index]
+            while readable(socket):
+                seq, message = self._decode(socket.recv_multipart(copy=False), enveloped=True)
+                if isinstance(message, Data):
+                    self.turn = (index + 1) % count
+                    self.link, self.seq = index, seq
+                    if seq:
+                        self.pending_ack = (index, seq)
+                    return message
+                if isinstance(message, EndOfStream):
+                    links.data_end_of_stream(index, message.server_id)
+        return None
+
+    def _receive_plain(self) -> Data | None:
+        count = len(self.sockets)
+        for offset in range(count):
+            index = (self.turn + offset) % count
+            try:
+                frames = self.sockets[index].recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                continue
+            if count > 1:
+                self.turn = (index + 1) % count  # take from every server in turn
+            self.link = index
+            _, message = self._decode(frames)
+            if not isinstance(message, Data):
+                raise ProtocolError(
+                    f"expected a data message on the data socket, got {type(message).__name__}"
+                )
+            return message
+        return None
+
+    def _decode(self, frames: list[Any], *, enveloped: bool = False) -> tuple[int, Message]:
+        """The sequence number (0 without an envelope) and the message of a data message."""
+        seq = 0
+        try:
+            if enveloped:
+                seq, frames = unpack_envelope(frames)
+            if self.tune_malloc and len(frames) > 2 and len(frames[-1]) > LARGE_MESSAGE_BYTES:
+                self.tune_malloc = False
+                keep_freed_memory()
+            message = decode(frames)
+        except VersionMismatchError:
+            raise
+        except ProtocolError as error:
+            raise ProtocolError(f"malformed data message from {self.addresses}: {error}") from error
+        return seq, message

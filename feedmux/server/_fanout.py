@@ -1,0 +1,291 @@
+"""The consumer groups' shell: sends each buffered message to every group, split among its members.
+
+:class:`GroupFanout` owns the sends of a server in group mode: it takes each
+encoded message from the sampler into the shared :class:`GroupBuffer`, and
+pumps — every group's next messages go to the group's live members, with
+non-blocking addressed sends on the data ROUTER. In a group of free trainers a
+message goes whole to whichever member has room in its queue; in a ranked
+group (its trainers have ``rank``/``world_size``) each message is decoded once
+for the group, dealt among its ranks by the ranked rule
+(:class:`~feedmux.server._dealing.RankDealer`: pad or drop, equal steps per
+rank) and re-encoded per rank, and a restarted rank gets its predecessor's
+rest first (:class:`~feedmux.server._ranksend.RankSender`). While the buffer
+is full it waits, serving the control socket, and names the group that lags
+in the log. Membership comes from the control core's trainer registry (each
+trainer's hello names its group and rank); this module must never decide
+anything about trainers or the end of the stream, and never keeps frames
+beyond what the buffer holds and a few dealt shares per rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import zmq
+
+from feedmux.protocol import Data, decode, encode, read_tags
+from feedmux.server._core import TRAINER_TIMEOUT, ControlCore
+from feedmux.server._dealing import RankDealer, RankShare
+from feedmux.server._groups import BufferedMessage, GroupBuffer, parse_group_buffer
+from feedmux.server._producer import Frames
+from feedmux.server._ranksend import RankSender
+from feedmux.server.config import ServerConfig
+
+__all__ = ["GroupFanout"]
+
+log = logging.getLogger("feedmux.server")
+
+#: Seconds between two log lines naming the same group as the one holding the sampler back.
+LAG_LOG_INTERVAL = 5.0
+
+
+def _nbytes(frames: Frames) -> int:
+    total = 0
+    for frame in frames:
+        size = getattr(frame, "nbytes", None)
+        total += int(size) if size is not None else len(frame)
+    return total
+
+
+#: Encoded shares a rank of a ranked group may have waiting before its group takes no
+#: further message from the buffer (the buffer, not these queues, absorbs a slow group).
+RANK_BACKLOG = 2
+
+
+class _RankedGroup:
+    """One ranked group's dealing: its dealer, and per rank the encoded shares (frames,
+    samples, epoch) its holder has yet to take."""
+
+    def __init__(self, world_size: int, uneven: str, sender: RankSender) -> None:
+        self.dealer = RankDealer(world_size, uneven)
+        self.sender = sender
+        self.queues: list[deque[tuple[Frames, int, int]]] = [deque() for _ in range(world_size)]
+        self.epoch = 0  # the epoch being dealt
+
+    def deal(self, message: BufferedMessage) -> None:
+        """Deal the group's next buffered message (an epoch change first ends the last one)."""
+        decoded = decode(list(message.frames))
+        assert isinstance(decoded, Data)
+        shares: list[RankShare] = []
+        if message.epoch != self.epoch:
+            shares += self.dealer.finish_epoch(self.epoch)
+            self.epoch = message.epoch
+        shares += self.dealer.deal(message.epoch, list(decoded.samples))
+        self._queue(shares, decoded.server_id)
+
+    def finish_epoch(self, server_id: str) -> None:
+        """Every message of the epoch was dealt: pad or drop its last, partial round."""
+        self._queue(self.dealer.finish_epoch(self.epoch), server_id)
+
+    def _queue(self, shares: list[RankShare], server_id: str) -> None:
+        for share in shares:
+            if share.items:
+                frames = encode(Data(share.tags, share.items, server_id))
+                self.queues[share.rank].append((frames, len(share.items), int(share.tags[0, 0])))
+
+    @property
+    def backlogged(self) -> bool:
+        return any(len(queue) >= RANK_BACKLOG for queue in self.queues)
+
+    @property
+    def empty(self) -> bool:
+        return not any(self.queues)
+
+
+class GroupFanout:
+    """Sends one sampled stream to every consumer group of a server.
+
+    ``wait(timeout)`` serves the control socket for up to ``timeout`` seconds;
+    ``stopping()``
+    says whether the server is shutting down.
+    """
+
+    def __init__(self, config: ServerConfig, data: Any, core: ControlCore,
+                 wait: Callable[[float], object], stopping: Callable[[], bool]) -> None:
+        max_messages, max_bytes = parse_group_buffer(config.group_buffer or 0)
+        self.buffer = GroupBuffer(max_messages, max_bytes, config.join, config.group_timeout)
+        self.data = data
+        self.core = core
+        self.wait = wait
+        self.stopping = stopping
+        self.uneven = config.uneven
+        self.server_id = config.server_id
+        self._ranked: dict[str, _RankedGroup] = {}
+        self._turns: dict[str, int] = {}
+        #: Bytes of the messages delivered to the groups (each delivery counts).
+        self.bytes_sent = 0
+        #: Seconds the sampler waited for the groups (the buffer full, or no group).
+        self.blocked_seconds = 0.0
+        self._last_lag_log = 0.0
+        self._last_lagging: str | None = None
+
+    # -- the sampler's side -----------------------------------------------------------------
+    def send(self, frames: Frames, n_samples: int, epoch: int) -> bool:
+        """Buffer one message and deliver what the groups can take; False when stopping.
+
+        Waits (serving control) while the buffer is full, and while no group
+        exists at all (nobody would receive the message).
+        """
+        buffer = self.buffer
+        blocked_since = 0.0
+        # With room in the buffer, one pump after the append does all the sends: pumping
+        # before it too would walk every group twice per message for nothing.
+        while buffer.full or not buffer.groups:
+            self.pump()
+            if not buffer.full and buffer.groups:
+                break
+            if not blocked_since:
+                blocked_since = time.perf_counter()
+            if self.stopping():
+                self.blocked_seconds += time.perf_counter() - blocked_since
+                return False
+            self._log_lag()
+            self._wait()
+        if blocked_since:
+            self.blocked_seconds += time.perf_counter() - blocked_since
+        buffer.append(frames, n_samples, epoch, _nbytes(frames))
+        self.pump()
+        return True
+
+    def epoch_finished(self, epoch: int) -> None:
+        self.buffer.epoch_finished(epoch)
+
+    def flush(self, deadline: float) -> bool:
+        """Deliver every buffered message to every group (until ``deadline``); True if done."""
+        while not self.stopping() and time.monotonic() < deadline:
+            self.pump()
+            if self.buffer.drained and all(group.empty for group in self._ranked.values()):
+                return True
+            self._log_lag()
+            self._wait()
+        lagging = self.buffer.lagging()
+        if lagging is not None:
+            log.warning("ending with %d buffered message(s) undelivered to group %s",
+                        self.buffer.behind(lagging), lagging)
+        return lagging is None
+
+    def _wait(self) -> None:
+        """Serve control while the members' queues are full.
+
+        Briefly (1 ms) while a group has a message pending for live members: a
+        ROUTER's writability says that *some* peer has room, not that this
+        group's has, so polling for it would either spin or sleep through the
+        moment a member's queue drains. Otherwise up to 0.1 s (nobody to send to).
+        """
+        pending = any(self.buffer.behind(name) and group.members
+                      for name, group in self.buffer.groups.items()) or not all(
+            group.empty for group in self._ranked.values())
+        self.wait(0.001 if pending else 0.1)
+
+    # -- delivery ---------------------------------------------------------------------------
+    def pump(self) -> None:
+        """Send each group as many of its next messages as its members have room for."""
+        now = time.monotonic()
+        members = self._members(now)
+        buffer = self.buffer
+        for name in members:
+            buffer.join(name, now)
+        for name in list(buffer.groups):
+            targets = members.get(name, [])
+            buffer.set_members(name, len(targets), now)
+            ranks = self.core.tables.of(name)
+            if ranks.ranked:
+                self._pump_ranked(name, ranks.world_size or 0)
+                continue
+            while targets:
+                message = buffer.next_for(name)
+                if message is None or not self._deliver(name, message, targets):
+                    break
+        for name in buffer.expire(now):
+            self._ranked.pop(name, None)
+            self.core.tables.forget(name)  # a group that comes back starts afresh
+            log.warning("group %s dropped: no member for %g s; it no longer holds the "
+                        "sampler back", name, buffer.group_timeout)
+
+    def _pump_ranked(self, name: str, world_size: int) -> None:
+        """Deal ranked group ``name``'s next messages and send each rank its shares."""
+        group = self._ranked.get(name)
+        if group is None:
+            sender = RankSender(self.data, self.core.tables.retention_of(name), self._replayed)
+            group = self._ranked[name] = _RankedGroup(world_size, self.uneven, sender)
+        buffer = self.buffer
+        while True:
+            self._send_shares(name, group)
+            if group.backlogged:
+                return
+            message = buffer.next_for(name)
+            if message is None:
+                if group.epoch and buffer.epoch_closed(group.epoch):
+                    group.finish_epoch(self.server_id)  # once: the dealer keeps nothing after
+                    self._send_shares(name, group)
+                return
+            group.deal(message)
+            buffer.delivered(name)
+
+    def _send_shares(self, name: str, group: _RankedGroup) -> None:
+        for rank, queue in enumerate(group.queues):
+            target = self.core.rank_target(rank, name) if queue else None
+            while queue and target is not None and group.sender.send(rank, target, queue[0][0]):
+                frames, n_samples, epoch = queue.popleft()
+                self.bytes_sent += _nbytes(frames)
+                self.core.data_sent(n_samples, epoch)
+
+    def _replayed(self, frames: Sequence[Any]) -> None:
+        """A restarted rank was sent what its predecessor had not handed out."""
+        self.bytes_sent += _nbytes(frames)
+        tags = read_tags(frames)
+        self.core.data_sent(len(tags), int(tags[0, 0]))
+
+    def replay_taken_over(self) -> None:
+        """Hand over every rank of a ranked group taken over since the last look."""
+        for name, group in self._ranked.items():
+            group.sender.replay_taken_over(list(self.core.tables.of(name).holders),
+                                           functools.partial(self.core.rank_target, group=name))
+
+    def _deliver(self, name: str, message: BufferedMessage, targets: list[bytes]) -> bool:
+        """Send ``message`` to the next member of ``name`` with room; False if none has."""
+        turn = self._turns.get(name, 0)
+        data = self.data
+        count = len(targets)
+        for step in range(count):
+            identity = targets[(turn + step) % count]
+            try:
+                data.send_multipart([identity, *message.frames], flags=zmq.NOBLOCK, copy=False)
+            except zmq.ZMQError:
+                # Again: its queue is full; EHOSTUNREACH: not connected (yet, or any more).
+                continue
+            self._turns[name] = (turn + step + 1) % count
+            self.buffer.delivered(name)
+            self.bytes_sent += message.nbytes
+            self.core.data_sent(message.n_samples, message.epoch)
+            return True
+        return False
+
+    def _members(self, now: float) -> dict[str, list[bytes]]:
+        """Each group's live trainers, by data-socket identity."""
+        groups: dict[str, list[bytes]] = {}
+        for trainer in self.core.trainers.values():
+            if now - trainer.last_seen <= TRAINER_TIMEOUT:
+                groups.setdefault(trainer.group, []).append(trainer.client_id.encode())
+        return groups
+
+    def _log_lag(self) -> None:
+        now = time.monotonic()
+        lagging = self.buffer.lagging()
+        if lagging is None or (lagging == self._last_lagging
+                               and now - self._last_lag_log < LAG_LOG_INTERVAL):
+            return
+        self._last_lag_log, self._last_lagging = now, lagging
+        log.info("group %s lags: %d message(s) behind, holding the sampler back", lagging,
+                 self.buffer.behind(lagging))
+
+    def stats(self) -> dict[str, int | str | None]:
+        figures = self.buffer.stats()
+        for name, group in self._ranked.items():
+            figures[f"group.{name}.world_size"] = group.dealer.world_size
+        return figures

@@ -1,0 +1,290 @@
+"""Consumer groups: one sampled stream, a bounded buffer of its messages, a cursor per group.
+
+This module owns the state of sampling once for several independent jobs: the
+bounded buffer of encoded data messages (their frames, kept as they are, so a
+message is sent to every group without copying or re-encoding it), each
+group's cursor into it, when a group joining mid-stream starts (at the next
+epoch boundary, or at once), which group lags when the buffer is full, and the
+dropping of a group whose members have all been gone for ``group_timeout``
+seconds. It is pure: time and membership are passed in, and it must never
+touch a socket, read a clock or decide who inside a group gets a message (the
+fan-out shell, :mod:`feedmux.server._fanout`, does that).
+
+A message leaves the buffer once every *active* group (one with a cursor) has
+passed it; a group waiting for its first epoch holds nothing back.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from feedmux.errors import ConfigurationError
+from feedmux.protocol import Hello
+
+__all__ = [
+    "DEFAULT_GROUP",
+    "JOIN_MODES",
+    "BufferedMessage",
+    "GroupBuffer",
+    "GroupState",
+    "parse_group_buffer",
+    "refuse_group",
+]
+
+#: The group of a trainer that names none.
+DEFAULT_GROUP = "default"
+#: When a group that joins mid-stream starts: at the next epoch boundary, or with the next message.
+JOIN_MODES = ("epoch", "now")
+
+_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
+          "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+_SIZE = re.compile(r"^\s*(\d+)\s*([a-z]*)\s*$")
+
+
+def parse_group_buffer(value: int | str) -> tuple[int, int]:
+    """``(max_messages, max_bytes)`` from ``--group-buffer``: a count of messages or a size.
+
+    A plain number is a count of messages; a number with a unit (``B``, ``KiB``,
+    ``MiB``, ``GiB``, ``KB``, ``MB``, ``GB``) is a size in bytes. The other
+    limit is 0 (none).
+
+    Examples
+    --------
+    >>> parse_group_buffer(64), parse_group_buffer("64MiB"), parse_group_buffer("1000")
+    ((64, 0), (0, 67108864), (1000, 0))
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise ConfigurationError(f"expected group_buffer >= 1 message, got {value}")
+        return value, 0
+    match = _SIZE.match(str(value).lower()) if isinstance(value, str) else None
+    if match is None or match.group(2) not in _UNITS or int(match.group(1)) < 1:
+        raise ConfigurationError(
+            f"expected group_buffer a count of messages (e.g. 256) or a size "
+            f"(e.g. 64MiB), got {value!r}")
+    number, unit = int(match.group(1)), match.group(2)
+    return (number, 0) if not unit else (0, number * _UNITS[unit])
+
+
+def refuse_group(hello: Hello, grouped: bool) -> tuple[str, str] | None:
+    """Why ``hello``'s group does not fit a server without groups; None if it does.
+
+    Examples
+    --------
+    >>> refuse_group(Hello("t", group="eval"), grouped=True) is None
+    True
+    >>> refuse_group(Hello("t", group="eval"), grouped=False)[1][:39]
+    'this server has no consumer groups: exp'
+    """
+    if hello.group and hello.group != DEFAULT_GROUP and not grouped:
+        return "feedmux.errors.ConfigurationError", (
+            f"this server has no consumer groups: expected a RemoteLoader without group= "
+            f"(or a server started with --group-buffer), got group {hello.group!r}")
+    return None
+
+
+@dataclass
+class BufferedMessage:
+    """One encoded data message as the sampler made it, sent as is to every group."""
+
+    frames: Sequence[Any]
+    n_samples: int
+    epoch: int
+    nbytes: int
+
+
+@dataclass
+class GroupState:
+    """Where one group is in the stream.
+
+    ``cursor`` is the absolute index of the next message for it (None: waiting
+    for ``start_epoch`` to begin); ``epoch`` and ``position`` say how far its
+    deliveries got (samples of ``epoch`` delivered).
+    """
+
+    name: str
+    start_epoch: int
+    cursor: int | None = None
+    epoch: int = 0
+    position: int = 0
+    delivered_messages: int = 0
+    delivered_samples: int = 0
+    members: int = 0
+    empty_since: float | None = None
+
+
+class GroupBuffer:
+    """The shared buffer of one sampled stream and the groups reading it.
+
+    Examples
+    --------
+    >>> buffer = GroupBuffer(max_messages=2)
+    >>> _ = buffer.join("a", now=0.0)
+    >>> buffer.append(["m1"], n_samples=3, epoch=1, nbytes=10)
+    >>> _ = buffer.join("b", now=0.0)  # mid-epoch: starts with epoch 2
+    >>> buffer.append(["m2"], n_samples=3, epoch=1, nbytes=10)
+    >>> buffer.full, buffer.lagging()
+    (True, 'a')
+    >>> buffer.next_for("a").frames, buffer.next_for("b")
+    (['m1'], None)
+    >>> buffer.delivered("a"); buffer.delivered("a"); buffer.full
+    False
+    >>> buffer.epoch_finished(1); buffer.append(["m3"], n_samples=1, epoch=2, nbytes=10)
+    >>> buffer.next_for("b").frames
+    ['m3']
+    """
+
+    def __init__(self, max_messages: int = 0, max_bytes: int = 0, join: str = "epoch",
+                 group_timeout: float = 10.0) -> None:
+        if max_messages < 1 and max_bytes < 1:
+            raise ConfigurationError(
+                f"expected a limit of messages or bytes >= 1, got {max_messages} messages "
+                f"and {max_bytes} bytes")
+        if join not in JOIN_MODES:
+            raise ConfigurationError(f"expected join 'epoch' or 'now', got {join!r}")
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.join_mode = join
+        self.group_timeout = group_timeout
+        self.groups: dict[str, GroupState] = {}
+        self._messages: deque[BufferedMessage] = deque()
+        self._base = 0  # the absolute index of _messages[0]
+        self._bytes = 0
+        self._last_epoch = 0  # the epoch of the last message appended
+        self._epoch_open = False  # whether more messages of _last_epoch may come
+
+    # -- the stream -------------------------------------------------------------------------
+    @property
+    def end(self) -> int:
+        """The absolute index the next appended message gets."""
+        return self._base + len(self._messages)
+
+    @property
+    def full(self) -> bool:
+        """Whether the sampler must wait (the slowest active group holds the oldest message)."""
+        if not self._messages:
+            return False
+        return ((self.max_messages > 0 and len(self._messages) >= self.max_messages)
+                or (self.max_bytes > 0 and self._bytes >= self.max_bytes))
+
+    def append(self, frames: Sequence[Any], n_samples: int, epoch: int, nbytes: int) -> None:
+        """The sampler made the next message (of ``epoch``)."""
+        index = self.end
+        self._messages.append(BufferedMessage(frames, n_samples, epoch, nbytes))
+        self._bytes += nbytes
+        self._last_epoch, self._epoch_open = epoch, True
+        for group in self.groups.values():
+            if group.cursor is None and epoch >= group.start_epoch:
+                group.cursor = index
+        self._trim()
+
+    def epoch_finished(self, epoch: int) -> None:
+        """Every message of ``epoch`` is in: a group joining now starts with the next epoch."""
+        if epoch >= self._last_epoch:
+            self._last_epoch, self._epoch_open = epoch, False
+
+    def epoch_closed(self, epoch: int) -> bool:
+        """Whether every message of ``epoch`` is in the buffer (or has passed through it)."""
+        return epoch < self._last_epoch or (epoch == self._last_epoch and not self._epoch_open)
+
+    # -- the groups -------------------------------------------------------------------------
+    def join(self, name: str, now: float) -> GroupState:
+        """The group ``name`` (created if new: it starts as the join mode says)."""
+        group = self.groups.get(name)
+        if group is not None:
+            return group
+        if self.join_mode == "now" or not self._epoch_open:
+            group = GroupState(name, start_epoch=self._last_epoch + (0 if self._epoch_open else 1),
+                               cursor=self.end)
+        else:
+            group = GroupState(name, start_epoch=self._last_epoch + 1)
+        group.empty_since = now
+        self.groups[name] = group
+        return group
+
+    def next_for(self, name: str) -> BufferedMessage | None:
+        """The next message for group ``name``, or None if it has them all (or waits)."""
+        cursor = self.groups[name].cursor
+        if cursor is None or cursor >= self.end:
+            return None
+        return self._messages[cursor - self._base]
+
+    def delivered(self, name: str) -> None:
+        """Group ``name``'s next message has gone to one of its members."""
+        group = self.groups[name]
+        assert group.cursor is not None
+        message = self._messages[group.cursor - self._base]
+        group.cursor += 1
+        if message.epoch != group.epoch:
+            group.epoch, group.position = message.epoch, 0
+        group.position += message.n_samples
+        group.delivered_messages += 1
+        group.delivered_samples += message.n_samples
+        if group.cursor - 1 == self._base:
+            self._trim()
+
+    def set_members(self, name: str, members: int, now: float) -> None:
+        """Group ``name`` has ``members`` live trainers at ``now``."""
+        group = self.groups[name]
+        group.members = members
+        if members:
+            group.empty_since = None
+        elif group.empty_since is None:
+            group.empty_since = now
+
+    def expire(self, now: float) -> list[str]:
+        """Drop the groups whose members have all been gone for ``group_timeout`` seconds."""
+        gone = [name for name, group in self.groups.items()
+                if group.empty_since is not None and now - group.empty_since >= self.group_timeout]
+        for name in gone:
+            del self.groups[name]
+        if gone:
+            self._trim()
+        return gone
+
+    def lagging(self) -> str | None:
+        """The active group furthest behind (None when no group has a message pending)."""
+        behind = [(group.cursor, name) for name, group in self.groups.items()
+                  if group.cursor is not None and group.cursor < self.end]
+        return min(behind)[1] if behind else None
+
+    def behind(self, name: str) -> int:
+        """Messages group ``name`` has yet to receive from the buffer."""
+        cursor = self.groups[name].cursor
+        return 0 if cursor is None else self.end - cursor
+
+    @property
+    def drained(self) -> bool:
+        """Whether every active group has every message."""
+        return all(g.cursor is None or g.cursor >= self.end for g in self.groups.values())
+
+    def stats(self) -> dict[str, int | str | None]:
+        """Flat figures for the server's statistics: the buffer, then each group."""
+        figures: dict[str, int | str | None] = {
+            "groups": len(self.groups),
+            "group_buffer_messages": len(self._messages),
+            "group_buffer_bytes": self._bytes,
+            "group_buffer_full": int(self.full),
+            "lagging_group": self.lagging(),
+        }
+        for name, group in sorted(self.groups.items()):
+            key = f"group.{name}."
+            figures[key + "epoch"] = group.epoch
+            figures[key + "position"] = group.position
+            figures[key + "members"] = group.members
+            figures[key + "behind_messages"] = self.behind(name)
+            figures[key + "delivered_samples"] = group.delivered_samples
+            figures[key + "start_epoch"] = group.start_epoch
+        return figures
+
+    def _trim(self) -> None:
+        """Forget the messages every active group has passed (all of them if none is active)."""
+        cursors = [g.cursor for g in self.groups.values() if g.cursor is not None]
+        keep_from = min(cursors, default=self.end)
+        while self._base < keep_from and self._messages:
+            self._bytes -= self._messages.popleft().nbytes
+            self._base += 1

@@ -1,0 +1,86 @@
+"""Where a server's time goes: sampling (busy) versus waiting for trainers (blocked).
+
+This module owns the figures behind the question "is the sampler or the
+trainer the limit?": seconds spent sampling and encoding, per sampling
+process, streams skipped after an error, and seconds the sending loop waited
+because every trainer's queue was full. A :class:`SamplerMeter` lives in
+plain memory for a one-process server and in a shared array for worker
+processes (each worker adds to its own slot, the server process reads them
+all: no messages, no locks, since one writer per slot). It must never read a
+clock of its own, log or decide anything: the producer and the shell measure
+and add, the control core reports.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import MutableSequence
+
+__all__ = ["SLOTS", "SamplerMeter", "SharedMeters", "sampler_stats"]
+
+#: Values per sampling process: busy seconds, streams skipped after an error.
+SLOTS = 2
+_BUSY, _SKIPPED = 0, 1
+
+
+class SamplerMeter:
+    """One sampling process's counters, in ``values[offset : offset + SLOTS]``.
+
+    The values may be a list (one process) or a shared ``RawArray`` (worker
+    processes): a float add per data message is all the producer pays.
+
+    Examples
+    --------
+    >>> meter = SamplerMeter()
+    >>> meter.add_busy(0.25); meter.add_busy(0.5); meter.skipped()
+    >>> meter.busy_seconds, meter.errors_skipped
+    (0.75, 1)
+    """
+
+    __slots__ = ("_offset", "_values")
+
+    def __init__(self, values: MutableSequence[float] | None = None, offset: int = 0) -> None:
+        self._values: MutableSequence[float] = [0.0] * SLOTS if values is None else values
+        self._offset = offset
+
+    def add_busy(self, seconds: float) -> None:
+        self._values[self._offset + _BUSY] += seconds
+
+    def skipped(self) -> None:
+        self._values[self._offset + _SKIPPED] += 1
+
+    @property
+    def busy_seconds(self) -> float:
+        return float(self._values[self._offset + _BUSY])
+
+    @property
+    def errors_skipped(self) -> int:
+        return int(self._values[self._offset + _SKIPPED])
+
+
+class SharedMeters:
+    """The meters of ``count`` worker processes in memory shared across a fork."""
+
+    def __init__(self, count: int) -> None:
+        self._values = multiprocessing.get_context("fork").RawArray("d", SLOTS * count)
+        self.meters = [SamplerMeter(self._values, SLOTS * index) for index in range(count)]
+
+
+def sampler_stats(meters: list[SamplerMeter], blocked_seconds: float) -> dict[str, float | int]:
+    """The figures the control core reports, summed over the sampling processes.
+
+    ``sampler_busy_seconds`` adds up every process's sampling time, so its rate
+    divided by the number of workers is their mean utilisation.
+
+    Examples
+    --------
+    >>> one, two = SamplerMeter(), SamplerMeter()
+    >>> one.add_busy(1.0); two.add_busy(2.0)
+    >>> sampler_stats([one, two], blocked_seconds=0.5)
+    {'sampler_busy_seconds': 3.0, 'send_blocked_seconds': 0.5, 'errors_skipped': 0}
+    """
+    return {
+        "sampler_busy_seconds": round(sum(m.busy_seconds for m in meters), 6),
+        "send_blocked_seconds": round(blocked_seconds, 6),
+        "errors_skipped": sum(m.errors_skipped for m in meters),
+    }

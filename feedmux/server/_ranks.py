@@ -1,0 +1,198 @@
+"""Who holds which rank of a data-parallel job: the admission rules of ranked trainers.
+
+This module owns the server's delivery mode as the trainers' hellos reveal it
+(free trainers, or ``n`` ranked trainers), the table of rank holders, and the
+checks a newcomer must pass: a rank inside ``[0, n)``, the same ``n`` as the
+ranks already known, no second live holder of a rank, no free trainer on a
+ranked server and no ranked one on a free server. With consumer groups each
+group has its own table (:class:`RankTables`): a group is all free trainers or
+the ranks of one job with its own world size. It is pure (time and liveness
+are passed in) and must never send anything: the control core turns its
+answers into messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from feedmux.protocol import Ack, Hello
+from feedmux.server._groups import DEFAULT_GROUP, refuse_group
+from feedmux.server._retention import RankRetention
+
+__all__ = ["MAX_WORLD_SIZE", "RANK_TAKEN", "RankTable", "RankTables"]
+
+#: The error type a newcomer gets while another live trainer holds its rank; the
+#: loader retries its hello for a while, as the holder may be a crashed predecessor.
+RANK_TAKEN = "feedmux.errors.RankTakenError"
+#: The error type of every other refused hello.
+RANK_REFUSED = "feedmux.errors.ConfigurationError"
+#: The largest job a server deals to: a hello names the world size, and anyone who can
+#: reach the control port can send one (the server keeps per-rank state).
+MAX_WORLD_SIZE = 1 << 16
+
+
+class RankTable:
+    """The delivery mode and the holder (a control identity) of each rank.
+
+    ``world_size`` is None until the first trainer's hello, then 0 for free
+    trainers or ``n`` for a job of ``n`` ranks; it stays for the run.
+
+    Examples
+    --------
+    >>> table = RankTable()
+    >>> table.admit(b"a", Hello("a", world_size=2, rank=0), alive=lambda identity: True)
+    >>> table.missing()
+    [1]
+    >>> refused = table.admit(b"b", Hello("b", world_size=3, rank=1), alive=lambda i: True)
+    >>> refused[1]
+    'expected world_size 2 (the ranks already connected), got world_size 3 from rank 1'
+    """
+
+    def __init__(self, name: str = "this server") -> None:
+        #: Who deals to these trainers, in error messages ("this server", "group 'a'").
+        self.name = name
+        self.world_size: int | None = None
+        #: rank -> (control identity, client id) of its holder
+        self.holders: dict[int, tuple[bytes, str]] = {}
+
+    @property
+    def ranked(self) -> bool:
+        return bool(self.world_size)
+
+    def admit(self, identity: bytes, hello: Hello,
+              alive: Callable[[bytes], bool]) -> tuple[str, str] | None:
+        """Admit the trainer behind ``hello``; ``(error type, message)`` when it is refused."""
+        rank, size = hello.rank, hello.world_size
+        if rank < 0:
+            if self.ranked:
+                return RANK_REFUSED, (
+                    f"{self.name} deals to {self.world_size} ranked trainers: expected a "
+                    f"RemoteLoader with rank= and world_size={self.world_size}, got a free "
+                    f"trainer (no rank)"
+                )
+            self.world_size = 0
+            return None
+        if size > MAX_WORLD_SIZE:
+            return RANK_REFUSED, f"expected world_size at most {MAX_WORLD_SIZE}, got {size}"
+        if not 0 <= rank < size:
+            return RANK_REFUSED, f"expected rank in [0, {size}) for world_size {size}, got {rank}"
+        if self.world_size == 0:
+            return RANK_REFUSED, (
+                f"{self.name} deals to free trainers: expected a RemoteLoader without rank, "
+                f"got rank {rank} of world_size {size}"
+            )
+        if self.world_size is not None and size != self.world_size:
+            return RANK_REFUSED, (
+                f"expected world_size {self.world_size} (the ranks already connected), "
+                f"got world_size {size} from rank {rank}"
+            )
+        holder = self.holders.get(rank)
+        if holder is not None and holder[0] != identity and alive(holder[0]):
+            return RANK_TAKEN, (
+                f"rank {rank} is held by live trainer {holder[1]}: expected a free rank, "
+                f"got rank {rank} again from trainer {hello.client_id}"
+            )
+        self.world_size = size
+        self.holders[rank] = (identity, hello.client_id)
+        return None
+
+    def holder(self, rank: int) -> tuple[bytes, str] | None:
+        """(control identity, client id) of the holder of ``rank``, or None."""
+        return self.holders.get(rank)
+
+    def release(self, identity: bytes) -> None:
+        """``identity`` is gone: its rank waits for a successor."""
+        for rank, holder in list(self.holders.items()):
+            if holder[0] == identity:
+                del self.holders[rank]
+
+    def missing(self) -> list[int]:
+        """The ranks nobody holds (all of them before the first ranked hello)."""
+        return [rank for rank in range(self.world_size or 0) if rank not in self.holders]
+
+    def dealt(self, rank: int) -> bool:
+        """Whether ``rank`` is a rank of this job (an acknowledgement of another means nothing)."""
+        return 0 <= rank < (self.world_size or 0)
+
+
+class RankTables:
+    """The rank tables of a server and what each rank was sent: the server's own, or one
+    per consumer group (``grouped``).
+
+    Without groups every trainer is in :attr:`server`'s table; with groups,
+    :attr:`server` stays empty (never ranked) and each group gets a table of
+    its own on its first hello, so one group's ranks never meet another's.
+
+    Examples
+    --------
+    >>> tables = RankTables(grouped=True, retention_limit=8)
+    >>> tables.admit(b"a", Hello("a", world_size=2, rank=0, group="a"), alive=lambda i: True)
+    >>> tables.admit(b"b", Hello("b", group="b"), alive=lambda i: True)
+    >>> tables.of("a").world_size, tables.of("b").world_size, tables.server.ranked
+    (2, 0, False)
+    >>> tables.admit(b"c", Hello("c", group="a"), alive=lambda i: True)[1][:55]
+    "group 'a' deals to 2 ranked trainers: expected a Remote"
+    """
+
+    def __init__(self, grouped: bool, retention_limit: int) -> None:
+        self.grouped = grouped
+        self.retention_limit = retention_limit
+        self.server = RankTable()
+        #: What each rank of the server's own table was sent beyond what it handed out.
+        self.retention = RankRetention(limit=retention_limit)
+        self._groups: dict[str, tuple[RankTable, RankRetention]] = {}
+        self._unknown = RankTable()  # what a group no trainer said hello in looks like
+
+    def _group(self, group: str) -> tuple[RankTable, RankRetention]:
+        entry = self._groups.get(group)
+        if entry is None:
+            entry = self._groups[group] = (RankTable(f"group {group!r}"),
+                                           RankRetention(limit=self.retention_limit))
+        return entry
+
+    def of(self, group: str) -> RankTable:
+        """The table of ``group`` ("" : the default group; the server's own without groups).
+
+        A lookup never creates a table (a heartbeat may name any group): only a
+        hello does.
+        """
+        if not self.grouped:
+            return self.server
+        entry = self._groups.get(group or DEFAULT_GROUP)
+        return self._unknown if entry is None else entry[0]
+
+    def retention_of(self, group: str) -> RankRetention:
+        return self._group(group or DEFAULT_GROUP)[1] if self.grouped else self.retention
+
+    def admit(self, identity: bytes, hello: Hello,
+              alive: Callable[[bytes], bool]) -> tuple[str, str] | None:
+        """Admit ``hello``'s trainer into its group's table; ``(error type, message)`` if not."""
+        refused = refuse_group(hello, self.grouped)
+        if refused is not None:
+            return refused
+        table = self._group(hello.group or DEFAULT_GROUP)[0] if self.grouped else self.server
+        return table.admit(identity, hello, alive)
+
+    def acknowledged(self, group: str, ack: Ack) -> bytes | None:
+        """A rank of ``group`` handed out its share up to ``ack``'s mark; the control
+        identity of the rank's holder if the acknowledgement is from it (a sign of life).
+
+        A rank the group does not deal to (or a group no trainer said hello in)
+        counts for nothing: anyone can reach the control port.
+        """
+        if not self.of(group).dealt(ack.rank):
+            return None
+        self.retention_of(group).handed(ack.rank, ack.client_id.encode(), ack.epoch,
+                                        ack.position)
+        holder = self.of(group).holder(ack.rank)
+        return holder[0] if holder is not None and holder[1] == ack.client_id else None
+
+    def forget(self, group: str) -> None:
+        """``group`` was dropped (no member for its timeout): a new hello starts it afresh."""
+        self._groups.pop(group, None)
+
+    def release(self, identity: bytes) -> None:
+        """``identity`` is gone: its rank (in whichever table) waits for a successor."""
+        self.server.release(identity)
+        for table, _ in self._groups.values():
+            table.release(identity)

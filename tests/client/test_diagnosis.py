@@ -1,0 +1,134 @@
+"""The input-bound diagnosis, driven with a made-up clock and made-up server answers."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from feedmux.client._diagnosis import InputDiagnosis, ServerLoad, explain
+
+
+def answer(uptime: float, busy: float, blocked: float, workers: int = 1) -> dict[str, float]:
+    return {"uptime_s": uptime, "sampler_busy_seconds": busy, "send_blocked_seconds": blocked,
+            "workers": workers}
+
+
+def run_window(diagnosis: InputDiagnosis, waited_fraction: float, window: float = 10.0,
+               start: float = 0.0, messages: int = 10) -> bool:
+    """Messages spread over one window, each after waiting its share; the last one's answer."""
+    asked = False
+    for step in range(1, messages + 1):
+        now = start + step * window / messages
+        asked = diagnosis.message(now=now, waited_from=now - waited_fraction * window / messages,
+                                  samples=4)
+    return asked
+
+
+def test_a_trainer_waiting_on_a_busy_server_is_told_to_add_workers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    diagnosis = InputDiagnosis(links=1, window=10.0, threshold=0.25)
+    assert diagnosis.message(now=0.0, waited_from=-5.0, samples=4)  # the first message: ask
+    assert diagnosis.server_stats(0, answer(100.0, 50.0, 0.0), now=0.0) is None
+    assert run_window(diagnosis, waited_fraction=0.4)
+    with caplog.at_level(logging.WARNING, logger="feedmux.client"):
+        verdict = diagnosis.server_stats(0, answer(110.0, 59.8, 0.0), now=10.0)
+    assert verdict is not None and verdict.startswith("waited for data 40% of the last 10 s")
+    assert "sampling 98% of the time: add --workers" in verdict
+    assert caplog.messages == [verdict]
+    stats = diagnosis.stats()
+    assert stats["wait_fraction"] == pytest.approx(0.4)
+    assert stats["samples_per_second"] == pytest.approx((4 + 40) / 10)  # the first one too
+    assert stats["server_busy_fraction"] == pytest.approx(0.98)
+    assert stats["server_blocked_fraction"] == 0.0
+
+
+def test_busy_is_per_sampling_process() -> None:
+    diagnosis = InputDiagnosis(links=1, window=10.0)
+    diagnosis.message(now=0.0, waited_from=0.0, samples=1)
+    diagnosis.server_stats(0, answer(0.0, 0.0, 0.0, workers=4), now=0.0)
+    diagnosis.server_stats(0, answer(10.0, 20.0, 0.0, workers=4), now=10.0)
+    assert diagnosis.stats()["server_busy_fraction"] == pytest.approx(0.5)
+
+
+def test_a_server_blocked_on_sending_points_at_the_transport() -> None:
+    diagnosis = InputDiagnosis(links=1, window=10.0)
+    diagnosis.message(now=0.0, waited_from=0.0, samples=1)
+    diagnosis.server_stats(0, answer(0.0, 0.0, 0.0), now=0.0)
+    run_window(diagnosis, waited_fraction=0.7)
+    verdict = diagnosis.server_stats(0, answer(10.0, 1.0, 7.0), now=10.0)
+    assert verdict is not None and "blocked on sending 70%" in verdict
+    assert "the network or the transport is the limit" in verdict
+
+
+def test_a_trainer_that_rarely_waits_gets_no_warning(caplog: pytest.LogCaptureFixture) -> None:
+    diagnosis = InputDiagnosis(links=1, window=10.0, threshold=0.25)
+    diagnosis.message(now=0.0, waited_from=0.0, samples=1)
+    diagnosis.server_stats(0, answer(0.0, 0.0, 0.0), now=0.0)
+    with caplog.at_level(logging.WARNING, logger="feedmux.client"):
+        for window in range(3):
+            assert run_window(diagnosis, waited_fraction=0.1, start=10.0 * window)
+            assert diagnosis.server_stats(0, answer(10.0 * (window + 1), 1.0, 9.0),
+                                          now=10.0 * (window + 1)) is None
+    assert caplog.messages == []
+    assert diagnosis.stats()["wait_fraction"] == pytest.approx(0.1)
+
+
+def test_the_first_wait_is_not_the_training_loops() -> None:
+    diagnosis = InputDiagnosis(links=1, window=10.0)
+    diagnosis.message(now=30.0, waited_from=0.0, samples=1)  # connecting took 30 s
+    run_window(diagnosis, waited_fraction=0.0, start=30.0)
+    assert diagnosis.stats()["wait_fraction"] == 0.0
+
+
+def test_without_an_answer_the_verdict_comes_at_the_next_window_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    diagnosis = InputDiagnosis(links=1, window=10.0)
+    diagnosis.message(now=0.0, waited_from=0.0, samples=1)
+    run_window(diagnosis, waited_fraction=0.9)
+    with caplog.at_level(logging.WARNING, logger="feedmux.client"):
+        run_window(diagnosis, waited_fraction=0.0, start=10.0)
+    assert len(caplog.messages) == 1
+    assert "no statistics from the server" in caplog.messages[0]
+
+
+def test_every_server_is_heard_before_the_verdict() -> None:
+    diagnosis = InputDiagnosis(links=2, window=10.0)
+    diagnosis.message(now=0.0, waited_from=0.0, samples=1)
+    for link in (0, 1):
+        diagnosis.server_stats(link, answer(0.0, 0.0, 0.0), now=0.0)
+    run_window(diagnosis, waited_fraction=0.5)
+    assert diagnosis.server_stats(0, answer(10.0, 1.0, 0.0), now=10.0) is None
+    verdict = diagnosis.server_stats(1, answer(10.0, 9.5, 0.0), now=10.0)
+    assert verdict is not None and "sampling 95%" in verdict
+
+
+def test_an_old_server_without_the_figures_is_ignored() -> None:
+    diagnosis = InputDiagnosis(links=1, window=10.0)
+    diagnosis.server_stats(0, {"uptime_s": 1.0}, now=0.0)
+    diagnosis.server_stats(0, {"uptime_s": 2.0}, now=1.0)
+    assert diagnosis.stats()["server_busy_fraction"] is None
+
+
+def test_explain_names_a_cause_for_a_server_neither_busy_nor_blocked() -> None:
+    text = explain(0.3, 60, [ServerLoad(busy=0.1, blocked=0.1)])
+    assert "neither sampling (10%) nor blocked (10%)" in text
+
+
+def test_only_statistics_answers_are_taken_from_the_control_messages() -> None:
+    from feedmux.protocol import Stats, Welcome
+
+    diagnosis = InputDiagnosis(links=1, window=10.0)
+    assert not diagnosis.answer(0, Welcome("s"), now=0.0)
+    assert diagnosis.answer(0, Stats(answer(0.0, 0.0, 0.0)), now=0.0)
+    assert diagnosis.answer(0, Stats(answer(10.0, 3.0, 0.0)), now=10.0)
+    assert diagnosis.stats()["server_busy_fraction"] == pytest.approx(0.3)
+
+
+def test_turned_off_it_asks_nothing_and_reports_none() -> None:
+    diagnosis = InputDiagnosis(links=1, window=None)
+    assert not diagnosis.message(now=0.0, waited_from=0.0, samples=1)
+    assert not diagnosis.message(now=100.0, waited_from=0.0, samples=1)
+    assert set(diagnosis.stats().values()) == {None}

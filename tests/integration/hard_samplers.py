@@ -1,0 +1,61 @@
+"""Sources for the hardening tests (imported by server processes as MODULE:ATTR)."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+import feedmux
+
+
+def _second_item_raises() -> Iterator[dict[str, Any]]:
+    yield {"id": np.int64(0)}
+    raise ValueError("the second item always fails")
+
+
+def first_pull_fails() -> feedmux.Streamer:
+    """Split by items over 2 workers, shard 1's first pull of every epoch raises."""
+    return feedmux.Streamer(_second_item_raises)
+
+
+def _stuck() -> Iterator[dict[str, Any]]:
+    while True:  # user code that never yields (and sleeps through every signal)
+        time.sleep(3600)
+    yield {}
+
+
+def stuck() -> feedmux.Streamer:
+    return feedmux.Streamer(_stuck)
+
+
+def _draws(count: int) -> Iterator[dict[str, Any]]:
+    for _ in range(count):
+        yield {"np": np.float64(np.random.random()), "py": random.random()}
+
+
+def draws(streams: int = 2, count: int = 10) -> feedmux.ChainMux:
+    """Streams of draws from the global RNGs, one stream per worker.
+
+    Seeded here, in the server process before it forks its workers, as a sampler
+    module that seeds at import would be: every worker then starts from this state.
+    """
+    np.random.seed(0)
+    random.seed(0)
+    return feedmux.ChainMux([feedmux.Streamer(_draws, count) for _ in range(streams)],
+                            mode="exhaustive")
+
+
+def _reused(count: int, megabytes: int) -> Iterator[dict[str, Any]]:
+    buffer = np.empty(megabytes * (1 << 20) // 8, dtype=np.int64)
+    for i in range(count):
+        buffer[:] = i
+        yield {"id": np.int64(i), "x": buffer}
+
+
+def reused(count: int = 300, megabytes: int = 4) -> feedmux.Streamer:
+    """A streamer that writes every sample into the same array."""
+    return feedmux.Streamer(_reused, count, megabytes)

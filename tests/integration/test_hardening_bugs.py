@@ -1,0 +1,196 @@
+"""Regression tests for the bugs of the hardening issue, each against real processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.attacks import ask
+from feedmux import RemoteLoader, Server
+from feedmux.errors import TransportError
+from feedmux.protocol import Hello, Welcome, decode, encode
+from tests.integration.conftest import _START_LINE, ROOT, wait_until
+
+SAMPLERS = "tests.integration.hard_samplers"
+
+
+@pytest.fixture
+def started() -> Iterator[list[Server]]:
+    servers: list[Server] = []
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def _samples(server: Server, timeout: float = 15.0) -> list[dict[str, Any]]:
+    with RemoteLoader(server.data_address, control=server.control_address, timeout=timeout,
+                      reliable=server.config.reliable) as loader:
+        return list(loader)
+
+
+def test_skip_with_workers_survives_a_shard_whose_first_pull_raises(
+        started: list[Server]) -> None:
+    server = Server(f"{SAMPLERS}:first_pull_fails", bind="tcp://127.0.0.1:0", workers=2,
+                    epochs=2, on_error="skip")
+    started.append(server.start())
+    # Shard 0 gives item 0 then fails, shard 1 fails on its first pull: each epoch is
+    # item 0 alone, and the run ends (before the fix the server waited for shard 1
+    # forever and its worker logged the error in a tight loop).
+    assert [int(s["id"]) for s in _samples(server)] == [0, 0]
+    assert server.join(10) == 0
+
+
+def test_forked_workers_never_share_the_global_rngs(started: list[Server]) -> None:
+    server = Server(f"{SAMPLERS}:draws", bind="tcp://127.0.0.1:0", workers=2, epochs=1)
+    started.append(server.start())
+    samples = _samples(server)
+    assert len(samples) == 20
+    assert len({float(s["np"]) for s in samples}) == 20
+    assert len({s["py"] for s in samples}) == 20
+
+
+def test_a_port_out_of_range_is_refused() -> None:
+    with pytest.raises(TransportError, match=r"expected a port in \[0, 65535\], got 99999"):
+        Server(f"{SAMPLERS}:stuck", bind="tcp://127.0.0.1:99999").start(timeout=20)
+
+
+def test_a_server_started_from_a_threaded_parent_is_not_forked(started: list[Server]) -> None:
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait, args=(30,))
+    thread.start()
+    try:
+        server = Server(f"{SAMPLERS}:draws", bind="tcp://127.0.0.1:0", epochs=1)
+        started.append(server.start())
+        assert server.start_method == "forkserver"
+        assert len(_samples(server)) == 20
+    finally:
+        release.set()
+        thread.join(5)
+    assert not thread.is_alive()
+
+
+def _read_lines(stream: Any, lines: list[str]) -> None:
+    for line in stream:
+        lines.append(line)
+
+
+@contextlib.contextmanager
+def _cli_server(*args: str) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+    """``feedmux serve ARGS`` on port 0, its stderr lines collected; killed by pid after."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "feedmux", "serve", *args, "--bind", "tcp://127.0.0.1:0"],
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=_read_lines, args=(process.stderr, lines))
+    reader.start()
+    try:
+        wait_until(lambda: any("serving" in line for line in lines), 20, "the start line")
+        yield process, lines
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+        reader.join(10)
+    assert not reader.is_alive()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_stops_a_server_stuck_in_user_code(signum: int) -> None:
+    with _cli_server(f"{SAMPLERS}:stuck") as (process, lines):
+        # The server samples once a trainer said hello (its hello tells the delivery mode):
+        # one hello answered, and it is in the streamer, which never returns.
+        start = next(match for line in lines if (match := _START_LINE.search(line)))
+        reply = ask(start[2], [bytes(frame) for frame in encode(Hello("stuck-test"))],
+                    timeout=10)
+        assert reply is not None and isinstance(decode(reply), Welcome)
+
+        # Two signals sent back to back may reach Python's handler as one: keep sending
+        # until it stops (before the fix no number of them stopped it).
+        def stopped() -> bool:
+            process.send_signal(signum)
+            try:
+                process.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+
+        wait_until(stopped, 5, "the server to stop")
+        assert process.returncode == 128 + signum
+
+
+def test_keygen_never_leaves_the_secret_readable(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from feedmux._security import create_keys
+
+    # With chmod doing nothing, the mode left is the mode the file was created with.
+    monkeypatch.setattr(os, "chmod", lambda *args, **kwargs: None)
+    previous = os.umask(0)
+    try:
+        public, secret = create_keys(tmp_path, "server")
+    finally:
+        os.umask(previous)
+    assert secret.stat().st_mode & 0o777 == 0o600
+    assert public.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_failed_bind_leaves_no_thread_or_socket_behind(tmp_path: Path,
+                                                          started: list[Server]) -> None:
+    from feedmux._security import create_keys
+    from feedmux.server._shell import Endpoints
+    from feedmux.server.config import ServerConfig
+
+    _, secret = create_keys(tmp_path, "server")
+    first = Server(f"{SAMPLERS}:stuck", bind="tcp://127.0.0.1:0")
+    started.append(first.start())
+    threads = threading.active_count()
+    config = ServerConfig(source=f"{SAMPLERS}:stuck", bind=first.data_address,
+                          control="tcp://127.0.0.1:0", curve_secret=str(secret))
+    with pytest.raises(TransportError, match=r"(?i)address already in use"):
+        Endpoints(config, stopping=False)
+    wait_until(lambda: threading.active_count() == threads, 5, "the authenticator to stop")
+
+
+@pytest.mark.parametrize("reliable", [False, True], ids=["plain", "reliable"])
+def test_a_streamer_reusing_one_array_never_corrupts_a_sample(
+        started: list[Server], reliable: bool) -> None:
+    server = Server(f"{SAMPLERS}:reused", bind="tcp://127.0.0.1:0", epochs=1, hwm=4,
+                    reliable=reliable, factory_kwargs={"count": 120, "megabytes": 1})
+    started.append(server.start())
+    samples = _samples(server, timeout=30)
+    assert len(samples) == 120
+    corrupted = [int(s["id"]) for s in samples if not (s["x"] == int(s["id"])).all()]
+    assert corrupted == []
+
+
+def test_a_refused_curve_key_is_reported_on_both_sides(tmp_path: Path) -> None:
+    import re
+
+    from feedmux._security import create_keys
+    from feedmux.errors import TransportTimeoutError
+
+    server_public, server_secret = create_keys(tmp_path, "server")
+    create_keys(tmp_path / "allowed", "trainer")
+    _, stranger = create_keys(tmp_path, "stranger")
+    with _cli_server(f"{SAMPLERS}:draws", "--curve-secret", str(server_secret),
+                     "--curve-clients", str(tmp_path / "allowed")) as (_, lines):
+        start = next(line for line in lines if "serving" in line)
+        found = re.search(r"data (\S+), control (\S+),", start)
+        assert found is not None, start
+        with RemoteLoader(found[1], control=found[2], timeout=2.0,
+                          curve_server_key=str(server_public),
+                          curve_certificate=str(stranger)) as loader, pytest.raises(
+                TransportTimeoutError, match="CURVE authentication refused"):
+            next(loader)
+        wait_until(lambda: any("CURVE authentication refused" in line for line in lines), 10,
+                   "the server to log the refusal")

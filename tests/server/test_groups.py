@@ -1,0 +1,200 @@
+"""The consumer groups' buffer (pure): cursors, joining, lag, dropping, the bound."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from feedmux.errors import ConfigurationError
+from feedmux.protocol import Hello
+from feedmux.server._groups import GroupBuffer, parse_group_buffer
+from feedmux.server._ranks import RankTables
+
+
+def _drain(buffer: GroupBuffer, name: str) -> list[object]:
+    got = []
+    while (message := buffer.next_for(name)) is not None:
+        got.append(message.frames[0])
+        buffer.delivered(name)
+    return got
+
+
+def test_every_group_gets_every_message_in_order() -> None:
+    buffer = GroupBuffer(max_messages=10)
+    for name in "abc":
+        buffer.join(name, now=0.0)
+    for index in range(5):
+        buffer.append([index], n_samples=2, epoch=1, nbytes=1)
+    assert [_drain(buffer, name) for name in "abc"] == [list(range(5))] * 3
+    assert buffer.drained and buffer.stats()["group_buffer_messages"] == 0
+    assert buffer.groups["b"].epoch == 1 and buffer.groups["b"].position == 10
+
+
+def test_the_slowest_group_fills_the_buffer_and_is_named() -> None:
+    buffer = GroupBuffer(max_messages=3)
+    buffer.join("fast", now=0.0)
+    buffer.join("slow", now=0.0)
+    for index in range(3):
+        buffer.append([index], n_samples=1, epoch=1, nbytes=1)
+        _drain(buffer, "fast")
+    assert buffer.full and buffer.lagging() == "slow" and buffer.behind("slow") == 3
+    assert buffer.stats()["lagging_group"] == "slow"
+    buffer.delivered("slow")
+    assert not buffer.full
+
+
+def test_the_byte_limit_bounds_the_buffer() -> None:
+    buffer = GroupBuffer(max_bytes=100)
+    buffer.join("a", now=0.0)
+    buffer.append([0], n_samples=1, epoch=1, nbytes=60)
+    assert not buffer.full
+    buffer.append([1], n_samples=1, epoch=1, nbytes=60)
+    assert buffer.full
+    buffer.delivered("a")
+    assert not buffer.full
+
+
+def test_a_group_joining_mid_epoch_starts_at_the_next_epoch() -> None:
+    buffer = GroupBuffer(max_messages=100)
+    buffer.join("a", now=0.0)
+    buffer.append(["e1-0"], n_samples=1, epoch=1, nbytes=1)
+    late = buffer.join("late", now=0.0)
+    assert late.start_epoch == 2 and late.cursor is None
+    buffer.append(["e1-1"], n_samples=1, epoch=1, nbytes=1)
+    assert buffer.next_for("late") is None
+    buffer.epoch_finished(1)
+    buffer.append(["e2-0"], n_samples=1, epoch=2, nbytes=1)
+    assert _drain(buffer, "late") == ["e2-0"]
+    assert _drain(buffer, "a") == ["e1-0", "e1-1", "e2-0"]
+
+
+def test_a_group_joining_at_an_epoch_boundary_starts_with_the_next_message() -> None:
+    buffer = GroupBuffer(max_messages=100)
+    buffer.join("a", now=0.0)
+    buffer.append(["e1"], n_samples=1, epoch=1, nbytes=1)
+    buffer.epoch_finished(1)
+    assert buffer.join("b", now=0.0).start_epoch == 2
+    buffer.append(["e2"], n_samples=1, epoch=2, nbytes=1)
+    assert _drain(buffer, "b") == ["e2"]
+
+
+def test_join_now_starts_with_the_next_message() -> None:
+    buffer = GroupBuffer(max_messages=100, join="now")
+    buffer.join("a", now=0.0)
+    buffer.append(["e1-0"], n_samples=1, epoch=1, nbytes=1)
+    buffer.join("now", now=0.0)
+    buffer.append(["e1-1"], n_samples=1, epoch=1, nbytes=1)
+    assert _drain(buffer, "now") == ["e1-1"]
+
+
+def test_a_group_without_members_is_dropped_after_the_timeout_and_frees_the_buffer() -> None:
+    buffer = GroupBuffer(max_messages=2, group_timeout=5.0)
+    buffer.join("live", now=0.0)
+    buffer.join("gone", now=0.0)
+    buffer.set_members("live", 1, now=0.0)
+    buffer.set_members("gone", 1, now=0.0)
+    for index in range(2):
+        buffer.append([index], n_samples=1, epoch=1, nbytes=1)
+    _drain(buffer, "live")
+    assert buffer.full
+    buffer.set_members("gone", 0, now=1.0)
+    assert buffer.expire(now=5.9) == []
+    buffer.set_members("gone", 1, now=2.0)  # a member came back: the clock restarts
+    buffer.set_members("gone", 0, now=3.0)
+    assert buffer.expire(now=7.9) == []
+    assert buffer.expire(now=8.0) == ["gone"]
+    assert not buffer.full and "gone" not in buffer.groups
+
+
+def test_messages_nobody_needs_are_not_kept() -> None:
+    buffer = GroupBuffer(max_messages=2)
+    buffer.join("a", now=0.0)
+    buffer.append([0], n_samples=1, epoch=1, nbytes=1)
+    buffer.join("waiting", now=0.0)  # mid-epoch: holds nothing back
+    _drain(buffer, "a")
+    buffer.append([1], n_samples=1, epoch=1, nbytes=1)
+    buffer.append([2], n_samples=1, epoch=1, nbytes=1)
+    assert buffer.lagging() == "a" and buffer.behind("waiting") == 0
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (5, (5, 0)), ("5", (5, 0)), ("2KiB", (0, 2048)), ("3 MB", (0, 3_000_000)),
+])
+def test_group_buffer_sizes(value: int | str, expected: tuple[int, int]) -> None:
+    assert parse_group_buffer(value) == expected
+
+
+@pytest.mark.parametrize("value", [0, -1, "0", "lots", "5 parsecs", "1.5MiB"])
+def test_bad_group_buffer_sizes_are_refused(value: int | str) -> None:
+    with pytest.raises(ConfigurationError, match="expected group_buffer"):
+        parse_group_buffer(value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["append", "end", "a", "b", "c", "join"]),
+                          st.integers(0, 2)), max_size=80))
+def test_every_active_group_sees_the_stream_in_order_from_its_start(events: list) -> None:
+    """Whatever the interleaving, each group receives a gap-free run of the stream, and
+    a group that joined by the epoch rule starts at the first message of an epoch."""
+    buffer = GroupBuffer(max_messages=4)
+    buffer.join("a", now=0.0)
+    epoch, sent, got = 1, 0, {"a": []}
+    firsts = {1: 0}
+    for action, arg in events:
+        if action == "append" and not buffer.full:
+            buffer.append([(epoch, sent)], n_samples=1, epoch=epoch, nbytes=1)
+            sent += 1
+        elif action == "end":
+            buffer.epoch_finished(epoch)
+            epoch += 1
+            firsts[epoch] = sent
+        elif action == "join":
+            name = "bc"[arg % 2]
+            if name not in buffer.groups:
+                buffer.join(name, now=0.0)
+                got[name] = []
+        elif action in buffer.groups and buffer.next_for(action) is not None:
+            got[action].append(buffer.next_for(action).frames[0])
+            buffer.delivered(action)
+    for name, messages in got.items():
+        numbers = [number for _, number in messages]
+        assert numbers == list(range(numbers[0], numbers[0] + len(numbers))) if numbers else True
+        if messages and name != "a":
+            first_epoch, first_number = messages[0]
+            assert firsts[first_epoch] == first_number
+    assert len(buffer.groups) and buffer.stats()["groups"] == len(buffer.groups)
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    ({"group_buffer": 8, "reliable": True}, "expected reliable=False with group_buffer"),
+    ({"group_buffer": "8 furlongs"}, "expected group_buffer"),
+    ({"group_buffer": 8, "join": "later"}, "expected join 'epoch' or 'now'"),
+    ({"group_buffer": 8, "group_timeout": 0}, "expected group_timeout > 0"),
+])
+def test_bad_group_settings_are_refused(options: dict[str, object], expected: str) -> None:
+    from feedmux.server.config import ServerConfig
+
+    with pytest.raises(ConfigurationError, match=expected):
+        ServerConfig(source="unused:source", **options)  # type: ignore[arg-type]
+
+
+def test_an_epoch_is_closed_once_its_last_message_is_in() -> None:
+    buffer = GroupBuffer(max_messages=4)
+    buffer.join("a", now=0.0)
+    buffer.append(["m1"], n_samples=2, epoch=1, nbytes=1)
+    assert not buffer.epoch_closed(1)
+    buffer.epoch_finished(1)
+    assert buffer.epoch_closed(1) and not buffer.epoch_closed(2)
+    buffer.append(["m2"], n_samples=2, epoch=2, nbytes=1)
+    assert buffer.epoch_closed(1) and not buffer.epoch_closed(2)
+
+
+def test_a_dropped_group_forgets_its_ranks() -> None:
+    tables = RankTables(grouped=True, retention_limit=4)
+    assert tables.admit(b"a", Hello("a", world_size=2, rank=0, group="g"), lambda i: True) is None
+    tables.forget("g")
+    assert not tables.of("g").ranked
+    # Its trainers coming back may form the group again, even with another world size.
+    assert tables.admit(b"b", Hello("b", world_size=3, rank=2, group="g"), lambda i: True) is None
+    assert tables.of("g").world_size == 3
