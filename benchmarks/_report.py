@@ -121,6 +121,8 @@ def _row(rows: list[dict[str, Any]], peer: str, transport: str = "tcp", **option
             continue
         if ("ranked" in flags) != bool(options.get("ranked", 0)):
             continue
+        if ("seeded" in flags) != bool(options.get("seeded", 0)):
+            continue
         if int(workers[1:]) != options.get("workers", int(workers[1:])):
             continue
         if int(trainers[1:]) != options.get("trainers", 1):
@@ -229,6 +231,12 @@ def targets(summary: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
             "cpu-bound: feedmux --workers 2 ≥ 1.7x --workers 1",
             _ratio(_row(cpu, "feedmux", workers=2), _row(cpu, "feedmux", workers=1)),
             1.7,
+            "x",
+        )
+        check(
+            "context: cpu-bound, feedmux --workers 2: seeded (fixed merge order) / unseeded",
+            _ratio(_row(cpu, "feedmux", workers=2, seeded=1), _row(cpu, "feedmux", workers=2)),
+            None,
             "x",
         )
     two = summary.get(TWO_TRAINERS)

@@ -124,6 +124,7 @@ def _start_feedmux(contender: Contender, kind: str, endpoints: Endpoints) -> Pro
         bind=endpoints.data,
         control=endpoints.control,
         workers=contender.workers,
+        seed=contender.seed,
         zero_copy=contender.zero_copy,
         factory_kwargs={"kind": kind},
     )

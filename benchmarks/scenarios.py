@@ -136,6 +136,7 @@ class Contender:
     workers: int = 1  # producer processes (feedmux --workers, DataLoader num_workers)
     trainers: int = 1  # consuming processes sharing the producer
     show_workers: bool = False  # name the worker count in the label
+    seed: int | None = None  # feedmux --seed: a repeatable run (workers merged in a fixed order)
     zero_copy: bool = False  # feedmux: arrays sent as views (the streamer promises no reuse)
     ranked: bool = False  # feedmux: the trainers are the ranks of one job (rank=, world_size=)
 
@@ -153,6 +154,8 @@ class Contender:
             parts.append(f"{self.workers} worker{'s' if self.workers != 1 else ''}")
         if self.trainers != 1:
             parts.append(f"{self.trainers} {'ranked ' if self.ranked else ''}trainers")
+        if self.seed is not None:
+            parts.append("seeded")
         if self.zero_copy:
             parts.append("zero-copy")
         return ", ".join(parts)
@@ -161,6 +164,7 @@ class Contender:
     def key(self) -> str:
         key = f"{self.peer}/{self.transport}/w{self.workers}/t{self.trainers}"
         key += "/ranked" if self.ranked else ""
+        key += "" if self.seed is None else "/seeded"
         return key + "/zc" if self.zero_copy else key
 
 
@@ -227,6 +231,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         (
             Contender("feedmux", "tcp", workers=1, show_workers=True),
             Contender("feedmux", "tcp", workers=2, show_workers=True),
+            Contender("feedmux", "tcp", workers=2, show_workers=True, seed=0),
             Contender("torch", "queue", workers=1),
             Contender("torch", "queue", workers=2),
             Contender("inline", "none"),

@@ -28,6 +28,7 @@ from feedmux.errors import (
 )
 
 if TYPE_CHECKING:
+    from feedmux._worker_info import WorkerInfo, worker_info
     from feedmux.client.remote import RemoteLoader, SampleMeta, fetch_stats
     from feedmux.client.stream import ManualStream, Stream
     from feedmux.sampling.maps import buffer_stream, keras_tuples, tuples
@@ -54,6 +55,8 @@ _LAZY = {
     "Stream": "feedmux.client.stream",
     "fetch_stats": "feedmux.client.remote",
     "serve": "feedmux.server.server",
+    "WorkerInfo": "feedmux._worker_info",
+    "worker_info": "feedmux._worker_info",
 }
 
 
@@ -98,6 +101,7 @@ __all__ = [
     "TransportError",
     "TransportTimeoutError",
     "VersionMismatchError",
+    "WorkerInfo",
     "__version__",
     "buffer_stream",
     "fetch_stats",
@@ -105,4 +109,5 @@ __all__ = [
     "serve",
     "streamable",
     "tuples",
+    "worker_info",
 ]

@@ -10,7 +10,7 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from feedmux._transport import DEFAULT_BIND, DEFAULT_HWM
 from feedmux._version import __version__
@@ -18,14 +18,23 @@ from feedmux._version import __version__
 EXIT_USAGE = 2
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _int_at_least(minimum: int, what: str) -> Callable[[str], int]:
+    """An argparse type: an int >= ``minimum``, else "expected <what>, got ..."."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1, "a positive integer")
+_seed = _int_at_least(0, "an integer >= 0")
 
 
 def _positive_float(text: str) -> float:
@@ -62,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="control endpoint (default: data port + 1; port 0 if that is 0)")
     serve.add_argument("--workers", type=_positive_int, default=1,
                        help="sampling processes (default 1)")
+    serve.add_argument("--seed", type=_seed,
+                       help="reseed every sampling process per epoch from (seed, worker, epoch) "
+                            "(default: the mux's integer random_state, else fresh each run)")
     serve.add_argument("--epochs", type=_positive_int, help="stop after N epochs (default: never)")
     serve.add_argument("--epoch-size", type=_positive_int,
                        help="declare the epoch size (default: measured after one epoch)")
@@ -186,7 +198,7 @@ def _serve(args: argparse.Namespace) -> int:
             group_buffer=_group_buffer(args.group_buffer), join=args.join,
             group_timeout=args.group_timeout,
             curve_secret=args.curve_secret, curve_clients=args.curve_clients,
-            metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+            metrics_port=args.metrics_port, metrics_host=args.metrics_host, seed=args.seed,
         )
     except (FactoryError, ConfigurationError) as error:
         print(f"feedmux serve: error: {error}", file=sys.stderr)

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from benchmarks import run
-from benchmarks.scenarios import SCENARIOS
+from benchmarks.scenarios import SCENARIOS, Contender
 
 
 @pytest.mark.timeout(120)
@@ -39,13 +39,7 @@ def test_every_scenario_runs_for_a_few_samples(tmp_path):
 
 
 def _key(record):
-    contender = record["contender"]
-    key = (
-        f"{contender['peer']}/{contender['transport']}"
-        f"/w{contender['workers']}/t{contender['trainers']}"
-        + ("/ranked" if contender["ranked"] else "")
-    )
-    return key + "/zc" if contender.get("zero_copy") else key
+    return Contender(**record["contender"]).key
 
 
 def test_scenarios_are_picked_by_key_or_number():

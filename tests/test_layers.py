@@ -23,7 +23,7 @@ PACKAGE = REPO / "feedmux"
 # What each pure package must never bring in, at run time or in its source.
 PURE = {
     "feedmux.protocol": ("zmq", "feedmux.server", "feedmux.client", "feedmux.sampling"),
-    "feedmux.sampling": ("zmq", "feedmux.server", "feedmux.client"),
+    "feedmux.sampling": ("zmq", "feedmux.server", "feedmux.client", "feedmux._worker_info"),
 }
 # The serving side and the training side know the protocol, never each other.
 APART = {
@@ -74,6 +74,14 @@ def test_pure_package_imports_nothing_forbidden(package: str) -> None:
 def test_pure_package_imported_the_usual_way_imports_nothing_forbidden(package: str) -> None:
     loaded = _modules_after(f"import {package}")
     assert _forbidden(loaded, PURE[package]) == [], f"importing {package} brought these in"
+
+
+def test_worker_info_is_a_leaf() -> None:
+    """User code reads ``feedmux.worker_info()`` without loading zmq or any other layer."""
+    loaded = _modules_after(f"{_WITHOUT_TOP_LEVEL}\nimport feedmux._worker_info")
+    others = sorted(name for name in loaded if _is_within(name, "feedmux")
+                    and name not in ("feedmux", "feedmux._worker_info"))
+    assert others == [] and "zmq" not in loaded
 
 
 def _module_name(path: Path) -> str:

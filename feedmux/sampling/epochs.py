@@ -58,6 +58,10 @@ class EpochIterator(Generic[T]):
     max_epochs : int >= 0 or None
         Stop after this many epochs (interrupted ones included); None runs
         forever.
+    on_epoch_start : callable(epoch), optional
+        Called with the epoch's number just before the streamer is activated
+        for it, so what it sets (a process's random state) reaches the whole
+        epoch, its first item included.
     on_epoch_end : callable(epoch, count), optional
         Called after each complete epoch with its number and its item count,
         before the first item of the next epoch is drawn.
@@ -100,6 +104,7 @@ class EpochIterator(Generic[T]):
         streamer: Streamer[T] | Any,
         *,
         max_epochs: int | None = None,
+        on_epoch_start: Callable[[int], None] | None = None,
         on_epoch_end: Callable[[int, int], None] | None = None,
         on_stream_error: StreamErrorHook | None = None,
         prepare: Callable[[T], T] | None = None,
@@ -110,6 +115,7 @@ class EpochIterator(Generic[T]):
             )
         self.streamer: Streamer[T] = streamer if is_streamer(streamer) else Streamer(streamer)
         self.max_epochs = None if max_epochs is None else int(max_epochs)
+        self.on_epoch_start = on_epoch_start
         self.on_epoch_end = on_epoch_end
         self.on_stream_error = on_stream_error
         self.prepare = prepare
@@ -167,6 +173,8 @@ class EpochIterator(Generic[T]):
                 raise SamplingError(self._empty_message())
             self.epoch += 1
             self._position = 0
+            if self.on_epoch_start is not None:
+                self.on_epoch_start(self.epoch)
             self._chunks = activate(self.streamer, None, self.on_stream_error)
             if self._resume is not None:
                 self._skip_to_resume()

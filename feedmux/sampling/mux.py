@@ -32,7 +32,7 @@ from feedmux.sampling._passes import (
     StochasticPass,
 )
 from feedmux.sampling._rng import SeedPlan, seed_plan
-from feedmux.sampling.streamer import Streamer, StreamErrorHook
+from feedmux.sampling.streamer import Streamer, StreamErrorHook, is_integer
 
 __all__ = ["BaseMux", "ChainMux", "RoundRobinMux", "ShuffledMux", "StochasticMux", "restart_passes"]
 
@@ -84,7 +84,20 @@ class BaseMux(Streamer[T]):
         self._active = 0
         self._factory = None
         self._seed_plan: SeedPlan = seed_plan(random_state)
+        # Kept apart from the plan: a server without a seed of its own takes this one.
+        self._int_seed = int(random_state) if is_integer(random_state) else None
         self._passes = 0
+
+    @property
+    def seed(self) -> int | None:
+        """The integer ``random_state`` this mux was given, or None (unseeded, or a generator).
+
+        Examples
+        --------
+        >>> ChainMux(["ab"], random_state=4).seed, ChainMux(["ab"]).seed
+        (4, None)
+        """
+        return self._int_seed
 
     @property
     def n_streams(self) -> int:

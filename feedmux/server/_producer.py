@@ -197,6 +197,7 @@ def produce(
     epoch_done: Callable[[int, int], bool] = lambda epoch, count: True,
     dealer: RankDealer | None = None,
     meter: SamplerMeter | None = None,
+    align: int | None = None,
     start: tuple[int, int] | None = None,
 ) -> int:
     """Take chunks of items, encode each as a data message and ``send`` it.
@@ -217,6 +218,10 @@ def produce(
     With a ``dealer`` (ranked trainers) each chunk is dealt to the ranks before
     it is encoded, one message per rank, and ``send`` gets the rank as a fourth
     argument.
+
+    With ``align``, no message crosses a multiple of ``align`` samples of its
+    epoch (counting the samples sent), so a server merging several workers in
+    blocks of ``align`` gets the same order whatever the message sizes.
 
     ``meter`` gets the seconds spent sampling and encoding each message (not
     sending it: that is the shell's blocked time) and every skipped stream.
@@ -242,7 +247,7 @@ def produce(
     if dealer is not None:
         return _produce_ranked(epochs, send, policy, server_id, skip_errors, epoch_done, meter,
                                dealer, start)
-    return _produce(epochs, send, policy, server_id, skip_errors, epoch_done, meter)
+    return _produce(epochs, send, policy, server_id, skip_errors, epoch_done, meter, align)
 
 
 def _produce(
@@ -253,6 +258,7 @@ def _produce(
     skip_errors: bool,
     epoch_done: Callable[[int, int], bool],
     meter: SamplerMeter,
+    align: int | None,
 ) -> int:
     clock = time.perf_counter
     pacer = _Pacer(policy)
@@ -260,7 +266,10 @@ def _produce(
     while True:
         started = clock()
         try:
-            chunk = epochs.take(pacer.limit())
+            limit = pacer.limit()
+            if align is not None:
+                limit = min(limit, align - epoch_count % align)
+            chunk = epochs.take(limit)
         except StopIteration:
             return sent
         except Exception as error:

@@ -1,12 +1,17 @@
 """Sampling worker processes: each runs one shard of the streamer.
 
 A worker pushes encoded data messages to the server process over an internal
-endpoint and, after each epoch of its shard, an ``EndOfEpoch`` marker; it then
-waits until the server has heard the end of that epoch from every worker, so
-epochs leave the server one after the other (no shard runs ahead). Workers are
-forked before the server creates its ZeroMQ context, create their own, and die
-with their parent (``PR_SET_PDEATHSIG`` where the kernel offers it, and a
-parent-pid check everywhere they wait), so no exit path leaves one behind.
+endpoint of its own (the server merges them, :mod:`feedmux.server._merge`;
+in a seeded run the worker cuts them at the fixed merge order's turns), and,
+after each epoch of its shard, an ``EndOfEpoch`` marker; it then waits until
+the server has heard the end of that epoch from every worker, so epochs
+leave the server one after the other (no shard runs ahead). At the start of
+each epoch a worker reseeds its random state from (seed, its index, epoch)
+(a fork copies the parent's: without that every worker would draw the same
+numbers) and publishes its :func:`feedmux.worker_info`. Workers are forked before the
+server creates its ZeroMQ context, create their own, and die with their
+parent (``PR_SET_PDEATHSIG`` where the kernel offers it, and a parent-pid
+check everywhere they wait), so no exit path leaves one behind.
 """
 
 from __future__ import annotations
@@ -15,20 +20,19 @@ import ctypes
 import logging
 import multiprocessing
 import os
-import random
 import signal
-import sys
 import time
 from typing import Any
 
-import numpy as np
 import zmq
 
 from feedmux._transport import make_socket
 from feedmux.protocol import EndOfEpoch, encode
 from feedmux.sampling.epochs import EpochIterator, shard
+from feedmux.sampling.mux import restart_passes
 from feedmux.server._meter import SamplerMeter, SharedMeters
 from feedmux.server._producer import Frames, error_message, produce
+from feedmux.server._seeding import EpochSeeder
 from feedmux.server.config import ServerConfig
 
 __all__ = ["WorkerPool"]
@@ -42,13 +46,19 @@ WORKER_STOP_TIMEOUT = 2.0
 class WorkerPool:
     """N forked sampling processes, their epoch gate and their failure reports."""
 
-    def __init__(self, streamer: Any, config: ServerConfig, endpoint: str) -> None:
+    def __init__(self, streamer: Any, config: ServerConfig, endpoint: str,
+                 align: int | None = None) -> None:
+        if config.seed is None:
+            raise ValueError("expected the run's seed resolved before the workers start, got None")
         self.config = config
         self.endpoint = endpoint
+        self.align = align  # cut messages at the fixed merge order's turns (seeded runs)
         # Shard in this process first, so a streamer that cannot be split fails here, clearly.
         self.shards = [shard(streamer, index, config.workers) for index in range(config.workers)]
         self._mp = multiprocessing.get_context("fork")
         self._released = self._mp.RawValue("q", 0)
+        self._first = self._mp.RawValue("q", 1)  # the first epoch to sample (a resumed run)
+        self._generation = self._mp.RawValue("q", 0)  # the run: a job resumed mid-run adds one
         self._stop = self._mp.Event()
         #: Each worker's sampling time and skipped streams, readable from this process.
         self.meters = SharedMeters(config.workers).meters
@@ -58,8 +68,9 @@ class WorkerPool:
         for index, part in enumerate(self.shards):
             process = self._mp.Process(
                 target=_worker_main,
-                args=(part, self.config, index, self.endpoint, self._released, self._stop,
-                      os.getpid(), self.meters[index]),
+                args=(part, self.config, index, self.endpoint_of(index), self.align,
+                      (self._released, self._first, self._generation), self._stop, os.getpid(),
+                      self.meters[index]),
                 name=f"feedmux-worker-{index}",
                 daemon=True,
             )
@@ -68,9 +79,30 @@ class WorkerPool:
         log.info("started %d sampling worker(s): pids %s", len(self.processes),
                  ", ".join(str(p.pid) for p in self.processes))
 
+    def endpoint_of(self, index: int) -> str:
+        """The internal endpoint worker ``index`` pushes to (one each: merged in a fixed order)."""
+        return f"{self.endpoint}-{index}"
+
     def release(self, epoch: int) -> None:
         """Let the workers start ``epoch``."""
         self._released.value = epoch
+
+    def begin(self, epoch: int, generation: int = 0) -> None:
+        """Let the workers start run ``generation`` at ``epoch`` (> 1: a resumed run; each
+        worker samples the epochs of its shard before again, and discards them)."""
+        self._first.value = epoch
+        self.release(epoch)
+
+    def rewind(self, generation: int) -> None:
+        """A new run begins (a ranked job resumed from a checkpoint): every worker stops
+        the run it samples, sends a marker (:meth:`is_marker`) and waits for :meth:`begin`."""
+        self._released.value = 0
+        self._generation.value = generation
+
+    def is_marker(self, message: EndOfEpoch) -> bool:
+        """Whether ``message`` is a worker's marker of the current run's start: what it
+        sent before belongs to an earlier run."""
+        return message.epoch == 0 and message.count == self._generation.value
 
     def liveness(self) -> dict[str, int | float | str | None]:
         """``worker.<index>.alive``: 1 while that worker process runs, else 0."""
@@ -108,31 +140,19 @@ def _die_with_parent() -> None:
         pass
 
 
-def _reseed_global_rngs() -> None:
-    """Give this forked worker global RNGs of its own (fresh OS entropy for each).
-
-    A fork copies the parent's RNG states: without this, every worker would draw
-    the same "random" numbers from ``random``, ``numpy.random`` (and torch).
-    """
-    random.seed(os.urandom(32))
-    np.random.seed(np.random.SeedSequence().generate_state(8))
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.seed()
-
-
 def _worker_main(
     streamer: Any,
     config: ServerConfig,
     index: int,
     endpoint: str,
-    released: Any,
+    align: int | None,
+    gate: tuple[Any, Any, Any],
     stop_event: Any,
     parent_pid: int,
     meter: SamplerMeter,
 ) -> None:
     _die_with_parent()
-    _reseed_global_rngs()
+    released, first, generation = gate
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us
     terminated = []
     signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))
@@ -144,8 +164,13 @@ def _worker_main(
     push = make_socket(context, zmq.PUSH, hwm=config.hwm, heartbeats=False)
     push.connect(endpoint)
 
+    run = [0]  # the generation this worker samples for
+
+    def rewound() -> bool:
+        return bool(generation.value != run[0])
+
     def send(frames: Frames, n_samples: int = 0, epoch: int = 0) -> bool:
-        while True:
+        while not rewound():
             try:
                 push.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
                 return True
@@ -153,10 +178,11 @@ def _worker_main(
                 if stopping():
                     return False
                 push.poll(100, zmq.POLLOUT)
+        return False
 
     def wait_for_release(epoch: int) -> bool:
-        while released.value < epoch:
-            if stopping():
+        while released.value < epoch or rewound():
+            if stopping() or rewound():
                 return False
             time.sleep(0.002)
         return True
@@ -167,12 +193,23 @@ def _worker_main(
         )
 
     try:
-        if wait_for_release(1):
-            items = EpochIterator(streamer, max_epochs=config.epochs)
+        while not stopping():
+            if rewound():  # a new run: say where the previous one's messages end
+                run[0] = generation.value
+                restart_passes(streamer)
+                send(encode(EndOfEpoch(epoch=0, count=run[0], worker=index)))
+            if not wait_for_release(1):
+                continue
+            assert config.seed is not None  # resolved by the server before the pool
+            seeder = EpochSeeder(config.seed, index, config.workers)
+            items = EpochIterator(streamer, max_epochs=config.epochs, on_epoch_start=seeder)
             produce(
                 items, send, policy=config.policy, server_id=config.server_id,
                 skip_errors=config.on_error == "skip", epoch_done=epoch_done, meter=meter,
+                align=align, start=(first.value, 0) if first.value > 1 else None,
             )
+            while not (stopping() or rewound()):  # the run is over: wait for another
+                time.sleep(0.01)
     except Exception as error:
         send(encode(error_message(error, config.server_id)))
     # Stay until the server says stop, so nothing queued here is dropped by an early close.

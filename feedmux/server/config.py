@@ -53,6 +53,8 @@ class ServerConfig:
     zero_copy: bool = False
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    # The run's seed (reseeds every sampling process per epoch); None: the mux's, or fresh.
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         def require(ok: bool, what: str, value: object) -> None:
@@ -82,6 +84,11 @@ class ServerConfig:
                     "use plain delivery)", self.reliable)
         require(self.metrics_port is None or 0 <= self.metrics_port <= 65535,
                 "metrics_port None or a TCP port 0-65535", self.metrics_port)
+        require(
+            self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
+                                  and self.seed >= 0),
+            "seed None or an int >= 0", self.seed,
+        )
         if self.metrics_port is not None:
             from feedmux.server._metrics import check_available
 

@@ -25,26 +25,24 @@ import signal
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from types import FrameType
 from typing import Any
 
-import numpy as np
-import zmq
-
-from feedmux._transport import keep_freed_memory, make_socket, mapped_zmq_errors
+from feedmux._transport import keep_freed_memory
 from feedmux.errors import (
     ConfigurationError,
     FactoryError,
-    FeedmuxError,
     SamplingError,
     TransportError,
 )
-from feedmux.protocol import Data, EndOfEpoch, Error, decode, encode, read_tags, replace_tags
 from feedmux.sampling.epochs import EpochIterator
 from feedmux.sampling.mux import restart_passes
-from feedmux.server._dealing import RankDealer, RankShare
+from feedmux.server._forward import forward, ranked_dealer
+from feedmux.server._merge import merge_block
 from feedmux.server._producer import produce
+from feedmux.server._seeding import FRESH_ENTROPY, EpochSeeder, resolve_seed
 from feedmux.server._shell import Endpoints
 from feedmux.server._worker import WorkerPool
 from feedmux.server.config import ServerConfig
@@ -156,6 +154,11 @@ class Server:
         A streamer that raises ends the server (trainers get ``RemoteError``) or is skipped.
     factory_kwargs : mapping, optional
         Keyword arguments for a factory source.
+    seed : int, optional
+        Every sampling process reseeds ``random``, numpy's global state and
+        torch's (if imported) from (seed, worker index, epoch) at each epoch
+        start (docs/sampling.md). Default: the mux's integer ``random_state``,
+        else fresh entropy each run (logged, so the run can be repeated).
     """
 
     def __init__(self, source: Source, **options: Any) -> None:
@@ -214,11 +217,20 @@ class Server:
         # worker message) into fresh memory: let this process and its workers reuse
         # freed buffers instead of faulting in new pages for each sample.
         keep_freed_memory()
+        seed, origin = resolve_seed(config.seed, streamer)
+        # Determinism is paid for only when asked for: a fixed merge order of the workers.
+        repeatable = origin != FRESH_ENTROPY
+        merged = ("" if config.workers == 1 else
+                  "; workers merged in a fixed order" if repeatable else
+                  "; workers merged in arrival order: pass --seed for a repeatable order")
+        log.info("seed %d (%s)%s", seed, origin, merged)
+        block = merge_block(config.samples_per_message, config.hwm) if repeatable else None
+        self.config = config = replace(config, seed=seed)
         previous = _install_signal_handlers(self._stop)
         try:
             if config.workers == 1:
                 return self._run_local(streamer)
-            return self._run_workers(streamer)
+            return self._run_workers(streamer, block)
         except _Interrupted as interrupt:
             log.warning("stopped at once by a second %s", signal.Signals(interrupt.signum).name)
             return 128 + interrupt.signum
@@ -257,6 +269,8 @@ class Server:
         try:
             if not endpoints.wait_for_trainers():
                 return EXIT_FAILED if endpoints.failed else EXIT_OK
+            assert config.seed is not None  # resolved by run()
+            seeder = EpochSeeder(config.seed, worker=0, num_workers=1)
 
             def epoch_done(epoch: int, count: int) -> bool:
                 endpoints.epoch_done(epoch, count)
@@ -264,10 +278,11 @@ class Server:
 
             while True:
                 produce(
-                    EpochIterator(streamer, max_epochs=config.epochs), endpoints.send_data,
+                    EpochIterator(streamer, max_epochs=config.epochs, on_epoch_start=seeder),
+                    endpoints.send_data,
                     policy=config.policy, server_id=config.server_id,
                     skip_errors=config.on_error == "skip", epoch_done=epoch_done,
-                    dealer=_dealer(endpoints, config), meter=endpoints.meters[0],
+                    dealer=ranked_dealer(endpoints, config), meter=endpoints.meters[0],
                     start=endpoints.core.start_at,
                 )
                 if not (self._stop or endpoints.core.restarting):
@@ -284,13 +299,14 @@ class Server:
             endpoints.fail(error)
             return EXIT_FAILED
         finally:
+            EpochSeeder.clear()
             endpoints.close()
 
-    def _run_workers(self, streamer: Any) -> int:
+    def _run_workers(self, streamer: Any, block: int | None) -> int:
         config = self.config
         with tempfile.TemporaryDirectory(prefix="feedmux-") as scratch:
             try:
-                pool = WorkerPool(streamer, config, f"ipc://{scratch}/workers")
+                pool = WorkerPool(streamer, config, f"ipc://{scratch}/workers", block)
             except SamplingError as error:
                 log.error("cannot shard the streamer over %d workers: %s", config.workers, error)
                 return EXIT_USAGE
@@ -302,7 +318,7 @@ class Server:
                 endpoints.meters = pool.meters
                 endpoints.probes.append(pool.liveness)
                 try:
-                    return _forward(pool, endpoints, config, self._stop)
+                    return forward(pool, endpoints, config, self._stop, block)
                 finally:
                     endpoints.close()
             finally:
@@ -471,103 +487,3 @@ def _install_signal_handlers(stop: _StopFlag) -> dict[int, Any]:
 def _restore_signal_handlers(previous: dict[int, Any]) -> None:
     for signum, handler in previous.items():
         signal.signal(signum, handler)
-
-
-def _forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop: _StopFlag) -> int:
-    """Forward the workers' messages, numbering positions per epoch across shards."""
-    inbound = make_socket(endpoints.context, zmq.PULL, hwm=config.hwm, heartbeats=False)
-    with mapped_zmq_errors("bind the internal endpoint", pool.endpoint):
-        inbound.bind(pool.endpoint)
-    if not endpoints.wait_for_trainers():
-        return EXIT_FAILED if endpoints.failed else EXIT_OK
-    pool.release(1)
-    dealer = _dealer(endpoints, config)
-    positions: dict[int, int] = {}
-    finished_shards: dict[int, set[int]] = {}
-    poller = zmq.Poller()
-    poller.register(inbound, zmq.POLLIN)
-    poller.register(endpoints.control, zmq.POLLIN)
-    try:
-        while not stop:
-            events = dict(poller.poll(100))
-            if endpoints.control in events:
-                endpoints.serve_control(timeout=0)
-            failure = pool.failure()
-            if failure:
-                raise FeedmuxError(failure)
-            if inbound not in events:
-                endpoints.tick()
-                continue
-            frames = inbound.recv_multipart(copy=False)
-            if len(frames) > 1:  # data: header + tags frame + buffers
-                tags = read_tags(frames).copy()
-                for epoch in np.unique(tags[:, 0]):
-                    rows = tags[:, 0] == epoch
-                    start = positions.get(int(epoch), 0)
-                    count = int(rows.sum())
-                    tags[rows, 1] = np.arange(start, start + count)
-                    positions[int(epoch)] = start + count
-                if dealer is not None:
-                    if not _deal_forwarded(frames, tags, dealer, endpoints, config.server_id):
-                        break
-                elif not endpoints.send_data(replace_tags(frames, tags), len(tags),
-                                             int(tags[-1, 0])):
-                    break
-                continue
-            message = decode(frames)
-            if isinstance(message, Error):
-                log.error("sampling worker failed: %s: %s", message.type, message.message)
-                endpoints.fail(message)
-                return EXIT_FAILED
-            if isinstance(message, EndOfEpoch):
-                done = finished_shards.setdefault(message.epoch, set())
-                done.add(message.worker)
-                if len(done) == config.workers:
-                    if dealer is not None and not _send_shares(
-                            dealer.finish_epoch(message.epoch), endpoints, config.server_id):
-                        break
-                    endpoints.epoch_done(message.epoch, positions.get(message.epoch, 0))
-                    if config.epochs is not None and message.epoch >= config.epochs:
-                        endpoints.finish()
-                        return EXIT_OK
-                    pool.release(message.epoch + 1)
-        return EXIT_OK
-    except Exception as error:
-        log.error("server failed: %s", error)
-        endpoints.fail(error)
-        return EXIT_FAILED
-    finally:
-        inbound.close(linger=0)
-
-
-
-def _dealer(endpoints: Endpoints, config: ServerConfig) -> RankDealer | None:
-    """The dealer of a ranked run (its trainers' hellos told the world size), else None."""
-    world_size = endpoints.core.ranks.world_size
-    if not world_size:
-        return None
-    dealer = RankDealer(world_size, config.uneven)
-    dealer.ahead = dict(endpoints.core.ranks_ahead)  # live ranks that outlived a server
-    return dealer
-
-
-def _deal_forwarded(frames: list[Any], tags: np.ndarray, dealer: RankDealer,
-                    endpoints: Endpoints, server_id: str) -> bool:
-    """Ranked ``--workers``: deal a worker's message (renumbered ``tags``) to the ranks.
-
-    The forwarder decodes and re-encodes here (the workers do not know the
-    ranks' round boundaries across shards); a message never spans two epochs.
-    """
-    message = decode(frames)
-    assert isinstance(message, Data)
-    return _send_shares(dealer.deal(int(tags[0, 0]), list(message.samples)), endpoints,
-                        server_id)
-
-
-def _send_shares(shares: list[RankShare], endpoints: Endpoints, server_id: str) -> bool:
-    for share in shares:
-        if share.items and not endpoints.send_data(
-                encode(Data(share.tags, share.items, server_id)), len(share.items),
-                int(share.tags[0, 0]), share.rank):
-            return False
-    return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -31,6 +32,25 @@ def _slow_numbered(start: int, count: int, width: int, delay: float) -> Iterator
     for sample in _numbered(start, count, width):
         time.sleep(delay)
         yield sample
+
+
+def _augmented(start: int, count: int) -> Iterator[dict[str, Any]]:
+    info = feedmux.worker_info()
+    assert info is not None, "worker_info() is None in a sampling process"
+    for i in range(start, start + count):
+        # Random augmentations drawn from the global RNGs, as user code does.
+        yield {"id": np.int64(i), "noise": np.random.random(), "py": random.random(),
+               "worker": np.int64(info.id), "epoch": np.int64(info.epoch),
+               "seed": str(info.seed)}
+
+
+def augmented(streams: int = 4, per_stream: int = 30,
+              seed: int | None = 0) -> feedmux.StochasticMux:
+    """An exhaustive mux whose samples carry np.random / random draws and worker_info()."""
+    return feedmux.StochasticMux(
+        [feedmux.Streamer(_augmented, s * per_stream, per_stream) for s in range(streams)],
+        2, rate=None, mode="exhaustive", random_state=seed,
+    )
 
 
 def _failing(after: int) -> Iterator[dict[str, Any]]:

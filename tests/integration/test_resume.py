@@ -91,7 +91,7 @@ def until_checkpoint(record: list[Row]) -> list[Row]:
     return record[:steps]
 
 
-@pytest.mark.parametrize("workers", ["1"])
+@pytest.mark.parametrize("workers", ["1", "2"])
 @pytest.mark.parametrize("restart_server", [True, False], ids=["server-too", "trainers-only"])
 def test_a_resumed_job_continues_exactly_where_its_checkpoint_was(
     serve: Callable[..., Spawned], job: Job, tmp_path: Path, workers: str, restart_server: bool

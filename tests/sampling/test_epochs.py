@@ -456,3 +456,17 @@ def test_resume_at_refuses_bad_positions_and_a_late_call() -> None:
     epochs.take(1)
     with pytest.raises(SamplingError, match="before the first take"):
         epochs.resume_at(1, 1)
+
+
+def test_on_epoch_start_runs_before_each_activation() -> None:
+    calls: list[tuple[str, int]] = []
+
+    def items():  # type: ignore[no-untyped-def]
+        calls.append(("activated", len(calls)))
+        yield from "ab"
+
+    epochs = EpochIterator(Streamer(items), max_epochs=2,
+                           on_epoch_start=lambda epoch: calls.append(("start", epoch)))
+    epochs.take(5)
+    epochs.take(5)
+    assert calls == [("start", 1), ("activated", 1), ("start", 2), ("activated", 3)]

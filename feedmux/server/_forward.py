@@ -1,0 +1,223 @@
+"""The forwarding loop of ``--workers N``: the workers' messages merged, numbered and sent on.
+
+This module owns the server process's side of its sampling workers: it reads
+each worker's socket, merges their messages (in the fixed order of
+:class:`~feedmux.server._merge.Merge` for a seeded run, else as they come),
+numbers positions per epoch across the shards, deals them to the ranks of a
+ranked job (decoding and re-encoding: the workers do not know the rounds
+across shards) and hands every message to the shell. A ranked job that
+resumes from a checkpoint while the server runs starts a new *run*: the
+workers are told to sample again from the resumed epoch (a new generation),
+and what they sent for the previous run is dropped until each worker's marker
+of the new generation. It must never sample (the workers do) nor decide who
+gets what (the dealer and the control core do).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import zmq
+
+from feedmux._transport import make_socket, mapped_zmq_errors
+from feedmux.errors import FeedmuxError
+from feedmux.protocol import Data, EndOfEpoch, Error, decode, encode, read_tags, replace_tags
+from feedmux.server._dealing import RankDealer, RankShare
+from feedmux.server._merge import Merge
+from feedmux.server._resume import ResumeCut
+from feedmux.server._shell import Endpoints, StopFlag
+from feedmux.server._worker import WorkerPool
+from feedmux.server.config import ServerConfig
+
+__all__ = ["forward", "ranked_dealer"]
+
+log = logging.getLogger("feedmux.server")
+
+#: What :func:`forward` returns: the server's exit code.
+_OK, _FAILED = 0, 1
+
+
+class _Run:
+    """The state of one run of the job: merge order, positions, dealing, the resume cut."""
+
+    def __init__(self, pool: WorkerPool, endpoints: Endpoints, config: ServerConfig,
+                 block: int | None, generation: int) -> None:
+        self.merge: Merge[Any] = Merge(config.workers, block)
+        self.positions: dict[int, int] = {}
+        start = endpoints.core.start_at  # a resumed job: the workers skip the epochs before
+        self.dealer = ranked_dealer(endpoints, config)
+        self.cut = (None if start is None or self.dealer is None
+                    else ResumeCut(*start, self.dealer.world_size - 1))
+        #: Workers whose messages of an earlier run may still come (until their marker).
+        self.behind = set(range(config.workers)) if generation else set()
+        pool.begin(start[0] if start else 1, generation)
+
+    def number(self, frames: Any) -> np.ndarray:
+        """The tags of a worker's message with positions numbered across the shards."""
+        tags: np.ndarray = read_tags(frames).copy()
+        for epoch in np.unique(tags[:, 0]):
+            rows = tags[:, 0] == epoch
+            start = self.positions.get(int(epoch), 0)
+            count = int(rows.sum())
+            tags[rows, 1] = np.arange(start, start + count)
+            self.positions[int(epoch)] = start + count
+        return tags
+
+
+def forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop: StopFlag,
+            block: int | None) -> int:
+    """Forward the workers' messages until the stream ends, fails or the server stops.
+
+    With a ``block`` (a seeded run) in the fixed order of :class:`Merge`, reading
+    ahead of their turn from the other workers; without, in arrival order.
+    Returns the server's exit code.
+    """
+    sockets = [make_socket(endpoints.context, zmq.PULL, hwm=config.hwm, heartbeats=False)
+               for _ in range(config.workers)]
+    try:
+        for index, socket in enumerate(sockets):
+            with mapped_zmq_errors("bind the internal endpoint", pool.endpoint_of(index)):
+                socket.bind(pool.endpoint_of(index))
+        generation = 0
+        while True:
+            if not endpoints.wait_for_trainers():
+                return _FAILED if endpoints.failed else _OK
+            run = _Run(pool, endpoints, config, block, generation)
+            code = _forward_run(run, sockets, pool, endpoints, config, stop)
+            if code is not None:
+                return code
+            # The ranked job resumed from a checkpoint: a new run, from where it says.
+            generation += 1
+            pool.rewind(generation)
+            endpoints.core.restarting = False
+    except Exception as error:
+        log.error("server failed: %s", error)
+        endpoints.fail(error)
+        return _FAILED
+    finally:
+        for socket in sockets:
+            socket.close(linger=0)
+
+
+def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, endpoints: Endpoints,
+                 config: ServerConfig, stop: StopFlag) -> int | None:
+    """One run: the exit code when the stream ends (or stops), None when the job restarts."""
+    polled: list[int] = []
+    poller = zmq.Poller()
+    poller.register(endpoints.control, zmq.POLLIN)
+    while not stop:
+        if endpoints.core.restarting:
+            return None
+        readable = sorted(set(run.merge.readable()) | run.behind)
+        if readable != polled:
+            for worker in set(polled) - set(readable):
+                poller.unregister(sockets[worker])
+            for worker in set(readable) - set(polled):
+                poller.register(sockets[worker], zmq.POLLIN)
+            polled = readable
+        events = dict(poller.poll(100))
+        if endpoints.control in events:
+            endpoints.serve_control(timeout=0)
+        failure = pool.failure()
+        if failure:
+            raise FeedmuxError(failure)
+        ready = [worker for worker in polled if sockets[worker] in events]
+        if not ready:
+            endpoints.tick()
+            continue
+        for worker in ready:  # one message each: fair to every worker
+            frames = sockets[worker].recv_multipart(copy=False)
+            if worker in run.behind:
+                _catch_up(run, worker, frames, pool)
+                continue
+            if len(frames) > 1:  # data: header + tags frame + buffers
+                run.merge.put(worker, frames, len(read_tags(frames)),
+                              sum(len(frame) for frame in frames))
+                continue
+            message = decode(frames)
+            if isinstance(message, Error):  # at once, whoever's turn it is
+                log.error("sampling worker failed: %s: %s", message.type, message.message)
+                endpoints.fail(message)
+                return _FAILED
+            if isinstance(message, EndOfEpoch):
+                run.merge.put(worker, message, None, 0)
+        code = _send_merged(run, pool, endpoints, config)
+        if code is not None:
+            return None if endpoints.core.restarting else code
+    return _OK
+
+
+def _catch_up(run: _Run, worker: int, frames: Any, pool: WorkerPool) -> None:
+    """A message from ``worker`` sent for an earlier run: dropped, up to its marker."""
+    if len(frames) == 1:
+        message = decode(frames)
+        if isinstance(message, EndOfEpoch) and pool.is_marker(message):
+            run.behind.discard(worker)
+
+
+def _send_merged(run: _Run, pool: WorkerPool, endpoints: Endpoints,
+                 config: ServerConfig) -> int | None:
+    """Send what is next in merge order; an exit code when the stream ends or stops."""
+    dealer, positions = run.dealer, run.positions
+    while (taken := run.merge.next()) is not None:
+        item, epoch_over = taken
+        if isinstance(item, EndOfEpoch):
+            if epoch_over:
+                if dealer is not None and not _send_shares(
+                        dealer.finish_epoch(item.epoch), endpoints, config.server_id):
+                    return _OK
+                endpoints.epoch_done(item.epoch, positions.get(item.epoch, 0))
+                if config.epochs is not None and item.epoch >= config.epochs:
+                    endpoints.finish()
+                    return _OK
+                pool.release(item.epoch + 1)
+            continue
+        tags = run.number(item)
+        if dealer is not None:
+            if not _deal_forwarded(item, tags, dealer, endpoints, config.server_id, run.cut):
+                return _OK
+        elif not endpoints.send_data(replace_tags(item, tags), len(tags), int(tags[-1, 0])):
+            return _OK
+    return None
+
+
+def ranked_dealer(endpoints: Endpoints, config: ServerConfig) -> RankDealer | None:
+    """The dealer of a ranked run (its trainers' hellos told the world size), else None."""
+    world_size = endpoints.core.ranks.world_size
+    if not world_size:
+        return None
+    dealer = RankDealer(world_size, config.uneven)
+    dealer.ahead = dict(endpoints.core.ranks_ahead)  # live ranks that outlived a server
+    return dealer
+
+
+def _deal_forwarded(frames: list[Any], tags: np.ndarray, dealer: RankDealer,
+                    endpoints: Endpoints, server_id: str, cut: ResumeCut | None) -> bool:
+    """Ranked ``--workers``: deal a worker's message (renumbered ``tags``) to the ranks.
+
+    The forwarder decodes and re-encodes here (the workers do not know the
+    ranks' round boundaries across shards); a message never spans two epochs.
+    In a resumed job's first epoch, what comes before the resume position is
+    dropped (``cut``).
+    """
+    message = decode(frames)
+    assert isinstance(message, Data)
+    epoch, samples = int(tags[0, 0]), list(message.samples)
+    if cut is not None and epoch == cut.epoch and not cut.done:
+        samples = cut.cut(tags[:, 1], samples)
+        if not samples:  # all before the resume position
+            return True
+        dealer.resume(epoch, cut.position, cut.head)
+    return _send_shares(dealer.deal(epoch, samples), endpoints, server_id)
+
+
+def _send_shares(shares: list[RankShare], endpoints: Endpoints, server_id: str) -> bool:
+    """Encode and send each rank's share; False when the server is stopping (or restarting)."""
+    for share in shares:
+        if share.items and not endpoints.send_data(
+                encode(Data(share.tags, share.items, server_id)), len(share.items),
+                int(share.tags[0, 0]), share.rank):
+            return False
+    return True
