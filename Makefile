@@ -47,10 +47,11 @@ lint: $(VENV)/.test
 	$(VENV)/bin/ruff check feedmux tests benchmarks examples
 	$(VENV)/bin/mypy
 
-## bench: every benchmark, feedmux and its peers side by side (and consumer groups vs separate servers)
+## bench: every benchmark, feedmux and its peers side by side (and consumer groups vs separate servers, and the cost of resuming mid-epoch)
 bench: $(VENV)/.bench
 	$(PY) -m benchmarks
 	$(PY) -m benchmarks.bench_groups
+	$(PY) -m benchmarks.bench_resume
 
 container-test:
 	scripts/container-test.sh

@@ -48,3 +48,13 @@ def test_scenarios_are_picked_by_key_or_number():
     assert [s.key for s in select(["1", "large"])] == ["small", "large"]
     with pytest.raises(ValueError, match="unknown scenario"):
         select(["nope"])
+
+
+@pytest.mark.timeout(120)
+def test_the_resume_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import bench_resume
+
+    assert bench_resume.main(["--quick"]) == 0
+    table = capsys.readouterr().out
+    assert "| fast-forward (resume_at + first chunk) |" in table
+    assert "| first sample of 2 ranks, resumed |" in table

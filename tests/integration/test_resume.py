@@ -194,3 +194,39 @@ def test_ranks_that_outlive_their_server_continue_where_each_is(
         assert read(tmp_path / f"live{rank}") == uninterrupted[rank], (
             f"rank {rank}: samples lost or repeated across the server's restart"
         )
+
+
+@pytest.mark.timeout(240)
+def test_the_torchrun_example_checkpoints_crashes_and_resumes(
+    serve: Callable[..., Spawned], tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    # Epochs long enough that the server is still sampling when the job crashes.
+    command = (SAMPLER, "--arg", "streams=2", "--arg", "per_stream=400", "--epochs", "3",
+               "--samples-per-message", "4", "--hwm", "4")
+
+    def torchrun(server: Spawned, results: Path, *flags: str) -> tuple[int, str]:
+        results.mkdir()
+        done = subprocess.run(
+            [str(Path(sys.executable).with_name("torchrun")), "--standalone",
+             "--nproc_per_node", "2", str(ROOT / "examples" / "ddp_train.py"), "--address",
+             server.data, "--control", server.control, "--results", str(results), *flags],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+            text=True, timeout=120)
+        return done.returncode, done.stderr[-3000:]
+
+    code, stderr = torchrun(serve(*command), tmp_path / "whole")
+    assert code == 0, stderr
+    whole = [json.loads((tmp_path / "whole" / f"rank{r}.json").read_text()) for r in range(2)]
+    server = serve(*command)
+    # 400 steps per epoch: checkpoints every 250 steps, the last at 500 (epoch 2, step 100),
+    # a crash at step 600.
+    flags = ("--checkpoint", str(tmp_path), "--every", "250")
+    assert torchrun(server, tmp_path / "crashed", *flags, "--crash-at", "600")[0] != 0
+    code, stderr = torchrun(server, tmp_path / "resumed", *flags, "--resume")  # the same server
+    assert code == 0, stderr
+    for rank in range(2):
+        resumed = json.loads((tmp_path / "resumed" / f"rank{rank}.json").read_text())
+        assert resumed == [whole[rank][1][100:], whole[rank][2]], (
+            f"rank {rank} did not go on from its checkpoint"
+        )
