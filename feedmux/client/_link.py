@@ -314,6 +314,11 @@ class ServerLinks:
                     data_address, control_address, link.data_address, link.control_address)
         link.data_address, link.control_address = data_address, control_address
         self._refused.pop(index, None)
+        if self.rank >= 0 and not self.reliable and link.server_id:
+            # A rank's server restarted elsewhere: nothing more of the old process is handed
+            # out (the new one resumes where this rank stands, said in the hello).
+            link.stale.add(link.server_id)
+            return [Resync(index), Send(index, self._hello(index))]
         return [Send(index, self._hello(index))]
 
     def data_end_of_stream(self, index: int, server_id: str) -> None:

@@ -397,7 +397,8 @@ class RemoteLoader:
             elif self.reliable:  # a restarted server behind a reliable link
                 self._data.forget_ack(action.link)  # its sequence number means nothing now
                 self._grant_credit(action.link)
-            elif (progress := self._progress()) is not None and progress[0] == action.link:
+            elif (self._current is not None and self._current[0] == action.link
+                  and self._current[1] in self._links.links[action.link].stale):
                 # A rank's restarted server resumes where this rank stands: the rest of the
                 # old process's message will come again.
                 self._count = self._index

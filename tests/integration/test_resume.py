@@ -96,8 +96,10 @@ def until_checkpoint(record: list[Row]) -> list[Row]:
 def test_a_resumed_job_continues_exactly_where_its_checkpoint_was(
     serve: Callable[..., Spawned], job: Job, tmp_path: Path, workers: str, restart_server: bool
 ) -> None:
-    command = (SAMPLER, "--arg", f"per_stream={PER_STREAM}", "--epochs", str(EPOCHS),
-               "--workers", workers, "--samples-per-message", "8")
+    # 64 KiB samples: the stream cannot fit in the socket buffers, so a server that kept
+    # running is still sampling (not draining) when the job comes back.
+    command = (SAMPLER, "--arg", f"per_stream={PER_STREAM}", "--arg", "width=16384",
+               "--epochs", str(EPOCHS), "--workers", workers, "--samples-per-message", "8")
     uninterrupted = job.run(serve(*command), "whole", 2)
     server = serve(*command)
     crashed = job.crash(server, "crashed", 2)
@@ -201,9 +203,10 @@ def test_the_torchrun_example_checkpoints_crashes_and_resumes(
     serve: Callable[..., Spawned], tmp_path: Path
 ) -> None:
     pytest.importorskip("torch")
-    # Epochs long enough that the server is still sampling when the job crashes.
-    command = (SAMPLER, "--arg", "streams=2", "--arg", "per_stream=400", "--epochs", "3",
-               "--samples-per-message", "4", "--hwm", "4")
+    # Samples (8 KiB) and epochs large enough that the stream does not fit in the socket
+    # buffers: the server is still sampling when the job crashes.
+    command = (SAMPLER, "--arg", "streams=2", "--arg", "per_stream=400", "--arg", "width=2048",
+               "--epochs", "3", "--samples-per-message", "4", "--hwm", "4")
 
     def torchrun(server: Spawned, results: Path, *flags: str) -> tuple[int, str]:
         results.mkdir()
