@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE, Error, Heartbeat, Hello, Welcome
-from feedmux.server._core import Phase
+from feedmux.server._core import Phase, Sends
 from feedmux.server._dealing import RankDealer
 from feedmux.server._resume import Start, agreed_start, check_announcement
 from tests.server.test_core import A, B, C, kinds, make_core
@@ -70,25 +72,29 @@ def test_a_rank_ahead_gets_nothing_it_already_had() -> None:
     assert dealer.ahead == {}
 
 
+def gather(core: Any, hellos: list[tuple[bytes, Hello]], now: float) -> Sends:
+    """Every hello received, then two ticks (the welcomes, then the start); the second's sends."""
+    for identity, hello in hellos:
+        core.receive(identity, hello, now=now)
+    core.tick(now=now)
+    return core.tick(now=now + 0.1)
+
+
 def test_the_core_starts_where_the_checkpointed_ranks_agree() -> None:
     core = make_core()
     core.begin()
     core.receive(A, rank_hello("a", 0, resume=(2, 40, 2, CKPT)), now=0.0)
     core.tick(now=0.0)
     assert core.phase is Phase.WAITING  # rank 1 is missing
-    core.receive(B, rank_hello("b", 1, resume=(2, 40, 2, CKPT)), now=0.1)
-    core.tick(now=0.1)
-    core.tick(now=0.2)
+    gather(core, [(B, rank_hello("b", 1, resume=(2, 40, 2, CKPT)))], now=0.1)
     assert core.phase is Phase.SAMPLING and core.start_at == (2, 40)
 
 
 def test_ranks_announcing_different_checkpoints_fail_the_start_naming_both() -> None:
     core = make_core()
     core.begin()
-    core.receive(A, rank_hello("a", 0, resume=(2, 40, 2, CKPT)), now=0.0)
-    core.receive(B, rank_hello("b", 1, resume=(2, 44, 2, CKPT)), now=0.0)
-    core.tick(now=0.0)
-    sends = core.tick(now=0.1)
+    sends = gather(core, [(A, rank_hello("a", 0, resume=(2, 40, 2, CKPT))),
+                          (B, rank_hello("b", 1, resume=(2, 44, 2, CKPT)))], now=0.0)
     assert core.phase is Phase.LAST_WORD
     [message] = {message for _, message in sends}
     assert isinstance(message, Error)
@@ -99,10 +105,7 @@ def test_ranks_announcing_different_checkpoints_fail_the_start_naming_both() -> 
 def test_a_checkpoint_announced_while_the_job_runs_restarts_it() -> None:
     core = make_core()
     core.begin()
-    core.receive(A, rank_hello("a", 0), now=0.0)
-    core.receive(B, rank_hello("b", 1), now=0.0)
-    core.tick(now=0.0)
-    core.tick(now=0.1)
+    gather(core, [(A, rank_hello("a", 0)), (B, rank_hello("b", 1))], now=0.0)
     assert core.phase is Phase.SAMPLING and core.start_at is None
     core.data_sent(8, 1)
     # The job restarts with 3 ranks from a checkpoint its 2 ranks took.
@@ -113,10 +116,8 @@ def test_a_checkpoint_announced_while_the_job_runs_restarts_it() -> None:
     # A member of the new job saying hello again does not restart it again.
     core.receive(C, rank_hello("c", 0, 3, resume=(1, 6, 2, CKPT)), now=0.3)
     assert core.ranks.missing() == [1, 2]
-    for identity, rank in ((b"d", 1), (b"e", 2)):
-        core.receive(identity, rank_hello(identity.decode(), rank, 3, (1, 6, 2, CKPT)), now=0.3)
-    core.tick(now=0.4)
-    core.tick(now=0.5)
+    gather(core, [(identity, rank_hello(identity.decode(), rank, 3, (1, 6, 2, CKPT)))
+                  for identity, rank in ((b"d", 1), (b"e", 2))], now=0.4)
     assert core.phase is Phase.SAMPLING and core.start_at == (1, 6)
 
 
