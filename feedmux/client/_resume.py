@@ -13,13 +13,16 @@ pure: the loader tells it what was handed out; it never touches a socket.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from feedmux.errors import StreamValueError
 from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE
 
-__all__ = ["CHECKPOINT", "LIVE", "RankPositions"]
+__all__ = ["CHECKPOINT", "HANDED_RANGES", "LIVE", "HandedRanges", "RankPositions"]
 
 CHECKPOINT, LIVE = RESUME_CHECKPOINT, RESUME_LIVE
 
@@ -110,3 +113,61 @@ class RankPositions:
             restored.append((where[0], where[1], where[2]))
         self._restored = restored
         self._live = [None] * len(self._live)
+
+
+#: Handed-out position ranges a free reliable trainer keeps per server (its latest messages).
+HANDED_RANGES = 32
+
+
+class HandedRanges:
+    """Per server link: the positions a free reliable trainer handed out lately, as ranges.
+
+    What it says in its hello to a restarted server (``Hello.handed``): the
+    ranges of its last :data:`HANDED_RANGES` messages (the current one up to
+    what was handed out), so that the new process deals none of them again.
+    Older positions are behind every trainer's frontier (a server deals in
+    position order). One numpy pass per message, nothing per sample.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> handed = HandedRanges(1, current=lambda: None)
+    >>> handed.handed(0, np.array([[2, 8], [2, 9], [2, 11]]))
+    >>> handed.announce(0)
+    (2, 8, 10, 2, 11, 12)
+    """
+
+    def __init__(self, links: int, *, current: Current) -> None:
+        self._current = current
+        self._ranges: list[collections.deque[tuple[int, int, int]]] = [
+            collections.deque(maxlen=HANDED_RANGES) for _ in range(links)]
+
+    def handed(self, link: int, tags: Any) -> None:
+        """The trainer handed out the samples tagged ``tags`` (rows of epoch, position)."""
+        if not len(tags):
+            return
+        epoch, positions = int(tags[0, 0]), tags[:, 1]
+        breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+        for run in np.split(positions, breaks):
+            self._ranges[link].append((epoch, int(run[0]), int(run[-1]) + 1))
+
+    def next_message(self, fresh: bool) -> bool:
+        """The loader is about to make a new message current: note the one before;
+        returns ``fresh`` (as :meth:`RankPositions.next_message`)."""
+        current = self._current()
+        if current is not None and current[2] > 0:
+            self.handed(current[0], current[1][: current[2]])
+        return fresh
+
+    def announce(self, link: int) -> tuple[int, ...]:
+        """``(epoch, start, end, ...)`` for the hello to ``link``'s server (the current
+        message's handed-out part included)."""
+        ranges = list(self._ranges[link])
+        current = self._current()
+        if current is not None and current[0] == link and current[2] > 0:
+            kept = self._ranges[link]
+            self._ranges[link] = collections.deque(maxlen=HANDED_RANGES)
+            self.handed(link, current[1][: current[2]])
+            ranges += list(self._ranges[link])
+            self._ranges[link] = kept
+        return tuple(value for triple in ranges for value in triple)

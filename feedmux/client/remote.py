@@ -42,7 +42,7 @@ from feedmux.client._data import DataSockets, send_or_drop
 from feedmux.client._diagnosis import InputDiagnosis
 from feedmux.client._link import Action, Send, ServerLinks, check_membership
 from feedmux.client._moves import AddressBook, Resolve
-from feedmux.client._resume import RankPositions
+from feedmux.client._resume import HandedRanges, RankPositions
 from feedmux.errors import (
     ConfigurationError,
     RemoteError,
@@ -225,11 +225,7 @@ class RemoteLoader:
         self._acks: HandOutAcks | None = None
         self._seen = SeenPositions() if reliable else None
         self._book = None if resolve is None else AddressBook(resolve)
-        #: A rank's position with each server: saved, and announced in its hellos.
-        self._positions = None if rank is None else RankPositions(
-            len(addresses), rank=rank, world_size=world_size, current=self._progress)
-        if self._positions is not None:
-            self._links.position = self._positions.announce
+        self._positions, self._handed = _trackers(self)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _rebuild_loader, (self._arguments,)
@@ -394,14 +390,15 @@ class RemoteLoader:
             if isinstance(action, Send):
                 # If the server is away and the queue full, the next heartbeat will do.
                 send_or_drop(self._control[action.link], action.message)
-            elif self.reliable:  # a restarted server behind a reliable link
-                self._data.forget_ack(action.link)  # its sequence number means nothing now
-                self._grant_credit(action.link)
-            elif (self._current is not None and self._current[0] == action.link
-                  and self._current[1] in self._links.links[action.link].stale):
-                # A rank's restarted server resumes where this rank stands: the rest of the
-                # old process's message will come again.
-                self._count = self._index
+            else:  # the link's server restarted
+                if self.reliable:
+                    self._data.forget_ack(action.link)  # its sequence number means nothing now
+                    self._grant_credit(action.link)
+                if (self._current is not None and self._current[0] == action.link
+                        and self._current[1] in self._links.links[action.link].stale):
+                    # The restarted server resumes where this trainer stands: the rest of
+                    # the old process's message will come again.
+                    self._count = self._index
 
     def _grant_credit(self, index: int) -> None:
         # If the queue towards an absent server is full, the next welcome grants again.
@@ -449,7 +446,8 @@ class RemoteLoader:
         """Make ``message`` the current one; False when it is dropped (a stale server's)."""
         samples, tags, server_id = message.samples, message.tags, message.server_id
         count = len(samples)
-        if self._positions is not None and not self._positions.next_message(
+        tracker = self._positions or self._handed
+        if tracker is not None and not tracker.next_message(
                 fresh=server_id not in self._links.links[self._data.link].stale):
             return False  # sent before its server restarted: the new one resumes here
         actions = self._links.data(server_id, int(tags[0, 0]) if count else 0, now=now)
@@ -531,6 +529,22 @@ def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | No
         state.update(resume=positions.state(), rank=positions.rank,
                      world_size=positions.world_size)
     return state
+
+
+def _trackers(loader: RemoteLoader) -> tuple[RankPositions | None, HandedRanges | None]:
+    """What a loader tells a server that must resume: a rank's position with each server
+    (also saved by state_dict), or a free reliable trainer's latest hand-outs."""
+    links, count = loader._links, len(loader.addresses)
+    if loader.rank is not None:
+        positions = RankPositions(count, rank=loader.rank, world_size=loader.world_size,
+                                  current=loader._progress)
+        links.position = positions.announce
+        return positions, None
+    if loader.reliable:
+        handed = HandedRanges(count, current=loader._progress)
+        links.handed = handed.announce
+        return None, handed
+    return None, None
 
 
 def _await_welcome(loader: RemoteLoader, seconds: float) -> None:

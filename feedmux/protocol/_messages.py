@@ -112,6 +112,11 @@ class Hello:
     from: ``(epoch, position, world_size, kind)``, the next round of ``epoch``
     its job needs (a global position), the world size the job had then, and
     :data:`RESUME_CHECKPOINT` or :data:`RESUME_LIVE` (docs/resume.md).
+
+    ``handed`` is empty, or what a free reliable trainer that outlived its
+    server handed out lately: ``(epoch, start, end, ...)`` triples, positions
+    ``start .. end - 1`` of ``epoch``, so that the restarted server deals none
+    of them again.
     """
 
     client_id: str
@@ -120,6 +125,7 @@ class Hello:
     rank: int = -1
     group: str = ""
     resume: tuple[int, ...] = ()
+    handed: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

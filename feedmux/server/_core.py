@@ -43,7 +43,14 @@ from feedmux.server._groups import DEFAULT_GROUP
 from feedmux.server._producer import error_message
 from feedmux.server._ranks import RANK_REFUSED, RankTables
 from feedmux.server._report import Stat, core_stats, progress_line
-from feedmux.server._resume import CHECKPOINT, agreed_start, check_announcement, describe
+from feedmux.server._resume import (
+    CHECKPOINT,
+    Handed,
+    Start,
+    agreed_start,
+    check_announcement,
+    describe,
+)
 from feedmux.server.config import ServerConfig
 
 __all__ = [
@@ -96,6 +103,8 @@ class _Trainer:
     received_messages: int = 0
     rank: int = -1
     group: str = DEFAULT_GROUP
+    #: What a free reliable trainer that outlived its server handed out lately (its hello).
+    handed: tuple[int, ...] = ()
 
 
 def _group_of(trainers: Mapping[bytes, _Trainer], client_id: str) -> str:
@@ -152,6 +161,8 @@ class ControlCore:
         self.start_at: tuple[int, int] | None = None
         #: Live ranks further on than ``start_at``: where each is (nothing before is re-dealt).
         self.ranks_ahead: dict[int, tuple[int, int]] = {}
+        #: Free reliable trainers that outlived their server: what they had (not re-dealt).
+        self.handed = Handed(())
         #: Set when a ranked job restarted from a checkpoint mid-run: the sampler must
         #: stop, and start again at ``start_at`` once the new job's ranks are all here.
         self.restarting = False
@@ -216,7 +227,8 @@ class ControlCore:
             return sends
         known = identity in self.trainers
         group = message.group or DEFAULT_GROUP
-        self.trainers[identity] = _Trainer(message.client_id, now, rank=message.rank, group=group)
+        self.trainers[identity] = _Trainer(message.client_id, now, rank=message.rank, group=group,
+                                           handed=message.handed)
         if not known:
             rank = f" as rank {message.rank} of {message.world_size}" if message.rank >= 0 else ""
             where = f" in group {group}" if self.config.grouped else ""
@@ -462,6 +474,9 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
     config = core.config
     if core._welcomed and core._ready(now):
         start, problem = agreed_start(core.ranks.resumes, core.ranks.world_size or 0)
+        if not core.ranks.ranked and core.config.reliable:
+            core.handed = Handed(t.handed for t in core.trainers.values() if t.handed)
+            start = Start(core.handed.start, {})
         if start is None:
             log.error("%s", problem)
             return core.fail(Error(type=RANK_REFUSED, message=problem,

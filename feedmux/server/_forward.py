@@ -50,6 +50,8 @@ class _Run:
         self.dealer = ranked_dealer(endpoints, config)
         self.cut = (None if start is None or self.dealer is None
                     else ResumeCut(*start, self.dealer.world_size - 1))
+        #: Free trainers that outlived their server: where to resume, what they had.
+        self.start, self.handed = start, endpoints.core.handed
         #: Workers whose messages of an earlier run may still come (until their marker).
         self.behind = set(range(config.workers)) if generation else set()
         pool.begin(start[0] if start else 1, generation)
@@ -178,9 +180,31 @@ def _send_merged(run: _Run, pool: WorkerPool, endpoints: Endpoints,
         if dealer is not None:
             if not _deal_forwarded(item, tags, dealer, endpoints, config.server_id, run.cut):
                 return _OK
-        elif not endpoints.send_data(replace_tags(item, tags), len(tags), int(tags[-1, 0])):
+            continue
+        frames = _free_rows(run, item, tags, config.server_id)
+        if frames is not None and not endpoints.send_data(frames, len(read_tags(frames)),
+                                                          int(tags[-1, 0])):
             return _OK
     return None
+
+
+def _free_rows(run: _Run, frames: Any, tags: np.ndarray, server_id: str) -> Any:
+    """A worker's message for free trainers (renumbered ``tags``), or None when nothing of
+    it goes out: a resumed run drops what comes before its start and what the trainers
+    that outlived their server had (decoding and re-encoding only such messages)."""
+    epoch = int(tags[0, 0])
+    kept = run.handed.keep(epoch, tags[:, 1])
+    if run.start is not None and epoch == run.start[0]:
+        after = tags[:, 1] >= run.start[1]
+        kept = after if kept is None else kept & after
+    if kept is None or kept.all():
+        return replace_tags(frames, tags)
+    rows = np.flatnonzero(kept).tolist()
+    if not rows:
+        return None
+    message = decode(frames)
+    assert isinstance(message, Data)
+    return encode(Data(tags[rows], [message.samples[row] for row in rows], server_id))
 
 
 def ranked_dealer(endpoints: Endpoints, config: ServerConfig) -> RankDealer | None:

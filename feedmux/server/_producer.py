@@ -37,6 +37,8 @@ log = logging.getLogger("feedmux.server")
 error_log = RateLimitedLog(log)
 
 Frames = Sequence[Any]
+#: ``keep(epoch, positions) -> mask or None``: which samples still go out (a resumed run).
+Keep = Callable[[int, np.ndarray], "np.ndarray | None"]
 
 #: Most samples one data message carries when the caller does not fix it.
 MAX_SAMPLES_PER_MESSAGE = 256
@@ -199,6 +201,7 @@ def produce(
     meter: SamplerMeter | None = None,
     align: int | None = None,
     start: tuple[int, int] | None = None,
+    keep: Keep | None = None,
 ) -> int:
     """Take chunks of items, encode each as a data message and ``send`` it.
 
@@ -228,7 +231,9 @@ def produce(
 
     ``start`` resumes a run at ``(epoch, position)``: what comes before is
     sampled again and discarded (``EpochIterator.resume_at``), and the dealer
-    deals that epoch from ``position`` on.
+    deals that epoch from ``position`` on. ``keep(epoch, positions)`` (free
+    trainers that outlived their server) says which samples of a chunk nobody
+    had yet (None: all of them); the others are not sent.
     """
     meter = SamplerMeter() if meter is None else meter
     if policy.copy_arrays:
@@ -247,7 +252,8 @@ def produce(
     if dealer is not None:
         return _produce_ranked(epochs, send, policy, server_id, skip_errors, epoch_done, meter,
                                dealer, start)
-    return _produce(epochs, send, policy, server_id, skip_errors, epoch_done, meter, align)
+    return _produce(epochs, send, policy, server_id, skip_errors, epoch_done, meter, align,
+                    start, keep)
 
 
 def _produce(
@@ -259,6 +265,8 @@ def _produce(
     epoch_done: Callable[[int, int], bool],
     meter: SamplerMeter,
     align: int | None,
+    start: tuple[int, int] | None = None,
+    keep: Keep | None = None,
 ) -> int:
     clock = time.perf_counter
     pacer = _Pacer(policy)
@@ -282,10 +290,19 @@ def _produce(
             continue
         items = chunk.items
         pacer.observe(items, clock() - started)
+        if start is not None:
+            if chunk.epoch == start[0]:
+                epoch_count = chunk.start  # the resumed epoch's size counts what came before
+            start = None
         if items:
             tags = np.empty((len(items), 2), dtype=np.int64)
             tags[:, 0] = chunk.epoch
             tags[:, 1] = np.arange(chunk.start, chunk.start + len(items))
+            if keep is not None and (kept := keep(chunk.epoch, tags[:, 1])) is not None:
+                rows = np.flatnonzero(kept)
+                epoch_count += len(items) - len(rows)  # had by a trainer, not sent again
+                tags, items = tags[rows], [items[row] for row in rows]
+        if items:
             frames, count = _encode_batch(tags, items, server_id, seq, skip_errors)
             meter.add_busy(clock() - started)
             if frames:

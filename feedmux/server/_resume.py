@@ -14,15 +14,15 @@ the sampler gets there (``EpochIterator.resume_at`` and
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE
 
-__all__ = ["CHECKPOINT", "LIVE", "ResumeCut", "Start", "agreed_start", "check_announcement",
-           "describe"]
+__all__ = ["CHECKPOINT", "LIVE", "Handed", "ResumeCut", "Start", "agreed_start",
+           "check_announcement", "describe"]
 
 CHECKPOINT, LIVE = RESUME_CHECKPOINT, RESUME_LIVE
 
@@ -152,3 +152,52 @@ class ResumeCut:
         rest = samples[lead:]
         self.done = bool(rest)
         return rest
+
+
+class Handed:
+    """What free reliable trainers that outlived their server handed out lately.
+
+    Built from their hellos' ``handed`` triples. :attr:`start` is where the
+    restarted server resumes: the first position of the earliest epoch, at or
+    after the lowest range any trainer reported, that nobody handed out (a
+    server deals in position order and each trainer hands its messages out in
+    order, so what a live trainer had not handed out lies above that). The
+    reported ranges above it are not dealt again (:meth:`keep`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> handed = Handed([(2, 8, 12, 2, 16, 20), (2, 12, 14, 3, 0, 4)])
+    >>> handed.start
+    (2, 14)
+    >>> handed.keep(2, np.arange(14, 22)).tolist()
+    [True, True, False, False, False, False, True, True]
+    >>> handed.keep(3, np.arange(0, 6)).tolist(), handed.keep(4, np.arange(2)) is None
+    ([False, False, False, False, True, True], True)
+    """
+
+    def __init__(self, reports: Iterable[Sequence[int]]) -> None:
+        self.ranges: dict[int, list[tuple[int, int]]] = {}
+        for report in reports:
+            for index in range(0, len(report) - 2, 3):
+                epoch, start, end = report[index: index + 3]
+                self.ranges.setdefault(int(epoch), []).append((int(start), int(end)))
+        self.start: tuple[int, int] | None = None
+        if self.ranges:
+            epoch = min(self.ranges)
+            position = min(start for start, _ in self.ranges[epoch])
+            for start, end in sorted(self.ranges[epoch]):
+                if start > position:
+                    break
+                position = max(position, end)
+            self.start = (epoch, position)
+
+    def keep(self, epoch: int, positions: np.ndarray) -> np.ndarray | None:
+        """Which of ``positions`` (of ``epoch``) nobody handed out; None: all of them."""
+        ranges = self.ranges.get(epoch)
+        if not ranges:
+            return None
+        kept = np.ones(len(positions), dtype=bool)
+        for start, end in ranges:
+            kept &= (positions < start) | (positions >= end)
+        return kept

@@ -283,7 +283,7 @@ class Server:
                     policy=config.policy, server_id=config.server_id,
                     skip_errors=config.on_error == "skip", epoch_done=epoch_done,
                     dealer=ranked_dealer(endpoints, config), meter=endpoints.meters[0],
-                    start=endpoints.core.start_at,
+                    start=endpoints.core.start_at, keep=endpoints.core.handed.keep,
                 )
                 if not (self._stop or endpoints.core.restarting):
                     endpoints.finish()

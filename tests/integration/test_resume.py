@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -232,4 +233,44 @@ def test_the_torchrun_example_checkpoints_crashes_and_resumes(
         resumed = json.loads((tmp_path / "resumed" / f"rank{rank}.json").read_text())
         assert resumed == [whole[rank][1][100:], whole[rank][2]], (
             f"rank {rank} did not go on from its checkpoint"
+        )
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_free_reliable_trainers_that_outlive_their_server_lose_and_repeat_nothing(
+    serve: Callable[..., Spawned], tmp_path: Path, workers: str
+) -> None:
+    command = (SAMPLER, "--arg", f"per_stream={PER_STREAM}", "--arg", "width=16384",
+               "--epochs", str(EPOCHS), "--workers", workers, "--samples-per-message", "8",
+               "--reliable", "--min-trainers", "2")
+    endpoints = Endpoints.ipc(tmp_path)  # the restarted server binds the same endpoints
+    server = serve(*command, endpoints=endpoints)
+    trainers = [subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.trainers", server.data, server.control,
+         str(tmp_path / f"free{index}"), "--reliable", "--step-ms", "2"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT) for index in range(2)]
+    try:
+        def in_epoch_2() -> bool:
+            return any(line.startswith("2 ") for index in range(2)
+                       if (tmp_path / f"free{index}").exists()
+                       for line in (tmp_path / f"free{index}").read_text().splitlines())
+
+        wait_until(in_epoch_2, 60, "a trainer in epoch 2")
+        server.kill()
+        server.wait(timeout=10)
+        server = serve(*command, endpoints=endpoints)
+        assert [trainer.wait(timeout=120) for trainer in trainers] == [0, 0]
+        assert server.wait(timeout=30) == 0
+    finally:
+        for trainer in trainers:
+            if trainer.poll() is None:
+                trainer.kill()
+                trainer.wait(timeout=10)
+    rows = [tuple(int(field) for field in line.split()) for index in range(2)
+            for line in (tmp_path / f"free{index}").read_text().splitlines()]
+    for epoch in range(1, EPOCHS + 1):
+        ids = Counter(sample_id for row_epoch, sample_id in rows if row_epoch == epoch)
+        assert sorted(ids) == list(range(EPOCH)) and set(ids.values()) == {1}, (
+            f"epoch {epoch}: a sample lost or repeated across the server's restart: "
+            f"{sorted(i for i in range(EPOCH) if ids[i] != 1)[:20]}"
         )
