@@ -44,3 +44,21 @@ def test_a_bad_saved_position_is_refused_with_what_was_expected(saved: object) -
     positions = RankPositions(1, rank=0, world_size=2, current=lambda: None)
     with pytest.raises(StreamValueError, match="expected a saved position"):
         positions.restore(saved)  # type: ignore[arg-type]
+
+
+def test_a_free_trainer_announces_its_latest_ranges_and_the_current_messages_part() -> None:
+    from feedmux.client._resume import HANDED_RANGES, HandedRanges
+
+    current: tuple[int, np.ndarray, int] | None = None
+    handed = HandedRanges(1, current=lambda: current)
+    for start in range(0, 8 * (HANDED_RANGES + 5), 8):  # messages of 8, every other one
+        handed.handed(0, np.array([[1, position] for position in range(start, start + 4)]))
+    announced = handed.announce(0)
+    assert len(announced) == 3 * HANDED_RANGES  # bounded: the oldest ones are behind
+    assert announced[-3:] == (1, 8 * (HANDED_RANGES + 4), 8 * (HANDED_RANGES + 4) + 4)
+    current = (0, np.array([[2, 0], [2, 1], [2, 2]]), 2)  # two of three handed out
+    assert handed.announce(0)[-3:] == (2, 0, 2)
+    assert handed.next_message(fresh=True)
+    current = None  # the loader takes the next message
+    assert handed.announce(0)[-6:] == (
+        1, 8 * (HANDED_RANGES + 4), 8 * (HANDED_RANGES + 4) + 4, 2, 0, 2)

@@ -111,6 +111,31 @@ GOLDEN: list[tuple[str, Any, dict[str, Any], list[bytes]]] = [
         ),
     ),
     (
+        "hello-resumed",
+        Hello(client_id="t2", world_size=2, rank=1, resume=(2, 40, 2, 1)),
+        {},
+        frames_of(
+            # {"v": 1, "k": 2, "client_id": "t2", "role": "trainer", "world_size": 2, "rank": 1,
+            #  "resume": (2, 40, 2, 1)}: resume is written only when it is not empty (a tuple:
+            #  an array whose first element is the tuple marker, ext 4 of length 0)
+            "87 a1 76 01 a1 6b 02 a9 63 6c 69 65 6e 74 5f 69 64 a2 74 32"
+            " a4 72 6f 6c 65 a7 74 72 61 69 6e 65 72 aa 77 6f 72 6c 64 5f 73 69 7a 65 02"
+            " a4 72 61 6e 6b 01 a6 72 65 73 75 6d 65 95 c7 00 04 02 28 02 01",
+        ),
+    ),
+    (
+        "hello-handed",
+        Hello(client_id="t3", handed=(2, 8, 12)),
+        {},
+        frames_of(
+            # {"v": 1, "k": 2, "client_id": "t3", "role": "trainer", "world_size": 1,
+            #  "handed": (2, 8, 12)}: handed is written only when it is not empty
+            "86 a1 76 01 a1 6b 02 a9 63 6c 69 65 6e 74 5f 69 64 a2 74 33"
+            " a4 72 6f 6c 65 a7 74 72 61 69 6e 65 72 aa 77 6f 72 6c 64 5f 73 69 7a 65 01"
+            " a6 68 61 6e 64 65 64 94 c7 00 04 02 08 0c",
+        ),
+    ),
+    (
         "heartbeat-grouped",
         Heartbeat(sender_id="t1", received_messages=5, group="eval"),
         {},

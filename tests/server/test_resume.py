@@ -132,3 +132,15 @@ def test_a_heartbeat_while_waiting_does_not_make_a_free_trainer() -> None:
     core.tick(now=0.1)
     assert core.phase is Phase.WAITING and core.trainers == {}
     assert np.int64(core.received_total()) == 0
+
+
+def test_free_reliable_trainers_resume_at_the_first_position_nobody_handed_out() -> None:
+    core = make_core(reliable=True, min_trainers=2)
+    core.begin()
+    sends = gather(core, [(A, Hello(client_id="a", handed=(2, 10, 20, 2, 30, 40))),
+                          (B, Hello(client_id="b", handed=(2, 20, 25, 3, 0, 4)))], now=0.0)
+    assert sends == () and core.phase is Phase.SAMPLING
+    assert core.start_at == (2, 25)
+    kept = core.handed.keep(2, np.arange(24, 42))
+    assert kept is not None and np.flatnonzero(~kept).tolist() == [0, *range(6, 16)]
+    assert core.handed.keep(3, np.arange(6)).tolist() == [False] * 4 + [True] * 2
