@@ -474,7 +474,7 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
     config = core.config
     if core._welcomed and core._ready(now):
         start, problem = agreed_start(core.ranks.resumes, core.ranks.world_size or 0)
-        if not core.ranks.ranked and core.config.reliable:
+        if not (core.ranks.ranked or core.config.grouped) and core.config.reliable:
             core.handed = Handed(t.handed for t in core.trainers.values() if t.handed)
             start = Start(core.handed.start, {})
         if start is None:
