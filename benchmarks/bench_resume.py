@@ -30,7 +30,7 @@ import feedmux
 from benchmarks.scenarios import small_samples
 from feedmux import RemoteLoader, Server
 from feedmux.sampling import EpochIterator
-from feedmux.server._producer import own
+from feedmux.server._owning import own
 
 STREAMS = 16
 TIMEOUT = 120.0

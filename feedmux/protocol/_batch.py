@@ -32,9 +32,18 @@ _PLAIN_LEAF_TYPES = frozenset({str, bytes, int, float, bool, type(None)})
 
 
 class StackedLeaf:
-    """One leaf position of a batch: its kind and the values of every sample."""
+    """One leaf position of a batch: its kind and the values of every sample.
+
+    ``kind`` is :attr:`ARRAY` (an ndarray per sample; ``values`` stacks them),
+    :attr:`SCALAR` (a numpy scalar per sample; ``values`` is a 1-d array of them)
+    or :attr:`COLUMN` (a plain Python value per sample; ``values`` is a list).
+    """
 
     __slots__ = ("kind", "values")
+
+    ARRAY = ARRAY
+    SCALAR = SCALAR
+    COLUMN = COLUMN
 
     def __init__(self, kind: int, values: Any) -> None:
         self.kind = kind
@@ -58,6 +67,7 @@ def stack_samples(samples: Sequence[Any]) -> Any:
 
     The template is the first sample's tree of dict / list / tuple with every
     leaf replaced by a :class:`StackedLeaf` holding that leaf of all samples.
+    A :class:`SampleBatch` is stacked already: its own template is returned.
 
     Examples
     --------
@@ -66,6 +76,8 @@ def stack_samples(samples: Sequence[Any]) -> Any:
     >>> template["x"].values.shape, template["y"].values
     ((2, 3), [1, 2])
     """
+    if type(samples) is SampleBatch:
+        return samples.template
     leaves: list[tuple[StackedLeaf, Any]] = []
     try:
         template = _flat_dict_template(samples, leaves)
@@ -326,6 +338,11 @@ class SampleBatch(Sequence[Any]):
         build = self._build
         for index in range(self._count):
             yield build(index)
+
+    @property
+    def template(self) -> Any:
+        """The samples' tree with a :class:`StackedLeaf` at each leaf (what the codec sends)."""
+        return self._template
 
     def stacked(self) -> Any:
         """The batch as one tree: stacked arrays for numpy leaves, lists for plain ones."""

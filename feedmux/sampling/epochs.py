@@ -72,8 +72,8 @@ class EpochIterator(Generic[T]):
         exception propagates. Read when each epoch starts.
     prepare : callable(item) -> item, optional
         Applied to each item as it is drawn, before the next is (a server copies
-        the arrays of a streamer that may reuse them here). Read when each epoch
-        starts.
+        the arrays of a streamer that may reuse them here). Read at each
+        :meth:`take`, so a caller may give each chunk its own.
 
     Attributes
     ----------
@@ -178,12 +178,11 @@ class EpochIterator(Generic[T]):
             self._chunks = activate(self.streamer, None, self.on_stream_error)
             if self._resume is not None:
                 self._skip_to_resume()
-            if self._chunks is not None and self.prepare is not None:
-                self._chunks = map(self.prepare, self._chunks)
         items: list[T] = []
         start = self._position
+        drawn = self._chunks if self.prepare is None else map(self.prepare, self._chunks)
         try:
-            items.extend(itertools.islice(self._chunks, limit))
+            items.extend(itertools.islice(drawn, limit))
         except Exception as error:
             # list.extend keeps what it appended before the error: ship those first.
             self._chunks = None

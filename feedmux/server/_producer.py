@@ -21,9 +21,10 @@ import numpy as np
 from feedmux._ratelog import RateLimitedLog
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Data, Error, encode
-from feedmux.sampling.epochs import EpochIterator
+from feedmux.sampling.epochs import Chunk, EpochIterator
 from feedmux.server._dealing import RankDealer
 from feedmux.server._meter import SamplerMeter
+from feedmux.server._owning import DrawnItems, own
 
 __all__ = [
     "BatchPolicy",
@@ -67,8 +68,12 @@ class BatchPolicy:
     #: Whether array frames are copies rather than views of the streamer's arrays.
     #: A streamer may reuse one array for every sample (``buf[:] = ...; yield buf``):
     #: a view would then change under a message still queued, or kept for re-sending
-    #: in reliable mode. Copying costs one memcpy per array (see ``make bench``);
-    #: ``zero_copy=True`` on the server skips it for streamers that never reuse one.
+    #: in reliable mode. Each item is made the server's own as it is drawn
+    #: (:mod:`feedmux.server._owning`): small flat samples are copied straight into
+    #: the message's stacked arrays, which the codec would build anyway, so they cost
+    #: about what zero-copy costs; bigger ones cost one memcpy per array (see ``make
+    #: bench``). ``zero_copy=True`` on the server skips the copy for streamers that
+    #: never reuse an array.
     copy_arrays: bool = True
 
     def limit_for(self, first_sample: Any) -> int:
@@ -114,25 +119,8 @@ def error_message(error: BaseException, server_id: str) -> Error:
                  server_id=server_id)
 
 
-def own(item: Any) -> Any:
-    """``item`` with its arrays copied and its containers rebuilt (the rest shared).
-
-    Applied to each item as it is drawn, before the streamer runs again: a
-    streamer that writes every sample into one array (or one dict) cannot then
-    change a sample that waits in a message, is queued, or is kept for re-sending.
-    """
-    kind = type(item)
-    if kind is np.ndarray:
-        return item.copy()
-    if kind is dict:
-        return {key: own(value) for key, value in item.items()}
-    if kind is tuple or kind is list:
-        return kind(own(value) for value in item)
-    return item
-
-
 def _encode_batch(
-    tags: np.ndarray, samples: list[Any], server_id: str, seq: int, skip_bad: bool
+    tags: np.ndarray, samples: Sequence[Any], server_id: str, seq: int, skip_bad: bool
 ) -> tuple[list[Any], int]:
     """Encode one data message; with ``skip_bad``, drop samples the codec refuses.
 
@@ -179,7 +167,7 @@ class _Pacer:
         by_time = int(self.policy.max_delay / self.item_seconds)
         return max(1, min(self.size_limit, by_time))
 
-    def observe(self, items: list[Any], seconds: float) -> None:
+    def observe(self, items: Sequence[Any], seconds: float) -> None:
         if not items:
             return
         per_item = seconds / len(items)
@@ -236,8 +224,8 @@ def produce(
     had yet (None: all of them); the others are not sent.
     """
     meter = SamplerMeter() if meter is None else meter
-    if policy.copy_arrays:
-        epochs.prepare = own
+    drawn = DrawnItems() if policy.copy_arrays else None
+    epochs.prepare = None  # set for each chunk by _take
     if skip_errors:
         def log_skipped(error: BaseException) -> None:
             meter.skipped()
@@ -250,14 +238,31 @@ def produce(
     if start is not None:
         epochs.resume_at(*start, keep=0 if dealer is None else dealer.world_size - 1)
     if dealer is not None:
-        return _produce_ranked(epochs, send, policy, server_id, skip_errors, epoch_done, meter,
-                               dealer, start)
-    return _produce(epochs, send, policy, server_id, skip_errors, epoch_done, meter, align,
+        return _produce_ranked(epochs, drawn, send, policy, server_id, skip_errors, epoch_done,
+                               meter, dealer, start)
+    return _produce(epochs, drawn, send, policy, server_id, skip_errors, epoch_done, meter, align,
                     start, keep)
+
+
+def _take(
+    epochs: EpochIterator[Any], drawn: DrawnItems | None, limit: int
+) -> tuple[Chunk, Sequence[Any]]:
+    """The next chunk and its samples, made the server's own as drawn (with ``drawn``)."""
+    if drawn is None:
+        chunk = epochs.take(limit)
+        return chunk, chunk.items
+    epochs.prepare = drawn.start()
+    try:
+        chunk = epochs.take(limit)
+    except BaseException:
+        drawn.abandon()
+        raise
+    return chunk, drawn.samples(chunk.items)
 
 
 def _produce(
     epochs: EpochIterator[Any],
+    drawn: DrawnItems | None,
     send: Callable[[Frames, int, int], bool],
     policy: BatchPolicy,
     server_id: str,
@@ -277,7 +282,7 @@ def _produce(
             limit = pacer.limit()
             if align is not None:
                 limit = min(limit, align - epoch_count % align)
-            chunk = epochs.take(limit)
+            chunk, items = _take(epochs, drawn, limit)
         except StopIteration:
             return sent
         except Exception as error:
@@ -288,7 +293,6 @@ def _produce(
                 return sent
             epoch_count = 0
             continue
-        items = chunk.items
         pacer.observe(items, clock() - started)
         if start is not None:
             if chunk.epoch == start[0]:
@@ -299,7 +303,7 @@ def _produce(
             tags[:, 0] = chunk.epoch
             tags[:, 1] = np.arange(chunk.start, chunk.start + len(items))
             if keep is not None and (kept := keep(chunk.epoch, tags[:, 1])) is not None:
-                rows = np.flatnonzero(kept)
+                rows = np.flatnonzero(kept).tolist()
                 epoch_count += len(items) - len(rows)  # had by a trainer, not sent again
                 tags, items = tags[rows], [items[row] for row in rows]
         if items:
@@ -329,6 +333,7 @@ def _skip_epoch(error: Exception, skip_errors: bool, meter: SamplerMeter) -> Non
 
 def _produce_ranked(
     epochs: EpochIterator[Any],
+    drawn: DrawnItems | None,
     send: Callable[..., bool],
     policy: BatchPolicy,
     server_id: str,
@@ -353,7 +358,7 @@ def _produce_ranked(
     while True:
         started = clock()
         try:
-            chunk = epochs.take(pacer.limit() * n)
+            chunk, items = _take(epochs, drawn, pacer.limit() * n)
         except StopIteration:
             return sent
         except Exception as error:
@@ -361,10 +366,13 @@ def _produce_ranked(
             epoch, last = epochs.epoch, bool(epoch_count)  # nothing taken: nothing to finish
             shares = dealer.finish_epoch(epoch)
         else:
-            items, epoch, last = chunk.items, chunk.epoch, chunk.last
+            epoch, last = chunk.epoch, chunk.last
             if start is not None:
                 if epoch == start[0]:  # the resumed epoch: dealt from where the job stood
-                    dealer.resume(epoch, chunk.start, epochs.resumed_head)
+                    head = epochs.resumed_head  # drawn while skipping: made ours here
+                    if drawn is not None:
+                        head = [own(item) for item in head]
+                    dealer.resume(epoch, chunk.start, head)
                     epoch_count = chunk.start  # the epoch's size counts what came before
                 start = None
             pacer.observe(items, (clock() - started) * n)  # time per rank message

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,7 +23,12 @@ def first_pull_fails() -> feedmux.Streamer:
     return feedmux.Streamer(_second_item_raises)
 
 
+#: What the stuck streamer writes to stderr once the server runs it.
+STUCK_LINE = "the stuck streamer is running"
+
+
 def _stuck() -> Iterator[dict[str, Any]]:
+    print(STUCK_LINE, file=sys.stderr, flush=True)
     while True:  # user code that never yields (and sleeps through every signal)
         time.sleep(3600)
     yield {}

@@ -19,6 +19,7 @@ from feedmux import RemoteLoader, Server
 from feedmux.errors import TransportError
 from feedmux.protocol import Hello, Welcome, decode, encode
 from tests.integration.conftest import _START_LINE, ROOT, wait_until
+from tests.integration.hard_samplers import STUCK_LINE
 
 SAMPLERS = "tests.integration.hard_samplers"
 
@@ -114,6 +115,10 @@ def test_a_second_signal_stops_a_server_stuck_in_user_code(signum: int) -> None:
         reply = ask(start[2], [bytes(frame) for frame in encode(Hello("stuck-test"))],
                     timeout=10)
         assert reply is not None and isinstance(decode(reply), Welcome)
+        # The welcome goes out before sampling starts: a signal sent before the streamer
+        # runs stops the server gracefully (exit 0), which is not what is tested here.
+        wait_until(lambda: any(STUCK_LINE in line for line in lines), 10,
+                   "the server to run the stuck streamer")
 
         # Two signals sent back to back may reach Python's handler as one: keep sending
         # until it stops (before the fix no number of them stopped it).

@@ -10,6 +10,7 @@ import pytest
 from feedmux.client.remote import RemoteLoader
 from feedmux.errors import ConfigurationError
 from feedmux.server.server import Server
+from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -59,6 +60,12 @@ def test_counters_match_what_the_trainer_received_and_the_epoch_gauge_follows(
                 received += 1
                 if meta.epoch == epoch:
                     break
+            # The server counts a message just after handing it to ZeroMQ: under load the
+            # trainer can hold it before the count does, so wait (bounded) for the count.
+            def counted(count: int = received) -> bool:
+                return scrape(address)["feedmux_samples_sent_total"] >= count
+
+            wait_until(counted, 10, "the sent counter to count what the trainer received")
             metrics = scrape(address)
             sent = metrics["feedmux_samples_sent_total"]
             assert received <= sent <= received + IN_FLIGHT, (received, sent)
