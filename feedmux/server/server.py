@@ -238,13 +238,16 @@ class Server:
             _restore_signal_handlers(previous)
             bool(self._stop)  # says which signal stopped it, if one did and nobody said yet
 
-    def _open(self) -> Endpoints | None:
+    def _open(self, pool: WorkerPool | None = None) -> Endpoints | None:
         try:
             endpoints = Endpoints(self.config, self._stop)
         except (TransportError, ConfigurationError) as error:
             log.error("%s", error)
             self._tell_parent("failed", str(error))
             return None
+        if pool is not None:  # before the parent hears "bound": a scrape may follow at once
+            endpoints.meters = pool.meters
+            endpoints.probes.append(pool.liveness)
         config = self.config
         self._bound = (endpoints.data_address, endpoints.control_address)
         source = config.source if isinstance(config.source, str) else type(config.source).__name__
@@ -312,11 +315,9 @@ class Server:
                 return EXIT_USAGE
             pool.start()  # fork before this process creates its ZeroMQ context
             try:
-                endpoints = self._open()
+                endpoints = self._open(pool)
                 if endpoints is None:
                     return EXIT_USAGE
-                endpoints.meters = pool.meters
-                endpoints.probes.append(pool.liveness)
                 try:
                     return forward(pool, endpoints, config, self._stop, block)
                 finally:
