@@ -5,7 +5,10 @@ structure of the first (same containers and keys in the same order, numpy
 leaves of one dtype and shape) and gathers each leaf across the samples: one
 ``np.stack`` per numpy leaf, one list per plain-Python leaf. On the receiving
 side, :class:`SampleBatch` is the lazy sequence that hands out sample ``i`` as
-views into those stacked arrays. Nothing here reads or writes bytes.
+views into those stacked arrays. A process that passes samples on (a server
+dealing a worker's message to ranks) takes rows of a batch as a batch
+(:func:`take_samples`): stacked arrays sliced, never a sample built and
+stacked again. Nothing here reads or writes bytes.
 """
 
 from __future__ import annotations
@@ -18,7 +21,14 @@ import numpy as np
 
 from feedmux.errors import ProtocolError
 
-__all__ = ["MAX_TEMPLATE_DEPTH", "SampleBatch", "StackedLeaf", "compile_template", "stack_samples"]
+__all__ = [
+    "MAX_TEMPLATE_DEPTH",
+    "SampleBatch",
+    "StackedLeaf",
+    "compile_template",
+    "stack_samples",
+    "take_samples",
+]
 
 #: How deeply the containers of a stacked sample may nest.
 MAX_TEMPLATE_DEPTH = 64
@@ -278,6 +288,90 @@ def compile_template(template: Any, count: int, depth: int = 0) -> Callable[[int
     raise ProtocolError(f"batch template holds a bare {kind.__name__} where a leaf was expected")
 
 
+def _map_leaves(template: Any, change: Callable[[Any], Any]) -> Any:
+    """``template`` with each leaf's values replaced by ``change(values)``."""
+    kind = type(template)
+    if kind is StackedLeaf:
+        return StackedLeaf(template.kind, change(template.values))
+    if kind is dict:
+        return {key: _map_leaves(value, change) for key, value in template.items()}
+    if kind is list:
+        return [_map_leaves(value, change) for value in template]
+    return tuple(_map_leaves(value, change) for value in template)
+
+
+def _leaves(template: Any, into: list[StackedLeaf]) -> list[StackedLeaf]:
+    kind = type(template)
+    if kind is StackedLeaf:
+        into.append(template)
+    else:
+        for value in template.values() if kind is dict else template:
+            _leaves(value, into)
+    return into
+
+
+def _layout(template: Any) -> Any:
+    """What two batches must share to be joined: containers, keys, leaf kinds, dtypes
+    and the shape of one sample's array."""
+    kind = type(template)
+    if kind is StackedLeaf:
+        if template.kind == COLUMN:
+            return COLUMN
+        return template.kind, template.values.dtype, template.values.shape[1:]
+    if kind is dict:
+        return dict, tuple((key, _layout(value)) for key, value in template.items())
+    return kind, tuple(_layout(value) for value in template)
+
+
+def _join(batches: list[SampleBatch]) -> SampleBatch | None:
+    """The batches one after the other as one batch, or None when their layouts differ."""
+    first = batches[0]
+    layout = _layout(first.template)
+    if any(_layout(batch.template) != layout for batch in batches[1:]):
+        return None
+    joined: list[Any] = []
+    for leaves in zip(*(_leaves(batch.template, []) for batch in batches), strict=True):
+        if leaves[0].kind == COLUMN:
+            joined.append([value for leaf in leaves for value in leaf.values])
+            continue
+        values = np.concatenate([leaf.values for leaf in leaves])
+        if values.dtype != leaves[0].values.dtype:
+            return None  # numpy allocated another byte order ('>m8' as '<m8'): not the same bytes
+        joined.append(values)
+    values_of = iter(joined)
+    return SampleBatch(_map_leaves(first.template, lambda values: next(values_of)),
+                       sum(map(len, batches)))
+
+
+def take_samples(parts: Sequence[tuple[Sequence[Any], slice]]) -> Sequence[Any]:
+    """The samples at ``rows`` of each ``(samples, rows)`` of ``parts``, in order, as one
+    sequence.
+
+    Rows of decoded batches of one layout come back as a :class:`SampleBatch` of
+    their stacked leaves sliced (and joined: one copy), which encodes without a
+    sample being built or stacked again; anything else as a list.
+
+    Examples
+    --------
+    >>> take_samples([(["a", "b", "c", "d"], slice(0, 4, 2)), (["e", "f"], slice(1, 2))])
+    ['a', 'c', 'f']
+    >>> import numpy as np
+    >>> batch = SampleBatch(stack_samples([{"x": np.full(2, i)} for i in range(4)]), 4)
+    >>> taken = take_samples([(batch, slice(1, 4, 2)), (batch, slice(0, 1))])
+    >>> type(taken).__name__, taken.stacked()["x"].tolist()
+    ('SampleBatch', [[1, 1], [3, 3], [0, 0]])
+    """
+    pieces = [samples.take(rows) if type(samples) is SampleBatch else samples[rows]
+              for samples, rows in parts]
+    if len(pieces) == 1 and type(pieces[0]) in (list, SampleBatch):
+        return pieces[0]
+    if pieces and all(type(piece) is SampleBatch for piece in pieces):
+        joined = _join(pieces)  # type: ignore[arg-type]
+        if joined is not None:
+            return joined
+    return [sample for piece in pieces for sample in piece]
+
+
 def _unwrap(template: Any) -> Any:
     kind = type(template)
     if kind is StackedLeaf:
@@ -347,6 +441,22 @@ class SampleBatch(Sequence[Any]):
     def stacked(self) -> Any:
         """The batch as one tree: stacked arrays for numpy leaves, lists for plain ones."""
         return _unwrap(self._template)
+
+    def take(self, rows: slice) -> SampleBatch:
+        """The samples at ``rows`` as a batch of their own: the stacked leaves sliced
+        (numpy views), no sample built.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> samples = [{"x": np.arange(2) + i, "y": i} for i in range(5)]
+        >>> batch = SampleBatch(stack_samples(samples), 5)
+        >>> part = batch.take(slice(1, None, 2))
+        >>> len(part), part[1], part.stacked()["x"].base is not None
+        (2, {'x': array([3, 4]), 'y': 3}, True)
+        """
+        return SampleBatch(_map_leaves(self._template, lambda values: values[rows]),
+                           len(range(*rows.indices(self._count))))
 
     def __repr__(self) -> str:
         return f"SampleBatch(<{self._count} samples>)"

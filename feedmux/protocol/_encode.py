@@ -3,10 +3,12 @@
 This module owns the bytes a sender writes: the msgpack header in frame 0 (ext
 values for numpy arrays, numpy scalars, tuples and stacked batch leaves), the
 tag frame of a data message, and the raw array frames after it, handed over as
-views of the arrays' own memory. It keeps reused msgpack packers per thread,
-because building a packer costs more than packing a small message. It never
-sends, never pickles, and refuses anything that cannot travel with a
-:class:`~feedmux.errors.ProtocolError` that names where in the sample it sits.
+views of the arrays' own memory (a decoded :class:`SampleBatch` is encoded from
+its stacked leaves, as the same samples would be). It keeps reused msgpack
+packers per thread, because building a packer costs more than packing a small
+message. It never sends, never pickles, and refuses anything that cannot travel
+with a :class:`~feedmux.errors.ProtocolError` that names where in the sample it
+sits.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import msgpack
 import numpy as np
 
 from feedmux.errors import ProtocolError
-from feedmux.protocol._batch import ARRAY, COLUMN, StackedLeaf, stack_samples
+from feedmux.protocol._batch import ARRAY, COLUMN, SampleBatch, StackedLeaf, stack_samples
 from feedmux.protocol._dtypes import UnsupportedDtypeError, describe_dtype
 from feedmux.protocol._ext import (
     EXT_ARRAY_FRAME,
@@ -211,7 +213,12 @@ def _encode_data(message: Data, inline_threshold: int) -> list[Any]:
         seq = INT.coerce(seq, "seq", Data)
     header = {"v": PROTOCOL_VERSION, "k": _DATA, "server_id": server_id, "seq": seq, "n": count}
     try:
-        template = stack_samples(samples) if count > 1 else None
+        if count < 2:
+            template = None
+        elif type(samples) is SampleBatch:  # rows of a received batch, passed on as stacked
+            template = samples.template
+        else:
+            template = stack_samples(samples)
         if template is not None:
             header["batch"] = _template_exts(template, encoder)
         else:

@@ -6,14 +6,14 @@ pumps — every group's next messages go to the group's live members, with
 non-blocking addressed sends on the data ROUTER. In a group of free trainers a
 message goes whole to whichever member has room in its queue; in a ranked
 group (its trainers have ``rank``/``world_size``) each message is decoded once
-for the group, dealt among its ranks by the ranked rule
-(:class:`~feedmux.server._dealing.RankDealer`: pad or drop, equal steps per
-rank) and re-encoded per rank, and a restarted rank gets its predecessor's
-rest first (:class:`~feedmux.server._ranksend.RankSender`). While the buffer
-is full it waits, serving the control socket, and names the group that lags
-in the log. Membership comes from the control core's trainer registry (each
-trainer's hello names its group and rank); this module must never decide
-anything about trainers or the end of the stream, and never keeps frames
+for the group (a batch stays stacked), dealt among its ranks by the ranked
+rule (:class:`~feedmux.server._dealing.RankDealer`: pad or drop, equal steps
+per rank: row slices) and encoded per rank, and a restarted rank gets its
+predecessor's rest first (:class:`~feedmux.server._ranksend.RankSender`).
+While the buffer is full it waits, serving the control socket, and names the
+group that lags in the log. Membership comes from the control core's trainer
+registry (each trainer's hello names its group and rank); this module must
+never decide anything about trainers or the end of the stream, and never keeps frames
 beyond what the buffer holds and a few dealt shares per rank.
 """
 
@@ -75,7 +75,7 @@ class _RankedGroup:
         if message.epoch != self.epoch:
             shares += self.dealer.finish_epoch(self.epoch)
             self.epoch = message.epoch
-        shares += self.dealer.deal(message.epoch, list(decoded.samples))
+        shares += self.dealer.deal(message.epoch, decoded.samples)  # rows, not samples
         self._queue(shares, decoded.server_id)
 
     def finish_epoch(self, server_id: str) -> None:

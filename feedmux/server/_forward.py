@@ -4,8 +4,11 @@ This module owns the server process's side of its sampling workers: it reads
 each worker's socket, merges their messages (in the fixed order of
 :class:`~feedmux.server._merge.Merge` for a seeded run, else as they come),
 numbers positions per epoch across the shards, deals them to the ranks of a
-ranked job (decoding and re-encoding: the workers do not know the rounds
-across shards) and hands every message to the shell. A ranked job that
+ranked job (the workers do not know the rounds across shards: each rank's
+rows are sliced out of the workers' decoded batches, no sample built, and
+while more messages wait, ``world_size`` of them are dealt together so that a
+rank's message is as full as a worker's) and hands every message to the
+shell. A ranked job that
 resumes from a checkpoint while the server runs starts a new *run*: the
 workers are told to sample again from the resumed epoch (a new generation),
 and what they sent for the previous run is dropped until each worker's marker
@@ -16,6 +19,7 @@ gets what (the dealer and the control core do).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -40,7 +44,8 @@ _OK, _FAILED = 0, 1
 
 
 class _Run:
-    """The state of one run of the job: merge order, positions, dealing, the resume cut."""
+    """The state of one run of the job: merge order, positions, dealing (and the workers'
+    samples held to be dealt together), the resume cut."""
 
     def __init__(self, pool: WorkerPool, endpoints: Endpoints, config: ServerConfig,
                  block: int | None, generation: int) -> None:
@@ -52,6 +57,9 @@ class _Run:
                     else ResumeCut(*start, self.dealer.world_size - 1))
         #: Free trainers that outlived their server: where to resume, what they had.
         self.start, self.handed = start, endpoints.core.handed
+        #: Samples of workers' messages of epoch ``held_epoch`` not dealt yet.
+        self.held: list[Sequence[Any]] = []
+        self.held_epoch = 0
         #: Workers whose messages of an earlier run may still come (until their marker).
         self.behind = set(range(config.workers)) if generation else set()
         pool.begin(start[0] if start else 1, generation)
@@ -59,6 +67,12 @@ class _Run:
     def number(self, frames: Any) -> np.ndarray:
         """The tags of a worker's message with positions numbered across the shards."""
         tags: np.ndarray = read_tags(frames).copy()
+        epoch = int(tags[0, 0])
+        if (tags[:, 0] == epoch).all():  # as the workers send them: one epoch per message
+            start = self.positions.get(epoch, 0)
+            tags[:, 1] = np.arange(start, start + len(tags))
+            self.positions[epoch] = start + len(tags)
+            return tags
         for epoch in np.unique(tags[:, 0]):
             rows = tags[:, 0] == epoch
             start = self.positions.get(int(epoch), 0)
@@ -119,7 +133,7 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, endpoints: End
             for worker in set(readable) - set(polled):
                 poller.register(sockets[worker], zmq.POLLIN)
             polled = readable
-        events = dict(poller.poll(100))
+        events = dict(poller.poll(0 if run.held else 100))  # held samples wait for no one
         if endpoints.control in events:
             endpoints.serve_control(timeout=0)
         failure = pool.failure()
@@ -127,6 +141,8 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, endpoints: End
             raise FeedmuxError(failure)
         ready = [worker for worker in polled if sockets[worker] in events]
         if not ready:
+            if not _deal_held(run, endpoints, config.server_id):
+                return None if endpoints.core.restarting else _OK
             endpoints.tick()
             continue
         for worker in ready:  # one message each: fair to every worker
@@ -167,8 +183,10 @@ def _send_merged(run: _Run, pool: WorkerPool, endpoints: Endpoints,
         item, epoch_over = taken
         if isinstance(item, EndOfEpoch):
             if epoch_over:
-                if dealer is not None and not _send_shares(
-                        dealer.finish_epoch(item.epoch), endpoints, config.server_id):
+                if dealer is not None and not (
+                        _deal_held(run, endpoints, config.server_id)
+                        and _send_shares(dealer.finish_epoch(item.epoch), endpoints,
+                                         config.server_id)):
                     return _OK
                 endpoints.epoch_done(item.epoch, positions.get(item.epoch, 0))
                 if config.epochs is not None and item.epoch >= config.epochs:
@@ -178,7 +196,7 @@ def _send_merged(run: _Run, pool: WorkerPool, endpoints: Endpoints,
             continue
         tags = run.number(item)
         if dealer is not None:
-            if not _deal_forwarded(item, tags, dealer, endpoints, config.server_id, run.cut):
+            if not _deal_forwarded(item, tags, run, endpoints, config.server_id):
                 return _OK
             continue
         frames = _free_rows(run, item, tags, config.server_id)
@@ -217,24 +235,41 @@ def ranked_dealer(endpoints: Endpoints, config: ServerConfig) -> RankDealer | No
     return dealer
 
 
-def _deal_forwarded(frames: list[Any], tags: np.ndarray, dealer: RankDealer,
-                    endpoints: Endpoints, server_id: str, cut: ResumeCut | None) -> bool:
+def _deal_forwarded(frames: list[Any], tags: np.ndarray, run: _Run, endpoints: Endpoints,
+                    server_id: str) -> bool:
     """Ranked ``--workers``: deal a worker's message (renumbered ``tags``) to the ranks.
 
-    The forwarder decodes and re-encodes here (the workers do not know the
-    ranks' round boundaries across shards); a message never spans two epochs.
-    In a resumed job's first epoch, what comes before the resume position is
-    dropped (``cut``).
+    The workers do not know the ranks' round boundaries across shards, so the
+    message is dealt here: decoded (its header only, for a batch: the samples
+    stay stacked) and held until ``world_size`` messages' worth of samples are
+    (:func:`_deal_held`), so that each rank's message, its rows sliced out of
+    them, is as full as a worker's; a message never spans two epochs. In a
+    resumed job's first epoch, what comes before the resume position is
+    dropped (``run.cut``).
     """
     message = decode(frames)
-    assert isinstance(message, Data)
-    epoch, samples = int(tags[0, 0]), list(message.samples)
+    assert isinstance(message, Data) and run.dealer is not None
+    epoch, samples, cut = int(tags[0, 0]), message.samples, run.cut
+    if epoch != run.held_epoch and not _deal_held(run, endpoints, server_id):
+        return False
     if cut is not None and epoch == cut.epoch and not cut.done:
         samples = cut.cut(tags[:, 1], samples)
         if not samples:  # all before the resume position
             return True
-        dealer.resume(epoch, cut.position, cut.head)
-    return _send_shares(dealer.deal(epoch, samples), endpoints, server_id)
+        run.dealer.resume(epoch, cut.position, cut.head)
+    run.held.append(samples)
+    run.held_epoch = epoch
+    if sum(map(len, run.held)) < run.dealer.world_size * max(map(len, run.held)):
+        return True
+    return _deal_held(run, endpoints, server_id)
+
+
+def _deal_held(run: _Run, endpoints: Endpoints, server_id: str) -> bool:
+    """Deal the samples held (if any) to the ranks; False when the server is stopping."""
+    if not run.held or run.dealer is None:
+        return True
+    held, run.held = run.held, []
+    return _send_shares(run.dealer.deal(run.held_epoch, *held), endpoints, server_id)
 
 
 def _send_shares(shares: list[RankShare], endpoints: Endpoints, server_id: str) -> bool:

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE
+from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE, take_samples
 
 __all__ = ["CHECKPOINT", "LIVE", "Handed", "ResumeCut", "Start", "agreed_start",
            "check_announcement", "describe"]
@@ -143,13 +143,13 @@ class ResumeCut:
         #: Whether the cut is behind: every later sample goes on.
         self.done = False
 
-    def cut(self, positions: np.ndarray, samples: list[Any]) -> list[Any]:
+    def cut(self, positions: np.ndarray, samples: Sequence[Any]) -> Sequence[Any]:
         """The samples (at ``positions``, ascending) of the resumed epoch that go on."""
         if self.done:
             return samples
         lead = int(np.searchsorted(positions, self.position))
         self.head.extend(samples[:max(0, min(lead, self.keep - len(self.head)))])
-        rest = samples[lead:]
+        rest = take_samples([(samples, slice(lead, None))])  # a batch stays a batch
         self.done = bool(rest)
         return rest
 

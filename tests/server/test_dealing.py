@@ -2,27 +2,36 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from feedmux.errors import ConfigurationError
+from feedmux.protocol import Data, SampleBatch, decode, encode
 from feedmux.server._dealing import RankDealer, rank_steps
 
 
-def deal_epochs(dealer: RankDealer, sizes: list[int], chunks: list[int]) -> dict[int, list]:
-    """Every (epoch, position, item) each rank gets, epoch after epoch."""
+def deal_epochs(dealer: RankDealer, sizes: list[int], chunks: list[int],
+                together: int = 1) -> dict[int, list]:
+    """Every (epoch, position, item) each rank gets, epoch after epoch (``together``
+    chunks at a time)."""
     got: dict[int, list] = {rank: [] for rank in range(dealer.world_size)}
     for epoch, size in enumerate(sizes, start=1):
         items = list(range(size))
         start, turn = 0, 0
         while start < size:
-            step = max(1, chunks[turn % len(chunks)])
-            turn += 1
-            for share in dealer.deal(epoch, items[start:start + step]):
+            group = []
+            for _ in range(together):
+                step = max(1, chunks[turn % len(chunks)])
+                turn += 1
+                group.append(items[start:start + step])
+                start += step
+            for share in dealer.deal(epoch, *group):
                 got[share.rank] += list(zip(share.tags[:, 0].tolist(), share.tags[:, 1].tolist(),
                                             share.items, strict=True))
-            start += step
         for share in dealer.finish_epoch(epoch):
             got[share.rank] += list(zip(share.tags[:, 0].tolist(), share.tags[:, 1].tolist(),
                                         share.items, strict=True))
@@ -31,11 +40,11 @@ def deal_epochs(dealer: RankDealer, sizes: list[int], chunks: list[int]) -> dict
 
 @given(world_size=st.integers(1, 5), sizes=st.lists(st.integers(1, 40), min_size=1, max_size=3),
        chunks=st.lists(st.integers(1, 17), min_size=1, max_size=4),
-       uneven=st.sampled_from(["pad", "drop"]))
+       uneven=st.sampled_from(["pad", "drop"]), together=st.integers(1, 3))
 def test_every_rank_gets_its_equal_share_by_the_position_rule(
-    world_size: int, sizes: list[int], chunks: list[int], uneven: str
+    world_size: int, sizes: list[int], chunks: list[int], uneven: str, together: int
 ) -> None:
-    got = deal_epochs(RankDealer(world_size, uneven), sizes, chunks)
+    got = deal_epochs(RankDealer(world_size, uneven), sizes, chunks, together)
     for epoch, size in enumerate(sizes, start=1):
         steps = rank_steps(size, world_size, uneven)
         for rank, rows in got.items():
@@ -65,3 +74,46 @@ def test_bad_settings_are_refused_naming_the_value() -> None:
         RankDealer(2, "even")
     with pytest.raises(ConfigurationError, match="expected world_size an int >= 1, got 0"):
         RankDealer(0)
+
+
+def decoded_batch(first: int, count: int) -> Any:
+    """Samples ``first .. first + count - 1`` as a server gets them from its workers."""
+    samples = [{"x": np.full(3, at, np.float32), "y": np.int64(at), "name": str(at)}
+               for at in range(first, first + count)]
+    tags = np.stack([np.ones(count), np.arange(first, first + count)], axis=1).astype(np.int64)
+    message = decode([bytes(frame) for frame in encode(Data(tags, samples))])
+    assert isinstance(message, Data)
+    return message.samples
+
+
+@given(world_size=st.integers(1, 4), chunks=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+       uneven=st.sampled_from(["pad", "drop"]), ahead=st.integers(0, 12),
+       together=st.integers(1, 3))
+def test_decoded_batches_are_dealt_as_rows_into_the_same_messages(
+    world_size: int, chunks: list[int], uneven: str, ahead: int, together: int
+) -> None:
+    """Dealt as rows (a worker's batch sliced, never a sample built; several batches
+    joined), each rank's message holds the samples, and has the bytes, that dealing
+    the built samples gives."""
+    rows, items = RankDealer(world_size, uneven), RankDealer(world_size, uneven)
+    rows.ahead = {0: (1, ahead)}
+    items.ahead = {0: (1, ahead)}
+    pairs = []
+    position = 0
+    for first in range(0, len(chunks), together):
+        batches = []
+        for count in chunks[first:first + together]:
+            batches.append(decoded_batch(position, count))
+            position += count
+        pairs += zip(rows.deal(1, *batches), items.deal(1, *map(list, batches)), strict=True)
+    pairs += zip(rows.finish_epoch(1), items.finish_epoch(1), strict=True)
+    assert pairs or sum(chunks) < world_size
+    for dealt, built in pairs:
+        assert dealt.rank == built.rank
+        assert dealt.tags.tolist() == built.tags.tolist()
+        if len(built.items) > 1 and min(chunks) > 1:  # a one-sample message is no batch
+            assert isinstance(dealt.items, SampleBatch)
+        assert [bytes(frame) for frame in encode(Data(dealt.tags, dealt.items))] == [
+            bytes(frame) for frame in encode(Data(built.tags, built.items))]
+        assert [sample["name"] for sample in dealt.items] == [
+            str(position % sum(chunks)) for position in dealt.tags[:, 1]]
