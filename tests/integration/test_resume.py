@@ -238,7 +238,7 @@ def test_the_torchrun_example_checkpoints_crashes_and_resumes(
 
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_free_reliable_trainers_that_outlive_their_server_lose_and_repeat_nothing(
-    serve: Callable[..., Spawned], tmp_path: Path, workers: str
+    serve: Callable[..., Spawned], job: Job, tmp_path: Path, workers: str
 ) -> None:
     command = (SAMPLER, "--arg", f"per_stream={PER_STREAM}", "--arg", "width=16384",
                "--epochs", str(EPOCHS), "--workers", workers, "--samples-per-message", "8",
@@ -249,23 +249,19 @@ def test_free_reliable_trainers_that_outlive_their_server_lose_and_repeat_nothin
         [sys.executable, "-m", "tests.integration.trainers", server.data, server.control,
          str(tmp_path / f"free{index}"), "--reliable", "--step-ms", "2"],
         env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT) for index in range(2)]
-    try:
-        def in_epoch_2() -> bool:
-            return any(line.startswith("2 ") for index in range(2)
-                       if (tmp_path / f"free{index}").exists()
-                       for line in (tmp_path / f"free{index}").read_text().splitlines())
+    job.processes += trainers  # killed at the end of the test if still running
 
-        wait_until(in_epoch_2, 60, "a trainer in epoch 2")
-        server.kill()
-        server.wait(timeout=10)
-        server = serve(*command, endpoints=endpoints)
-        assert [trainer.wait(timeout=120) for trainer in trainers] == [0, 0]
-        assert server.wait(timeout=30) == 0
-    finally:
-        for trainer in trainers:
-            if trainer.poll() is None:
-                trainer.kill()
-                trainer.wait(timeout=10)
+    def in_epoch_2() -> bool:
+        return any(line.startswith("2 ") for index in range(2)
+                   if (tmp_path / f"free{index}").exists()
+                   for line in (tmp_path / f"free{index}").read_text().splitlines())
+
+    wait_until(in_epoch_2, 60, "a trainer in epoch 2")
+    server.kill()
+    server.wait(timeout=10)
+    server = serve(*command, endpoints=endpoints)
+    assert [trainer.wait(timeout=120) for trainer in trainers] == [0, 0]
+    assert server.wait(timeout=30) == 0
     rows = [tuple(int(field) for field in line.split()) for index in range(2)
             for line in (tmp_path / f"free{index}").read_text().splitlines()]
     for epoch in range(1, EPOCHS + 1):
