@@ -9,6 +9,8 @@ The source is a seeded exhaustive ``StochasticMux`` over 16 streamers of the
 suite's small samples (``{'X': float32[16], 'y': int64}``), 1,000,000 samples
 per epoch. Two figures, medians over the rounds:
 
+- *whole epochs*: ``resume_at(3, 0)``: the two epochs before are not drawn at
+  all (a mux over plain streamers: its passes are counted, not run);
 - *fast-forward*: ``EpochIterator.resume_at(1, half)`` then the first chunk,
   against drawing the same ``half`` samples the normal way (chunks of 256, the
   copy of each drawn sample included, as a server draws them): what the
@@ -49,6 +51,15 @@ def resume_source(epoch_size: int = 1_000_000) -> feedmux.StochasticMux:
         [feedmux.Streamer(_stream, index, per_stream) for index in range(STREAMS)],
         n_active=4, rate=None, mode="exhaustive", random_state=0,
     )
+
+
+def whole_epochs(epoch_size: int) -> float:
+    """Seconds to resume at the start of epoch 3 (two whole epochs skipped) and take a chunk."""
+    resumed = EpochIterator(resume_source(epoch_size), max_epochs=3, prepare=own)
+    started = time.perf_counter()
+    resumed.resume_at(3, 0)
+    resumed.take(256)
+    return time.perf_counter() - started
 
 
 def fast_forward(epoch_size: int) -> tuple[float, float]:
@@ -111,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     epoch_size = 20_000 if args.quick else 1_000_000
     repeats = 1 if args.quick else args.repeats
     half = epoch_size // 2
-    skip, draw, fresh, resumed = [], [], [], []
+    skip, draw, fresh, resumed, epochs = [], [], [], [], []
     for _ in range(repeats):
+        epochs.append(whole_epochs(epoch_size))
         seconds, normal = fast_forward(epoch_size)
         skip.append(seconds)
         draw.append(normal)
@@ -127,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{1e6 * med(skip) / half:.3f} | {med(draw) / med(skip):.2f}x faster than drawing |")
     print(f"| drawing the same samples (take + copy) | {med(draw):.3f} | "
           f"{1e6 * med(draw) / half:.3f} | 1.00x |")
+    print(f"| resuming at epoch 3 (two whole epochs skipped: passes counted, not run) | "
+          f"{med(epochs):.3f} | {1e6 * med(epochs) / (2 * epoch_size):.4f} | "
+          f"{4 * med(draw) / max(med(epochs), 1e-9):.0f}x faster than drawing them |")
     print(f"| first sample of 2 ranks, fresh start | {med(fresh):.3f} | - | 1.00x |")
     print(f"| first sample of 2 ranks, resumed | {med(resumed):.3f} | "
           f"{1e6 * (med(resumed) - med(fresh)) / half:.3f} | "

@@ -18,7 +18,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from feedmux.errors import SamplingError
 from feedmux.sampling._checks import check_shard
-from feedmux.sampling.mux import BaseMux
+from feedmux.sampling.mux import BaseMux, pass_skipper
 from feedmux.sampling.streamer import (
     Streamer,
     StreamErrorHook,
@@ -175,6 +175,8 @@ class EpochIterator(Generic[T]):
             self._position = 0
             if self.on_epoch_start is not None:
                 self.on_epoch_start(self.epoch)
+            if self._skip_whole_epoch():
+                continue
             self._chunks = activate(self.streamer, None, self.on_stream_error)
             if self._resume is not None:
                 self._skip_to_resume()
@@ -212,8 +214,12 @@ class EpochIterator(Generic[T]):
         drawn and discarded when :meth:`take` first needs an item, at C speed
         (no per-item Python step), with the same hooks as a normal run: a
         seeded source gives the same items again, so the items after are those
-        an uninterrupted run gives. The first ``keep`` discarded items of
-        ``epoch`` are kept in :attr:`resumed_head` (a ranked dealer pads with
+        an uninterrupted run gives. A whole earlier epoch of a mux over plain
+        streamers is not even drawn: counting its pass is all running it would
+        change (:func:`~feedmux.sampling.mux.pass_skipper`); its size then
+        stays unknown (:attr:`epoch_size`) until an epoch runs to its end.
+        The first ``keep`` discarded items of ``epoch`` are kept in
+        :attr:`resumed_head` (a ranked dealer pads with
         them). A ``position`` at or past the end of ``epoch`` resumes at the
         next epoch. Call it before the first :meth:`take`.
 
@@ -238,6 +244,18 @@ class EpochIterator(Generic[T]):
                 f"{epoch!r}, position {position!r}"
             )
         self._resume = (int(epoch), int(position), int(keep))
+
+    def _skip_whole_epoch(self) -> bool:
+        """Skip the epoch just begun without running it, if the resume point is past it and
+        the streamer allows (:func:`~feedmux.sampling.mux.pass_skipper`)."""
+        if self._resume is None or self.epoch >= self._resume[0]:
+            return False
+        skip = pass_skipper(self.streamer)
+        if skip is None:
+            return False
+        skip()
+        self.epochs_completed += 1
+        return True
 
     def _skip_to_resume(self) -> None:
         """Discard what comes before the resume point in the epoch just activated."""

@@ -34,7 +34,15 @@ from feedmux.sampling._passes import (
 from feedmux.sampling._rng import SeedPlan, seed_plan
 from feedmux.sampling.streamer import Streamer, StreamErrorHook, is_integer
 
-__all__ = ["BaseMux", "ChainMux", "RoundRobinMux", "ShuffledMux", "StochasticMux", "restart_passes"]
+__all__ = [
+    "BaseMux",
+    "ChainMux",
+    "RoundRobinMux",
+    "ShuffledMux",
+    "StochasticMux",
+    "pass_skipper",
+    "restart_passes",
+]
 
 T = TypeVar("T")
 
@@ -110,6 +118,9 @@ class BaseMux(Streamer[T]):
 
     def _restart_passes(self) -> None:
         self._passes = 0
+
+    def _skip_pass(self) -> None:
+        self._passes += 1
 
     def _pass_rng(self, pass_number: int) -> np.random.Generator:
         return self._seed_plan.for_pass(pass_number)
@@ -466,3 +477,37 @@ def restart_passes(streamer: Any) -> None:
                 stack.extend(node.streamers)
         else:
             stack.append(node.source)
+
+
+def pass_skipper(streamer: Any) -> Callable[[], None] | None:
+    """How to skip one whole activation of ``streamer`` without running it, or None.
+
+    A mux draws each pass's random generator from (seed, pass number) and
+    starts every one of its streamers afresh in each pass, so when those
+    streamers are plain ones (a generator function or a re-iterable, no mux
+    and no map inside: nothing that keeps state from one pass to the next),
+    counting a pass is all that running it would change. The returned
+    callable does that; anything else (nested muxes, maps, custom streamers)
+    gives None and must be run to be skipped.
+
+    Examples
+    --------
+    >>> mux = ShuffledMux(["ab", "cd"], random_state=3)
+    >>> whole = "".join(mux(max_iter=4)) + "".join(mux(max_iter=4))
+    >>> restart_passes(mux)
+    >>> skip = pass_skipper(mux)
+    >>> skip()  # instead of running the first pass
+    >>> "".join(mux(max_iter=4)) == whole[4:]
+    True
+    """
+    if type(streamer) is Streamer and isinstance(streamer.source, BaseMux) and not (
+            streamer.args or streamer.kwargs):
+        streamer = streamer.source
+    if not isinstance(streamer, BaseMux) or type(streamer).iterate is not Streamer.iterate:
+        return None
+    children = streamer.streamers
+    if not isinstance(children, (list, tuple)) or not all(
+            type(child) is Streamer and not isinstance(child.source, Streamer)
+            for child in children):
+        return None
+    return streamer._skip_pass

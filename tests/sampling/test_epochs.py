@@ -470,3 +470,29 @@ def test_on_epoch_start_runs_before_each_activation() -> None:
     epochs.take(5)
     epochs.take(5)
     assert calls == [("start", 1), ("activated", 1), ("start", 2), ("activated", 3)]
+
+
+def test_whole_epochs_of_a_flat_mux_are_skipped_without_running_them() -> None:
+    calls: Counter[int] = Counter()
+
+    def items(index: int) -> Iterator[int]:
+        calls[index] += 1
+        yield from range(index * 10, index * 10 + 10)
+
+    def flat() -> StochasticMux:
+        return StochasticMux([Streamer(items, index) for index in range(3)], 2, rate=None,
+                             mode="exhaustive", random_state=1)
+
+    whole = everything(EpochIterator(flat(), max_epochs=4))
+    calls.clear()
+    resumed = EpochIterator(flat(), max_epochs=4)
+    resumed.resume_at(3, 5)
+    assert everything(resumed) == [row for row in whole if row[:2] >= (3, 5)]
+    assert calls == {0: 2, 1: 2, 2: 2}, "epochs 1 and 2 ran"  # epochs 3 and 4 only
+    # A mux inside a mux keeps state across passes: its epochs are run to be skipped.
+    nested = ChainMux([flat()])
+    whole = everything(EpochIterator(nested, max_epochs=3))
+    restart_passes(nested)
+    resumed = EpochIterator(nested, max_epochs=3)
+    resumed.resume_at(3, 0)
+    assert everything(resumed) == [row for row in whole if row[0] == 3]
