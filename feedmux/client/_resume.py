@@ -144,12 +144,7 @@ class HandedRanges:
 
     def handed(self, link: int, tags: Any) -> None:
         """The trainer handed out the samples tagged ``tags`` (rows of epoch, position)."""
-        if not len(tags):
-            return
-        epoch, positions = int(tags[0, 0]), tags[:, 1]
-        breaks = np.flatnonzero(np.diff(positions) != 1) + 1
-        for run in np.split(positions, breaks):
-            self._ranges[link].append((epoch, int(run[0]), int(run[-1]) + 1))
+        self._ranges[link].extend(_runs(tags))
 
     def next_message(self, fresh: bool) -> bool:
         """The loader is about to make a new message current: note the one before;
@@ -164,10 +159,15 @@ class HandedRanges:
         message's handed-out part included)."""
         ranges = list(self._ranges[link])
         current = self._current()
-        if current is not None and current[0] == link and current[2] > 0:
-            kept = self._ranges[link]
-            self._ranges[link] = collections.deque(maxlen=HANDED_RANGES)
-            self.handed(link, current[1][: current[2]])
-            ranges += list(self._ranges[link])
-            self._ranges[link] = kept
+        if current is not None and current[0] == link:
+            ranges += _runs(current[1][: current[2]])
         return tuple(value for triple in ranges for value in triple)
+
+
+def _runs(tags: Any) -> list[tuple[int, int, int]]:
+    """``(epoch, start, end)`` of each run of consecutive positions in ``tags`` (one epoch)."""
+    if not len(tags):
+        return []
+    epoch, positions = int(tags[0, 0]), tags[:, 1]
+    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+    return [(epoch, int(run[0]), int(run[-1]) + 1) for run in np.split(positions, breaks)]

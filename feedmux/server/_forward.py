@@ -33,14 +33,12 @@ from feedmux.server._merge import Merge
 from feedmux.server._resume import ResumeCut
 from feedmux.server._shell import Endpoints, StopFlag
 from feedmux.server._worker import WorkerPool
-from feedmux.server.config import ServerConfig
+from feedmux.server.config import EXIT_FAILED, EXIT_OK, ServerConfig
 
 __all__ = ["forward", "ranked_dealer"]
 
 log = logging.getLogger("feedmux.server")
 
-#: What :func:`forward` returns: the server's exit code.
-_OK, _FAILED = 0, 1
 
 
 class _Run:
@@ -99,7 +97,7 @@ def forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop: 
         generation = 0
         while True:
             if not endpoints.wait_for_trainers():
-                return _FAILED if endpoints.failed else _OK
+                return EXIT_FAILED if endpoints.failed else EXIT_OK
             run = _Run(pool, endpoints, config, block, generation)
             code = _forward_run(run, sockets, pool, endpoints, config, stop)
             if code is not None:
@@ -111,7 +109,7 @@ def forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop: 
     except Exception as error:
         log.error("server failed: %s", error)
         endpoints.fail(error)
-        return _FAILED
+        return EXIT_FAILED
     finally:
         for socket in sockets:
             socket.close(linger=0)
@@ -142,7 +140,7 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, endpoints: End
         ready = [worker for worker in polled if sockets[worker] in events]
         if not ready:
             if not _deal_held(run, endpoints, config.server_id):
-                return None if endpoints.core.restarting else _OK
+                return None if endpoints.core.restarting else EXIT_OK
             endpoints.tick()
             continue
         for worker in ready:  # one message each: fair to every worker
@@ -158,13 +156,13 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, endpoints: End
             if isinstance(message, Error):  # at once, whoever's turn it is
                 log.error("sampling worker failed: %s: %s", message.type, message.message)
                 endpoints.fail(message)
-                return _FAILED
+                return EXIT_FAILED
             if isinstance(message, EndOfEpoch):
                 run.merge.put(worker, message, None, 0)
         code = _send_merged(run, pool, endpoints, config)
         if code is not None:
             return None if endpoints.core.restarting else code
-    return _OK
+    return EXIT_OK
 
 
 def _catch_up(run: _Run, worker: int, frames: Any, pool: WorkerPool) -> None:
@@ -187,22 +185,22 @@ def _send_merged(run: _Run, pool: WorkerPool, endpoints: Endpoints,
                         _deal_held(run, endpoints, config.server_id)
                         and _send_shares(dealer.finish_epoch(item.epoch), endpoints,
                                          config.server_id)):
-                    return _OK
+                    return EXIT_OK
                 endpoints.epoch_done(item.epoch, positions.get(item.epoch, 0))
                 if config.epochs is not None and item.epoch >= config.epochs:
                     endpoints.finish()
-                    return _OK
+                    return EXIT_OK
                 pool.release(item.epoch + 1)
             continue
         tags = run.number(item)
         if dealer is not None:
             if not _deal_forwarded(item, tags, run, endpoints, config.server_id):
-                return _OK
+                return EXIT_OK
             continue
         frames = _free_rows(run, item, tags, config.server_id)
         if frames is not None and not endpoints.send_data(frames, len(read_tags(frames)),
                                                           int(tags[-1, 0])):
-            return _OK
+            return EXIT_OK
     return None
 
 

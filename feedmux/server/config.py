@@ -19,7 +19,10 @@ from feedmux.server._groups import JOIN_MODES, parse_group_buffer
 from feedmux.server._producer import BatchPolicy
 from feedmux.server.factory import Source
 
-__all__ = ["ServerConfig"]
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "ServerConfig"]
+
+#: A server process's exit codes: done, failed, a bad command line or source.
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 @dataclass(frozen=True)

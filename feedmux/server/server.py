@@ -45,15 +45,13 @@ from feedmux.server._producer import produce
 from feedmux.server._seeding import FRESH_ENTROPY, EpochSeeder, resolve_seed
 from feedmux.server._shell import Endpoints
 from feedmux.server._worker import WorkerPool
-from feedmux.server.config import ServerConfig
+from feedmux.server.config import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ServerConfig
 from feedmux.server.factory import Source, resolve_source
 
 __all__ = ["Server", "ServerConfig", "serve"]
 
 log = logging.getLogger("feedmux.server")
 
-#: Exit codes of ``feedmux serve``.
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: Seconds ``Server.start()`` waits for the background server to bind.
 START_TIMEOUT = 30.0
 
