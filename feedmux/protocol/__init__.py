@@ -25,7 +25,7 @@ Examples
 """
 
 from feedmux.protocol._batch import SampleBatch
-from feedmux.protocol._decode import DEFAULT_LIMITS, Limits, decode
+from feedmux.protocol._decode import DEFAULT_LIMITS, Limits, Resolver, decode
 from feedmux.protocol._encode import INLINE_THRESHOLD, encode
 from feedmux.protocol._envelope import ENVELOPE_BYTES, pack_envelope, unpack_envelope
 from feedmux.protocol._frames import FrameLike
@@ -42,6 +42,8 @@ from feedmux.protocol._messages import (
     Hello,
     Kind,
     Message,
+    ShmAttach,
+    ShmOffer,
     Stats,
     StatsRequest,
     Welcome,
@@ -55,6 +57,9 @@ __all__ = [
     "PROTOCOL_VERSION",
     "TAG_DTYPE",
     "Ack",
+    "Resolver",
+    "ShmAttach",
+    "ShmOffer",
     "Credit",
     "Data",
     "Drain",

@@ -30,6 +30,8 @@ from feedmux.protocol._messages import (
     Hello,
     Kind,
     Message,
+    ShmAttach,
+    ShmOffer,
     Stats,
     StatsRequest,
     Welcome,
@@ -218,6 +220,8 @@ _CONTROL_SPECS = [
     ControlSpec(Kind.END_OF_STREAM, EndOfStream, server_id=STR, epochs=INT, sent_messages=INT),
     ControlSpec(Kind.CREDIT, Credit, credits=INT, client_id=STR),
     ControlSpec(Kind.ACK, Ack, seqs=_INTS, client_id=STR),
+    ControlSpec(Kind.SHM_OFFER, ShmOffer, path=STR, server_id=STR),
+    ControlSpec(Kind.SHM_ATTACH, ShmAttach, token=STR, client_id=STR),
 ]
 CONTROL_BY_CLASS: dict[type, ControlSpec] = {spec.cls: spec for spec in _CONTROL_SPECS}
 CONTROL_BY_KIND: dict[int, ControlSpec] = {int(spec.kind): spec for spec in _CONTROL_SPECS}
