@@ -98,7 +98,7 @@ def _pid_alive(pid: int) -> bool:
 
 def sweep(directory: str = SHM_DIR) -> list[str]:
     """Remove the segments of servers that are gone (killed); return their paths."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(directory)
     except OSError:
@@ -308,7 +308,7 @@ class ShmPool:
             return None
         segment = self.segment
         start = head * segment.granule
-        array = segment.data[start : start + nbytes].view(dtype).reshape(shape)
+        array: np.ndarray = segment.data[start : start + nbytes].view(dtype).reshape(shape)
         generation = int(segment.table[head, _GEN])
         # Never sent: the run comes back when the array dies.
         weakref.finalize(array, _release, segment.table, head, generation, HELD)

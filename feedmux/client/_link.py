@@ -26,7 +26,16 @@ from feedmux.errors import (
     TransportTimeoutError,
     VersionMismatchError,
 )
-from feedmux.protocol import Drain, EndOfStream, Error, Heartbeat, Hello, Message, Welcome
+from feedmux.protocol import (
+    Drain,
+    EndOfStream,
+    Error,
+    Heartbeat,
+    Hello,
+    Message,
+    ShmOffer,
+    Welcome,
+)
 
 __all__ = [
     "CONTROL_SILENCE_WARNING",
@@ -62,7 +71,15 @@ class Resync:
     link: int
 
 
-Action = Send | Resync
+@dataclass(frozen=True)
+class Attach:
+    """The server of link ``link`` offers its shared-memory pool at ``path``: map it if we can."""
+
+    link: int
+    path: str
+
+
+Action = Send | Resync | Attach
 
 
 @dataclass
@@ -208,6 +225,8 @@ class ServerLinks:
         if isinstance(message, Welcome):
             restarted = link.welcome(message, reliable=self.reliable)
             return [Resync(index)] if restarted and self.reliable else []
+        if isinstance(message, ShmOffer):
+            return [Attach(index, message.path)]
         if isinstance(message, Drain):
             # The server stops once every trainer received all it sent: say how many came.
             return [Send(index, Heartbeat(

@@ -14,6 +14,7 @@ the user's choice).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -24,6 +25,7 @@ from typing import Any, NamedTuple
 import zmq
 
 from feedmux._security import ClientCurve
+from feedmux._shm import ShmViews
 from feedmux._transport import (
     DEFAULT_HWM,
     HEARTBEAT_INTERVAL,
@@ -33,7 +35,7 @@ from feedmux._transport import (
     readable,
     send_message,
 )
-from feedmux.client._link import Action, Send, ServerLinks
+from feedmux.client._link import Action, Attach, Send, ServerLinks
 from feedmux.errors import (
     ConfigurationError,
     ProtocolError,
@@ -50,11 +52,14 @@ from feedmux.protocol import (
     EndOfStream,
     Error,
     Message,
+    ShmAttach,
     decode,
     unpack_envelope,
 )
 
 __all__ = ["RemoteLoader", "SampleMeta", "fetch_stats"]
+
+log = logging.getLogger("feedmux.client")
 
 #: A frame larger than this makes the loader tune malloc (see ``tune_malloc``).
 LARGE_MESSAGE_BYTES = 1 << 20
@@ -105,6 +110,11 @@ class RemoteLoader:
         ``feedmux._transport.keep_freed_memory``): 1.2-1.8x the throughput of
         16 MiB samples at half the trainer CPU, for up to 1 GiB of freed heap
         kept. False leaves the allocator alone.
+    shm : bool
+        Map the shared-memory pool of a server on this host (proved in the
+        handshake) and receive its large arrays as views of it, with no copy: a
+        run of the pool is reused once every view of it is gone. False (or a
+        server on another host) receives everything over the sockets.
     reliable : bool
         Talk to a server started with ``reliable=True`` / ``--reliable``: grant
         ``hwm`` messages of credit and acknowledge each message once all its
@@ -135,6 +145,7 @@ class RemoteLoader:
         curve_server_key: str | bytes | None = None,
         curve_certificate: str | None = None,
         tune_malloc: bool = True,
+        shm: bool = True,
     ) -> None:
         addresses, controls = _endpoints(address, control)
         _check_settings(timeout=timeout, world_size=world_size, hwm=hwm)
@@ -146,6 +157,8 @@ class RemoteLoader:
         self.max_message_bytes = max_message_bytes
         self.reliable = reliable
         self._tune_malloc = tune_malloc
+        self.shm = shm
+        self._views: ShmViews | None = None
         self._security = (
             None if curve_server_key is None
             else ClientCurve.create(curve_server_key, curve_certificate)
@@ -284,6 +297,7 @@ class RemoteLoader:
         # A fresh context in every process: a ZeroMQ context must never cross a fork.
         self._context = context = zmq.Context()
         self._pid = os.getpid()
+        self._views = ShmViews() if self.shm else None
         self._data, self._data_sockets, self._control = _open_sockets(
             context, self._links, reliable=self.reliable, hwm=self.hwm,
             max_message_bytes=self.max_message_bytes, security=self._security,
@@ -303,10 +317,23 @@ class RemoteLoader:
             if isinstance(action, Send):
                 # If the server is away and the queue full, the next heartbeat will do.
                 _send_or_drop(self._control[action.link], action.message)
+            elif isinstance(action, Attach):
+                self._attach(action)
             else:  # a restarted server behind a reliable link
                 if self._pending_ack is not None and self._pending_ack[0] == action.link:
                     self._pending_ack = None  # its sequence number means nothing now
                 self._grant_credit(action.link)
+
+    def _attach(self, action: Attach) -> None:
+        """Map a server's pool; proving it by the token read there turns the shm path on."""
+        if self._views is None:
+            return
+        try:
+            token = self._views.attach(action.path)
+        except OSError as error:  # another host, another container: the sockets it is
+            log.info("not using the shared memory of %s: %s", self.addresses[action.link], error)
+            return
+        _send_or_drop(self._control[action.link], ShmAttach(token=token, client_id=self.client_id))
 
     def _grant_credit(self, index: int) -> None:
         # If the queue towards an absent server is full, the next welcome grants again.
@@ -380,7 +407,7 @@ class RemoteLoader:
             if self._tune_malloc and len(frames) > 2 and len(frames[-1]) > LARGE_MESSAGE_BYTES:
                 self._tune_malloc = False
                 keep_freed_memory()
-            message = decode(frames)
+            message = decode(frames, resolve=self._views)
         except VersionMismatchError:
             raise
         except ProtocolError as error:

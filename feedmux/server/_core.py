@@ -33,6 +33,8 @@ from feedmux.protocol import (
     Heartbeat,
     Hello,
     Message,
+    ShmAttach,
+    ShmOffer,
     Stats,
     StatsRequest,
     Welcome,
@@ -83,6 +85,7 @@ class _Trainer:
     client_id: str
     last_seen: float
     received_messages: int = 0
+    shm: bool = False
 
 
 class ControlCore:
@@ -118,6 +121,8 @@ class ControlCore:
         self._last_total = -1
         self._last_change = 0.0
         self._final_started = self._last_heard = 0.0
+        #: (path, token) of the shared-memory pool offered to trainers, if there is one.
+        self.shm: tuple[str, str] | None = None
 
     # -- events: the trainers ---------------------------------------------------------------
     def receive(self, identity: bytes, message: Message, now: float) -> Sends:
@@ -131,7 +136,17 @@ class ControlCore:
                 self.trainers[identity] = _Trainer(message.client_id, now)
                 if not known:
                     log.info("trainer %s connected", message.client_id)
+            if self.shm is not None:
+                return [(identity, self.welcome()),
+                        (identity, ShmOffer(self.shm[0], self.config.server_id))]
             return [(identity, self.welcome())]
+        if isinstance(message, ShmAttach):
+            trainer = self.trainers.get(identity)
+            if trainer is not None and self.shm is not None and message.token == self.shm[1]:
+                trainer.shm = True
+                log.info("trainer %s shares this host: large arrays go through shared memory",
+                         trainer.client_id)
+            return NO_SENDS
         if isinstance(message, Heartbeat):
             trainer = self.trainers.get(identity)
             if trainer is None:
@@ -145,7 +160,8 @@ class ControlCore:
                     identity)
         return [(identity, Error(
             type="feedmux.errors.ProtocolError",
-            message=f"expected Hello, Heartbeat or StatsRequest, got {type(message).__name__}",
+            message=("expected Hello, Heartbeat, ShmAttach or StatsRequest, "
+                     f"got {type(message).__name__}"),
             server_id=self.config.server_id,
         ))]
 
@@ -309,6 +325,11 @@ class ControlCore:
             workers=config.workers,
             reliable=config.reliable,
         )
+
+    def shm_ready(self) -> bool:
+        """Whether every known trainer mapped the pool (PUSH may deal to any of them)."""
+        return self.shm is not None and bool(self.trainers) and all(
+            trainer.shm for trainer in self.trainers.values())
 
     def received_total(self) -> int:
         """Data messages the trainers, present and departed, said they received."""

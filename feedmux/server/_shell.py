@@ -30,6 +30,7 @@ from feedmux.protocol import Error, decode
 from feedmux.server._core import ControlCore, Phase, Sends
 from feedmux.server._producer import Frames
 from feedmux.server._reliable import ReliableDispatch
+from feedmux.server._shm_server import close_pool, open_pool, place_or_wait
 from feedmux.server.config import ServerConfig
 
 __all__ = ["Endpoints", "MAX_CONTROL_BYTES"]
@@ -58,10 +59,14 @@ class Endpoints:
             self._stop_authenticator()
             self.context.destroy(linger=0)  # closes whichever socket was opened
             raise
-        self.core = ControlCore(
-            config, time.monotonic(), os.getpid(),
-            self.reliable.ledger.stats if self.reliable is not None else None,
-        )
+        self.pool = open_pool(config)
+        self.core = ControlCore(config, time.monotonic(), os.getpid(), self._extra_stats)
+        if self.pool is not None:
+            self.core.shm = (self.pool.path, self.pool.token)
+
+    def _extra_stats(self) -> dict[str, int]:
+        stats = self.reliable.ledger.stats() if self.reliable is not None else {}
+        return {**stats, **(self.pool.stats() if self.pool is not None else {})}
 
     def _open_sockets(self) -> None:
         config = self.config
@@ -98,6 +103,11 @@ class Endpoints:
         if self.reliable is not None:
             sent = self.reliable.send(list(frames), n_samples, epoch, self._wait_reliable)
         else:
+            if self.pool is not None and len(frames) > 2 and self.core.shm_ready():
+                placed = place_or_wait(self.pool, frames, self.serve_control, self.stopping)
+                if placed is None:
+                    return False
+                frames = placed
             sent = self._push(frames)
         if not sent:
             return False
@@ -240,6 +250,7 @@ class Endpoints:
         # After a finished stream, give what is still queued a moment to reach the trainers.
         self.data.close(linger=1000 if self.core.finished else 0)
         self.control.close()
+        close_pool(self.pool)
         self._stop_authenticator()
         self.context.term()
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from feedmux._shm import DEFAULT_SHM_SIZE
 from feedmux._transport import DEFAULT_BIND, DEFAULT_HWM, control_address_for
 from feedmux.errors import ConfigurationError
 from feedmux.server._producer import BatchPolicy
@@ -44,6 +45,8 @@ class ServerConfig:
     curve_secret: str | None = None
     curve_clients: str | None = None
     server_id: str = ""
+    shm: bool = True
+    shm_size: int = DEFAULT_SHM_SIZE
 
     def __post_init__(self) -> None:
         def require(ok: bool, what: str, value: object) -> None:
@@ -63,6 +66,7 @@ class ServerConfig:
         require(self.log_every > 0, "log_every > 0 seconds", self.log_every)
         require(self.max_delay >= 0, "max_delay >= 0 seconds", self.max_delay)
         require(self.min_trainers >= 0, "min_trainers >= 0", self.min_trainers)
+        require(self.shm_size >= 1 << 20, "shm_size >= 1 MiB", self.shm_size)
         if not self.server_id:
             object.__setattr__(self, "server_id", uuid.uuid4().hex[:12])
 
