@@ -28,6 +28,7 @@ from feedmux.errors import (
 )
 
 if TYPE_CHECKING:
+    from feedmux._shm import shared_empty
     from feedmux.client.remote import RemoteLoader, SampleMeta, fetch_stats
     from feedmux.client.stream import ManualStream, Stream
     from feedmux.sampling.maps import buffer_stream, keras_tuples, tuples
@@ -54,6 +55,7 @@ _LAZY = {
     "Stream": "feedmux.client.stream",
     "fetch_stats": "feedmux.client.remote",
     "serve": "feedmux.server.server",
+    "shared_empty": "feedmux._shm",
 }
 
 
@@ -103,6 +105,7 @@ __all__ = [
     "fetch_stats",
     "keras_tuples",
     "serve",
+    "shared_empty",
     "streamable",
     "tuples",
 ]

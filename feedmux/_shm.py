@@ -5,7 +5,7 @@ layout (a header with a random token, a slot table, then the data area cut in
 granules), the server's allocator (:class:`ShmPool`: places large array frames
 in runs of granules, takes back released runs, back-pressures when full), the
 trainer's side (:class:`ShmAttachment`: turns a reference frame into a
-writable memoryview of the segment, and frees the run once every view of it is
+writable uint8 array over the segment, and frees the run once every view of it is
 gone), the reference frame that replaces an array frame on the wire, and
 :func:`shared_empty`. It never imports zmq and never sends anything: releases
 are a store into the slot table, made by a ``weakref.finalize`` when the last
@@ -355,7 +355,7 @@ class ShmAttachment:
     def token(self) -> str:
         return self.segment.token.hex()
 
-    def resolve(self, ref: Any, nbytes: int) -> memoryview:
+    def resolve(self, ref: Any, nbytes: int) -> np.ndarray:
         """The memory a reference frame names: claimed by this process, freed when unused."""
         _, _, head, count, size, generation = _REF.unpack(ref)
         segment = self.segment
@@ -368,7 +368,9 @@ class ShmAttachment:
         if row[_GEN] != generation or row[_STATE] != SENT:
             raise ValueError(f"shared-memory run {head} was taken back before it was received")
         start = segment.offset + head * segment.granule
-        memory = self.view[start : start + size]
+        # An ndarray, not a memoryview: numpy keeps the array it is given alive in every
+        # view made from it, but re-exports a memoryview's memory without keeping it.
+        memory: np.ndarray = np.frombuffer(self.view[start : start + size], np.uint8)
         weakref.finalize(memory, _release, segment.table, head, generation, SENT)
         return memory
 
