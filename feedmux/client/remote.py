@@ -318,22 +318,13 @@ class RemoteLoader:
                 # If the server is away and the queue full, the next heartbeat will do.
                 _send_or_drop(self._control[action.link], action.message)
             elif isinstance(action, Attach):
-                self._attach(action)
+                if self._views is not None:
+                    _attach(self._views, self._control[action.link], action.path,
+                            self.client_id)
             else:  # a restarted server behind a reliable link
                 if self._pending_ack is not None and self._pending_ack[0] == action.link:
                     self._pending_ack = None  # its sequence number means nothing now
                 self._grant_credit(action.link)
-
-    def _attach(self, action: Attach) -> None:
-        """Map a server's pool; proving it by the token read there turns the shm path on."""
-        if self._views is None:
-            return
-        try:
-            token = self._views.attach(action.path)
-        except OSError as error:  # another host, another container: the sockets it is
-            log.info("not using the shared memory of %s: %s", self.addresses[action.link], error)
-            return
-        _send_or_drop(self._control[action.link], ShmAttach(token=token, client_id=self.client_id))
 
     def _grant_credit(self, index: int) -> None:
         # If the queue towards an absent server is full, the next welcome grants again.
@@ -508,6 +499,16 @@ def _open_sockets(
         target.connect(link.data_address)
         control_socket.connect(link.control_address)
     return data, data_sockets, control
+
+
+def _attach(views: ShmViews, control: Any, path: str, client_id: str) -> None:
+    """Map a server's pool; proving it by the token read there turns the shm path on."""
+    try:
+        token = views.attach(path)
+    except OSError as error:  # another host, another container: the sockets it is
+        log.info("not using the shared memory at %s: %s", path, error)
+        return
+    _send_or_drop(control, ShmAttach(token=token, client_id=client_id))
 
 
 def _send_or_drop(socket: Any, message: Message) -> None:

@@ -160,8 +160,7 @@ class ControlCore:
                     identity)
         return [(identity, Error(
             type="feedmux.errors.ProtocolError",
-            message=("expected Hello, Heartbeat, ShmAttach or StatsRequest, "
-                     f"got {type(message).__name__}"),
+            message=f"expected Hello, Heartbeat or StatsRequest, got {type(message).__name__}",
             server_id=self.config.server_id,
         ))]
 
