@@ -3,8 +3,8 @@
 This module owns the server-side policy around :class:`feedmux._shm.ShmPool`:
 a pool only for plain (PUSH) delivery with ``shm`` on, the fall-back to
 sockets where ``/dev/shm`` cannot hold it, and the back-pressure of a full pool
-(the sampler waits, serving control, and says so once per stall in the log and
-in the ``shm_stalls`` statistic). It never overwrites a run in use and never
+(the sampler waits, serving control; every stall counts in the ``shm_stalls``
+statistic, and one that lasts is logged). It never overwrites a run in use and never
 sends data itself: the shell sends what :func:`place_or_wait` returns.
 
 Reliable mode does not use the pool: it re-deals a dead trainer's messages to
@@ -15,6 +15,7 @@ pid is gone, so a re-dealt reference could point at reused memory.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -25,8 +26,14 @@ __all__ = ["close_pool", "open_pool", "place_or_wait"]
 
 log = logging.getLogger("feedmux.server")
 
-#: Seconds between two looks at the slot table while the pool is full.
-STALL_POLL = 0.02
+#: Seconds between two looks at the slot table while the pool is full: the first
+#: looks come quickly (a run is usually released within a sample's time), then
+#: they back off to the longest.
+STALL_POLL_FIRST = 0.0002
+STALL_POLL_LONGEST = 0.02
+#: A stall longer than this is logged (a trainer holding its views); shorter ones,
+#: ordinary back-pressure of a fast sampler, only count in ``shm_stalls``.
+STALL_WARNING = 1.0
 
 
 class StopFlag(Protocol):
@@ -59,12 +66,20 @@ def place_or_wait(
     if placed is not None:
         return placed
     pool.stalls += 1
-    log.warning("shared-memory pool full (%d MiB in use): the sampler waits for the trainers "
-                "to drop their views", pool.stats()["shm_bytes_in_use"] >> 20)
+    started = time.monotonic()
+    pause, warned = STALL_POLL_FIRST, False
     while not stopping:
-        serve_control(STALL_POLL)
+        if pause < 0.001:
+            time.sleep(pause)
+        serve_control(0 if pause < 0.001 else pause)
         pool.reclaim()
         placed = pool.place(frames)
         if placed is not None:
             return placed
+        pause = min(pause * 2, STALL_POLL_LONGEST)
+        if not warned and time.monotonic() - started > STALL_WARNING:
+            warned = True
+            log.warning("shared-memory pool full (%d MiB in use) for %.0f s: the sampler waits "
+                        "for the trainers to drop their views", pool.stats()["shm_bytes_in_use"] >> 20,
+                        STALL_WARNING)
     return None
