@@ -66,7 +66,8 @@ ORPHAN_TIMEOUT = 60.0
 
 _MAGIC = b"feedmxSM"
 _HEADER = struct.Struct("<8s16sQQQ")  # magic, token, granules, granule size, data offset
-_REF = struct.Struct("<8sQQQQQ")  # magic, segment id, head granule, granules, nbytes, generation
+# magic, segment id, head granule, granules, nbytes, generation, pid of the segment's creator
+_REF = struct.Struct("<8sQQQQQQ")
 #: Bytes of a reference frame: what replaces an array frame that travels through the pool.
 REF_SIZE = _REF.size
 FREE, SENT, HELD = 0, 1, 2
@@ -292,7 +293,7 @@ class ShmPool:
                 start = head * segment.granule
                 segment.data[start : start + nbytes] = source
             placed[index] = _REF.pack(_MAGIC, segment.segment_id, head, self.runs[head], nbytes,
-                                      int(segment.table[head, _GEN]))
+                                      int(segment.table[head, _GEN]), self.creator)
         self.messages += 1
         return placed
 
@@ -357,7 +358,7 @@ class ShmAttachment:
 
     def resolve(self, ref: Any, nbytes: int) -> np.ndarray:
         """The memory a reference frame names: claimed by this process, freed when unused."""
-        _, _, head, count, size, generation = _REF.unpack(ref)
+        _, _, head, count, size, generation, _ = _REF.unpack(ref)
         segment = self.segment
         if size != nbytes or not 0 <= head < segment.granules or (
                 count * segment.granule < size or head + count > segment.granules):
@@ -390,11 +391,28 @@ class ShmViews:
         self.attachments[attachment.segment.segment_id] = attachment
         return attachment.token
 
+    def _attach_named(self, segment_id: int, creator: int) -> ShmAttachment | None:
+        """Map the segment a reference names, found by its name on this host.
+
+        A reference can arrive before the offer that names the pool (a trainer
+        whose data socket was dealt to before its hello was answered): its
+        creator's pid and segment id give the file's name. None where there is
+        no such file (another host, another container).
+        """
+        token = segment_id.to_bytes(8, "little")[:6].hex()
+        try:
+            self.attach(os.path.join(SHM_DIR, f"{_PREFIX}{creator}-{token}"))
+        except OSError:
+            return None
+        return self.attachments.get(segment_id)
+
     def __call__(self, frame: Any, nbytes: int) -> Any:
         if not is_ref(frame):
             return frame
         segment_id = int.from_bytes(bytes(frame[8:16]), "little")
         attachment = self.attachments.get(segment_id)
+        if attachment is None:
+            attachment = self._attach_named(segment_id, _REF.unpack(frame)[-1])
         if attachment is None:
             raise ValueError("reference to a shared-memory pool this trainer has not mapped "
                              "(a trainer on another host, or one started with shm=False)")

@@ -47,11 +47,9 @@ def test_every_scenario_runs_for_a_few_samples(tmp_path):
 
 
 def _key(record):
-    contender = record["contender"]
-    return (
-        f"{contender['peer']}/{contender['transport']}"
-        f"/w{contender['workers']}/t{contender['trainers']}"
-    )
+    from benchmarks.scenarios import Contender
+
+    return Contender(**record["contender"]).key
 
 
 def test_scenarios_are_picked_by_key_or_number():

@@ -80,6 +80,6 @@ def place_or_wait(
         if not warned and time.monotonic() - started > STALL_WARNING:
             warned = True
             log.warning("shared-memory pool full (%d MiB in use) for %.0f s: the sampler waits "
-                        "for the trainers to drop their views", pool.stats()["shm_bytes_in_use"] >> 20,
-                        STALL_WARNING)
+                        "for the trainers to drop their views",
+                        pool.stats()["shm_bytes_in_use"] >> 20, STALL_WARNING)
     return None
