@@ -63,6 +63,8 @@ SHM_THRESHOLD = 256 * 1024
 GRANULE = 256 * 1024
 #: An unclaimed run (its message lost with a dead trainer) is taken back after this.
 ORPHAN_TIMEOUT = 60.0
+#: Seconds between two looks for dead trainers' runs while the pool is full.
+OWNER_CHECK = 0.25
 
 _MAGIC = b"feedmxSM"
 _HEADER = struct.Struct("<8s16sQQQ")  # magic, token, granules, granule size, data offset
@@ -153,6 +155,7 @@ class ShmPool:
         self.stalls = 0
         self.messages = 0
         self.orphan_timeout = ORPHAN_TIMEOUT
+        self._owners_checked = 0.0
 
     @classmethod
     def create(cls, size: int = DEFAULT_SHM_SIZE, directory: str = SHM_DIR,
@@ -215,7 +218,7 @@ class ShmPool:
         count = max(1, -(-nbytes // segment.granule))
         head = self._find(count)
         if head < 0:
-            self.reclaim()
+            self.reclaim(self.owners_due())
             head = self._find(count)
             if head < 0:
                 return -1
@@ -233,6 +236,15 @@ class ShmPool:
         count = self.runs.pop(head)
         self.busy[head : head + count] = False
 
+    def owners_due(self) -> bool:
+        """Whether it is time to look for dead trainers again (a system call per owner:
+        at most every ``OWNER_CHECK`` seconds, not at every look at a full pool)."""
+        now = time.monotonic()
+        if now - self._owners_checked < OWNER_CHECK:
+            return False
+        self._owners_checked = now
+        return True
+
     def reclaim(self, dead_owners: bool = True) -> int:
         """Take back released runs (and those of dead trainers, and orphans); return how many."""
         if not self.runs:
@@ -246,10 +258,13 @@ class ShmPool:
             freed += 1
         if dead_owners:
             now = int(time.monotonic() * 1000)
+            alive: dict[int, bool] = {}
             for head in heads[states == SENT].tolist():
                 owner = int(table[head, _OWNER])
                 orphan = owner == 0 and now - table[head, _STAMP] > self.orphan_timeout * 1000
-                if orphan or (owner and not _pid_alive(owner)):
+                if owner and owner not in alive:
+                    alive[owner] = _pid_alive(owner)
+                if orphan or (owner and not alive[owner]):
                     table[head, _GEN] += 1  # a late claim or release of it now fails
                     table[head, _STATE] = FREE
                     self.free(head)

@@ -72,7 +72,7 @@ def place_or_wait(
         if pause < 0.001:
             time.sleep(pause)
         serve_control(0 if pause < 0.001 else pause)
-        pool.reclaim()
+        pool.reclaim(pool.owners_due())
         placed = pool.place(frames)
         if placed is not None:
             return placed
