@@ -14,7 +14,16 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from benchmarks.scenarios import CPU, IMAGES, LARGE, SMALL, TWO_TRAINERS, Contender, Scenario
+from benchmarks.scenarios import (
+    CPU,
+    IMAGES,
+    LARGE,
+    MODES,
+    SMALL,
+    TWO_TRAINERS,
+    Contender,
+    Scenario,
+)
 
 GB = 1e9
 
@@ -113,7 +122,9 @@ def _reference_row(
 # The issue's targets
 
 
-def _row(rows: list[dict[str, Any]], peer: str, transport: str = "tcp", **options: int) -> Any:
+def _row(
+    rows: list[dict[str, Any]], peer: str, transport: str = "tcp", mode: str = "", **options: int
+) -> Any:
     for row in rows:
         contender = row["contender"]
         peer_of, transport_of, workers, trainers, *flags = contender.split("/")
@@ -122,6 +133,8 @@ def _row(rows: list[dict[str, Any]], peer: str, transport: str = "tcp", **option
         if ("ranked" in flags) != bool(options.get("ranked", 0)):
             continue
         if ("seeded" in flags) != bool(options.get("seeded", 0)):
+            continue
+        if (flags[-1] if flags and flags[-1] in MODES else "") != mode:
             continue
         if int(workers[1:]) != options.get("workers", int(workers[1:])):
             continue
@@ -185,6 +198,7 @@ def targets(summary: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
             None,
             "x",
         )
+        _small_targets(check, small, feedmux)
     large = summary.get(LARGE)
     if large:
         for transport in ("tcp", "ipc"):
@@ -213,6 +227,7 @@ def targets(summary: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
             None,
             "x",
         )
+        _large_targets(check, large)
     images = summary.get(IMAGES)
     if images:
         for peer, name in (("pescador", "pescador ZMQStreamer"), ("torch", "torch DataLoader")):
@@ -225,6 +240,18 @@ def targets(summary: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 None,
                 "x",
             )
+        check(
+            "images: feedmux ≥ 2x torch DataLoader (2 workers)",
+            _ratio(_row(images, "feedmux"), _row(images, "torch", "queue", workers=2)),
+            2,
+            "x",
+        )
+        check(
+            "context: images, feedmux with shared_empty / feedmux",
+            _ratio(_row(images, "feedmux", mode="shared"), _row(images, "feedmux")),
+            None,
+            "x",
+        )
     cpu = summary.get(CPU)
     if cpu:
         check(
@@ -263,6 +290,73 @@ def targets(summary: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 "x",
             )
     return checks
+
+
+Check = Any  # the ``check`` function of ``targets``
+
+
+def _small_targets(check: Check, small: list[dict[str, Any]], feedmux: Any) -> None:
+    """Issue 14's small-sample targets: rate, trainer CPU, --reliable and CURVE against plain."""
+    inline = _row(small, "inline", "none")
+    rate = feedmux["samples_per_second"] if feedmux else None
+    check("small: feedmux ≥ 1.5 M samples/s (or the next target)", rate, 1.5e6, "samples/s")
+    check(
+        "small: feedmux ≥ 60% of the in-process generator's samples/s",
+        _ratio(feedmux, inline),
+        0.6,
+        "x",
+    )
+    check(
+        "small: trainer CPU ≤ 0.6 µs per sample",
+        feedmux["trainer_cpu_us_per_sample"] if feedmux else None,
+        0.6,
+        "µs",
+        at_most=True,
+    )
+    check(
+        "small: --reliable ≥ 90% of plain",
+        _ratio(_row(small, "feedmux", mode="reliable"), feedmux),
+        0.9,
+        "x",
+    )
+    check(
+        "small: CURVE ≥ 50% of plain",
+        _ratio(_row(small, "feedmux", mode="curve"), feedmux),
+        0.5,
+        "x",
+    )
+
+
+def _large_targets(check: Check, large: list[dict[str, Any]]) -> None:
+    """Issue 14's 16 MiB targets (same host: the shared-memory path) and the other modes."""
+    feedmux, pyzmq = _row(large, "feedmux"), _row(large, "pyzmq")
+    check("large, same host: feedmux ≥ 2.0x raw pyzmq (tcp)", _ratio(feedmux, pyzmq), 2.0, "x")
+    check(
+        "large, same host: feedmux ≥ 2.5x pescador ZMQStreamer",
+        _ratio(feedmux, _row(large, "pescador")),
+        2.5,
+        "x",
+    )
+    check(
+        "large, same host: trainer CPU ≤ 200 µs per 16 MiB sample",
+        feedmux["trainer_cpu_us_per_sample"] if feedmux else None,
+        200,
+        "µs",
+        at_most=True,
+    )
+    check(
+        "large, same host: feedmux with shared_empty ≥ 3x raw pyzmq (tcp)",
+        _ratio(_row(large, "feedmux", mode="shared"), pyzmq),
+        3.0,
+        "x",
+    )
+    for mode, name in (("noshm", "--no-shm"), ("reliable", "--reliable"), ("curve", "CURVE")):
+        check(
+            f"context: large, feedmux {name} / feedmux",
+            _ratio(_row(large, "feedmux", mode=mode), feedmux),
+            None,
+            "x",
+        )
 
 
 # --------------------------------------------------------------------------

@@ -30,7 +30,9 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,9 +118,25 @@ def start_producer(
     return Producer(endpoints)
 
 
+#: The server's public key of a CURVE measurement (set by its producer, read by its
+#: trainers, which are forked after it).
+_curve_public_key: list[str] = []
+
+
+def _curve_secret(directory: str) -> str:
+    """A fresh server certificate in ``directory``; its public key kept for trainers."""
+    from feedmux._security import create_keys
+
+    public, secret = create_keys(directory, "server")
+    _curve_public_key[:] = [str(public)]
+    return str(secret)
+
+
 def _start_feedmux(contender: Contender, kind: str, endpoints: Endpoints) -> Producer:
     import feedmux
 
+    mode = contender.mode
+    keys = tempfile.mkdtemp(prefix="feedmux-bench-keys-") if mode == "curve" else None
     server = feedmux.Server(
         FEEDMUX_SOURCE,
         bind=endpoints.data,
@@ -126,7 +144,10 @@ def _start_feedmux(contender: Contender, kind: str, endpoints: Endpoints) -> Pro
         workers=contender.workers,
         seed=contender.seed,
         zero_copy=contender.zero_copy,
-        factory_kwargs={"kind": kind},
+        factory_kwargs={"kind": kind, "shared": mode == "shared"},
+        reliable=mode == "reliable",
+        curve_secret=_curve_secret(keys) if keys else None,
+        shm=mode != "noshm",
     )
     server.start()  # returns once bound: the endpoints below are the real ones
     pids = [server.pid] if server.pid else []
@@ -137,6 +158,8 @@ def _start_feedmux(contender: Contender, kind: str, endpoints: Endpoints) -> Pro
         finally:
             for pid in pids:
                 kill_pid(pid)
+            if keys:
+                shutil.rmtree(keys, ignore_errors=True)
 
     bound = Endpoints(server.data_address, server.control_address)
     return Producer(bound, pids=pids, stop=stop, handle=server)
@@ -230,9 +253,12 @@ def _connect_feedmux(
 ) -> Consumer:
     import feedmux
 
+    mode = contender.mode
     loader = feedmux.RemoteLoader(
         endpoints.data, control=endpoints.control, timeout=timeout, world_size=trainers,
-        rank=rank,
+        rank=rank, reliable=mode == "reliable",
+        curve_server_key=_curve_public_key[0] if mode == "curve" else None,
+        shm=mode != "noshm",
     )
     return Consumer(samples=iter(loader), close=loader.close)
 

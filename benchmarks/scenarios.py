@@ -49,27 +49,39 @@ def small_samples(seed: int = 0) -> Iterator[dict[str, Any]]:
             position += 1
 
 
-def large_samples(seed: int = 0) -> Iterator[dict[str, Any]]:
-    """Yield ``{'X': float32[4M]}`` (16 MiB) forever, alternating two pre-built arrays."""
+def large_samples(seed: int = 0, empty: Any = None) -> Iterator[dict[str, Any]]:
+    """Yield ``{'X': float32[4M]}`` (16 MiB) forever, alternating two pre-built arrays.
+
+    With ``empty`` (``feedmux.shared_empty``), each sample is built into an array
+    from ``empty`` instead: one copy of a pre-built array, the least work that
+    makes a fresh sample.
+    """
     rng = np.random.default_rng(seed)
     pool = [rng.standard_normal(LARGE_ELEMENTS, dtype=np.float32) for _ in range(2)]
     while True:
         for array in pool:
-            yield {"X": array}
+            if empty is None:
+                yield {"X": array}
+            else:
+                built = empty(LARGE_ELEMENTS, np.float32)
+                np.copyto(built, array)
+                yield {"X": built}
 
 
-def image_batches(seed: int = 0) -> Iterator[dict[str, Any]]:
+def image_batches(seed: int = 0, empty: Any = None) -> Iterator[dict[str, Any]]:
     """Yield ``{'X': uint8[64, 3, 224, 224]}`` batches assembled in the producer.
 
     Each batch stacks 64 images drawn from a small pool into fresh memory, which
-    is what a sampler that batches on its side does for every batch.
+    is what a sampler that batches on its side does for every batch. With
+    ``empty`` (``feedmux.shared_empty``), that memory comes from ``empty``.
     """
     rng = np.random.default_rng(seed)
     batch_size, *image_shape = IMAGE_BATCH_SHAPE
     pool = rng.integers(0, 256, size=(16, *image_shape), dtype=np.uint8)
     while True:
         picks = rng.integers(0, len(pool), size=batch_size)
-        yield {"X": np.take(pool, picks, axis=0)}
+        out = None if empty is None else empty(IMAGE_BATCH_SHAPE, np.uint8)
+        yield {"X": np.take(pool, picks, axis=0, out=out)}
 
 
 def cpu_samples(seed: int = 0) -> Iterator[dict[str, Any]]:
@@ -105,16 +117,19 @@ def sample_nbytes(kind: str) -> int:
     return sum(np.asarray(value).nbytes for value in sample.values())
 
 
-def feedmux_source(kind: str, seed: int = 0) -> Any:
+def feedmux_source(kind: str, seed: int = 0, shared: bool = False) -> Any:
     """The feedmux server's source for a scenario (resolved as ``module:attr``).
 
     The CPU-bound scenario serves a mux of several streamers so that a server
     with several workers has streamers to shard between them; the others serve
-    one streamer over the generator.
+    one streamer over the generator. ``shared`` builds each sample in the
+    server's shared-memory pool (``feedmux.shared_empty``).
     """
     import feedmux
 
     generator = GENERATORS[kind]
+    if shared:
+        return feedmux.Streamer(generator, seed, feedmux.shared_empty)
     if kind == CPU:
         streamers = [feedmux.Streamer(generator, seed + index) for index in range(CPU_STREAMERS)]
         return feedmux.StochasticMux(
@@ -139,6 +154,7 @@ class Contender:
     seed: int | None = None  # feedmux --seed: a repeatable run (workers merged in a fixed order)
     zero_copy: bool = False  # feedmux: arrays sent as views (the streamer promises no reuse)
     ranked: bool = False  # feedmux: the trainers are the ranks of one job (rank=, world_size=)
+    mode: str = ""  # feedmux only: one of MODES ("" is the default server and loader)
 
     @property
     def label(self) -> str:
@@ -158,6 +174,8 @@ class Contender:
             parts.append("seeded")
         if self.zero_copy:
             parts.append("zero-copy")
+        if self.mode:
+            parts.append(MODES[self.mode])
         return ", ".join(parts)
 
     @property
@@ -165,7 +183,17 @@ class Contender:
         key = f"{self.peer}/{self.transport}/w{self.workers}/t{self.trainers}"
         key += "/ranked" if self.ranked else ""
         key += "" if self.seed is None else "/seeded"
-        return key + "/zc" if self.zero_copy else key
+        key += "/zc" if self.zero_copy else ""
+        return f"{key}/{self.mode}" if self.mode else key
+
+
+#: The feedmux variants a scenario can measure besides the default, and their labels.
+MODES = {
+    "reliable": "--reliable",
+    "curve": "CURVE",
+    "noshm": "--no-shm",
+    "shared": "shared_empty",
+}
 
 
 @dataclass(frozen=True)
@@ -198,13 +226,18 @@ _ONE_TRAINER_PEERS = (
     Contender("inline", "none"),
 )
 
+
+def _modes(*modes: str) -> tuple[Contender, ...]:
+    return tuple(Contender("feedmux", "tcp", mode=mode) for mode in modes)
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         SMALL,
         1,
         "Small samples: {'X': float32[16], 'y': int64}",
         SMALL,
-        _ONE_TRAINER_PEERS,
+        (*_ONE_TRAINER_PEERS, *_modes("reliable", "curve")),
         check_every=256,
     ),
     Scenario(
@@ -212,7 +245,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         2,
         "Large samples: {'X': float32[4M]} (16 MiB)",
         LARGE,
-        _ONE_TRAINER_PEERS,
+        (*_ONE_TRAINER_PEERS, *_modes("noshm", "shared", "reliable", "curve")),
         large=True,
     ),
     Scenario(
@@ -220,7 +253,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         3,
         "Image-like batches: uint8[64,3,224,224] (9.6 MB) per message",
         IMAGES,
-        _ONE_TRAINER_PEERS,
+        (*_ONE_TRAINER_PEERS, *_modes("noshm", "shared")),
         large=True,
     ),
     Scenario(

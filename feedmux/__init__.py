@@ -28,6 +28,7 @@ from feedmux.errors import (
 )
 
 if TYPE_CHECKING:
+    from feedmux._shm import shared_empty
     from feedmux._worker_info import WorkerInfo, worker_info
     from feedmux.client.remote import RemoteLoader, SampleMeta, fetch_stats
     from feedmux.client.stream import ManualStream, Stream
@@ -57,6 +58,7 @@ _LAZY = {
     "serve": "feedmux.server.server",
     "WorkerInfo": "feedmux._worker_info",
     "worker_info": "feedmux._worker_info",
+    "shared_empty": "feedmux._shm",
 }
 
 
@@ -107,6 +109,7 @@ __all__ = [
     "fetch_stats",
     "keras_tuples",
     "serve",
+    "shared_empty",
     "streamable",
     "tuples",
     "worker_info",

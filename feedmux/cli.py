@@ -12,6 +12,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
+from feedmux._shm import DEFAULT_SHM_SIZE
 from feedmux._transport import DEFAULT_BIND, DEFAULT_HWM
 from feedmux._version import __version__
 
@@ -104,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default 10)")
     serve.add_argument("--reliable", action="store_true",
                        help="acknowledged delivery: nothing is lost when a trainer dies")
+    serve.add_argument("--no-shm", action="store_true",
+                       help="never use shared memory with trainers on this host")
+    serve.add_argument("--shm-size", type=_positive_int, default=DEFAULT_SHM_SIZE >> 20,
+                       metavar="MIB", help="the shared-memory pool for trainers on this host, "
+                       f"in MiB (default {DEFAULT_SHM_SIZE >> 20})")
     serve.add_argument("--curve-secret", metavar="FILE",
                        help="the server's secret certificate: CURVE on every socket")
     serve.add_argument("--curve-clients", metavar="DIR",
@@ -199,6 +205,7 @@ def _serve(args: argparse.Namespace) -> int:
             group_timeout=args.group_timeout,
             curve_secret=args.curve_secret, curve_clients=args.curve_clients,
             metrics_port=args.metrics_port, metrics_host=args.metrics_host, seed=args.seed,
+            shm=not args.no_shm, shm_size=args.shm_size << 20,
         )
     except (FactoryError, ConfigurationError) as error:
         print(f"feedmux serve: error: {error}", file=sys.stderr)

@@ -3,7 +3,9 @@
 This module owns the reading side of a :class:`~feedmux.client.remote.RemoteLoader`:
 one data DEALER per server, taken in turn; in reliable mode the envelope, the
 acknowledgement of a message whose samples were all handed out, and an end of
-stream that comes on the data socket. It reports the link number and sequence
+stream that comes on the data socket; the shared-memory pools of servers on
+this host (a reference frame becomes a view of the pool: :mod:`feedmux._shm`).
+It reports the link number and sequence
 number of the message it returned (the acknowledging thread needs them). It
 must never decide anything about the servers (that is the pure link state's)
 and never look at single samples.
@@ -11,17 +13,29 @@ and never look at single samples.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import zmq
 
+from feedmux._shm import ShmViews
 from feedmux._transport import keep_freed_memory, readable, send_message
 from feedmux.client._link import ServerLinks
 from feedmux.errors import ProtocolError, VersionMismatchError
-from feedmux.protocol import Ack, Data, EndOfStream, Message, decode, unpack_envelope
+from feedmux.protocol import (
+    Ack,
+    Data,
+    EndOfStream,
+    Message,
+    ShmAttach,
+    decode,
+    unpack_envelope,
+)
 
 __all__ = ["LARGE_MESSAGE_BYTES", "DataSockets", "send_or_drop"]
+
+log = logging.getLogger("feedmux.client")
 
 #: A frame larger than this makes the loader tune malloc (see ``tune_malloc``).
 LARGE_MESSAGE_BYTES = 1 << 20
@@ -39,7 +53,7 @@ class DataSockets:
     """The data DEALERs of one loader, one per server, read in turn."""
 
     def __init__(self, sockets: Sequence[Any], *, reliable: bool, client_id: str,
-                 addresses: Sequence[str], tune_malloc: bool) -> None:
+                 addresses: Sequence[str], tune_malloc: bool, shm: bool = False) -> None:
         self.sockets = list(sockets)
         self.reliable = reliable
         self.client_id = client_id
@@ -50,6 +64,24 @@ class DataSockets:
         self.pending_ack: tuple[int, int] | None = None
         #: The link number and sequence number (0 outside reliable mode) of the last message.
         self.link = self.seq = 0
+        #: The pools of servers on this host, once mapped (None: shm=False).
+        self.views = ShmViews() if shm else None
+
+    def attach(self, link: int, control: Any, path: str) -> None:
+        """Server ``link`` offers its pool at ``path``: map it and prove it by its token.
+
+        A server on another host (or in a container without this ``/dev/shm``)
+        names a file this trainer cannot open: it keeps sending over the sockets.
+        """
+        if self.views is None:
+            return
+        try:
+            token = self.views.attach(path)
+        except OSError as error:
+            log.info("not using the shared memory of %s at %s: %s", self.addresses[link], path,
+                     error)
+            return
+        send_or_drop(control, ShmAttach(token=token, client_id=self.client_id))
 
     def forget_ack(self, link: int) -> None:
         """Link ``link`` talks to a new server: the pending sequence number means nothing."""
@@ -110,7 +142,7 @@ class DataSockets:
             if self.tune_malloc and len(frames) > 2 and len(frames[-1]) > LARGE_MESSAGE_BYTES:
                 self.tune_malloc = False
                 keep_freed_memory()
-            message = decode(frames)
+            message = decode(frames, resolve=self.views)
         except VersionMismatchError:
             raise
         except ProtocolError as error:

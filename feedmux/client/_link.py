@@ -27,7 +27,16 @@ from feedmux.errors import (
     TransportTimeoutError,
     VersionMismatchError,
 )
-from feedmux.protocol import Drain, EndOfStream, Error, Heartbeat, Hello, Message, Welcome
+from feedmux.protocol import (
+    Drain,
+    EndOfStream,
+    Error,
+    Heartbeat,
+    Hello,
+    Message,
+    ShmOffer,
+    Welcome,
+)
 
 __all__ = [
     "CONTROL_SILENCE_WARNING",
@@ -106,7 +115,15 @@ class Resync:
     link: int
 
 
-Action = Send | Resync
+@dataclass(frozen=True)
+class Attach:
+    """The server of link ``link`` offers its shared-memory pool at ``path``: map it if we can."""
+
+    link: int
+    path: str
+
+
+Action = Send | Resync | Attach
 
 
 @dataclass
@@ -289,6 +306,8 @@ class ServerLinks:
             # stands, so the restarted server resumes the job there: docs/resume.md).
             hello = Send(index, self._hello(index))
             return [Resync(index), hello] if self.reliable or self.rank >= 0 else [hello]
+        if isinstance(message, ShmOffer):
+            return [Attach(index, message.path)]
         if isinstance(message, Drain):
             # The server stops once every trainer received all it sent: say how many came.
             return [Send(index, Heartbeat(

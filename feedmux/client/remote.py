@@ -40,7 +40,7 @@ from feedmux._transport import (
 from feedmux.client._acks import HandOutAcks, SeenPositions, progress_of
 from feedmux.client._data import DataSockets, send_or_drop
 from feedmux.client._diagnosis import InputDiagnosis
-from feedmux.client._link import Action, Send, ServerLinks, check_membership
+from feedmux.client._link import Action, Attach, Send, ServerLinks, check_membership
 from feedmux.client._moves import AddressBook, Resolve
 from feedmux.client._resume import HandedRanges, RankPositions
 from feedmux.errors import (
@@ -126,6 +126,11 @@ class RemoteLoader:
         16 MiB samples at half the trainer CPU. The price: freed buffers stay in
         the process, up to its peak heap use (not a fixed bound; see
         ``docs/performance.md``). False leaves the allocator alone.
+    shm : bool
+        Map the shared-memory pool of a server on this host (proved in the
+        handshake) and receive its large arrays as views of it, with no copy: a
+        run of the pool is reused once every view of it is gone. False (or a
+        server on another host) receives everything over the sockets.
     reliable : bool
         Talk to a server started with ``reliable=True`` / ``--reliable``: grant
         ``hwm`` messages of credit and acknowledge each message once all its
@@ -175,6 +180,7 @@ class RemoteLoader:
         tune_malloc: bool = True,
         diagnose_window: float | None = 60.0, diagnose_threshold: float = 0.25,
         resolve: Resolve | None = None,
+        shm: bool = True,
     ) -> None:
         self._arguments = {name: value for name, value in locals().items() if name != "self"}
         addresses, controls = _endpoints(address, control)
@@ -191,10 +197,9 @@ class RemoteLoader:
         self.reliable = reliable
         self._tune_malloc = tune_malloc
         self._handshakes = HandshakeWatch([], [])  # CURVE: what refused this loader's key
-        self._security = (
-            None if curve_server_key is None
-            else ClientCurve.create(curve_server_key, curve_certificate)
-        )
+        self.shm = shm
+        self._security = None if curve_server_key is None else ClientCurve.create(
+            curve_server_key, curve_certificate)
         self.client_id = client_id or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._links = ServerLinks(
             addresses, controls, client_id=self.client_id, world_size=world_size,
@@ -204,7 +209,7 @@ class RemoteLoader:
         self._diagnosis = InputDiagnosis(len(addresses), diagnose_window, diagnose_threshold)
         self._context: zmq.Context[Any] | None = None
         self._pid = 0
-        self._data = DataSockets([], reliable=reliable, client_id="", addresses=addresses,
+        self._data = DataSockets([], reliable=reliable, client_id="", addresses=(),
                                  tune_malloc=False)
         self._control: list[Any] = []  # one DEALER per server
         self._poller: zmq.Poller | None = None
@@ -215,8 +220,7 @@ class RemoteLoader:
         self._samples: Sequence[Any] = ()
         self._tags: Any = None
         self._server_id = ""
-        self._index = 0
-        self._count = 0
+        self._index = self._count = 0
         self._last: SampleMeta | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         # Ranked or reliable: (link number, server id, tags, sequence number) of the current
@@ -362,7 +366,8 @@ class RemoteLoader:
             hwm=self.hwm, max_message_bytes=self.max_message_bytes, security=self._security,
         )
         self._data = DataSockets(data_sockets, reliable=self.reliable, client_id=self.client_id,
-                                 addresses=self.addresses, tune_malloc=self._tune_malloc)
+                                 addresses=self.addresses, tune_malloc=self._tune_malloc,
+                                 shm=self.shm)
         controls = [link.control_address for link in self._links.links]
         if self._security is not None:  # a refused key is otherwise a silent timeout
             self._handshakes = HandshakeWatch(self._control, controls)
@@ -390,6 +395,8 @@ class RemoteLoader:
             if isinstance(action, Send):
                 # If the server is away and the queue full, the next heartbeat will do.
                 send_or_drop(self._control[action.link], action.message)
+            elif isinstance(action, Attach):
+                self._data.attach(action.link, self._control[action.link], action.path)
             else:  # the link's server restarted
                 if self.reliable:
                     self._data.forget_ack(action.link)  # its sequence number means nothing now

@@ -25,7 +25,7 @@ Examples
 """
 
 from feedmux.protocol._batch import SampleBatch, StackedLeaf, take_samples
-from feedmux.protocol._decode import CONTROL_LIMITS, DEFAULT_LIMITS, Limits, decode
+from feedmux.protocol._decode import CONTROL_LIMITS, DEFAULT_LIMITS, Limits, Resolver, decode
 from feedmux.protocol._encode import INLINE_THRESHOLD, encode
 from feedmux.protocol._envelope import ENVELOPE_BYTES, pack_envelope, unpack_envelope
 from feedmux.protocol._frames import FrameLike
@@ -44,6 +44,8 @@ from feedmux.protocol._messages import (
     Hello,
     Kind,
     Message,
+    ShmAttach,
+    ShmOffer,
     Stats,
     StatsRequest,
     Welcome,
@@ -60,6 +62,9 @@ __all__ = [
     "RESUME_LIVE",
     "TAG_DTYPE",
     "Ack",
+    "Resolver",
+    "ShmAttach",
+    "ShmOffer",
     "Credit",
     "Data",
     "Drain",

@@ -12,7 +12,7 @@ malformed raises :class:`~feedmux.errors.ProtocolError`, whatever the bytes.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,9 +48,12 @@ from feedmux.protocol._frames import (
 from feedmux.protocol._messages import PROTOCOL_VERSION, Data, Kind, Message
 from feedmux.protocol._tags import tags_from_frame
 
-__all__ = ["CONTROL_LIMITS", "DEFAULT_LIMITS", "Limits", "decode"]
+__all__ = ["CONTROL_LIMITS", "DEFAULT_LIMITS", "Limits", "Resolver", "decode"]
 
 _DATA = int(Kind.DATA)
+
+#: ``resolve(frame, nbytes)``: the memory an array frame refers to, or the frame itself.
+Resolver = Callable[[Any, int], Any]
 
 
 
@@ -103,10 +106,13 @@ def _array_layout(
 class _Decoding:
     """State of one decode call: the frames, which of them arrays used, open markers."""
 
-    __slots__ = ("containers", "frames", "leaves", "open_tuples", "used", "used_frames")
+    __slots__ = ("containers", "frames", "leaves", "open_tuples", "resolve", "used",
+                 "used_frames")
 
-    def __init__(self, frames: list[memoryview | bytes], max_containers: int) -> None:
+    def __init__(self, frames: list[memoryview | bytes], max_containers: int,
+                 resolve: Resolver | None) -> None:
         self.frames = frames
+        self.resolve = resolve
         self.used = [False] * len(frames)
         self.used_frames = 0
         self.open_tuples = 0
@@ -202,6 +208,9 @@ class _Decoding:
         self.used[index] = True
         self.used_frames += 1
         frame = self.frames[index]
+        if len(frame) != nbytes and self.resolve is not None:
+            # Not the array's bytes: perhaps a reference to them in shared memory.
+            frame = self.resolve(frame, nbytes)
         if len(frame) != nbytes:
             raise ProtocolError(
                 f"array of shape {shape} and dtype {dtype} needs {nbytes} bytes, "
@@ -245,13 +254,17 @@ def _empty_items(dtype: np.dtype[Any], shape: tuple[int, ...], count: int) -> np
     return np.zeros(shape, dtype)
 
 
-def decode(frames: Sequence[FrameLike], *, limits: Limits = DEFAULT_LIMITS) -> Message:
+def decode(
+    frames: Sequence[FrameLike], *, limits: Limits = DEFAULT_LIMITS, resolve: Resolver | None = None
+) -> Message:
     """Decode the frames of one multipart message.
 
     Arrays are views of the frames when a frame is writable (a ``bytearray``, a
     writable ``memoryview``, a zmq ``Frame``), copies otherwise; either way they
-    are writable. Anything malformed raises :class:`~feedmux.errors.ProtocolError`;
-    a header of another protocol version raises
+    are writable. ``resolve(frame, nbytes)``, when given, is asked about an array
+    frame whose length is not the array's: it returns the memory the frame refers
+    to (the same-host shared-memory path) or the frame itself. Anything malformed
+    raises :class:`~feedmux.errors.ProtocolError`; a header of another protocol version raises
     :class:`~feedmux.errors.VersionMismatchError`.
 
     Examples
@@ -264,14 +277,14 @@ def decode(frames: Sequence[FrameLike], *, limits: Limits = DEFAULT_LIMITS) -> M
     (array([0, 1, 2]), [[1, 0]])
     """
     try:
-        return _decode(frames, limits)
+        return _decode(frames, limits, resolve)
     except ProtocolError:
         raise
     except Exception as exc:
         raise ProtocolError(f"malformed message: {type(exc).__name__}: {exc}") from None
 
 
-def _decode(frames: Sequence[Any], limits: Limits) -> Message:
+def _decode(frames: Sequence[Any], limits: Limits, resolve: Resolver | None) -> Message:
     count = len(frames)
     if count == 0:
         raise ProtocolError("empty message: no header frame")
@@ -287,7 +300,7 @@ def _decode(frames: Sequence[Any], limits: Limits) -> Message:
         raise ProtocolError(f"message of {total} bytes, limit is {limits.max_message_bytes}")
     if size < 4 or header_view[1:4] != b"\xa1v\x01" or not 0x80 <= header_view[0] <= 0x8F:
         check_version(header_view)  # not our encoder's layout: read the version the slow way
-    state = _Decoding(views, limits.max_containers)
+    state = _Decoding(views, limits.max_containers, resolve)
     # Nothing in a header can be longer than the header: msgpack refuses a declared
     # length beyond these before it allocates for it.
     length = size if limits.max_container_len is None else min(size, limits.max_container_len)

@@ -30,6 +30,8 @@ from feedmux.protocol._messages import (
     Hello,
     Kind,
     Message,
+    ShmAttach,
+    ShmOffer,
     Stats,
     StatsRequest,
     Welcome,
@@ -234,6 +236,8 @@ _CONTROL_SPECS = [
     ControlSpec(Kind.CREDIT, Credit, credits=INT, client_id=STR),
     ControlSpec(Kind.ACK, Ack, seqs=_INTS, client_id=STR, server_id=STR, rank=INT, epoch=INT,
                 position=INT, omit_default=("server_id", "rank", "epoch", "position")),
+    ControlSpec(Kind.SHM_OFFER, ShmOffer, path=STR, server_id=STR),
+    ControlSpec(Kind.SHM_ATTACH, ShmAttach, token=STR, client_id=STR),
 ]
 CONTROL_BY_CLASS: dict[type, ControlSpec] = {spec.cls: spec for spec in _CONTROL_SPECS}
 CONTROL_BY_KIND: dict[int, ControlSpec] = {int(spec.kind): spec for spec in _CONTROL_SPECS}

@@ -30,6 +30,8 @@ __all__ = [
     "Hello",
     "Kind",
     "Message",
+    "ShmAttach",
+    "ShmOffer",
     "Stats",
     "StatsRequest",
     "Welcome",
@@ -58,6 +60,8 @@ class Kind(enum.IntEnum):
     END_OF_STREAM = 10
     CREDIT = 11
     ACK = 12
+    SHM_OFFER = 13
+    SHM_ATTACH = 14
 
 
 @dataclass(frozen=True, eq=False, init=False)
@@ -236,6 +240,25 @@ class Ack:
     position: int = -1
 
 
+@dataclass(frozen=True)
+class ShmOffer:
+    """The server has a shared-memory pool at ``path``: a trainer on its host may attach.
+
+    Sent after the welcome that answers a hello (server to client).
+    """
+
+    path: str
+    server_id: str = ""
+
+
+@dataclass(frozen=True)
+class ShmAttach:
+    """The trainer mapped the pool and read its ``token``: proof it shares the host."""
+
+    token: str
+    client_id: str = ""
+
+
 Message: TypeAlias = Union[  # noqa: UP007 - a runtime alias must work on Python 3.10
     Data,
     Hello,
@@ -249,4 +272,6 @@ Message: TypeAlias = Union[  # noqa: UP007 - a runtime alias must work on Python
     EndOfStream,
     Credit,
     Ack,
+    ShmOffer,
+    ShmAttach,
 ]

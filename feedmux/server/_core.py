@@ -35,6 +35,8 @@ from feedmux.protocol import (
     Heartbeat,
     Hello,
     Message,
+    ShmAttach,
+    ShmOffer,
     Stats,
     StatsRequest,
     Welcome,
@@ -57,6 +59,7 @@ __all__ = [
     "DRAIN_INTERVAL",
     "FINAL_GRACE",
     "NO_SENDS",
+    "shm_ready",
     "TRAINER_TIMEOUT",
     "ControlCore",
     "Phase",
@@ -105,6 +108,8 @@ class _Trainer:
     group: str = DEFAULT_GROUP
     #: What a free reliable trainer that outlived its server handed out lately (its hello).
     handed: tuple[int, ...] = ()
+    #: It mapped this server's shared-memory pool (proved by the pool's token).
+    shm: bool = False
 
 
 def _group_of(trainers: Mapping[bytes, _Trainer], client_id: str) -> str:
@@ -166,6 +171,8 @@ class ControlCore:
         #: Set when a ranked job restarted from a checkpoint mid-run: the sampler must
         #: stop, and start again at ``start_at`` once the new job's ranks are all here.
         self.restarting = False
+        #: (path, token) of the shared-memory pool offered to trainers, if there is one.
+        self.shm: tuple[str, str] | None = None
 
     # -- events: the trainers ---------------------------------------------------------------
     def receive(self, identity: bytes, message: Message, now: float) -> Sends:
@@ -185,6 +192,9 @@ class ControlCore:
             if message.role == "trainer":
                 return self._hello(identity, message, now)
             return [(identity, _probe_welcome(self, message))]
+        if isinstance(message, ShmAttach):
+            _shm_attached(self, identity, message)
+            return NO_SENDS
         if isinstance(message, Heartbeat):
             trainer = self.trainers.get(identity)
             if trainer is None and (self.phase is Phase.WAITING
@@ -234,7 +244,7 @@ class ControlCore:
             where = f" in group {group}" if self.config.grouped else ""
             log.info("trainer %s connected%s%s", message.client_id, rank, where)
             self._count_reconnect(message.client_id)
-        return [*sends, (identity, self.welcome(group))]
+        return [*sends, (identity, self.welcome(group)), *_shm_offer(self, identity)]
 
     def _alive(self, identity: bytes, now: float) -> bool:
         trainer = self.trainers.get(identity)
@@ -495,6 +505,26 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
             server_id=config.server_id), now)
     core._welcomed = True
     return [(identity, core.welcome(trainer.group)) for identity, trainer in core.trainers.items()]
+
+
+def shm_ready(core: ControlCore) -> bool:
+    """Whether every free trainer mapped the pool (a free message may go to any)."""
+    return core.shm is not None and bool(core.trainers) and all(
+        trainer.shm for trainer in list(core.trainers.values()) if trainer.rank < 0)
+
+
+def _shm_offer(core: ControlCore, identity: bytes) -> list[Send]:
+    """The pool offered after a welcome: a trainer on this host can map it."""
+    return [] if core.shm is None else [(identity, ShmOffer(core.shm[0], core.config.server_id))]
+
+
+def _shm_attached(core: ControlCore, identity: bytes, message: ShmAttach) -> None:
+    """A trainer says it mapped the pool: with the right token, it shares this host."""
+    trainer = core.trainers.get(identity)
+    if trainer is not None and core.shm is not None and message.token == core.shm[1]:
+        trainer.shm = True
+        log.info("trainer %s shares this host: large arrays go through shared memory",
+                 trainer.client_id)
 
 
 def _restarts_job(core: ControlCore, message: Hello) -> bool:

@@ -23,7 +23,9 @@ Two ways, item by item:
 - Anything else (nested samples, large arrays, a sample of another shape than
   the chunk's rows) is copied by :func:`own`: arrays copied, containers rebuilt,
   immutable leaves shared. For a large array that is one memcpy, which the
-  server pays on top of sending it (see docs/performance.md).
+  server pays on top of sending it over a socket (see docs/performance.md); while
+  the server sends through the same-host shared-memory pool, the copy is made
+  into the pool and is the only one (:func:`feedmux._shm.owned_copy`).
 
 Why not detect reuse instead: a streamer that reuses a buffer writes into it
 *before* yielding it again, so by the time the same array is seen twice the
@@ -40,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from feedmux._shm import owned_copy
 from feedmux.protocol import SampleBatch, StackedLeaf
 
 __all__ = ["STACK_AS_DRAWN_BYTES", "DrawnItems", "own"]
@@ -64,7 +67,7 @@ def own(item: Any) -> Any:
     """
     kind = type(item)
     if kind is np.ndarray:
-        return item.copy()
+        return owned_copy(item)
     if kind is dict:
         return {key: own(value) for key, value in item.items()}
     if kind is tuple or kind is list:

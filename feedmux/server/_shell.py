@@ -33,13 +33,14 @@ from feedmux._transport import (
 )
 from feedmux.errors import ProtocolError
 from feedmux.protocol import CONTROL_LIMITS, Ack, Error, decode, read_tags
-from feedmux.server._core import ControlCore, Phase, Sends, Stat
+from feedmux.server._core import ControlCore, Phase, Sends, Stat, shm_ready
 from feedmux.server._fanout import GroupFanout
 from feedmux.server._meter import SamplerMeter, sampler_stats
 from feedmux.server._metrics import MetricsEndpoint
 from feedmux.server._producer import Frames
 from feedmux.server._ranksend import RankSender
 from feedmux.server._reliable import ReliableDispatch
+from feedmux.server._shm_server import close_pool, open_pool, pooled
 from feedmux.server.config import ServerConfig
 
 __all__ = ["Endpoints", "MAX_CONTROL_BYTES"]
@@ -75,11 +76,16 @@ class Endpoints:
         self.meters = [SamplerMeter()]
         #: Seconds the data path waited because no trainer could take a message.
         self.blocked_seconds = 0.0
-        #: More figures for the statistics (the worker pool's liveness).
+        #: More figures for the statistics (the worker pool's liveness, the shm pool's use).
         self.probes: list[Callable[[], dict[str, Stat]]] = []
-        #: Bytes of data messages handed to the data socket.
+        #: Bytes of data messages handed to the data socket (or through the shm pool).
         self.bytes_sent = 0
         self.core = ControlCore(config, time.monotonic(), os.getpid(), self._extra_stats)
+        #: The same-host shared-memory pool free trainers on this host read large arrays from.
+        self.pool = open_pool(config)
+        if self.pool is not None:
+            self.core.shm = (self.pool.path, self.pool.token)
+            self.probes.append(lambda: dict(self.pool.stats()) if self.pool else {})
         #: Ranked delivery: each rank's messages to its holder, a successor's hand-over first.
         self.ranked = RankSender(self.data, self.core.retention, self._replayed)
         #: Consumer groups: every buffered message goes to each group (None: no groups).
@@ -146,13 +152,18 @@ class Endpoints:
             if not self.fanout.send(frames, n_samples, epoch):
                 return False
         else:
+            nbytes = sum(len(frame) for frame in frames)
             if self.reliable is not None:
                 sent = self.reliable.send(list(frames), n_samples, epoch, self._wait_for_credit)
             else:
-                sent = self._push(frames, rank)
+                through: Frames | None = frames
+                if rank < 0 and self.pool is not None:
+                    through = pooled(self.pool, shm_ready(core), frames, self.serve_control,
+                                     self.stopping)
+                sent = through is not None and self._push(through, rank)
             if not sent:
                 return False
-            self.bytes_sent += sum(len(frame) for frame in frames)
+            self.bytes_sent += nbytes
             core.data_sent(n_samples, epoch)
         if readable(self.control):
             self.serve_control(timeout=0)
@@ -316,31 +327,12 @@ class Endpoints:
             self.fanout.flush(time.monotonic() + self.config.drain_timeout)
         self.deliver(core.finish(time.monotonic()))
         if self.reliable is not None:
-            self._finish_reliable(core.drain_deadline)
+            _finish_reliable(self, core.drain_deadline)
         else:
             self.run_phase(Phase.DRAINING)
             if core.phase is Phase.DRAINING:  # stopped meanwhile: still say it ended
                 self.deliver(core.end_stream(time.monotonic()))
         self._repeat_last_word()
-
-    def _finish_reliable(self, deadline: float) -> None:
-        """Reliable mode: the stream ends once every message is acknowledged."""
-        dispatch = self.reliable
-        assert dispatch is not None
-        ledger = dispatch.ledger
-        while not self.stopping and time.monotonic() < deadline:
-            dispatch.serve()
-            dispatch.probe()
-            dispatch.flush_resend()
-            if not ledger.unacknowledged:
-                break
-            self._wait_reliable()
-        else:
-            log.warning("ending the stream with %d message(s) unacknowledged",
-                        ledger.unacknowledged)
-        dispatch.broadcast(self.core.end_message())
-        log.info("%d data message(s) re-sent", ledger.resent_messages)
-        self.deliver(self.core.end_stream(time.monotonic()))
 
     def fail(self, error: BaseException | Error) -> None:
         """Tell every trainer about ``error``, and whoever speaks in the next moments."""
@@ -358,6 +350,7 @@ class Endpoints:
         # After a finished stream, give what is still queued a moment to reach the trainers.
         self.data.close(linger=1000 if self.core.finished else 0)
         self.control.close()
+        close_pool(self.pool)
         self._stop_authenticator()
         self.context.term()
 
@@ -366,6 +359,26 @@ class Endpoints:
             self.handshakes.stop()
         if self.authenticator is not None:
             self.authenticator.stop()
+
+
+def _finish_reliable(endpoints: Endpoints, deadline: float) -> None:
+    """Reliable mode: the stream ends once every message is acknowledged."""
+    dispatch = endpoints.reliable
+    assert dispatch is not None
+    ledger = dispatch.ledger
+    while not endpoints.stopping and time.monotonic() < deadline:
+        dispatch.serve()
+        dispatch.probe()
+        dispatch.flush_resend()
+        if not ledger.unacknowledged:
+            break
+        endpoints._wait_reliable()
+    else:
+        log.warning("ending the stream with %d message(s) unacknowledged",
+                    ledger.unacknowledged)
+    dispatch.broadcast(endpoints.core.end_message())
+    log.info("%d data message(s) re-sent", ledger.resent_messages)
+    endpoints.deliver(endpoints.core.end_stream(time.monotonic()))
 
 
 def _data_socket(context: zmq.Context[Any], config: ServerConfig,

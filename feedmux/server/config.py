@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from feedmux._shm import DEFAULT_SHM_SIZE
 from feedmux._transport import DEFAULT_BIND, DEFAULT_HWM, control_address_for
 from feedmux.errors import ConfigurationError
 from feedmux.server._groups import JOIN_MODES, parse_group_buffer
@@ -58,6 +59,9 @@ class ServerConfig:
     metrics_host: str = "127.0.0.1"
     # The run's seed (reseeds every sampling process per epoch); None: the mux's, or fresh.
     seed: int | None = None
+    # The same-host shared-memory pool (docs/server.md): off with --no-shm.
+    shm: bool = True
+    shm_size: int = DEFAULT_SHM_SIZE
 
     def __post_init__(self) -> None:
         def require(ok: bool, what: str, value: object) -> None:
@@ -92,6 +96,7 @@ class ServerConfig:
                                   and self.seed >= 0),
             "seed None or an int >= 0", self.seed,
         )
+        require(self.shm_size >= 1 << 20, "shm_size >= 1 MiB", self.shm_size)
         if self.metrics_port is not None:
             from feedmux.server._metrics import check_available
 

@@ -88,3 +88,13 @@ def partly_failing(after: int = 5, good: int = 20) -> feedmux.StochasticMux:
 
     return feedmux.StochasticMux([feedmux.Streamer(_failing, after), feedmux.Streamer(good_items)],
                                  2, rate=None, mode="exhaustive", random_state=1)
+
+
+def _large(count: int) -> Iterator[dict[str, Any]]:
+    for i in range(count):
+        yield {"id": np.int64(i), "x": np.full(1 << 18, i, dtype=np.float32)}  # 1 MiB
+
+
+def large(count: int = 40) -> feedmux.Streamer:
+    """1 MiB samples whose every value is their id: the shared-memory path."""
+    return feedmux.Streamer(_large, count)

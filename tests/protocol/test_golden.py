@@ -26,6 +26,8 @@ from feedmux.protocol import (
     Hello,
     Kind,
     SampleBatch,
+    ShmAttach,
+    ShmOffer,
     Stats,
     StatsRequest,
     Welcome,
@@ -43,6 +45,25 @@ def frames_of(*hex_frames: str) -> list[bytes]:
 
 
 GOLDEN: list[tuple[str, Any, dict[str, Any], list[bytes]]] = [
+    (
+        "shm-offer",
+        ShmOffer(path="/dev/shm/x", server_id="s1"),
+        {},
+        frames_of(
+            # {"v": 1, "k": 13, "path": "/dev/shm/x", "server_id": "s1"}
+            "84 a1 76 01 a1 6b 0d a4 70 61 74 68 aa 2f 64 65 76 2f 73 68 6d 2f 78 a9 73 65 72"
+            " 76 65 72 5f 69 64 a2 73 31",
+        ),
+    ),
+    (
+        "shm-attach",
+        ShmAttach(token="ab", client_id="c"),
+        {},
+        frames_of(
+            # {"v": 1, "k": 14, "token": "ab", "client_id": "c"}
+            "84 a1 76 01 a1 6b 0e a5 74 6f 6b 65 6e a2 61 62 a9 63 6c 69 65 6e 74 5f 69 64 a1 63",
+        ),
+    ),
     (
         "hello",
         Hello(client_id="trainer-0", role="trainer", world_size=2),
@@ -380,6 +401,8 @@ def test_kind_numbers_are_fixed() -> None:
         "END_OF_STREAM": 10,
         "CREDIT": 11,
         "ACK": 12,
+        "SHM_OFFER": 13,
+        "SHM_ATTACH": 14,
     }
     assert PROTOCOL_VERSION == 1
 

@@ -1,0 +1,102 @@
+"""The server's use of the shared-memory pool: when to open it, how a full pool waits.
+
+This module owns the server-side policy around :class:`feedmux._shm.ShmPool`:
+a pool only for plain delivery to free trainers with ``shm`` on, used while
+every free trainer proved it maps the pool (a free message may go to any of
+them; a trainer on another host turns the pool off for all until it leaves), the fall-back to
+sockets where ``/dev/shm`` cannot hold it, and the back-pressure of a full pool
+(the sampler waits, serving control; every stall counts in the ``shm_stalls``
+statistic, and one that lasts is logged). It never overwrites a run in use and never
+sends data itself: the shell sends what :func:`place_or_wait` returns.
+
+Ranked trainers and consumer groups get their messages over the sockets: a
+rank's messages are kept for its successor and a group's for every group, and
+the pool takes a run back once its trainer is gone. Reliable mode does not use
+the pool either: it re-deals a dead trainer's messages to
+the others, and a run the dead trainer had claimed is taken back as soon as its
+pid is gone, so a re-dealt reference could point at reused memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from feedmux._shm import ShmPool, activate
+from feedmux.server.config import ServerConfig
+
+__all__ = ["close_pool", "open_pool", "place_or_wait", "pooled"]
+
+log = logging.getLogger("feedmux.server")
+
+#: Seconds between two looks at the slot table while the pool is full: the first
+#: looks come quickly (a run is usually released within a sample's time), then
+#: they back off to the longest.
+STALL_POLL_FIRST = 0.0002
+STALL_POLL_LONGEST = 0.02
+#: A stall longer than this is logged (a trainer holding its views); shorter ones,
+#: ordinary back-pressure of a fast sampler, only count in ``shm_stalls``.
+STALL_WARNING = 1.0
+
+
+class StopFlag(Protocol):
+    def __bool__(self) -> bool: ...
+
+
+def open_pool(config: ServerConfig) -> ShmPool | None:
+    """The pool this server offers, or None (disabled, reliable mode, or no room)."""
+    if not config.shm or config.reliable:
+        return None
+    pool = ShmPool.create(config.shm_size)
+    if pool is not None:
+        activate(pool)
+        log.info("shared-memory pool of %d MiB at %s", config.shm_size >> 20, pool.path)
+    return pool
+
+
+def close_pool(pool: ShmPool | None) -> None:
+    if pool is not None:
+        activate(None)
+        pool.close()
+
+
+def pooled(pool: ShmPool, ready: bool, frames: Sequence[Any],
+           serve_control: Callable[[float], bool], stopping: StopFlag) -> Sequence[Any] | None:
+    """What to send a free trainer: ``frames`` with their large arrays in the pool when
+    every free trainer maps it (``ready``), else ``frames`` as they are; None if the
+    server stops while the pool is full. Telling the pool whether it is in use lets
+    the copy that makes a drawn array the server's own write it there directly."""
+    pool.wanted = ready
+    if not ready or len(frames) <= 2:
+        return frames
+    return place_or_wait(pool, frames, serve_control, stopping)
+
+
+def place_or_wait(
+    pool: ShmPool, frames: Sequence[Any], serve_control: Callable[[float], bool],
+    stopping: StopFlag,
+) -> list[Any] | None:
+    """``frames`` placed in the pool, waiting while it is full; None if the server stops."""
+    placed = pool.place(frames)
+    if placed is not None:
+        return placed
+    pool.stalls += 1
+    started = time.monotonic()
+    pause, warned = STALL_POLL_FIRST, False
+    while not stopping:
+        if pause < 0.001:
+            time.sleep(pause)
+        serve_control(0 if pause < 0.001 else pause)
+        pool.reclaim(pool.owners_due())
+        placed = pool.place(frames)
+        if placed is not None:
+            return placed
+        pause = min(pause * 2, STALL_POLL_LONGEST)
+        if not warned and time.monotonic() - started > STALL_WARNING:
+            warned = True
+            log.warning("shared-memory pool full (%d MiB in use) for %.0f s: the sampler waits "
+                        "for the trainers to drop their views",
+                        pool.stats()["shm_bytes_in_use"] >> 20, STALL_WARNING)
+    return None
