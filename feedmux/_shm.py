@@ -20,18 +20,26 @@ owner pid no longer exists (a trainer that died), or when it stayed unclaimed
 for ``orphan_timeout`` seconds (a message lost with a dead trainer's queue).
 
 Cleanup: the segment is a file named ``feedmux-<server pid>-<token>`` in
-``/dev/shm``. The server unlinks it when it closes (every exit but SIGKILL);
-after a SIGKILL the next server started on the host removes every such file
-whose pid is gone (:func:`sweep`). Trainers keep their mapping after the unlink.
+``/dev/shm`` (a file, not an anonymous memfd, so that a trainer in another
+container sharing ``/dev/shm`` can map it). The server unlinks it when it
+closes. For the exits that run no code (SIGKILL, the OOM killer) a reaper
+process is started with the pool: a shell that waits for end of file on a pipe
+only the server's processes hold, then removes the file, so the segment goes
+within moments of the server, however it ended. Should even the reaper have been
+killed, the next server started on the host removes every such file whose pid is
+gone (:func:`sweep`). Trainers keep their mapping after the unlink; the memory
+is freed when the last of them lets go.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import mmap
 import os
 import secrets
 import struct
+import subprocess
 import time
 import weakref
 from collections.abc import Sequence
@@ -41,6 +49,7 @@ import numpy as np
 
 __all__ = [
     "DEFAULT_SHM_SIZE",
+    "Placement",
     "REF_SIZE",
     "SHM_THRESHOLD",
     "ShmAttachment",
@@ -64,6 +73,8 @@ SHM_THRESHOLD = 256 * 1024
 GRANULE = 256 * 1024
 #: An unclaimed run (its message lost with a dead trainer) is taken back after this.
 ORPHAN_TIMEOUT = 60.0
+#: Seconds a new pool waits for the shell that starts its reaper.
+REAPER_EXIT = 2.0
 #: Seconds between two looks for dead trainers' runs while the pool is full.
 OWNER_CHECK = 0.25
 
@@ -137,6 +148,40 @@ class _Segment:
             self.granules, 4)
         self.data: np.ndarray = whole[self.offset : self.offset + self.granules * self.granule]
         self.base = int(self.data.ctypes.data)
+        self._bytes = memoryview(self.map)
+
+    def run_memory(self, head: int, nbytes: int) -> np.ndarray:
+        """``nbytes`` of the run at ``head``, as the array whose life is the run's use.
+
+        Made from a memoryview, not sliced from :attr:`data`: numpy points every
+        view of a view at the array that has the memory, so a finalizer on a slice
+        of ``data`` would run while views of it live on (and the run be reused
+        under them). An array over a memoryview is where that chain stops: every
+        view made from it keeps it alive, and its finalizer runs after the last.
+        """
+        start = self.offset + head * self.granule
+        memory: np.ndarray = np.frombuffer(self._bytes[start : start + nbytes], np.uint8)
+        return memory
+
+
+class Placement(list):  # type: ignore[type-arg]
+    """A message's frames with its large arrays in the pool: what :meth:`ShmPool.place`
+    returns, with the runs it copied into (``taken``) and the :func:`shared_empty`
+    runs it sends in place (``held``), for :meth:`ShmPool.cancel`."""
+
+    def __init__(self, frames: Sequence[Any]) -> None:
+        super().__init__(frames)
+        self.taken: list[int] = []
+        self.held: list[int] = []
+
+    def delivered(self) -> None:
+        """Sent as references: its runs are the trainer's to release, not ours to cancel."""
+        self.taken, self.held = [], []
+
+    def first(self) -> int:
+        """The first run the message refers to (-1: none): the trainer claims it first."""
+        runs = self.taken + self.held
+        return min(runs) if runs else -1
 
 
 class ShmPool:
@@ -152,11 +197,15 @@ class ShmPool:
         self.creator = os.getpid()
         self.busy = np.zeros(segment.granules, bool)
         self.runs: dict[int, int] = {}  # head granule -> granules, every run not FREE here
-        self.cursor = 0
         self.stalls = 0
         self.messages = 0
         self.orphan_timeout = ORPHAN_TIMEOUT
         self._owners_checked = 0.0
+        #: Per trainer (data identity): (first run, generation) of each message sent to it
+        #: as references and not yet claimed, oldest first.
+        self._transit: dict[bytes, collections.deque[tuple[int, int]]] = {}
+        #: The process that removes the segment once this server is gone (see the module).
+        self.reaper: subprocess.Popen[bytes] | None = None
         #: Whether the server sends through the pool now (every free trainer maps it):
         #: :func:`owned_copy` writes large drawn arrays here only then.
         self.wanted = False
@@ -192,7 +241,9 @@ class ShmPool:
             return None
         finally:
             os.close(fd)
-        return cls(path, segment)
+        pool = cls(path, segment)
+        pool.reaper = _start_reaper(path)
+        return pool
 
     @property
     def token(self) -> str:
@@ -200,26 +251,32 @@ class ShmPool:
 
     # -- allocation -------------------------------------------------------------------------
     def _find(self, count: int) -> int:
-        """The head of ``count`` free granules (next fit from the cursor), or -1."""
+        """The head of the lowest ``count`` free granules (first fit), or -1.
+
+        First fit, not next fit: the pool's memory is a tmpfs file, whose pages
+        cost RAM once written; reusing the lowest free runs keeps what a server
+        touches to what is in flight at its peak (and those pages warm), where
+        cycling through the pool would make all of ``--shm-size`` resident.
+        """
         busy = self.busy
         size = len(busy)
         if count > size:
             return -1
-        for start in (self.cursor, 0):
-            window = busy[start:]
-            free = np.flatnonzero(~window)
-            if len(free) >= count:
-                if count == 1:
-                    return start + int(free[0])
-                ends = np.flatnonzero(free[count - 1:] - free[: len(free) - count + 1] == count - 1)
-                if len(ends):
-                    return start + int(free[ends[0]])
-        return -1
+        free = np.flatnonzero(~busy)
+        if len(free) < count:
+            return -1
+        if count == 1:
+            return int(free[0])
+        ends = np.flatnonzero(free[count - 1:] - free[: len(free) - count + 1] == count - 1)
+        return int(free[ends[0]]) if len(ends) else -1
 
     def allocate(self, nbytes: int, state: int = SENT) -> int:
         """The head of a run of at least ``nbytes`` (state set), or -1 when full."""
         segment = self.segment
         count = max(1, -(-nbytes // segment.granule))
+        # Released runs first (a look at the table rows of the runs out): first fit then
+        # finds the lowest, so the pages in use stay those of what is in flight.
+        self.reclaim(dead_owners=False)
         head = self._find(count)
         if head < 0:
             self.reclaim(self.owners_due())
@@ -228,7 +285,6 @@ class ShmPool:
                 return -1
         self.busy[head : head + count] = True
         self.runs[head] = count
-        self.cursor = head + count if head + count < segment.granules else 0
         row = segment.table[head]
         row[_GEN] += 1
         row[_OWNER] = 0
@@ -275,17 +331,17 @@ class ShmPool:
                     freed += 1
         return freed
 
-    def place(self, frames: Sequence[Any], threshold: int = SHM_THRESHOLD) -> list[Any] | None:
+    def place(self, frames: Sequence[Any], threshold: int = SHM_THRESHOLD) -> Placement | None:
         """``frames`` with every large array frame moved into the pool and replaced by a ref.
 
         Returns None when the pool has no room for them now (nothing is placed
         then); the caller waits for releases and asks again. A frame that is
         already in the pool (:func:`shared_empty`) is referred to without a copy.
+        A placement that is not sent after all is given back with :meth:`cancel`.
         """
         segment = self.segment
-        placed: list[Any] = list(frames)
-        taken: list[int] = []
-        held: list[int] = []
+        placed = Placement(frames)
+        taken, held = placed.taken, placed.held
         for index in range(2, len(placed)):
             frame = placed[index]
             nbytes = len(frame)
@@ -303,10 +359,7 @@ class ShmPool:
             else:
                 head = self.allocate(nbytes)
                 if head < 0:
-                    for undo in taken:
-                        segment.table[undo, _STATE] = FREE
-                        self.free(undo)
-                    segment.table[held, _STATE] = HELD
+                    self.cancel(placed)
                     return None
                 taken.append(head)
                 start = head * segment.granule
@@ -315,6 +368,46 @@ class ShmPool:
                                       int(segment.table[head, _GEN]), self.creator)
         self.messages += 1
         return placed
+
+    def delivered(self, trainer: bytes, placed: Placement) -> None:
+        """``placed`` went to ``trainer`` as references: its runs are the trainer's now,
+        and the message is in transit until the trainer claims it (:meth:`in_transit`)."""
+        head = placed.first()
+        if head >= 0:
+            queue = self._transit.setdefault(trainer, collections.deque())
+            queue.append((head, int(self.segment.table[head, _GEN])))
+        placed.delivered()
+
+    def in_transit(self, trainer: bytes) -> int:
+        """Messages sent to ``trainer`` as references that it has not received yet.
+
+        A trainer claims a run (writes its pid) when it decodes the message, so
+        what is unclaimed is still in the socket queues: bounding it keeps the
+        references in flight to what ``--hwm`` bounds for messages sent whole,
+        while the views a trainer keeps are bounded by the pool alone.
+        """
+        queue = self._transit.get(trainer)
+        table = self.segment.table
+        while queue:
+            head, generation = queue[0]
+            row = table[head]
+            if row[_GEN] == generation and row[_STATE] == SENT and row[_OWNER] == 0:
+                break  # the oldest is still on its way: so are the later ones
+            queue.popleft()
+        if queue is None or queue:
+            return len(queue) if queue else 0
+        del self._transit[trainer]  # nothing on its way: a trainer that left leaves nothing
+        return 0
+
+    def cancel(self, placed: Placement) -> None:
+        """Give back what :meth:`place` took for a message that was not sent: the runs
+        it copied into are free again, the :func:`shared_empty` arrays held again."""
+        table = self.segment.table
+        for head in placed.taken:
+            table[head, _STATE] = FREE
+            self.free(head)
+        table[placed.held, _STATE] = HELD
+        placed.delivered()
 
     def empty(self, shape: Any, dtype: Any) -> np.ndarray | None:
         """An array in the pool (HELD until sent), or None when the pool has no room."""
@@ -327,11 +420,11 @@ class ShmPool:
         if head < 0:
             return None
         segment = self.segment
-        start = head * segment.granule
-        array: np.ndarray = segment.data[start : start + nbytes].view(dtype).reshape(shape)
-        generation = int(segment.table[head, _GEN])
-        # Never sent: the run comes back when the array dies.
-        weakref.finalize(array, _release, segment.table, head, generation, HELD)
+        memory = segment.run_memory(head, nbytes)
+        # Not sent (or sent over a socket): the run comes back when no view of it is left.
+        weakref.finalize(memory, _release, segment.table, head, int(segment.table[head, _GEN]),
+                         HELD)
+        array: np.ndarray = memory.view(dtype).reshape(shape)
         return array
 
     def stats(self) -> dict[str, int]:
@@ -350,6 +443,32 @@ class ShmPool:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+        if self.reaper is not None and self.reaper.stdin is not None:
+            self.reaper.stdin.close()  # its pipe closes: it removes nothing more and exits
+            self.reaper = None
+
+
+def _start_reaper(path: str) -> subprocess.Popen[bytes] | None:
+    """A shell that removes ``path`` once every holder of its pipe is gone.
+
+    The shell that is started hands the pipe to a background shell and exits at
+    once (reaped here): the reaper is nobody's child then, so a supervisor that
+    kills the server and its children (or its process group) does not take the
+    reaper with it before it did its work. None (and the next start's
+    :func:`sweep` does the job) where no shell can be started.
+    """
+    try:
+        starter = subprocess.Popen(
+            ["sh", "-c", 'exec 3<&0; (read -r _ <&3; rm -f -- "$1") & exit 0',
+             "feedmux-shm-reaper", path],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            close_fds=True, start_new_session=True)
+        starter.wait(REAPER_EXIT)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        log.info("no reaper for the shared-memory pool (%s): a killed server's segment "
+                 "stays until the next server starts on this host", error)
+        return None
+    return starter
 
 
 def _release(table: np.ndarray, head: int, generation: int, state: int) -> None:
@@ -368,7 +487,6 @@ class ShmAttachment:
             self.segment = _Segment(fd, os.fstat(fd).st_size)
         finally:
             os.close(fd)
-        self.view = memoryview(self.segment.map)
         self.pid = os.getpid()
 
     @property
@@ -387,10 +505,7 @@ class ShmAttachment:
         row[_OWNER] = self.pid
         if row[_GEN] != generation or row[_STATE] != SENT:
             raise ValueError(f"shared-memory run {head} was taken back before it was received")
-        start = segment.offset + head * segment.granule
-        # An ndarray, not a memoryview: numpy keeps the array it is given alive in every
-        # view made from it, but re-exports a memoryview's memory without keeping it.
-        memory: np.ndarray = np.frombuffer(self.view[start : start + size], np.uint8)
+        memory = segment.run_memory(head, size)
         weakref.finalize(memory, _release, segment.table, head, generation, SENT)
         return memory
 

@@ -138,3 +138,77 @@ def test_close_unlinks_and_a_missing_directory_falls_back(pool: ShmPool, tmp_pat
     pool.close()
     assert not os.path.exists(pool.path)
     assert ShmPool.create(4 * MIB, directory=str(tmp_path / "missing")) is None
+
+
+def test_released_runs_are_reused_lowest_first_so_few_pages_are_touched(pool: ShmPool) -> None:
+    # Three times the pool's size goes through it, one message in flight at a time: every
+    # message lands on the same lowest run, so only its pages were ever written (a next-fit
+    # allocator cycled through the whole pool, making all of it resident).
+    views = ShmViews()
+    views.attach(pool.path)
+    heads = set()
+    for value in range(12):  # 12 x 1 MiB through a 4 MiB pool
+        frames = send(pool, float(value))
+        assert frames is not None
+        heads.add(int.from_bytes(bytes(frames[2][16:24]), "little"))
+        array = receive(views, frames)
+        assert (array == value).all()
+        del array
+        assert pool.stats()["shm_bytes_in_use"] <= MIB
+    assert heads == {0}
+
+
+def test_a_placement_that_is_not_sent_is_given_back(pool: ShmPool) -> None:
+    activate(pool)
+    try:
+        held = shared_empty(MIB // 4, np.float32)
+    finally:
+        activate(None)
+    held[:] = 5
+    message = Data(np.array([[1, 0]]), [{"x": held, "y": np.full(MIB // 4, 6, np.float32)}])
+    placed = pool.place(encode(message))
+    assert placed is not None and pool.stats()["shm_bytes_in_use"] == 2 * MIB
+    pool.cancel(placed)  # went to a trainer on another host, as it was
+    # The copied run is free again; the shared_empty array is still its owner's.
+    pool.reclaim()
+    assert pool.stats()["shm_bytes_in_use"] == MIB
+    del held, message
+    pool.reclaim()
+    assert pool.stats()["shm_bytes_in_use"] == 0
+
+
+def test_references_in_transit_count_until_the_trainer_receives_them(pool: ShmPool) -> None:
+    views = ShmViews()
+    views.attach(pool.path)
+    sent = []
+    for value in range(3):
+        placed = pool.place(encode(Data(np.array([[1, value]]),
+                                        [{"x": np.full(MIB // 4, value, np.float32)}])))
+        assert placed is not None
+        pool.delivered(b"trainer", placed)
+        sent.append(placed)
+    assert pool.in_transit(b"trainer") == 3 and pool.in_transit(b"other") == 0
+    kept = receive(views, sent[0])  # decoded: claimed, in the trainer's hands now
+    assert pool.in_transit(b"trainer") == 2
+    receive(views, sent[1])  # decoded and dropped at once: released
+    assert pool.in_transit(b"trainer") == 1
+    assert (kept == 0).all()
+
+
+def test_a_view_of_a_shared_empty_array_keeps_its_run(pool: ShmPool) -> None:
+    # numpy points a view of a view at the array that has the memory: had the finalizer
+    # been on a slice of the pool, dropping the array while a view of it (an encoded
+    # frame queued in ZeroMQ) lives would free the run under that view.
+    activate(pool)
+    try:
+        array = shared_empty((2, MIB // 8), np.float32)
+    finally:
+        activate(None)
+    array[:] = 7
+    frame = array.reshape(-1).view(np.uint8)
+    del array
+    pool.reclaim()
+    assert pool.stats()["shm_bytes_in_use"] == MIB  # still the frame's
+    del frame
+    pool.reclaim()
+    assert pool.stats()["shm_bytes_in_use"] == 0

@@ -59,7 +59,7 @@ __all__ = [
     "DRAIN_INTERVAL",
     "FINAL_GRACE",
     "NO_SENDS",
-    "shm_ready",
+    "shm_trainers",
     "TRAINER_TIMEOUT",
     "ControlCore",
     "Phase",
@@ -507,10 +507,10 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
     return [(identity, core.welcome(trainer.group)) for identity, trainer in core.trainers.items()]
 
 
-def shm_ready(core: ControlCore) -> bool:
-    """Whether every free trainer mapped the pool (a free message may go to any)."""
-    return core.shm is not None and bool(core.trainers) and all(
-        trainer.shm for trainer in list(core.trainers.values()) if trainer.rank < 0)
+def shm_trainers(core: ControlCore) -> set[bytes]:
+    """The data-socket identities of the free trainers that mapped the pool."""
+    return {trainer.client_id.encode() for trainer in list(core.trainers.values())
+            if trainer.shm and trainer.rank < 0}
 
 
 def _shm_offer(core: ControlCore, identity: bytes) -> list[Send]:

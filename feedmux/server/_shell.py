@@ -21,6 +21,7 @@ import zmq
 
 from feedmux._handshake import HandshakeLogger
 from feedmux._security import ServerCurve
+from feedmux._shm import Placement
 from feedmux._transport import (
     CONTROL_INBOUND_FRAME_BYTES,
     CONTROL_RCVHWM,
@@ -33,7 +34,7 @@ from feedmux._transport import (
 )
 from feedmux.errors import ProtocolError
 from feedmux.protocol import CONTROL_LIMITS, Ack, Error, decode, read_tags
-from feedmux.server._core import ControlCore, Phase, Sends, Stat, shm_ready
+from feedmux.server._core import ControlCore, Phase, Sends, Stat, shm_trainers
 from feedmux.server._fanout import GroupFanout
 from feedmux.server._meter import SamplerMeter, sampler_stats
 from feedmux.server._metrics import MetricsEndpoint
@@ -86,6 +87,9 @@ class Endpoints:
         if self.pool is not None:
             self.core.shm = (self.pool.path, self.pool.token)
             self.probes.append(lambda: dict(self.pool.stats()) if self.pool else {})
+        #: References to the pool on their way to one trainer (not yet received) at most:
+        #: what its socket queues would hold of messages sent whole (--hwm, both ends).
+        self.transit_cap = 2 * config.hwm
         #: Ranked delivery: each rank's messages to its holder, a successor's hand-over first.
         self.ranked = RankSender(self.data, self.core.retention, self._replayed)
         #: Consumer groups: every buffered message goes to each group (None: no groups).
@@ -154,13 +158,19 @@ class Endpoints:
         else:
             nbytes = sum(len(frame) for frame in frames)
             if self.reliable is not None:
-                sent = self.reliable.send(list(frames), n_samples, epoch, self._wait_for_credit)
+                sent = self.reliable.send(list(frames), n_samples, epoch,
+                                         lambda: _wait_for_credit(self))
             else:
-                through: Frames | None = frames
-                if rank < 0 and self.pool is not None:
-                    through = pooled(self.pool, shm_ready(core), frames, self.serve_control,
-                                     self.stopping)
-                sent = through is not None and self._push(through, rank)
+                placed = None
+                if rank < 0 and self.pool is not None:  # trainers on this host: the pool
+                    trainers = shm_trainers(core)
+                    placed = pooled(self.pool, trainers, frames, self.serve_control,
+                                    self.stopping)
+                try:
+                    sent = self._push(frames, rank, None if placed is None else (trainers, placed))
+                finally:
+                    if placed is not None and self.pool is not None:
+                        self.pool.cancel(placed)  # unless delivered: went by socket, or nowhere
             if not sent:
                 return False
             self.bytes_sent += nbytes
@@ -170,27 +180,21 @@ class Endpoints:
         core.tick(time.monotonic())  # sampling: at most a throughput log line, never a send
         return not (self.stopping or core.restarting)
 
-    def _push(self, frames: Frames, rank: int) -> bool:
-        core, data = self.core, self.data
+    def _push(self, frames: Frames, rank: int,
+              placed: tuple[set[bytes], Placement] | None = None) -> bool:
+        """Send to ``rank`` or a free trainer (those in ``placed[0]`` get the message as
+        placed in the shared-memory pool, the others as it is)."""
+        core = self.core
         message = [b"", *frames]
-        waited = False
+        in_pool = None if placed is None else [b"", *placed[1]]
+        waited = capped = False
         blocked_since = 0.0
         while not core.restarting:  # a message of the previous run goes to nobody
             if rank >= 0:
                 target = core.rank_target(rank)
                 sent = target is not None and self.ranked.send(rank, target, frames)
             else:
-                sent = False
-                for identity in core.free_targets():
-                    message[0] = identity
-                    try:
-                        data.send_multipart(message, flags=zmq.NOBLOCK, copy=False)
-                    except zmq.ZMQError:
-                        # Again: its queue is full (HWM); EHOSTUNREACH: its data connection
-                        # is not up yet, or gone (the control heartbeats decide that). Next.
-                        continue
-                    sent = True
-                    break
+                sent, capped = _send_free(self, message, in_pool, placed)
             if sent:
                 if blocked_since:
                     self.blocked_seconds += time.perf_counter() - blocked_since
@@ -198,13 +202,14 @@ class Endpoints:
             # Nobody took it: wait (blocked time: no trainer, or this rank's, could take it),
             # but keep answering the control socket and noticing a stop request. A ROUTER is
             # writable when any trainer's queue has room, which may not be this rank's: after
-            # the first try, wait on control alone, briefly.
+            # the first try, wait on control alone, briefly; so too when a trainer on this host
+            # had room in its queue but too many pool references in transit.
             if not blocked_since:
                 blocked_since = time.perf_counter()
             if self.stopping:
                 self.blocked_seconds += time.perf_counter() - blocked_since
                 return False
-            if rank < 0 or not waited:
+            if (rank < 0 and not capped) or not waited:
                 self.serve_control(timeout=0.1, also_writable=True)
             else:
                 self.serve_control(timeout=0.001)
@@ -215,14 +220,6 @@ class Endpoints:
         self.bytes_sent += sum(len(frame) for frame in frames)
         tags = read_tags(frames)
         self.core.data_sent(len(tags), int(tags[0, 0]))
-
-    def _wait_for_credit(self) -> bool:
-        """Reliable mode's send path waits for credit: that time counts as blocked."""
-        started = time.perf_counter()
-        try:
-            return self._wait_reliable()
-        finally:
-            self.blocked_seconds += time.perf_counter() - started
 
     def _wait_reliable(self) -> bool:
         """Wait up to 0.1 s for credit, acknowledgements or control; False when stopping."""
@@ -359,6 +356,42 @@ class Endpoints:
             self.handshakes.stop()
         if self.authenticator is not None:
             self.authenticator.stop()
+
+
+def _send_free(endpoints: Endpoints, message: list[Any], in_pool: list[Any] | None,
+               placed: tuple[set[bytes], Placement] | None) -> tuple[bool, bool]:
+    """Offer a message to each free trainer in turn: as placed in the pool to those
+    that map it (unless ``transit_cap`` of its references are still on their way to
+    it), as it is to the others. Returns (sent, a trainer was skipped for the cap)."""
+    pool, capped = endpoints.pool, False
+    for identity in endpoints.core.free_targets():
+        parts = message
+        if placed is not None and in_pool is not None and identity in placed[0]:
+            assert pool is not None
+            if pool.in_transit(identity) >= endpoints.transit_cap:
+                capped = True
+                continue
+            parts = in_pool
+        parts[0] = identity
+        try:
+            endpoints.data.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError:
+            # Again: its queue is full (HWM); EHOSTUNREACH: its data connection is not up
+            # yet, or gone (the control heartbeats decide that). Next.
+            continue
+        if parts is in_pool and placed is not None and pool is not None:
+            pool.delivered(identity, placed[1])  # its runs are the trainer's to release
+        return True, capped
+    return False, capped
+
+
+def _wait_for_credit(endpoints: Endpoints) -> bool:
+    """Reliable mode's send path waits for credit: that time counts as blocked."""
+    started = time.perf_counter()
+    try:
+        return endpoints._wait_reliable()
+    finally:
+        endpoints.blocked_seconds += time.perf_counter() - started
 
 
 def _finish_reliable(endpoints: Endpoints, deadline: float) -> None:

@@ -1,9 +1,10 @@
 """The server's use of the shared-memory pool: when to open it, how a full pool waits.
 
 This module owns the server-side policy around :class:`feedmux._shm.ShmPool`:
-a pool only for plain delivery to free trainers with ``shm`` on, used while
-every free trainer proved it maps the pool (a free message may go to any of
-them; a trainer on another host turns the pool off for all until it leaves), the fall-back to
+a pool only for plain delivery to free trainers with ``shm`` on, a message
+placed in it only when a free trainer proved it maps the pool (and sent as
+references only to such a trainer: the data ROUTER picks each message's
+trainer, so trainers on other hosts get the same message over the socket), the fall-back to
 sockets where ``/dev/shm`` cannot hold it, and the back-pressure of a full pool
 (the sampler waits, serving control; every stall counts in the ``shm_stalls``
 statistic, and one that lasts is logged). It never overwrites a run in use and never
@@ -24,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from feedmux._shm import ShmPool, activate
+from feedmux._shm import Placement, ShmPool, activate
 from feedmux.server.config import ServerConfig
 
 __all__ = ["close_pool", "open_pool", "place_or_wait", "pooled"]
@@ -62,22 +63,26 @@ def close_pool(pool: ShmPool | None) -> None:
         pool.close()
 
 
-def pooled(pool: ShmPool, ready: bool, frames: Sequence[Any],
-           serve_control: Callable[[float], bool], stopping: StopFlag) -> Sequence[Any] | None:
-    """What to send a free trainer: ``frames`` with their large arrays in the pool when
-    every free trainer maps it (``ready``), else ``frames`` as they are; None if the
-    server stops while the pool is full. Telling the pool whether it is in use lets
-    the copy that makes a drawn array the server's own write it there directly."""
-    pool.wanted = ready
-    if not ready or len(frames) <= 2:
-        return frames
+def pooled(pool: ShmPool, trainers: set[bytes], frames: Sequence[Any],
+           serve_control: Callable[[float], bool], stopping: StopFlag) -> Placement | None:
+    """``frames`` placed in the pool for the free ``trainers`` that map it (waiting while
+    it is full), or None: no such trainer, nothing large, or the server stops.
+
+    The message may still go to a trainer that does not map the pool (whichever
+    free trainer has room takes it): the sender gives the placement back then
+    (:meth:`ShmPool.cancel`). Telling the pool whether it is in use lets the copy
+    that makes a drawn array the server's own write it there directly.
+    """
+    pool.wanted = bool(trainers)
+    if not trainers or len(frames) <= 2:
+        return None
     return place_or_wait(pool, frames, serve_control, stopping)
 
 
 def place_or_wait(
     pool: ShmPool, frames: Sequence[Any], serve_control: Callable[[float], bool],
     stopping: StopFlag,
-) -> list[Any] | None:
+) -> Placement | None:
     """``frames`` placed in the pool, waiting while it is full; None if the server stops."""
     placed = pool.place(frames)
     if placed is not None:

@@ -116,8 +116,12 @@ def _rss_bytes(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def test_stalled_trainer_bounds_server_memory(serve: Any) -> None:
-    server = serve(f"{SAMPLER}:big", "--arg", "megabytes=4", "--hwm", "2")
+@pytest.mark.parametrize("pool", [(), ("--no-shm",)], ids=["shm-pool", "sockets"])
+def test_stalled_trainer_bounds_server_memory(serve: Any, pool: tuple[str, ...]) -> None:
+    # With the same-host pool, the messages in flight are references, which the socket
+    # queues would hold by the thousand: the server caps the unreceived ones per trainer
+    # (2 x hwm), so the same bounds hold as for messages sent whole.
+    server = serve(f"{SAMPLER}:big", "--arg", "megabytes=4", "--hwm", "2", *pool)
     rss_idle = _rss_bytes(server.pid)
     loader = RemoteLoader(server.data, control=server.control, timeout=20, hwm=1)
     with loader:

@@ -68,21 +68,31 @@ def test_views_held_beyond_the_pool_stall_the_server_without_corruption() -> Non
         server.stop()
 
 
-def test_the_pool_of_a_killed_server_is_removed_by_the_next_start() -> None:
+def test_the_pool_of_a_sigkilled_server_is_removed_without_another_start() -> None:
     server = Server("tests.integration.samplers:large", bind="tcp://127.0.0.1:0").start()
     try:
         wait_until(lambda: len(segments_of(server.pid)) == 1, 10, "the pool")
         assert server.pid is not None
         os.kill(server.pid, signal.SIGKILL)
         server.join(10)
-        assert len(segments_of(server.pid)) == 1  # SIGKILL: nobody unlinked it
+        # Nothing of the server ran after the signal: its reaper removes the segment.
+        wait_until(lambda: segments_of(server.pid) == [], 10, "the killed server's pool removed")
     finally:
         server.stop()
+
+
+def test_a_segment_left_behind_is_removed_by_the_next_start() -> None:
+    # A segment whose reaper was killed too: named for a process that is gone.
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(10)
+    leftover = Path(SHM_DIR) / f"feedmux-{gone.pid}-000000000000"
+    leftover.write_bytes(b"")
     successor = Server("tests.integration.samplers:large", bind="tcp://127.0.0.1:0").start()
     try:
-        assert segments_of(server.pid) == []
+        wait_until(lambda: not leftover.exists(), 10, "the left-over segment removed")
     finally:
         successor.stop()
+        leftover.unlink(missing_ok=True)
     assert segments_of(successor.pid) == []
 
 
