@@ -427,6 +427,16 @@ class ShmPool:
         array: np.ndarray = memory.view(dtype).reshape(shape)
         return array
 
+    def lent(self, array: np.ndarray) -> bool:
+        """Whether ``array`` is a whole run :meth:`empty` lent out (and not sent yet)."""
+        offset = int(array.ctypes.data) - self.segment.base if array.size else -1
+        granule = self.segment.granule
+        head = offset // granule
+        return (0 <= offset < len(self.segment.data) and offset % granule == 0
+                and array.flags.c_contiguous and head in self.runs
+                and array.nbytes <= self.runs[head] * granule
+                and int(self.segment.table[head, _STATE]) == HELD)
+
     def stats(self) -> dict[str, int]:
         return {
             "shm_messages": self.messages,
@@ -586,13 +596,22 @@ def shared_empty(shape: int | Sequence[int], dtype: Any = float) -> np.ndarray:
 def owned_copy(array: np.ndarray) -> np.ndarray:
     """A copy of ``array`` that the server owns: in the pool while the server sends
     through it, so the copy that protects a sample from its streamer is the only
-    one (the send refers to it in place), else a plain ``array.copy()``."""
+    one (the send refers to it in place), else a plain ``array.copy()``.
+
+    An array from :func:`shared_empty` is the server's already (the streamer
+    promised not to write to it once yielded): it is returned as it is, so a
+    sample built in place is never copied at all.
+    """
     pool = _active
-    if (pool is not None and pool.wanted and array.nbytes >= SHM_THRESHOLD
-            and os.getpid() == pool.creator):
+    if pool is None or os.getpid() != pool.creator or array.nbytes < SHM_THRESHOLD:
+        copied: np.ndarray = array.copy()
+        return copied
+    if pool.lent(array):
+        return array
+    if pool.wanted:
         copy = pool.empty(array.shape, array.dtype)
         if copy is not None:
             np.copyto(copy, array)
             return copy
-    copied: np.ndarray = array.copy()
+    copied = array.copy()
     return copied

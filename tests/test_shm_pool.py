@@ -212,3 +212,20 @@ def test_a_view_of_a_shared_empty_array_keeps_its_run(pool: ShmPool) -> None:
     del frame
     pool.reclaim()
     assert pool.stats()["shm_bytes_in_use"] == 0
+
+
+def test_the_servers_own_copy_goes_to_the_pool_and_spares_shared_empty(pool: ShmPool) -> None:
+    from feedmux.server._owning import own
+
+    activate(pool)
+    try:
+        pool.wanted = False  # no trainer on this host: a plain copy
+        drawn = np.full(MIB // 4, 2, np.float32)
+        assert not pool.lent(own(drawn))
+        pool.wanted = True  # sent through the pool: the protective copy is made there
+        copied = own(drawn)
+        assert copied is not drawn and pool.lent(copied) and (copied == 2).all()
+        built = shared_empty(MIB // 4, np.float32)
+        assert own({"x": built})["x"] is built  # the server's already: never copied
+    finally:
+        activate(None)
