@@ -149,6 +149,9 @@ class _Segment:
         self.data: np.ndarray = whole[self.offset : self.offset + self.granules * self.granule]
         self.base = int(self.data.ctypes.data)
         self._bytes = memoryview(self.map)
+        #: The slot table again, as plain int64 items (four per granule): a trainer reads
+        #: and writes a row per message through it, cheaper than numpy's scalars.
+        self.slots = self._bytes[4096 : 4096 + self.granules * 32].cast("q")
 
     def run_memory(self, head: int, nbytes: int) -> np.ndarray:
         """``nbytes`` of the run at ``head``, as the array whose life is the run's use.
@@ -488,6 +491,12 @@ def _release(table: np.ndarray, head: int, generation: int, state: int) -> None:
         row[_STATE] = FREE
 
 
+def _release_slot(slots: memoryview, row: int, generation: int, state: int) -> None:
+    """:func:`_release` through the table's int64 items (the trainer's finalizer)."""
+    if slots[row + _GEN] == generation and slots[row + _STATE] == state:
+        slots[row + _STATE] = FREE
+
+
 class ShmAttachment:
     """The trainer's side of one server's segment: refs in, views out, releases on death."""
 
@@ -511,12 +520,12 @@ class ShmAttachment:
                 count * segment.granule < size or head + count > segment.granules):
             raise ValueError(f"shared-memory reference to {size} bytes at granule {head} does "
                              f"not fit an array of {nbytes} bytes in this pool")
-        row = segment.table[head]
-        row[_OWNER] = self.pid
-        if row[_GEN] != generation or row[_STATE] != SENT:
+        slots, row = segment.slots, head * 4
+        slots[row + _OWNER] = self.pid
+        if slots[row + _GEN] != generation or slots[row + _STATE] != SENT:
             raise ValueError(f"shared-memory run {head} was taken back before it was received")
         memory = segment.run_memory(head, size)
-        weakref.finalize(memory, _release, segment.table, head, generation, SENT)
+        weakref.finalize(memory, _release_slot, slots, row, generation, SENT)
         return memory
 
 
@@ -551,9 +560,9 @@ class ShmViews:
         return self.attachments.get(segment_id)
 
     def __call__(self, frame: Any, nbytes: int) -> Any:
-        if not is_ref(frame):
+        if len(frame) != REF_SIZE or frame[:8] != _MAGIC:
             return frame
-        segment_id = int.from_bytes(bytes(frame[8:16]), "little")
+        segment_id = int.from_bytes(frame[8:16], "little")
         attachment = self.attachments.get(segment_id)
         if attachment is None:
             attachment = self._attach_named(segment_id, _REF.unpack(frame)[-1])

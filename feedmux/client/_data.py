@@ -118,8 +118,13 @@ class DataSockets:
         count = len(self.sockets)
         for offset in range(count):
             index = (self.turn + offset) % count
+            socket = self.sockets[index]
+            # Ask first: a failed receive raises, and building that exception costs more
+            # than the question (the common case when the trainer waits for the server).
+            if not readable(socket):
+                continue
             try:
-                frames = self.sockets[index].recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                frames = socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 continue
             if count > 1:
