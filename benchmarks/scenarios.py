@@ -80,8 +80,11 @@ def image_batches(seed: int = 0, empty: Any = None) -> Iterator[dict[str, Any]]:
     pool = rng.integers(0, 256, size=(16, *image_shape), dtype=np.uint8)
     while True:
         picks = rng.integers(0, len(pool), size=batch_size)
-        out = None if empty is None else empty(IMAGE_BATCH_SHAPE, np.uint8)
-        yield {"X": np.take(pool, picks, axis=0, out=out)}
+        if empty is None:
+            yield {"X": np.take(pool, picks, axis=0)}
+        else:  # mode="clip": with out= and the default mode, numpy takes into a buffer first
+            yield {"X": np.take(pool, picks, axis=0, out=empty(IMAGE_BATCH_SHAPE, np.uint8),
+                                mode="clip")}
 
 
 def cpu_samples(seed: int = 0) -> Iterator[dict[str, Any]]:
