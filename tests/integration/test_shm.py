@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,14 @@ MIB = 1 << 20
 
 def segments_of(pid: int | None) -> list[Path]:
     return sorted(Path(SHM_DIR).glob(f"feedmux-{pid}-*"))
+
+
+def in_pool(array: np.ndarray) -> bool:
+    """Whether ``array`` is a view of a shared-memory segment (not of a received frame)."""
+    base = array
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
 
 
 def consume(server: Server, *, shm: bool, hold: int = 0) -> tuple[list[int], list[np.ndarray]]:
@@ -144,4 +154,35 @@ def test_a_sigkilled_trainers_slots_come_back() -> None:
             trainer.wait(10)
         if trainer.stdout is not None:
             trainer.stdout.close()
+        server.stop()
+
+
+def test_a_trainer_that_cannot_map_the_pool_gets_the_same_messages_by_socket() -> None:
+    # A trainer on another host (here: shm=False) beside one on this host: each message
+    # goes to one of them, as references or whole; together they get every sample once.
+    server = Server("tests.integration.samplers:large", bind="tcp://127.0.0.1:0", epochs=1,
+                    samples_per_message=1, shm_size=64 * MIB, min_trainers=2,
+                    factory_kwargs={"count": 200}).start()
+    got: dict[bool, list[int]] = {}
+    kept: dict[bool, list[np.ndarray]] = {}
+    errors: list[BaseException] = []
+
+    def train(shm: bool) -> None:
+        try:
+            got[shm], kept[shm] = consume(server, shm=shm, hold=1)
+        except BaseException as error:  # reported below, with the other trainer's
+            errors.append(error)
+
+    try:
+        threads = [threading.Thread(target=train, args=(shm,)) for shm in (True, False)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not errors and not any(thread.is_alive() for thread in threads)
+        assert sorted(got[True] + got[False]) == list(range(200))
+        assert got[True] and got[False]  # each was dealt some
+        assert in_pool(kept[True][0]) and not in_pool(kept[False][0])
+        assert server.join(30) == 0
+    finally:
         server.stop()
