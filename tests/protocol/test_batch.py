@@ -113,6 +113,29 @@ def test_nested_structure_is_stacked() -> None:
     assert stacked["empty"] == {}
 
 
+def test_unstacked_builds_what_indexing_builds_in_fresh_containers() -> None:
+    samples = [
+        {
+            "image": np.full((2, 3), index, dtype=">f4"),
+            "zero_d": np.array(index, dtype=np.int32),
+            "meta": {"label": index, "box": (np.float32(index), [index, "t"]), "empty": ()},
+            "wide": {f"k{key}": key * index for key in range(40)},  # past the compiled dicts
+        }
+        for index in range(5)
+    ]
+    batch = decode_samples(samples)
+    assert isinstance(batch, SampleBatch)
+    built = batch.unstacked()
+    assert len(built) == 5
+    for index, sample in enumerate(built):
+        assert_same(samples[index], sample)
+        assert_same(batch[index], sample)
+    assert np.shares_memory(built[2]["image"], batch.stacked()["image"])
+    built[0]["meta"]["box"][1].append("changed")
+    assert batch.unstacked()[0]["meta"]["box"][1] == [0, "t"]
+    assert decode_samples(list(range(4))).unstacked() == [0, 1, 2, 3]
+
+
 @pytest.mark.parametrize(
     "second",
     [
