@@ -179,6 +179,11 @@ class _FlatRows:
         for position, column, scalar_type, dtype in self.columns:
             if scalar_type is None:
                 leaves[position] = StackedLeaf(StackedLeaf.COLUMN, column.copy())
+            elif dtype.kind in _TYPE_FIXES_DTYPE:
+                # Each scalar's buffer is its value in ``dtype`` (checked by type): joining
+                # the bytes costs less than half of what np.array spends per scalar.
+                joined = np.frombuffer(b"".join(column), dtype)
+                leaves[position] = StackedLeaf(StackedLeaf.SCALAR, joined)
             else:
                 leaves[position] = StackedLeaf(StackedLeaf.SCALAR, np.array(column, dtype=dtype))
             column.clear()

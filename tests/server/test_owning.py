@@ -143,3 +143,15 @@ def test_a_scalar_of_another_dtype_is_not_stacked_with_the_others(values: list[A
     samples = drawn.samples(items)
     assert isinstance(samples, list)
     assert [(type(s["s"]), s["s"].dtype) for s in samples] == [(type(v), v.dtype) for v in values]
+
+
+@pytest.mark.parametrize("scalar_type", [np.bool_, np.uint8, np.int64, np.float16, np.longdouble,
+                                         np.complex64])
+def test_numpy_scalars_stacked_as_drawn_arrive_with_their_type_and_value(scalar_type: Any) -> None:
+    def labelled() -> Iterator[dict[str, Any]]:
+        for index in range(9):
+            yield {"x": np.full(2, index, np.float32), "label": scalar_type(index % 2)}
+
+    samples = produced(labelled, per_message=3)
+    assert [type(sample["label"]) for sample in samples] == [scalar_type] * 9
+    assert [sample["label"] for sample in samples] == [scalar_type(i % 2) for i in range(9)]
