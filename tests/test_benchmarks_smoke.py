@@ -58,3 +58,13 @@ def test_the_resume_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     table = capsys.readouterr().out
     assert "| fast-forward (resume_at + first chunk) |" in table
     assert "| first sample of 2 ranks, resumed |" in table
+
+
+@pytest.mark.timeout(60)
+def test_the_small_sample_steps_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import bench_small
+
+    bench_small.main(["--quick"])
+    table = capsys.readouterr().out
+    for step in ("generator", "produce, zero-copy", "decode", "unstacked", "indexed"):
+        assert f"| {step} |" in table

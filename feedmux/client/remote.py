@@ -55,6 +55,7 @@ from feedmux.protocol import (
     Credit,
     Data,
     Error,
+    SampleBatch,
     StatsRequest,
     decode,
 )
@@ -460,6 +461,10 @@ class RemoteLoader:
         actions = self._links.data(server_id, int(tags[0, 0]) if count else 0, now=now)
         if actions:
             self._act(actions)
+        if type(samples) is SampleBatch:
+            # Every sample built at once (C-level splits of the stacked leaves): handing them
+            # out is then a list lookup, not a chain of Python calls per sample and leaf.
+            samples = samples.unstacked()
         if self._seen is not None and (rows := self._seen.fresh(server_id, tags)) is not None:
             # Dealt to this trainer twice (a re-send crossed its acknowledgement): once only.
             log.warning("dropping %d sample(s) of server %s already handed out",

@@ -24,7 +24,7 @@ Examples
 ([0, 1], (2, 2))
 """
 
-from feedmux.protocol._batch import SampleBatch, StackedLeaf, take_samples
+from feedmux.protocol._batch import SampleBatch, StackedLeaf, stack_scalars, take_samples
 from feedmux.protocol._decode import CONTROL_LIMITS, DEFAULT_LIMITS, Limits, Resolver, decode
 from feedmux.protocol._encode import INLINE_THRESHOLD, encode
 from feedmux.protocol._envelope import ENVELOPE_BYTES, pack_envelope, unpack_envelope
@@ -87,6 +87,7 @@ __all__ = [
     "pack_envelope",
     "read_tags",
     "replace_tags",
+    "stack_scalars",
     "take_samples",
     "unpack_envelope",
 ]

@@ -27,6 +27,7 @@ __all__ = [
     "StackedLeaf",
     "compile_template",
     "stack_samples",
+    "stack_scalars",
     "take_samples",
 ]
 
@@ -101,11 +102,37 @@ def stack_samples(samples: Sequence[Any]) -> Any:
         if leaf.kind == ARRAY:
             leaf.values = _stack_arrays(leaf.values, *spec)
         elif leaf.kind == SCALAR:
-            leaf.values = np.array(leaf.values, dtype=spec)
+            leaf.values = stack_scalars(leaf.values, spec)
     return template
 
 
-def _stack_arrays(values: list[np.ndarray], dtype: np.dtype[Any], shape: tuple[int, ...]) -> Any:
+def stack_scalars(values: list[Any], dtype: np.dtype[Any]) -> Any:
+    """The numpy scalars ``values``, each of dtype ``dtype``, as one 1-d array.
+
+    A numpy bool, integer, float or complex scalar's buffer is its value in its
+    dtype: those are joined from their bytes (less than half of what np.array
+    spends per scalar); datetimes, strings and voids go through np.array.
+
+    Examples
+    --------
+    >>> stack_scalars([np.int64(4), np.int64(5)], np.dtype(np.int64)).tolist()
+    [4, 5]
+    """
+    if dtype.kind in "biufc":
+        return np.frombuffer(b"".join(values), dtype)
+    return np.array(values, dtype=dtype)
+
+
+def _stack_arrays(values: list[Any], dtype: np.dtype[Any], shape: tuple[int, ...]) -> Any:
+    if not dtype.hasobject and dtype.itemsize:  # (an object array's buffer holds pointers)
+        try:
+            # C-contiguous arrays (the usual case) are joined from their buffers: a third
+            # of what np.array takes per small array. A non-contiguous one refuses.
+            joined = b"".join(values)
+        except TypeError:
+            pass
+        else:
+            return np.frombuffer(joined, dtype).reshape((len(values), *shape))
     # np.array is several times faster than np.stack on many small arrays.
     array = np.array(values, dtype=dtype)
     if array.dtype != dtype or array.shape != (len(values), *shape):
@@ -288,6 +315,67 @@ def compile_template(template: Any, count: int, depth: int = 0) -> Callable[[int
     raise ProtocolError(f"batch template holds a bare {kind.__name__} where a leaf was expected")
 
 
+def _unstack(template: Any, count: int) -> list[Any]:
+    """Every sample of a checked batch template, built a leaf and a container at a time.
+
+    The same samples as ``compile_template(template, count)(i)`` for each ``i``,
+    but each numpy leaf is split by one C-level iteration (a row view per sample,
+    a numpy scalar per sample) and each container level is assembled by one
+    comprehension over all samples, instead of a chain of Python calls per
+    sample and leaf (0.26 against 0.8 µs per ``{'X': float32[16], 'y': int64}``
+    sample).
+    """
+    kind = type(template)
+    if kind is StackedLeaf:
+        values = template.values
+        if template.kind == COLUMN:
+            return list(values)
+        if template.kind == ARRAY and values.ndim == 1:
+            return [values[index, ...] for index in range(count)]  # 0-d arrays stay arrays
+        return list(values)
+    children = [_unstack(value, count) for value in
+                (template.values() if kind is dict else template)]
+    if not children:  # an empty container: zip would yield no row at all
+        return [kind() for _ in range(count)]
+    if kind is tuple:
+        return list(zip(*children, strict=True))
+    if kind is list:
+        return [list(row) for row in zip(*children, strict=True)]
+    keys = tuple(template)
+    if len(keys) > MAX_COMPILED_KEYS:
+        return [dict(zip(keys, row, strict=True)) for row in zip(*children, strict=True)]
+    return _dict_builder(len(keys))(keys, *children)
+
+
+#: Dicts of at most this many keys are assembled by a compiled comprehension.
+MAX_COMPILED_KEYS = 32
+_DICT_BUILDERS: dict[int, Callable[..., list[dict[Any, Any]]]] = {}
+
+
+def _dict_builder(size: int) -> Callable[..., list[dict[Any, Any]]]:
+    """``build(keys, *columns)``: one dict per row of the columns, the keys in order.
+
+    A dict display in a comprehension is about twice as fast as ``dict(zip(keys,
+    row))`` per sample. The source holds only positions: the keys and values are
+    arguments, so nothing read from the wire reaches it.
+    """
+    build = _DICT_BUILDERS.get(size)
+    if build is None:
+        names = [f"c{position}" for position in range(size)]
+        items = ", ".join(f"k{position}: v{position}" for position in range(size))
+        rows = ", ".join(f"v{position}" for position in range(size))
+        keys = "".join(f"k{position}, " for position in range(size))
+        source = (
+            f"def build(keys, {', '.join(names)}):\n"
+            f"    ({keys}) = keys\n"
+            f"    return [{{{items}}} for ({rows},) in zip({', '.join(names)})]\n"
+        )
+        namespace: dict[str, Any] = {}
+        exec(compile(source, "<feedmux unstacked dicts>", "exec"), namespace)
+        build = _DICT_BUILDERS[size] = namespace["build"]
+    return build
+
+
 def _map_leaves(template: Any, change: Callable[[Any], Any]) -> Any:
     """``template`` with each leaf's values replaced by ``change(values)``."""
     kind = type(template)
@@ -429,9 +517,21 @@ class SampleBatch(Sequence[Any]):
         return self._build(index)
 
     def __iter__(self) -> Iterator[Any]:
-        build = self._build
-        for index in range(self._count):
-            yield build(index)
+        return iter(self.unstacked())
+
+    def unstacked(self) -> list[Any]:
+        """Every sample of the batch, built at once: what ``list(batch)`` gives, for a
+        consumer that takes them all (a loader handing them out one by one).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> batch = SampleBatch(stack_samples([{"x": np.arange(2) + i, "y": (i, "a")}
+        ...                                    for i in range(2)]), 2)
+        >>> batch.unstacked()
+        [{'x': array([0, 1]), 'y': (0, 'a')}, {'x': array([1, 2]), 'y': (1, 'a')}]
+        """
+        return _unstack(self._template, self._count)
 
     @property
     def template(self) -> Any:

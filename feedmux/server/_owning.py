@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from feedmux._shm import owned_copy
-from feedmux.protocol import SampleBatch, StackedLeaf
+from feedmux.protocol import SampleBatch, StackedLeaf, stack_scalars
 
 __all__ = ["STACK_AS_DRAWN_BYTES", "DrawnItems", "own"]
 
@@ -52,6 +52,11 @@ __all__ = ["STACK_AS_DRAWN_BYTES", "DrawnItems", "own"]
 STACK_AS_DRAWN_BYTES = 64 * 1024
 
 _PLAIN_LEAF_TYPES = frozenset({str, bytes, int, float, bool, type(None)})
+#: Kinds of numpy scalars whose type alone fixes their dtype (a numpy bool, integer,
+#: float or complex scalar is always in native byte order), so the compiled check of a
+#: sample skips reading ``.dtype`` (the dearest check of a small sample's scalar label).
+#: Datetimes (their unit), strings, bytes and voids (their size) still compare dtypes.
+_TYPE_FIXES_DTYPE = frozenset("biufc")
 
 
 def own(item: Any) -> Any:
@@ -145,8 +150,12 @@ class _FlatRows:
         for position, column, scalar_type, dtype in self.columns:
             bound[f"take{position}"] = column.append
             if scalar_type is not None:
-                kinds[position] = "scalar"
-                bound.update({f"type{position}": scalar_type, f"dtype{position}": dtype})
+                bound[f"type{position}"] = scalar_type
+                if dtype.kind in _TYPE_FIXES_DTYPE:
+                    kinds[position] = "typed scalar"
+                else:
+                    kinds[position] = "scalar"
+                    bound[f"dtype{position}"] = dtype
         make = _MAKERS.get(tuple(kinds))
         if make is None:
             if len(_MAKERS) > 256:
@@ -174,7 +183,7 @@ class _FlatRows:
             if scalar_type is None:
                 leaves[position] = StackedLeaf(StackedLeaf.COLUMN, column.copy())
             else:
-                leaves[position] = StackedLeaf(StackedLeaf.SCALAR, np.array(column, dtype=dtype))
+                leaves[position] = StackedLeaf(StackedLeaf.SCALAR, stack_scalars(column, dtype))
             column.clear()
         template = {key: leaves[position] for position, key in enumerate(self.keys)}
         return SampleBatch(template, count)
@@ -194,15 +203,15 @@ def _compile_maker(kinds: list[str], names: list[str]) -> Callable[..., Any]:
                           f"({value}.dtype is not dtype{position} "
                           f"and {value}.dtype != dtype{position})")
             copies.append(f"{value} = {value}.tobytes()")
-            takes.append(f"take{position}({value})")
         elif kind == "scalar":
             checks.append(f"type({value}) is not type{position} or "
                           f"({value}.dtype is not dtype{position} "
                           f"and {value}.dtype != dtype{position})")
-            takes.append(f"take{position}({value})")
+        elif kind == "typed scalar":
+            checks.append(f"type({value}) is not type{position}")
         else:
             checks.append(f"type({value}) not in plain")
-            takes.append(f"take{position}({value})")
+        takes.append(f"take{position}({value})")
     unpacked = "".join(f"v{position}, " for position in range(len(kinds)))
 
     def body(taken: str, refused: str) -> list[str]:

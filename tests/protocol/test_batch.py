@@ -113,6 +113,58 @@ def test_nested_structure_is_stacked() -> None:
     assert stacked["empty"] == {}
 
 
+def test_unstacked_builds_what_indexing_builds_in_fresh_containers() -> None:
+    samples = [
+        {
+            "image": np.full((2, 3), index, dtype=">f4"),
+            "zero_d": np.array(index, dtype=np.int32),
+            "meta": {"label": index, "box": (np.float32(index), [index, "t"]), "empty": ()},
+            "wide": {f"k{key}": key * index for key in range(40)},  # past the compiled dicts
+        }
+        for index in range(5)
+    ]
+    batch = decode_samples(samples)
+    assert isinstance(batch, SampleBatch)
+    built = batch.unstacked()
+    assert len(built) == 5
+    for index, sample in enumerate(built):
+        assert_same(samples[index], sample)
+        assert_same(batch[index], sample)
+    assert np.shares_memory(built[2]["image"], batch.stacked()["image"])
+    built[0]["meta"]["box"][1].append("changed")
+    assert batch.unstacked()[0]["meta"]["box"][1] == [0, "t"]
+    assert decode_samples(list(range(4))).unstacked() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "mixed", "big-endian"])
+def test_stacked_arrays_keep_their_values_whatever_their_memory_layout(layout: str) -> None:
+    base = [np.arange(6, dtype=np.int32).reshape(2, 3) * index for index in range(5)]
+    if layout == "transposed":
+        arrays = [np.ascontiguousarray(array.T).T for array in base]  # Fortran order
+    elif layout == "mixed":
+        arrays = [array if index % 2 else np.asfortranarray(array)
+                  for index, array in enumerate(base)]
+    elif layout == "big-endian":
+        arrays = [array.astype(">i4") for array in base]
+    else:
+        arrays = base
+    samples = [{"a": array, "s": np.float16(index)} for index, array in enumerate(arrays)]
+    batch = decode_samples(samples)
+    assert isinstance(batch, SampleBatch)
+    for expected, actual in zip(samples, batch, strict=True):
+        assert_same(expected, actual)
+
+
+@pytest.mark.parametrize("scalar_type", [np.bool_, np.int8, np.uint64, np.float32, np.float64,
+                                         np.longdouble, np.complex128])
+def test_stacked_numpy_scalars_keep_their_type_and_value(scalar_type: Any) -> None:
+    samples = [{"s": scalar_type(index % 3)} for index in range(6)]
+    batch = decode_samples(samples)
+    assert isinstance(batch, SampleBatch)
+    for expected, actual in zip(samples, batch, strict=True):
+        assert_same(expected, actual)
+
+
 @pytest.mark.parametrize(
     "second",
     [

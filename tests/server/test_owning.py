@@ -127,3 +127,31 @@ def test_numpy_scalars_of_one_type_but_another_dtype_are_not_stacked_together() 
     samples = drawn.samples(items)
     assert [sample["s"] for sample in samples] == ["a", "abc"]
     assert [sample["s"].dtype.itemsize for sample in samples] == [4, 12]
+
+
+@pytest.mark.parametrize("values", [
+    [np.int64(1), np.int32(2), np.int64(3)],  # the type fixes the dtype: checked by type
+    [np.float32(1), np.float64(2), np.float32(3)],
+    [np.datetime64(1, "D"), np.datetime64(2, "s"), np.datetime64(3, "D")],  # the unit counts
+], ids=["int", "float", "datetime-unit"])
+def test_a_scalar_of_another_dtype_is_not_stacked_with_the_others(values: list[Any]) -> None:
+    drawn = DrawnItems()
+    hook = drawn.start()
+    drawn.samples([hook({"s": values[0]})])  # a chunk that gives the rows their shape
+    hook = drawn.start()  # the next chunk runs the compiled check
+    items = [hook({"s": value}) for value in values]
+    samples = drawn.samples(items)
+    assert isinstance(samples, list)
+    assert [(type(s["s"]), s["s"].dtype) for s in samples] == [(type(v), v.dtype) for v in values]
+
+
+@pytest.mark.parametrize("scalar_type", [np.bool_, np.uint8, np.int64, np.float16, np.longdouble,
+                                         np.complex64])
+def test_numpy_scalars_stacked_as_drawn_arrive_with_their_type_and_value(scalar_type: Any) -> None:
+    def labelled() -> Iterator[dict[str, Any]]:
+        for index in range(9):
+            yield {"x": np.full(2, index, np.float32), "label": scalar_type(index % 2)}
+
+    samples = produced(labelled, per_message=3)
+    assert [type(sample["label"]) for sample in samples] == [scalar_type] * 9
+    assert [sample["label"] for sample in samples] == [scalar_type(i % 2) for i in range(9)]
