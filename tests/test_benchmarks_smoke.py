@@ -58,3 +58,14 @@ def test_the_resume_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     table = capsys.readouterr().out
     assert "| fast-forward (resume_at + first chunk) |" in table
     assert "| first sample of 2 ranks, resumed |" in table
+
+
+@pytest.mark.timeout(120)
+def test_the_delivery_modes_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import bench_modes
+
+    assert bench_modes.main(["--quick"]) == 0
+    table = capsys.readouterr().out
+    for mode in bench_modes.MODES:
+        assert f"| {mode} | " in table
+    assert "ratio to plain (paired)" in table
