@@ -4,7 +4,9 @@ This module owns the background thread that tells each server, every few
 milliseconds, the last ``(epoch, position)`` this trainer handed out: a ranked
 trainer, so that a restarted rank (same rank, new process) continues right
 after it; a reliable free trainer, with the sequence number of the message it
-is in, so that only the rest of that message goes to the others if it dies.
+is in, so that only the rest of that message goes to the others if it dies,
+and the messages it handed out whole that the loader has not acknowledged yet
+(it acknowledges several at once; these are the rest).
 For a rank it is repeated
 once per heartbeat interval, it is also the rank's sign of life (a trainer in a
 long step does not call its loader, but this thread runs; a killed one is silent). The thread
@@ -26,12 +28,14 @@ import queue
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
 
 from feedmux._transport import CONTROL_FRAME_BYTES, HEARTBEAT_INTERVAL, make_socket, send_message
+from feedmux.client._data import take_all
 from feedmux.client._moves import reconnect
 from feedmux.protocol import Ack
 
@@ -50,13 +54,18 @@ class HandOutAcks:
 
     ``progress`` is read every :data:`ACK_INTERVAL` seconds; the thread ends
     when :meth:`stop` is called or ``progress`` reports the loader gone.
+    ``finished`` (a reliable loader's, per link): the (server id, sequence
+    number) of messages handed out whole and not acknowledged yet; the thread
+    takes them and acknowledges them (an ``Ack`` with no position).
     """
 
     def __init__(self, control_addresses: Sequence[str], *, client_id: str, rank: int,
-                 progress: Progress, security: Any = None) -> None:
+                 progress: Progress, security: Any = None,
+                 finished: Sequence[deque[tuple[str, int]]] = ()) -> None:
         self.client_id = client_id
         self.rank = rank
         self._progress = progress
+        self._finished = list(finished)
         self._addresses = list(control_addresses)
         self._security = security
         self._stop = threading.Event()
@@ -104,6 +113,7 @@ class HandOutAcks:
             current = self._progress()
         except ReferenceError:
             return False
+        self._acknowledge_finished(sockets)
         now = time.monotonic()
         if current is None or current[4] <= 0:
             if self.rank >= 0 and now - self._last_sent >= HEARTBEAT_INTERVAL:
@@ -123,6 +133,17 @@ class HandOutAcks:
                                           position=mark[2])):
             self.sent, self._last_sent = mark, now
         return True
+
+    def _acknowledge_finished(self, sockets: list[Any]) -> None:
+        """Acknowledge the messages handed out whole that the loader left waiting."""
+        for socket, finished in zip(sockets, self._finished, strict=False):
+            by_server: dict[str, list[int]] = {}
+            for server_id, seq in take_all(finished):
+                by_server.setdefault(server_id, []).append(seq)
+            for server_id, seqs in by_server.items():
+                # Dropped if the server is away: it deals them again (as with a lost ack).
+                self._offer(socket, Ack(seqs=seqs, client_id=self.client_id,
+                                        server_id=server_id, rank=self.rank))
 
     @staticmethod
     def _offer(socket: Any, ack: Ack) -> bool:

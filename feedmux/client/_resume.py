@@ -170,4 +170,8 @@ def _runs(tags: Any) -> list[tuple[int, int, int]]:
         return []
     epoch, positions = int(tags[0, 0]), tags[:, 1]
     breaks = np.flatnonzero(np.diff(positions) != 1) + 1
-    return [(epoch, int(run[0]), int(run[-1]) + 1) for run in np.split(positions, breaks)]
+    if not len(breaks):  # the usual message: one run (np.split costs ~40 µs a message)
+        return [(epoch, int(positions[0]), int(positions[-1]) + 1)]
+    starts = positions[np.concatenate(([0], breaks))].tolist()
+    lasts = positions[np.concatenate((breaks - 1, [len(positions) - 1]))].tolist()
+    return [(epoch, start, last + 1) for start, last in zip(starts, lasts, strict=True)]

@@ -361,8 +361,10 @@ class RemoteLoader:
             context, self._links, client_id=self.client_id, reliable=self.reliable,
             hwm=self.hwm, max_message_bytes=self.max_message_bytes, security=self._security,
         )
+        # Half the credit acknowledged at once: the server keeps credit for the other half.
         self._data = DataSockets(data_sockets, reliable=self.reliable, client_id=self.client_id,
-                                 addresses=self.addresses, tune_malloc=self._tune_malloc)
+                                 addresses=self.addresses, tune_malloc=self._tune_malloc,
+                                 ack_batch=self.hwm // 2)
         controls = [link.control_address for link in self._links.links]
         if self._security is not None:  # a refused key is otherwise a silent timeout
             self._handshakes = HandshakeWatch(self._control, controls)
@@ -382,7 +384,8 @@ class RemoteLoader:
             # servers every few ms, from a thread (nothing per sample on the hot path).
             self._acks = HandOutAcks(controls, client_id=self.client_id,
                                      rank=-1 if self.rank is None else self.rank,
-                                     progress=progress_of(self), security=self._security)
+                                     progress=progress_of(self), security=self._security,
+                                     finished=self._data.finished)
             weakref.finalize(self, self._acks.stop)
 
     def _act(self, actions: Iterable[Action]) -> None:
