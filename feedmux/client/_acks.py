@@ -23,6 +23,7 @@ took, so that a sample dealt to it twice is handed out once.
 
 from __future__ import annotations
 
+import bisect
 import os
 import queue
 import threading
@@ -32,11 +33,13 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import zmq
 
 from feedmux._transport import CONTROL_FRAME_BYTES, HEARTBEAT_INTERVAL, make_socket, send_message
 from feedmux.client._data import take_all
 from feedmux.client._moves import reconnect
+from feedmux.client._resume import position_runs
 from feedmux.protocol import Ack
 
 __all__ = ["ACK_INTERVAL", "HandOutAcks", "Progress", "SeenPositions", "progress_of"]
@@ -183,7 +186,9 @@ def progress_of(loader: Any) -> Progress:
 class SeenPositions:
     """The positions a loader took, per (server id, epoch): the last two epochs of each server.
 
-    Checked once per data message (set operations on its tags), never per sample.
+    Kept as ranges (a server deals in position order, so they merge as they
+    come: a few ranges per epoch, not a set of every position), checked once per
+    data message, never per sample.
 
     Examples
     --------
@@ -196,7 +201,7 @@ class SeenPositions:
     """
 
     def __init__(self) -> None:
-        self._seen: dict[tuple[str, int], set[int]] = {}
+        self._seen: dict[tuple[str, int], _Ranges] = {}
 
     def fresh(self, server_id: str, tags: Any) -> list[int] | None:
         """Record a message's positions; the rows not seen before, or None when all are new."""
@@ -205,13 +210,58 @@ class SeenPositions:
         epoch = int(tags[0, 0])  # a data message never spans two epochs
         seen = self._seen.get((server_id, epoch))
         if seen is None:
-            seen = self._seen[(server_id, epoch)] = set()
+            seen = self._seen[(server_id, epoch)] = _Ranges()
             for key in [key for key in self._seen if key[0] == server_id and key[1] < epoch - 1]:
                 del self._seen[key]
-        positions = tags[:, 1].tolist()
-        if seen.isdisjoint(positions):
-            seen.update(positions)
+        runs = position_runs(tags)
+        if len(runs) == 1 and not seen.overlaps(runs[0][1], runs[0][2]):  # the usual message
+            seen.add(runs[0][1], runs[0][2])
             return None
-        rows = [row for row, position in enumerate(positions) if position not in seen]
-        seen.update(positions)
-        return rows
+        old = seen.contains(tags[:, 1])
+        for _, start, end in runs:
+            seen.add(start, end)
+        return np.flatnonzero(~old).tolist() if old.any() else None
+
+
+class _Ranges:
+    """Sorted, disjoint half-open ranges of positions; touching ranges are merged.
+
+    Examples
+    --------
+    >>> ranges = _Ranges()
+    >>> ranges.add(5, 8); ranges.add(0, 2); ranges.add(2, 5)
+    >>> ranges.starts, ranges.ends
+    ([0], [8])
+    >>> ranges.overlaps(8, 10), ranges.overlaps(7, 9)
+    (False, True)
+    """
+
+    __slots__ = ("ends", "starts")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def overlaps(self, start: int, end: int) -> bool:
+        """Whether any position of ``[start, end)`` is in a range."""
+        index = bisect.bisect_right(self.starts, start) - 1
+        if index >= 0 and self.ends[index] > start:
+            return True
+        return index + 1 < len(self.starts) and self.starts[index + 1] < end
+
+    def add(self, start: int, end: int) -> None:
+        """Add ``[start, end)``, merged with the ranges it overlaps or touches."""
+        starts, ends = self.starts, self.ends
+        low = bisect.bisect_left(ends, start)  # the first range that ends at start or later
+        high = bisect.bisect_right(starts, end)  # past the last range that starts by end
+        if low < high:
+            start, end = min(start, starts[low]), max(end, ends[high - 1])
+        starts[low:high] = [start]
+        ends[low:high] = [end]
+
+    def contains(self, positions: Any) -> Any:
+        """A boolean array: which of ``positions`` are in a range."""
+        if not self.starts:
+            return np.zeros(len(positions), dtype=bool)
+        index = np.searchsorted(self.starts, positions, side="right") - 1
+        return (index >= 0) & (positions < np.asarray(self.ends)[np.maximum(index, 0)])

@@ -6,10 +6,13 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from feedmux.client._acks import HandOutAcks
+from feedmux.client._acks import HandOutAcks, SeenPositions
 from feedmux.client._data import DataSockets
 from feedmux.protocol import Ack, decode
 
@@ -66,3 +69,36 @@ def test_the_thread_acknowledges_what_the_loader_left_waiting(tmp_path: Path) ->
         assert not acks._thread.is_alive()
         router.close()
         context.term()
+
+
+class SetOfPositions:
+    """The obvious model: every position taken, in a set."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[str, int], set[int]] = {}
+
+    def fresh(self, server_id: str, tags: Any) -> list[int] | None:
+        epoch = int(tags[0, 0])
+        if (server_id, epoch) not in self.seen:
+            for key in [k for k in self.seen if k[0] == server_id and k[1] < epoch - 1]:
+                del self.seen[key]
+        seen = self.seen.setdefault((server_id, epoch), set())
+        positions = tags[:, 1].tolist()
+        rows = [row for row, position in enumerate(positions) if position not in seen]
+        seen.update(positions)
+        return None if len(rows) == len(positions) else rows
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(
+    st.sampled_from(["s", "t"]), st.integers(1, 4),
+    st.one_of(  # a run of positions (the usual message), or any positions in any order
+        st.tuples(st.integers(0, 60), st.integers(1, 12)).map(lambda r: list(range(r[0], sum(r)))),
+        st.lists(st.integers(0, 60), min_size=1, max_size=12, unique=True),
+    )), max_size=25))
+def test_seen_positions_as_ranges_answer_as_a_set_would(
+        messages: list[tuple[str, int, list[int]]]) -> None:
+    ranges, model = SeenPositions(), SetOfPositions()
+    for server_id, epoch, positions in messages:
+        tags = np.array([[epoch, position] for position in positions], dtype=np.int64)
+        assert ranges.fresh(server_id, tags) == model.fresh(server_id, tags)
