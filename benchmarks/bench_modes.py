@@ -135,12 +135,11 @@ def _median(records: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def paired_ratio(records: dict[str, list[dict[str, Any]]], mode: str) -> float | None:
-    """The median over rounds of ``mode``'s samples/s over plain's in the same round."""
+def paired_ratios(records: dict[str, list[dict[str, Any]]], mode: str) -> list[float]:
+    """``mode``'s samples/s over plain's in the same round, for every round."""
     plain = {r["round"]: r.get("samples_per_second") for r in records["plain"]}
-    quotients = [r["samples_per_second"] / plain[r["round"]] for r in records[mode]
-                 if r.get("samples_per_second") and plain.get(r["round"])]
-    return statistics.median(quotients) if quotients else None
+    return [r["samples_per_second"] / plain[r["round"]] for r in records[mode]
+            if r.get("samples_per_second") and plain.get(r["round"])]
 
 
 def markdown(records: dict[str, list[dict[str, Any]]]) -> str:
@@ -148,18 +147,20 @@ def markdown(records: dict[str, list[dict[str, Any]]]) -> str:
     lines = [f"### Small samples, one trainer, tcp: reliable and CURVE against plain "
              f"({rounds} round(s), medians)", "",
              "| mode | samples/s | trainer CPU µs/sample | server CPU µs/sample "
-             "| ratio to plain (paired) | target |",
+             "| ratio to plain (paired; min-max over rounds) | target |",
              "|---|---|---|---|---|---|"]
     for mode in MODES:
         rate = _median(records[mode], "samples_per_second")
         trainer = _median(records[mode], "trainer_cpu_us_per_sample")
         server = _median(records[mode], "server_cpu_us_per_sample")
-        ratio = 1.0 if mode == "plain" else paired_ratio(records, mode)
         target = TARGETS.get(mode)
+        ratios = paired_ratios(records, mode)
+        ratio = statistics.median(ratios) if ratios else None
         verdict = "-" if target is None or ratio is None else (
             f">= {target:.2f}: {'met' if ratio >= target else 'MISSED'}")
+        spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if ratios and mode != "plain" else ""
         lines.append(f"| {mode} | {_fmt(rate, ',.0f')} | {_fmt(trainer, '.2f')} | "
-                     f"{_fmt(server, '.2f')} | {_fmt(ratio, '.2f')}x | {verdict} |")
+                     f"{_fmt(server, '.2f')} | {_fmt(ratio, '.2f')}x{spread} | {verdict} |")
     failed = sum("error" in r for rs in records.values() for r in rs)
     if failed:
         lines.append(f"\n{failed} measurement(s) failed (see above).")
