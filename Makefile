@@ -47,11 +47,12 @@ lint: $(VENV)/.test
 	$(VENV)/bin/ruff check feedmux tests benchmarks examples
 	$(VENV)/bin/mypy
 
-## bench: every benchmark, feedmux and its peers side by side (and consumer groups vs separate servers, and the cost of resuming mid-epoch)
+## bench: every benchmark, feedmux and its peers side by side (and consumer groups vs separate servers, the cost of resuming mid-epoch, reliable and CURVE delivery against plain)
 bench: $(VENV)/.bench
 	$(PY) -m benchmarks
 	$(PY) -m benchmarks.bench_groups
 	$(PY) -m benchmarks.bench_resume
+	$(PY) -m benchmarks.bench_modes
 
 container-test:
 	scripts/container-test.sh

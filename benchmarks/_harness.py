@@ -21,6 +21,7 @@ import signal
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -28,6 +29,11 @@ from benchmarks import peers
 from benchmarks.scenarios import Contender, Scenario
 
 _FORK = multiprocessing.get_context("fork")
+
+#: How a measurement starts its producer and opens its trainer's side: the peers' own
+#: by default; a benchmark of feedmux's options passes its own (same signatures).
+StartProducer = Callable[[Contender, str, peers.Endpoints, float], peers.Producer]
+Connect = Callable[..., peers.Consumer]
 
 
 @dataclass(frozen=True)
@@ -121,9 +127,10 @@ def _consume(consumer: peers.Consumer, budget: Budget, start_gate: Any = None) -
 
 
 def _one_trainer(
-    contender: Contender, kind: str, endpoints: peers.Endpoints, budget: Budget, report: Any
+    contender: Contender, kind: str, endpoints: peers.Endpoints, budget: Budget, report: Any,
+    connect: Connect = peers.connect,
 ) -> dict[str, Any]:
-    consumer = peers.connect(contender, kind, endpoints, timeout=budget.timeout)
+    consumer = connect(contender, kind, endpoints, timeout=budget.timeout)
     try:
         producer_cpu: list[float | None] = []
 
@@ -150,9 +157,10 @@ def _trainer_process(
     connection: Any,
     index: int = 0,
     lockstep: Any = None,
+    connect: Connect = peers.connect,
 ) -> None:
     try:
-        consumer = peers.connect(
+        consumer = connect(
             contender, kind, endpoints, timeout=budget.timeout, trainers=contender.trainers,
             index=index,
         )
@@ -204,7 +212,8 @@ class _Lockstep:
 
 
 def _several_trainers(
-    contender: Contender, kind: str, endpoints: peers.Endpoints, budget: Budget
+    contender: Contender, kind: str, endpoints: peers.Endpoints, budget: Budget,
+    connect: Connect = peers.connect,
 ) -> dict[str, Any]:
     """Several trainer processes on one producer, timed over the same window."""
     barrier = _FORK.Barrier(contender.trainers + 1)
@@ -214,7 +223,7 @@ def _several_trainers(
         receiver, sender = _FORK.Pipe(duplex=False)
         process = _FORK.Process(
             target=_trainer_process,
-            args=(contender, kind, endpoints, budget, barrier, sender, index, lockstep),
+            args=(contender, kind, endpoints, budget, barrier, sender, index, lockstep, connect),
             daemon=True,
         )
         process.start()
@@ -254,21 +263,23 @@ def _several_trainers(
 
 
 def _leader(
-    scenario: Scenario, contender: Contender, budget: Budget, workdir: str, connection: Any
+    scenario: Scenario, contender: Contender, budget: Budget, workdir: str, connection: Any,
+    start_producer: StartProducer = peers.start_producer, connect: Connect = peers.connect,
 ) -> None:
     os.setsid()  # one process group: the watchdog kills it whole
     signal.alarm(int(budget.timeout) + 15)  # a backstop if the watchdog dies too
     producer = None
     try:
-        producer = peers.start_producer(
+        producer = start_producer(
             contender, scenario.kind, endpoints_for(contender.transport, workdir), budget.timeout
         )
         connection.send(("pids", producer.pids))
         endpoints = producer.endpoints
         if contender.trainers > 1:
-            figures = _several_trainers(contender, scenario.kind, endpoints, budget)
+            figures = _several_trainers(contender, scenario.kind, endpoints, budget, connect)
         else:
-            figures = _one_trainer(contender, scenario.kind, endpoints, budget, connection.send)
+            figures = _one_trainer(contender, scenario.kind, endpoints, budget, connection.send,
+                                   connect)
         connection.send(("result", figures))
     except BaseException:
         connection.send(("error", traceback.format_exc()))
@@ -283,12 +294,20 @@ def _leader(
 # In the suite's process: the watchdog
 
 
-def measure(scenario: Scenario, contender: Contender, budget: Budget) -> dict[str, Any]:
-    """Run one measurement in a fresh trainer process; figures or an error, never a hang."""
+def measure(
+    scenario: Scenario, contender: Contender, budget: Budget, *,
+    start_producer: StartProducer = peers.start_producer, connect: Connect = peers.connect,
+) -> dict[str, Any]:
+    """Run one measurement in a fresh trainer process; figures or an error, never a hang.
+
+    ``start_producer`` and ``connect`` replace the peers' own (the trainer process is
+    forked, so they may be closures)."""
     workdir = tempfile.mkdtemp(prefix="feedmux-bench-")
     receiver, sender = _FORK.Pipe(duplex=False)
     leader = _FORK.Process(
-        target=_leader, args=(scenario, contender, budget, workdir, sender), daemon=False
+        target=_leader,
+        args=(scenario, contender, budget, workdir, sender, start_producer, connect),
+        daemon=False,
     )
     started = time.monotonic()
     leader.start()

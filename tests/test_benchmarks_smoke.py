@@ -68,3 +68,14 @@ def test_the_small_sample_steps_benchmark_runs(capsys: pytest.CaptureFixture[str
     table = capsys.readouterr().out
     for step in ("generator", "produce, zero-copy", "decode", "unstacked", "indexed"):
         assert f"| {step} |" in table
+
+
+@pytest.mark.timeout(120)
+def test_the_delivery_modes_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import bench_modes
+
+    assert bench_modes.main(["--quick"]) == 0
+    table = capsys.readouterr().out
+    for mode in bench_modes.MODES:
+        assert f"| {mode} | " in table
+    assert "ratio to plain (paired" in table

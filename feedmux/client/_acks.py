@@ -4,7 +4,9 @@ This module owns the background thread that tells each server, every few
 milliseconds, the last ``(epoch, position)`` this trainer handed out: a ranked
 trainer, so that a restarted rank (same rank, new process) continues right
 after it; a reliable free trainer, with the sequence number of the message it
-is in, so that only the rest of that message goes to the others if it dies.
+is in, so that only the rest of that message goes to the others if it dies,
+and the messages it handed out whole that the loader has not acknowledged yet
+(it acknowledges several at once; these are the rest).
 For a rank it is repeated
 once per heartbeat interval, it is also the rank's sign of life (a trainer in a
 long step does not call its loader, but this thread runs; a killed one is silent). The thread
@@ -21,18 +23,23 @@ took, so that a sample dealt to it twice is handed out once.
 
 from __future__ import annotations
 
+import bisect
 import os
 import queue
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import zmq
 
 from feedmux._transport import CONTROL_FRAME_BYTES, HEARTBEAT_INTERVAL, make_socket, send_message
+from feedmux.client._data import take_all
 from feedmux.client._moves import reconnect
+from feedmux.client._resume import position_runs
 from feedmux.protocol import Ack
 
 __all__ = ["ACK_INTERVAL", "HandOutAcks", "Progress", "SeenPositions", "progress_of"]
@@ -50,13 +57,18 @@ class HandOutAcks:
 
     ``progress`` is read every :data:`ACK_INTERVAL` seconds; the thread ends
     when :meth:`stop` is called or ``progress`` reports the loader gone.
+    ``finished`` (a reliable loader's, per link): the (server id, sequence
+    number) of messages handed out whole and not acknowledged yet; the thread
+    takes them and acknowledges them (an ``Ack`` with no position).
     """
 
     def __init__(self, control_addresses: Sequence[str], *, client_id: str, rank: int,
-                 progress: Progress, security: Any = None) -> None:
+                 progress: Progress, security: Any = None,
+                 finished: Sequence[deque[tuple[str, int]]] = ()) -> None:
         self.client_id = client_id
         self.rank = rank
         self._progress = progress
+        self._finished = list(finished)
         self._addresses = list(control_addresses)
         self._security = security
         self._stop = threading.Event()
@@ -104,6 +116,7 @@ class HandOutAcks:
             current = self._progress()
         except ReferenceError:
             return False
+        self._acknowledge_finished(sockets)
         now = time.monotonic()
         if current is None or current[4] <= 0:
             if self.rank >= 0 and now - self._last_sent >= HEARTBEAT_INTERVAL:
@@ -123,6 +136,17 @@ class HandOutAcks:
                                           position=mark[2])):
             self.sent, self._last_sent = mark, now
         return True
+
+    def _acknowledge_finished(self, sockets: list[Any]) -> None:
+        """Acknowledge the messages handed out whole that the loader left waiting."""
+        for socket, finished in zip(sockets, self._finished, strict=False):
+            by_server: dict[str, list[int]] = {}
+            for server_id, seq in take_all(finished):
+                by_server.setdefault(server_id, []).append(seq)
+            for server_id, seqs in by_server.items():
+                # Dropped if the server is away: it deals them again (as with a lost ack).
+                self._offer(socket, Ack(seqs=seqs, client_id=self.client_id,
+                                        server_id=server_id, rank=self.rank))
 
     @staticmethod
     def _offer(socket: Any, ack: Ack) -> bool:
@@ -162,7 +186,9 @@ def progress_of(loader: Any) -> Progress:
 class SeenPositions:
     """The positions a loader took, per (server id, epoch): the last two epochs of each server.
 
-    Checked once per data message (set operations on its tags), never per sample.
+    Kept as ranges (a server deals in position order, so they merge as they
+    come: a few ranges per epoch, not a set of every position), checked once per
+    data message, never per sample.
 
     Examples
     --------
@@ -175,7 +201,7 @@ class SeenPositions:
     """
 
     def __init__(self) -> None:
-        self._seen: dict[tuple[str, int], set[int]] = {}
+        self._seen: dict[tuple[str, int], _Ranges] = {}
 
     def fresh(self, server_id: str, tags: Any) -> list[int] | None:
         """Record a message's positions; the rows not seen before, or None when all are new."""
@@ -184,13 +210,58 @@ class SeenPositions:
         epoch = int(tags[0, 0])  # a data message never spans two epochs
         seen = self._seen.get((server_id, epoch))
         if seen is None:
-            seen = self._seen[(server_id, epoch)] = set()
+            seen = self._seen[(server_id, epoch)] = _Ranges()
             for key in [key for key in self._seen if key[0] == server_id and key[1] < epoch - 1]:
                 del self._seen[key]
-        positions = tags[:, 1].tolist()
-        if seen.isdisjoint(positions):
-            seen.update(positions)
+        runs = position_runs(tags)
+        if len(runs) == 1 and not seen.overlaps(runs[0][1], runs[0][2]):  # the usual message
+            seen.add(runs[0][1], runs[0][2])
             return None
-        rows = [row for row, position in enumerate(positions) if position not in seen]
-        seen.update(positions)
-        return rows
+        old = seen.contains(tags[:, 1])
+        for _, start, end in runs:
+            seen.add(start, end)
+        return np.flatnonzero(~old).tolist() if old.any() else None
+
+
+class _Ranges:
+    """Sorted, disjoint half-open ranges of positions; touching ranges are merged.
+
+    Examples
+    --------
+    >>> ranges = _Ranges()
+    >>> ranges.add(5, 8); ranges.add(0, 2); ranges.add(2, 5)
+    >>> ranges.starts, ranges.ends
+    ([0], [8])
+    >>> ranges.overlaps(8, 10), ranges.overlaps(7, 9)
+    (False, True)
+    """
+
+    __slots__ = ("ends", "starts")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def overlaps(self, start: int, end: int) -> bool:
+        """Whether any position of ``[start, end)`` is in a range."""
+        index = bisect.bisect_right(self.starts, start) - 1
+        if index >= 0 and self.ends[index] > start:
+            return True
+        return index + 1 < len(self.starts) and self.starts[index + 1] < end
+
+    def add(self, start: int, end: int) -> None:
+        """Add ``[start, end)``, merged with the ranges it overlaps or touches."""
+        starts, ends = self.starts, self.ends
+        low = bisect.bisect_left(ends, start)  # the first range that ends at start or later
+        high = bisect.bisect_right(starts, end)  # past the last range that starts by end
+        if low < high:
+            start, end = min(start, starts[low]), max(end, ends[high - 1])
+        starts[low:high] = [start]
+        ends[low:high] = [end]
+
+    def contains(self, positions: Any) -> Any:
+        """A boolean array: which of ``positions`` are in a range."""
+        if not self.starts:
+            return np.zeros(len(positions), dtype=bool)
+        index = np.searchsorted(self.starts, positions, side="right") - 1
+        return (index >= 0) & (positions < np.asarray(self.ends)[np.maximum(index, 0)])

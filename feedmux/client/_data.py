@@ -2,18 +2,19 @@
 
 This module owns the reading side of a :class:`~feedmux.client.remote.RemoteLoader`:
 one data DEALER per server, taken in turn; in reliable mode the envelope, the
-acknowledgement of a message whose samples were all handed out, and an end of
-stream that comes on the data socket; the shared-memory pools of servers on
-this host (a reference frame becomes a view of the pool: :mod:`feedmux._shm`).
-It reports the link number and sequence
-number of the message it returned (the acknowledging thread needs them). It
-must never decide anything about the servers (that is the pure link state's)
-and never look at single samples.
+acknowledgement of the messages whose samples were all handed out (several at
+once: see :class:`DataSockets`), and an end of stream that comes on the data
+socket; the shared-memory pools of servers on this host (a reference frame
+becomes a view of the pool: :mod:`feedmux._shm`). It reports the link number
+and sequence number of the message it returned (the acknowledging thread needs
+them). It must never decide anything about the servers (that is the pure link
+state's) and never look at single samples.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,7 +34,7 @@ from feedmux.protocol import (
     unpack_envelope,
 )
 
-__all__ = ["LARGE_MESSAGE_BYTES", "DataSockets", "send_or_drop"]
+__all__ = ["LARGE_MESSAGE_BYTES", "DataSockets", "send_or_drop", "take_all"]
 
 log = logging.getLogger("feedmux.client")
 
@@ -49,19 +50,45 @@ def send_or_drop(socket: Any, message: Message) -> None:
         pass
 
 
+def take_all(waiting: deque[Any]) -> list[Any]:
+    """Empty ``waiting`` from the left; safe while another thread also takes from it."""
+    taken = []
+    while True:
+        try:
+            taken.append(waiting.popleft())
+        except IndexError:
+            return taken
+
+
 class DataSockets:
-    """The data DEALERs of one loader, one per server, read in turn."""
+    """The data DEALERs of one loader, one per server, read in turn.
+
+    In reliable mode a message handed out whole waits in :attr:`finished` and
+    the acknowledgement goes out for ``ack_batch`` of them at once (half the
+    credit: the server always has credit for the rest), not one message per
+    message: each send wakes both ends' I/O threads. The acknowledging thread
+    (:class:`~feedmux.client._acks.HandOutAcks`) takes what still waits within
+    a few ms, so a trainer that waits for data, or dies, holds back nothing for
+    longer than it already did with its hand-out marks.
+    """
 
     def __init__(self, sockets: Sequence[Any], *, reliable: bool, client_id: str,
-                 addresses: Sequence[str], tune_malloc: bool, shm: bool = False) -> None:
+                 addresses: Sequence[str], tune_malloc: bool, ack_batch: int = 1,
+                 shm: bool = False) -> None:
         self.sockets = list(sockets)
         self.reliable = reliable
         self.client_id = client_id
         self.addresses = addresses
         self.tune_malloc = tune_malloc
+        self.ack_batch = max(1, ack_batch)
         self.turn = 0
-        #: Reliable mode: (link number, sequence number) of the message being handed out.
-        self.pending_ack: tuple[int, int] | None = None
+        #: Reliable mode: (link number, server id, sequence number) of the message being
+        #: handed out.
+        self.pending_ack: tuple[int, str, int] | None = None
+        #: Reliable mode, per link: (server id, sequence number) of the messages handed out
+        #: whole and not acknowledged yet. Two threads take from them (popleft is atomic):
+        #: each sequence number is acknowledged by whoever takes it.
+        self.finished: list[deque[tuple[str, int]]] = [deque() for _ in self.sockets]
         #: The link number and sequence number (0 outside reliable mode) of the last message.
         self.link = self.seq = 0
         #: The pools of servers on this host, once mapped (None: shm=False).
@@ -84,20 +111,30 @@ class DataSockets:
         send_or_drop(control, ShmAttach(token=token, client_id=self.client_id))
 
     def forget_ack(self, link: int) -> None:
-        """Link ``link`` talks to a new server: the pending sequence number means nothing."""
+        """Link ``link`` talks to a new server: the sequence numbers waiting mean nothing."""
         if self.pending_ack is not None and self.pending_ack[0] == link:
             self.pending_ack = None
+        self.finished[link].clear()
+
+    def _finished(self) -> None:
+        """Every sample of the pending message was handed out: acknowledge it, in a batch."""
+        assert self.pending_ack is not None
+        link, server_id, seq = self.pending_ack
+        self.pending_ack = None
+        finished = self.finished[link]
+        finished.append((server_id, seq))
+        if len(finished) >= self.ack_batch:
+            seqs = [seq for _, seq in take_all(finished)]
+            if seqs:
+                # A dropped ack only means the server deals those messages again.
+                send_or_drop(self.sockets[link], Ack(seqs=seqs, client_id=self.client_id))
 
     def receive(self, links: ServerLinks) -> Data | None:
         """The next data message waiting on the data socket(s), or None."""
         if not self.reliable:
             return self._receive_plain()
         if self.pending_ack is not None:
-            # Every sample of the current message was handed out: acknowledge it.
-            index, seq = self.pending_ack
-            self.pending_ack = None
-            # A dropped ack only means the server deals that message again.
-            send_or_drop(self.sockets[index], Ack(seqs=[seq], client_id=self.client_id))
+            self._finished()
         count = len(self.sockets)
         for offset in range(count):
             index = (self.turn + offset) % count
@@ -108,7 +145,7 @@ class DataSockets:
                     self.turn = (index + 1) % count
                     self.link, self.seq = index, seq
                     if seq:
-                        self.pending_ack = (index, seq)
+                        self.pending_ack = (index, message.server_id, seq)
                     return message
                 if isinstance(message, EndOfStream):
                     links.data_end_of_stream(index, message.server_id)

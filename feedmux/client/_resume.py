@@ -22,7 +22,7 @@ import numpy as np
 from feedmux.errors import StreamValueError
 from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE
 
-__all__ = ["CHECKPOINT", "HANDED_RANGES", "LIVE", "HandedRanges", "RankPositions"]
+__all__ = ["CHECKPOINT", "HANDED_RANGES", "LIVE", "HandedRanges", "RankPositions", "position_runs"]
 
 CHECKPOINT, LIVE = RESUME_CHECKPOINT, RESUME_LIVE
 
@@ -144,7 +144,7 @@ class HandedRanges:
 
     def handed(self, link: int, tags: Any) -> None:
         """The trainer handed out the samples tagged ``tags`` (rows of epoch, position)."""
-        self._ranges[link].extend(_runs(tags))
+        self._ranges[link].extend(position_runs(tags))
 
     def next_message(self, fresh: bool) -> bool:
         """The loader is about to make a new message current: note the one before;
@@ -160,14 +160,18 @@ class HandedRanges:
         ranges = list(self._ranges[link])
         current = self._current()
         if current is not None and current[0] == link:
-            ranges += _runs(current[1][: current[2]])
+            ranges += position_runs(current[1][: current[2]])
         return tuple(value for triple in ranges for value in triple)
 
 
-def _runs(tags: Any) -> list[tuple[int, int, int]]:
+def position_runs(tags: Any) -> list[tuple[int, int, int]]:
     """``(epoch, start, end)`` of each run of consecutive positions in ``tags`` (one epoch)."""
     if not len(tags):
         return []
     epoch, positions = int(tags[0, 0]), tags[:, 1]
     breaks = np.flatnonzero(np.diff(positions) != 1) + 1
-    return [(epoch, int(run[0]), int(run[-1]) + 1) for run in np.split(positions, breaks)]
+    if not len(breaks):  # the usual message: one run (np.split costs ~40 µs a message)
+        return [(epoch, int(positions[0]), int(positions[-1]) + 1)]
+    starts = positions[np.concatenate(([0], breaks))].tolist()
+    lasts = positions[np.concatenate((breaks - 1, [len(positions) - 1]))].tolist()
+    return [(epoch, start, last + 1) for start, last in zip(starts, lasts, strict=True)]

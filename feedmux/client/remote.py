@@ -366,9 +366,10 @@ class RemoteLoader:
             context, self._links, client_id=self.client_id, reliable=self.reliable,
             hwm=self.hwm, max_message_bytes=self.max_message_bytes, security=self._security,
         )
+        # Half the credit acknowledged at once: the server keeps credit for the other half.
         self._data = DataSockets(data_sockets, reliable=self.reliable, client_id=self.client_id,
                                  addresses=self.addresses, tune_malloc=self._tune_malloc,
-                                 shm=self.shm)
+                                 ack_batch=self.hwm // 2, shm=self.shm)
         controls = [link.control_address for link in self._links.links]
         if self._security is not None:  # a refused key is otherwise a silent timeout
             self._handshakes = HandshakeWatch(self._control, controls)
@@ -388,7 +389,8 @@ class RemoteLoader:
             # servers every few ms, from a thread (nothing per sample on the hot path).
             self._acks = HandOutAcks(controls, client_id=self.client_id,
                                      rank=-1 if self.rank is None else self.rank,
-                                     progress=progress_of(self), security=self._security)
+                                     progress=progress_of(self), security=self._security,
+                                     finished=self._data.finished)
             weakref.finalize(self, self._acks.stop)
 
     def _act(self, actions: Iterable[Action]) -> None:
@@ -444,11 +446,6 @@ class RemoteLoader:
                 if socket in events:
                     self._serve_control(index)
             now = time.monotonic()
-
-    def _progress(self) -> tuple[int, Any, int] | None:
-        """(link, tags, handed-out count) of the current message, or None."""
-        current = self._current
-        return None if current is None else (current[0], current[2], self._index)
 
     def _take(self, message: Data, now: float) -> bool:
         """Make ``message`` the current one; False when it is dropped (a stale server's)."""
@@ -543,17 +540,23 @@ def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | No
     return state
 
 
+def _progress(loader: RemoteLoader) -> tuple[int, Any, int] | None:
+    """(link, tags, handed-out count) of the loader's current message, or None."""
+    current = loader._current
+    return None if current is None else (current[0], current[2], loader._index)
+
+
 def _trackers(loader: RemoteLoader) -> tuple[RankPositions | None, HandedRanges | None]:
     """What a loader tells a server that must resume: a rank's position with each server
     (also saved by state_dict), or a free reliable trainer's latest hand-outs."""
     links, count = loader._links, len(loader.addresses)
     if loader.rank is not None:
         positions = RankPositions(count, rank=loader.rank, world_size=loader.world_size,
-                                  current=loader._progress)
+                                  current=lambda: _progress(loader))
         links.position = positions.announce
         return positions, None
     if loader.reliable:
-        handed = HandedRanges(count, current=loader._progress)
+        handed = HandedRanges(count, current=lambda: _progress(loader))
         links.handed = handed.announce
         return None, handed
     return None, None

@@ -227,6 +227,9 @@ class Ack:
     """The client has handed out samples (client to server).
 
     Reliable mode, on the data socket: every sample of the messages ``seqs``.
+    A free reliable trainer, on the control socket: the same for server
+    ``server_id``'s messages ``seqs`` when ``position`` is -1, else every
+    sample of its message ``seqs`` up to and including ``(epoch, position)``.
     A ranked trainer, on the control socket: every sample of its share up to
     and including ``(epoch, position)`` of server ``server_id``, as rank
     ``rank`` (``position`` -1: none).

@@ -13,7 +13,11 @@ thread over the control socket, how far it handed out the message it is in
 (:meth:`ReliableLedger.handed`): only the rest of that message is sent again,
 so every sample is handed out once across the trainers, counting a dead one's
 (up to the last few ms before it died; the loader drops a sample it already
-handed out, should one come twice).
+handed out, should one come twice). A trainer acknowledges the messages it
+handed out whole several at once on the data socket (half its credit), and
+that thread acknowledges the rest of them within a few ms (an ``Ack`` with no
+position): one acknowledgement per message would wake both ends' I/O threads
+for every message.
 
 With credit, a trainer's receive queue never fills up, which is what makes
 ZMTP heartbeats safe on this data socket (see ``make_socket``).
@@ -33,7 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,7 +101,10 @@ class ReliableLedger:
     Pure bookkeeping: no socket, no clock (``now`` is passed in).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, server_id: str = "") -> None:
+        #: Acknowledgements over control that name another server (a trainer's previous
+        #: one: its sequence numbers mean nothing here) are ignored.
+        self.server_id = server_id
         self.peers: dict[bytes, _Peer] = {}
         self.resend: deque[_Pending] = deque()
         self.next_seq = 1
@@ -118,27 +125,36 @@ class ReliableLedger:
         elif isinstance(message, Ack):
             peer = self.peers.get(identity)
             if peer is not None:
-                for seq in message.seqs:
-                    done = peer.unacked.pop(seq, None)
-                    if done is not None:
-                        self.unacked_bytes -= done.nbytes
+                self._acknowledge(peer, message.seqs)
         else:
             peer_log.log(logging.WARNING, "unexpected", "unexpected %s on the reliable data socket",
                          type(message).__name__)
 
+    def _acknowledge(self, peer: _Peer, seqs: Sequence[int]) -> None:
+        for seq in seqs:
+            done = peer.unacked.pop(seq, None)
+            if done is not None:
+                self.unacked_bytes -= done.nbytes
+
     def handed(self, message: Ack) -> None:
-        """A trainer handed out its message ``message.seqs`` up to ``(epoch, position)``.
+        """A trainer handed out its message ``message.seqs`` up to ``(epoch, position)``,
+        or (position -1) its messages ``message.seqs`` whole.
 
         These come from the trainer's acknowledging thread, over the control
         socket, every few ms; an acknowledgement of a message already
         acknowledged whole (or re-sent) finds nothing and is ignored. Only the
-        sender's own messages (by its client id) are marked: anyone can reach the
-        control port, and a mark on another trainer's message would cut what is
-        re-sent when that trainer goes.
+        sender's own messages (by its client id) are marked or acknowledged:
+        anyone can reach the control port, and a mark on another trainer's
+        message would cut what is re-sent when that trainer goes.
         """
+        if message.server_id and self.server_id and message.server_id != self.server_id:
+            return
         mark = (message.epoch, message.position)
         for peer in self.peers.values():
             if peer.client_id != message.client_id:
+                continue
+            if message.position < 0:
+                self._acknowledge(peer, message.seqs)
                 continue
             for seq in message.seqs:
                 pending = peer.unacked.get(seq)
@@ -218,7 +234,7 @@ class ReliableDispatch:
                  read_marks: Callable[[], object] = lambda: None) -> None:
         self.socket = socket
         self.server_id = server_id
-        self.ledger = ReliableLedger()
+        self.ledger = ReliableLedger(server_id)
         #: Reads the control socket: a trainer's last hand-out marks, sent just before it
         #: died, must count before its messages are cut for the others.
         self.read_marks = read_marks

@@ -87,3 +87,20 @@ def test_a_hand_out_mark_counts_only_for_the_sender_s_own_messages() -> None:
     assert ledger.peers[b"a"].unacked[1].handed is None
     ledger.handed(Ack(seqs=[1], client_id="a", epoch=1, position=5))
     assert ledger.peers[b"a"].unacked[1].handed == (1, 5)
+
+
+def test_messages_handed_out_whole_are_acknowledged_over_control_by_their_holder() -> None:
+    ledger = ReliableLedger("server-1")
+    ledger.take(b"a", Credit(client_id="a", credits=3))
+    for tag in (1, 2, 3):
+        ledger.delivered(b"a", pending(tag))
+    # No position: the messages were handed out whole (the trainer's thread says so for
+    # those its loader had not acknowledged yet) -- but only the holder's own count, and
+    # only those this server dealt (a trainer's previous server numbered its own).
+    ledger.handed(Ack(seqs=[1, 2], client_id="intruder", server_id="server-1"))
+    ledger.handed(Ack(seqs=[1, 2], client_id="a", server_id="an-earlier-server"))
+    assert sorted(ledger.peers[b"a"].unacked) == [1, 2, 3]
+    ledger.handed(Ack(seqs=[1, 2], client_id="a", server_id="server-1"))
+    assert sorted(ledger.peers[b"a"].unacked) == [3] and ledger.pick() == b"a"
+    ledger.take(b"a", Ack(seqs=[2, 3]))  # the data socket's acknowledgement of 2 as well
+    assert ledger.unacknowledged == 0 and ledger.unacked_bytes == 0

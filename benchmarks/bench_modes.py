@@ -1,0 +1,187 @@
+"""Reliable and CURVE delivery against plain delivery: small samples, one trainer.
+
+Run from the repository root (``make bench`` runs it after the suite)::
+
+    python -m benchmarks.bench_modes --repeats 5   # the full run (about 2 minutes)
+    python -m benchmarks.bench_modes --quick       # a few seconds, for a smoke test
+
+One feedmux server over tcp on 127.0.0.1 serves the suite's small scenario
+(``{'X': float32[16], 'y': int64}``, messages of up to 256 samples) to one
+trainer, in three modes: plain, ``reliable=True`` (credit and
+acknowledgements), and CURVE (a key pair made with feedmux's keygen, any
+client let in). Each measurement is the suite's (``benchmarks._harness``: a
+fresh trainer process, warm-up, timed loop, watchdog); the modes run
+interleaved round by round, rotated each round. The ratios are paired: the
+two modes' rates are divided round by round and the median quotient is
+reported, which cancels most of the drift of a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks import _harness, peers
+from benchmarks.scenarios import SCENARIOS, SMALL, Contender
+
+MODES = ("plain", "reliable", "curve")
+#: The issue's targets: samples/s of each mode over plain's, same run.
+TARGETS = {"reliable": 0.90, "curve": 0.50}
+
+
+class _Keys:
+    """The server's CURVE key pair, in a folder removed by :meth:`remove`."""
+
+    def __init__(self) -> None:
+        from feedmux._security import create_keys
+
+        self.folder = tempfile.mkdtemp(prefix="feedmux-bench-keys-")
+        public, secret = create_keys(self.folder, "server")
+        self.public, self.secret = str(public), str(secret)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _options(mode: str, keys: _Keys) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The server's and the loader's keyword arguments for ``mode``."""
+    return {
+        "plain": ({}, {}),
+        "reliable": ({"reliable": True}, {"reliable": True}),
+        "curve": ({"curve_secret": keys.secret}, {"curve_server_key": keys.public}),
+    }[mode]
+
+
+def _starter(mode: str, keys: _Keys) -> _harness.StartProducer:
+    def start(contender: Contender, kind: str, endpoints: peers.Endpoints,
+              timeout: float) -> peers.Producer:
+        import feedmux
+
+        server = feedmux.Server(peers.FEEDMUX_SOURCE, bind=endpoints.data,
+                                control=endpoints.control, factory_kwargs={"kind": kind},
+                                **_options(mode, keys)[0]).start()
+        pids = [server.pid] if server.pid else []
+
+        def stop() -> None:
+            try:
+                server.stop(timeout=5)
+            finally:
+                for pid in pids:
+                    peers.kill_pid(pid)
+
+        return peers.Producer(peers.Endpoints(server.data_address, server.control_address),
+                              pids=pids, stop=stop, handle=server)
+
+    return start
+
+
+def _connector(mode: str, keys: _Keys) -> _harness.Connect:
+    def connect(contender: Contender, kind: str, endpoints: peers.Endpoints, timeout: float,
+                trainers: int = 1, index: int = 0) -> peers.Consumer:
+        import feedmux
+
+        loader = feedmux.RemoteLoader(endpoints.data, control=endpoints.control,
+                                      timeout=timeout, **_options(mode, keys)[1])
+        return peers.Consumer(samples=iter(loader), close=loader.close)
+
+    return connect
+
+
+def run(repeats: int, quick: bool = False, seconds: float | None = None,
+        progress: Callable[[str], None] | None = print) -> dict[str, list[dict[str, Any]]]:
+    """Every mode once per round, rotated; the raw records per mode."""
+    scenario = next(s for s in SCENARIOS if s.key == SMALL)
+    budget = (_harness.Budget.quick(scenario) if quick
+              else _harness.Budget.full(scenario, seconds))
+    keys = _Keys()
+    records: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    try:
+        for round_index in range(repeats):
+            shift = round_index % len(MODES)
+            for mode in MODES[shift:] + MODES[:shift]:
+                record = _harness.measure(scenario, Contender("feedmux"), budget,
+                                          start_producer=_starter(mode, keys),
+                                          connect=_connector(mode, keys))
+                record.update(mode=mode, round=round_index)
+                if "error" not in record:
+                    record["samples_per_second"] = record["samples"] / record["seconds"]
+                    record["trainer_cpu_us_per_sample"] = (
+                        1e6 * record["cpu_seconds"] / record["samples"])
+                    if record.get("producer_cpu_seconds") is not None:
+                        record["server_cpu_us_per_sample"] = (
+                            1e6 * record["producer_cpu_seconds"] / record["samples"])
+                records[mode].append(record)
+                if progress is not None:
+                    progress(_progress_line(round_index, record))
+    finally:
+        keys.remove()
+    return records
+
+
+def _progress_line(round_index: int, record: dict[str, Any]) -> str:
+    head = f"round {round_index + 1} {record['mode']:<8}"
+    if "error" in record:
+        return f"{head} FAILED: {record['error'].strip().splitlines()[-1]}"
+    return (f"{head} {record['samples_per_second']:>12,.0f} samples/s "
+            f"{record['trainer_cpu_us_per_sample']:7.2f} µs trainer CPU/sample")
+
+
+def _median(records: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in records if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def paired_ratios(records: dict[str, list[dict[str, Any]]], mode: str) -> list[float]:
+    """``mode``'s samples/s over plain's in the same round, for every round."""
+    plain = {r["round"]: r.get("samples_per_second") for r in records["plain"]}
+    return [r["samples_per_second"] / plain[r["round"]] for r in records[mode]
+            if r.get("samples_per_second") and plain.get(r["round"])]
+
+
+def markdown(records: dict[str, list[dict[str, Any]]]) -> str:
+    rounds = max(len(r) for r in records.values())
+    lines = [f"### Small samples, one trainer, tcp: reliable and CURVE against plain "
+             f"({rounds} round(s), medians)", "",
+             "| mode | samples/s | trainer CPU µs/sample | server CPU µs/sample "
+             "| ratio to plain (paired; min-max over rounds) | target |",
+             "|---|---|---|---|---|---|"]
+    for mode in MODES:
+        rate = _median(records[mode], "samples_per_second")
+        trainer = _median(records[mode], "trainer_cpu_us_per_sample")
+        server = _median(records[mode], "server_cpu_us_per_sample")
+        target = TARGETS.get(mode)
+        ratios = paired_ratios(records, mode)
+        ratio = statistics.median(ratios) if ratios else None
+        verdict = "-" if target is None or ratio is None else (
+            f">= {target:.2f}: {'met' if ratio >= target else 'MISSED'}")
+        spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if ratios and mode != "plain" else ""
+        lines.append(f"| {mode} | {_fmt(rate, ',.0f')} | {_fmt(trainer, '.2f')} | "
+                     f"{_fmt(server, '.2f')} | {_fmt(ratio, '.2f')}x{spread} | {verdict} |")
+    failed = sum("error" in r for rs in records.values() for r in rs)
+    if failed:
+        lines.append(f"\n{failed} measurement(s) failed (see above).")
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_modes",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds (default 5)")
+    parser.add_argument("--seconds", type=float, help="timed seconds per measurement")
+    args = parser.parse_args(argv)
+    records = run(1 if args.quick else args.repeats, quick=args.quick, seconds=args.seconds)
+    print(markdown(records))
+    return 0 if all("error" not in r for rs in records.values() for r in rs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
