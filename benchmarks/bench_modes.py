@@ -61,20 +61,9 @@ def _starter(mode: str, keys: _Keys) -> _harness.StartProducer:
               timeout: float) -> peers.Producer:
         import feedmux
 
-        server = feedmux.Server(peers.FEEDMUX_SOURCE, bind=endpoints.data,
-                                control=endpoints.control, factory_kwargs={"kind": kind},
-                                **_options(mode, keys)[0]).start()
-        pids = [server.pid] if server.pid else []
-
-        def stop() -> None:
-            try:
-                server.stop(timeout=5)
-            finally:
-                for pid in pids:
-                    peers.kill_pid(pid)
-
-        return peers.Producer(peers.Endpoints(server.data_address, server.control_address),
-                              pids=pids, stop=stop, handle=server)
+        return peers.started_server(feedmux.Server(
+            peers.FEEDMUX_SOURCE, bind=endpoints.data, control=endpoints.control,
+            factory_kwargs={"kind": kind}, **_options(mode, keys)[0]))
 
     return start
 

@@ -149,6 +149,13 @@ def _start_feedmux(contender: Contender, kind: str, endpoints: Endpoints) -> Pro
         curve_secret=_curve_secret(keys) if keys else None,
         shm=mode != "noshm",
     )
+    return started_server(
+        server, after=(lambda: shutil.rmtree(keys, ignore_errors=True)) if keys else None)
+
+
+def started_server(server: Any, after: Callable[[], None] | None = None) -> Producer:
+    """Start a ``feedmux.Server`` and hold it as a producer: stopped (killed by pid if it
+    will not stop), then ``after`` run, when the measurement ends."""
     server.start()  # returns once bound: the endpoints below are the real ones
     pids = [server.pid] if server.pid else []
 
@@ -158,8 +165,8 @@ def _start_feedmux(contender: Contender, kind: str, endpoints: Endpoints) -> Pro
         finally:
             for pid in pids:
                 kill_pid(pid)
-            if keys:
-                shutil.rmtree(keys, ignore_errors=True)
+            if after is not None:
+                after()
 
     bound = Endpoints(server.data_address, server.control_address)
     return Producer(bound, pids=pids, stop=stop, handle=server)
