@@ -334,13 +334,16 @@ class ShmPool:
                     freed += 1
         return freed
 
-    def place(self, frames: Sequence[Any], threshold: int = SHM_THRESHOLD) -> Placement | None:
+    def place(self, frames: Sequence[Any], threshold: int = SHM_THRESHOLD,
+              in_place: bool = True) -> Placement | None:
         """``frames`` with every large array frame moved into the pool and replaced by a ref.
 
         Returns None when the pool has no room for them now (nothing is placed
         then); the caller waits for releases and asks again. A frame that is
         already in the pool (:func:`shared_empty`) is referred to without a copy.
         A placement that is not sent after all is given back with :meth:`cancel`.
+        ``in_place=False`` copies those too: the caller keeps the frames (a rank's
+        messages are kept for its successor), so their runs must stay the server's.
         """
         segment = self.segment
         placed = Placement(frames)
@@ -354,7 +357,8 @@ class ShmPool:
             offset = int(source.ctypes.data) - segment.base
             head = offset // segment.granule
             if (0 <= offset < len(segment.data) and offset % segment.granule == 0
-                    and self.runs.get(head) and segment.table[head, _STATE] == HELD):
+                    and in_place and self.runs.get(head)
+                    and segment.table[head, _STATE] == HELD):
                 row = segment.table[head]
                 row[_STAMP] = int(time.monotonic() * 1000)
                 row[_STATE] = SENT

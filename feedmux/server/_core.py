@@ -508,9 +508,9 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
 
 
 def shm_trainers(core: ControlCore) -> set[bytes]:
-    """The data-socket identities of the free trainers that mapped the pool."""
+    """The data-socket identities of the trainers that mapped the pool."""
     return {trainer.client_id.encode() for trainer in list(core.trainers.values())
-            if trainer.shm and trainer.rank < 0}
+            if trainer.shm}
 
 
 def _shm_offer(core: ControlCore, identity: bytes) -> list[Send]:

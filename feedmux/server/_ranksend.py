@@ -35,16 +35,20 @@ class RankSender:
         self.retention = retention
         self.on_replayed = on_replayed
 
-    def send(self, rank: int, target: bytes, frames: Sequence[Any]) -> bool:
+    def send(self, rank: int, target: bytes, frames: Sequence[Any],
+             wire: Sequence[Any] | None = None) -> bool:
         """Send ``frames`` to ``target``, the holder of ``rank``; False if it cannot take it now.
 
+        ``wire``, when given, is what goes on the socket instead (the message placed
+        in the shared-memory pool); ``frames`` are what is kept for a successor.
         A rank taken over by a restarted trainer gets what its predecessor did
         not hand out first (nothing new until that is through).
         """
         if self.retention.pending(rank, target) and not self.replay(rank, target):
             return False
         try:
-            self.data.send_multipart([target, *frames], flags=zmq.NOBLOCK, copy=False)
+            self.data.send_multipart([target, *(frames if wire is None else wire)],
+                                     flags=zmq.NOBLOCK, copy=False)
         except zmq.ZMQError:
             # Again: its queue is full (HWM); EHOSTUNREACH: its data connection is not up
             # yet, or gone (the control heartbeats decide that).

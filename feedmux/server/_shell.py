@@ -162,10 +162,10 @@ class Endpoints:
                                          lambda: _wait_for_credit(self))
             else:
                 placed = None
-                if rank < 0 and self.pool is not None:  # trainers on this host: the pool
+                if self.pool is not None:  # trainers on this host: the pool
                     trainers = shm_trainers(core)
                     placed = pooled(self.pool, trainers, frames, self.serve_control,
-                                    self.stopping)
+                                    self.stopping, ranked=rank >= 0)
                 try:
                     sent = self._push(frames, rank, None if placed is None else (trainers, placed))
                 finally:
@@ -191,8 +191,7 @@ class Endpoints:
         blocked_since = 0.0
         while not core.restarting:  # a message of the previous run goes to nobody
             if rank >= 0:
-                target = core.rank_target(rank)
-                sent = target is not None and self.ranked.send(rank, target, frames)
+                sent, capped = _send_ranked(self, rank, frames, placed)
             else:
                 sent, capped = _send_free(self, message, in_pool, placed)
             if sent:
@@ -356,6 +355,26 @@ class Endpoints:
             self.handshakes.stop()
         if self.authenticator is not None:
             self.authenticator.stop()
+
+
+def _send_ranked(endpoints: Endpoints, rank: int, frames: Frames,
+                 placed: tuple[set[bytes], Placement] | None) -> tuple[bool, bool]:
+    """Send a rank's message to its holder: as placed in the pool if the holder maps it
+    (unless ``transit_cap`` of its references are still on their way to it), as it is
+    otherwise. Returns (sent, held back for the cap)."""
+    target = endpoints.core.rank_target(rank)
+    if target is None:
+        return False, False
+    pool, wire = endpoints.pool, None
+    if placed is not None and pool is not None and target in placed[0]:
+        if pool.in_transit(target) >= endpoints.transit_cap:
+            return False, True
+        wire = placed[1]
+    if not endpoints.ranked.send(rank, target, frames, wire):
+        return False, False
+    if wire is not None and pool is not None and placed is not None:
+        pool.delivered(target, placed[1])  # its runs are the trainer's to release
+    return True, False
 
 
 def _send_free(endpoints: Endpoints, message: list[Any], in_pool: list[Any] | None,

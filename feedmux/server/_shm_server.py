@@ -1,21 +1,22 @@
 """The server's use of the shared-memory pool: when to open it, how a full pool waits.
 
 This module owns the server-side policy around :class:`feedmux._shm.ShmPool`:
-a pool only for plain delivery to free trainers with ``shm`` on, a message
-placed in it only when a free trainer proved it maps the pool (and sent as
-references only to such a trainer: the data ROUTER picks each message's
-trainer, so trainers on other hosts get the same message over the socket), the fall-back to
-sockets where ``/dev/shm`` cannot hold it, and the back-pressure of a full pool
-(the sampler waits, serving control; every stall counts in the ``shm_stalls``
-statistic, and one that lasts is logged). It never overwrites a run in use and never
-sends data itself: the shell sends what :func:`place_or_wait` returns.
+a pool for plain delivery with ``shm`` on, a message placed in it only when a
+trainer proved it maps the pool (and sent as references only to such a
+trainer: the data ROUTER picks each message's trainer, so trainers on other
+hosts get the same message over the socket), the fall-back to sockets where
+``/dev/shm`` cannot hold it, and the back-pressure of a full pool (the sampler
+waits, serving control; every stall counts in the ``shm_stalls`` statistic, and
+one that lasts is logged). It never overwrites a run in use and never sends
+data itself: the shell sends what :func:`place_or_wait` returns.
 
-Ranked trainers and consumer groups get their messages over the sockets: a
-rank's messages are kept for its successor and a group's for every group, and
-the pool takes a run back once its trainer is gone. Reliable mode does not use
-the pool either: it re-deals a dead trainer's messages to
-the others, and a run the dead trainer had claimed is taken back as soon as its
-pid is gone, so a re-dealt reference could point at reused memory.
+Ranked trainers get references too, while the server keeps the message as
+drawn (its own copy, never a pool run) for a successor: a restarted rank gets
+its predecessor's rest over the socket, from those frames. Consumer groups get
+their messages over the sockets (a group's buffer is read by every group), and
+so does reliable mode: it re-deals a dead trainer's messages to the others, and
+a run the dead trainer had claimed is taken back as soon as its pid is gone,
+so a re-dealt reference could point at reused memory.
 """
 
 from __future__ import annotations
@@ -64,27 +65,32 @@ def close_pool(pool: ShmPool | None) -> None:
 
 
 def pooled(pool: ShmPool, trainers: set[bytes], frames: Sequence[Any],
-           serve_control: Callable[[float], bool], stopping: StopFlag) -> Placement | None:
-    """``frames`` placed in the pool for the free ``trainers`` that map it (waiting while
-    it is full), or None: no such trainer, nothing large, or the server stops.
+           serve_control: Callable[[float], bool], stopping: StopFlag,
+           ranked: bool = False) -> Placement | None:
+    """``frames`` placed in the pool for the ``trainers`` that map it (waiting while it
+    is full), or None: no such trainer, nothing large, or the server stops.
 
     The message may still go to a trainer that does not map the pool (whichever
     free trainer has room takes it): the sender gives the placement back then
-    (:meth:`ShmPool.cancel`). Telling the pool whether it is in use lets the copy
-    that makes a drawn array the server's own write it there directly.
+    (:meth:`ShmPool.cancel`). For free trainers, telling the pool it is in use lets
+    the copy that makes a drawn array the server's own write it there directly. A
+    rank's messages are kept (the frames as drawn) until it handed them out, for a
+    successor: those frames must not be pool runs a trainer frees, so a ranked
+    message is copied into the pool whole and its frames stay the server's.
     """
-    pool.wanted = bool(trainers)
+    if not ranked:
+        pool.wanted = bool(trainers)
     if not trainers or len(frames) <= 2:
         return None
-    return place_or_wait(pool, frames, serve_control, stopping)
+    return place_or_wait(pool, frames, serve_control, stopping, in_place=not ranked)
 
 
 def place_or_wait(
     pool: ShmPool, frames: Sequence[Any], serve_control: Callable[[float], bool],
-    stopping: StopFlag,
+    stopping: StopFlag, in_place: bool = True,
 ) -> Placement | None:
     """``frames`` placed in the pool, waiting while it is full; None if the server stops."""
-    placed = pool.place(frames)
+    placed = pool.place(frames, in_place=in_place)
     if placed is not None:
         return placed
     pool.stalls += 1
@@ -95,7 +101,7 @@ def place_or_wait(
             time.sleep(pause)
         serve_control(0 if pause < 0.001 else pause)
         pool.reclaim(pool.owners_due())
-        placed = pool.place(frames)
+        placed = pool.place(frames, in_place=in_place)
         if placed is not None:
             return placed
         pause = min(pause * 2, STALL_POLL_LONGEST)

@@ -32,13 +32,17 @@ def read_ranked(path: Path) -> list[tuple[int, int, int]]:
             for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.parametrize(("workers", "width"), [("1", "4"), ("2", "4"), ("1", "8192")],
+                         ids=["workers1", "workers2", "shm-pool"])
 def test_a_restarted_rank_continues_right_after_its_predecessor(
-    serve: Any, tmp_path: Path, workers: str
+    serve: Any, tmp_path: Path, workers: str, width: str
 ) -> None:
-    server = serve(SAMPLER, "--arg", "streams=2", "--arg", "per_stream=100", "--epochs",
-                   str(EPOCHS), "--epoch-size", str(EPOCH), "--samples-per-message", "16",
-                   "--workers", workers)
+    # width 8192: 16 samples of 32 KiB make a 512 KiB array frame, which goes to the
+    # ranks (same host) through the shared-memory pool while the server keeps its own
+    # copy of each message for a successor.
+    server = serve(SAMPLER, "--arg", "streams=2", "--arg", "per_stream=100", "--arg",
+                   f"width={width}", "--epochs", str(EPOCHS), "--epoch-size", str(EPOCH),
+                   "--samples-per-message", "16", "--workers", workers)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
     def trainer(rank: int, name: str, *flags: str) -> subprocess.Popen[bytes]:

@@ -186,3 +186,39 @@ def test_a_trainer_that_cannot_map_the_pool_gets_the_same_messages_by_socket() -
         assert server.join(30) == 0
     finally:
         server.stop()
+
+
+def test_the_ranks_of_a_job_on_this_host_get_views_and_equal_steps() -> None:
+    server = Server("tests.integration.samplers:large", bind="tcp://127.0.0.1:0", epochs=1,
+                    samples_per_message=1, shm_size=64 * MIB, factory_kwargs={"count": 41}).start()
+    got: dict[int, list[int]] = {}
+    kept: dict[int, np.ndarray] = {}
+    errors: list[BaseException] = []
+
+    def train(rank: int) -> None:
+        try:
+            with RemoteLoader(server.data_address, control=server.control_address, timeout=30,
+                              rank=rank, world_size=2) as loader:
+                ids = []
+                for sample in loader:
+                    assert (sample["x"] == sample["id"]).all()
+                    ids.append(int(sample["id"]))
+                    kept[rank] = sample["x"]  # the last: the first may precede the attach
+                got[rank] = ids
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    try:
+        threads = [threading.Thread(target=train, args=(rank,)) for rank in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not errors and not any(thread.is_alive() for thread in threads)
+        # 41 samples dealt p % 2, the last round padded: 21 steps each, every sample once.
+        assert len(got[0]) == len(got[1]) == 21
+        assert set(got[0]) | set(got[1]) == set(range(41))
+        assert in_pool(kept[0]) and in_pool(kept[1])
+        assert server.join(30) == 0
+    finally:
+        server.stop()

@@ -43,6 +43,8 @@ def main(argv: list[str]) -> int:
     ) as loader:
         for count, (meta, sample) in enumerate(loader, start=1):
             position = f" {meta.position}" if args.rank is not None else ""
+            if "x" in sample and not (sample["x"] == sample["id"]).all():
+                return 4  # a sample's array is not its own (reused memory)
             out.write(f"{meta.epoch} {int(sample['id'])}{position}\n")
             if args.step_ms:
                 time.sleep(args.step_ms / 1000)
