@@ -700,10 +700,17 @@ def fetch_stats(
     context: zmq.Context[Any] = zmq.Context()
     socket = make_socket(context, zmq.DEALER, hwm=10, max_message_bytes=CONTROL_FRAME_BYTES,
                          security=security)
+    # A refused handshake (CURVE) tears the connection down: a send would then wait
+    # for the next one, forever; the timeout bounds the send too.
+    socket.sndtimeo = max(1, int(timeout * 1000))
+    deadline = time.monotonic() + timeout
     try:
         socket.connect(control_address)
-        send_message(socket, StatsRequest(client_id=f"stats-{os.getpid()}"))
-        deadline = time.monotonic() + timeout
+        try:
+            send_message(socket, StatsRequest(client_id=f"stats-{os.getpid()}"))
+        except zmq.Again:
+            raise TransportTimeoutError(
+                f"no connection to {control_address} within {timeout:g} s") from None
         while (remaining := deadline - time.monotonic()) > 0:
             if not socket.poll(int(remaining * 1000) + 1):
                 break

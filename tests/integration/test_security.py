@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +73,16 @@ def test_bad_key_arguments_are_named(keys: Path) -> None:
     with pytest.raises(feedmux.ConfigurationError, match="expected a secret certificate"):
         RemoteLoader("tcp://127.0.0.1:1", curve_server_key=str(keys / "server.key"),
                      curve_certificate=str(keys / "trainer.key"))
+
+
+def test_stats_without_the_key_time_out_within_their_bound(serve: Any, keys: Path) -> None:
+    # A refused CURVE handshake tears the connection down, and a send made then waited
+    # for the next connection without end (the suite hung here once under load): the
+    # timeout bounds the send as well as the answer.
+    server = serve(f"{SAMPLER}:numbered", "--curve-secret", str(keys / "server.key_secret"),
+                   "--curve-clients", str(keys / "allowed"))
+    for _ in range(5):
+        started = time.monotonic()
+        with pytest.raises(feedmux.TransportTimeoutError):
+            fetch_stats(server.control, timeout=0.5)
+        assert time.monotonic() - started < 5
