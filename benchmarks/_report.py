@@ -144,6 +144,11 @@ def _row(
     return None
 
 
+def _cpu_check(check: Check, label: str, row: Any, most: float) -> None:
+    """A target on the trainer's CPU per sample in ``row``: at most ``most`` µs."""
+    check(label, row["trainer_cpu_us_per_sample"] if row else None, most, "µs", at_most=True)
+
+
 def _ratio(a: Any, b: Any) -> float | None:
     """The median over rounds of a's rate divided by b's rate in the same round."""
     if a is None or b is None:
@@ -185,13 +190,7 @@ def targets(summary: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
             5,
             "x",
         )
-        check(
-            "small: trainer CPU ≤ 3 µs per sample",
-            feedmux["trainer_cpu_us_per_sample"] if feedmux else None,
-            3,
-            "µs",
-            at_most=True,
-        )
+        _cpu_check(check, "small: trainer CPU ≤ 3 µs per sample", feedmux, 3)
         check(
             "context: feedmux / raw pyzmq with one pre-built message per sample",
             _ratio(feedmux, _row(small, "pyzmq")),
@@ -306,13 +305,7 @@ def _small_targets(check: Check, small: list[dict[str, Any]], feedmux: Any) -> N
         0.6,
         "x",
     )
-    check(
-        "small: trainer CPU ≤ 0.6 µs per sample",
-        feedmux["trainer_cpu_us_per_sample"] if feedmux else None,
-        0.6,
-        "µs",
-        at_most=True,
-    )
+    _cpu_check(check, "small: trainer CPU ≤ 0.6 µs per sample", feedmux, 0.6)
     check(
         "small: --reliable ≥ 90% of plain",
         _ratio(_row(small, "feedmux", mode="reliable"), feedmux),
@@ -337,13 +330,7 @@ def _large_targets(check: Check, large: list[dict[str, Any]]) -> None:
         2.5,
         "x",
     )
-    check(
-        "large, same host: trainer CPU ≤ 200 µs per 16 MiB sample",
-        feedmux["trainer_cpu_us_per_sample"] if feedmux else None,
-        200,
-        "µs",
-        at_most=True,
-    )
+    _cpu_check(check, "large, same host: trainer CPU ≤ 200 µs per 16 MiB sample", feedmux, 200)
     check(
         "large, same host: feedmux with shared_empty ≥ 3x raw pyzmq (tcp)",
         _ratio(_row(large, "feedmux", mode="shared"), pyzmq),

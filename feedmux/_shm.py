@@ -57,6 +57,7 @@ __all__ = [
     "ShmViews",
     "is_ref",
     "owned_copy",
+    "orphaned_segments",
     "shared_empty",
     "sweep",
 ]
@@ -91,7 +92,7 @@ _PREFIX = "feedmux-"
 
 def is_ref(frame: Any) -> bool:
     """Whether ``frame`` (a bytes-like of any length) is a reference frame."""
-    return len(frame) == REF_SIZE and bytes(frame[:8]) == _MAGIC
+    return len(frame) == REF_SIZE and frame[:8] == _MAGIC
 
 
 def _layout(size: int, granule: int) -> tuple[int, int]:
@@ -111,24 +112,30 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def sweep(directory: str = SHM_DIR) -> list[str]:
-    """Remove the segments of servers that are gone (killed); return their paths."""
-    removed: list[str] = []
+def orphaned_segments(directory: str = SHM_DIR) -> list[str]:
+    """The names of the segments in ``directory`` whose server is gone."""
     try:
         names = os.listdir(directory)
     except OSError:
-        return removed
+        return []
+    gone = []
     for name in names:
-        if not name.startswith(_PREFIX):
-            continue
-        pid_text = name[len(_PREFIX):].split("-", 1)[0]
+        pid_text = name[len(_PREFIX):].split("-", 1)[0] if name.startswith(_PREFIX) else ""
         if pid_text.isdigit() and not _pid_alive(int(pid_text)):
-            path = os.path.join(directory, name)
-            try:
-                os.unlink(path)
-                removed.append(path)
-            except OSError:
-                pass
+            gone.append(name)
+    return gone
+
+
+def sweep(directory: str = SHM_DIR) -> list[str]:
+    """Remove the segments of servers that are gone (killed); return their paths."""
+    removed: list[str] = []
+    for name in orphaned_segments(directory):
+        path = os.path.join(directory, name)
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
     return removed
 
 
@@ -176,6 +183,8 @@ class Placement(list):  # type: ignore[type-arg]
         super().__init__(frames)
         self.taken: list[int] = []
         self.held: list[int] = []
+        #: The data identities of the trainers it is for (those that map the pool).
+        self.trainers: frozenset[bytes] = frozenset()
 
     def delivered(self) -> None:
         """Sent as references: its runs are the trainer's to release, not ours to cancel."""
@@ -261,11 +270,7 @@ class ShmPool:
         touches to what is in flight at its peak (and those pages warm), where
         cycling through the pool would make all of ``--shm-size`` resident.
         """
-        busy = self.busy
-        size = len(busy)
-        if count > size:
-            return -1
-        free = np.flatnonzero(~busy)
+        free = np.flatnonzero(~self.busy)
         if len(free) < count:
             return -1
         if count == 1:
@@ -354,11 +359,8 @@ class ShmPool:
             if nbytes < threshold:
                 continue
             source = np.frombuffer(frame, np.uint8)
-            offset = int(source.ctypes.data) - segment.base
-            head = offset // segment.granule
-            if (0 <= offset < len(segment.data) and offset % segment.granule == 0
-                    and in_place and self.runs.get(head)
-                    and segment.table[head, _STATE] == HELD):
+            head = self._lent_head(source) if in_place else -1
+            if head >= 0:
                 row = segment.table[head]
                 row[_STAMP] = int(time.monotonic() * 1000)
                 row[_STATE] = SENT
@@ -394,17 +396,19 @@ class ShmPool:
         while the views a trainer keeps are bounded by the pool alone.
         """
         queue = self._transit.get(trainer)
-        table = self.segment.table
+        if queue is None:
+            return 0
+        slots = self.segment.slots
         while queue:
             head, generation = queue[0]
-            row = table[head]
-            if row[_GEN] == generation and row[_STATE] == SENT and row[_OWNER] == 0:
+            row = head * 4
+            if (slots[row + _GEN] == generation and slots[row + _STATE] == SENT
+                    and slots[row + _OWNER] == 0):
                 break  # the oldest is still on its way: so are the later ones
             queue.popleft()
-        if queue is None or queue:
-            return len(queue) if queue else 0
-        del self._transit[trainer]  # nothing on its way: a trainer that left leaves nothing
-        return 0
+        if not queue:
+            del self._transit[trainer]  # nothing on its way: a trainer that left leaves nothing
+        return len(queue)
 
     def cancel(self, placed: Placement) -> None:
         """Give back what :meth:`place` took for a message that was not sent: the runs
@@ -429,20 +433,26 @@ class ShmPool:
         segment = self.segment
         memory = segment.run_memory(head, nbytes)
         # Not sent (or sent over a socket): the run comes back when no view of it is left.
-        weakref.finalize(memory, _release, segment.table, head, int(segment.table[head, _GEN]),
-                         HELD)
+        weakref.finalize(memory, _release, segment.slots, head * 4,
+                         int(segment.table[head, _GEN]), HELD)
         array: np.ndarray = memory.view(dtype).reshape(shape)
         return array
 
     def lent(self, array: np.ndarray) -> bool:
         """Whether ``array`` is a whole run :meth:`empty` lent out (and not sent yet)."""
-        offset = int(array.ctypes.data) - self.segment.base if array.size else -1
-        granule = self.segment.granule
-        head = offset // granule
-        return (0 <= offset < len(self.segment.data) and offset % granule == 0
+        return self._lent_head(array) >= 0
+
+    def _lent_head(self, array: np.ndarray) -> int:
+        """The run :meth:`empty` lent out that ``array`` covers from its start (-1: none)."""
+        segment = self.segment
+        offset = int(array.ctypes.data) - segment.base if array.size else -1
+        head = offset // segment.granule
+        if (0 <= offset < len(segment.data) and offset % segment.granule == 0
                 and array.flags.c_contiguous and head in self.runs
-                and array.nbytes <= self.runs[head] * granule
-                and int(self.segment.table[head, _STATE]) == HELD)
+                and array.nbytes <= self.runs[head] * segment.granule
+                and int(segment.table[head, _STATE]) == HELD):
+            return head
+        return -1
 
     def stats(self) -> dict[str, int]:
         return {
@@ -488,15 +498,9 @@ def _start_reaper(path: str) -> subprocess.Popen[bytes] | None:
     return starter
 
 
-def _release(table: np.ndarray, head: int, generation: int, state: int) -> None:
-    """Free run ``head`` if it is still in ``state`` at ``generation`` (finalizer)."""
-    row = table[head]
-    if row[_GEN] == generation and row[_STATE] == state:
-        row[_STATE] = FREE
-
-
-def _release_slot(slots: memoryview, row: int, generation: int, state: int) -> None:
-    """:func:`_release` through the table's int64 items (the trainer's finalizer)."""
+def _release(slots: memoryview, row: int, generation: int, state: int) -> None:
+    """Free the run of table row ``row`` if it is still in ``state`` at ``generation``
+    (the finalizer of its memory, in the server or a trainer)."""
     if slots[row + _GEN] == generation and slots[row + _STATE] == state:
         slots[row + _STATE] = FREE
 
@@ -529,7 +533,7 @@ class ShmAttachment:
         if slots[row + _GEN] != generation or slots[row + _STATE] != SENT:
             raise ValueError(f"shared-memory run {head} was taken back before it was received")
         memory = segment.run_memory(head, size)
-        weakref.finalize(memory, _release_slot, slots, row, generation, SENT)
+        weakref.finalize(memory, _release, slots, row, generation, SENT)
         return memory
 
 
@@ -564,7 +568,7 @@ class ShmViews:
         return self.attachments.get(segment_id)
 
     def __call__(self, frame: Any, nbytes: int) -> Any:
-        if len(frame) != REF_SIZE or frame[:8] != _MAGIC:
+        if not is_ref(frame):
             return frame
         segment_id = int.from_bytes(frame[8:16], "little")
         attachment = self.attachments.get(segment_id)
@@ -616,15 +620,12 @@ def owned_copy(array: np.ndarray) -> np.ndarray:
     sample built in place is never copied at all.
     """
     pool = _active
-    if pool is None or os.getpid() != pool.creator or array.nbytes < SHM_THRESHOLD:
-        copied: np.ndarray = array.copy()
-        return copied
-    if pool.lent(array):
-        return array
-    if pool.wanted:
-        copy = pool.empty(array.shape, array.dtype)
+    if pool is not None and os.getpid() == pool.creator and array.nbytes >= SHM_THRESHOLD:
+        if pool.lent(array):
+            return array
+        copy = pool.empty(array.shape, array.dtype) if pool.wanted else None
         if copy is not None:
             np.copyto(copy, array)
             return copy
-    copied = array.copy()
+    copied: np.ndarray = array.copy()
     return copied

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from feedmux._shm import SHM_DIR
+from feedmux._shm import SHM_DIR, orphaned_segments
 
 #: Seconds the reapers get to remove the segments of the suite's last killed servers.
 REAPER_GRACE = 10.0
@@ -17,19 +16,6 @@ REAPER_GRACE = 10.0
 
 def _segments() -> set[str]:
     return {path.name for path in Path(SHM_DIR).glob("feedmux-*")}
-
-
-def _creator_gone(name: str) -> bool:
-    pid = name.split("-")[1]
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -45,7 +31,7 @@ def no_leaked_shared_memory() -> Iterator[None]:
     yield
     deadline = time.monotonic() + REAPER_GRACE
     while True:
-        leaked = sorted(name for name in _segments() - before if _creator_gone(name))
+        leaked = sorted(set(orphaned_segments()) - before)
         if not leaked or time.monotonic() > deadline:
             break
         time.sleep(0.1)

@@ -41,7 +41,7 @@ from feedmux.server._metrics import MetricsEndpoint
 from feedmux.server._producer import Frames
 from feedmux.server._ranksend import RankSender
 from feedmux.server._reliable import ReliableDispatch
-from feedmux.server._shm_server import close_pool, open_pool, pooled
+from feedmux.server._shm_server import close_pool, open_pool, pooled, through_pool
 from feedmux.server.config import ServerConfig
 
 __all__ = ["Endpoints", "MAX_CONTROL_BYTES"]
@@ -167,7 +167,7 @@ class Endpoints:
                     placed = pooled(self.pool, trainers, frames, self.serve_control,
                                     self.stopping, ranked=rank >= 0)
                 try:
-                    sent = self._push(frames, rank, None if placed is None else (trainers, placed))
+                    sent = self._push(frames, rank, placed)
                 finally:
                     if placed is not None and self.pool is not None:
                         self.pool.cancel(placed)  # unless delivered: went by socket, or nowhere
@@ -180,13 +180,12 @@ class Endpoints:
         core.tick(time.monotonic())  # sampling: at most a throughput log line, never a send
         return not (self.stopping or core.restarting)
 
-    def _push(self, frames: Frames, rank: int,
-              placed: tuple[set[bytes], Placement] | None = None) -> bool:
-        """Send to ``rank`` or a free trainer (those in ``placed[0]`` get the message as
+    def _push(self, frames: Frames, rank: int, placed: Placement | None = None) -> bool:
+        """Send to ``rank`` or a free trainer (those ``placed`` is for get the message as
         placed in the shared-memory pool, the others as it is)."""
         core = self.core
         message = [b"", *frames]
-        in_pool = None if placed is None else [b"", *placed[1]]
+        in_pool = None if placed is None else [b"", *placed]
         waited = capped = False
         blocked_since = 0.0
         while not core.restarting:  # a message of the previous run goes to nobody
@@ -358,39 +357,33 @@ class Endpoints:
 
 
 def _send_ranked(endpoints: Endpoints, rank: int, frames: Frames,
-                 placed: tuple[set[bytes], Placement] | None) -> tuple[bool, bool]:
-    """Send a rank's message to its holder: as placed in the pool if the holder maps it
-    (unless ``transit_cap`` of its references are still on their way to it), as it is
-    otherwise. Returns (sent, held back for the cap)."""
+                 placed: Placement | None) -> tuple[bool, bool]:
+    """Send a rank's message to its holder, as placed in the pool or as it is (see
+    :func:`through_pool`). Returns (sent, held back for the transit cap)."""
     target = endpoints.core.rank_target(rank)
     if target is None:
         return False, False
-    pool, wire = endpoints.pool, None
-    if placed is not None and pool is not None and target in placed[0]:
-        if pool.in_transit(target) >= endpoints.transit_cap:
-            return False, True
-        wire = placed[1]
-    if not endpoints.ranked.send(rank, target, frames, wire):
+    via_pool = through_pool(endpoints.pool, placed, target, endpoints.transit_cap)
+    if via_pool is None:
+        return False, True
+    if not endpoints.ranked.send(rank, target, frames, placed if via_pool else None):
         return False, False
-    if wire is not None and pool is not None and placed is not None:
-        pool.delivered(target, placed[1])  # its runs are the trainer's to release
+    if via_pool and endpoints.pool is not None and placed is not None:
+        endpoints.pool.delivered(target, placed)  # its runs are the trainer's to release
     return True, False
 
 
 def _send_free(endpoints: Endpoints, message: list[Any], in_pool: list[Any] | None,
-               placed: tuple[set[bytes], Placement] | None) -> tuple[bool, bool]:
-    """Offer a message to each free trainer in turn: as placed in the pool to those
-    that map it (unless ``transit_cap`` of its references are still on their way to
-    it), as it is to the others. Returns (sent, a trainer was skipped for the cap)."""
-    pool, capped = endpoints.pool, False
+               placed: Placement | None) -> tuple[bool, bool]:
+    """Offer a message to each free trainer in turn, as placed in the pool or as it is
+    (see :func:`through_pool`). Returns (sent, a trainer was skipped for the cap)."""
+    capped = False
     for identity in endpoints.core.free_targets():
-        parts = message
-        if placed is not None and in_pool is not None and identity in placed[0]:
-            assert pool is not None
-            if pool.in_transit(identity) >= endpoints.transit_cap:
-                capped = True
-                continue
-            parts = in_pool
+        via_pool = through_pool(endpoints.pool, placed, identity, endpoints.transit_cap)
+        if via_pool is None:
+            capped = True
+            continue
+        parts = in_pool if via_pool and in_pool is not None else message
         parts[0] = identity
         try:
             endpoints.data.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
@@ -398,8 +391,8 @@ def _send_free(endpoints: Endpoints, message: list[Any], in_pool: list[Any] | No
             # Again: its queue is full (HWM); EHOSTUNREACH: its data connection is not up
             # yet, or gone (the control heartbeats decide that). Next.
             continue
-        if parts is in_pool and placed is not None and pool is not None:
-            pool.delivered(identity, placed[1])  # its runs are the trainer's to release
+        if via_pool and endpoints.pool is not None and placed is not None:
+            endpoints.pool.delivered(identity, placed)  # its runs are the trainer's to release
         return True, capped
     return False, capped
 

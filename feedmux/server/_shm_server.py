@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from feedmux._shm import Placement, ShmPool, activate
 from feedmux.server.config import ServerConfig
 
-__all__ = ["close_pool", "open_pool", "place_or_wait", "pooled"]
+__all__ = ["close_pool", "open_pool", "place_or_wait", "pooled", "through_pool"]
 
 log = logging.getLogger("feedmux.server")
 
@@ -82,7 +82,19 @@ def pooled(pool: ShmPool, trainers: set[bytes], frames: Sequence[Any],
         pool.wanted = bool(trainers)
     if not trainers or len(frames) <= 2:
         return None
-    return place_or_wait(pool, frames, serve_control, stopping, in_place=not ranked)
+    placed = place_or_wait(pool, frames, serve_control, stopping, in_place=not ranked)
+    if placed is not None:
+        placed.trainers = frozenset(trainers)
+    return placed
+
+
+def through_pool(pool: ShmPool | None, placed: Placement | None, target: bytes,
+                 cap: int) -> bool | None:
+    """Whether ``target`` gets the message as placed in the pool (True) or as it is
+    (False), or must wait (None): ``cap`` of its references are still on their way."""
+    if pool is None or placed is None or target not in placed.trainers:
+        return False
+    return None if pool.in_transit(target) >= cap else True
 
 
 def place_or_wait(

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -31,12 +32,12 @@ def in_pool(array: np.ndarray) -> bool:
     return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
 
 
-def consume(server: Server, *, shm: bool, hold: int = 0,
-            last: bool = False) -> tuple[list[int], list[np.ndarray]]:
+def consume(server: Server, *, shm: bool = True, hold: int = 0, last: bool = False,
+            **options: Any) -> tuple[list[int], list[np.ndarray]]:
     """The ids of every sample; the first ``hold`` arrays kept (or only the last one)."""
     ids, held = [], []
     with RemoteLoader(server.data_address, control=server.control_address, timeout=30,
-                      shm=shm) as loader:
+                      shm=shm, **options) as loader:
         for sample in loader:
             assert (sample["x"] == sample["id"]).all()
             ids.append(int(sample["id"]))
@@ -45,6 +46,31 @@ def consume(server: Server, *, shm: bool, hold: int = 0,
             elif last:
                 held[:] = [sample["x"]]
     return ids, held
+
+
+def consume_side_by_side(server: Server, loaders: dict[Any, dict[str, Any]]
+                         ) -> dict[Any, tuple[list[int], list[np.ndarray]]]:
+    """:func:`consume` for each loader's options at once, a thread each (the last array
+    kept: the first may come before the trainer's attach does); bounded, and any
+    trainer's error raised here."""
+    results: dict[Any, tuple[list[int], list[np.ndarray]]] = {}
+    errors: list[BaseException] = []
+
+    def train(key: Any) -> None:
+        try:
+            results[key] = consume(server, last=True, **loaders[key])
+        except BaseException as error:  # raised below, in the test's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=train, args=(key,)) for key in loaders]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads), "a trainer did not finish in 60 s"
+    if errors:
+        raise errors[0]
+    return results
 
 
 def test_same_host_trainers_get_views_and_the_fallback_the_same_samples() -> None:
@@ -167,27 +193,11 @@ def test_a_trainer_that_cannot_map_the_pool_gets_the_same_messages_by_socket() -
     server = Server("tests.integration.samplers:large", bind="tcp://127.0.0.1:0", epochs=1,
                     samples_per_message=1, shm_size=64 * MIB, min_trainers=2,
                     factory_kwargs={"count": 200}).start()
-    got: dict[bool, list[int]] = {}
-    kept: dict[bool, list[np.ndarray]] = {}
-    errors: list[BaseException] = []
-
-    def train(shm: bool) -> None:
-        try:
-            # The last sample: the first may come before the trainer's attach does.
-            got[shm], kept[shm] = consume(server, shm=shm, last=True)
-        except BaseException as error:  # reported below, with the other trainer's
-            errors.append(error)
-
     try:
-        threads = [threading.Thread(target=train, args=(shm,)) for shm in (True, False)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
-        assert not errors and not any(thread.is_alive() for thread in threads)
-        assert sorted(got[True] + got[False]) == list(range(200))
-        assert got[True] and got[False]  # each was dealt some
-        assert in_pool(kept[True][0]) and not in_pool(kept[False][0])
+        runs = consume_side_by_side(server, {True: {"shm": True}, False: {"shm": False}})
+        assert sorted(runs[True][0] + runs[False][0]) == list(range(200))
+        assert runs[True][0] and runs[False][0]  # each was dealt some
+        assert in_pool(runs[True][1][0]) and not in_pool(runs[False][1][0])
         assert server.join(30) == 0
     finally:
         server.stop()
@@ -196,34 +206,13 @@ def test_a_trainer_that_cannot_map_the_pool_gets_the_same_messages_by_socket() -
 def test_the_ranks_of_a_job_on_this_host_get_views_and_equal_steps() -> None:
     server = Server("tests.integration.samplers:large", bind="tcp://127.0.0.1:0", epochs=1,
                     samples_per_message=1, shm_size=64 * MIB, factory_kwargs={"count": 41}).start()
-    got: dict[int, list[int]] = {}
-    kept: dict[int, np.ndarray] = {}
-    errors: list[BaseException] = []
-
-    def train(rank: int) -> None:
-        try:
-            with RemoteLoader(server.data_address, control=server.control_address, timeout=30,
-                              rank=rank, world_size=2) as loader:
-                ids = []
-                for sample in loader:
-                    assert (sample["x"] == sample["id"]).all()
-                    ids.append(int(sample["id"]))
-                    kept[rank] = sample["x"]  # the last: the first may precede the attach
-                got[rank] = ids
-        except BaseException as error:  # reported below
-            errors.append(error)
-
     try:
-        threads = [threading.Thread(target=train, args=(rank,)) for rank in (0, 1)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
-        assert not errors and not any(thread.is_alive() for thread in threads)
+        runs = consume_side_by_side(
+            server, {rank: {"rank": rank, "world_size": 2} for rank in (0, 1)})
         # 41 samples dealt p % 2, the last round padded: 21 steps each, every sample once.
-        assert len(got[0]) == len(got[1]) == 21
-        assert set(got[0]) | set(got[1]) == set(range(41))
-        assert in_pool(kept[0]) and in_pool(kept[1])
+        assert len(runs[0][0]) == len(runs[1][0]) == 21
+        assert set(runs[0][0]) | set(runs[1][0]) == set(range(41))
+        assert in_pool(runs[0][1][0]) and in_pool(runs[1][1][0])
         assert server.join(30) == 0
     finally:
         server.stop()
