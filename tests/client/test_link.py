@@ -187,7 +187,7 @@ def test_waiting_is_bounded_by_the_heartbeat_and_the_timeout() -> None:
     assert links.wait(10.0, 10.0) == INTERVAL
     assert links.wait(10.0, 12.0) == pytest.approx(0.5)
     with pytest.raises(TransportTimeoutError,
-                       match=r"no data from tcp://h:0 for 2.5 s \(servers: tcp://h:1=never "):
+                       match=r"no data from tcp://h:0 for 2.5 s \(control tcp://h:1 never "):
         links.wait(10.0, 12.5)
 
 
