@@ -131,7 +131,8 @@ def _add_serve(serve: argparse.ArgumentParser) -> None:
              "mydata:make_mux (imported from the current directory first, as python -m does)")
     basics.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
                         help="a keyword argument for the function, repeatable; the value is "
-                             "read as JSON (3, 0.5, true, [1,2]), else taken as a string")
+                             "read as JSON (3, 0.5, true, [1,2]), else taken as a string "
+                             "(default: none)")
     basics.add_argument("--bind", default=DEFAULT_BIND, metavar="ENDPOINT",
                         help=f"where trainers connect for data (default {DEFAULT_BIND}: this "
                              "host only; tcp://0.0.0.0:5555 listens on every interface)")

@@ -122,21 +122,25 @@ def fetch_stats(
 
 
 def _data_port_hint(address: str, timeout: float, security: ClientCurve | None) -> str:
-    """': it is the data endpoint of server S (control tcp://H:P+1)' when the port above
-    ``address`` is a control endpoint whose server bound ``address``'s port for data."""
-    host, _, port = address.partition("://")[2].rpartition(":")
-    if not address.startswith("tcp://") or not port.isdigit() or int(port) >= 65535:
+    """': it is the data endpoint of server S (control ...)' when the control endpoint
+    derived from ``address`` (the port above, or ``.control``) answers for a server that
+    bound ``address`` for its data."""
+    try:
+        control = control_address_for(address)
+    except FeedmuxError:
         return ""
-    control = f"tcp://{host}:{int(port) + 1}"
+    if control == address:  # port 0: nothing to derive
+        return ""
     try:
         stats = _ask_stats(control, min(timeout, 1.0), security)
     except FeedmuxError:
         return ""
     bound = str(stats.get("data_address", ""))
-    if bound.rpartition(":")[2] != port:
+    if not (bound == address or (address.startswith("tcp://") and bound.startswith("tcp://")
+            and bound.rpartition(":")[2] == address.rpartition(":")[2])):
         return ""
     return (f": {address} is the data endpoint of server {stats.get('server_id')}; its control "
-            f"endpoint is {control} (feedmux stats {control})")
+            f"endpoint is {control}: give that one to feedmux stats, ping or top")
 
 
 def _ask_stats(control_address: str, timeout: float,

@@ -458,7 +458,7 @@ class ServerLinks:
                 lines.append(
                     f"no answer from {link.data_address} / control {link.control_address} "
                     f"for {waited:.0f} s: is feedmux serve running there, and on these ports?"
-                    + (" (the control endpoint is the data port + 1 unless given: "
+                    + (" (the control endpoint is derived from the data one unless given: "
                        "RemoteLoader(control=...))" if link.control_derived else ""))
             elif not link.finished:
                 lines.append(
@@ -530,11 +530,11 @@ class ServerLinks:
         ...                     world_size=1, reliable=False, timeout=None,
         ...                     heartbeat_interval=1.0, derived=[True])
         >>> links.describe()
-        'control tcp://h:5556 (derived: the data port + 1) never answered'
+        'control tcp://h:5556 (derived from the data endpoint) never answered'
         """
         return ", ".join(
             f"control {link.control_address}"
-            + (" (derived: the data port + 1)" if link.control_derived else "")
+            + (" (derived from the data endpoint)" if link.control_derived else "")
             + (f": server {link.server_id}" if link.server_id else " never answered")
             for link in self.links
         )

@@ -51,6 +51,10 @@ def stuck_forever():
 
 def stuck():
     return feedmux.Streamer(stuck_forever)
+
+
+def broken():
+    raise RuntimeError("no files in /data")
 '''
 
 #: An unguarded training script: no ``if __name__ == "__main__":`` anywhere.
@@ -71,8 +75,17 @@ print("server exit", server.join(30), flush=True)
 '''
 
 
-def _script(folder: Path, name: str, text: str, **values: object) -> Path:
+def user_folder(folder: Path) -> dict[str, str]:
+    """Put the user's data module into ``folder``; the environment of a user's shell there
+    (this interpreter's, without the suite's import path)."""
     (folder / "mydata.py").write_text(DATA_MODULE)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env["OPENBLAS_NUM_THREADS"] = "1"  # one thread really is one: no BLAS pool
+    return env
+
+
+def _script(folder: Path, name: str, text: str, **values: object) -> Path:
+    user_folder(folder)
     for key, value in values.items():
         text = text.replace(key, str(value))
     path = folder / f"{name}.py"
@@ -89,8 +102,7 @@ def _script(folder: Path, name: str, text: str, **values: object) -> Path:
 def test_an_unguarded_script_starts_a_server(tmp_path: Path, source: str, thread: bool,
                                              method: str) -> None:
     script = _script(tmp_path, "train", UNGUARDED, SOURCE=source, THREAD=thread)
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    env["OPENBLAS_NUM_THREADS"] = "1"  # one thread really is one: no BLAS pool
+    env = user_folder(tmp_path)
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=90)
     # Before the fix: multiprocessing's "An attempt has been made to start a new process
@@ -175,3 +187,20 @@ def test_feedmux_serve_outlives_the_shell_that_started_it(tmp_path: Path) -> Non
         assert holds_for(lambda: pid_alive(server), 2.0)  # eight looks of a started server
     finally:
         os.kill(server, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(("factory", "said"), [
+    ("killed_after", "it was killed by SIGKILL before binding"),
+    ("exits_after", "SystemExit: the factory gave up"),
+])
+def test_a_start_that_fails_later_says_what_happened(factory: str, said: str) -> None:
+    from feedmux import Server
+    from feedmux.errors import TransportError
+
+    # Two seconds in, the child dies (or gives up): before the fix the error said "it did
+    # not bind within 30.0 s", whatever had happened, and nothing of the child's error.
+    server = Server(f"tests.integration.contact_samplers:{factory}", bind="tcp://127.0.0.1:0")
+    with pytest.raises(TransportError) as caught:
+        server.start(timeout=30)
+    assert said in str(caught.value)
+    assert "did not bind within" not in str(caught.value)
