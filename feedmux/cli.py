@@ -145,6 +145,17 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--count", type=_positive_int,
                              help="stop after N refreshes (default: until q or Ctrl-C)")
 
+    audit = commands.add_parser(
+        "audit", help="check what a job's loaders handed out (exit 0 ok, 1 problems, 2 bad input)",
+        description="Read the audit logs of a job's loaders (RemoteLoader(audit_log=...)), its "
+                    "restarts included, and report per epoch of each server what was missing or "
+                    "repeated. Exit 0: nothing wrong; 1: problems; 2: unreadable input.")
+    audit.add_argument("logs", nargs="+", metavar="LOG", help="audit log files of the job")
+    audit.add_argument("--reference", nargs="+", default=[], metavar="LOG",
+                       help="the logs of an uninterrupted run of the same seeded job: each "
+                            "rank must have handed out the same sequence")
+    audit.add_argument("--json", action="store_true", help="print the report as JSON")
+
     keygen = commands.add_parser("keygen", help="make a CURVE key pair (NAME.key, NAME.key_secret)")
     keygen.add_argument("directory")
     keygen.add_argument("--name", default="server", help="file name stem (default: server)")
@@ -175,6 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _stats(args)
     if args.command == "top":
         return _top(args)
+    if args.command == "audit":
+        return _audit(args)
     if args.command == "keygen":
         from feedmux._security import create_keys
 
@@ -211,6 +224,20 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"feedmux serve: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     return server.run()
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from feedmux._audit import audit, load_sessions
+    from feedmux._auditlog import AuditLogError
+
+    try:
+        report = audit(load_sessions(args.logs),
+                       load_sessions(args.reference) if args.reference else ())
+    except AuditLogError as error:
+        print(f"feedmux audit: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    print(json.dumps(report.as_dict(), indent=2) if args.json else report.text())
+    return 0 if report.ok else 1
 
 
 def _group_buffer(text: str | None) -> int | str | None:
