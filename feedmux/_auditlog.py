@@ -50,6 +50,7 @@ __all__ = [
     "Session",
     "open_audit",
     "read_log",
+    "record_line",
     "stride_runs",
 ]
 
@@ -113,7 +114,8 @@ def stride_runs(positions: Any) -> list[tuple[int, int, int]]:
     return runs
 
 
-def _line(text: str) -> bytes:
+def record_line(text: str) -> bytes:
+    """One record: ``text``, a space, ``#`` and its CRC-32 in hex, a line end."""
     return f"{text} #{zlib.crc32(text.encode()):08x}\n".encode()
 
 
@@ -175,8 +177,8 @@ class AuditLog:
             if self._servers.get(link) != seen:
                 self._servers[link] = seen
                 size = "-" if server.epoch_size is None else server.epoch_size
-                self._pending.append(_line(f"S {link} {server_id} {size} {server.world_size} "
-                                           f"{server.uneven or '-'}"))
+                self._pending.append(record_line(
+                    f"S {link} {server_id} {size} {server.world_size} {server.uneven or '-'}"))
             self._messages += 1
             self._link, self._tags, self._samples, self._recorded = link, tags, samples, 0
 
@@ -218,7 +220,7 @@ class AuditLog:
             if self._closed:
                 return
             self._record(handed)
-            self._pending.append(_line(f"Q {int(ended)}"))
+            self._pending.append(record_line(f"Q {int(ended)}"))
             self._flush()
             self._closed = True
             if self._fd >= 0 and self._pid == os.getpid():
@@ -240,7 +242,8 @@ class AuditLog:
             if handed is not None:
                 self._record(handed)
             prefix = f"C {self._messages}" if kind == "C" else kind
-            self._pending.append(_line(f"{prefix} {json.dumps(saved, separators=(',', ':'))}"))
+            saved_text = json.dumps(saved, separators=(",", ":"))
+            self._pending.append(record_line(f"{prefix} {saved_text}"))
             self._flush()
 
     def _record(self, handed: int) -> None:
@@ -257,7 +260,7 @@ class AuditLog:
             keys = [_key_of(self._samples[row], self.key)
                     for row in range(self._recorded, handed)]
             text += " " + json.dumps(keys, separators=(",", ":"))
-        self._pending.append(_line(text))
+        self._pending.append(record_line(text))
         self._recorded = handed
 
     def _flush(self) -> None:
@@ -284,8 +287,8 @@ class AuditLog:
                 if existing.read(1) != b"\n":
                     start = b"\n"
         header = {**self._header, "pid": self._pid, "time": time.time()}
-        self._pending.insert(0, _line(f"{MAGIC} {VERSION} "
-                                      f"{json.dumps(header, separators=(',', ':'))}"))
+        header_text = json.dumps(header, separators=(",", ":"))
+        self._pending.insert(0, record_line(f"{MAGIC} {VERSION} {header_text}"))
         self._pending.insert(0, start)
 
 
