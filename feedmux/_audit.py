@@ -260,6 +260,32 @@ def _closed_ranked(parts: list[_Part], epoch: int) -> bool:
 
 
 # -- free streams ------------------------------------------------------------------------------
+def _in_flight(parts: list[_Part]) -> int:
+    """At most how many samples the trainers that closed held without handing them out
+    (their credit: ``hwm`` messages each, as large as the largest they handed out)."""
+    bound = 0
+    for part in parts:
+        if part.session.closed:
+            sizes = Counter[int]()
+            for handout in part.handouts:
+                sizes[handout.message] += len(handout.positions)
+            bound += int(part.session.header.get("hwm", 1)) * max(sizes.values(), default=0)
+    return bound
+
+
+def _closed_free(parts: list[_Part], steps: list[Step], size: int | None) -> Any:
+    """Whether epoch ``e`` of a free stream is over: the stream ended, or every position
+    of it lies before the samples the last trainers may have held when they closed."""
+    if any(part.session.ended for part in parts):
+        return lambda epoch: True
+    last = max((step[0] for step in steps), default=0)
+    if size is None or not steps:
+        return lambda epoch: epoch <= last - 2
+    frontier = max((epoch - 1) * size + position for epoch, position, _ in steps)
+    margin = _in_flight(parts)
+    return lambda epoch: epoch * size + margin <= frontier
+
+
 def _free(parts: list[_Part]) -> tuple[list[Step], Counter[tuple[int, int]]]:
     """Every step of the stream, and per (epoch, position) how many copies lie in the
     unacknowledged tail of a reliable session that died (it did not close)."""
@@ -324,10 +350,7 @@ def audit(sessions: Sequence[Session], reference: Sequence[Session] = ()) -> Aud
                              Counter())
         else:
             steps, tails = _free(parts)
-            last = max((step[0] for step in steps), default=0)
-            ended = any(part.session.ended for part in parts)
-            epochs = _epochs(name, steps, facts, lambda e, last=last, ended=ended:
-                             ended or e <= last - 2, tails)
+            epochs = _epochs(name, steps, facts, _closed_free(parts, steps, facts[0]), tails)
         report.epochs += epochs
         _compare_keys(name, steps, report)
     if reference:
@@ -355,13 +378,23 @@ def _compare_keys(name: str, steps: list[Step], report: AuditReport) -> None:
                                f"keys (a source that is not deterministic?), first {first}")
 
 
+def _paired(mine: set[str], theirs: set[str]) -> dict[str, str]:
+    """Reference stream -> audited stream: by name, or the only one of each (a reference
+    run of the job usually listens elsewhere)."""
+    if len(mine) == 1 and len(theirs) == 1:
+        return {next(iter(theirs)): next(iter(mine))}
+    return {name: name for name in theirs}
+
+
 def _compare(report: AuditReport, reference: AuditReport) -> None:
     """Each rank's effective sequence equals the reference run's (over the shorter)."""
     if not reference.sequences:
         report.problems.append("expected reference logs of ranked trainers, got none")
-    for key, expected in sorted(reference.sequences.items()):
-        got = report.sequences.get(key)
-        name, rank = key
+    streams = _paired({name for name, _ in report.sequences},
+                      {name for name, _ in reference.sequences})
+    for (there, rank), expected in sorted(reference.sequences.items()):
+        name = streams[there]
+        got = report.sequences.get((name, rank))
         if got is None:
             report.problems.append(f"{name} rank {rank}: in the reference, not in these logs")
             continue

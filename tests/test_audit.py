@@ -30,7 +30,7 @@ class Log:
         self._started = time.time()
 
     def session(self, *, rank: int | None = None, world_size: int = 1, reliable: bool = False,
-                hwm: int = 4, size: int | None = 10, uneven: str = "pad",
+                hwm: int = 1, size: int | None = 10, uneven: str = "pad",
                 server: str = "s1", start: float | None = None) -> Log:
         self._started += 1
         header = {"client_id": f"c{self._started}", "rank": rank, "world_size": world_size,
@@ -107,6 +107,16 @@ def test_a_missing_and_a_repeated_sample_are_problems(tmp_path: Path,
     assert cli.main(["audit", str(log.path)]) == 1
     out = capsys.readouterr().out
     assert "1 missing [4]" in out and "1 repeated [2 x2]" in out and "PROBLEMS" in out
+
+
+def test_what_the_last_trainers_may_have_held_when_they_closed_is_not_checked(
+        tmp_path: Path) -> None:
+    log = Log(tmp_path / "a.log").session(hwm=2)  # up to 2 messages of 5 not handed out
+    for epoch in (1, 2, 3, 4):
+        log.hand(epoch, [0, 1, 2, 3, 4]).hand(epoch, [5, 6, 7, 8, 9])
+    log.hand(5, [0, 1, 2]).close()  # 42 handed out: the last 10 before it may be in flight
+    assert [(e.epoch, e.open) for e in _report(log.path).epochs] == [
+        (1, False), (2, False), (3, False), (4, True), (5, True)]
 
 
 def test_a_finished_stream_checks_its_last_epochs_too(tmp_path: Path) -> None:
