@@ -119,12 +119,32 @@ def record_line(text: str) -> bytes:
     return f"{text} #{zlib.crc32(text.encode()):08x}\n".encode()
 
 
-def _key_of(sample: Any, key: str) -> int | str | float:
+def _keys(samples: Sequence[Any], key: str, start: int, stop: int) -> list[Any]:
+    """The ``key`` field of ``samples[start:stop]`` as ints, floats or strs (numbers of one
+    numpy type at once, at C level)."""
     try:
-        value = sample[key]
+        values = [samples[row][key] for row in range(start, stop)]
     except (KeyError, IndexError, TypeError):
+        sample = next((samples[row] for row in range(start, stop)
+                       if not _has(samples[row], key)), None)
         raise FeedmuxError(f"audit_key {key!r}: expected samples with a field {key!r}, got "
                            f"a {type(sample).__name__} without it") from None
+    if values and isinstance(values[0], (np.integer, np.floating)):
+        array = np.asarray(values)
+        if array.ndim == 1 and array.dtype.kind in "iuf":
+            return list(array.tolist())
+    return [_key_of(value, key) for value in values]
+
+
+def _has(sample: Any, key: str) -> bool:
+    try:
+        sample[key]
+    except (KeyError, IndexError, TypeError):
+        return False
+    return True
+
+
+def _key_of(value: Any, key: str) -> int | str | float:
     if hasattr(value, "item"):
         value = value.item()  # a numpy scalar or 0-d array
     if isinstance(value, bytes):
@@ -257,8 +277,7 @@ class AuditLog:
                         in stride_runs(rows[:, 1]))
         text = f"H {self._messages} {self._link} {int(rows[0, 0])} {runs}"
         if self.key is not None:
-            keys = [_key_of(self._samples[row], self.key)
-                    for row in range(self._recorded, handed)]
+            keys = _keys(self._samples, self.key, self._recorded, handed)
             text += " " + json.dumps(keys, separators=(",", ":"))
         self._pending.append(record_line(text))
         self._recorded = handed
