@@ -177,6 +177,7 @@ class AuditLog:
         self._lock = threading.Lock()
         self._fd = -1
         self._pid = 0
+        self._owner = os.getpid()  # the process whose hand-outs are pending
         self._closed = False
         self._pending: list[bytes] = []
         self._flushed_at = time.monotonic()
@@ -192,6 +193,8 @@ class AuditLog:
     def begin(self, link: int, server_id: str, tags: Any, samples: Sequence[Any]) -> None:
         """A new data message is current: ``tags`` rows (epoch, position), its ``samples``."""
         with self._lock:
+            if self._owner != os.getpid():
+                self._forked()
             server = self._links.links[link]
             seen = (server_id, server.epoch_size, server.world_size, server.uneven)
             if self._servers.get(link) != seen:
@@ -282,6 +285,14 @@ class AuditLog:
         self._pending.append(record_line(text))
         self._recorded = handed
 
+    def _forked(self) -> None:
+        """This is a forked copy: what waits is the parent's; this process's own session
+        (its own file where the path names ``{pid}``) starts now."""
+        self._owner, self._fd, self._pid = os.getpid(), -1, 0
+        self._pending.clear()
+        self._servers.clear()
+        self._tags, self._recorded = None, 0
+
     def _flush(self) -> None:
         if self._closed:
             self._pending.clear()
@@ -294,7 +305,7 @@ class AuditLog:
 
     def _open(self) -> None:
         """Open (in this process) and start a session; a torn last line gets its own end."""
-        path = Path(self.path)
+        path = Path(self.path.replace("{pid}", str(os.getpid())))
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._pid = os.getpid()
@@ -355,7 +366,8 @@ def open_audit(path: str | os.PathLike[str] | None, key: str | None, loader: Any
               "reliable": loader.reliable, "hwm": loader.hwm,
               "addresses": list(loader.addresses)}
     rank = "" if loader.rank is None else loader.rank
-    named = str(path).format(rank=rank, pid=os.getpid(), client_id=loader.client_id)
+    # {pid} is filled in by the process that writes (a forked copy has its own).
+    named = str(path).format(rank=rank, pid="{pid}", client_id=loader.client_id)
     log = AuditLog(named, key, header, links,
                    write_through=bool(loader.reliable))
     weakref.finalize(loader, log.flush)

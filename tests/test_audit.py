@@ -362,6 +362,25 @@ def test_a_sample_without_the_key_field_is_a_clear_error(tmp_path: Path) -> None
         log.upto(1)
 
 
+def test_a_forked_copy_writes_its_own_session_to_its_own_file(tmp_path: Path) -> None:
+    log = AuditLog(str(tmp_path / "w-{pid}.log"), None, {}, _Links(), write_through=False)
+    log.begin(0, "s1", _tags(1, [0, 1]), [None] * 2)
+    log.upto(2)  # waits for its batch
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's exit code is the check
+        try:
+            log.begin(0, "s1", _tags(1, [5]), [None])
+            log.close(1, ended=False)
+        finally:
+            os._exit(0)
+    assert os.waitpid(child, 0)[1] == 0
+    log.close(2, ended=False)
+    mine, = read_log(tmp_path / f"w-{os.getpid()}.log")
+    theirs, = read_log(tmp_path / f"w-{child}.log")
+    assert [h.positions.tolist() for h in mine.handouts] == [[0, 1]]
+    assert [h.positions.tolist() for h in theirs.handouts] == [[5]]
+
+
 def test_stride_runs_cover_their_positions_in_order() -> None:
     rng = np.random.default_rng(0)
     for _ in range(200):
