@@ -106,6 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
                        ("ping", "exit 0 if a server answers, 1 otherwise"),
                        ("top", "a live view of one or more servers (q or Ctrl-C quits)")):
         _add_inspect(_command(commands, name, _top if name == "top" else _stats, text), name)
+    audit = _command(
+        commands, "audit", _audit,
+        "check what a job's loaders handed out (exit 0 ok, 1 problems, 2 bad input)",
+        "Read the audit logs of a job's loaders (RemoteLoader(audit_log=...)), its "
+        "restarts included, and report per epoch of each server what was missing or "
+        "repeated. Exit 0: nothing wrong; 1: problems; 2: unreadable input.")
+    audit.add_argument("logs", nargs="+", metavar="LOG", help="audit log files of the job")
+    audit.add_argument("--reference", nargs="+", default=[], metavar="LOG",
+                       help="the logs of an uninterrupted run of the same seeded job: each "
+                            "rank must have handed out the same sequence")
+    audit.add_argument("--json", action="store_true", help="print the report as JSON")
     keygen = _command(commands, "keygen", _keygen,
                       "make a CURVE key pair (NAME.key, NAME.key_secret)")
     keygen.add_argument("directory", help="where to write the two files (made if missing)")
@@ -295,6 +306,20 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"feedmux serve: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     return server.run()
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from feedmux._audit import audit, load_sessions
+    from feedmux._auditlog import AuditLogError
+
+    try:
+        report = audit(load_sessions(args.logs),
+                       load_sessions(args.reference) if args.reference else ())
+    except AuditLogError as error:
+        print(f"feedmux audit: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    print(json.dumps(report.as_dict(), indent=2) if args.json else report.text())
+    return 0 if report.ok else 1
 
 
 def _group_buffer(text: str | None) -> int | str | None:

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import zmq
 
+from feedmux._auditlog import AuditLog, NoAudit, open_audit
 from feedmux._handshake import HandshakeWatch
 from feedmux._security import ClientCurve
 from feedmux._transport import (
@@ -147,6 +148,15 @@ class RemoteLoader:
         per sample); a server whose pair changed (restarted elsewhere by a
         cluster manager) is followed there and greeted again. A failing
         resolver is logged and the known endpoints kept.
+    audit_log : str or path, optional
+        Append a record of every sample handed out (server, epoch, position) to
+        this file, for ``feedmux audit`` (docs/resume.md): one line per data
+        message, written before any server is told what was handed out, plus a
+        record at each ``state_dict()`` and ``load_state_dict()``. ``{rank}``,
+        ``{pid}`` and ``{client_id}`` in the path are filled in.
+    audit_key : str, optional
+        With ``audit_log``: also record each sample's field of this name (an
+        int or str id), so that the audit can compare what was handed out.
 
     Notes
     -----
@@ -177,8 +187,8 @@ class RemoteLoader:
         curve_certificate: str | None = None,
         tune_malloc: bool = True,
         diagnose_window: float | None = 60.0, diagnose_threshold: float = 0.25,
-        resolve: Resolve | None = None,
-        shm: bool = True,
+        resolve: Resolve | None = None, shm: bool = True,
+        audit_log: str | os.PathLike[str] | None = None, audit_key: str | None = None,
     ) -> None:
         self._arguments = {name: value for name, value in locals().items() if name != "self"}
         addresses, controls, derived = endpoints(address, control)
@@ -228,6 +238,7 @@ class RemoteLoader:
         self._seen = SeenPositions() if reliable else None
         self._book = None if resolve is None else AddressBook(resolve)
         self._positions, self._handed = _trackers(self)
+        self._audit = open_audit(audit_log, audit_key, self, self._links)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _rebuild_loader, (self._arguments,)
@@ -261,10 +272,9 @@ class RemoteLoader:
                 except StopIteration:
                     return
             upcoming = int(self._tags[self._index, 0])
-            if epoch is None:
-                epoch = upcoming
-            elif upcoming != epoch:
+            if epoch is not None and upcoming != epoch:
                 return
+            epoch = upcoming
             yield next(self)
 
     def __len__(self) -> int:
@@ -275,8 +285,7 @@ class RemoteLoader:
         """
         if self._links.epoch_size is None and not self._closed and not self._asked:
             self._asked = True  # once: a server that does not answer is not asked again
-            _await_welcome(self, WELCOME_WAIT if self.timeout is None
-                           else min(self.timeout, WELCOME_WAIT))
+            _await_welcome(self, min(self.timeout or WELCOME_WAIT, WELCOME_WAIT))
         return self._links.length()
 
     # -- what was seen --------------------------------------------------------------------
@@ -291,14 +300,12 @@ class RemoteLoader:
     @property
     def last_epoch(self) -> int | None:
         """The server epoch of the sample most recently yielded (None before the first)."""
-        meta = self.last_meta
-        return None if meta is None else meta.epoch
+        return None if (meta := self.last_meta) is None else meta.epoch
 
     @property
     def last_position(self) -> int | None:
         """The position in its epoch of the sample most recently yielded."""
-        meta = self.last_meta
-        return None if meta is None else meta.position
+        return None if (meta := self.last_meta) is None else meta.position
 
     @property
     def server_ids(self) -> list[str]:
@@ -334,7 +341,7 @@ class RemoteLoader:
         records where it was.
         """
         return _state_of(self.addresses, self.server_ids, self.last_meta,
-                         dict(self._links.received), self._positions)
+                         dict(self._links.received), self._positions, self._audit, self._index)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved (the last sample seen, and a ranked job's
@@ -387,8 +394,8 @@ class RemoteLoader:
             # servers every few ms, from a thread (nothing per sample on the hot path).
             self._acks = HandOutAcks(controls, client_id=self.client_id,
                                      rank=-1 if self.rank is None else self.rank,
-                                     progress=progress_of(self), security=self._security,
-                                     finished=self._data.finished)
+                                     progress=self._audit.guard(progress_of(self)),
+                                     security=self._security, finished=self._data.finished)
             weakref.finalize(self, self._acks.stop)
 
     def _act(self, actions: Iterable[Action]) -> None:
@@ -414,6 +421,7 @@ class RemoteLoader:
 
     def _receive(self) -> None:
         """Block until the next data message is current (or raise / end the iteration)."""
+        self._audit.upto(self._index)  # before the servers hear of it (acknowledgements)
         self._connect()
         assert self._poller is not None
         links = self._links
@@ -471,6 +479,7 @@ class RemoteLoader:
         if self._acks is not None:
             self._current = (self._data.link, server_id, tags, self._data.seq)
         self._count = count
+        self._audit.begin(self._data.link, server_id, tags, samples)
         return True
 
     def _serve_control(self, index: int) -> None:
@@ -486,6 +495,7 @@ class RemoteLoader:
         self._closed = True
         if self._acks is not None:
             self._acks.stop()  # its last acknowledgement goes out before the sockets close
+        self._audit.close(self._index, ended=self._links.finished)
         if self._finalizer is not None:
             self._finalizer()
         self._context = None
@@ -501,8 +511,10 @@ class RemoteLoader:
 
 
 def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | None,
-              received: dict[str, int], positions: RankPositions | None) -> dict[str, Any]:
-    """RemoteLoader.state_dict's plain data."""
+              received: dict[str, int], positions: RankPositions | None,
+              audit: AuditLog | NoAudit, handed: int) -> dict[str, Any]:
+    """RemoteLoader.state_dict's plain data (recorded as a checkpoint in ``audit``, with the
+    ``handed`` samples of the current message before it)."""
     state: dict[str, Any] = {
         "addresses": list(addresses),
         "server_ids": server_ids,
@@ -514,7 +526,7 @@ def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | No
     if positions is not None:
         state.update(resume=positions.state(), rank=positions.rank,
                      world_size=positions.world_size)
-    return state
+    return audit.checkpoint(state, handed)
 
 
 def _progress(loader: RemoteLoader) -> tuple[int, Any, int] | None:
@@ -573,6 +585,7 @@ def _restore(loader: RemoteLoader, state: dict[str, Any]) -> None:
                 "servers where to resume), got it on a loader already iterating"
             )
         loader._positions.restore(state["resume"])
+    loader._audit.resumed(state)
 
 
 def _restored_meta(state: dict[str, Any]) -> SampleMeta | None:
