@@ -37,6 +37,7 @@ block, so none goes stale.
 
 from __future__ import annotations
 
+import ast
 import doctest
 import json
 import os
@@ -532,3 +533,38 @@ def test_doctest_blocks_are_found() -> None:
     # The doctest runner must see the examples (a parser that finds none passes them all).
     block = next(b for b in ALL_BLOCKS if b.language == "pycon")
     assert doctest.DocTestParser().get_examples(block.text)
+
+
+#: The module each runtime dependency is imported as.
+IMPORT_NAMES = {"pyzmq": "zmq", "numpy": "numpy", "msgpack": "msgpack"}
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """The top-level names of the modules ``path`` imports unconditionally."""
+    imported = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            imported.add(node.module.split(".")[0])
+    return imported - set(sys.stdlib_module_names) - {"feedmux", "__future__"}
+
+
+def test_the_runtime_dependencies_are_what_feedmux_imports() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    required = {re.split(r"[<>=!~ \[]", spec, maxsplit=1)[0]
+                for spec in project["dependencies"]}
+    extras = set(project["optional-dependencies"])
+    imported: set[str] = set()
+    for path in (ROOT / "feedmux").rglob("*.py"):
+        part = path.relative_to(ROOT / "feedmux").parts[0].removesuffix(".py")
+        if part not in extras:  # feedmux.ray, feedmux.torch: their extra's packages
+            imported |= _module_level_imports(path)
+    assert {IMPORT_NAMES.get(name, name) for name in required} == imported, (
+        f"expected the runtime dependencies {sorted(required)} to be what feedmux imports "
+        f"at module level, got imports of {sorted(imported)}")
+    listed = re.search(r"runtime dependencies: ([^;]+);", (ROOT / "README.md").read_text())
+    assert listed is not None, "expected the README to list the runtime dependencies"
+    assert set(re.split(r",\s*", listed[1].strip())) == required, (
+        f"expected the README's runtime dependencies {listed[1]!r} to be {sorted(required)}")
