@@ -568,3 +568,21 @@ def test_the_runtime_dependencies_are_what_feedmux_imports() -> None:
     assert listed is not None, "expected the README to list the runtime dependencies"
     assert set(re.split(r",\s*", listed[1].strip())) == required, (
         f"expected the README's runtime dependencies {listed[1]!r} to be {sorted(required)}")
+
+
+def _anchor(heading: str) -> str:
+    """The anchor a Markdown renderer gives a heading (GitHub's rule)."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_links_between_documents_resolve() -> None:
+    for path in DOCUMENTS:
+        for target, anchor in re.findall(r"\]\(([\w./-]*\.md|)(?:#([\w-]+))?\)",
+                                         path.read_text()):
+            linked = (path.parent / target) if target else path
+            assert linked.exists(), f"{path.name}: expected {target} to exist"
+            if anchor:
+                headings = re.findall(r"^#+ (.+)$", linked.read_text(), re.MULTILINE)
+                assert anchor in {_anchor(h) for h in headings}, (
+                    f"{path.name}: expected a heading of {target or path.name} with the "
+                    f"anchor #{anchor}, got {sorted(_anchor(h) for h in headings)}")
