@@ -20,6 +20,10 @@ How a block is read, by its fence's language:
 - ``text``: output, a diagram or a format: never run. A block without a language
   fails the test, so a new command cannot slip in unrun.
 
+The examples' module docstrings say how to run them, in indented lines: each such
+block is a shell block, run in a folder that holds a copy of ``examples/`` (the root
+of a fresh clone, where they say to run them).
+
 Addresses are substituted, never edited by hand: a ``feedmux serve`` binds a free
 pair of ports on 127.0.0.1 (data, and control on the next port, as by default)
 instead of its documented ``--bind`` (tests run side by side on one machine; 5555
@@ -44,6 +48,7 @@ import os
 import random
 import re
 import select
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -58,6 +63,8 @@ from tests.integration.conftest import Spawned
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: The examples, whose module docstrings show how to run them (indented command lines).
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 LANGUAGES = {"python", "pycon", "sh", "text"}
 
 #: Seconds one block may run (a loaded machine is slow; a block that hangs fails).
@@ -113,6 +120,8 @@ SKIPPED: dict[tuple[str, str], str] = {
     "replaces)",
     ("docs/migrating.md", "import zero"): "zero, the library this section migrates from, "
     "is not installed here",
+    ("examples/ray_train.py", "python examples/ray_train.py"): "needs Ray, not in the test "
+    "set-up (tests/ray/test_example.py runs it: make test-ray)",
 }
 
 #: Commands of shell blocks that cannot run here: (document, a string only that
@@ -180,6 +189,10 @@ GIVEN: dict[tuple[str, str], list[tuple[str, str]]] = {
                 yield SimpleNamespace(features=np.full(3, i, np.float32), label=i % 2)
         """)],
     ("docs/groups.md", 'group="ddp"'): [("python", "rank = 0")],
+    ("examples/trainer.py", "python examples/trainer.py"): [("sh", """
+        python examples/make_data.py feedmux-data
+        feedmux serve examples.sampler:make_mux --arg data_dir=feedmux-data --epochs 3
+        """)],
     ("docs/scale-out.md", "rank=rank, world_size=world_size)"): [("python", """
         import feedmux
 
@@ -230,7 +243,8 @@ SESSIONS: dict[str, list[list[str]]] = {
 }
 
 #: Sessions that take more than a few seconds (several interpreters importing torch).
-SLOW_SESSIONS = {"README.md#2"}
+SLOW_SESSIONS = {"README.md#1", "README.md#2", "docs/ddp.md", "docs/resume.md",
+                 "docs/migrating.md#3", "examples/ddp_train.py"}
 
 
 def read_blocks(path: Path) -> list[Block]:
@@ -255,7 +269,28 @@ def read_blocks(path: Path) -> list[Block]:
     return blocks
 
 
-ALL_BLOCKS = [block for path in DOCUMENTS for block in read_blocks(path)]
+def read_command_blocks(path: Path) -> list[Block]:
+    """The indented command blocks of an example's module docstring (each a shell block)."""
+    docstring = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
+    blocks = []
+    lines = docstring.split("\n")
+    index = 0
+    while index < len(lines):
+        if lines[index].startswith("    ") and (index == 0 or not lines[index - 1].strip()):
+            start = index
+            while index < len(lines) and lines[index].startswith("    "):
+                index += 1
+            text = textwrap.dedent("\n".join(lines[start:index])) + "\n"
+            blocks.append(Block(str(path.relative_to(ROOT)), start + 1, "sh", text))
+        index += 1
+    return blocks
+
+
+def blocks_of(path: Path) -> list[Block]:
+    return read_blocks(path) if path.suffix == ".md" else read_command_blocks(path)
+
+
+ALL_BLOCKS = [block for path in [*DOCUMENTS, *EXAMPLES] for block in blocks_of(path)]
 
 
 def matching(document: str, marker: str) -> list[Block]:
@@ -271,9 +306,9 @@ def the_block(document: str, marker: str) -> Block:
 
 def sessions() -> Iterator[tuple[str, list[Block]]]:
     """Every session to run: an id and its blocks, in order."""
-    for path in DOCUMENTS:
+    for path in [*DOCUMENTS, *EXAMPLES]:
         document = str(path.relative_to(ROOT))
-        runnable = [b for b in read_blocks(path) if b.language != "text"]
+        runnable = [b for b in blocks_of(path) if b.language != "text"]
         if not runnable:
             continue
         if document in SESSIONS:
@@ -500,6 +535,8 @@ def environment() -> dict[str, str]:
 def test_the_documented_examples_run(name: str, blocks: list[Block], tmp_path: Path,
                                      environment: dict[str, str]) -> None:
     session = Session(tmp_path, environment)
+    if name.startswith("examples/"):  # run from the root of a fresh clone, as they say
+        shutil.copytree(ROOT / "examples", tmp_path / "examples")
     try:
         for block in blocks:
             run_block(session, block)
