@@ -68,7 +68,9 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 LANGUAGES = {"python", "pycon", "sh", "text"}
 
 #: Seconds one block may run (a loaded machine is slow; a block that hangs fails).
-BLOCK_TIMEOUT = 120.0
+BLOCK_TIMEOUT = 180.0
+#: Seconds one session may take in all (torchrun's ranks import torch on a loaded machine).
+SESSION_TIMEOUT = 400
 #: Seconds a documented server may take to log its start line.
 START_TIMEOUT = 30.0
 
@@ -532,6 +534,7 @@ def environment() -> dict[str, str]:
     pytest.param(name, blocks, id=name,
                  marks=[pytest.mark.slow] if name in SLOW_SESSIONS else [])
     for name, blocks in sessions()])
+@pytest.mark.timeout(SESSION_TIMEOUT)
 def test_the_documented_examples_run(name: str, blocks: list[Block], tmp_path: Path,
                                      environment: dict[str, str]) -> None:
     session = Session(tmp_path, environment)
