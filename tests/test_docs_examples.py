@@ -626,3 +626,19 @@ def test_the_links_between_documents_resolve() -> None:
                 assert anchor in {_anchor(h) for h in headings}, (
                     f"{path.name}: expected a heading of {target or path.name} with the "
                     f"anchor #{anchor}, got {sorted(_anchor(h) for h in headings)}")
+
+
+def test_a_block_that_fails_fails_its_session(tmp_path: Path,
+                                              environment: dict[str, str]) -> None:
+    session = Session(tmp_path, environment)
+    try:
+        with pytest.raises(AssertionError, match="ZeroDivisionError"):
+            run_block(session, Block("x.md", 1, "python", "1 / 0\n"))
+        with pytest.raises(AssertionError, match="doctest failure"):
+            run_block(session, Block("x.md", 2, "pycon", ">>> 1 + 1\n3\n"))
+        with pytest.raises(AssertionError, match="exited 3"):
+            run_block(session, Block("x.md", 3, "sh", "true\nexit 3\n"))
+        run_block(session, Block("x.md", 4, "python", "# shared.py\nVALUE = 7\n"))
+        run_block(session, Block("x.md", 5, "python", "import shared\nassert shared.VALUE == 7\n"))
+    finally:
+        session.close()
