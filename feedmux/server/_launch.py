@@ -104,12 +104,18 @@ class ServerProcess:
     def __init__(self, method: str, handle: subprocess.Popen[bytes] | Any, report: int) -> None:
         self.method = method
         self._handle = handle
+        self._starter = os.getpid()
         #: The read end of the report pipe (closed by :meth:`read_report`).
         self.report = report
 
     @property
     def pid(self) -> int:
         return int(self._handle.pid)
+
+    @property
+    def ours(self) -> bool:
+        """Whether this is the process that started it (not a forked copy of that one)."""
+        return os.getpid() == self._starter
 
     @property
     def exitcode(self) -> int | None:
