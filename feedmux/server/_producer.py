@@ -13,7 +13,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -22,13 +22,15 @@ from feedmux._ratelog import RateLimitedLog
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Data, Error, encode
 from feedmux.sampling.epochs import Chunk, EpochIterator
-from feedmux.server._dealing import RankDealer
+from feedmux.server._batches import Batches
+from feedmux.server._dealing import RankDealer, RankShare
 from feedmux.server._meter import SamplerMeter
 from feedmux.server._owning import DrawnItems, own
 
 __all__ = [
     "BatchPolicy",
     "Frames",
+    "batched_shares",
     "error_message",
     "produce",
 ]
@@ -190,6 +192,7 @@ def produce(
     align: int | None = None,
     start: tuple[int, int] | None = None,
     keep: Keep | None = None,
+    batches: Batches | None = None,
 ) -> int:
     """Take chunks of items, encode each as a data message and ``send`` it.
 
@@ -222,8 +225,16 @@ def produce(
     deals that epoch from ``position`` on. ``keep(epoch, positions)`` (free
     trainers that outlived their server) says which samples of a chunk nobody
     had yet (None: all of them); the others are not sent.
+
+    With ``batches`` (the trainers asked for ``batch_size=B``) each message is
+    one training batch: what goes to the free trainers, or to each rank after
+    the dealing, is cut by its :class:`~feedmux.server._batches.BatchAssembler`
+    and a sample the codec refuses fails the run (skipping it would make a
+    batch short).
     """
     meter = SamplerMeter() if meter is None else meter
+    if batches is not None:
+        policy = replace(policy, samples_per_message=batches.batch_size)
     drawn = DrawnItems() if policy.copy_arrays else None
     epochs.prepare = None  # set for each chunk by _take
     if skip_errors:
@@ -239,9 +250,9 @@ def produce(
         epochs.resume_at(*start, keep=0 if dealer is None else dealer.world_size - 1)
     if dealer is not None:
         return _produce_ranked(epochs, drawn, send, policy, server_id, skip_errors, epoch_done,
-                               meter, dealer, start)
+                               meter, dealer, start, batches)
     return _produce(epochs, drawn, send, policy, server_id, skip_errors, epoch_done, meter, align,
-                    start, keep)
+                    start, keep, batches)
 
 
 def _take(
@@ -272,6 +283,7 @@ def _produce(
     align: int | None,
     start: tuple[int, int] | None = None,
     keep: Keep | None = None,
+    batches: Batches | None = None,
 ) -> int:
     clock = time.perf_counter
     pacer = _Pacer(policy)
@@ -306,7 +318,20 @@ def _produce(
                 rows = np.flatnonzero(kept).tolist()
                 epoch_count += len(items) - len(rows)  # had by a trainer, not sent again
                 tags, items = tags[rows], [items[row] for row in rows]
-        if items:
+        if batches is not None:
+            assembler = batches.of(-1)
+            out = assembler.add(tags, items) if items else []
+            epoch_count += len(items)
+            if chunk.last:
+                out += assembler.finish_epoch()
+            meter.add_busy(clock() - started)
+            for batch in out:
+                if not send(encode(Data(batch.tags, batch.items, server_id, seq)),
+                            len(batch.tags), chunk.epoch):
+                    return sent
+                seq += 1
+                sent += len(batch.tags)
+        elif items:
             frames, count = _encode_batch(tags, items, server_id, seq, skip_errors)
             meter.add_busy(clock() - started)
             if frames:
@@ -342,6 +367,7 @@ def _produce_ranked(
     meter: SamplerMeter,
     dealer: RankDealer,
     start: tuple[int, int] | None = None,
+    batches: Batches | None = None,
 ) -> int:
     """:func:`produce` for ranked trainers: each chunk dealt to the ranks, then encoded.
 
@@ -380,6 +406,8 @@ def _produce_ranked(
             shares = dealer.deal(epoch, items) if items else []
             if last:
                 shares += dealer.finish_epoch(epoch)
+        if batches is not None:
+            shares = batched_shares(batches, shares, last)
         for share in shares:
             if not share.items:
                 continue
@@ -394,3 +422,14 @@ def _produce_ranked(
             if not epoch_done(epoch, epoch_count):
                 return sent
             epoch_count = 0
+
+
+def batched_shares(batches: Batches, shares: list[RankShare], last: bool) -> list[RankShare]:
+    """The ranks' shares cut into training batches, one share per batch (``last``: the
+    epoch ended with these shares, its last partial batches too)."""
+    out = [RankShare(share.rank, batch.tags, batch.items) for share in shares if share.items
+           for batch in batches.of(share.rank).add(share.tags, share.items)]
+    if last:
+        out += [RankShare(rank, batch.tags, batch.items)
+                for rank, batch in batches.finish_epoch()]
+    return out
