@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from feedmux.errors import ConfigurationError
-from feedmux.protocol import SampleBatch, stacked_tree
+from feedmux.protocol import SampleBatch, stacked_tree, take_rows
 
 __all__ = ["BatchMeta", "batch_meta", "batch_step", "check_batches", "unpacked"]
 
@@ -41,9 +41,21 @@ def batch_meta(tags: Any, server_id: str) -> BatchMeta:
     return BatchMeta(int(tags[0, 0]), tags[:, 1], server_id)
 
 
-def batch_step(batch: Any, tags: Any, server_id: str, with_meta: bool) -> Any:
-    """What a batch loader's ``next()`` returns: the batch, or ``(BatchMeta, batch)``."""
-    return (batch_meta(tags, server_id), batch) if with_meta else batch
+def batch_step(tree: Any, tags: Any, start: int, stop: int, server_id: str,
+               with_meta: bool) -> Any:
+    """What a batch loader's ``next()`` returns for rows ``start .. stop - 1`` of a
+    message's batch tree (tagged ``tags``): the batch (views of the tree's arrays), or
+    ``(BatchMeta, batch)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> tags = np.array([[1, 0], [1, 1], [1, 2]])
+    >>> batch_step({"y": np.arange(3)}, tags, 2, 3, "s", with_meta=True)
+    (BatchMeta(epoch=1, positions=array([2]), server_id='s'), {'y': array([2])})
+    """
+    batch = tree if start == 0 and stop == len(tags) else take_rows(tree, slice(start, stop))
+    return (batch_meta(tags[start:stop], server_id), batch) if with_meta else batch
 
 
 def check_batches(batch_size: Any, drop_last: Any) -> None:

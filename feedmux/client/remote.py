@@ -259,9 +259,10 @@ class RemoteLoader:
         while index >= self._count:
             self._receive()
             index = self._index
-        if self.batch_size is not None:  # the whole message is this step's batch
-            self._index = self._count
-            return batch_step(self._samples, self._tags, self._server_id, self.with_meta)
+        if self.batch_size is not None:  # a step: the message's next batch_size rows, stacked
+            self._index = stop = min(index + self.batch_size, self._count)
+            return batch_step(self._samples, self._tags, index, stop, self._server_id,
+                              self.with_meta)
         self._index = index + 1
         if self.with_meta:
             return self.last_meta, self._samples[index]

@@ -122,14 +122,17 @@ def stacked_tree(samples: Sequence[Any]) -> Any:
     return samples.stacked()
 
 
-def take_rows(tree: Any, rows: Sequence[int]) -> Any:
-    """The rows ``rows`` of a batch tree (from :func:`stacked_tree`), as a batch tree.
+def take_rows(tree: Any, rows: slice | Sequence[int]) -> Any:
+    """The rows ``rows`` of a batch tree (from :func:`stacked_tree`), as a batch tree: for
+    a slice, views of its arrays.
 
     Examples
     --------
     >>> import numpy as np
     >>> take_rows({"x": np.arange(4), "n": list("abcd")}, [0, 2])
     {'x': array([0, 2]), 'n': ['a', 'c']}
+    >>> take_rows((np.arange(4), [np.arange(4)]), slice(1, 3))
+    (array([1, 2]), [array([1, 2])])
     """
     kind = type(tree)
     if kind is dict:
@@ -139,9 +142,9 @@ def take_rows(tree: Any, rows: Sequence[int]) -> Any:
     if kind is list:
         # A leaf's column holds plain values; a list container holds trees.
         if tree and not isinstance(tree[0], _TREE_TYPES):
-            return [tree[row] for row in rows]
+            return tree[rows] if type(rows) is slice else [tree[row] for row in rows]
         return [take_rows(value, rows) for value in tree]
-    return tree[np.asarray(rows, dtype=np.intp)]
+    return tree[rows] if type(rows) is slice else tree[np.asarray(rows, dtype=np.intp)]
 
 
 _TREE_TYPES = (np.ndarray, list, tuple, dict)

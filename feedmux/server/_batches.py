@@ -94,8 +94,11 @@ drop_last=False'
 
 
 class Batch(NamedTuple):
-    """One batch for a destination: ``tags`` (rows of (epoch, position)) and ``items``
-    (a :class:`~feedmux.protocol.SampleBatch` with every number stacked)."""
+    """Consecutive batches for one destination, one data message: ``tags`` (rows of
+    (epoch, position)) and ``items`` (a :class:`~feedmux.protocol.SampleBatch` with
+    every number stacked). It holds whole batches of ``batch_size`` but for an
+    epoch's last, short one, at its end: the trainer cuts it at every
+    ``batch_size`` rows."""
 
     tags: np.ndarray
     items: SampleBatch
@@ -106,7 +109,8 @@ class BatchAssembler:
 
     Feed it the samples of an epoch in order (:meth:`add`, any piece sizes),
     then call :meth:`finish_epoch`. It keeps pieces of what it was given (row
-    ranges), not samples, and joins them only to complete a batch.
+    ranges), not samples, and joins them only to complete a batch; the whole
+    batches of a piece come out together (one message for several batches).
 
     Examples
     --------
@@ -118,8 +122,10 @@ class BatchAssembler:
     >>> assembler = BatchAssembler(2, drop_last=False)
     >>> [b.tags[:, 1].tolist() for b in assembler.add(tagged(1, 0, 3), [1, 2, 3])]
     [[0, 1]]
+    >>> [b.tags[:, 1].tolist() for b in assembler.add(tagged(1, 3, 6), [4, 5, 6, 7, 8, 9])]
+    [[2, 3], [4, 5, 6, 7]]
     >>> [(b.tags[:, 1].tolist(), b.items.stacked().tolist()) for b in assembler.finish_epoch()]
-    [([2], [3])]
+    [([8], [9])]
     """
 
     def __init__(self, batch_size: int, drop_last: bool) -> None:
@@ -131,23 +137,25 @@ class BatchAssembler:
         self._held = 0
 
     def add(self, tags: np.ndarray, items: Sequence[Any]) -> list[Batch]:
-        """The batches that ``items`` (tagged ``tags``, the next of the epoch) complete."""
-        size = self.batch_size
-        batches = []
-        start, count = 0, len(items)
-        if not self._held:  # the usual case: whole batches straight from the piece
-            while count - start >= size:
-                batches.append(_batch(tags[start:start + size],
-                                      _rows(items, start, start + size)))
-                start += size
-        while start < count:
-            take = min(size - self._held, count - start)
-            self._pieces.append((tags[start:start + take], _rows(items, start, start + take)))
-            self._held += take
-            start += take
-            if self._held == size:
-                batches.append(self._joined())
-        return batches
+        """The batches that ``items`` (tagged ``tags``, the next of the epoch) complete:
+        the one begun before (if any), then the piece's whole batches together."""
+        size, count = self.batch_size, len(items)
+        out: list[Batch] = []
+        start = 0
+        if self._held:
+            start = min(size - self._held, count)
+            self._pieces.append((tags[:start], _rows(items, 0, start)))
+            self._held += start
+            if self._held < size:
+                return out
+            out.append(self._joined())
+        stop = start + (count - start) // size * size
+        if stop > start:
+            out.append(_batch(tags[start:stop], _rows(items, start, stop)))
+        if stop < count:
+            self._pieces.append((tags[stop:], _rows(items, stop, count)))
+            self._held = count - stop
+        return out
 
     def finish_epoch(self) -> list[Batch]:
         """The epoch has no more samples: its last, partial batch (or nothing, dropped)."""

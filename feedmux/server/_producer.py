@@ -13,7 +13,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,9 @@ Keep = Callable[[int, np.ndarray], "np.ndarray | None"]
 MAX_SAMPLES_PER_MESSAGE = 256
 #: Target payload of one data message; bigger samples travel one per message.
 TARGET_MESSAGE_BYTES = 4 * 1024 * 1024
+#: Most training batches (``batch_size=``) one data message carries: the trainer's cost
+#: of a message is shared by its batches.
+MAX_BATCHES_PER_MESSAGE = 8
 
 
 @dataclass(frozen=True)
@@ -160,8 +163,18 @@ class _Pacer:
         self.policy = policy
         self.size_limit = 1
         self.item_seconds = 0.0
+        self.item_bytes = 1
 
-    def limit(self) -> int:
+    def limit(self, batch_size: int = 0) -> int:
+        """Samples of the next message; with ``batch_size``, whole training batches: as
+        many as fit the payload target and ``max_delay`` (at least one), at most
+        ``MAX_BATCHES_PER_MESSAGE``."""
+        if batch_size:
+            batches = min(MAX_BATCHES_PER_MESSAGE,
+                          TARGET_MESSAGE_BYTES // (batch_size * self.item_bytes))
+            if self.item_seconds > 0:
+                batches = min(batches, int(self.policy.max_delay / self.item_seconds) // batch_size)
+            return batch_size * max(1, batches)
         if self.policy.samples_per_message is not None:
             return self.policy.samples_per_message
         if self.item_seconds <= 0:
@@ -177,6 +190,7 @@ class _Pacer:
             0.8 * self.item_seconds + 0.2 * per_item
         )
         self.size_limit = self.policy.limit_for(items[0])
+        self.item_bytes = max(1, _payload_bytes(items[0]))
 
 
 def produce(
@@ -226,15 +240,14 @@ def produce(
     trainers that outlived their server) says which samples of a chunk nobody
     had yet (None: all of them); the others are not sent.
 
-    With ``batches`` (the trainers asked for ``batch_size=B``) each message is
-    one training batch: what goes to the free trainers, or to each rank after
-    the dealing, is cut by its :class:`~feedmux.server._batches.BatchAssembler`
-    and a sample the codec refuses fails the run (skipping it would make a
-    batch short).
+    With ``batches`` (the trainers asked for ``batch_size=B``) each message
+    holds whole training batches (up to ``MAX_BATCHES_PER_MESSAGE``, as the
+    payload and ``max_delay`` allow): what goes to the free trainers, or to each
+    rank after the dealing, is cut by its
+    :class:`~feedmux.server._batches.BatchAssembler`, and a sample the codec
+    refuses fails the run (skipping it would make a batch short).
     """
     meter = SamplerMeter() if meter is None else meter
-    if batches is not None:
-        policy = replace(policy, samples_per_message=batches.batch_size)
     drawn = DrawnItems() if policy.copy_arrays else None
     epochs.prepare = None  # set for each chunk by _take
     if skip_errors:
@@ -291,7 +304,7 @@ def _produce(
     while True:
         started = clock()
         try:
-            limit = pacer.limit()
+            limit = pacer.limit(0 if batches is None else batches.batch_size)
             if align is not None:
                 limit = min(limit, align - epoch_count % align)
             chunk, items = _take(epochs, drawn, limit)
@@ -384,7 +397,8 @@ def _produce_ranked(
     while True:
         started = clock()
         try:
-            chunk, items = _take(epochs, drawn, pacer.limit() * n)
+            chunk, items = _take(epochs, drawn,
+                                 pacer.limit(0 if batches is None else batches.batch_size) * n)
         except StopIteration:
             return sent
         except Exception as error:
