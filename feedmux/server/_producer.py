@@ -49,7 +49,11 @@ MAX_SAMPLES_PER_MESSAGE = 256
 TARGET_MESSAGE_BYTES = 4 * 1024 * 1024
 #: Most training batches (``batch_size=``) one data message carries: the trainer's cost
 #: of a message is shared by its batches.
-MAX_BATCHES_PER_MESSAGE = 8
+MAX_BATCHES_PER_MESSAGE = 16
+#: About how long a message of several batches may take to fill (at least one batch
+#: goes out, however long it takes): a trainer cannot start a step before its batch is
+#: complete, and a step of a model on an accelerator takes tens of ms.
+BATCH_MESSAGE_DELAY = 0.05
 
 
 @dataclass(frozen=True)
@@ -167,13 +171,14 @@ class _Pacer:
 
     def limit(self, batch_size: int = 0) -> int:
         """Samples of the next message; with ``batch_size``, whole training batches: as
-        many as fit the payload target and ``max_delay`` (at least one), at most
-        ``MAX_BATCHES_PER_MESSAGE``."""
+        many as fit the payload target and ``BATCH_MESSAGE_DELAY`` (or ``max_delay``
+        if longer) of sampling, at least one, at most ``MAX_BATCHES_PER_MESSAGE``."""
         if batch_size:
             batches = min(MAX_BATCHES_PER_MESSAGE,
                           TARGET_MESSAGE_BYTES // (batch_size * self.item_bytes))
             if self.item_seconds > 0:
-                batches = min(batches, int(self.policy.max_delay / self.item_seconds) // batch_size)
+                delay = max(self.policy.max_delay, BATCH_MESSAGE_DELAY)
+                batches = min(batches, int(delay / self.item_seconds) // batch_size)
             return batch_size * max(1, batches)
         if self.policy.samples_per_message is not None:
             return self.policy.samples_per_message
