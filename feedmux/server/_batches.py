@@ -58,6 +58,8 @@ drop_last=False'
         self.batch_size = 0
         self.drop_last = False
         self._fixed = False
+        self._run: Batches | None = None  # the assemblers of the current run
+        self._dropped_before = 0  # what the runs before it dropped (a restarted job)
 
     def refusal(self, hello: Hello) -> tuple[str, str] | None:
         """Why ``hello``'s trainer cannot be served its batches here, or None."""
@@ -85,7 +87,17 @@ drop_last=False'
 
     def assemblers(self) -> Batches | None:
         """A run's batch assemblers, or None when the trainers asked for no batches."""
-        return Batches(self.batch_size, self.drop_last) if self.batch_size else None
+        if not self.batch_size:
+            return None
+        if self._run is not None:
+            self._dropped_before += self._run.dropped
+        self._run = Batches(self.batch_size, self.drop_last)
+        return self._run
+
+    @property
+    def dropped(self) -> int:
+        """Samples of epochs' last, partial batches dropped (``drop_last``) so far."""
+        return self._dropped_before + (0 if self._run is None else self._run.dropped)
 
     def describe(self) -> str:
         if not self.batch_size:

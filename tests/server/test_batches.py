@@ -149,3 +149,14 @@ def test_consumer_groups_refuse_batches() -> None:
     refused = BatchRequest(grouped=True).admit(Hello("a", batch_size=4, group="g"))
     assert refused is not None and "with consumer groups" in refused[1]
     assert BatchRequest(grouped=True).admit(Hello("a", group="g")) is None
+
+
+def test_the_samples_dropped_are_counted_across_runs() -> None:
+    request = BatchRequest(grouped=False)
+    request.admit(Hello("a", batch_size=4, drop_last=True))
+    for run in range(2):  # a job restarted from a checkpoint samples again: a new run
+        batches = request.assemblers()
+        assert batches is not None
+        batches.of(0).add(tagged(1, 0, 6), samples(0, 6))
+        assert batches.finish_epoch() == []
+        assert request.dropped == 2 * (run + 1)
