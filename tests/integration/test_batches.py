@@ -7,6 +7,7 @@ ranks of one job run side by side in threads, each joined with a bound.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter
@@ -193,3 +194,14 @@ def test_a_ranked_job_resumes_mid_epoch_at_the_next_batch(servers: list[Server])
     for index in range(world_size):
         uninterrupted = [batch for epoch in whole[index][1] for batch in epoch]
         assert parts[index][0] + resumed[index] == uninterrupted
+
+
+def test_an_audit_log_records_the_batches_samples_by_key(servers: list[Server],
+                                                         tmp_path: Any) -> None:
+    servers.append(server := started(epochs=1))
+    path = tmp_path / "audit.log"
+    loader = loader_of(server, batch_size=BATCH, audit_log=str(path), audit_key="id")
+    handed = [i for batch in epochs_of(loader, 1)[0] for i in batch]
+    recorded = [key for line in path.read_text().splitlines() if line.startswith("H ")
+                for key in json.loads(line.split(" ")[5])]
+    assert recorded == handed and sorted(handed) == list(range(EPOCH))
