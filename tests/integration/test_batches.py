@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from feedmux import RemoteLoader, Server, Stream
-from feedmux.client.remote import BatchMeta
+from feedmux import BatchMeta, RemoteLoader, Server, Stream
 from feedmux.errors import FeedmuxError
 from tests.integration.conftest import CheckedThread
 
