@@ -315,6 +315,7 @@ class Server:
                     skip_errors=config.on_error == "skip", epoch_done=epoch_done,
                     dealer=ranked_dealer(endpoints, config), meter=endpoints.meters[0],
                     start=endpoints.core.start_at, keep=endpoints.core.handed.keep,
+                    batches=endpoints.core.tables.batches.assemblers(),
                 )
                 if not (self._stop or endpoints.core.restarting):
                     endpoints.finish()
