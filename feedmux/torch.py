@@ -23,7 +23,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from feedmux.client.remote import RemoteLoader, SampleMeta
 from feedmux.errors import ConfigurationError, StreamValueError
 
-__all__ = ["RemoteDataset", "Share", "to_tensors", "worker_share"]
+__all__ = ["Position", "RemoteDataset", "Share", "Tracked", "to_tensors", "worker_share"]
 
 
 class Share(NamedTuple):
@@ -180,18 +180,16 @@ class RemoteDataset(IterableDataset[Any]):
                 self._loader.load_state_dict(self._restored)
         return self._loader
 
-    def track(self, dataloader: Iterable[Any]) -> Iterator[Any]:
-        """Iterate ``dataloader`` (over this dataset, ``batch_size=None``) and note where the
-        training loop stands, for :meth:`state_dict` in this process, workers or not.
+    def track(self, dataloader: Iterable[Any]) -> Tracked:
+        """``dataloader`` (over this dataset, ``batch_size=None``) noting where the training
+        loop stands, for :meth:`state_dict` in this process, with workers or without.
 
-        Call it before the DataLoader starts its workers (its first ``iter``): they
+        Iterate what this returns (each ``iter`` one pass, as the DataLoader) from
+        the DataLoader's first pass on: its workers, started at that first pass,
         then tag each sample with where it came from, and this strips the tag.
         """
         self._tagged = True
-        for meta, sample in dataloader:
-            self._position.handed(meta)
-            yield sample
-        self._position.pass_ended()
+        return Tracked(dataloader, self._position)
 
     # -- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -218,6 +216,24 @@ class RemoteDataset(IterableDataset[Any]):
 
 def _same(value: Any) -> Any:
     return value
+
+
+class Tracked:
+    """A DataLoader over a tagging :class:`RemoteDataset`: yields the samples, notes the tags.
+
+    Re-iterable like the DataLoader (each ``iter`` is one pass), so a training
+    framework that iterates it once per epoch (Lightning) can take it as is.
+    """
+
+    def __init__(self, dataloader: Iterable[Any], position: Position) -> None:
+        self.dataloader = dataloader
+        self.position = position
+
+    def __iter__(self) -> Iterator[Any]:
+        for meta, sample in self.dataloader:
+            self.position.handed(meta)
+            yield sample
+        self.position.pass_ended()
 
 
 class Position:

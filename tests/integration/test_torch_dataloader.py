@@ -198,3 +198,22 @@ def test_ranked_dataloader_workers_keep_the_ranks_order_equal_steps_and_resume(
         assert workers[rank]["steps"] == [30, IDS // 2 - 30, IDS // 2]
         assert [len(ids) for ids in workers[rank]["epochs"]] == [30, IDS // 2 - 30, IDS // 2]
         assert joined(workers[rank]["epochs"]) == joined(alone[rank]["epochs"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_lightning_example_trains_two_exact_epochs(serve: Any, tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    server = serve(f"{SAMPLER}:numbered", "--epochs", "2", "--min-trainers", "2")
+    results = tmp_path / "seen.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "lightning_train.py"), "--address",
+         server.data, "--control", server.control, "--epochs", "2", "--workers", "2",
+         "--key", "x", "--results", str(results)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, capture_output=True,
+        timeout=240)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    seen = json.loads(results.read_text())
+    assert [sorted(epoch) for epoch in seen] == [list(range(IDS))] * 2
+    server.wait(timeout=30)
+    assert len(trainers_connected(server.stderr)) == 2  # the two persistent workers
