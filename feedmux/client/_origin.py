@@ -61,9 +61,12 @@ class Origin:
         arguments = dict(self.arguments)
         return arguments.pop("address"), arguments
 
-    def start_over(self, loader: Any) -> None:
-        """Make ``loader`` (a forked copy, at its first use in the child) again from its
-        arguments, and restore the state it had restored."""
+    def follow(self, loader: Any) -> None:
+        """If this runs in another process than ``loader`` was made in (a forked copy, at
+        its first use in the child), make it again from its arguments and restore the
+        state it had restored."""
+        if not self.moved():
+            return
         address, arguments = self.fresh(loader.rank)
         type(loader).__init__(loader, address, **arguments)
         if self.loaded is not None:
