@@ -16,9 +16,10 @@ $(VENV)/.base: pyproject.toml
 	$(PY) -m pip install -q -e .
 	touch $@
 
+# torch pinned again in the test extra's resolve: lightning must not pull another build.
 $(VENV)/.test: $(VENV)/.base
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test]' $(TORCH)
 	touch $@
 
 $(VENV)/.ray: $(VENV)/.test

@@ -19,6 +19,7 @@ import logging
 import os
 import time
 import uuid
+import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
@@ -29,11 +30,9 @@ from feedmux._auditlog import AuditLog, NoAudit, open_audit
 from feedmux._handshake import HandshakeWatch
 from feedmux._security import ClientCurve
 from feedmux._transport import (
-    CONTROL_FRAME_BYTES,
     DEFAULT_HWM,
     HEARTBEAT_INTERVAL,
     MAX_CLIENT_ID,
-    make_socket,
     readable,
 )
 from feedmux.client._acks import HandOutAcks, SeenPositions, progress_of
@@ -43,9 +42,12 @@ from feedmux.client._diagnosis import InputDiagnosis
 from feedmux.client._endpoints import check_endpoint, endpoints, fetch_stats
 from feedmux.client._link import Action, Attach, Send, ServerLinks, check_membership
 from feedmux.client._moves import AddressBook, Resolve
+from feedmux.client._origin import Origin, not_a_map, register_with_torch
 from feedmux.client._resume import HandedRanges, RankPositions
+from feedmux.client._sockets import close_sockets, open_sockets
 from feedmux.errors import (
     ConfigurationError,
+    ResumeWarning,
     StreamValueError,
     TransportClosedError,
     TransportTimeoutError,
@@ -177,7 +179,11 @@ class RemoteLoader:
     ``len()`` raises TypeError until an epoch size is known, like a torch
     DataLoader over an IterableDataset. A loader pickles as its arguments: the
     copy connects in the process that iterates it (a fresh client id unless one
-    was given).
+    was given). A forked copy (``os.fork``, a torch DataLoader worker) does the
+    same: at its first use in the child it starts over from its arguments, with
+    a context and sockets of its own, and never touches its parent's. Under
+    torch's DataLoader use :class:`feedmux.torch.RemoteDataset`, which also gives
+    each worker its share of a rank.
     """
 
     def __init__(
@@ -202,7 +208,8 @@ class RemoteLoader:
         audit_log: str | os.PathLike[str] | None = None, audit_key: str | None = None,
         batch_size: int | None = None, drop_last: bool = False,
     ) -> None:
-        self._arguments = {name: value for name, value in locals().items() if name != "self"}
+        self._origin = Origin({name: value for name, value in locals().items() if name != "self"})
+        register_with_torch(RemoteLoader)
         addresses, controls, derived = endpoints(address, control)
         _check_settings(timeout=timeout, world_size=world_size, hwm=hwm, client_id=client_id)
         #: Samples per handed-out batch (None: single samples).
@@ -231,7 +238,6 @@ class RemoteLoader:
         )
         self._diagnosis = InputDiagnosis(len(addresses), diagnose_window, diagnose_threshold)
         self._context: zmq.Context[Any] | None = None
-        self._pid = 0
         self._data = DataSockets([], reliable=reliable, client_id="", addresses=(),
                                  tune_malloc=False)
         self._control: list[Any] = []  # one DEALER per server
@@ -256,7 +262,10 @@ class RemoteLoader:
         self._audit = open_audit(audit_log, audit_key, self, self._links)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _rebuild_loader, (self._arguments,)
+        return _rebuild_loader, (self._origin.arguments,)
+
+    def __getitem__(self, index: object) -> Any:  # a DataLoader took it for a map-style dataset
+        raise TypeError(not_a_map(index))
 
     # -- the iterable ---------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -283,17 +292,8 @@ class RemoteLoader:
         sample of a later epoch (which stays for the next call) or at the end of
         the stream. It needs no epoch size, so it works from the first epoch on.
         """
-        epoch = None
-        while True:
-            while self._index >= self._count:
-                try:
-                    self._receive()
-                except StopIteration:
-                    return
-            upcoming = int(self._tags[self._index, 0])
-            if epoch is not None and upcoming != epoch:
-                return
-            epoch = upcoming
+        epoch = _upcoming(self, wait=True)
+        while epoch is not None and _upcoming(self, wait=True) == epoch:
             yield next(self)
 
     def __len__(self) -> int:
@@ -356,17 +356,26 @@ class RemoteLoader:
         Restored into a ranked loader (:meth:`load_state_dict`, before its first
         sample), the position is announced to the servers, which resume the job
         there: each rank gets exactly what an uninterrupted run would have given
-        it from that step on (docs/resume.md). A free trainer's state only
-        records where it was.
+        it from that step on (docs/resume.md). A free trainer's state records
+        where it was, and whether that was between epochs (``"between_epochs"``).
         """
+        between = None if self._positions else _between_epochs(self)
         return _state_of(self.addresses, self.server_ids, self.last_meta,
-                         dict(self._links.received), self._positions, self._audit, self._index)
+                         dict(self._links.received), self._positions, self._audit, self._index,
+                         between)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved (the last sample seen, and a ranked job's
         position, which the next hello announces). Any rank's state will do, from a job
-        of any world size: the position is the job's."""
+        of any world size: the position is the job's.
+
+        A free trainer (no ``rank``) resumes at epoch granularity: it takes the
+        live stream where the server is. Its state saved in the middle of an epoch
+        cannot be resumed there, and restoring one warns
+        (:class:`~feedmux.errors.ResumeWarning`, docs/resume.md).
+        """
         _restore(self, state)
+        self._origin.loaded = state  # a forked copy restores it again when it starts over
 
     # -- sockets --------------------------------------------------------------------------
     def _connect(self, announce: bool = True) -> None:
@@ -378,15 +387,15 @@ class RemoteLoader:
         """
         if self._closed:
             raise TransportClosedError(f"this RemoteLoader of {self.addresses} is closed")
-        if self._context is not None and self._pid == os.getpid():
+        self._origin.follow(self)  # a forked copy starts over here, in the child
+        if self._context is not None:
             if announce and not self._announced:
                 self._announced = True
                 self._act(self._links.hello())
             return
         # A fresh context in every process: a ZeroMQ context must never cross a fork.
         self._context = context = zmq.Context()
-        self._pid = os.getpid()
-        data_sockets, self._control = _open_sockets(
+        data_sockets, self._control = open_sockets(
             context, self._links, client_id=self.client_id, reliable=self.reliable,
             hwm=self.hwm, max_message_bytes=self.max_message_bytes, security=self._security,
         )
@@ -403,7 +412,8 @@ class RemoteLoader:
             self._poller.register(socket, zmq.POLLIN)
         self._announced = announce
         self._act(self._links.hello() if announce else self._links.probe())
-        self._finalizer = weakref.finalize(self, _close_sockets, self._pid, context, sockets)
+        self._finalizer = weakref.finalize(self, close_sockets, self._origin.pid, context,
+                                           sockets)
         if self.rank is not None or self.reliable:
             # A restarted rank continues after the last sample this one handed out, and a
             # reliable trainer's unfinished message goes to the others cut there: tell the
@@ -480,6 +490,9 @@ class RemoteLoader:
         if self._seen is not None:  # dealt to this trainer twice (a re-send crossed its ack)?
             samples, tags = self._seen.once(server_id, tags, samples, self.batch_size is not None)
             count = len(tags)
+        if self._index:  # what was handed out last stays known (last_meta) across the switch
+            row = self._tags[self._index - 1]
+            self._last = SampleMeta(int(row[0]), int(row[1]), self._server_id)
         # The index first, then the message: the acks thread reads them the other way round.
         self._index = self._count = 0
         self._samples, self._tags, self._server_id = samples, tags, server_id
@@ -519,9 +532,11 @@ class RemoteLoader:
 
 def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | None,
               received: dict[str, int], positions: RankPositions | None,
-              audit: AuditLog | NoAudit, handed: int) -> dict[str, Any]:
+              audit: AuditLog | NoAudit, handed: int,
+              between_epochs: bool | None) -> dict[str, Any]:
     """RemoteLoader.state_dict's plain data (recorded as a checkpoint in ``audit``, with the
-    ``handed`` samples of the current message before it)."""
+    ``handed`` samples of the current message before it; ``between_epochs``: a free
+    trainer's)."""
     state: dict[str, Any] = {
         "addresses": list(addresses),
         "server_ids": server_ids,
@@ -533,7 +548,31 @@ def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | No
     if positions is not None:
         state.update(resume=positions.state(), rank=positions.rank,
                      world_size=positions.world_size)
+    if between_epochs is not None:
+        state["between_epochs"] = between_epochs
     return audit.checkpoint(state, handed)
+
+
+def _between_epochs(loader: RemoteLoader) -> bool:
+    """Whether nothing of the epoch of the last sample handed out is left for this
+    trainer: nothing handed out yet, the next sample known to be of a later epoch (as
+    when ``iter_epoch()`` ended), or the end of the stream."""
+    last, upcoming = loader.last_epoch, _upcoming(loader, wait=False)
+    return last is None or upcoming not in (None, last) or (
+        upcoming is None and loader._links.finished)
+
+
+def _upcoming(loader: RemoteLoader, *, wait: bool) -> int | None:
+    """The epoch of the next sample, received first if ``wait``; None at the end of the
+    stream (or, without ``wait``, when no sample is here yet)."""
+    while loader._index >= loader._count:
+        try:
+            if not wait:
+                return None
+            loader._receive()
+        except StopIteration:
+            return None
+    return int(loader._tags[loader._index, 0])
 
 
 def _progress(loader: RemoteLoader) -> tuple[int, Any, int] | None:
@@ -581,6 +620,17 @@ def _await_welcome(loader: RemoteLoader, seconds: float) -> None:
 def _restore(loader: RemoteLoader, state: dict[str, Any]) -> None:
     """RemoteLoader.load_state_dict's body: the last sample seen, a rank's positions."""
     last = _restored_meta(state)
+    if last is not None and loader._positions is None and not state.get("between_epochs"):
+        warnings.warn(
+            f"restoring a free trainer's state saved in the middle of epoch {last.epoch} "
+            f"(last position {last.position}): free trainers (no rank=) are dealt samples "
+            "as they go, so they resume at epoch granularity. This loader takes the live "
+            "stream where the server is; what was in flight to the saved trainer is not "
+            "dealt again. For an exact resume mid-epoch give every trainer rank= and "
+            "world_size=; otherwise save the state at an epoch boundary (when iter_epoch() "
+            "ends). See docs/resume.md",
+            ResumeWarning, stacklevel=3,
+        )
     if last is not None:
         loader._last = last
         if loader._index == 0:
@@ -628,56 +678,9 @@ def _check_settings(*, timeout: float | None, world_size: int, hwm: int,
                                  f"{len(str(client_id))} characters")
 
 
-def _open_sockets(
-    context: zmq.Context[Any],
-    links: ServerLinks,
-    *,
-    client_id: str,
-    reliable: bool,
-    hwm: int,
-    max_message_bytes: int,
-    security: ClientCurve | None,
-) -> tuple[list[Any], list[Any]]:
-    """Connected sockets: the data DEALERs and the control DEALERs, one of each per server.
-
-    Plain mode names each data DEALER by the client id: that is how the server
-    addresses this trainer (its hello carries the same id).
-    """
-    if reliable:
-        # Credit keeps these queues below their limit, so heartbeats are safe here.
-        targets = [
-            make_socket(context, zmq.DEALER, hwm=hwm + 16, max_message_bytes=max_message_bytes,
-                        security=security)
-            for _ in links.links
-        ]
-    else:
-        targets = []
-        for _ in links.links:
-            socket = make_socket(context, zmq.DEALER, hwm=hwm, max_message_bytes=max_message_bytes,
-                                 heartbeats=False, security=security)
-            socket.setsockopt(zmq.ROUTING_ID, client_id.encode())
-            targets.append(socket)
-    control = [
-        make_socket(context, zmq.DEALER, hwm=100, max_message_bytes=CONTROL_FRAME_BYTES,
-                    security=security)
-        for _ in links.links
-    ]
-    for target, control_socket, link in zip(targets, control, links.links, strict=True):
-        target.connect(link.data_address)
-        control_socket.connect(link.control_address)
-    return targets, control
-
-
 def _ask_for_stats(control: list[Any], client_id: str) -> None:
     """The diagnosis wants the servers' load: ask each (a full queue skips a window)."""
     request = StatsRequest(client_id=client_id)
     for socket in control:
         send_or_drop(socket, request)
 
-
-def _close_sockets(pid: int, context: zmq.Context[Any], sockets: list[Any]) -> None:
-    if pid != os.getpid():
-        return  # a forked child must not touch its parent's sockets
-    for socket in sockets:
-        socket.close(linger=0)
-    context.term()

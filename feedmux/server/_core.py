@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from feedmux._ratelog import RateLimitedLog
@@ -112,6 +112,74 @@ class _Trainer:
     shm: bool = False
 
 
+class Questions:
+    """What the server asks all its trainers (drains, epoch sizes): never a trainer that
+    has not answered the last question, and when a free trainer's own stream is over.
+
+    A trainer that is not reading (a torch DataLoader worker whose results wait in
+    the DataLoader's queue, a long training step) must not find its control queue
+    filled with questions: libzmq stops reading a connection whose queue is full,
+    its ZMTP heartbeats then time out, and libzmq 4.3 can abort the trainer
+    (``_input_stopped``, libzmq issue 3937). So a trainer asked and not heard
+    since is asked nothing more until it speaks.
+
+    ``free`` says whether the server deals free trainers in plain mode (not
+    reliable, no consumer groups): then it counts the data messages each one was
+    sent, and once the stream is finished a trainer that received all of its own
+    gets its end of stream at once, without waiting for the others. Under a torch
+    DataLoader (in order) a worker that waits for its end blocks the DataLoader
+    from reading another worker's tail, which blocks the others' drain.
+
+    Examples
+    --------
+    >>> questions = Questions(free=True)
+    >>> questions.sent_to(b"t1")
+    >>> questions.ask([b"t1", b"t2"], "size?")
+    [(b't1', 'size?'), (b't2', 'size?')]
+    >>> questions.ask([b"t1", b"t2"], "drained?")  # neither has answered yet
+    []
+    >>> questions.heard(b"t2"); questions.ask([b"t1", b"t2"], "drained?")
+    [(b't2', 'drained?')]
+    >>> questions.complete("t1", received=0), questions.complete("t2", received=0)
+    (False, True)
+    """
+
+    def __init__(self, *, free: bool) -> None:
+        self.free = free
+        #: Data messages sent to each free trainer, by its data identity (the client id).
+        self.sent: dict[bytes, int] = {}
+        self._unanswered: set[bytes] = set()
+
+    def sent_to(self, client: bytes) -> None:
+        """One data message went to the free trainer ``client`` (the hot path: a count)."""
+        self.sent[client] = self.sent.get(client, 0) + 1
+
+    def ask(self, trainers: Collection[bytes], message: Message) -> Sends:
+        """``message`` to each of ``trainers`` that answered the last question."""
+        self._unanswered &= set(trainers)
+        asked = [identity for identity in trainers if identity not in self._unanswered]
+        self._unanswered.update(asked)
+        return [(identity, message) for identity in asked]
+
+    def heard(self, identity: bytes) -> None:
+        """The trainer ``identity`` spoke: it may be asked again."""
+        self._unanswered.discard(identity)
+
+    def complete(self, client_id: str, received: int) -> bool:
+        """Whether the free trainer ``client_id`` received every message sent to it."""
+        return self.free and received >= self.sent.get(client_id.encode(), 0)
+
+
+def _heartbeat_answer(core: ControlCore, identity: bytes, trainer: _Trainer) -> Sends:
+    """A trainer's heartbeat: the welcome, and its end of stream if its own is over."""
+    core.questions.heard(identity)
+    welcome = (identity, core.welcome(trainer.group))
+    if (core.phase is Phase.DRAINING and trainer.rank < 0
+            and core.questions.complete(trainer.client_id, trainer.received_messages)):
+        return [welcome, (identity, core.end_message())]
+    return [welcome]
+
+
 def _group_of(trainers: Mapping[bytes, _Trainer], client_id: str) -> str:
     """The group of the trainer ``client_id`` (its acknowledging socket is not its own)."""
     return next((t.group for t in list(trainers.values()) if t.client_id == client_id),
@@ -151,6 +219,7 @@ class ControlCore:
         self._welcomed = False
         self.drain_deadline = 0.0
         self._next_drain = 0.0
+        self.questions = Questions(free=not (config.reliable or config.grouped))
         self._last_total = -1
         self._last_change = 0.0
         self._final_started = self._last_heard = 0.0
@@ -209,7 +278,7 @@ class ControlCore:
                 self._count_reconnect(message.sender_id)
             trainer.last_seen = now
             trainer.received_messages = message.received_messages
-            return [(identity, self.welcome(trainer.group))]
+            return _heartbeat_answer(self, identity, trainer)
         if isinstance(message, StatsRequest):
             return [(identity, Stats(self.stats(now)))]
         peer_log.log(logging.WARNING, "unexpected", "unexpected %s on the control socket from %r",
@@ -322,7 +391,7 @@ class ControlCore:
             log.info("epoch size is %d samples", count)
         log.info("epoch %d complete: %d samples", epoch, count)
         # Trainers size their epochs from this: tell them now rather than at their next heartbeat.
-        return self.broadcast(self.welcome())
+        return self.questions.ask(self.trainers, self.welcome())
 
     def finish(self, now: float) -> Sends:
         """The last data message has left: start the end-of-stream handshake.
@@ -427,8 +496,7 @@ class ControlCore:
         # Ask at a steady pace: answering each reply with a new question would make a
         # drained trainer and the server ping-pong without end.
         self._next_drain = now + DRAIN_INTERVAL
-        return self.broadcast(Drain(sent_messages=self.messages_sent,
-                                    server_id=self.config.server_id))
+        return self.questions.ask(self.trainers, Drain(self.messages_sent, self.config.server_id))
 
     def _all_answering(self, now: float) -> bool:
         """Whether every trainer was heard lately: each is waiting for data, none reading."""

@@ -395,6 +395,7 @@ def _send_free(endpoints: Endpoints, message: list[Any], in_pool: list[Any] | No
             continue
         if via_pool and endpoints.pool is not None and placed is not None:
             endpoints.pool.delivered(identity, placed)  # its runs are the trainer's to release
+        endpoints.core.questions.sent_to(identity)  # its own end of stream comes from this
         return True, capped
     return False, capped
 
