@@ -2,8 +2,9 @@
 
 It records every sample it is handed (``epoch id`` per line, flushed at once,
 so the record survives a crash) and can kill itself with SIGKILL after a given
-number of samples, to play a trainer that dies mid-epoch. It may belong to a
-consumer group, and may wait for the test's go (a file) before it connects.
+number of samples, to play a trainer that dies mid-epoch, or leave cleanly after
+some. It may belong to a consumer group, and may wait for the test's go (a file)
+before it connects.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("out")
     parser.add_argument("--reliable", action="store_true")
     parser.add_argument("--die-after", type=int, default=0)
+    parser.add_argument("--stop-after", type=int, default=0,
+                        help="leave cleanly (close the loader) after this many samples")
     parser.add_argument("--step-ms", type=float, default=0.0, help="a training step per sample")
     parser.add_argument("--group", help="the consumer group (default: the default group)")
     parser.add_argument("--rank", type=int, help="a ranked trainer (lines: epoch id position)")
@@ -48,6 +51,8 @@ def main(argv: list[str]) -> int:
             out.write(f"{meta.epoch} {int(sample['id'])}{position}\n")
             if args.step_ms:
                 time.sleep(args.step_ms / 1000)
+            if count == args.stop_after:
+                break
             if count == args.die_after:
                 out.flush()
                 if loader._acks is not None:
