@@ -71,7 +71,7 @@ def check_free(records: Sequence[Sequence[str]], killed: Iterable[str], items: i
     last sample, and its server stopped with it) and before the last two epochs.
 
     >>> rows = [["s", "1", str(i), str(i), "1", "7"] for i in range(4)] * 2
-    >>> rows += [["s", str(e), "0", "0", "1", "7"] for e in (2, 3, 4)]
+    >>> rows += [["s", str(e), "0", "0", "1", "7"] for e in (2, 3)]
     >>> check_free(rows, [], 4).line()[:72]
     'reliable delivery: 1 complete epochs checked (8 samples), 0 ids missing,'
     >>> check_free(rows, [], 4).repeated
@@ -147,7 +147,7 @@ def check_ranked(lives: Sequence[Sequence[tuple[int, Sequence[Sequence[str]]]]],
 
     >>> lives = [[(0, [["1", "1", "0", "0", "1"], ["2", "1", "2", "2", "1"]]),
     ...           (1, [["2", "1", "2", "2", "1"], ["3", "2", "0", "0", "1"]])],
-    ...          [(0, [["1", "1", "1", "1", "1"], ["2", "2", "1", "1", "1"]])]]
+    ...          [(0, [["1", "1", "1", "1", "1"], ["2", "1", "3", "3", "1"]])]]
     >>> check_ranked(lives, items=4).line()
     'ranked job: 1 restarts from a checkpoint, steps per rank [3, 2], 0 samples off the \
 uninterrupted sequence'

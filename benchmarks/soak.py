@@ -58,7 +58,7 @@ CHECKPOINT_EVERY = 40  # steps between two checkpoints of a rank
 #: trainers that say hello (docs/resume.md).
 QUIET = 3.0
 #: Seconds a process takes to reach its working size (imports, queues, allocator pools).
-WARM_UP = 20.0
+WARM_UP = 30.0
 
 
 def slope(points: list[tuple[float, int]]) -> float:
@@ -345,7 +345,7 @@ def _report_rss(points_by_name: dict[str, list[tuple[float, int]]], max_slope: f
     """Print each long-lived process's RSS; the number whose slope passes ``max_slope``."""
     short = steep = 0
     for name, points in sorted(points_by_name.items()):
-        if points[-1][0] - points[0][0] < 2 * WARM_UP or len(points) < 8:
+        if points[-1][0] - points[0][0] < WARM_UP + 20 or len(points) < 8:
             short += 1  # too short-lived for a slope: start-up only
             continue
         rate = slope(points)
