@@ -90,18 +90,21 @@ class HandOutAcks:
                                         daemon=True)
         self._thread.start()
 
-    def wait_connected(self, link: int) -> None:
-        """Wait, the first time for each link (at most :data:`CONNECT_WAIT` s), until
-        acknowledgements can reach server ``link``; afterwards a no-op.
+    def current(self, link: int, server_id: str, tags: Any,
+                seq: int) -> tuple[int, str, Any, int]:
+        """The loader's next current message (what :func:`progress_of` reads), once
+        acknowledgements can reach server ``link``.
 
-        The loader calls it before it hands out each message: a mark queued on a
-        connection still being set up dies with a trainer killed meanwhile, and
-        the server then thinks nothing was handed out (a restarted rank got its
-        predecessor's samples again from the start of the epoch).
+        The first time for each link it waits (at most :data:`CONNECT_WAIT` s) for
+        this thread's connection: a mark queued on a connection still being set up
+        dies with a trainer killed meanwhile, and the server then thinks nothing
+        was handed out (a restarted rank got its predecessor's samples again from
+        the start of the epoch).
         """
         if link not in self._awaited:
             self._awaited.add(link)
             self.connected[link].wait(CONNECT_WAIT)
+        return link, server_id, tags, seq
 
     def _run(self) -> None:
         context: zmq.Context[Any] = zmq.Context()

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE, take_samples
+from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE, Hello, take_samples
 
 __all__ = ["CHECKPOINT", "LIVE", "MAX_HANDED_RANGES", "Handed", "ResumeCut", "Start",
            "agreed_start", "check_announcement", "describe"]
@@ -221,6 +221,19 @@ class Handed:
         for epoch, start, end in triples:
             self.ranges.setdefault(epoch, []).append((start, end))
         return triples
+
+    def heard(self, hello: Hello, reliable: bool) -> tuple[int, ...]:
+        """A trainer's hello on a ``reliable`` server: the ranges a free trainer that
+        outlived its server reports are kept out from now on (a hello that comes after
+        dealing started); returns them (``hello.handed``).
+
+        Before dealing starts this object is replaced by one built from every
+        trainer's report, so only late hellos matter. A ranked trainer's or a
+        plain server's hello adds nothing (anyone can reach the control port).
+        """
+        if hello.handed and reliable and hello.rank < 0:
+            self.add(hello.handed)
+        return hello.handed
 
     def keep(self, epoch: int, positions: np.ndarray) -> np.ndarray | None:
         """Which of ``positions`` (of ``epoch``) nobody handed out; None: all of them."""
