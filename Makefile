@@ -58,7 +58,7 @@ bench: $(VENV)/.bench
 soak: $(VENV)/.test
 	$(PY) -m benchmarks.soak --minutes 10 --workers 2
 
-## soak-ci: the same for 1 minute (in .ci/run), one sampling process per server
+## soak-ci: the same for 1 minute (in .ci/run), one sampling process per server; RSS slopes shown, judged only by the 10-minute soak
 soak-ci: $(VENV)/.test
 	$(PY) -m benchmarks.soak --minutes 1
 

@@ -19,7 +19,9 @@ is sampled. At the end it reports each long-lived process's RSS slope once warm
 (:mod:`benchmarks._soakcheck`): no sample of a complete epoch lost or repeated
 across the free trainers (a SIGKILL's documented edge counted apart), each rank's
 sequence that of an uninterrupted run. It fails (exit 1) on any loss or repeat,
-on a wrong sample, and on an RSS slope above ``--max-slope`` MiB/min once warm.
+on a wrong sample, and on an RSS slope above ``--max-slope`` MiB/min once warm
+(judged for processes that lived three minutes: ``make soak``'s ten minutes, not
+``make soak-ci``'s one, which shows the slopes only).
 Trainers are child processes of this script (``python -m benchmarks.soak trainer
 ...`` or ``rank ...``), each stopped by pid; the servers are stopped through their
 handles.
@@ -59,6 +61,8 @@ CHECKPOINT_EVERY = 40  # steps between two checkpoints of a rank
 QUIET = 3.0
 #: Seconds a process takes to reach its working size (imports, queues, allocator pools).
 WARM_UP = 30.0
+#: Seconds a process must live for its RSS slope to be judged (see ``_report_rss``).
+JUDGED_AFTER = 180.0
 
 
 def slope(points: list[tuple[float, int]]) -> float:
@@ -342,18 +346,25 @@ def run(minutes: float, seed: int, workers: int, max_slope: float) -> int:
 
 
 def _report_rss(points_by_name: dict[str, list[tuple[float, int]]], max_slope: float) -> int:
-    """Print each long-lived process's RSS; the number whose slope passes ``max_slope``."""
+    """Print each long-lived process's RSS; the number whose slope passes ``max_slope``.
+
+    A slope is judged only for a process that lived :data:`JUDGED_AFTER` seconds: in
+    a shorter life a one-time step (a job's first restart replaying its epochs, an
+    allocator's arena) cannot be told from growth, so it is shown, not judged.
+    """
     short = steep = 0
     for name, points in sorted(points_by_name.items()):
-        if points[-1][0] - points[0][0] < WARM_UP + 20 or len(points) < 8:
+        lived = points[-1][0] - points[0][0]
+        if lived < WARM_UP + 20 or len(points) < 8:
             short += 1  # too short-lived for a slope: start-up only
             continue
         rate = slope(points)
-        over = rate > max_slope
+        judged = lived >= JUDGED_AFTER
+        over = judged and rate > max_slope
         steep += over
+        verdict = "  (above the limit)" if over else "" if judged else "  (not judged: too short)"
         print(f"  {name:>14}: RSS {points[0][1] / MiB:6.1f} -> {points[-1][1] / MiB:6.1f} MiB "
-              f"over {points[-1][0] - points[0][0]:5.0f} s, slope once warm {rate:+.2f} "
-              f"MiB/min{'  (above the limit)' if over else ''}")
+              f"over {lived:5.0f} s, slope once warm {rate:+.2f} MiB/min{verdict}")
         if over:
             print("      RSS (s: MiB): " + ", ".join(
                 f"{t:.0f}: {value / MiB:.1f}" for t, value in points[::3]))
