@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from feedmux._transport import CONTROL_FRAME_BYTES, HEARTBEAT_INTERVAL, make_socket, send_message
 from feedmux.client._data import take_all
@@ -45,10 +46,13 @@ from feedmux.protocol import Ack, take_rows
 
 log = logging.getLogger("feedmux.client")
 
-__all__ = ["ACK_INTERVAL", "HandOutAcks", "Progress", "SeenPositions", "progress_of"]
+__all__ = ["ACK_INTERVAL", "CONNECT_WAIT", "HandOutAcks", "Progress", "SeenPositions",
+           "progress_of"]
 
 #: Seconds between two looks at what was handed out (an acknowledgement only if it moved).
 ACK_INTERVAL = 0.005
+#: Most seconds the thread waits for its connections at its start (a server that is away).
+CONNECT_WAIT = 10.0
 
 #: ``() -> (link number, server id, tags, sequence number, handed-out count)`` of the
 #: current message (sequence number 0 outside reliable mode), or None.
@@ -81,9 +85,29 @@ class HandOutAcks:
         #: The last mark sent: (server id, epoch, position).
         self.sent: tuple[str, int, int] | None = None
         self._last_sent = -HEARTBEAT_INTERVAL
+        #: Per link: set once this thread's connection to that server is up (or it gave
+        #: up waiting), see :meth:`wait_connected`.
+        self.connected = [threading.Event() for _ in self._addresses]
+        self._awaited: set[int] = set()  # links whose first message waited (the loader's)
         self._thread = threading.Thread(target=self._run, name=f"feedmux-acks-{client_id}",
                                         daemon=True)
         self._thread.start()
+
+    def current(self, link: int, server_id: str, tags: Any,
+                seq: int) -> tuple[int, str, Any, int]:
+        """The loader's next current message (what :func:`progress_of` reads), once
+        acknowledgements can reach server ``link``.
+
+        The first time for each link it waits (at most :data:`CONNECT_WAIT` s) for
+        this thread's connection: a mark queued on a connection still being set up
+        dies with a trainer killed meanwhile, and the server then thinks nothing
+        was handed out (a restarted rank got its predecessor's samples again from
+        the start of the epoch).
+        """
+        if link not in self._awaited:
+            self._awaited.add(link)
+            self.connected[link].wait(CONNECT_WAIT)
+        return link, server_id, tags, seq
 
     def _run(self) -> None:
         context: zmq.Context[Any] = zmq.Context()
@@ -91,8 +115,11 @@ class HandOutAcks:
         sockets = [make_socket(context, zmq.DEALER, hwm=100, max_message_bytes=CONTROL_FRAME_BYTES,
                                security=self._security) for _ in self._addresses]
         try:
+            monitors = [socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+                        for socket in sockets]
             for socket, address in zip(sockets, self._addresses, strict=True):
                 socket.connect(address)
+            self._await_handshakes(sockets, monitors)
             while not self._stop.wait(ACK_INTERVAL):
                 self._follow_moves(sockets)
                 if not self._send(sockets):
@@ -102,6 +129,31 @@ class HandOutAcks:
             for socket in sockets:
                 socket.close(linger=200)
             context.term()
+
+    def _await_handshakes(self, sockets: list[Any], monitors: list[Any]) -> None:
+        """Set :attr:`connected` for each link as its handshake succeeds, for at most
+        :data:`CONNECT_WAIT` seconds (then for all: a server away is no reason to wait
+        on); the monitors are closed afterwards."""
+        deadline = time.monotonic() + CONNECT_WAIT
+        waiting = dict(enumerate(monitors))
+        while waiting and not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            poller = zmq.Poller()
+            for monitor in waiting.values():
+                poller.register(monitor, zmq.POLLIN)
+            ready = dict(poller.poll(max(1, int(min(left, ACK_INTERVAL * 10) * 1000))))
+            for link, monitor in list(waiting.items()):
+                if monitor in ready and recv_monitor_message(monitor)["event"] == (
+                        zmq.EVENT_HANDSHAKE_SUCCEEDED):
+                    self.connected[link].set()
+                    del waiting[link]
+        for socket, monitor in zip(sockets, monitors, strict=True):
+            socket.disable_monitor()
+            monitor.close(linger=0)
+        for event in self.connected:
+            event.set()
 
     def move(self, link: int, address: str) -> None:
         """The server of link ``link`` now listens on control endpoint ``address``."""

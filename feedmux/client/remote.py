@@ -496,8 +496,8 @@ class RemoteLoader:
         # The index first, then the message: the acks thread reads them the other way round.
         self._index = self._count = 0
         self._samples, self._tags, self._server_id = samples, tags, server_id
-        if self._acks is not None:
-            self._current = (self._data.link, server_id, tags, self._data.seq)
+        if self._acks is not None:  # (a server's first message waits until its marks can go)
+            self._current = self._acks.current(self._data.link, server_id, tags, self._data.seq)
         self._count = count
         self._audit.begin(self._data.link, server_id, tags, samples)
         return True

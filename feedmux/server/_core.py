@@ -306,8 +306,9 @@ class ControlCore:
             return sends
         known = identity in self.trainers
         group = message.group or DEFAULT_GROUP
+        # A free reliable trainer that outlived its server: what it had is not dealt again.
         self.trainers[identity] = _Trainer(message.client_id, now, rank=message.rank, group=group,
-                                           handed=message.handed)
+                                           handed=self.handed.heard(message, self.config.reliable))
         if not known:
             rank = f" as rank {message.rank} of {message.world_size}" if message.rank >= 0 else ""
             where = f" in group {group}" if self.config.grouped else ""
