@@ -148,14 +148,15 @@ class _Fuzzer:
         while len(self.sockets) < 8:
             self.sockets.append(self._socket())
         for _ in range(count):
-            socket = rng.choice(self.sockets)
+            index = rng.randrange(len(self.sockets))
             frames = (_mutate(rng.choice(self.valid), rng) if rng.random() < 0.7
                       else _random_message(rng))
             try:
-                socket.send_multipart(frames, flags=zmq.NOBLOCK)
+                self.sockets[index].send_multipart(frames, flags=zmq.NOBLOCK)
                 self.sent += 1
-            except zmq.Again:
-                pass
+            except zmq.Again:  # its queue is full, or the server dropped it: a new peer
+                self.hostile.retire(self.sockets[index])
+                self.sockets[index] = self._socket()
         for socket in self.sockets:  # read and drop the answers, data a fake credit bought
             while socket.poll(0):
                 socket.recv_multipart()
