@@ -50,6 +50,8 @@ log = logging.getLogger("feedmux.server")
 
 #: Control frames larger than this are refused by ZeroMQ before reaching Python.
 MAX_CONTROL_BYTES = CONTROL_INBOUND_FRAME_BYTES
+#: Milliseconds a stopped server's data socket lingers (see :meth:`Endpoints.close`).
+STOP_LINGER_MS = 200
 
 
 class StopFlag(Protocol):
@@ -342,13 +344,20 @@ class Endpoints:
         self.control.linger = 1000
 
     def close(self) -> None:
-        if self.metrics is not None:
-            self.metrics.close()
-        # After a finished stream, give what is still queued a moment to reach the trainers.
-        self.data.close(linger=1000 if self.core.finished else 0)
-        self.control.close()
-        close_pool(self.pool)
-        self._stop_authenticator()
+        try:
+            if self.metrics is not None:
+                self.metrics.close()
+            # After a finished stream, give what is still queued a moment to reach the
+            # trainers. Never at once: data messages are multipart, and libzmq 4.3.5
+            # aborts the process (session_base.cpp:233) when a connection part-way
+            # through writing one fails while its socket closes with linger 0 (trainers
+            # stopped with the server); lingering, a closing connection stays readable
+            # until it has written its message or failed.
+            self.data.close(linger=1000 if self.core.finished else STOP_LINGER_MS)
+            self.control.close()
+        finally:
+            close_pool(self.pool)  # also when a second signal cuts the closing short
+            self._stop_authenticator()
         self.context.term()
 
     def _stop_authenticator(self) -> None:
