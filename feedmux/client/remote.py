@@ -33,20 +33,18 @@ from feedmux._transport import (
     DEFAULT_HWM,
     HEARTBEAT_INTERVAL,
     MAX_CLIENT_ID,
-    control_address_for,
     make_socket,
     readable,
-    send_message,
 )
 from feedmux.client._acks import HandOutAcks, SeenPositions, progress_of
 from feedmux.client._data import DataSockets, send_or_drop
 from feedmux.client._diagnosis import InputDiagnosis
+from feedmux.client._endpoints import check_endpoint, endpoints, fetch_stats
 from feedmux.client._link import Action, Attach, Send, ServerLinks, check_membership
 from feedmux.client._moves import AddressBook, Resolve
 from feedmux.client._resume import HandedRanges, RankPositions
 from feedmux.errors import (
     ConfigurationError,
-    RemoteError,
     StreamValueError,
     TransportClosedError,
     TransportTimeoutError,
@@ -55,13 +53,12 @@ from feedmux.protocol import (
     CONTROL_LIMITS,
     Credit,
     Data,
-    Error,
     SampleBatch,
     StatsRequest,
     decode,
 )
 
-__all__ = ["RemoteLoader", "SampleMeta", "fetch_stats"]
+__all__ = ["RemoteLoader", "SampleMeta", "check_endpoint", "fetch_stats"]
 
 log = logging.getLogger("feedmux.client")
 
@@ -194,7 +191,7 @@ class RemoteLoader:
         audit_log: str | os.PathLike[str] | None = None, audit_key: str | None = None,
     ) -> None:
         self._arguments = {name: value for name, value in locals().items() if name != "self"}
-        addresses, controls = _endpoints(address, control)
+        addresses, controls, derived = endpoints(address, control)
         _check_settings(timeout=timeout, world_size=world_size, hwm=hwm, client_id=client_id)
         check_membership(world_size=world_size, rank=rank, group=group, reliable=reliable)
         self.rank = rank
@@ -215,7 +212,7 @@ class RemoteLoader:
         self._links = ServerLinks(
             addresses, controls, client_id=self.client_id, world_size=world_size,
             rank=-1 if rank is None else rank, group=group or "", reliable=reliable,
-            timeout=timeout, heartbeat_interval=HEARTBEAT_INTERVAL,
+            timeout=timeout, heartbeat_interval=HEARTBEAT_INTERVAL, derived=derived,
         )
         self._diagnosis = InputDiagnosis(len(addresses), diagnose_window, diagnose_threshold)
         self._context: zmq.Context[Any] | None = None
@@ -327,10 +324,11 @@ class RemoteLoader:
         spent waiting inside ``next()``, the window's length ``window_s``, and
         the servers' ``server_busy_fraction`` (sampling, per sampling process)
         and ``server_blocked_fraction`` (waiting for trainers to take more),
-        fetched over the control channel. None until a window has passed (or the
-        servers answered); all None with ``diagnose_window=None``.
+        fetched over the control channel. Until the first window has passed, the
+        figures so far (from a second after the first sample; None before, and
+        the servers' until they answered); all None with ``diagnose_window=None``.
         """
-        return self._diagnosis.stats()
+        return self._diagnosis.stats(time.monotonic())
 
     def state_dict(self) -> dict[str, Any]:
         """Plain data: servers, the last (epoch, position, server) seen, messages received,
@@ -512,27 +510,6 @@ class RemoteLoader:
         return f"RemoteLoader({self.addresses!r}, timeout={self.timeout!r})"
 
 
-def _endpoints(
-    address: str | Sequence[str], control: str | Sequence[str] | None
-) -> tuple[list[str], list[str]]:
-    """The data endpoints and one control endpoint per data endpoint, checked."""
-    addresses = [address] if isinstance(address, str) else list(address)
-    if not addresses or not all(isinstance(a, str) and a for a in addresses):
-        raise ConfigurationError(
-            f"expected a data endpoint or a non-empty list of them, got {address!r}"
-        )
-    if control is None:
-        controls = [control_address_for(a) for a in addresses]
-    else:
-        controls = [control] if isinstance(control, str) else list(control)
-    if len(controls) != len(addresses):
-        raise ConfigurationError(
-            f"expected one control endpoint per data endpoint ({len(addresses)}), "
-            f"got {len(controls)}: {controls!r}"
-        )
-    return addresses, controls
-
-
 def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | None,
               received: dict[str, int], positions: RankPositions | None,
               audit: AuditLog | NoAudit, handed: int) -> dict[str, Any]:
@@ -560,8 +537,10 @@ def _progress(loader: RemoteLoader) -> tuple[int, Any, int] | None:
 
 def _trackers(loader: RemoteLoader) -> tuple[RankPositions | None, HandedRanges | None]:
     """What a loader tells a server that must resume: a rank's position with each server
-    (also saved by state_dict), or a free reliable trainer's latest hand-outs."""
+    (also saved by state_dict), or a free reliable trainer's latest hand-outs (and, to
+    any waiting trainer, the shared-memory views it holds)."""
     links, count = loader._links, len(loader.addresses)
+    links.views_held = lambda: _views_held(loader)
     if loader.rank is not None:
         positions = RankPositions(count, rank=loader.rank, world_size=loader.world_size,
                                   current=lambda: _progress(loader))
@@ -572,6 +551,12 @@ def _trackers(loader: RemoteLoader) -> tuple[RankPositions | None, HandedRanges 
         links.handed = handed.announce
         return None, handed
     return None, None
+
+
+def _views_held(loader: RemoteLoader) -> tuple[int, int, int]:
+    """The shared-memory views the loader's trainer holds: (views, bytes, pool bytes)."""
+    views = loader._data.views
+    return (0, 0, 0) if views is None else views.held()
 
 
 def _await_welcome(loader: RemoteLoader, seconds: float) -> None:
@@ -689,51 +674,3 @@ def _close_sockets(pid: int, context: zmq.Context[Any], sockets: list[Any]) -> N
     for socket in sockets:
         socket.close(linger=0)
     context.term()
-
-
-def fetch_stats(
-    control_address: str,
-    *,
-    timeout: float = 2.0,
-    curve_server_key: str | bytes | None = None,
-    curve_certificate: str | None = None,
-) -> dict[str, Any]:
-    """Ask the server at ``control_address`` for its statistics.
-
-    Raises :class:`~feedmux.errors.TransportTimeoutError` when it does not answer
-    within ``timeout`` seconds. The ``curve_*`` arguments are those of
-    :class:`RemoteLoader`.
-    """
-    from feedmux.protocol import Stats, StatsRequest
-
-    security = (
-        None if curve_server_key is None
-        else ClientCurve.create(curve_server_key, curve_certificate)
-    )
-    context: zmq.Context[Any] = zmq.Context()
-    socket = make_socket(context, zmq.DEALER, hwm=10, max_message_bytes=CONTROL_FRAME_BYTES,
-                         security=security)
-    # A refused handshake (CURVE) tears the connection down: a send would then wait
-    # for the next one, forever; the timeout bounds the send too.
-    socket.sndtimeo = max(1, int(timeout * 1000))
-    deadline = time.monotonic() + timeout
-    try:
-        socket.connect(control_address)
-        try:
-            send_message(socket, StatsRequest(client_id=f"stats-{os.getpid()}"))
-        except zmq.Again:
-            raise TransportTimeoutError(
-                f"no connection to {control_address} within {timeout:g} s") from None
-        while (remaining := deadline - time.monotonic()) > 0:
-            if not socket.poll(int(remaining * 1000) + 1):
-                break
-            message = decode(socket.recv_multipart(copy=False), limits=CONTROL_LIMITS)
-            if isinstance(message, Stats):
-                return dict(message.values)
-            if isinstance(message, Error):
-                raise RemoteError(message.type, message.message, message.traceback,
-                                  message.server_id or control_address)
-        raise TransportTimeoutError(f"no answer from {control_address} within {timeout:g} s")
-    finally:
-        socket.close(linger=0)
-        context.term()
