@@ -52,12 +52,15 @@ from feedmux.errors import (
 )
 from feedmux.protocol import (
     CONTROL_LIMITS,
+    STATS_NEXT_PAGE,
     Credit,
     Data,
     Error,
     SampleBatch,
+    Stats,
     StatsRequest,
     decode,
+    stats_order,
 )
 
 __all__ = ["RemoteLoader", "SampleMeta", "fetch_stats"]
@@ -687,12 +690,12 @@ def fetch_stats(
 ) -> dict[str, Any]:
     """Ask the server at ``control_address`` for its statistics.
 
-    Raises :class:`~feedmux.errors.TransportTimeoutError` when it does not answer
-    within ``timeout`` seconds. The ``curve_*`` arguments are those of
-    :class:`RemoteLoader`.
+    A server with many trainers answers in pages (each fits in one control
+    frame); this asks for every page and returns them as one map. Raises
+    :class:`~feedmux.errors.TransportTimeoutError` when it does not answer
+    within ``timeout`` seconds (all pages together). The ``curve_*`` arguments
+    are those of :class:`RemoteLoader`.
     """
-    from feedmux.protocol import Stats, StatsRequest
-
     security = (
         None if curve_server_key is None
         else ClientCurve.create(curve_server_key, curve_certificate)
@@ -704,23 +707,41 @@ def fetch_stats(
     # for the next one, forever; the timeout bounds the send too.
     socket.sndtimeo = max(1, int(timeout * 1000))
     deadline = time.monotonic() + timeout
+    values: dict[str, Any] = {}
+    after: str | None = ""
     try:
         socket.connect(control_address)
-        try:
-            send_message(socket, StatsRequest(client_id=f"stats-{os.getpid()}"))
-        except zmq.Again:
-            raise TransportTimeoutError(
-                f"no connection to {control_address} within {timeout:g} s") from None
-        while (remaining := deadline - time.monotonic()) > 0:
-            if not socket.poll(int(remaining * 1000) + 1):
-                break
-            message = decode(socket.recv_multipart(copy=False), limits=CONTROL_LIMITS)
-            if isinstance(message, Stats):
-                return dict(message.values)
-            if isinstance(message, Error):
-                raise RemoteError(message.type, message.message, message.traceback,
-                                  message.server_id or control_address)
-        raise TransportTimeoutError(f"no answer from {control_address} within {timeout:g} s")
+        while after is not None:
+            try:
+                send_message(socket, StatsRequest(client_id=f"stats-{os.getpid()}", after=after))
+            except zmq.Again:
+                raise TransportTimeoutError(
+                    f"no connection to {control_address} within {timeout:g} s") from None
+            page = _stats_answer(socket, control_address, deadline)
+            if page is None:
+                raise TransportTimeoutError(
+                    f"no answer from {control_address} within {timeout:g} s")
+            # The key naming the next page; a server without pages has none: one answer.
+            following = page.pop(STATS_NEXT_PAGE, None)
+            values.update(page)
+            # Each page must start further on: a server that does not page ends it here.
+            after = (following if isinstance(following, str)
+                     and stats_order(following) > stats_order(after) else None)
+        return values
     finally:
         socket.close(linger=0)
         context.term()
+
+
+def _stats_answer(socket: Any, control_address: str, deadline: float) -> dict[str, Any] | None:
+    """The next statistics page on ``socket`` (None: none before ``deadline``)."""
+    while (remaining := deadline - time.monotonic()) > 0:
+        if not socket.poll(int(remaining * 1000) + 1):
+            break
+        message = decode(socket.recv_multipart(copy=False), limits=CONTROL_LIMITS)
+        if isinstance(message, Stats):
+            return dict(message.values)
+        if isinstance(message, Error):
+            raise RemoteError(message.type, message.message, message.traceback,
+                              message.server_id or control_address)
+    return None

@@ -33,6 +33,7 @@ from feedmux.protocol._messages import (
     PROTOCOL_VERSION,
     RESUME_CHECKPOINT,
     RESUME_LIVE,
+    STATS_NEXT_PAGE,
     Ack,
     Credit,
     Data,
@@ -49,6 +50,7 @@ from feedmux.protocol._messages import (
     Stats,
     StatsRequest,
     Welcome,
+    stats_order,
 )
 from feedmux.protocol._tags import TAG_DTYPE, read_tags, replace_tags
 
@@ -60,6 +62,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "RESUME_CHECKPOINT",
     "RESUME_LIVE",
+    "STATS_NEXT_PAGE",
     "TAG_DTYPE",
     "Ack",
     "Resolver",
@@ -88,6 +91,7 @@ __all__ = [
     "read_tags",
     "replace_tags",
     "stack_scalars",
+    "stats_order",
     "take_samples",
     "unpack_envelope",
 ]

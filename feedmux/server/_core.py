@@ -44,7 +44,7 @@ from feedmux.protocol import (
 from feedmux.server._groups import DEFAULT_GROUP
 from feedmux.server._producer import error_message
 from feedmux.server._ranks import RANK_REFUSED, RankTables
-from feedmux.server._report import Stat, core_stats, progress_line
+from feedmux.server._report import Stat, core_stats, progress_line, stats_page
 from feedmux.server._resume import (
     CHECKPOINT,
     Handed,
@@ -212,7 +212,7 @@ class ControlCore:
             trainer.received_messages = message.received_messages
             return [(identity, self.welcome(trainer.group))]
         if isinstance(message, StatsRequest):
-            return [(identity, Stats(self.stats(now)))]
+            return [(identity, Stats(stats_page(self.stats(now), message.after)))]
         peer_log.log(logging.WARNING, "unexpected", "unexpected %s on the control socket from %r",
                      type(message).__name__, identity[:16])
         return [(identity, Error(
