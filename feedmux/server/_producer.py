@@ -45,6 +45,11 @@ Keep = Callable[[int, np.ndarray], "np.ndarray | None"]
 MAX_SAMPLES_PER_MESSAGE = 256
 #: Target payload of one data message; bigger samples travel one per message.
 TARGET_MESSAGE_BYTES = 4 * 1024 * 1024
+#: A ranked chunk (one message per rank) may take up to this many times ``max_delay`` to
+#: sample: up to this many ranks, each rank's message is as full as a free trainer's;
+#: beyond, messages shrink (64 ranks bound by ``max_delay`` alone got 2 samples a message,
+#: a seventh of the two-rank rate).
+RANK_CHUNK_DELAYS = 20
 
 
 @dataclass(frozen=True)
@@ -346,7 +351,9 @@ def _produce_ranked(
     """:func:`produce` for ranked trainers: each chunk dealt to the ranks, then encoded.
 
     A chunk holds about ``world_size`` messages' worth of samples, so each rank's
-    message is as full as a free trainer's would be. A sample the codec refuses
+    message is as full as a free trainer's would be (up to
+    :data:`RANK_CHUNK_DELAYS` ranks; a chunk then takes up to that many times
+    ``max_delay`` to sample). A sample the codec refuses
     fails the run here (skipping it would unbalance the ranks); a top-level
     streamer that raises with ``skip_errors`` ends its epoch where it stopped
     (the dealer pads or drops the last round, so the ranks stay even).
@@ -375,7 +382,9 @@ def _produce_ranked(
                     dealer.resume(epoch, chunk.start, head)
                     epoch_count = chunk.start  # the epoch's size counts what came before
                 start = None
-            pacer.observe(items, (clock() - started) * n)  # time per rank message
+            # Time per rank message: sampling one item of each rank's message (n items),
+            # spread over up to RANK_CHUNK_DELAYS times max_delay.
+            pacer.observe(items, (clock() - started) * n / min(n, RANK_CHUNK_DELAYS))
             epoch_count += len(items)
             shares = dealer.deal(epoch, items) if items else []
             if last:
