@@ -156,7 +156,7 @@ class HandOutAcks:
                 if not self._send(sockets):
                     break
                 self._pace.looked(self.sends > sends)
-            self._send(sockets)  # the last word: what was handed out up to the close
+            self._send(sockets, final=True)  # the last word: what was handed out up to the close
         finally:
             for socket in sockets:
                 socket.close(linger=200)
@@ -173,7 +173,7 @@ class HandOutAcks:
                 reconnect(sockets[link], self._addresses[link], address)
                 self._addresses[link] = address
 
-    def _send(self, sockets: list[Any]) -> bool:
+    def _send(self, sockets: list[Any], final: bool = False) -> bool:
         try:
             current = self._progress()
         except ReferenceError:
@@ -193,7 +193,8 @@ class HandOutAcks:
         # life of this rank's holder, however long the trainer's own steps take.
         if mark == self.sent and (self.rank < 0 or now - self._last_sent < HEARTBEAT_INTERVAL):
             return True
-        if mark != self.sent and not self._pace.mark_due(tags, now, self._last_sent):
+        if mark != self.sent and not final and not self._pace.mark_due(tags, now,
+                                                                        self._last_sent):
             return True  # moved within the message last acknowledged: soon, with more
         if self._offer(sockets[link], Ack(seqs=(seq,) if seq else (), client_id=self.client_id,
                                           server_id=server_id, rank=self.rank, epoch=mark[1],
