@@ -25,7 +25,12 @@ statistics requests themselves); ``control_messages`` says how many came. The
 rates of each round are divided by the two-rank rate of the same round (the
 runs rotate from round to round) and the median quotient is reported:
 the issue's targets are at most 10% of a core on control at 64 ranks, and a data
-rate of at least 90% of two ranks'.
+rate of at least 90% of two ranks'. Trainers that read as fast as they can
+take samples in bursts (a message at a time), so their hand-out marks move a
+few times a second; a run of 64 ranks that "train" 1 ms per sample (a sleep
+every 4 samples) moves every rank's mark all the time, which is what makes the
+acknowledgements of a real job (up to one per rank every 5 ms without pacing:
+12,800 a second).
 
 :func:`run_job` is also what the scale tests run (with exact epochs, checked
 from the ids every trainer handed out).
@@ -57,6 +62,9 @@ from feedmux.errors import TransportTimeoutError
 _FORK = multiprocessing.get_context("fork")
 #: Trainer threads per process, at most.
 THREADS_PER_PROCESS = 16
+#: A stepping trainer sleeps once per this many samples (sleeping per sample would be
+#: thousands of wake-ups a second per process).
+STEP_SAMPLES = 4
 #: The issue's targets (see the module docstring).
 MOST_CONTROL_CORE = 0.10
 LEAST_RATE_RATIO = 0.90
@@ -92,6 +100,9 @@ class Job:
     epochs: int | None = None
     timeout: float = 60.0
     folder: str = ""
+    #: Seconds of "training" per sample (taken every :data:`STEP_SAMPLES` samples): the
+    #: loader's mark then moves all the time, as in a job, instead of in bursts.
+    step: float = 0.0
 
 
 @dataclass
@@ -116,6 +127,8 @@ def _read(job: Job, loader: RemoteLoader, record: TrainerRecord, stop: Any) -> N
             record.counts[epoch] = record.counts.get(epoch, 0) + 1
             if number % 64 == 0 and stop.is_set():
                 return
+            if job.step and number % STEP_SAMPLES == 0:
+                time.sleep(job.step * STEP_SAMPLES)
         else:
             record.epochs.setdefault(epoch, []).append(int(sample["id"]))
 
@@ -230,12 +243,13 @@ def _window(control: str, trainers: Trainers, warmup: float, seconds: float) -> 
     }
 
 
-def measure(trainers: int, ranked: bool, warmup: float, seconds: float) -> dict[str, Any]:
+def measure(trainers: int, ranked: bool, warmup: float, seconds: float,
+            step: float = 0.0) -> dict[str, Any]:
     """One run: a server, its trainers counting for ``warmup + seconds``, the figures."""
     server = start_server(trainers, ranked, reliable=not ranked, per_stream=1_000_000)
     with tempfile.TemporaryDirectory(prefix="feedmux-scale-") as folder:
         job = Job(server.data_address, server.control_address, trainers, ranked=ranked,
-                  reliable=not ranked, folder=folder)
+                  reliable=not ranked, folder=folder, step=step)
         running = Trainers(job)
         try:
             figures = _window(server.control_address, running, warmup, seconds)
@@ -246,6 +260,7 @@ def measure(trainers: int, ranked: bool, warmup: float, seconds: float) -> dict[
             server.stop()
         errors = [record.error for record in running.records() if record.error]
     label = f"{trainers} ranks" if ranked else f"{trainers} free (reliable)"
+    label += f", {1000 * step:g} ms steps" if step else ""
     if "failed" in figures:
         return {"run": label, "trainers": trainers, "ranked": ranked, **figures,
                 "trainer_errors": errors[:3]}
@@ -319,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", default="2,16,64", help="world sizes, comma-separated "
                         "(the first should be 2: the ratios are over it)")
     parser.add_argument("--free", type=int, default=256, help="free reliable trainers (0: none)")
+    parser.add_argument("--stepping", type=int, default=64,
+                        help="ranks that train 1 ms per sample, a run of its own (0: none)")
     parser.add_argument("--seconds", type=float, default=6.0, help="measured window per run")
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--repeats", type=int, default=3, help="rounds (runs rotate each round)")
@@ -327,16 +344,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # The servers (forked from here) log every trainer that comes and goes: hundreds of lines.
     logging.getLogger("feedmux").setLevel(logging.ERROR)
-    runs = [(world, True) for world in (int(text) for text in args.ranks.split(",") if text)]
+    runs = [(world, True, 0.0) for world in (int(text) for text in args.ranks.split(",") if text)]
     free, seconds, warmup, repeats = args.free, args.seconds, args.warmup, args.repeats
+    stepping = args.stepping
     if args.quick:
-        runs, free, seconds, warmup, repeats = [(2, True), (4, True)], 8, 1.0, 0.5, 1
+        runs, free, stepping = [(2, True, 0.0), (4, True, 0.0)], 8, 0
+        seconds, warmup, repeats = 1.0, 0.5, 1
+    if stepping:
+        runs.append((stepping, True, 0.001))
     if free:
-        runs.append((free, False))
+        runs.append((free, False, 0.0))
     rounds = []
     for number in range(repeats):
         order = runs[number % len(runs):] + runs[:number % len(runs)]
-        measured = {run: measure(run[0], run[1], warmup, seconds) for run in order}
+        measured = {run: measure(*run[:2], warmup, seconds, step=run[2]) for run in order}
         rounds.append([measured[run] for run in runs])
     rows = summarize(rounds)
     print(markdown(rows))

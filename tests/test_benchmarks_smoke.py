@@ -87,6 +87,6 @@ def test_the_scale_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert bench_scale.main(["--quick"]) == 0
     table = capsys.readouterr().out
-    for run in ("| 2 ranks | ", "| 4 ranks | ", "| 8 free (reliable) | "):
-        assert run in table
+    for row in ("| 2 ranks | ", "| 4 ranks | ", "| 8 free (reliable) | "):
+        assert row in table
     assert "| 0/1 |" in table and "failed:" not in table  # every run measured

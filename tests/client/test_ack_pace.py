@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -67,12 +66,9 @@ def marks(router: zmq.Socket[Any], until: float, most: int = 10_000) -> list[tup
 
 
 @pytest.mark.timeout(30)
-def test_the_last_word_carries_the_mark_moved_just_before_the_close(tmp_path: Path) -> None:
-    context: zmq.Context[Any] = zmq.Context()
-    router = context.socket(zmq.ROUTER)
-    router.linger = 0
-    address = f"ipc://{tmp_path}/control"
-    router.bind(address)
+def test_the_last_word_carries_the_mark_moved_just_before_the_close(
+        control_router: tuple[zmq.Socket[Any], str]) -> None:
+    router, address = control_router
     reader = Reader()
     acks = HandOutAcks([address], client_id="c", rank=0, progress=reader)
     try:
@@ -86,18 +82,12 @@ def test_the_last_word_carries_the_mark_moved_just_before_the_close(tmp_path: Pa
         assert marks(router, time.monotonic() + 2)[-1:] == [(1, 4)]
     finally:
         acks.stop()
-        router.close()
-        context.term()
 
 
 @pytest.mark.timeout(30)
 def test_a_loader_reading_within_one_message_is_marked_at_the_interval_not_each_look(
-        tmp_path: Path) -> None:
-    context: zmq.Context[Any] = zmq.Context()
-    router = context.socket(zmq.ROUTER)
-    router.linger = 0
-    address = f"ipc://{tmp_path}/control"
-    router.bind(address)
+        control_router: tuple[zmq.Socket[Any], str]) -> None:
+    router, address = control_router
     reader = Reader()
     reader.tags = np.array([[1, position] for position in range(10_000)], dtype=np.int64)
     acks = HandOutAcks([address], client_id="c", rank=0, progress=reader)
@@ -114,5 +104,3 @@ def test_a_loader_reading_within_one_message_is_marked_at_the_interval_not_each_
         assert got == sorted(got)
     finally:
         acks.stop()
-        router.close()
-        context.term()

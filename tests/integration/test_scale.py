@@ -161,7 +161,8 @@ def test_stats_and_top_answer_when_the_figures_pass_one_control_frame(
     printed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert printed.returncode == 0, printed.stderr
     printed_stats = json.loads(printed.stdout)
-    assert printed_stats["connected_trainers"] == LONG_ID_TRAINERS, {k: v for k, v in printed_stats.items() if "." not in k}
+    assert printed_stats["connected_trainers"] == LONG_ID_TRAINERS, {
+        key: value for key, value in printed_stats.items() if "." not in key}
     top = subprocess.run([sys.executable, "-m", "feedmux", "top", server.control_address,
                           "--count", "1", "--timeout", "20"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
