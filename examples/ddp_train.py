@@ -1,7 +1,8 @@
 """One rank of a data-parallel job fed by a feedmux server: run it with torchrun.
 
-    feedmux serve tests.integration.samplers:numbered --epochs 3 --bind tcp://127.0.0.1:5555
-    torchrun --nproc_per_node 2 examples/ddp_train.py --address tcp://127.0.0.1:5555
+    python examples/make_data.py feedmux-data
+    feedmux serve examples.sampler:make_mux --arg data_dir=feedmux-data --epochs 3
+    torchrun --standalone --nproc_per_node 2 examples/ddp_train.py --address tcp://127.0.0.1:5555
 
 Every rank gets the same number of samples per epoch (the server deals each
 epoch by rank), so the ``all_reduce`` of every step finds all ranks there and

@@ -2,8 +2,8 @@
 
 Make some data and serve it (from the repository root)::
 
-    python examples/make_data.py /tmp/feedmux-data
-    feedmux serve examples.sampler:make_mux --arg data_dir=/tmp/feedmux-data --epochs 3
+    python examples/make_data.py feedmux-data
+    feedmux serve examples.sampler:make_mux --arg data_dir=feedmux-data --epochs 3
 
 Each activation of the exhaustive mux is one pass over every example of every
 file, so the server's epochs are true epochs.

@@ -515,10 +515,18 @@ class ShmAttachment:
         finally:
             os.close(fd)
         self.pid = os.getpid()
+        #: Views of the pool this trainer holds (received, not yet released), and their bytes:
+        #: what a trainer that keeps its samples is told when the pool runs full.
+        self.views = self.view_bytes = 0
 
     @property
     def token(self) -> str:
         return self.segment.token.hex()
+
+    def _released(self, row: int, generation: int, nbytes: int) -> None:
+        _release(self.segment.slots, row, generation, SENT)
+        self.views -= 1
+        self.view_bytes -= nbytes
 
     def resolve(self, ref: Any, nbytes: int) -> np.ndarray:
         """The memory a reference frame names: claimed by this process, freed when unused."""
@@ -533,7 +541,9 @@ class ShmAttachment:
         if slots[row + _GEN] != generation or slots[row + _STATE] != SENT:
             raise ValueError(f"shared-memory run {head} was taken back before it was received")
         memory = segment.run_memory(head, size)
-        weakref.finalize(memory, _release, slots, row, generation, SENT)
+        self.views += 1
+        self.view_bytes += size
+        weakref.finalize(memory, self._released, row, generation, size)
         return memory
 
 
@@ -551,6 +561,12 @@ class ShmViews:
             raise OSError(str(error)) from None
         self.attachments[attachment.segment.segment_id] = attachment
         return attachment.token
+
+    def held(self) -> tuple[int, int, int]:
+        """(views held, their bytes, the pools' bytes) over every mapped pool."""
+        attachments = list(self.attachments.values())
+        return (sum(a.views for a in attachments), sum(a.view_bytes for a in attachments),
+                sum(len(a.segment.data) for a in attachments))
 
     def _attach_named(self, segment_id: int, creator: int) -> ShmAttachment | None:
         """Map the segment a reference names, found by its name on this host.

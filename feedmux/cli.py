@@ -1,7 +1,12 @@
 """The ``feedmux`` command line: argument parsing only.
 
 Each sub-command parses its arguments and calls the library; no sampling,
-socket or protocol logic lives here.
+socket or protocol logic lives here. This module owns what a user sees of a
+mistake on the command line: a parse error names what was expected and what
+came, a library error is one line on stderr with the exit code, never a raw
+traceback, and a closed output pipe (``feedmux top | head``) ends quietly.
+A sub-command is one ``_command(...)`` call and one handler; ``--log-level``
+is accepted before or after any of them.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -16,7 +22,12 @@ from feedmux._shm import DEFAULT_SHM_SIZE
 from feedmux._transport import DEFAULT_BIND, DEFAULT_HWM
 from feedmux._version import __version__
 
-EXIT_USAGE = 2
+EXIT_FAILED, EXIT_USAGE = 1, 2
+#: Exit code after Ctrl-C (128 + SIGINT), as a shell reports it.
+EXIT_INTERRUPTED = 130
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+Handler = Callable[[argparse.Namespace], int]
 
 
 def _int_at_least(minimum: int, what: str) -> Callable[[str], int]:
@@ -35,7 +46,7 @@ def _int_at_least(minimum: int, what: str) -> Callable[[str], int]:
 
 
 _positive_int = _int_at_least(1, "a positive integer")
-_seed = _int_at_least(0, "an integer >= 0")
+_count = _int_at_least(0, "an integer >= 0")
 
 
 def _positive_float(text: str) -> float:
@@ -48,6 +59,36 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _log_level(text: str) -> str:
+    """An argparse type: a logging level name, in any case.
+
+    Examples
+    --------
+    >>> _log_level("debug")
+    'DEBUG'
+    """
+    if text.upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(LOG_LEVELS)}, got {text!r}")
+    return text.upper()
+
+
+def _add_log_level(parser: argparse.ArgumentParser, default: str | None) -> None:
+    # A sub-command's copy has no default, so it never undoes one given before the command.
+    parser.add_argument("--log-level", type=_log_level, metavar="LEVEL",
+                        default=argparse.SUPPRESS if default is None else default,
+                        help="how much to log: DEBUG, INFO, WARNING, ERROR or CRITICAL "
+                             "(default INFO)")
+
+
+def _command(commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
+             handler: Handler, text: str, description: str = "") -> argparse.ArgumentParser:
+    """A sub-command named ``name`` that runs ``handler(args)``."""
+    parser = commands.add_parser(name, help=text, description=description or text)
+    parser.set_defaults(handler=handler)
+    _add_log_level(parser, None)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the top-level parser with every sub-command."""
     parser = argparse.ArgumentParser(
@@ -55,136 +96,187 @@ def build_parser() -> argparse.ArgumentParser:
         description="A ZeroMQ data server for machine-learning training.",
     )
     parser.add_argument("--version", action="version", version=f"feedmux {__version__}")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    _add_log_level(parser, "INFO")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    serve = commands.add_parser(
-        "serve", help="run a sampler server",
-        description="Serve the samples of a streamer, a mux, or a factory returning one.",
-    )
-    serve.add_argument("source", metavar="MODULE:ATTR",
-                       help="e.g. mypkg.data:make_mux (a streamer, a mux, or a factory)")
-    serve.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
-                       help="keyword argument for the factory (JSON value, else a string)")
-    serve.add_argument("--bind", default=DEFAULT_BIND,
-                       help=f"data endpoint (default {DEFAULT_BIND})")
-    serve.add_argument("--control",
-                       help="control endpoint (default: data port + 1; port 0 if that is 0)")
-    serve.add_argument("--workers", type=_positive_int, default=1,
-                       help="sampling processes (default 1)")
-    serve.add_argument("--seed", type=_seed,
-                       help="reseed every sampling process per epoch from (seed, worker, epoch) "
-                            "(default: the mux's integer random_state, else fresh each run)")
-    serve.add_argument("--epochs", type=_positive_int, help="stop after N epochs (default: never)")
-    serve.add_argument("--epoch-size", type=_positive_int,
-                       help="declare the epoch size (default: measured after one epoch)")
-    serve.add_argument("--hwm", type=_positive_int, default=DEFAULT_HWM,
-                       help=f"messages queued per trainer (default {DEFAULT_HWM})")
-    serve.add_argument("--samples-per-message", type=_positive_int,
-                       help="fixed transport batch (default: sized from the samples)")
-    serve.add_argument("--min-trainers", type=int, default=0, metavar="N",
-                       help="start sampling once N trainers are connected (default 0)")
-    serve.add_argument("--zero-copy", action="store_true",
-                       help="send arrays without copying them: only for a streamer that never "
-                       "reuses an array it yielded")
-    serve.add_argument("--uneven", choices=("pad", "drop"), default="pad",
-                       help="ranked trainers: pad the last round with repeats so every rank "
-                            "gets ceil(E/n) samples, or drop it: E//n (default pad)")
-    serve.add_argument("--rank-timeout", type=_positive_float, default=60.0, metavar="S",
-                       help="ranked trainers: fail if not all ranks connect within S seconds "
-                            "of the first (default 60)")
-    serve.add_argument("--group-buffer", metavar="N|SIZE",
-                       help="serve consumer groups (RemoteLoader(group=...)): each group gets the "
-                            "whole stream, sampled once; buffer N messages or SIZE bytes "
-                            "(e.g. 64MiB) for the slowest group (default: no groups)")
-    serve.add_argument("--join", choices=("epoch", "now"), default="epoch",
-                       help="groups: a group joining mid-stream starts at the next epoch "
-                            "boundary, or at once (default epoch)")
-    serve.add_argument("--group-timeout", type=_positive_float, default=10.0, metavar="S",
-                       help="groups: drop a group S seconds after its last member left "
-                            "(default 10)")
-    serve.add_argument("--reliable", action="store_true",
-                       help="acknowledged delivery: nothing is lost when a trainer dies")
-    serve.add_argument("--no-shm", action="store_true",
-                       help="never use shared memory with trainers on this host")
-    serve.add_argument("--shm-size", type=_positive_int, default=DEFAULT_SHM_SIZE >> 20,
-                       metavar="MIB", help="the shared-memory pool for trainers on this host, "
-                       f"in MiB (default {DEFAULT_SHM_SIZE >> 20})")
-    serve.add_argument("--curve-secret", metavar="FILE",
-                       help="the server's secret certificate: CURVE on every socket")
-    serve.add_argument("--curve-clients", metavar="DIR",
-                       help="only clients whose certificates are in DIR may connect")
-    serve.add_argument("--on-error", choices=("raise", "skip"), default="raise",
-                       help="a streamer that raises stops the server (raise) or is skipped")
-    serve.add_argument("--log-every", type=_positive_float, default=10.0,
-                       help="seconds between throughput log lines (default 10)")
-    serve.add_argument("--metrics-port", type=int, metavar="PORT",
-                       help="serve Prometheus metrics on http://HOST:PORT/metrics "
-                            "(needs feedmux[metrics]; 0 picks a free port)")
-    serve.add_argument("--metrics-host", default="127.0.0.1",
-                       help="interface of the metrics endpoint (default 127.0.0.1: loopback)")
-    serve.add_argument("--drain-timeout", type=_positive_float, default=30.0,
-                       help="seconds a finished server waits for trainers to drain (default 30)")
-
+    _add_serve(_command(
+        commands, "serve", _serve, "run a sampler server",
+        "Serve the samples of a streamer, a mux, or a factory returning one, to trainers "
+        "that read them with feedmux.RemoteLoader."))
     for name, text in (("stats", "print a server's statistics"),
                        ("ping", "exit 0 if a server answers, 1 otherwise"),
                        ("top", "a live view of one or more servers (q or Ctrl-C quits)")):
-        sub = commands.add_parser(name, help=text, description=text)
-        sub.add_argument("address", nargs="+" if name == "top" else None,
-                         help="the control endpoint, e.g. tcp://127.0.0.1:5556")
-        sub.add_argument("--timeout", type=_positive_float, default=2.0,
-                         help="seconds to wait for an answer (default 2)")
-        sub.add_argument("--curve-server-key", metavar="KEY",
-                         help="the server's public key (.key file or Z85) if it uses CURVE")
-        sub.add_argument("--curve-certificate", metavar="FILE",
-                         help="this client's secret certificate (default: a fresh key pair)")
-
-        if name == "top":
-            sub.add_argument("--interval", type=_positive_float, default=1.0,
-                             help="seconds between refreshes (default 1)")
-            sub.add_argument("--count", type=_positive_int,
-                             help="stop after N refreshes (default: until q or Ctrl-C)")
-
-    keygen = commands.add_parser("keygen", help="make a CURVE key pair (NAME.key, NAME.key_secret)")
-    keygen.add_argument("directory")
-    keygen.add_argument("--name", default="server", help="file name stem (default: server)")
-
-    demo = commands.add_parser("demo", help="a server and two trainers on example data")
-    demo.add_argument("--files", type=_positive_int, default=3)
-    demo.add_argument("--examples", type=_positive_int, default=1000, help="examples per file")
-    demo.add_argument("--epochs", type=_positive_int, default=3)
-    demo.add_argument("--trainers", type=_positive_int, default=2)
-    demo.add_argument("--workers", type=_positive_int, default=1)
+        _add_inspect(_command(commands, name, _top if name == "top" else _stats, text), name)
+    audit = _command(
+        commands, "audit", _audit,
+        "check what a job's loaders handed out (exit 0 ok, 1 problems, 2 bad input)",
+        "Read the audit logs of a job's loaders (RemoteLoader(audit_log=...)), its "
+        "restarts included, and report per epoch of each server what was missing or "
+        "repeated. Exit 0: nothing wrong; 1: problems; 2: unreadable input.")
+    audit.add_argument("logs", nargs="+", metavar="LOG", help="audit log files of the job")
+    audit.add_argument("--reference", nargs="+", default=[], metavar="LOG",
+                       help="the logs of an uninterrupted run of the same seeded job: each "
+                            "rank must have handed out the same sequence")
+    audit.add_argument("--json", action="store_true", help="print the report as JSON")
+    keygen = _command(commands, "keygen", _keygen,
+                      "make a CURVE key pair (NAME.key, NAME.key_secret)")
+    keygen.add_argument("directory", help="where to write the two files (made if missing)")
+    keygen.add_argument("--name", default="server", help="file name stem (default server)")
+    demo = _command(commands, "demo", _demo, "a server and two trainers on example data")
+    demo.add_argument("--files", type=_positive_int, default=3,
+                      help="example data files, one streamer each (default 3)")
+    demo.add_argument("--examples", type=_positive_int, default=1000,
+                      help="examples per file (default 1000)")
+    demo.add_argument("--epochs", type=_positive_int, default=3, help="epochs (default 3)")
+    demo.add_argument("--trainers", type=_positive_int, default=2,
+                      help="trainer processes (default 2)")
+    demo.add_argument("--workers", type=_positive_int, default=1,
+                      help="sampling processes (default 1)")
     return parser
+
+
+def _add_serve(serve: argparse.ArgumentParser) -> None:
+    basics = serve.add_argument_group("the basics")
+    basics.add_argument(
+        "source", metavar="MODULE:ATTR",
+        help="what to serve: a streamer, a mux, or a function returning one, e.g. "
+             "mydata:make_mux (imported from the current directory first, as python -m does)")
+    basics.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="a keyword argument for the function, repeatable; the value is "
+                             "read as JSON (3, 0.5, true, [1,2]), else taken as a string "
+                             "(default: none)")
+    basics.add_argument("--bind", default=DEFAULT_BIND, metavar="ENDPOINT",
+                        help=f"where trainers connect for data (default {DEFAULT_BIND}: this "
+                             "host only; tcp://0.0.0.0:5555 listens on every interface)")
+    basics.add_argument("--control", metavar="ENDPOINT",
+                        help="where trainers and feedmux stats/ping/top talk to the server "
+                             "(default: the data port + 1; port 0 if the data port is 0)")
+    basics.add_argument("--epochs", type=_positive_int, metavar="N",
+                        help="stop after N epochs; trainers then see the end of the stream "
+                             "(default: serve forever)")
+    basics.add_argument("--epoch-size", type=_positive_int, metavar="N",
+                        help="how many samples an epoch has, so that len(loader) works from "
+                             "the start (default: counted during the first epoch)")
+    basics.add_argument("--seed", type=_count, metavar="N",
+                        help="reseed every sampling process at each epoch from (seed, worker, "
+                             "epoch), so that a run can be repeated (default: the mux's "
+                             "integer random_state, else fresh each run, and logged)")
+    basics.add_argument("--on-error", choices=("raise", "skip"), default="raise",
+                        help="a streamer that raises stops the server and the trainers get "
+                             "the error (raise), or only that stream is dropped (skip) "
+                             "(default raise)")
+
+    ranks = serve.add_argument_group("several trainers and DDP")
+    ranks.add_argument("--min-trainers", type=_count, default=1, metavar="N",
+                       help="start sampling once N trainers are connected, so that a short "
+                            "run is split among all of them (default 1: at the first trainer; "
+                            "0 means the same)")
+    ranks.add_argument("--uneven", choices=("pad", "drop"), default="pad",
+                       help="ranked trainers (RemoteLoader(rank=, world_size=)): when the epoch "
+                            "does not divide by the ranks, pad the last round with repeats so "
+                            "every rank gets ceil(E/n) samples, or drop it so each gets E//n "
+                            "(default pad)")
+    ranks.add_argument("--rank-timeout", type=_positive_float, default=60.0, metavar="S",
+                       help="ranked trainers: stop with an error if not every rank has "
+                            "connected S seconds after the first (default 60)")
+
+    reliable = serve.add_argument_group("reliability and resume")
+    reliable.add_argument("--reliable", action="store_true",
+                          help="acknowledged delivery: what a trainer that dies had not "
+                               "handed out goes to the others (trainers use "
+                               "RemoteLoader(reliable=True)) (default off)")
+    reliable.add_argument("--drain-timeout", type=_positive_float, default=30.0, metavar="S",
+                          help="at the end of the stream, wait up to S seconds for the trainers "
+                               "to receive what was sent to them (default 30)")
+
+    groups = serve.add_argument_group("consumer groups")
+    groups.add_argument("--group-buffer", metavar="N|SIZE",
+                        help="serve consumer groups (RemoteLoader(group=...)): each group gets "
+                             "the whole stream, sampled once; keep N messages or SIZE bytes "
+                             "(e.g. 64MiB) for the slowest group (default: no groups)")
+    groups.add_argument("--join", choices=("epoch", "now"), default="epoch",
+                        help="a group that joins mid-stream starts at the next epoch boundary "
+                             "(epoch) or at once (now) (default epoch)")
+    groups.add_argument("--group-timeout", type=_positive_float, default=10.0, metavar="S",
+                        help="forget a group S seconds after its last trainer left, so it no "
+                             "longer holds the others back (default 10)")
+
+    speed = serve.add_argument_group("performance")
+    speed.add_argument("--workers", type=_positive_int, default=1, metavar="N",
+                       help="sampling processes; the streamers are split among them "
+                            "(default 1: sampling in the server process)")
+    speed.add_argument("--hwm", type=_positive_int, default=DEFAULT_HWM, metavar="N",
+                       help="data messages queued per trainer before sampling waits for it: "
+                            f"bounds the server's memory (default {DEFAULT_HWM})")
+    speed.add_argument("--samples-per-message", type=_positive_int, metavar="N",
+                       help="samples sent together in one message (default: sized from the "
+                            "first sample, more for small ones)")
+    speed.add_argument("--zero-copy", action="store_true",
+                       help="send arrays without copying them first: only for a streamer that "
+                            "never reuses an array it yielded (default off: one copy each)")
+    speed.add_argument("--no-shm", action="store_true",
+                       help="never use shared memory with trainers on this host (default: "
+                            "large arrays go through a shared-memory pool)")
+    speed.add_argument("--shm-size", type=_positive_int, default=DEFAULT_SHM_SIZE >> 20,
+                       metavar="MIB", help="size of that pool, in MiB "
+                       f"(default {DEFAULT_SHM_SIZE >> 20})")
+
+    security = serve.add_argument_group("security")
+    security.add_argument("--curve-secret", metavar="FILE",
+                          help="the server's secret certificate (feedmux keygen): CURVE "
+                               "encryption on every socket (default: none)")
+    security.add_argument("--curve-clients", metavar="DIR",
+                          help="let in only the clients whose public certificates are in DIR "
+                               "(default: any client that knows the server's public key)")
+
+    observe = serve.add_argument_group("observability")
+    observe.add_argument("--log-every", type=_positive_float, default=10.0, metavar="S",
+                         help="seconds between throughput log lines (default 10)")
+    observe.add_argument("--metrics-port", type=int, metavar="PORT",
+                         help="serve Prometheus metrics on http://HOST:PORT/metrics (needs "
+                              "feedmux[metrics]; 0 picks a free port) (default: off)")
+    observe.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                         help="interface of the metrics endpoint (default 127.0.0.1: this "
+                              "host only)")
+
+
+def _add_inspect(parser: argparse.ArgumentParser, name: str) -> None:
+    parser.add_argument("address", nargs="+" if name == "top" else None, metavar="CONTROL",
+                        help="the server's control endpoint, e.g. tcp://127.0.0.1:5556 "
+                             "(by default the data port + 1)")
+    parser.add_argument("--timeout", type=_positive_float, default=2.0, metavar="S",
+                        help="seconds to wait for an answer (default 2)")
+    parser.add_argument("--curve-server-key", metavar="KEY",
+                        help="the server's public key (.key file or Z85) if it uses CURVE")
+    parser.add_argument("--curve-certificate", metavar="FILE",
+                        help="this client's secret certificate (default: a fresh key pair)")
+    if name == "top":
+        parser.add_argument("--interval", type=_positive_float, default=1.0, metavar="S",
+                            help="seconds between refreshes (default 1)")
+        parser.add_argument("--count", type=_positive_int, metavar="N",
+                            help="stop after N refreshes (default: until q or Ctrl-C)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``feedmux`` command; return its exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
-    if args.command is None:
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
         parser.print_help()
         return 0
-    if args.command == "serve":
-        return _serve(args)
-    if args.command in ("stats", "ping"):
-        return _stats(args)
-    if args.command == "top":
-        return _top(args)
-    if args.command == "keygen":
-        from feedmux._security import create_keys
-
-        public, secret = create_keys(args.directory, args.name)
-        print(f"public key: {public}\nsecret key: {secret} (keep it private)")
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (feedmux top | head): nothing more to say, and nothing to
+        # flush at exit either (that flush would raise again).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
         return 0
-    from feedmux.demo import run_demo
-
-    return run_demo(files=args.files, examples=args.examples, epochs=args.epochs,
-                    trainers=args.trainers, workers=args.workers)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -192,6 +284,9 @@ def _serve(args: argparse.Namespace) -> int:
     from feedmux.server.factory import parse_factory_args
     from feedmux.server.server import Server
 
+    # As python -m does: a module in the current directory is found first.
+    if sys.path[:1] not in ([""], [os.getcwd()]):
+        sys.path.insert(0, os.getcwd())
     try:
         kwargs = parse_factory_args(args.arg)
         server = Server(
@@ -213,6 +308,20 @@ def _serve(args: argparse.Namespace) -> int:
     return server.run()
 
 
+def _audit(args: argparse.Namespace) -> int:
+    from feedmux._audit import audit, load_sessions
+    from feedmux._auditlog import AuditLogError
+
+    try:
+        report = audit(load_sessions(args.logs),
+                       load_sessions(args.reference) if args.reference else ())
+    except AuditLogError as error:
+        print(f"feedmux audit: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    print(json.dumps(report.as_dict(), indent=2) if args.json else report.text())
+    return 0 if report.ok else 1
+
+
 def _group_buffer(text: str | None) -> int | str | None:
     """``--group-buffer``: digits are a count of messages, anything else a size."""
     return int(text) if text is not None and text.strip().isdigit() else text
@@ -220,15 +329,15 @@ def _group_buffer(text: str | None) -> int | str | None:
 
 def _stats(args: argparse.Namespace) -> int:
     from feedmux.client.remote import fetch_stats
-    from feedmux.errors import FeedmuxError
+    from feedmux.errors import ConfigurationError, FeedmuxError
 
     try:
         stats = fetch_stats(args.address, timeout=args.timeout,
                             curve_server_key=args.curve_server_key,
                             curve_certificate=args.curve_certificate)
-    except FeedmuxError as error:
-        print(f"feedmux {args.command}: {error}", file=sys.stderr)
-        return 1
+    except (FeedmuxError, OSError) as error:
+        print(f"feedmux {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(error, ConfigurationError) else EXIT_FAILED
     if args.command == "ping":
         print(f"ok: server {stats.get('server_id')} at {args.address}")
     else:
@@ -238,13 +347,41 @@ def _stats(args: argparse.Namespace) -> int:
 
 def _top(args: argparse.Namespace) -> int:
     from feedmux._top import run_top
-    from feedmux.client.remote import fetch_stats
+    from feedmux.client.remote import check_endpoint, fetch_stats
+    from feedmux.errors import FeedmuxError
+
+    try:
+        for address in args.address:
+            check_endpoint(address, "control endpoint")
+    except FeedmuxError as error:
+        print(f"feedmux top: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
 
     def fetch(address: str) -> dict[str, object]:
         return fetch_stats(address, timeout=args.timeout, curve_server_key=args.curve_server_key,
                            curve_certificate=args.curve_certificate)
 
     return run_top(args.address, fetch, interval=args.interval, count=args.count)
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    from feedmux._security import create_keys
+    from feedmux.errors import FeedmuxError
+
+    try:
+        public, secret = create_keys(args.directory, args.name)
+    except (FeedmuxError, OSError) as error:
+        print(f"feedmux keygen: error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"public key: {public}\nsecret key: {secret} (keep it private)")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from feedmux.demo import run_demo
+
+    return run_demo(files=args.files, examples=args.examples, epochs=args.epochs,
+                    trainers=args.trainers, workers=args.workers)
 
 
 if __name__ == "__main__":  # pragma: no cover

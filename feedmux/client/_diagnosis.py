@@ -34,6 +34,9 @@ log = logging.getLogger("feedmux.client")
 BUSY_LIMIT = 0.8
 #: A server waiting to send this fraction of the time is held back by the way out.
 BLOCKED_LIMIT = 0.5
+#: Seconds into the first window after which :meth:`InputDiagnosis.stats` reports the
+#: figures so far (and the servers are asked once more, for their load).
+EARLY_FIGURES = 1.0
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,7 @@ class InputDiagnosis:
         # The last complete window: (wait fraction, samples/s, its length in seconds).
         self._last: tuple[float, float, float] | None = None
         self._pending: tuple[float, float] | None = None  # a verdict awaiting server figures
+        self._asked_early = False
 
     def message(self, now: float, waited_from: float, samples: int) -> bool:
         """A data message of ``samples`` samples arrived at ``now``; ``next()`` waited
@@ -157,7 +161,10 @@ class InputDiagnosis:
         self._samples += samples
         elapsed = now - self._started
         if elapsed < self.window:
-            return False
+            # Early in the first window: a second answer gives the servers' load so far.
+            early = self._last is None and not self._asked_early and elapsed >= EARLY_FIGURES
+            self._asked_early = self._asked_early or early
+            return early
         fraction = min(1.0, self._waited / elapsed)
         self._last = (fraction, self._samples / elapsed, elapsed)
         if self._pending is not None:  # the servers never answered last time: say it without
@@ -193,10 +200,19 @@ class InputDiagnosis:
         log.warning("%s", text)
         return text
 
-    def stats(self) -> dict[str, float | None]:
-        """The last complete window's figures and the servers' latest load (None: not yet)."""
+    def stats(self, now: float | None = None) -> dict[str, float | None]:
+        """The last complete window's figures and the servers' latest load (None: not yet).
+
+        Before the first window is complete, the figures so far at ``now`` (from
+        :data:`EARLY_FIGURES` seconds after the first data on).
+        """
         loads = self._loads()
         fraction, rate, window = self._last if self._last is not None else (None, None, None)
+        started = self._started
+        if self._last is None and started is not None and now is not None and (
+                now - started >= EARLY_FIGURES):
+            window = now - started
+            fraction, rate = min(1.0, self._waited / window), self._samples / window
         return {
             "samples_per_second": None if rate is None else round(rate, 3),
             "wait_fraction": None if fraction is None else round(fraction, 4),

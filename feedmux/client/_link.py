@@ -40,6 +40,7 @@ from feedmux.protocol import (
 
 __all__ = [
     "CONTROL_SILENCE_WARNING",
+    "WAIT_NOTICE",
     "Action",
     "Resync",
     "Send",
@@ -86,6 +87,12 @@ def check_membership(*, world_size: int, rank: int | None, group: str | None,
 
 #: Seconds of data without any answer on a control endpoint before a warning.
 CONTROL_SILENCE_WARNING = 5.0
+#: A trainer waiting for data says so at INFO every this many seconds, with the likely causes.
+WAIT_NOTICE = 10.0
+#: Seconds of waiting after which a trainer looks at the shared-memory views it holds.
+HELD_CHECK = 2.0
+#: The share of a server's pool held by a trainer's views that makes it the likely cause.
+HELD_SHARE = 0.5
 #: The error type of a hello refused because a live trainer holds the rank.
 RANK_TAKEN = "RankTakenError"
 #: Heartbeat intervals a refused rank keeps saying hello: the server's liveness period
@@ -149,6 +156,8 @@ class ServerLink:
     finished: bool = False
     world_size: int = 0
     uneven: str = ""
+    #: Whether the control endpoint was derived (the data port + 1), not given.
+    control_derived: bool = False
     #: Ids this link's server had before it restarted: a ranked trainer drops what they
     #: sent that is still queued (the restarted server resumes where the trainer is).
     stale: set[str] = field(default_factory=set)
@@ -254,9 +263,12 @@ class ServerLinks:
         heartbeat_interval: float,
         rank: int = -1,
         group: str = "",
+        derived: Sequence[bool] = (),
     ) -> None:
         self.links = [ServerLink(data, control)
                       for data, control in zip(data_addresses, control_addresses, strict=True)]
+        for link, was_derived in zip(self.links, derived, strict=False):
+            link.control_derived = was_derived
         self.client_id = client_id
         self.world_size = world_size
         self.rank = rank
@@ -279,6 +291,12 @@ class ServerLinks:
         #: ``handed(link) -> (epoch, start, end, ...)``: what a free reliable trainer handed
         #: out lately, said to a restarted server (the loader sets it; docs/resume.md).
         self.handed: Callable[[int], tuple[int, ...]] = lambda index: ()
+        #: ``views_held() -> (views, bytes, pool bytes)``: the shared-memory views this trainer
+        #: holds (the loader sets it), said when it waits for data.
+        self.views_held: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
+        # The wait being watched (its start), when its next notice is due, whether the
+        # views were looked at.
+        self._waiting: tuple[float, float, bool] = (math.nan, WAIT_NOTICE, False)
 
     # -- events ---------------------------------------------------------------------------
     def hello(self) -> list[Action]:
@@ -392,17 +410,79 @@ class ServerLinks:
 
         Raises :class:`~feedmux.errors.TransportTimeoutError` once the timeout has
         passed. Never more than a heartbeat interval, so heartbeats keep going out.
+        Every :data:`WAIT_NOTICE` seconds of a wait it logs what it waits for and
+        the likely causes (INFO), and a trainer whose shared-memory views fill a
+        server's pool is told so (WARNING).
         """
         waited = now - waited_from
+        self._notice(waited_from, waited)
         if self.timeout is None:
             return self.heartbeat_interval
         if waited >= self.timeout:
             addresses = ", ".join(link.data_address for link in self.links)
+            held = self.held_views()
             raise TransportTimeoutError(
-                f"no data from {addresses} for {self.timeout:g} s "
-                f"(servers: {self.describe()})"
+                f"no data from {addresses} for {self.timeout:g} s ({self.describe()})"
+                + (f"; {held}" if held else "")
             )
         return min(self.heartbeat_interval, self.timeout - waited)
+
+    def _notice(self, waited_from: float, waited: float) -> None:
+        started, due, looked = self._waiting
+        if started != waited_from:  # a new wait
+            started, due, looked = waited_from, WAIT_NOTICE, False
+        if not looked and waited >= HELD_CHECK:
+            looked = True
+            held = self.held_views()
+            if held:
+                log.warning("%s", held)
+        if waited >= due:
+            due += WAIT_NOTICE
+            log.info("%s", self.waiting(waited))
+        self._waiting = (started, due, looked)
+
+    def waiting(self, waited: float) -> str:
+        """What this trainer has been waiting ``waited`` seconds for, and the likely causes.
+
+        Examples
+        --------
+        >>> links = ServerLinks(["tcp://h:5555"], ["tcp://h:5556"], client_id="t",
+        ...                     world_size=1, reliable=False, timeout=None,
+        ...                     heartbeat_interval=1.0)
+        >>> links.waiting(10.0)
+        'no answer from tcp://h:5555 / control tcp://h:5556 for 10 s: is feedmux serve running there, and on these ports?'
+        """  # noqa: E501
+        lines = []
+        for link in self.links:
+            if not link.server_id:
+                lines.append(
+                    f"no answer from {link.data_address} / control {link.control_address} "
+                    f"for {waited:.0f} s: is feedmux serve running there, and on these ports?"
+                    + (" (the control endpoint is derived from the data one unless given: "
+                       "RemoteLoader(control=...))" if link.control_derived else ""))
+            elif not link.finished:
+                lines.append(
+                    f"server {link.server_id} at {link.data_address} answers but has sent "
+                    f"no data for {waited:.0f} s: " + self._causes(link))
+        return "; ".join(lines) or f"waiting {waited:.0f} s for the servers to end the stream"
+
+    def _causes(self, link: ServerLink) -> str:
+        if self.rank >= 0:
+            return (f"it deals to the ranks once all {self.world_size} of them are connected "
+                    "(see its log), or it is slow to sample")
+        return ("it waits for more trainers (--min-trainers), is slow to sample, or other "
+                f"trainers take what it has: feedmux top {link.control_address} shows which")
+
+    def held_views(self) -> str:
+        """Why no data may come: this trainer holds most of a server's shared memory ('' if not)."""
+        views, held, pool = self.views_held()
+        if not pool or held < HELD_SHARE * pool:
+            return ""
+        return (f"this trainer holds {views} view(s) of the server's shared memory "
+                f"({held / 2**20:.0f} MiB of its {pool / 2**20:.0f} MiB pool), so the server "
+                "has no room to send more: keep copies of what you keep (np.array(x)) or "
+                "let the samples go sooner, or use RemoteLoader(shm=False) or a larger pool "
+                "(feedmux serve --shm-size)")
 
     # -- decisions ------------------------------------------------------------------------
     @property
@@ -442,9 +522,21 @@ class ServerLinks:
         return max(1, total // self.world_size)
 
     def describe(self) -> str:
-        """Each control endpoint with the id of its server, for error messages."""
+        """Each control endpoint (said so where derived) with its server, for error messages.
+
+        Examples
+        --------
+        >>> links = ServerLinks(["tcp://h:5555"], ["tcp://h:5556"], client_id="t",
+        ...                     world_size=1, reliable=False, timeout=None,
+        ...                     heartbeat_interval=1.0, derived=[True])
+        >>> links.describe()
+        'control tcp://h:5556 (derived from the data endpoint) never answered'
+        """
         return ", ".join(
-            f"{link.control_address}={link.server_id or 'never answered'}" for link in self.links
+            f"control {link.control_address}"
+            + (" (derived from the data endpoint)" if link.control_derived else "")
+            + (f": server {link.server_id}" if link.server_id else " never answered")
+            for link in self.links
         )
 
     def _check_control_answers(self, now: float) -> None:

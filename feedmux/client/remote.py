@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import zmq
 
+from feedmux._auditlog import AuditLog, NoAudit, open_audit
 from feedmux._handshake import HandshakeWatch
 from feedmux._security import ClientCurve
 from feedmux._transport import (
@@ -32,38 +33,32 @@ from feedmux._transport import (
     DEFAULT_HWM,
     HEARTBEAT_INTERVAL,
     MAX_CLIENT_ID,
-    control_address_for,
     make_socket,
     readable,
-    send_message,
 )
 from feedmux.client._acks import HandOutAcks, SeenPositions, progress_of
 from feedmux.client._data import DataSockets, send_or_drop
 from feedmux.client._diagnosis import InputDiagnosis
+from feedmux.client._endpoints import check_endpoint, endpoints, fetch_stats
 from feedmux.client._link import Action, Attach, Send, ServerLinks, check_membership
 from feedmux.client._moves import AddressBook, Resolve
 from feedmux.client._resume import HandedRanges, RankPositions
 from feedmux.errors import (
     ConfigurationError,
-    RemoteError,
     StreamValueError,
     TransportClosedError,
     TransportTimeoutError,
 )
 from feedmux.protocol import (
     CONTROL_LIMITS,
-    STATS_NEXT_PAGE,
     Credit,
     Data,
-    Error,
     SampleBatch,
-    Stats,
     StatsRequest,
     decode,
-    stats_order,
 )
 
-__all__ = ["RemoteLoader", "SampleMeta", "fetch_stats"]
+__all__ = ["RemoteLoader", "SampleMeta", "check_endpoint", "fetch_stats"]
 
 log = logging.getLogger("feedmux.client")
 
@@ -153,6 +148,15 @@ class RemoteLoader:
         per sample); a server whose pair changed (restarted elsewhere by a
         cluster manager) is followed there and greeted again. A failing
         resolver is logged and the known endpoints kept.
+    audit_log : str or path, optional
+        Append a record of every sample handed out (server, epoch, position) to
+        this file, for ``feedmux audit`` (docs/resume.md): one line per data
+        message, written before any server is told what was handed out, plus a
+        record at each ``state_dict()`` and ``load_state_dict()``. ``{rank}``,
+        ``{pid}`` and ``{client_id}`` in the path are filled in.
+    audit_key : str, optional
+        With ``audit_log``: also record each sample's field of this name (an
+        int or str id), so that the audit can compare what was handed out.
 
     Notes
     -----
@@ -183,11 +187,11 @@ class RemoteLoader:
         curve_certificate: str | None = None,
         tune_malloc: bool = True,
         diagnose_window: float | None = 60.0, diagnose_threshold: float = 0.25,
-        resolve: Resolve | None = None,
-        shm: bool = True,
+        resolve: Resolve | None = None, shm: bool = True,
+        audit_log: str | os.PathLike[str] | None = None, audit_key: str | None = None,
     ) -> None:
         self._arguments = {name: value for name, value in locals().items() if name != "self"}
-        addresses, controls = _endpoints(address, control)
+        addresses, controls, derived = endpoints(address, control)
         _check_settings(timeout=timeout, world_size=world_size, hwm=hwm, client_id=client_id)
         check_membership(world_size=world_size, rank=rank, group=group, reliable=reliable)
         self.rank = rank
@@ -208,7 +212,7 @@ class RemoteLoader:
         self._links = ServerLinks(
             addresses, controls, client_id=self.client_id, world_size=world_size,
             rank=-1 if rank is None else rank, group=group or "", reliable=reliable,
-            timeout=timeout, heartbeat_interval=HEARTBEAT_INTERVAL,
+            timeout=timeout, heartbeat_interval=HEARTBEAT_INTERVAL, derived=derived,
         )
         self._diagnosis = InputDiagnosis(len(addresses), diagnose_window, diagnose_threshold)
         self._context: zmq.Context[Any] | None = None
@@ -234,6 +238,7 @@ class RemoteLoader:
         self._seen = SeenPositions() if reliable else None
         self._book = None if resolve is None else AddressBook(resolve)
         self._positions, self._handed = _trackers(self)
+        self._audit = open_audit(audit_log, audit_key, self, self._links)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _rebuild_loader, (self._arguments,)
@@ -267,10 +272,9 @@ class RemoteLoader:
                 except StopIteration:
                     return
             upcoming = int(self._tags[self._index, 0])
-            if epoch is None:
-                epoch = upcoming
-            elif upcoming != epoch:
+            if epoch is not None and upcoming != epoch:
                 return
+            epoch = upcoming
             yield next(self)
 
     def __len__(self) -> int:
@@ -281,8 +285,7 @@ class RemoteLoader:
         """
         if self._links.epoch_size is None and not self._closed and not self._asked:
             self._asked = True  # once: a server that does not answer is not asked again
-            _await_welcome(self, WELCOME_WAIT if self.timeout is None
-                           else min(self.timeout, WELCOME_WAIT))
+            _await_welcome(self, min(self.timeout or WELCOME_WAIT, WELCOME_WAIT))
         return self._links.length()
 
     # -- what was seen --------------------------------------------------------------------
@@ -297,14 +300,12 @@ class RemoteLoader:
     @property
     def last_epoch(self) -> int | None:
         """The server epoch of the sample most recently yielded (None before the first)."""
-        meta = self.last_meta
-        return None if meta is None else meta.epoch
+        return None if (meta := self.last_meta) is None else meta.epoch
 
     @property
     def last_position(self) -> int | None:
         """The position in its epoch of the sample most recently yielded."""
-        meta = self.last_meta
-        return None if meta is None else meta.position
+        return None if (meta := self.last_meta) is None else meta.position
 
     @property
     def server_ids(self) -> list[str]:
@@ -323,10 +324,11 @@ class RemoteLoader:
         spent waiting inside ``next()``, the window's length ``window_s``, and
         the servers' ``server_busy_fraction`` (sampling, per sampling process)
         and ``server_blocked_fraction`` (waiting for trainers to take more),
-        fetched over the control channel. None until a window has passed (or the
-        servers answered); all None with ``diagnose_window=None``.
+        fetched over the control channel. Until the first window has passed, the
+        figures so far (from a second after the first sample; None before, and
+        the servers' until they answered); all None with ``diagnose_window=None``.
         """
-        return self._diagnosis.stats()
+        return self._diagnosis.stats(time.monotonic())
 
     def state_dict(self) -> dict[str, Any]:
         """Plain data: servers, the last (epoch, position, server) seen, messages received,
@@ -339,7 +341,7 @@ class RemoteLoader:
         records where it was.
         """
         return _state_of(self.addresses, self.server_ids, self.last_meta,
-                         dict(self._links.received), self._positions)
+                         dict(self._links.received), self._positions, self._audit, self._index)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved (the last sample seen, and a ranked job's
@@ -392,8 +394,8 @@ class RemoteLoader:
             # servers every few ms, from a thread (nothing per sample on the hot path).
             self._acks = HandOutAcks(controls, client_id=self.client_id,
                                      rank=-1 if self.rank is None else self.rank,
-                                     progress=progress_of(self), security=self._security,
-                                     finished=self._data.finished)
+                                     progress=self._audit.guard(progress_of(self)),
+                                     security=self._security, finished=self._data.finished)
             weakref.finalize(self, self._acks.stop)
 
     def _act(self, actions: Iterable[Action]) -> None:
@@ -419,6 +421,7 @@ class RemoteLoader:
 
     def _receive(self) -> None:
         """Block until the next data message is current (or raise / end the iteration)."""
+        self._audit.upto(self._index)  # before the servers hear of it (acknowledgements)
         self._connect()
         assert self._poller is not None
         links = self._links
@@ -476,6 +479,7 @@ class RemoteLoader:
         if self._acks is not None:
             self._current = (self._data.link, server_id, tags, self._data.seq)
         self._count = count
+        self._audit.begin(self._data.link, server_id, tags, samples)
         return True
 
     def _serve_control(self, index: int) -> None:
@@ -491,6 +495,7 @@ class RemoteLoader:
         self._closed = True
         if self._acks is not None:
             self._acks.stop()  # its last acknowledgement goes out before the sockets close
+        self._audit.close(self._index, ended=self._links.finished)
         if self._finalizer is not None:
             self._finalizer()
         self._context = None
@@ -505,30 +510,11 @@ class RemoteLoader:
         return f"RemoteLoader({self.addresses!r}, timeout={self.timeout!r})"
 
 
-def _endpoints(
-    address: str | Sequence[str], control: str | Sequence[str] | None
-) -> tuple[list[str], list[str]]:
-    """The data endpoints and one control endpoint per data endpoint, checked."""
-    addresses = [address] if isinstance(address, str) else list(address)
-    if not addresses or not all(isinstance(a, str) and a for a in addresses):
-        raise ConfigurationError(
-            f"expected a data endpoint or a non-empty list of them, got {address!r}"
-        )
-    if control is None:
-        controls = [control_address_for(a) for a in addresses]
-    else:
-        controls = [control] if isinstance(control, str) else list(control)
-    if len(controls) != len(addresses):
-        raise ConfigurationError(
-            f"expected one control endpoint per data endpoint ({len(addresses)}), "
-            f"got {len(controls)}: {controls!r}"
-        )
-    return addresses, controls
-
-
 def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | None,
-              received: dict[str, int], positions: RankPositions | None) -> dict[str, Any]:
-    """RemoteLoader.state_dict's plain data."""
+              received: dict[str, int], positions: RankPositions | None,
+              audit: AuditLog | NoAudit, handed: int) -> dict[str, Any]:
+    """RemoteLoader.state_dict's plain data (recorded as a checkpoint in ``audit``, with the
+    ``handed`` samples of the current message before it)."""
     state: dict[str, Any] = {
         "addresses": list(addresses),
         "server_ids": server_ids,
@@ -540,7 +526,7 @@ def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | No
     if positions is not None:
         state.update(resume=positions.state(), rank=positions.rank,
                      world_size=positions.world_size)
-    return state
+    return audit.checkpoint(state, handed)
 
 
 def _progress(loader: RemoteLoader) -> tuple[int, Any, int] | None:
@@ -551,8 +537,10 @@ def _progress(loader: RemoteLoader) -> tuple[int, Any, int] | None:
 
 def _trackers(loader: RemoteLoader) -> tuple[RankPositions | None, HandedRanges | None]:
     """What a loader tells a server that must resume: a rank's position with each server
-    (also saved by state_dict), or a free reliable trainer's latest hand-outs."""
+    (also saved by state_dict), or a free reliable trainer's latest hand-outs (and, to
+    any waiting trainer, the shared-memory views it holds)."""
     links, count = loader._links, len(loader.addresses)
+    links.views_held = lambda: _views_held(loader)
     if loader.rank is not None:
         positions = RankPositions(count, rank=loader.rank, world_size=loader.world_size,
                                   current=lambda: _progress(loader))
@@ -563,6 +551,12 @@ def _trackers(loader: RemoteLoader) -> tuple[RankPositions | None, HandedRanges 
         links.handed = handed.announce
         return None, handed
     return None, None
+
+
+def _views_held(loader: RemoteLoader) -> tuple[int, int, int]:
+    """The shared-memory views the loader's trainer holds: (views, bytes, pool bytes)."""
+    views = loader._data.views
+    return (0, 0, 0) if views is None else views.held()
 
 
 def _await_welcome(loader: RemoteLoader, seconds: float) -> None:
@@ -591,6 +585,7 @@ def _restore(loader: RemoteLoader, state: dict[str, Any]) -> None:
                 "servers where to resume), got it on a loader already iterating"
             )
         loader._positions.restore(state["resume"])
+    loader._audit.resumed(state)
 
 
 def _restored_meta(state: dict[str, Any]) -> SampleMeta | None:
@@ -679,69 +674,3 @@ def _close_sockets(pid: int, context: zmq.Context[Any], sockets: list[Any]) -> N
     for socket in sockets:
         socket.close(linger=0)
     context.term()
-
-
-def fetch_stats(
-    control_address: str,
-    *,
-    timeout: float = 2.0,
-    curve_server_key: str | bytes | None = None,
-    curve_certificate: str | None = None,
-) -> dict[str, Any]:
-    """Ask the server at ``control_address`` for its statistics.
-
-    A server with many trainers answers in pages (each fits in one control
-    frame); this asks for every page and returns them as one map. Raises
-    :class:`~feedmux.errors.TransportTimeoutError` when it does not answer
-    within ``timeout`` seconds (all pages together). The ``curve_*`` arguments
-    are those of :class:`RemoteLoader`.
-    """
-    security = (
-        None if curve_server_key is None
-        else ClientCurve.create(curve_server_key, curve_certificate)
-    )
-    context: zmq.Context[Any] = zmq.Context()
-    socket = make_socket(context, zmq.DEALER, hwm=10, max_message_bytes=CONTROL_FRAME_BYTES,
-                         security=security)
-    # A refused handshake (CURVE) tears the connection down: a send would then wait
-    # for the next one, forever; the timeout bounds the send too.
-    socket.sndtimeo = max(1, int(timeout * 1000))
-    deadline = time.monotonic() + timeout
-    values: dict[str, Any] = {}
-    after: str | None = ""
-    try:
-        socket.connect(control_address)
-        while after is not None:
-            try:
-                send_message(socket, StatsRequest(client_id=f"stats-{os.getpid()}", after=after))
-            except zmq.Again:
-                raise TransportTimeoutError(
-                    f"no connection to {control_address} within {timeout:g} s") from None
-            page = _stats_answer(socket, control_address, deadline)
-            if page is None:
-                raise TransportTimeoutError(
-                    f"no answer from {control_address} within {timeout:g} s")
-            # The key naming the next page; a server without pages has none: one answer.
-            following = page.pop(STATS_NEXT_PAGE, None)
-            values.update(page)
-            # Each page must start further on: a server that does not page ends it here.
-            after = (following if isinstance(following, str)
-                     and stats_order(following) > stats_order(after) else None)
-        return values
-    finally:
-        socket.close(linger=0)
-        context.term()
-
-
-def _stats_answer(socket: Any, control_address: str, deadline: float) -> dict[str, Any] | None:
-    """The next statistics page on ``socket`` (None: none before ``deadline``)."""
-    while (remaining := deadline - time.monotonic()) > 0:
-        if not socket.poll(int(remaining * 1000) + 1):
-            break
-        message = decode(socket.recv_multipart(copy=False), limits=CONTROL_LIMITS)
-        if isinstance(message, Stats):
-            return dict(message.values)
-        if isinstance(message, Error):
-            raise RemoteError(message.type, message.message, message.traceback,
-                              message.server_id or control_address)
-    return None

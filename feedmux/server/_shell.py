@@ -118,6 +118,8 @@ class Endpoints:
         stats: dict[str, Stat] = dict(sampler_stats(self.meters, blocked))
         stats["bytes_sent"] = sent_bytes
         stats.update(self.control_meter.stats())
+        # Where it listens: a data endpoint given to `feedmux stats` is recognised by it.
+        stats["data_address"], stats["control_address"] = self.data_address, self.control_address
         if self.fanout is not None:
             stats.update(self.fanout.stats())
         if self.reliable is not None:

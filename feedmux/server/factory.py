@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -52,10 +54,7 @@ def _import_attr(spec: str) -> Any:
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as error:
-        raise FactoryError(
-            f"cannot import module {module_name!r} (from {spec!r}): "
-            f"{type(error).__name__}: {error}"
-        ) from error
+        raise FactoryError(_import_failure(module_name, spec, error)) from error
     for part in attr_path.split("."):
         try:
             obj = getattr(obj, part)
@@ -64,6 +63,24 @@ def _import_attr(spec: str) -> Any:
                 f"module {module_name!r} has no attribute {attr_path!r} (from {spec!r})"
             ) from None
     return obj
+
+
+def _import_failure(module_name: str, spec: str, error: Exception) -> str:
+    """Why ``module_name`` did not import: not found (and where it was looked for), or
+    found but failing inside (the error it raised)."""
+    head = f"cannot import module {module_name!r} (from {spec!r}): {type(error).__name__}: {error}"
+    missing = getattr(error, "name", None) if isinstance(error, ModuleNotFoundError) else None
+    if missing is None or not (module_name == missing or module_name.startswith(missing + ".")):
+        return head  # the module was found: something it imports or runs failed
+    places = [os.path.abspath(entry or os.curdir) for entry in sys.path]
+    shown = ", ".join(places[:_SHOWN_PATHS]) + (
+        f" and {len(places) - _SHOWN_PATHS} more" if len(places) > _SHOWN_PATHS else "")
+    return (f"{head}; looked in {shown} (the current directory is {os.getcwd()}: run from "
+            "the folder that holds it, or add its folder to PYTHONPATH)")
+
+
+#: How many entries of the import path an import error lists.
+_SHOWN_PATHS = 6
 
 
 def resolve_source(source: Source, kwargs: Mapping[str, Any] | None = None) -> Any:

@@ -17,16 +17,13 @@ while), so a trainer never mistakes a pause for the end and never stops early.
 
 from __future__ import annotations
 
+import atexit
 import logging
-import multiprocessing
-import os
-import pickle
+import multiprocessing.util  # noqa: F401  (registers its exit handler first)
 import signal
 import tempfile
-import threading
-import time
+import weakref
 from dataclasses import replace
-from multiprocessing.connection import Connection, wait
 from types import FrameType
 from typing import Any
 
@@ -37,9 +34,11 @@ from feedmux.errors import (
     SamplingError,
     TransportError,
 )
+from feedmux.protocol import EndOfStream, Error
 from feedmux.sampling.epochs import EpochIterator
 from feedmux.sampling.mux import restart_passes
 from feedmux.server._forward import forward, ranked_dealer
+from feedmux.server._launch import ChildReport, ServerProcess, check_not_nested, launch
 from feedmux.server._merge import merge_block
 from feedmux.server._producer import produce
 from feedmux.server._seeding import FRESH_ENTROPY, EpochSeeder, resolve_seed
@@ -161,15 +160,20 @@ class Server:
 
     def __init__(self, source: Source, **options: Any) -> None:
         self.config = ServerConfig(source=source, **options)
-        self._process: multiprocessing.process.BaseProcess | None = None
-        #: How :meth:`start` made the server process: "fork", or "forkserver" when
-        #: this process already ran other threads (see :func:`_start_method`).
+        self._process: ServerProcess | None = None
+        #: How :meth:`start` made the server process: "interpreter" (a fresh one) or
+        #: "fork" (a source defined in the main script, or one that does not pickle).
         self.start_method = ""
         self._stop = _StopFlag()
         self._bound: tuple[str, str] | None = None
         self._metrics_address = ""
         # In a process started by start(): where to tell the parent what was bound.
-        self._report: Connection | None = None
+        self._report: ChildReport | None = None
+        # Why it ends, for the last log line: what stopped it from starting, who asked it
+        # to stop, the endpoints whose last word says how the stream ended.
+        self._failure = ""
+        self._stop_reason = "asked to stop (request_stop)"
+        self._endpoints: Endpoints | None = None
 
     @property
     def data_address(self) -> str:
@@ -193,22 +197,47 @@ class Server:
         return self._bound
 
     def _tell_parent(self, *report: str) -> None:
+        if report[0] == "failed":
+            self._failure = f"it could not start: {report[1]}"
         if self._report is not None:
-            try:
-                self._report.send(report)
-            except OSError:  # the parent stopped waiting: nobody to tell
-                pass
-            self._report.close()
+            self._report.send(*report)
             self._report = None
 
     # -- running here -------------------------------------------------------------------------
     def run(self) -> int:
-        """Serve until done, failed or signalled; return the process exit code."""
+        """Serve until done, failed or signalled; return the process exit code.
+
+        The last log line says why it exits, whatever the reason.
+        """
+        code = self._serve()
+        log.log(logging.INFO if code == EXIT_OK else logging.ERROR,
+                "server %s exits with code %d: %s", self.config.server_id, code,
+                self._exit_reason(code))
+        return code
+
+    def _exit_reason(self, code: int) -> str:
+        if self._failure:
+            return self._failure
+        if code > 128:
+            return f"stopped at once by a second {signal.Signals(code - 128).name}"
+        if self._stop.signum:
+            return f"stopped by {signal.Signals(self._stop.signum).name}"
+        if self._stop.stopped:
+            return self._stop_reason
+        final = None if self._endpoints is None else self._endpoints.core.final_message
+        if isinstance(final, Error):
+            return f"{final.type.rsplit('.', 1)[-1]}: {final.message}"
+        if isinstance(final, EndOfStream):
+            return f"the stream ended after {final.epochs} epoch(s)"
+        return "sampling failed (see above)" if code else "done"
+
+    def _serve(self) -> int:
         config = self.config
         try:
             streamer = resolve_source(config.source, config.factory_kwargs)
         except FactoryError as error:
-            log.error("%s", error)
+            # The traceback of what failed inside the user's code (an import, the factory).
+            log.error("%s", error, exc_info=error if error.__cause__ is not None else None)
             self._tell_parent("failed", str(error))
             return EXIT_USAGE
         # Samplers allocate large arrays (and the forwarding process receives every
@@ -247,6 +276,7 @@ class Server:
             endpoints.meters = pool.meters
             endpoints.probes.append(pool.liveness)
         config = self.config
+        self._endpoints = endpoints
         self._bound = (endpoints.data_address, endpoints.control_address)
         source = config.source if isinstance(config.source, str) else type(config.source).__name__
         # A stable, documented line (docs/server.md): tests and scripts read the bound
@@ -309,7 +339,9 @@ class Server:
             try:
                 pool = WorkerPool(streamer, config, f"ipc://{scratch}/workers", block)
             except SamplingError as error:
-                log.error("cannot shard the streamer over %d workers: %s", config.workers, error)
+                problem = f"cannot shard the streamer over {config.workers} workers: {error}"
+                log.error("%s", problem)
+                self._tell_parent("failed", problem)
                 return EXIT_USAGE
             pool.start()  # fork before this process creates its ZeroMQ context
             try:
@@ -323,48 +355,48 @@ class Server:
             finally:
                 pool.stop()
 
-    def request_stop(self) -> None:
+    def request_stop(self, reason: str = "") -> None:
         """Ask a server that ``run()`` serves in another thread of this process to stop.
 
         It stops as on SIGTERM: its loops see the request within a poll period.
+        ``reason`` goes into its last log line.
         """
+        self._stop_reason = reason or self._stop_reason
         self._stop.set()
 
     # -- running in the background ------------------------------------------------------------
     def start(self, timeout: float = START_TIMEOUT) -> Server:
-        """Run the server in a background process (forked); return self once it has bound.
+        """Run the server in a background process; return self once it has bound.
 
-        Afterwards :attr:`data_address` and :attr:`control_address` give the
-        bound endpoints. Raises :class:`TransportError` if the server could not
-        bind or resolve its source, died, or had not bound within ``timeout`` s
-        (the process is stopped then).
+        The process is a fresh Python interpreter that gets the configuration as
+        data (the source must pickle without referring to the main script: a
+        ``"module:attr"`` string always does), so ``start()`` works from any
+        script, guarded by ``if __name__ == "__main__":`` or not, whatever
+        threads run: the script is never run again. A source defined in the
+        script itself (or one that does not pickle) is forked with this process
+        instead. :attr:`start_method` says which it was.
+
+        The server stops by itself within a few seconds when this process is
+        gone (exited, or killed however), its workers and shared-memory pool
+        with it; a normal exit of this process stops it too. Afterwards
+        :attr:`data_address` and :attr:`control_address` give the bound
+        endpoints. Raises :class:`TransportError` if the server could not bind
+        or resolve its source, died (its error, exit code or signal is named),
+        or had not bound within ``timeout`` s (the process is stopped then).
         """
         if self._process is not None:
             raise RuntimeError("this server was already started")
-        self.start_method = _start_method(self.config)
-        context: Any = multiprocessing.get_context(self.start_method)
-        reader, writer = context.Pipe(duplex=False)
-        process = self._process = context.Process(
-            target=_run_in_child, args=(self.config, writer, _log_level()), daemon=False,
-            name=f"feedmux-server-{self.config.server_id}",
-        )
-        process.start()
-        writer.close()
-        try:
-            report = _wait_for_report(reader, process, timeout)
-        finally:
-            reader.close()
-        if report is not None and report[0] == "bound":
+        check_not_nested()
+        process = self._process = launch(self.config)
+        self.start_method = process.method
+        _running.add(self)
+        report = process.read_report(timeout)
+        if report[0] == "bound":
             self._bound = (report[1], report[2])
             self._metrics_address = report[3] if len(report) > 3 else ""
             return self
-        if report is None:
-            problem = (f"it did not bind within {timeout} s" if process.exitcode is None
-                       else f"it exited with code {process.exitcode} before binding")
-        else:
-            problem = report[1]
         self.stop()
-        raise TransportError(f"cannot start server {self.config.server_id}: {problem}")
+        raise TransportError(f"cannot start server {self.config.server_id}: {report[1]}")
 
     @property
     def pid(self) -> int | None:
@@ -385,7 +417,9 @@ class Server:
         """SIGTERM the background server, wait up to ``timeout`` s, then SIGKILL it."""
         process = self._process
         if process is None or process.exitcode is not None:
+            _running.discard(self)
             return self.exitcode
+        _running.discard(self)
         process.terminate()
         process.join(timeout)
         if process.exitcode is None:
@@ -410,67 +444,17 @@ def serve(source: Source, **options: Any) -> int:
     return Server(source, **options).run()
 
 
-def _threads() -> int:
-    """Threads of this process: the kernel's count (native threads too: torch's, libzmq's)."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return threading.active_count()
+def _stop_started_servers() -> None:
+    """At the exit of the process that started them: stop its servers (none outlives it)."""
+    for server in list(_running):
+        server.stop()
 
 
-def _start_method(config: ServerConfig) -> str:
-    """"fork" while this process runs one thread; otherwise "forkserver".
-
-    Forking a process that runs other threads copies locks they may hold (in
-    malloc, in torch's or libzmq's threads) into a child that has none of those
-    threads to release them: the child can deadlock. The fork server is a clean
-    single-threaded process to fork from; it needs a source that pickles (a
-    ``"module:attr"`` string always does). A source that does not is forked as
-    before, with a warning.
-    """
-    if _threads() == 1:
-        return "fork"
-    try:
-        pickle.dumps(config)
-    except Exception as error:
-        log.warning("forking the server from a process that runs %d threads (the source "
-                    "cannot be pickled for a clean start: %s); pass it as 'module:attr' "
-                    "to avoid this", _threads(), error)
-        return "fork"
-    return "forkserver"
-
-
-def _log_level() -> int:
-    return logging.getLogger().getEffectiveLevel()
-
-
-def _run_in_child(config: ServerConfig, report: Connection, level: int = logging.WARNING) -> None:
-    if not logging.getLogger().handlers:  # a fresh interpreter (fork server): log as the parent
-        logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    server = Server(config.source, **config.options())
-    server._report = report
-    raise SystemExit(server.run())
-
-
-def _wait_for_report(reader: Connection, process: multiprocessing.process.BaseProcess,
-                     timeout: float) -> tuple[str, ...] | None:
-    """What a starting server process reported, or None if it died or stayed silent."""
-    deadline = time.monotonic() + timeout
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return None
-        # The sentinel too: forked workers may hold the pipe open after the server died.
-        ready = wait([reader, process.sentinel], remaining)
-        if reader in ready or reader.poll(0):
-            try:
-                report: tuple[str, ...] = reader.recv()
-            except EOFError:
-                return None
-            return report
-        if process.sentinel in ready:
-            process.join(0)
-            return None
+#: The servers this process started and has not stopped.
+_running: weakref.WeakSet[Server] = weakref.WeakSet()
+# After multiprocessing's own exit handler (imported above), which joins forked
+# children: handlers run last-in first-out, so the servers stop before that join.
+atexit.register(_stop_started_servers)
 
 
 def _install_signal_handlers(stop: _StopFlag) -> dict[int, Any]:

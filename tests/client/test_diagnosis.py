@@ -132,3 +132,18 @@ def test_turned_off_it_asks_nothing_and_reports_none() -> None:
     assert not diagnosis.message(now=0.0, waited_from=0.0, samples=1)
     assert not diagnosis.message(now=100.0, waited_from=0.0, samples=1)
     assert set(diagnosis.stats().values()) == {None}
+
+
+def test_figures_come_from_the_first_second_not_after_a_window() -> None:
+    diagnosis = InputDiagnosis(links=1, window=60.0)
+    assert diagnosis.message(now=0.0, waited_from=0.0, samples=10)
+    assert diagnosis.stats(now=0.5)["samples_per_second"] is None  # too early to say
+    assert not diagnosis.message(now=0.5, waited_from=0.4, samples=10)
+    # A second in: the servers are asked again (their load needs two answers) ...
+    assert diagnosis.message(now=1.0, waited_from=0.9, samples=10)
+    assert not diagnosis.message(now=1.5, waited_from=1.4, samples=10)
+    # ... and the figures so far are there (before: None until 60 s had passed).
+    figures = diagnosis.stats(now=2.0)
+    assert figures["samples_per_second"] == 20.0
+    assert figures["wait_fraction"] == pytest.approx(0.15)
+    assert figures["window_s"] == 2.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 import logging
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -187,7 +188,7 @@ def test_waiting_is_bounded_by_the_heartbeat_and_the_timeout() -> None:
     assert links.wait(10.0, 10.0) == INTERVAL
     assert links.wait(10.0, 12.0) == pytest.approx(0.5)
     with pytest.raises(TransportTimeoutError,
-                       match=r"no data from tcp://h:0 for 2.5 s \(servers: tcp://h:1=never "):
+                       match=r"no data from tcp://h:0 for 2.5 s \(control tcp://h:1 never "):
         links.wait(10.0, 12.5)
 
 
@@ -329,3 +330,59 @@ def test_a_rank_tells_a_restarted_server_where_it_stands() -> None:
         Send(0, Hello(client_id=links.client_id, world_size=2, rank=1,
                       resume=(2, 40, 2, RESUME_LIVE))),
     ]
+
+
+def _waiting_lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    return [record.getMessage() for record in caplog.records
+            if record.levelno == level and record.name == "feedmux.client"]
+
+
+def test_a_loader_waiting_for_a_server_says_so_every_ten_seconds(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Before: nothing was logged, however long the wait.
+    links = make_links()
+    caplog.set_level(logging.INFO, logger="feedmux.client")
+    for now in (0.0, 5.0, 9.9):
+        links.wait(0.0, now)
+    assert _waiting_lines(caplog, logging.INFO) == []
+    links.wait(0.0, 10.0)
+    links.wait(0.0, 15.0)
+    links.wait(0.0, 20.5)
+    assert _waiting_lines(caplog, logging.INFO) == [
+        "no answer from tcp://h:0 / control tcp://h:1 for 10 s: is feedmux serve running "
+        "there, and on these ports?",
+        "no answer from tcp://h:0 / control tcp://h:1 for 20 s: is feedmux serve running "
+        "there, and on these ports?",
+    ]
+    links.control(0, Welcome("s1"))
+    links.wait(30.0, 40.0)  # a new wait, the server answers: the likely causes
+    assert "server s1 at tcp://h:0 answers but has sent no data for 10 s: it waits for more " \
+        "trainers (--min-trainers)" in _waiting_lines(caplog, logging.INFO)[-1]
+
+
+def test_a_timeout_names_a_derived_control_endpoint_as_derived() -> None:
+    links = ServerLinks(["tcp://h:5555"], ["tcp://h:5556"], client_id="t", world_size=1,
+                        reliable=False, timeout=5.0, heartbeat_interval=1.0, derived=[True])
+    # Before: "(servers: tcp://h:5556=never answered)", a port the user never typed.
+    with pytest.raises(TransportTimeoutError, match=re.escape(
+            "no data from tcp://h:5555 for 5 s (control tcp://h:5556 (derived from the data "
+            "endpoint) never answered)")):
+        links.wait(0.0, 5.0)
+
+
+def test_a_trainer_holding_most_of_the_pool_is_told(caplog: pytest.LogCaptureFixture) -> None:
+    links = make_links(timeout=10.0)
+    mib = 1 << 20
+    held = [(3, 100 * mib, 512 * mib)]
+    links.views_held = lambda: held[0]
+    caplog.set_level(logging.INFO, logger="feedmux.client")
+    links.wait(0.0, 3.0)
+    assert _waiting_lines(caplog, logging.WARNING) == []  # a fifth of the pool: not the cause
+    held[0] = (37, 480 * mib, 512 * mib)
+    links.wait(5.0, 7.5)
+    warning, = _waiting_lines(caplog, logging.WARNING)
+    assert warning.startswith("this trainer holds 37 view(s) of the server's shared memory "
+                              "(480 MiB of its 512 MiB pool)")
+    assert "RemoteLoader(shm=False)" in warning and "--shm-size" in warning
+    with pytest.raises(TransportTimeoutError, match="this trainer holds 37 view"):
+        links.wait(5.0, 15.0)

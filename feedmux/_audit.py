@@ -1,0 +1,418 @@
+"""``feedmux audit``: what a job's loaders handed out, checked per epoch across its restarts.
+
+This module owns the judgement over audit logs (:mod:`feedmux._auditlog`
+reads them): which hand-outs count, and what was missing or repeated in each
+epoch of each server. A server is named by its address as the loaders were
+given it (a restarted server that continues its epochs is the same stream).
+For the ranks of a job, each rank's sessions (one per process) are taken in
+order; a session followed by one that resumed from a checkpoint
+(``load_state_dict``) counts only up to that checkpoint's position: what it
+handed out after it, before it died, the job trained on again and is not a
+repeat. The concatenation is the rank's *effective* sequence, which can be
+compared with that of an uninterrupted run (``--reference``). Free trainers'
+hand-outs count as they are; a reliable trainer that died may have handed out
+samples it could not tell the server about, which the server then dealt
+again: repeats within the last ``hwm`` messages of a session that did not
+close are reported as re-dealt, not as problems. It is pure (sessions in, a
+report out) and never opens a socket.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from feedmux._auditlog import AuditLogError, HandOut, Session, read_log
+
+__all__ = ["AuditReport", "EpochReport", "audit", "effective_sequences", "load_sessions"]
+
+#: Missing or repeated positions listed per epoch (the rest are counted).
+SHOWN = 10
+
+#: One hand-out as the checks see it: epoch, position, key (None without keys).
+Step = tuple[int, int, Any]
+
+
+@dataclass
+class EpochReport:
+    """One epoch of one stream: what was handed out and what was wrong with it."""
+
+    stream: str
+    epoch: int
+    size: int | None
+    handed: int = 0
+    missing: list[int] = field(default_factory=list)
+    repeated: dict[int, int] = field(default_factory=dict)  # position -> times handed out
+    redealt: int = 0  # repeats explained by a trainer that died before telling the server
+    dropped: int = 0  # the last partial round of a ranked epoch with uneven="drop"
+    padded: int = 0  # positions past the epoch's end (a ranked epoch's padding)
+    open: bool = False  # the job stopped in it (or its size is unknown): missing not counted
+
+    @property
+    def ok(self) -> bool:
+        return not self.repeated and (self.open or not self.missing)
+
+    def describe(self) -> str:
+        size = "size unknown" if self.size is None else f"{self.size} samples"
+        parts = [f"{self.handed} handed out"]
+        if self.padded:
+            parts.append(f"{self.padded} padding")
+        if self.redealt:
+            parts.append(f"{self.redealt} re-dealt after a trainer died")
+        if self.dropped:
+            parts.append(f"{self.dropped} dropped (uneven='drop')")
+        if self.missing:
+            parts.append(f"{len(self.missing)} missing {_listed(self.missing)}"
+                         + (" (not counted: open)" if self.open else ""))
+        if self.repeated:
+            shown = sorted(self.repeated)[:SHOWN]
+            parts.append(f"{len(self.repeated)} repeated ["
+                         + ", ".join(f"{p} x{self.repeated[p]}" for p in shown)
+                         + (", ..." if len(self.repeated) > SHOWN else "") + "]")
+        state = "open (the job stopped in it)" if self.open else "ok" if self.ok else "PROBLEM"
+        return f"  epoch {self.epoch} ({size}): {', '.join(parts)}: {state}"
+
+
+@dataclass
+class AuditReport:
+    """The whole audit: every epoch, the notes on each rank, the problems found."""
+
+    sessions: int = 0
+    torn: int = 0
+    epochs: list[EpochReport] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    #: (stream, rank) -> the rank's effective sequence (ranked streams only)
+    sequences: dict[tuple[str, int], list[Step]] = field(default_factory=dict)
+    #: (stream, step) handed out after a checkpoint that a later session resumed from
+    replayed: list[tuple[str, Step]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(epoch.ok for epoch in self.epochs)
+
+    @property
+    def checked(self) -> int:
+        """Hand-outs in epochs that were checked (not open)."""
+        return sum(epoch.handed for epoch in self.epochs if not epoch.open)
+
+    def text(self) -> str:
+        lines = [f"{self.sessions} session(s)"
+                 + (f", {self.torn} ending in a torn record" if self.torn else "")]
+        stream = None
+        for epoch in self.epochs:
+            if epoch.stream != stream:
+                stream = epoch.stream
+                lines.append(f"stream {stream}:")
+            lines.append(epoch.describe())
+        lines += [f"note: {note}" for note in self.notes]
+        lines += [f"PROBLEM: {problem}" for problem in self.problems]
+        bad = sum(not epoch.ok for epoch in self.epochs)
+        closed = sum(not epoch.open for epoch in self.epochs)
+        lines.append(f"{closed} complete epoch(s) checked, {self.checked} hand-outs, "
+                     f"{bad} epoch(s) with problems, {len(self.problems)} other problem(s): "
+                     + ("ok" if self.ok else "PROBLEMS"))
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok, "sessions": self.sessions, "torn": self.torn,
+            "checked": self.checked, "notes": self.notes, "problems": self.problems,
+            "epochs": [{"stream": e.stream, "epoch": e.epoch, "size": e.size,
+                        "handed": e.handed, "missing": e.missing,
+                        "repeated": {str(p): n for p, n in e.repeated.items()},
+                        "redealt": e.redealt, "dropped": e.dropped, "padded": e.padded,
+                        "open": e.open, "ok": e.ok} for e in self.epochs],
+        }
+
+
+def _listed(values: Sequence[int]) -> str:
+    shown = ", ".join(str(value) for value in values[:SHOWN])
+    return f"[{shown}{', ...' if len(values) > SHOWN else ''}]"
+
+
+def load_sessions(paths: Iterable[str]) -> list[Session]:
+    """Every session of every log in ``paths`` (AuditLogError: a file that is not one)."""
+    sessions = [session for path in paths for session in read_log(path)]
+    if not sessions:
+        raise AuditLogError("expected at least one audit log with a session, got none")
+    return sessions
+
+
+# -- streams and their parts --------------------------------------------------------------------
+@dataclass
+class _Part:
+    """The hand-outs of one session on one stream, in order."""
+
+    session: Session
+    link: int
+    handouts: list[HandOut]
+
+    def steps(self) -> list[Step]:
+        steps: list[Step] = []
+        for handout in self.handouts:
+            keys = handout.keys or [None] * len(handout.positions)
+            steps += zip([handout.epoch] * len(keys), handout.positions.tolist(), keys,
+                         strict=True)
+        return steps
+
+
+def _stream_name(session: Session, link: int) -> str:
+    group = session.header.get("group")
+    address = session.addresses[link] if link < len(session.addresses) else f"link {link}"
+    return address if not group else f"{address} group {group}"
+
+
+def _streams(sessions: Sequence[Session]) -> dict[str, list[_Part]]:
+    streams: dict[str, list[_Part]] = defaultdict(list)
+    for session in sessions:
+        by_link: dict[int, list[HandOut]] = defaultdict(list)
+        for handout in session.handouts:
+            by_link[handout.link].append(handout)
+        for link in range(max(len(session.addresses), 1 + max(by_link, default=-1))):
+            streams[_stream_name(session, link)].append(_Part(session, link, by_link[link]))
+    for name, parts in streams.items():
+        if len({part.session.rank is None for part in parts}) > 1:
+            raise AuditLogError(f"stream {name}: expected the logs of one kind of trainer, "
+                                f"got ranked and free trainers on the same server")
+    return streams
+
+
+def _server_facts(parts: Sequence[_Part]) -> tuple[int | None, int, str]:
+    """The latest epoch size, world size and uneven mode any session heard of the stream."""
+    facts: tuple[int | None, int, str] = (None, 0, "")
+    for part in sorted(parts, key=lambda part: part.session.started):
+        said = part.session.servers.get(part.link)
+        if said is not None:
+            facts = (said[0] if said[0] is not None else facts[0], said[1], said[2])
+    return facts
+
+
+def _position(saved: Any, session: Session, address: str) -> tuple[int, int] | None:
+    """The (epoch, position) on ``address`` of a state ``session`` saved or loaded."""
+    resume = saved.get("resume") if isinstance(saved, dict) else None
+    if not isinstance(resume, list) or address not in session.addresses:
+        return None
+    index = session.addresses.index(address)
+    where = resume[index] if index < len(resume) else None
+    return None if where is None else (int(where[0]), int(where[1]))
+
+
+def _resume_at(session: Session, address: str) -> tuple[int, int] | None:
+    """The (epoch, position) ``session`` was resumed at on ``address``, if it was."""
+    return _position(session.resumed, session, address)
+
+
+# -- ranked streams ----------------------------------------------------------------------------
+def _ranked(name: str, parts: list[_Part], report: AuditReport) -> list[Step]:
+    """Each rank's effective sequence into ``report``; every counted step (all ranks)."""
+    address = name.split(" group ", 1)[0]
+    checkpoints = {_position(saved, part.session, address)
+                   for part in parts for _, saved in part.session.checkpoints}
+    by_rank: dict[int, list[_Part]] = defaultdict(list)
+    for part in parts:
+        assert part.session.rank is not None
+        by_rank[part.session.rank].append(part)
+    counted: list[Step] = []
+    for rank, rank_parts in sorted(by_rank.items()):
+        rank_parts.sort(key=lambda part: part.session.started)
+        sequence: list[Step] = []
+        after = 0
+        for index, part in enumerate(rank_parts):
+            steps = part.steps()
+            following = rank_parts[index + 1].session if index + 1 < len(rank_parts) else None
+            cut = None if following is None else _resume_at(following, address)
+            if cut is not None:
+                kept = [step for step in steps if (step[0], step[1]) < cut]
+                after += len(steps) - len(kept)
+                report.replayed += [(name, step) for step in steps[len(kept):]]
+                steps = kept
+                if cut not in checkpoints and following is not None:
+                    report.notes.append(f"{name} rank {rank}: {following.describe()} resumed "
+                                        f"at epoch {cut[0]} position {cut[1]}, a checkpoint "
+                                        f"none of these logs recorded")
+            sequence += steps
+        resumes = sum(_resume_at(part.session, address) is not None for part in rank_parts)
+        report.notes.append(f"{name} rank {rank}: {len(rank_parts)} session(s), {resumes} "
+                            f"resumed from a checkpoint, {len(sequence)} hand-outs counted"
+                            + (f", {after} handed out after a checkpoint the next session "
+                               f"resumed from (not counted)" if after else ""))
+        report.sequences[(name, rank)] = sequence
+        counted += sequence
+    return counted
+
+
+def _closed_ranked(parts: list[_Part], epoch: int) -> bool:
+    """Every rank's last session handed out something later than ``epoch``, or ended."""
+    last: dict[int, _Part] = {}
+    for part in parts:
+        assert part.session.rank is not None
+        current = last.get(part.session.rank)
+        if current is None or part.session.started > current.session.started:
+            last[part.session.rank] = part
+    return all(part.session.ended or any(h.epoch > epoch for h in part.handouts)
+               for part in last.values())
+
+
+# -- free streams ------------------------------------------------------------------------------
+def _in_flight(parts: list[_Part]) -> int:
+    """At most how many samples the trainers that closed held without handing them out
+    (their credit: ``hwm`` messages each, as large as the largest they handed out)."""
+    bound = 0
+    for part in parts:
+        if part.session.closed:
+            sizes = Counter[int]()
+            for handout in part.handouts:
+                sizes[handout.message] += len(handout.positions)
+            bound += int(part.session.header.get("hwm", 1)) * max(sizes.values(), default=0)
+    return bound
+
+
+def _closed_free(parts: list[_Part], steps: list[Step], size: int | None) -> Any:
+    """Whether epoch ``e`` of a free stream is over: the stream ended, or every position
+    of it lies before the samples the last trainers may have held when they closed."""
+    if any(part.session.ended for part in parts):
+        return lambda epoch: True
+    last = max((step[0] for step in steps), default=0)
+    if size is None or not steps:
+        return lambda epoch: epoch <= last - 2
+    frontier = max((epoch - 1) * size + position for epoch, position, _ in steps)
+    margin = _in_flight(parts)
+    return lambda epoch: epoch * size + margin <= frontier
+
+
+def _free(parts: list[_Part]) -> tuple[list[Step], Counter[tuple[int, int]]]:
+    """Every step of the stream, and per (epoch, position) how many copies lie in the
+    unacknowledged tail of a reliable session that died (it did not close)."""
+    steps: list[Step] = []
+    tails: Counter[tuple[int, int]] = Counter()
+    for part in parts:
+        steps += part.steps()
+        session = part.session
+        if session.closed or not session.header.get("reliable"):
+            continue
+        messages = sorted({handout.message for handout in part.handouts})
+        tail = set(messages[-int(session.header.get("hwm", 1)):])
+        for handout in part.handouts:
+            if handout.message in tail:
+                tails.update((handout.epoch, position) for position in handout.positions.tolist())
+    return steps, tails
+
+
+# -- the epochs --------------------------------------------------------------------------------
+def _epochs(name: str, steps: list[Step], facts: tuple[int | None, int, str],
+            closed: Any, tails: Counter[tuple[int, int]]) -> list[EpochReport]:
+    size, world_size, uneven = facts
+    by_epoch: dict[int, list[int]] = defaultdict(list)
+    keys: dict[tuple[int, int], Any] = {}
+    for epoch, position, key in steps:
+        by_epoch[epoch].append(position)
+        if key is not None:
+            keys.setdefault((epoch, position), key)
+    reports = []
+    for epoch in sorted(by_epoch):
+        counts = Counter(by_epoch[epoch])
+        report = EpochReport(name, epoch, size, handed=len(by_epoch[epoch]))
+        report.open = not closed(epoch) or size is None
+        for position, times in counts.items():
+            if times > 1:
+                if times - tails[(epoch, position)] <= 1:
+                    report.redealt += times - 1
+                else:
+                    report.repeated[position] = times
+        if size is not None:
+            report.padded = sum(times for position, times in counts.items() if position >= size)
+            missing = np.setdiff1d(np.arange(size), np.fromiter(counts, dtype=np.int64))
+            seen = max(counts)
+            if uneven == "drop" and world_size:
+                tail = missing[missing > seen]
+                if 0 < len(tail) < world_size and tail[0] == seen + 1:
+                    report.dropped, missing = len(tail), missing[missing <= seen]
+            report.missing = missing.tolist()
+        reports.append(report)
+    return reports
+
+
+def audit(sessions: Sequence[Session], reference: Sequence[Session] = ()) -> AuditReport:
+    """Check ``sessions`` (a job's logs, restarts included); with ``reference`` (the logs
+    of an uninterrupted run of the same seeded job), also each rank's effective sequence."""
+    report = AuditReport(sessions=len(sessions), torn=sum(s.torn for s in sessions))
+    for name, parts in sorted(_streams(sessions).items()):
+        facts = _server_facts(parts)
+        if parts[0].session.rank is not None:
+            steps = _ranked(name, parts, report)
+            epochs = _epochs(name, steps, facts, lambda e, p=parts: _closed_ranked(p, e),
+                             Counter())
+        else:
+            steps, tails = _free(parts)
+            epochs = _epochs(name, steps, facts, _closed_free(parts, steps, facts[0]), tails)
+        report.epochs += epochs
+        _compare_keys(name, steps, report)
+    if reference:
+        _compare(report, audit(reference))
+    return report
+
+
+def _compare_keys(name: str, steps: list[Step], report: AuditReport) -> None:
+    """The same position of an epoch carried the same key wherever it was handed out
+    (also before and after a resume)."""
+    keys: dict[tuple[int, int], Any] = {}
+    replayed = [step for stream, step in report.replayed if stream == name]
+    conflicts = 0
+    first: str | None = None
+    for epoch, position, key in [*steps, *replayed]:
+        if key is None:
+            continue
+        known = keys.setdefault((epoch, position), key)
+        if known != key:
+            conflicts += 1
+            first = first or (f"epoch {epoch} position {position}: key {json.dumps(known)} "
+                              f"and key {json.dumps(key)}")
+    if conflicts:
+        report.problems.append(f"{name}: {conflicts} position(s) handed out with different "
+                               f"keys (a source that is not deterministic?), first {first}")
+
+
+def _paired(mine: set[str], theirs: set[str]) -> dict[str, str]:
+    """Reference stream -> audited stream: by name, or the only one of each (a reference
+    run of the job usually listens elsewhere)."""
+    if len(mine) == 1 and len(theirs) == 1:
+        return {next(iter(theirs)): next(iter(mine))}
+    return {name: name for name in theirs}
+
+
+def _compare(report: AuditReport, reference: AuditReport) -> None:
+    """Each rank's effective sequence equals the reference run's (over the shorter)."""
+    if not reference.sequences:
+        report.problems.append("expected reference logs of ranked trainers, got none")
+    streams = _paired({name for name, _ in report.sequences},
+                      {name for name, _ in reference.sequences})
+    for (there, rank), expected in sorted(reference.sequences.items()):
+        name = streams[there]
+        got = report.sequences.get((name, rank))
+        if got is None:
+            report.problems.append(f"{name} rank {rank}: in the reference, not in these logs")
+            continue
+        common = min(len(got), len(expected))
+        for step, (mine, theirs) in enumerate(zip(got[:common], expected[:common],
+                                                  strict=True)):
+            if mine != theirs:
+                report.problems.append(
+                    f"{name} rank {rank}: step {step} handed out epoch {mine[0]} position "
+                    f"{mine[1]} key {json.dumps(mine[2])}, the reference run epoch "
+                    f"{theirs[0]} position {theirs[1]} key {json.dumps(theirs[2])}")
+                break
+        else:
+            report.notes.append(f"{name} rank {rank}: the first {common} steps equal the "
+                                f"reference run's" + ("" if len(got) == len(expected) else
+                                f" ({len(got)} here, {len(expected)} there)"))
+
+
+def effective_sequences(sessions: Sequence[Session]) -> dict[tuple[str, int], list[Step]]:
+    """(stream, rank) -> what that rank's job trained on, in order (see the module doc)."""
+    return audit(sessions).sequences

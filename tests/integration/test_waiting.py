@@ -1,0 +1,45 @@
+"""A trainer that waits for data is told why, on its own side, against real servers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from feedmux import RemoteLoader, Server
+from feedmux.errors import TransportTimeoutError
+
+
+@pytest.fixture
+def pool_of_4_mib() -> Iterator[Server]:
+    server = Server("tests.integration.contact_samplers:blocks", bind="tcp://127.0.0.1:0",
+                    shm_size=4 << 20)
+    yield server.start()
+    server.stop()
+
+
+def test_a_trainer_whose_views_fill_the_pool_is_told(
+        pool_of_4_mib: Server, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="feedmux.client")
+    kept: list[Any] = []
+    # Before: only "no data ... for 6 s"; the cause was in the server's log alone.
+    with RemoteLoader(pool_of_4_mib.data_address, control=pool_of_4_mib.control_address,
+                      timeout=6) as loader, pytest.raises(TransportTimeoutError) as caught:
+        for sample in loader:
+            kept.append(sample)  # every 512 KiB view kept: the pool fills
+    said = "view(s) of the server's shared memory (4 MiB of its 4 MiB pool)"
+    assert said in str(caught.value)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(said in message and "np.array(x)" in message for message in warnings)
+
+
+def test_a_timeout_names_the_given_address_and_the_derived_control(tmp_path: Path) -> None:
+    nowhere = f"ipc://{tmp_path}/nobody"
+    with RemoteLoader(nowhere, timeout=1) as loader, pytest.raises(TransportTimeoutError) as caught:
+        next(loader)
+    assert str(caught.value).startswith(
+        f"no data from {nowhere} for 1 s (control {nowhere}.control (derived from the data "
+        "endpoint) never answered)")

@@ -1,0 +1,398 @@
+"""feedmux audit: the record format, the writer, and the checks, on hand-made logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from feedmux import cli
+from feedmux._audit import audit, load_sessions
+from feedmux._auditlog import AuditLog, AuditLogError, read_log, record_line, stride_runs
+from feedmux.errors import FeedmuxError
+
+ADDRESS = "tcp://127.0.0.1:5555"
+
+
+class Log:
+    """A hand-made audit log: sessions and their records, as a loader would write them."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.messages = 0
+        self._started = time.time()
+
+    def session(self, *, rank: int | None = None, world_size: int = 1, reliable: bool = False,
+                hwm: int = 1, size: int | None = 10, uneven: str = "pad",
+                server: str = "s1", start: float | None = None) -> Log:
+        self._started += 1
+        header = {"client_id": f"c{self._started}", "rank": rank, "world_size": world_size,
+                  "group": None, "reliable": reliable, "hwm": hwm, "addresses": [ADDRESS],
+                  "key": "id", "pid": 1, "time": self._started if start is None else start}
+        self._write(f"feedmux-audit 1 {json.dumps(header)}")
+        ranked = rank is not None
+        self._write(f"S 0 {server} {'-' if size is None else size} "
+                    f"{world_size if ranked else 0} {uneven if ranked else '-'}")
+        return self
+
+    def hand(self, epoch: int, positions: list[int], keys: list[Any] | None = None) -> Log:
+        self.messages += 1
+        runs = ",".join(f"{p}:1:1" for p in positions)
+        keys = [epoch * 1000 + p for p in positions] if keys is None else keys
+        self._write(f"H {self.messages} 0 {epoch} {runs} {json.dumps(keys)}")
+        return self
+
+    def checkpoint(self, epoch: int, position: int, world_size: int) -> Log:
+        saved = {"resume": [[epoch, position, world_size]], "last": [epoch, position - 1, "s1"]}
+        self._write(f"C {self.messages} {json.dumps(saved)}")
+        return self
+
+    def resume(self, epoch: int, position: int, world_size: int) -> Log:
+        saved = {"resume": [[epoch, position, world_size]], "last": [epoch, position - 1, "s1"]}
+        self._write(f"R {json.dumps(saved)}")
+        return self
+
+    def close(self, ended: bool = False) -> Log:
+        self._write(f"Q {int(ended)}")
+        return self
+
+    def raw(self, data: bytes) -> Log:
+        with open(self.path, "ab") as file:
+            file.write(data)
+        return self
+
+    def _write(self, text: str) -> None:
+        self.raw(record_line(text))
+
+
+def _report(*paths: Path, reference: tuple[Path, ...] = ()) -> Any:
+    return audit(load_sessions(map(str, paths)),
+                 load_sessions(map(str, reference)) if reference else ())
+
+
+# -- free trainers ---------------------------------------------------------------------------------
+def test_two_free_trainers_that_split_every_epoch_are_clean(tmp_path: Path) -> None:
+    first, second = Log(tmp_path / "a.log"), Log(tmp_path / "b.log")
+    first.session()
+    second.session()
+    for epoch in (1, 2, 3):
+        first.hand(epoch, [0, 1, 2, 3, 4])
+        second.hand(epoch, [5, 6, 7, 8, 9])
+    first.close()
+    second.close()
+    report = _report(first.path, second.path)
+    assert report.ok, report.text()
+    # Epoch 1 is complete (two later epochs came); 2 and 3 may still have samples in flight.
+    assert [(e.epoch, e.open) for e in report.epochs] == [(1, False), (2, True), (3, True)]
+    assert report.checked == 10
+    assert cli.main(["audit", str(first.path), str(second.path)]) == 0
+
+
+def test_a_missing_and_a_repeated_sample_are_problems(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    log = Log(tmp_path / "a.log").session()
+    log.hand(1, [0, 1, 2, 3, 5, 6, 7, 8, 9]).hand(1, [2])  # 4 missing, 2 twice
+    log.hand(2, list(range(10))).hand(3, [0]).close()
+    report = _report(log.path)
+    first = report.epochs[0]
+    assert first.missing == [4] and first.repeated == {2: 2} and not first.ok
+    assert not report.ok
+    assert cli.main(["audit", str(log.path)]) == 1
+    out = capsys.readouterr().out
+    assert "1 missing [4]" in out and "1 repeated [2 x2]" in out and "PROBLEMS" in out
+
+
+def test_what_the_last_trainers_may_have_held_when_they_closed_is_not_checked(
+        tmp_path: Path) -> None:
+    log = Log(tmp_path / "a.log").session(hwm=2)  # up to 2 messages of 5 not handed out
+    for epoch in (1, 2, 3, 4):
+        log.hand(epoch, [0, 1, 2, 3, 4]).hand(epoch, [5, 6, 7, 8, 9])
+    log.hand(5, [0, 1, 2]).close()  # 42 handed out: the last 10 before it may be in flight
+    assert [(e.epoch, e.open) for e in _report(log.path).epochs] == [
+        (1, False), (2, False), (3, False), (4, True), (5, True)]
+
+
+def test_a_finished_stream_checks_its_last_epochs_too(tmp_path: Path) -> None:
+    log = Log(tmp_path / "a.log").session()
+    log.hand(1, list(range(10))).hand(2, list(range(9))).close(ended=True)
+    report = _report(log.path)
+    assert [(e.epoch, e.open, e.missing) for e in report.epochs] == [(1, False, []),
+                                                                     (2, False, [9])]
+    assert not report.ok
+
+
+def test_repeats_in_the_unacknowledged_tail_of_a_dead_reliable_trainer_are_re_dealt(
+        tmp_path: Path) -> None:
+    dead, survivor = Log(tmp_path / "dead.log"), Log(tmp_path / "survivor.log")
+    dead.session(reliable=True, hwm=2)
+    dead.hand(1, [0, 1]).hand(1, [2, 3]).hand(1, [4, 5])  # killed: no close record
+    survivor.session(reliable=True, hwm=2)
+    # The server had not heard of the dead trainer's last two messages: it deals them again.
+    survivor.hand(1, [2, 3, 4, 5, 6, 7, 8, 9]).hand(2, list(range(10))).hand(3, [0]).close()
+    report = _report(dead.path, survivor.path)
+    assert report.ok, report.text()
+    assert report.epochs[0].redealt == 4 and not report.epochs[0].repeated
+    # Older than the credit the server could hold for it: a real repeat.
+    survivor.session(reliable=True, hwm=2).hand(1, [0]).close()
+    assert _report(dead.path, survivor.path).epochs[0].repeated == {0: 2}
+
+
+# -- ranks and checkpoints -------------------------------------------------------------------------
+def _ranked_job(tmp_path: Path, *, resumed: bool) -> list[Path]:
+    """Two ranks, epochs of 10; the job dies after rank 0 checkpointed at position 4 and
+    both ranks handed out two more rounds; it restarts (from the checkpoint if ``resumed``)."""
+    paths = []
+    for rank in (0, 1):
+        log = Log(tmp_path / f"rank{rank}.log")
+        log.session(rank=rank, world_size=2)
+        log.hand(1, [rank]).hand(1, [2 + rank])
+        if rank == 0:
+            log.checkpoint(1, 4, 2)
+        log.hand(1, [4 + rank]).hand(1, [6 + rank])  # after the checkpoint, then killed
+        log.session(rank=rank, world_size=2)
+        if resumed:
+            log.resume(1, 4, 2)
+        log.hand(1, [4 + rank, 6 + rank, 8 + rank]).hand(2, [rank, 2 + rank]).close()
+        paths.append(log.path)
+    return paths
+
+
+def test_a_job_resumed_from_its_checkpoint_repeats_nothing(tmp_path: Path) -> None:
+    paths = _ranked_job(tmp_path, resumed=True)
+    report = _report(*paths)
+    assert report.ok, report.text()
+    epoch = report.epochs[0]
+    assert epoch.handed == 10 and not epoch.missing and not epoch.repeated and not epoch.open
+    assert report.sequences[(ADDRESS, 1)][:5] == [(1, 1, 1001), (1, 3, 1003), (1, 5, 1005),
+                                                  (1, 7, 1007), (1, 9, 1009)]
+    assert any("2 handed out after a checkpoint" in note for note in report.notes)
+
+
+def test_a_restart_without_the_checkpoint_is_seen_as_repeats(tmp_path: Path) -> None:
+    report = _report(*_ranked_job(tmp_path, resumed=False))
+    assert report.epochs[0].repeated == {4: 2, 5: 2, 6: 2, 7: 2}
+    assert cli.main(["audit", *map(str, _ranked_job(tmp_path / "again", resumed=False))]) == 1
+
+
+def test_a_rank_behind_the_checkpoint_it_resumed_from_lost_its_share(tmp_path: Path) -> None:
+    log = Log(tmp_path / "rank1.log").session(rank=1, world_size=2)
+    log.hand(1, [1])  # rank 1 got only its first sample before the job died
+    log.session(rank=1, world_size=2).resume(1, 4, 2).hand(1, [5, 7, 9]).hand(2, [1]).close()
+    zero = Log(tmp_path / "rank0.log").session(rank=0, world_size=2)
+    zero.hand(1, [0, 2]).checkpoint(1, 4, 2)
+    zero.session(rank=0, world_size=2).resume(1, 4, 2).hand(1, [4, 6, 8]).hand(2, [0]).close()
+    assert _report(log.path, zero.path).epochs[0].missing == [3]
+
+
+def test_a_resumed_run_that_gives_other_samples_is_a_problem(tmp_path: Path) -> None:
+    log = Log(tmp_path / "rank0.log").session(rank=0, world_size=1, size=4)
+    log.hand(1, [0, 1]).checkpoint(1, 2, 1).hand(1, [2])
+    log.session(rank=0, world_size=1, size=4).resume(1, 2, 1)
+    log.hand(1, [2, 3], keys=[77, 1003]).hand(2, [0]).close()
+    report = _report(log.path)
+    assert any("different keys" in problem and "1002" in problem and "77" in problem
+               for problem in report.problems), report.text()
+
+
+def test_drop_mode_leaves_out_the_last_partial_round_without_a_problem(tmp_path: Path) -> None:
+    for rank in (0, 1, 2):
+        log = Log(tmp_path / f"rank{rank}.log").session(rank=rank, world_size=3, uneven="drop")
+        log.hand(1, [rank, 3 + rank, 6 + rank]).hand(2, [rank]).close()
+    report = _report(*(tmp_path / f"rank{rank}.log" for rank in (0, 1, 2)))
+    assert report.ok, report.text()
+    assert report.epochs[0].dropped == 1
+
+
+def test_padding_past_the_epoch_end_is_counted_apart(tmp_path: Path) -> None:
+    for rank in (0, 1, 2):
+        log = Log(tmp_path / f"rank{rank}.log").session(rank=rank, world_size=3)
+        log.hand(1, [rank, 3 + rank, 6 + rank, 9 + rank]).hand(2, [rank]).close()
+    report = _report(*(tmp_path / f"rank{rank}.log" for rank in (0, 1, 2)))
+    assert report.ok, report.text()
+    assert report.epochs[0].padded == 2
+
+
+def test_the_reference_run_must_match_each_rank(tmp_path: Path) -> None:
+    job = _ranked_job(tmp_path / "job", resumed=True)
+    clean = []
+    for rank in (0, 1):
+        log = Log(tmp_path / f"ref{rank}.log").session(rank=rank, world_size=2)
+        log.hand(1, [rank, 2 + rank, 4 + rank, 6 + rank, 8 + rank]).hand(2, [rank, 2 + rank])
+        clean.append(log.close().path)
+    report = _report(*job, reference=tuple(clean))
+    assert report.ok, report.text()
+    assert any("equal the reference" in note for note in report.notes)
+    other = Log(tmp_path / "other.log").session(rank=1, world_size=2)
+    other.hand(1, [1, 3], keys=[1001, 5]).close()
+    mismatch = _report(*job, reference=(clean[0], other.path))
+    assert any("rank 1: step 1" in problem for problem in mismatch.problems), mismatch.text()
+
+
+# -- damaged input ---------------------------------------------------------------------------------
+def test_a_torn_last_record_is_tolerated_and_counted(tmp_path: Path) -> None:
+    log = Log(tmp_path / "a.log").session().hand(1, list(range(10))).hand(2, list(range(10)))
+    log.hand(3, [0])
+    whole = log.path.read_bytes()
+    log.path.write_bytes(whole[:-7])  # SIGKILL in the middle of the last write
+    sessions = read_log(log.path)
+    assert sessions[0].torn and len(sessions[0].handouts) == 2
+    # A restarted trainer appends its own session after the torn record.
+    log.raw(b"\n").session().hand(3, list(range(10))).close()
+    sessions = read_log(log.path)
+    assert [s.torn for s in sessions] == [True, False]
+    assert _report(log.path).torn == 1
+
+
+def test_a_record_cut_to_a_shorter_number_is_caught_by_its_checksum(tmp_path: Path) -> None:
+    log = Log(tmp_path / "a.log").session().hand(1, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9])
+    line = log.path.read_bytes().splitlines(keepends=True)[-1]
+    text, crc = line.rsplit(b" #", 1)
+    shortened = text.replace(b"1009]", b"100]") + b" #" + crc  # parses, with its old checksum
+    log.path.write_bytes(log.path.read_bytes()[:-len(line)] + shortened)
+    assert read_log(log.path)[0].torn
+
+
+def test_damage_before_the_last_record_is_bad_input(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    log = Log(tmp_path / "a.log").session().hand(1, [0, 1])
+    log.raw(b"H 2 0 1 2:1:1 [1002] #00000000\n").hand(1, [3])
+    with pytest.raises(AuditLogError, match=r"a.log:4: a damaged record"):
+        read_log(log.path)
+    assert cli.main(["audit", str(log.path)]) == 2
+    assert "only a session's last record can be torn" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [b"", b"epoch position\n1 2\n"])
+def test_a_file_that_is_not_an_audit_log_is_bad_input(tmp_path: Path, content: bytes,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "not.log"
+    path.write_bytes(content)
+    assert cli.main(["audit", str(path)]) == 2
+    assert "expected a feedmux audit log" in capsys.readouterr().err
+    assert cli.main(["audit", str(tmp_path / "absent.log")]) == 2
+
+
+def test_a_malformed_record_with_a_good_checksum_is_bad_input(tmp_path: Path) -> None:
+    log = Log(tmp_path / "a.log").session()
+    log.raw(record_line("H 1 0 1 0:zero:1")).close()
+    with pytest.raises(AuditLogError, match="malformed 'H' record"):
+        read_log(log.path)
+
+
+# -- the writer ------------------------------------------------------------------------------------
+@dataclass
+class _Link:
+    server_id: str = "s1"
+    epoch_size: int | None = 6
+    world_size: int = 0
+    uneven: str = ""
+
+
+class _Links:
+    def __init__(self) -> None:
+        self.links = [_Link()]
+
+
+def _tags(epoch: int, positions: list[int]) -> np.ndarray:
+    return np.array([[epoch, p] for p in positions], dtype=np.int64)
+
+
+def test_the_writer_records_each_row_once_whoever_reports_it(tmp_path: Path) -> None:
+    path = tmp_path / "w.log"
+    log = AuditLog(path, "id", {"rank": None, "addresses": [ADDRESS]}, _Links(),
+                   write_through=True)
+    samples = [{"id": np.int64(10 + i)} for i in range(4)]
+    tags = _tags(1, [0, 1, 2, 3])
+    log.begin(0, "s1", tags, samples)
+    assert not path.exists()  # nothing handed out: nothing written, not even a header
+    guarded = log.guard(lambda: (0, "s1", tags, 0, 2))  # the acknowledging thread: 2 so far
+    guarded()
+    assert len(read_log(path)[0].handouts) == 1  # written before the server hears of it
+    log.upto(4)
+    log.upto(4)  # again: nothing new
+    log.begin(0, "s1", _tags(1, [4, 5]), [{"id": 14}, {"id": 15}])
+    state = {"last_epoch": 1, "last_position": 4, "last_server_id": "s1"}
+    assert log.checkpoint(state, 1) is state
+    log.close(2, ended=True)
+    guarded()  # after the close: ignored
+    session, = read_log(path)
+    steps = [(h.epoch, p, k) for h in session.handouts
+             for p, k in zip(h.positions.tolist(), h.keys or [], strict=True)]
+    assert steps == [(1, p, 10 + p) for p in range(6)]
+    assert session.checkpoints == [(3, {"resume": None, "last": [1, 4, "s1"]})]
+    assert session.closed and session.ended and session.servers == {0: (6, 0, "")}
+
+
+def test_the_batched_writer_writes_at_the_latest_on_close(tmp_path: Path) -> None:
+    path = tmp_path / "w.log"
+    log = AuditLog(path, None, {}, _Links(), write_through=False)
+    log.begin(0, "s1", _tags(2, [0, 1, 2]), [None] * 3)
+    log.upto(3)
+    assert not path.exists()  # waits for its batch
+    log.close(0, ended=False)
+    session, = read_log(path)
+    assert session.handouts[0].positions.tolist() == [0, 1, 2]
+    assert session.handouts[0].keys is None and session.closed and not session.ended
+
+
+def test_a_reopened_log_ends_the_torn_record_first(tmp_path: Path) -> None:
+    path = tmp_path / "w.log"
+    path.write_bytes(record_line("feedmux-audit 1 {}") + b"H 1 0 1 0:")
+    log = AuditLog(path, None, {}, _Links(), write_through=True)
+    log.begin(0, "s1", _tags(1, [0]), [None])
+    log.upto(1)
+    first, second = read_log(path)
+    assert first.torn and second.handouts[0].positions.tolist() == [0]
+
+
+def test_a_sample_without_the_key_field_is_a_clear_error(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path / "w.log", "id", {}, _Links(), write_through=True)
+    log.begin(0, "s1", _tags(1, [0]), [{"x": 1}])
+    with pytest.raises(FeedmuxError, match="expected samples with a field 'id'"):
+        log.upto(1)
+    log.begin(0, "s1", _tags(1, [1]), [{"id": [1, 2]}])
+    with pytest.raises(FeedmuxError, match="expected an int, str or float field, got list"):
+        log.upto(1)
+
+
+def test_a_forked_copy_writes_its_own_session_to_its_own_file(tmp_path: Path) -> None:
+    log = AuditLog(str(tmp_path / "w-{pid}.log"), None, {}, _Links(), write_through=False)
+    log.begin(0, "s1", _tags(1, [0, 1]), [None] * 2)
+    log.upto(2)  # waits for its batch
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's exit code is the check
+        try:
+            log.begin(0, "s1", _tags(1, [5]), [None])
+            log.close(1, ended=False)
+        finally:
+            os._exit(0)
+    assert os.waitpid(child, 0)[1] == 0
+    log.close(2, ended=False)
+    mine, = read_log(tmp_path / f"w-{os.getpid()}.log")
+    theirs, = read_log(tmp_path / f"w-{child}.log")
+    assert [h.positions.tolist() for h in mine.handouts] == [[0, 1]]
+    assert [h.positions.tolist() for h in theirs.handouts] == [[5]]
+
+
+def test_stride_runs_cover_their_positions_in_order() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        positions = np.cumsum(rng.integers(0, 4, size=rng.integers(1, 30)))
+        runs = stride_runs(positions)
+        rebuilt = [start + step * i for start, count, step in runs for i in range(count)]
+        assert rebuilt == positions.tolist()
+
+
+def test_the_loader_option_needs_a_path_for_its_key() -> None:
+    from feedmux import RemoteLoader
+
+    with pytest.raises(FeedmuxError, match="audit_key only with audit_log"):
+        RemoteLoader("tcp://127.0.0.1:9", audit_key="id")
+    assert os.environ.get("FEEDMUX_NEVER_SET") is None
