@@ -121,7 +121,13 @@ def record_line(text: str) -> bytes:
 
 def _keys(samples: Sequence[Any], key: str, start: int, stop: int) -> list[Any]:
     """The ``key`` field of ``samples[start:stop]`` as ints, floats or strs (numbers of one
-    numpy type at once, at C level)."""
+    numpy type at once, at C level). ``samples`` may be one batch (``batch_size=``): a
+    dict of stacked columns."""
+    batch: Any = samples
+    if type(batch) is dict and key in batch:
+        column = batch[key][start:stop]
+        return [_key_of(value, key) for value in column] if type(column) is list else (
+            list(np.asarray(column).tolist()))
     try:
         values = [samples[row][key] for row in range(start, stop)]
     except (KeyError, IndexError, TypeError):

@@ -28,6 +28,7 @@ took, so that a sample dealt to it twice is handed out once.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import queue
 import threading
@@ -44,7 +45,9 @@ from feedmux._transport import CONTROL_FRAME_BYTES, HEARTBEAT_INTERVAL, make_soc
 from feedmux.client._data import take_all
 from feedmux.client._moves import reconnect
 from feedmux.client._resume import position_runs
-from feedmux.protocol import Ack
+from feedmux.protocol import Ack, take_rows
+
+log = logging.getLogger("feedmux.client")
 
 __all__ = ["ACK_INTERVAL", "AckPace", "HandOutAcks", "Progress", "SeenPositions", "progress_of"]
 
@@ -287,6 +290,20 @@ class SeenPositions:
         for _, start, end in runs:
             seen.add(start, end)
         return np.flatnonzero(~old).tolist() if old.any() else None
+
+    def once(self, server_id: str, tags: Any, samples: Any,
+             batched: bool) -> tuple[Any, Any]:
+        """A message's ``samples`` and ``tags`` without the rows handed out before (a
+        re-send that crossed its acknowledgement), logged; ``samples`` is a list, or
+        (``batched``) one batch tree."""
+        rows = self.fresh(server_id, tags)
+        if rows is None:
+            return samples, tags
+        log.warning("dropping %d sample(s) of server %s already handed out",
+                    len(tags) - len(rows), server_id)
+        if batched:
+            return take_rows(samples, rows), tags[rows]
+        return [samples[row] for row in rows], tags[rows]
 
 
 class _Ranges:

@@ -209,8 +209,8 @@ class ControlSpec:
 
 _CONTROL_SPECS = [
     ControlSpec(Kind.HELLO, Hello, client_id=STR, role=STR, world_size=INT, rank=INT,
-                group=STR, resume=_INTS, handed=_INTS,
-                omit_default=("rank", "group", "resume", "handed")),
+                group=STR, resume=_INTS, handed=_INTS, batch_size=INT, drop_last=_BOOL,
+                omit_default=("rank", "group", "resume", "handed", "batch_size", "drop_last")),
     ControlSpec(
         Kind.WELCOME,
         Welcome,

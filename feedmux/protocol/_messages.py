@@ -123,6 +123,11 @@ class Hello:
     server handed out lately: ``(epoch, start, end, ...)`` triples, positions
     ``start .. end - 1`` of ``epoch``, so that the restarted server deals none
     of them again.
+
+    ``batch_size`` is 0, or the number of samples of one training step the
+    trainer asks the server to stack into each data message (every trainer of
+    a server asks the same); ``drop_last`` says whether an epoch's last,
+    partial batch is dropped (True) or sent short (docs/stream.md).
     """
 
     client_id: str
@@ -132,6 +137,8 @@ class Hello:
     group: str = ""
     resume: tuple[int, ...] = ()
     handed: tuple[int, ...] = ()
+    batch_size: int = 0
+    drop_last: bool = False
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from feedmux.protocol import PROTOCOL_VERSION, STATS_NEXT_PAGE, stats_order
-from feedmux.server._ranks import RankTable
+from feedmux.server._batches import BatchRequest
+from feedmux.server._ranks import RankTable, RankTables
 from feedmux.server._retention import RankRetention
 from feedmux.server.config import ServerConfig
 
@@ -56,6 +57,7 @@ class Reporting(Protocol):
     extra_stats: Callable[[], dict[str, Stat]] | None
     ranks: RankTable
     retention: RankRetention
+    tables: RankTables
 
     @property
     def trainers(self) -> Mapping[bytes, _TrainerFigures]: ...
@@ -84,8 +86,17 @@ def core_stats(core: Reporting, now: float, trainer_timeout: float) -> dict[str,
         "finished": int(core.finished),
         **(core.extra_stats() if core.extra_stats is not None else {}),
         **_rank_stats(core),
+        **_batch_stats(core.tables.batches),
         **_trainer_stats(core, now, trainer_timeout),
     }
+
+
+def _batch_stats(batches: BatchRequest) -> dict[str, Stat]:
+    """Batches built for the trainers (none when they asked for single samples)."""
+    if not batches.batch_size:
+        return {}
+    return {"batch_size": batches.batch_size, "drop_last": int(batches.drop_last),
+            "batch_samples_dropped": batches.dropped}
 
 
 def _rank_stats(core: Reporting) -> dict[str, Stat]:

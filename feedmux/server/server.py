@@ -315,6 +315,7 @@ class Server:
                     skip_errors=config.on_error == "skip", epoch_done=epoch_done,
                     dealer=ranked_dealer(endpoints, config), meter=endpoints.meters[0],
                     start=endpoints.core.start_at, keep=endpoints.core.handed.keep,
+                    batches=endpoints.core.tables.batches.assemblers(),
                 )
                 if not (self._stop or endpoints.core.restarting):
                     endpoints.finish()
@@ -414,8 +415,14 @@ class Server:
         return self._process.exitcode
 
     def stop(self, timeout: float = 5.0) -> int | None:
-        """SIGTERM the background server, wait up to ``timeout`` s, then SIGKILL it."""
+        """SIGTERM the background server, wait up to ``timeout`` s, then SIGKILL it.
+
+        Only the process that started it does: in a forked copy of that process
+        (a DataLoader worker, say) this does nothing and returns None.
+        """
         process = self._process
+        if process is not None and not process.ours:
+            return None
         if process is None or process.exitcode is not None:
             _running.discard(self)
             return self.exitcode

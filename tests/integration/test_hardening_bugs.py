@@ -25,11 +25,9 @@ SAMPLERS = "tests.integration.hard_samplers"
 
 
 @pytest.fixture
-def started() -> Iterator[list[Server]]:
-    servers: list[Server] = []
-    yield servers
-    for server in servers:
-        server.stop()
+def started(servers: list[Server]) -> list[Server]:
+    """The servers a test started (stopped afterwards)."""
+    return servers
 
 
 def _samples(server: Server, timeout: float = 15.0) -> list[dict[str, Any]]:
