@@ -34,6 +34,7 @@ from feedmux.protocol._messages import (
     PROTOCOL_VERSION,
     RESUME_CHECKPOINT,
     RESUME_LIVE,
+    STATS_NEXT_PAGE,
     Ack,
     Credit,
     Data,
@@ -50,6 +51,7 @@ from feedmux.protocol._messages import (
     Stats,
     StatsRequest,
     Welcome,
+    stats_order,
 )
 from feedmux.protocol._stacking import stacked_tree, take_rows, training_batch
 from feedmux.protocol._tags import TAG_DTYPE, read_tags, replace_tags
@@ -62,6 +64,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "RESUME_CHECKPOINT",
     "RESUME_LIVE",
+    "STATS_NEXT_PAGE",
     "TAG_DTYPE",
     "Ack",
     "Resolver",
@@ -91,6 +94,7 @@ __all__ = [
     "replace_tags",
     "stack_scalars",
     "stacked_tree",
+    "stats_order",
     "take_rows",
     "take_samples",
     "training_batch",

@@ -47,6 +47,13 @@ Keep = Callable[[int, np.ndarray], "np.ndarray | None"]
 MAX_SAMPLES_PER_MESSAGE = 256
 #: Target payload of one data message; bigger samples travel one per message.
 TARGET_MESSAGE_BYTES = 4 * 1024 * 1024
+#: A ranked chunk (one message per rank) may take up to this many times ``max_delay`` to
+#: sample (320 ms at the default): up to this many ranks (8 hosts x 8 GPUs), each rank's
+#: message is as full as a free trainer's; beyond, messages shrink. Held to ``max_delay``
+#: alone, 64 ranks got 2 samples a message and a seventh of the two-rank rate; with 20
+#: times, 0.80 of it; with 64, 1.0 (``benchmarks.bench_scale``). Only a fast sampler's
+#: chunks grow: a slow one's are bounded by one sample a rank anyway.
+RANK_CHUNK_DELAYS = 64
 #: Most training batches (``batch_size=``) one data message carries: the trainer's cost
 #: of a message is shared by its batches.
 MAX_BATCHES_PER_MESSAGE = 16
@@ -390,7 +397,9 @@ def _produce_ranked(
     """:func:`produce` for ranked trainers: each chunk dealt to the ranks, then encoded.
 
     A chunk holds about ``world_size`` messages' worth of samples, so each rank's
-    message is as full as a free trainer's would be. A sample the codec refuses
+    message is as full as a free trainer's would be (up to
+    :data:`RANK_CHUNK_DELAYS` ranks; a chunk then takes up to that many times
+    ``max_delay`` to sample). A sample the codec refuses
     fails the run here (skipping it would unbalance the ranks); a top-level
     streamer that raises with ``skip_errors`` ends its epoch where it stopped
     (the dealer pads or drops the last round, so the ranks stay even).
@@ -420,7 +429,9 @@ def _produce_ranked(
                     dealer.resume(epoch, chunk.start, head)
                     epoch_count = chunk.start  # the epoch's size counts what came before
                 start = None
-            pacer.observe(items, (clock() - started) * n)  # time per rank message
+            # Time per rank message: sampling one item of each rank's message (n items),
+            # spread over up to RANK_CHUNK_DELAYS times max_delay.
+            pacer.observe(items, (clock() - started) * n / min(n, RANK_CHUNK_DELAYS))
             epoch_count += len(items)
             shares = dealer.deal(epoch, items) if items else []
             if last:

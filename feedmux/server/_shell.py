@@ -36,7 +36,7 @@ from feedmux.errors import ProtocolError
 from feedmux.protocol import CONTROL_LIMITS, Ack, Error, decode, read_tags
 from feedmux.server._core import ControlCore, Phase, Sends, Stat, shm_trainers
 from feedmux.server._fanout import GroupFanout
-from feedmux.server._meter import SamplerMeter, sampler_stats
+from feedmux.server._meter import ControlMeter, SamplerMeter, sampler_stats
 from feedmux.server._metrics import MetricsEndpoint
 from feedmux.server._producer import Frames
 from feedmux.server._ranksend import RankSender
@@ -64,6 +64,8 @@ class Endpoints:
     def __init__(self, config: ServerConfig, stopping: StopFlag) -> None:
         self.config = config
         self.stopping = stopping
+        #: The server thread's CPU on control messages (both sockets' control traffic).
+        self.control_meter = ControlMeter()
         #: Set when the server gave up before sampling (the ranks did not all come).
         self.failed = False
         self.context: zmq.Context[Any] = zmq.Context()
@@ -117,6 +119,7 @@ class Endpoints:
             sent_bytes += self.fanout.bytes_sent
         stats: dict[str, Stat] = dict(sampler_stats(self.meters, blocked))
         stats["bytes_sent"] = sent_bytes
+        stats.update(self.control_meter.stats())
         # Where it listens: a data endpoint given to `feedmux stats` is recognised by it.
         stats["data_address"], stats["control_address"] = self.data_address, self.control_address
         if self.fanout is not None:
@@ -137,7 +140,8 @@ class Endpoints:
         self.reliable: ReliableDispatch | None = None
         if config.reliable:
             self.reliable = ReliableDispatch(self.data, config.server_id,
-                                             lambda: self.serve_control(timeout=0))
+                                             lambda: self.serve_control(timeout=0),
+                                             self.control_meter)
         self.control = make_socket(
             self.context, zmq.ROUTER, hwm=1000, max_message_bytes=CONTROL_INBOUND_FRAME_BYTES,
             security=security,
@@ -247,11 +251,13 @@ class Endpoints:
         if self.control not in events:
             return False
         core = self.core
+        cpu_started, received = time.thread_time(), 0
         while readable(self.control):
             try:
                 parts = self.control.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
+            received += 1
             identity = parts[0].bytes
             try:
                 message = decode(parts[1:], limits=CONTROL_LIMITS)
@@ -263,6 +269,7 @@ class Endpoints:
                     self.reliable.ledger.handed(message)
                 continue
             self.deliver(core.receive(identity, message, time.monotonic()))
+        self.control_meter.add(received, time.thread_time() - cpu_started)
         if self.ranked.retention is not core.retention:
             # The job restarted from a checkpoint: its previous ranks are owed nothing.
             self.ranked = RankSender(self.data, core.retention, self._replayed)
