@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import logging
 import multiprocessing.util  # noqa: F401  (registers its exit handler first)
+import os
 import signal
 import tempfile
 import weakref
