@@ -341,10 +341,12 @@ class ServerLinks:
         """A control message from the server of link ``index``; raises a server's error."""
         link = self.links[index]
         if isinstance(message, Welcome):
-            if not link.welcome(message, reliable=self.reliable):
+            if not link.welcome(message, reliable=self.reliable) and not message.unknown:
                 return []
             # A new server process knows a trainer by its hello (a rank also says where it
-            # stands, so the restarted server resumes the job there: docs/resume.md).
+            # stands, so the restarted server resumes the job there: docs/resume.md); one
+            # that has no hello of this trainer asks for it (the hello went to a process
+            # killed before it read it).
             hello = Send(index, self._hello(index))
             return [Resync(index), hello] if self.reliable or self.rank >= 0 else [hello]
         if isinstance(message, ShmOffer):

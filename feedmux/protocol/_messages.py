@@ -147,6 +147,8 @@ class Welcome:
 
     ``world_size`` is the number of ranks the server deals each epoch to (0:
     free trainers) and ``uneven`` how it evens their shares ("pad" or "drop").
+    ``unknown`` answers a heartbeat from a trainer the server has no hello of (a
+    restarted server, the hello sent to the process before it): say hello.
     """
 
     server_id: str
@@ -158,6 +160,7 @@ class Welcome:
     reliable: bool = False
     world_size: int = 0
     uneven: str = ""
+    unknown: bool = False
 
 
 @dataclass(frozen=True)

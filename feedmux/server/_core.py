@@ -271,8 +271,13 @@ class ControlCore:
                                     or self.tables.of(message.group).ranked):
                 # A ranked trainer is known by its hello alone (its rank), and so is every
                 # trainer before sampling starts (a rank's heartbeat must not start a free
-                # run): the welcome tells it this is a new server, it says hello.
-                return [(identity, self.welcome(message.group))]
+                # run): the welcome tells it this is a new server, it says hello. One this
+                # server waits for is asked for it (the hello it sent may have gone to the
+                # process before this one, killed before it read it).
+                welcome = self.welcome(message.group)
+                if self.phase is Phase.WAITING:
+                    welcome = dataclasses.replace(welcome, unknown=True)
+                return [(identity, welcome)]
             if trainer is None:
                 trainer = self.trainers[identity] = _Trainer(
                     message.sender_id, now, group=message.group or DEFAULT_GROUP)
