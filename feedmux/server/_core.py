@@ -180,6 +180,14 @@ def _heartbeat_answer(core: ControlCore, identity: bytes, trainer: _Trainer) -> 
     return [welcome]
 
 
+def _unknown_welcome(core: ControlCore, group: str) -> Welcome:
+    """The welcome to a heartbeat from a trainer this server has no hello of. One it
+    waits for is asked for its hello: the hello it sent may have gone to the process
+    before this one, killed before it read it (it may never say it again otherwise)."""
+    welcome = core.welcome(group)
+    return dataclasses.replace(welcome, unknown=True) if core.phase is Phase.WAITING else welcome
+
+
 def _group_of(trainers: Mapping[bytes, _Trainer], client_id: str) -> str:
     """The group of the trainer ``client_id`` (its acknowledging socket is not its own)."""
     return next((t.group for t in list(trainers.values()) if t.client_id == client_id),
@@ -271,13 +279,8 @@ class ControlCore:
                                     or self.tables.of(message.group).ranked):
                 # A ranked trainer is known by its hello alone (its rank), and so is every
                 # trainer before sampling starts (a rank's heartbeat must not start a free
-                # run): the welcome tells it this is a new server, it says hello. One this
-                # server waits for is asked for it (the hello it sent may have gone to the
-                # process before this one, killed before it read it).
-                welcome = self.welcome(message.group)
-                if self.phase is Phase.WAITING:
-                    welcome = dataclasses.replace(welcome, unknown=True)
-                return [(identity, welcome)]
+                # run): the welcome tells it this is a new server, it says hello.
+                return [(identity, _unknown_welcome(self, message.group))]
             if trainer is None:
                 trainer = self.trainers[identity] = _Trainer(
                     message.sender_id, now, group=message.group or DEFAULT_GROUP)
