@@ -59,6 +59,9 @@ CHECKPOINT_EVERY = 40  # steps between two checkpoints of a rank
 #: restarted server waits for the trainers alive when it stopped, and those must be the
 #: trainers that say hello (docs/resume.md).
 QUIET = 3.0
+#: Seconds a server may take to start, and a trainer to wait for data (a server restart
+#: included): generous, a loaded machine starts processes slowly.
+START_WAIT, TRAINER_WAIT = 120.0, 240.0
 #: Seconds a process takes to reach its working size (imports, queues, allocator pools).
 WARM_UP = 30.0
 #: Seconds a process must live for its RSS slope to be judged (see ``_report_rss``).
@@ -133,7 +136,7 @@ def _trainer(argv: list[str]) -> int:
     end = time.monotonic() + seconds
     pid = os.getpid()
     with open(out, "a", buffering=1) as log, feedmux.RemoteLoader(
-        data, control=control, timeout=60, reliable=True, with_meta=True, hwm=4,
+        data, control=control, timeout=TRAINER_WAIT, reliable=True, with_meta=True, hwm=4,
     ) as loader:
         for meta, sample in loader:
             ok = int((sample["x"] == int(sample["id"])).all())
@@ -150,7 +153,7 @@ def _rank(argv: list[str]) -> int:
     data, control, rank, out, checkpoints = argv[0], argv[1], int(argv[2]), argv[3], argv[4]
     step = int(argv[5])  # the checkpoint to resume from (0: a fresh start)
     with open(out, "a", buffering=1) as log, feedmux.RemoteLoader(
-        data, control=control, timeout=60, with_meta=True, hwm=4, rank=rank,
+        data, control=control, timeout=TRAINER_WAIT, with_meta=True, hwm=4, rank=rank,
         world_size=WORLD_SIZE,
     ) as loader:
         if step:
@@ -196,7 +199,7 @@ class _Soak:
                                    "min_trainers": min_trainers}
         if control is not None:
             options["control"] = control
-        self.server = feedmux.Server(SOURCE, **options).start()
+        self.server = feedmux.Server(SOURCE, **options).start(timeout=START_WAIT)
 
     def restart_server(self) -> None:
         assert self.server is not None
@@ -223,7 +226,7 @@ class _Soak:
 
     def start_ranked(self) -> None:
         self.ranked = feedmux.Server(SOURCE, bind="tcp://127.0.0.1:0",
-                                     workers=self.workers).start()
+                                     workers=self.workers).start(timeout=START_WAIT)
         for rank in range(WORLD_SIZE):
             self._start_rank(rank, 0)
 
