@@ -7,7 +7,8 @@ reliable trainers are checked per epoch across the whole job, a server restart
 included (the restarted server continues the epochs of the one before, under
 a new server id): every sample of every complete epoch once. The only
 tolerance is the documented one of a SIGKILL: a trainer acknowledges what it
-handed out every few ms, so what it handed out in its last moments may be
+handed out from a thread, at each new message and every ~0.1 s within one, so
+what it handed out in its last moments may be
 handed out again by another, and the one sample it was handed but killed
 before recording is missing from the records (it was handed out). Both are
 counted apart, bounded per kill, and anything else fails. A ranked job is
@@ -24,9 +25,10 @@ from dataclasses import dataclass, field
 
 __all__ = ["FreeVerdict", "RankedVerdict", "check_free", "check_ranked", "parse_lines"]
 
-#: What a SIGKILLed trainer may have handed out unacknowledged (a few ms of samples, a
-#: busy machine stretching them): its last this many records may come again.
-KILL_WINDOW = 512
+#: What a SIGKILLed trainer may have handed out unacknowledged (the rest of its message,
+#: or the last ~0.15 s of its reading, a busy machine stretching them): its last this
+#: many records may come again.
+KILL_WINDOW = 1024
 
 
 def parse_lines(text: str, fields: int) -> list[list[str]]:
