@@ -173,9 +173,12 @@ def _rank(argv: list[str]) -> int:
 
 # -- the run -------------------------------------------------------------------------------
 class _Soak:
-    def __init__(self, scratch: Path, workers: int) -> None:
+    def __init__(self, scratch: Path, workers: int, seed: int) -> None:
         self.scratch = scratch
         self.workers = workers
+        #: Both servers' run seed: a resumed or restarted run must give the same samples at
+        #: the same positions (with several workers their merge order depends on it).
+        self.seed = seed
         self.rss: dict[str, list[tuple[float, int]]] = defaultdict(list)
         self.trainers: dict[str, subprocess.Popen[bytes]] = {}
         self.killed: list[str] = []  # pids of the SIGKILLed free trainers
@@ -196,7 +199,7 @@ class _Soak:
                      min_trainers: int = 0) -> None:
         self.servers += 1
         options: dict[str, Any] = {"bind": data, "reliable": True, "workers": self.workers,
-                                   "min_trainers": min_trainers}
+                                   "min_trainers": min_trainers, "seed": self.seed}
         if control is not None:
             options["control"] = control
         self.server = feedmux.Server(SOURCE, **options).start(timeout=START_WAIT)
@@ -204,7 +207,11 @@ class _Soak:
     def restart_server(self) -> None:
         assert self.server is not None
         data, control = self.server.data_address, self.server.control_address
-        alive = sum(1 for process in self.trainers.values() if process.poll() is None)
+        # The trainers the old server had dealt to (one still starting up may die unheard).
+        dealt = {line.rsplit(" ", 1)[-1] for line in
+                 (self.scratch / "received.txt").read_text().splitlines()}
+        alive = sum(1 for process in self.trainers.values()
+                    if process.poll() is None and str(process.pid) in dealt)
         self.server.stop()
         self.start_server(data, control, min_trainers=alive)
 
@@ -225,8 +232,8 @@ class _Soak:
             self.killed.append(str(victim.pid))
 
     def start_ranked(self) -> None:
-        self.ranked = feedmux.Server(SOURCE, bind="tcp://127.0.0.1:0",
-                                     workers=self.workers).start(timeout=START_WAIT)
+        self.ranked = feedmux.Server(SOURCE, bind="tcp://127.0.0.1:0", workers=self.workers,
+                                     seed=self.seed).start(timeout=START_WAIT)
         for rank in range(WORLD_SIZE):
             self._start_rank(rank, 0)
 
@@ -327,7 +334,7 @@ def run(minutes: float, seed: int, workers: int, max_slope: float) -> int:
           f"{len(schedule.rank_kills)} rank(s) SIGKILLed", flush=True)
     with tempfile.TemporaryDirectory(prefix="feedmux-soak-") as scratch_dir:
         scratch = Path(scratch_dir)
-        soak = _Soak(scratch, workers)
+        soak = _Soak(scratch, workers, seed)
         try:
             _drive(soak, schedule)
         finally:
