@@ -21,7 +21,7 @@ order numbers them).
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -186,10 +186,8 @@ uninterrupted sequence'
     for epoch, twice in _ids_twice(ids).items():
         verdict.mismatches += twice
         verdict.examples.append(f"epoch {epoch}: {twice} ids at two positions")
-    counts = Counter(verdict.steps)
-    if len(counts) > 1 and max(verdict.steps) - min(verdict.steps) > per_rank:
-        verdict.examples.append(f"the ranks' steps differ by more than an epoch: {verdict.steps}")
-        verdict.mismatches += 1
+    # Where each rank stands at the end is not checked: the soak's ranks do not step in
+    # lockstep (no all-reduce), and each rank's sequence already holds its equal share.
     return verdict
 
 
