@@ -52,9 +52,10 @@ PARENT_CHECK = 0.25
 STOP_GRACE = 3.0
 #: Seconds to wait for the exit code of a child that closed its report pipe.
 EXIT_WAIT = 5.0
-# The fresh interpreter's whole program: take the starter's import path, then run.
+# The fresh interpreter's whole program: the starter's import path as it is (so a module
+# imports there exactly when it imports here), then run.
 _CHILD_CODE = (
-    "import sys; sys.path[:0] = sys.argv[3:]; "
+    "import sys; sys.path[:] = sys.argv[3:]; "
     "from feedmux.server._launch import child_main; child_main(int(sys.argv[1]), int(sys.argv[2]))"
 )
 
@@ -262,7 +263,7 @@ def _fresh(payload: bytes, report_write: int) -> subprocess.Popen[bytes]:
     try:
         process = subprocess.Popen(
             [sys.executable, "-c", _CHILD_CODE, str(config_read), str(report_write),
-             *[entry for entry in sys.path if entry]],
+             *sys.path],
             pass_fds=(config_read, report_write), stdin=subprocess.DEVNULL,
         )
     finally:
