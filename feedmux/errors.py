@@ -16,6 +16,7 @@ __all__ = [
     "FeedmuxError",
     "ProtocolError",
     "RemoteError",
+    "ResumeWarning",
     "SamplingError",
     "StreamError",
     "StreamStateError",
@@ -110,3 +111,12 @@ class StreamTypeError(StreamError, TypeError):
 
 class StreamStateError(StreamError, AssertionError):
     """A Stream is used in a way its state forbids (zero 0.0.2 asserted these)."""
+
+
+class ResumeWarning(FeedmuxError, UserWarning):
+    """A restored state cannot resume exactly where it was saved (docs/resume.md).
+
+    A free trainer's saved state taken in the middle of an epoch is one: free
+    trainers resume at epoch granularity. Turn it into an error with
+    ``warnings.simplefilter("error", feedmux.errors.ResumeWarning)``.
+    """

@@ -19,6 +19,7 @@ import logging
 import os
 import time
 import uuid
+import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
@@ -29,36 +30,36 @@ from feedmux._auditlog import AuditLog, NoAudit, open_audit
 from feedmux._handshake import HandshakeWatch
 from feedmux._security import ClientCurve
 from feedmux._transport import (
-    CONTROL_FRAME_BYTES,
     DEFAULT_HWM,
     HEARTBEAT_INTERVAL,
     MAX_CLIENT_ID,
-    make_socket,
     readable,
 )
 from feedmux.client._acks import HandOutAcks, SeenPositions, progress_of
+from feedmux.client._batches import BatchMeta, batch_step, unpacked
 from feedmux.client._data import DataSockets, send_or_drop
 from feedmux.client._diagnosis import InputDiagnosis
 from feedmux.client._endpoints import check_endpoint, endpoints, fetch_stats
 from feedmux.client._link import Action, Attach, Send, ServerLinks, check_membership
 from feedmux.client._moves import AddressBook, Resolve
+from feedmux.client._origin import Origin, not_a_map, register_with_torch
 from feedmux.client._resume import HandedRanges, RankPositions
+from feedmux.client._sockets import close_sockets, open_sockets
 from feedmux.errors import (
     ConfigurationError,
+    ResumeWarning,
     StreamValueError,
     TransportClosedError,
     TransportTimeoutError,
 )
 from feedmux.protocol import (
     CONTROL_LIMITS,
-    Credit,
     Data,
-    SampleBatch,
     StatsRequest,
     decode,
 )
 
-__all__ = ["RemoteLoader", "SampleMeta", "check_endpoint", "fetch_stats"]
+__all__ = ["BatchMeta", "RemoteLoader", "SampleMeta", "check_endpoint", "fetch_stats"]
 
 log = logging.getLogger("feedmux.client")
 
@@ -148,6 +149,18 @@ class RemoteLoader:
         per sample); a server whose pair changed (restarted elsewhere by a
         cluster manager) is followed there and greeted again. A failing
         resolver is logged and the known endpoints kept.
+    batch_size : int, optional
+        Hand out one batch of ``batch_size`` samples per step instead of single
+        samples, stacked by the server: a dict of stacked arrays for dict
+        samples, the same nesting for tuples and lists, numbers (numpy or
+        plain ``bool`` / ``int`` / ``float``) as 1-d arrays, strings, bytes and
+        None as lists. A batch never spans two epochs; ``len()``, ``Stream`` and
+        the saved state count batches (docs/stream.md). Every trainer of a
+        server asks the same ``batch_size`` and ``drop_last``.
+    drop_last : bool
+        With ``batch_size``: drop each epoch's last, partial batch (of the free
+        trainers, or of each rank: every rank's is the same size) instead of
+        handing it out short.
     audit_log : str or path, optional
         Append a record of every sample handed out (server, epoch, position) to
         this file, for ``feedmux audit`` (docs/resume.md): one line per data
@@ -166,7 +179,11 @@ class RemoteLoader:
     ``len()`` raises TypeError until an epoch size is known, like a torch
     DataLoader over an IterableDataset. A loader pickles as its arguments: the
     copy connects in the process that iterates it (a fresh client id unless one
-    was given).
+    was given). A forked copy (``os.fork``, a torch DataLoader worker) does the
+    same: at its first use in the child it starts over from its arguments, with
+    a context and sockets of its own, and never touches its parent's. Under
+    torch's DataLoader use :class:`feedmux.torch.RemoteDataset`, which also gives
+    each worker its share of a rank.
     """
 
     def __init__(
@@ -189,10 +206,14 @@ class RemoteLoader:
         diagnose_window: float | None = 60.0, diagnose_threshold: float = 0.25,
         resolve: Resolve | None = None, shm: bool = True,
         audit_log: str | os.PathLike[str] | None = None, audit_key: str | None = None,
+        batch_size: int | None = None, drop_last: bool = False,
     ) -> None:
-        self._arguments = {name: value for name, value in locals().items() if name != "self"}
+        self._origin = Origin({name: value for name, value in locals().items() if name != "self"})
+        register_with_torch(RemoteLoader)
         addresses, controls, derived = endpoints(address, control)
         _check_settings(timeout=timeout, world_size=world_size, hwm=hwm, client_id=client_id)
+        #: Samples per handed-out batch (None: single samples).
+        self.batch_size = batch_size
         check_membership(world_size=world_size, rank=rank, group=group, reliable=reliable)
         self.rank = rank
         self.group = group
@@ -213,10 +234,10 @@ class RemoteLoader:
             addresses, controls, client_id=self.client_id, world_size=world_size,
             rank=-1 if rank is None else rank, group=group or "", reliable=reliable,
             timeout=timeout, heartbeat_interval=HEARTBEAT_INTERVAL, derived=derived,
+            batch_size=batch_size, drop_last=drop_last,
         )
         self._diagnosis = InputDiagnosis(len(addresses), diagnose_window, diagnose_threshold)
         self._context: zmq.Context[Any] | None = None
-        self._pid = 0
         self._data = DataSockets([], reliable=reliable, client_id="", addresses=(),
                                  tune_malloc=False)
         self._control: list[Any] = []  # one DEALER per server
@@ -241,7 +262,10 @@ class RemoteLoader:
         self._audit = open_audit(audit_log, audit_key, self, self._links)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _rebuild_loader, (self._arguments,)
+        return _rebuild_loader, (self._origin.arguments,)
+
+    def __getitem__(self, index: object) -> Any:  # a DataLoader took it for a map-style dataset
+        raise TypeError(not_a_map(index))
 
     # -- the iterable ---------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -252,6 +276,10 @@ class RemoteLoader:
         while index >= self._count:
             self._receive()
             index = self._index
+        if self.batch_size is not None:  # a step: the message's next batch_size rows, stacked
+            self._index = stop = min(index + self.batch_size, self._count)
+            return batch_step(self._samples, self._tags, index, stop, self._server_id,
+                              self.with_meta)
         self._index = index + 1
         if self.with_meta:
             return self.last_meta, self._samples[index]
@@ -264,17 +292,8 @@ class RemoteLoader:
         sample of a later epoch (which stays for the next call) or at the end of
         the stream. It needs no epoch size, so it works from the first epoch on.
         """
-        epoch = None
-        while True:
-            while self._index >= self._count:
-                try:
-                    self._receive()
-                except StopIteration:
-                    return
-            upcoming = int(self._tags[self._index, 0])
-            if epoch is not None and upcoming != epoch:
-                return
-            epoch = upcoming
+        epoch = _upcoming(self, wait=True)
+        while epoch is not None and _upcoming(self, wait=True) == epoch:
             yield next(self)
 
     def __len__(self) -> int:
@@ -337,17 +356,26 @@ class RemoteLoader:
         Restored into a ranked loader (:meth:`load_state_dict`, before its first
         sample), the position is announced to the servers, which resume the job
         there: each rank gets exactly what an uninterrupted run would have given
-        it from that step on (docs/resume.md). A free trainer's state only
-        records where it was.
+        it from that step on (docs/resume.md). A free trainer's state records
+        where it was, and whether that was between epochs (``"between_epochs"``).
         """
+        between = None if self._positions else _between_epochs(self)
         return _state_of(self.addresses, self.server_ids, self.last_meta,
-                         dict(self._links.received), self._positions, self._audit, self._index)
+                         dict(self._links.received), self._positions, self._audit, self._index,
+                         between)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved (the last sample seen, and a ranked job's
         position, which the next hello announces). Any rank's state will do, from a job
-        of any world size: the position is the job's."""
+        of any world size: the position is the job's.
+
+        A free trainer (no ``rank``) resumes at epoch granularity: it takes the
+        live stream where the server is. Its state saved in the middle of an epoch
+        cannot be resumed there, and restoring one warns
+        (:class:`~feedmux.errors.ResumeWarning`, docs/resume.md).
+        """
         _restore(self, state)
+        self._origin.loaded = state  # a forked copy restores it again when it starts over
 
     # -- sockets --------------------------------------------------------------------------
     def _connect(self, announce: bool = True) -> None:
@@ -359,22 +387,22 @@ class RemoteLoader:
         """
         if self._closed:
             raise TransportClosedError(f"this RemoteLoader of {self.addresses} is closed")
-        if self._context is not None and self._pid == os.getpid():
+        self._origin.follow(self)  # a forked copy starts over here, in the child
+        if self._context is not None:
             if announce and not self._announced:
                 self._announced = True
                 self._act(self._links.hello())
             return
         # A fresh context in every process: a ZeroMQ context must never cross a fork.
         self._context = context = zmq.Context()
-        self._pid = os.getpid()
-        data_sockets, self._control = _open_sockets(
+        data_sockets, self._control = open_sockets(
             context, self._links, client_id=self.client_id, reliable=self.reliable,
             hwm=self.hwm, max_message_bytes=self.max_message_bytes, security=self._security,
         )
         # Half the credit acknowledged at once: the server keeps credit for the other half.
         self._data = DataSockets(data_sockets, reliable=self.reliable, client_id=self.client_id,
                                  addresses=self.addresses, tune_malloc=self._tune_malloc,
-                                 ack_batch=self.hwm // 2, shm=self.shm)
+                                 ack_batch=self.hwm // 2, shm=self.shm, credits=self.hwm)
         controls = [link.control_address for link in self._links.links]
         if self._security is not None:  # a refused key is otherwise a silent timeout
             self._handshakes = HandshakeWatch(self._control, controls)
@@ -382,12 +410,10 @@ class RemoteLoader:
         self._poller = zmq.Poller()
         for socket in sockets:
             self._poller.register(socket, zmq.POLLIN)
-        if self.reliable:
-            for index in range(len(data_sockets)):
-                self._grant_credit(index)
         self._announced = announce
         self._act(self._links.hello() if announce else self._links.probe())
-        self._finalizer = weakref.finalize(self, _close_sockets, self._pid, context, sockets)
+        self._finalizer = weakref.finalize(self, close_sockets, self._origin.pid, context,
+                                           sockets)
         if self.rank is not None or self.reliable:
             # A restarted rank continues after the last sample this one handed out, and a
             # reliable trainer's unfinished message goes to the others cut there: tell the
@@ -408,16 +434,12 @@ class RemoteLoader:
             else:  # the link's server restarted
                 if self.reliable:
                     self._data.forget_ack(action.link)  # its sequence number means nothing now
-                    self._grant_credit(action.link)
+                    self._data.grant_credit(self.hwm, action.link)
                 if (self._current is not None and self._current[0] == action.link
                         and self._current[1] in self._links.links[action.link].stale):
                     # The restarted server resumes where this trainer stands: the rest of
                     # the old process's message will come again.
                     self._count = self._index
-
-    def _grant_credit(self, index: int) -> None:
-        # If the queue towards an absent server is full, the next welcome grants again.
-        send_or_drop(self._data.sockets[index], Credit(credits=self.hwm, client_id=self.client_id))
 
     def _receive(self) -> None:
         """Block until the next data message is current (or raise / end the iteration)."""
@@ -464,20 +486,18 @@ class RemoteLoader:
         actions = self._links.data(server_id, int(tags[0, 0]) if count else 0, now=now)
         if actions:
             self._act(actions)
-        if type(samples) is SampleBatch:
-            # Every sample built at once (C-level splits of the stacked leaves): handing them
-            # out is then a list lookup, not a chain of Python calls per sample and leaf.
-            samples = samples.unstacked()
-        if self._seen is not None and (rows := self._seen.fresh(server_id, tags)) is not None:
-            # Dealt to this trainer twice (a re-send crossed its acknowledgement): once only.
-            log.warning("dropping %d sample(s) of server %s already handed out",
-                        count - len(rows), server_id)
-            samples, tags, count = [samples[row] for row in rows], tags[rows], len(rows)
+        samples = unpacked(samples, self.batch_size is not None)
+        if self._seen is not None:  # dealt to this trainer twice (a re-send crossed its ack)?
+            samples, tags = self._seen.once(server_id, tags, samples, self.batch_size is not None)
+            count = len(tags)
+        if self._index:  # what was handed out last stays known (last_meta) across the switch
+            row = self._tags[self._index - 1]
+            self._last = SampleMeta(int(row[0]), int(row[1]), self._server_id)
         # The index first, then the message: the acks thread reads them the other way round.
         self._index = self._count = 0
         self._samples, self._tags, self._server_id = samples, tags, server_id
-        if self._acks is not None:
-            self._current = (self._data.link, server_id, tags, self._data.seq)
+        if self._acks is not None:  # (a server's first message waits until its marks can go)
+            self._current = self._acks.current(self._data.link, server_id, tags, self._data.seq)
         self._count = count
         self._audit.begin(self._data.link, server_id, tags, samples)
         return True
@@ -512,9 +532,11 @@ class RemoteLoader:
 
 def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | None,
               received: dict[str, int], positions: RankPositions | None,
-              audit: AuditLog | NoAudit, handed: int) -> dict[str, Any]:
+              audit: AuditLog | NoAudit, handed: int,
+              between_epochs: bool | None) -> dict[str, Any]:
     """RemoteLoader.state_dict's plain data (recorded as a checkpoint in ``audit``, with the
-    ``handed`` samples of the current message before it)."""
+    ``handed`` samples of the current message before it; ``between_epochs``: a free
+    trainer's)."""
     state: dict[str, Any] = {
         "addresses": list(addresses),
         "server_ids": server_ids,
@@ -526,7 +548,31 @@ def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | No
     if positions is not None:
         state.update(resume=positions.state(), rank=positions.rank,
                      world_size=positions.world_size)
+    if between_epochs is not None:
+        state["between_epochs"] = between_epochs
     return audit.checkpoint(state, handed)
+
+
+def _between_epochs(loader: RemoteLoader) -> bool:
+    """Whether nothing of the epoch of the last sample handed out is left for this
+    trainer: nothing handed out yet, the next sample known to be of a later epoch (as
+    when ``iter_epoch()`` ended), or the end of the stream."""
+    last, upcoming = loader.last_epoch, _upcoming(loader, wait=False)
+    return last is None or upcoming not in (None, last) or (
+        upcoming is None and loader._links.finished)
+
+
+def _upcoming(loader: RemoteLoader, *, wait: bool) -> int | None:
+    """The epoch of the next sample, received first if ``wait``; None at the end of the
+    stream (or, without ``wait``, when no sample is here yet)."""
+    while loader._index >= loader._count:
+        try:
+            if not wait:
+                return None
+            loader._receive()
+        except StopIteration:
+            return None
+    return int(loader._tags[loader._index, 0])
 
 
 def _progress(loader: RemoteLoader) -> tuple[int, Any, int] | None:
@@ -574,6 +620,17 @@ def _await_welcome(loader: RemoteLoader, seconds: float) -> None:
 def _restore(loader: RemoteLoader, state: dict[str, Any]) -> None:
     """RemoteLoader.load_state_dict's body: the last sample seen, a rank's positions."""
     last = _restored_meta(state)
+    if last is not None and loader._positions is None and not state.get("between_epochs"):
+        warnings.warn(
+            f"restoring a free trainer's state saved in the middle of epoch {last.epoch} "
+            f"(last position {last.position}): free trainers (no rank=) are dealt samples "
+            "as they go, so they resume at epoch granularity. This loader takes the live "
+            "stream where the server is; what was in flight to the saved trainer is not "
+            "dealt again. For an exact resume mid-epoch give every trainer rank= and "
+            "world_size=; otherwise save the state at an epoch boundary (when iter_epoch() "
+            "ends). See docs/resume.md",
+            ResumeWarning, stacklevel=3,
+        )
     if last is not None:
         loader._last = last
         if loader._index == 0:
@@ -621,56 +678,9 @@ def _check_settings(*, timeout: float | None, world_size: int, hwm: int,
                                  f"{len(str(client_id))} characters")
 
 
-def _open_sockets(
-    context: zmq.Context[Any],
-    links: ServerLinks,
-    *,
-    client_id: str,
-    reliable: bool,
-    hwm: int,
-    max_message_bytes: int,
-    security: ClientCurve | None,
-) -> tuple[list[Any], list[Any]]:
-    """Connected sockets: the data DEALERs and the control DEALERs, one of each per server.
-
-    Plain mode names each data DEALER by the client id: that is how the server
-    addresses this trainer (its hello carries the same id).
-    """
-    if reliable:
-        # Credit keeps these queues below their limit, so heartbeats are safe here.
-        targets = [
-            make_socket(context, zmq.DEALER, hwm=hwm + 16, max_message_bytes=max_message_bytes,
-                        security=security)
-            for _ in links.links
-        ]
-    else:
-        targets = []
-        for _ in links.links:
-            socket = make_socket(context, zmq.DEALER, hwm=hwm, max_message_bytes=max_message_bytes,
-                                 heartbeats=False, security=security)
-            socket.setsockopt(zmq.ROUTING_ID, client_id.encode())
-            targets.append(socket)
-    control = [
-        make_socket(context, zmq.DEALER, hwm=100, max_message_bytes=CONTROL_FRAME_BYTES,
-                    security=security)
-        for _ in links.links
-    ]
-    for target, control_socket, link in zip(targets, control, links.links, strict=True):
-        target.connect(link.data_address)
-        control_socket.connect(link.control_address)
-    return targets, control
-
-
 def _ask_for_stats(control: list[Any], client_id: str) -> None:
     """The diagnosis wants the servers' load: ask each (a full queue skips a window)."""
     request = StatsRequest(client_id=client_id)
     for socket in control:
         send_or_drop(socket, request)
 
-
-def _close_sockets(pid: int, context: zmq.Context[Any], sockets: list[Any]) -> None:
-    if pid != os.getpid():
-        return  # a forked child must not touch its parent's sockets
-    for socket in sockets:
-        socket.close(linger=0)
-    context.term()

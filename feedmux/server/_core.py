@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from feedmux._ratelog import RateLimitedLog
@@ -44,7 +44,7 @@ from feedmux.protocol import (
 from feedmux.server._groups import DEFAULT_GROUP
 from feedmux.server._producer import error_message
 from feedmux.server._ranks import RANK_REFUSED, RankTables
-from feedmux.server._report import Stat, core_stats, progress_line
+from feedmux.server._report import Stat, core_stats, progress_line, stats_page
 from feedmux.server._resume import (
     CHECKPOINT,
     Handed,
@@ -112,6 +112,74 @@ class _Trainer:
     shm: bool = False
 
 
+class Questions:
+    """What the server asks all its trainers (drains, epoch sizes): never a trainer that
+    has not answered the last question, and when a free trainer's own stream is over.
+
+    A trainer that is not reading (a torch DataLoader worker whose results wait in
+    the DataLoader's queue, a long training step) must not find its control queue
+    filled with questions: libzmq stops reading a connection whose queue is full,
+    its ZMTP heartbeats then time out, and libzmq 4.3 can abort the trainer
+    (``_input_stopped``, libzmq issue 3937). So a trainer asked and not heard
+    since is asked nothing more until it speaks.
+
+    ``free`` says whether the server deals free trainers in plain mode (not
+    reliable, no consumer groups): then it counts the data messages each one was
+    sent, and once the stream is finished a trainer that received all of its own
+    gets its end of stream at once, without waiting for the others. Under a torch
+    DataLoader (in order) a worker that waits for its end blocks the DataLoader
+    from reading another worker's tail, which blocks the others' drain.
+
+    Examples
+    --------
+    >>> questions = Questions(free=True)
+    >>> questions.sent_to(b"t1")
+    >>> questions.ask([b"t1", b"t2"], "size?")
+    [(b't1', 'size?'), (b't2', 'size?')]
+    >>> questions.ask([b"t1", b"t2"], "drained?")  # neither has answered yet
+    []
+    >>> questions.heard(b"t2"); questions.ask([b"t1", b"t2"], "drained?")
+    [(b't2', 'drained?')]
+    >>> questions.complete("t1", received=0), questions.complete("t2", received=0)
+    (False, True)
+    """
+
+    def __init__(self, *, free: bool) -> None:
+        self.free = free
+        #: Data messages sent to each free trainer, by its data identity (the client id).
+        self.sent: dict[bytes, int] = {}
+        self._unanswered: set[bytes] = set()
+
+    def sent_to(self, client: bytes) -> None:
+        """One data message went to the free trainer ``client`` (the hot path: a count)."""
+        self.sent[client] = self.sent.get(client, 0) + 1
+
+    def ask(self, trainers: Collection[bytes], message: Message) -> Sends:
+        """``message`` to each of ``trainers`` that answered the last question."""
+        self._unanswered &= set(trainers)
+        asked = [identity for identity in trainers if identity not in self._unanswered]
+        self._unanswered.update(asked)
+        return [(identity, message) for identity in asked]
+
+    def heard(self, identity: bytes) -> None:
+        """The trainer ``identity`` spoke: it may be asked again."""
+        self._unanswered.discard(identity)
+
+    def complete(self, client_id: str, received: int) -> bool:
+        """Whether the free trainer ``client_id`` received every message sent to it."""
+        return self.free and received >= self.sent.get(client_id.encode(), 0)
+
+
+def _heartbeat_answer(core: ControlCore, identity: bytes, trainer: _Trainer) -> Sends:
+    """A trainer's heartbeat: the welcome, and its end of stream if its own is over."""
+    core.questions.heard(identity)
+    welcome = (identity, core.welcome(trainer.group))
+    if (core.phase is Phase.DRAINING and trainer.rank < 0
+            and core.questions.complete(trainer.client_id, trainer.received_messages)):
+        return [welcome, (identity, core.end_message())]
+    return [welcome]
+
+
 def _group_of(trainers: Mapping[bytes, _Trainer], client_id: str) -> str:
     """The group of the trainer ``client_id`` (its acknowledging socket is not its own)."""
     return next((t.group for t in list(trainers.values()) if t.client_id == client_id),
@@ -148,9 +216,11 @@ class ControlCore:
         self._last_log = started
         self._samples_at_last_log = 0
         self.rate = 0.0  # samples per second over the last log period
-        self._welcomed = False
+        #: When the waiting trainers were last welcomed (None: not since the wait began).
+        self._welcomed_at: float | None = None
         self.drain_deadline = 0.0
         self._next_drain = 0.0
+        self.questions = Questions(free=not (config.reliable or config.grouped))
         self._last_total = -1
         self._last_change = 0.0
         self._final_started = self._last_heard = 0.0
@@ -209,9 +279,9 @@ class ControlCore:
                 self._count_reconnect(message.sender_id)
             trainer.last_seen = now
             trainer.received_messages = message.received_messages
-            return [(identity, self.welcome(trainer.group))]
+            return _heartbeat_answer(self, identity, trainer)
         if isinstance(message, StatsRequest):
-            return [(identity, Stats(self.stats(now)))]
+            return [(identity, Stats(stats_page(self.stats(now), message.after)))]
         peer_log.log(logging.WARNING, "unexpected", "unexpected %s on the control socket from %r",
                      type(message).__name__, identity[:16])
         return [(identity, Error(
@@ -237,8 +307,9 @@ class ControlCore:
             return sends
         known = identity in self.trainers
         group = message.group or DEFAULT_GROUP
+        # A free reliable trainer that outlived its server: what it had is not dealt again.
         self.trainers[identity] = _Trainer(message.client_id, now, rank=message.rank, group=group,
-                                           handed=message.handed)
+                                           handed=self.handed.heard(message, self.config.reliable))
         if not known:
             rank = f" as rank {message.rank} of {message.world_size}" if message.rank >= 0 else ""
             where = f" in group {group}" if self.config.grouped else ""
@@ -322,7 +393,7 @@ class ControlCore:
             log.info("epoch size is %d samples", count)
         log.info("epoch %d complete: %d samples", epoch, count)
         # Trainers size their epochs from this: tell them now rather than at their next heartbeat.
-        return self.broadcast(self.welcome())
+        return self.questions.ask(self.trainers, self.welcome())
 
     def finish(self, now: float) -> Sends:
         """The last data message has left: start the end-of-stream handshake.
@@ -427,8 +498,7 @@ class ControlCore:
         # Ask at a steady pace: answering each reply with a new question would make a
         # drained trainer and the server ping-pong without end.
         self._next_drain = now + DRAIN_INTERVAL
-        return self.broadcast(Drain(sent_messages=self.messages_sent,
-                                    server_id=self.config.server_id))
+        return self.questions.ask(self.trainers, Drain(self.messages_sent, self.config.server_id))
 
     def _all_answering(self, now: float) -> bool:
         """Whether every trainer was heard lately: each is waiting for data, none reading."""
@@ -482,7 +552,7 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
     # has gone fails (ROUTER_MANDATORY) and forgets it, so one that connected and left
     # does not count.
     config = core.config
-    if core._welcomed and core._ready(now):
+    if core._welcomed_at is not None and core._ready(now):
         start, problem = agreed_start(core.ranks.resumes, core.ranks.world_size or 0)
         if not (core.ranks.ranked or core.config.grouped) and core.config.reliable:
             core.handed = Handed(t.handed for t in core.trainers.values() if t.handed)
@@ -503,7 +573,12 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
             message=(f"rank(s) {missing} of {core.ranks.world_size} never connected "
                      f"within the rank timeout of {config.rank_timeout:g} s"),
             server_id=config.server_id), now)
-    core._welcomed = True
+    if core._welcomed_at is not None and now - core._welcomed_at < POLL_INTERVAL:
+        # Every control message that arrives ticks the core: welcoming every trainer at
+        # each would be trainers x messages sends (256 trainers: tens of thousands a
+        # second, their queues full, and the server forgetting them for it).
+        return NO_SENDS
+    core._welcomed_at = now
     return [(identity, core.welcome(trainer.group)) for identity, trainer in core.trainers.items()]
 
 
@@ -553,7 +628,7 @@ def _restart_job(core: ControlCore, message: Hello) -> list[Send]:
     core.messages_sent = core.departed = core.departed_received = 0
     core.finished, core.restarting = False, True
     core.phase = Phase.WAITING
-    core._welcomed, core._waiting_since, core._waiting_for = False, None, None
+    core._welcomed_at, core._waiting_since, core._waiting_for = None, None, None
     return sends
 
 

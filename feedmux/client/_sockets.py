@@ -1,0 +1,69 @@
+"""How a loader's sockets are made and closed, in the process that uses them.
+
+This module owns the options of a trainer's sockets per delivery mode (plain
+data DEALERs named by the client id, without ZMTP heartbeats; reliable ones
+with credit and heartbeats; control DEALERs with heartbeats) and their closing,
+which a forked child never does to its parent's sockets. It must never read or
+decide anything: the loader and its link state do.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import zmq
+
+from feedmux._security import ClientCurve
+from feedmux._transport import CONTROL_FRAME_BYTES, make_socket
+from feedmux.client._link import ServerLinks
+
+__all__ = ["close_sockets", "open_sockets"]
+
+
+def open_sockets(
+    context: zmq.Context[Any],
+    links: ServerLinks,
+    *,
+    client_id: str,
+    reliable: bool,
+    hwm: int,
+    max_message_bytes: int,
+    security: ClientCurve | None,
+) -> tuple[list[Any], list[Any]]:
+    """Connected sockets: the data DEALERs and the control DEALERs, one of each per server.
+
+    Plain mode names each data DEALER by the client id: that is how the server
+    addresses this trainer (its hello carries the same id).
+    """
+    if reliable:
+        # Credit keeps these queues below their limit, so heartbeats are safe here.
+        targets = [
+            make_socket(context, zmq.DEALER, hwm=hwm + 16, max_message_bytes=max_message_bytes,
+                        security=security)
+            for _ in links.links
+        ]
+    else:
+        targets = []
+        for _ in links.links:
+            socket = make_socket(context, zmq.DEALER, hwm=hwm, max_message_bytes=max_message_bytes,
+                                 heartbeats=False, security=security)
+            socket.setsockopt(zmq.ROUTING_ID, client_id.encode())
+            targets.append(socket)
+    control = [
+        make_socket(context, zmq.DEALER, hwm=100, max_message_bytes=CONTROL_FRAME_BYTES,
+                    security=security)
+        for _ in links.links
+    ]
+    for target, control_socket, link in zip(targets, control, links.links, strict=True):
+        target.connect(link.data_address)
+        control_socket.connect(link.control_address)
+    return targets, control
+
+
+def close_sockets(pid: int, context: zmq.Context[Any], sockets: list[Any]) -> None:
+    if pid != os.getpid():
+        return  # a forked child must not touch its parent's sockets
+    for socket in sockets:
+        socket.close(linger=0)
+    context.term()
