@@ -8,7 +8,7 @@ TORCH  := torch==2.13.0
 # Ray for feedmux.ray (the feedmux[ray] extra), pinned like torch.
 RAY    := ray[train]==2.60.*
 
-.PHONY: demo test test-ray lint bench container-test clean
+.PHONY: demo test test-ray lint bench soak soak-ci container-test clean
 
 $(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,12 +48,21 @@ lint: $(VENV)/.test
 	$(VENV)/bin/ruff check feedmux tests benchmarks examples
 	$(VENV)/bin/mypy
 
-## bench: every benchmark, feedmux and its peers side by side (and consumer groups vs separate servers, the cost of resuming mid-epoch, reliable and CURVE delivery against plain)
+## bench: every benchmark, feedmux and its peers side by side (and consumer groups vs separate servers, the cost of resuming mid-epoch, reliable and CURVE delivery against plain, 2 to 64 ranks and 256 free trainers on one server)
 bench: $(VENV)/.bench
 	$(PY) -m benchmarks
 	$(PY) -m benchmarks.bench_groups
 	$(PY) -m benchmarks.bench_resume
 	$(PY) -m benchmarks.bench_modes
+	$(PY) -m benchmarks.bench_scale
+
+## soak: 10 minutes of churn (trainers SIGKILLed, the server restarted, a ranked job killed and resumed from its checkpoints, 2 workers per server): fails on any lost or repeated sample, or an RSS slope above 1 MiB/min once warm
+soak: $(VENV)/.test
+	$(PY) -m benchmarks.soak --minutes 10 --workers 2
+
+## soak-ci: the same for 1 minute (in .ci/run), one sampling process per server; RSS slopes shown, judged only by the 10-minute soak
+soak-ci: $(VENV)/.test
+	$(PY) -m benchmarks.soak --minutes 1
 
 container-test:
 	scripts/container-test.sh

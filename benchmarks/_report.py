@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from benchmarks.scenarios import (
+    BATCH_SIZE,
     CPU,
     IMAGES,
     LARGE,
@@ -32,6 +33,11 @@ def derive(record: dict[str, Any], sample_bytes: int) -> dict[str, Any]:
     """Add the per-second and per-sample figures to one raw measurement."""
     if "error" in record or not record.get("samples"):
         return record
+    batch_size = record["contender"].get("batch_size") or 0
+    if batch_size and "steps" not in record:
+        # The trainer loop counted steps (one batch each): the figures are per sample.
+        record["steps"] = record["samples"]
+        record["samples"] = record["steps"] * batch_size
     samples, seconds = record["samples"], record["seconds"]
     record["samples_per_second"] = samples / seconds
     # No bytes move when the generator runs in the trainer itself.
@@ -140,12 +146,16 @@ def _row(
             continue
         if int(trainers[1:]) != options.get("trainers", 1):
             continue
+        batch = next((int(flag[1:]) for flag in flags if flag[:1] == "b" and flag[1:].isdigit()), 0)
+        if batch != options.get("batch", 0):
+            continue
         return row
     return None
 
 
-def _cpu_check(check: Check, label: str, row: Any, most: float) -> None:
-    """A target on the trainer's CPU per sample in ``row``: at most ``most`` µs."""
+def _cpu_check(check: Check, label: str, row: Any, most: float | None) -> None:
+    """A target on the trainer's CPU per sample in ``row``: at most ``most`` µs (None: a
+    figure for context)."""
     check(label, row["trainer_cpu_us_per_sample"] if row else None, most, "µs", at_most=True)
 
 
@@ -306,6 +316,7 @@ def _small_targets(check: Check, small: list[dict[str, Any]], feedmux: Any) -> N
         "x",
     )
     _cpu_check(check, "small: trainer CPU ≤ 0.6 µs per sample", feedmux, 0.6)
+    _batch_targets(check, small, feedmux)
     check(
         "small: --reliable ≥ 90% of plain",
         _ratio(_row(small, "feedmux", mode="reliable"), feedmux),
@@ -318,6 +329,36 @@ def _small_targets(check: Check, small: list[dict[str, Any]], feedmux: Any) -> N
         0.5,
         "x",
     )
+
+
+def _batch_targets(check: Check, small: list[dict[str, Any]], feedmux: Any) -> None:
+    """Issue 24's batch targets: batches stacked by the server, against single samples and
+    against torch's DataLoader collating the same batches."""
+    batched = _row(small, "feedmux", batch=BATCH_SIZE)
+    torch = _row(small, "torch", "queue", workers=2, batch=BATCH_SIZE)
+    check(
+        f"small: trainer CPU per sample at batch_size={BATCH_SIZE} ≤ 10% of one sample per step",
+        _cpu_quotient(batched, feedmux), 0.1, "x", at_most=True,
+    )
+    check(
+        f"small: feedmux batch_size={BATCH_SIZE} ≥ 3x torch DataLoader (2 workers, "
+        f"batch_size={BATCH_SIZE}) samples/s",
+        _ratio(batched, torch), 3, "x",
+    )
+    _cpu_check(check, f"context: small, trainer CPU per sample, feedmux batch_size={BATCH_SIZE}",
+               batched, None)
+    check(
+        f"context: small, trainer CPU per sample, torch DataLoader batch_size={BATCH_SIZE} / "
+        f"feedmux batch_size={BATCH_SIZE}",
+        _cpu_quotient(torch, batched), None, "x",
+    )
+
+
+def _cpu_quotient(a: Any, b: Any) -> float | None:
+    """a's trainer CPU per sample divided by b's (medians over the rounds)."""
+    if a is None or b is None or not b["trainer_cpu_us_per_sample"]:
+        return None
+    return float(a["trainer_cpu_us_per_sample"] / b["trainer_cpu_us_per_sample"])
 
 
 def _large_targets(check: Check, large: list[dict[str, Any]]) -> None:

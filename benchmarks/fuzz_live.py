@@ -28,7 +28,7 @@ import numpy as np
 import zmq
 
 import feedmux
-from benchmarks.attacks import rss
+from benchmarks.attacks import HostileSockets, rss
 from feedmux.protocol import (
     Ack,
     Credit,
@@ -127,10 +127,11 @@ def _random_message(rng: random.Random) -> list[bytes]:
 
 
 class _Fuzzer:
-    """A pool of DEALER sockets that send, read and throw away replies, and reconnect."""
+    """A pool of DEALER sockets that send, read and throw away replies, and are replaced
+    by new ones now and then (closed as :class:`HostileSockets` says)."""
 
     def __init__(self, targets: list[str], security: list[Any], seed: int) -> None:
-        self.context: zmq.Context[Any] = zmq.Context()
+        self.hostile = HostileSockets()
         self.rng = random.Random(seed)
         self.targets = targets
         self.security = security
@@ -139,38 +140,32 @@ class _Fuzzer:
         self.sent = 0
 
     def _socket(self) -> zmq.Socket[Any]:
-        socket = self.context.socket(zmq.DEALER)
-        socket.linger = 0
-        socket.sndhwm = socket.rcvhwm = 100
-        curve = self.rng.choice(self.security)
-        if curve is not None:
-            curve.apply(socket)
-        socket.connect(self.rng.choice(self.targets))
-        return socket
+        return self.hostile.open(self.rng.choice(self.targets),
+                                 security=self.rng.choice(self.security))
 
     def burst(self, count: int) -> None:
         rng = self.rng
         while len(self.sockets) < 8:
             self.sockets.append(self._socket())
         for _ in range(count):
-            socket = rng.choice(self.sockets)
+            index = rng.randrange(len(self.sockets))
             frames = (_mutate(rng.choice(self.valid), rng) if rng.random() < 0.7
                       else _random_message(rng))
             try:
-                socket.send_multipart(frames, flags=zmq.NOBLOCK)
+                self.sockets[index].send_multipart(frames, flags=zmq.NOBLOCK)
                 self.sent += 1
-            except zmq.Again:
-                pass
+            except zmq.Again:  # its queue is full, or the server dropped it: a new peer
+                self.hostile.retire(self.sockets[index])
+                self.sockets[index] = self._socket()
         for socket in self.sockets:  # read and drop the answers, data a fake credit bought
             while socket.poll(0):
                 socket.recv_multipart()
         if rng.random() < 0.2:  # a new identity now and then
-            self.sockets.pop(rng.randrange(len(self.sockets))).close(linger=0)
+            self.hostile.retire(self.sockets.pop(rng.randrange(len(self.sockets))))
+        self.hostile.close_idle()
 
     def close(self) -> None:
-        for socket in self.sockets:
-            socket.close(linger=0)
-        self.context.term()
+        self.hostile.close(self.sockets)
 
 
 # -- the legitimate trainer ----------------------------------------------------------------

@@ -265,7 +265,7 @@ def _connect_feedmux(
         endpoints.data, control=endpoints.control, timeout=timeout, world_size=trainers,
         rank=rank, reliable=mode == "reliable",
         curve_server_key=_curve_public_key[0] if mode == "curve" else None,
-        shm=mode != "noshm",
+        shm=mode != "noshm", batch_size=contender.batch_size or None,
     )
     return Consumer(samples=iter(loader), close=loader.close)
 
@@ -375,14 +375,18 @@ def _connect_torch(
             return GENERATORS[kind](info.id if info is not None else 0)
 
     options: dict[str, Any] = {}
-    if sample_nbytes(kind) < ZERO_COPY_BYTES:
+    if contender.batch_size:
+        # A training step's batch as torch users take it: collated (stacked into tensors) by
+        # the worker that drew it, sent over the DataLoader's queue in shared memory.
+        options["batch_size"] = contender.batch_size
+    elif sample_nbytes(kind) < ZERO_COPY_BYTES:
         # The DataLoader's best for small samples: pass the worker's numpy samples
         # through (pickled over its pipe) instead of converting each array to a
         # tensor in shared memory, which costs about 10x more per sample.
         options["collate_fn"] = _unchanged
     loader = DataLoader(
         GeneratorDataset(),
-        batch_size=None,
+        batch_size=options.pop("batch_size", None),
         num_workers=contender.workers,
         timeout=timeout if contender.workers else 0,
         **options,

@@ -32,6 +32,8 @@ IMAGE_BATCH_SHAPE = (64, 3, 224, 224)
 # (the in-process contender of that scenario reports the exact figure).
 CPU_SIGNAL_LENGTH = 49152
 CPU_STREAMERS = 8
+#: The batch size of the small-sample scenario's batched contenders.
+BATCH_SIZE = 256
 
 
 def small_samples(seed: int = 0) -> Iterator[dict[str, Any]]:
@@ -158,6 +160,10 @@ class Contender:
     zero_copy: bool = False  # feedmux: arrays sent as views (the streamer promises no reuse)
     ranked: bool = False  # feedmux: the trainers are the ranks of one job (rank=, world_size=)
     mode: str = ""  # feedmux only: one of MODES ("" is the default server and loader)
+    #: Samples per step the trainer takes as one batch (feedmux: ``RemoteLoader(batch_size=)``,
+    #: stacked by the server; torch: ``DataLoader(batch_size=)``, collated by its workers);
+    #: 0: one sample per step. Rates and CPU are still counted per sample.
+    batch_size: int = 0
 
     @property
     def label(self) -> str:
@@ -177,6 +183,8 @@ class Contender:
             parts.append("seeded")
         if self.zero_copy:
             parts.append("zero-copy")
+        if self.batch_size:
+            parts.append(f"batch_size={self.batch_size}")
         if self.mode:
             parts.append(MODES[self.mode])
         return ", ".join(parts)
@@ -187,6 +195,7 @@ class Contender:
         key += "/ranked" if self.ranked else ""
         key += "" if self.seed is None else "/seeded"
         key += "/zc" if self.zero_copy else ""
+        key += f"/b{self.batch_size}" if self.batch_size else ""
         return f"{key}/{self.mode}" if self.mode else key
 
 
@@ -240,7 +249,10 @@ SCENARIOS: tuple[Scenario, ...] = (
         1,
         "Small samples: {'X': float32[16], 'y': int64}",
         SMALL,
-        (*_ONE_TRAINER_PEERS, *_modes("reliable", "curve")),
+        (*_ONE_TRAINER_PEERS, *_modes("reliable", "curve"),
+         # Batches of a training step: stacked by the server, collated by torch's workers.
+         Contender("feedmux", "tcp", batch_size=BATCH_SIZE),
+         Contender("torch", "queue", workers=2, batch_size=BATCH_SIZE)),
         check_every=256,
     ),
     Scenario(

@@ -31,7 +31,7 @@ from feedmux.errors import (
 if TYPE_CHECKING:
     from feedmux._shm import shared_empty
     from feedmux._worker_info import WorkerInfo, worker_info
-    from feedmux.client.remote import RemoteLoader, SampleMeta, fetch_stats
+    from feedmux.client.remote import BatchMeta, RemoteLoader, SampleMeta, fetch_stats
     from feedmux.client.stream import ManualStream, Stream
     from feedmux.sampling.maps import buffer_stream, keras_tuples, tuples
     from feedmux.sampling.mux import ChainMux, RoundRobinMux, ShuffledMux, StochasticMux
@@ -52,6 +52,7 @@ _LAZY = {
     "tuples": "feedmux.sampling.maps",
     "ManualStream": "feedmux.client.stream",
     "RemoteLoader": "feedmux.client.remote",
+    "BatchMeta": "feedmux.client.remote",
     "SampleMeta": "feedmux.client.remote",
     "Server": "feedmux.server.server",
     "Stream": "feedmux.client.stream",
@@ -79,6 +80,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "BatchMeta",
     "ChainMux",
     "ConfigurationError",
     "DataError",

@@ -29,7 +29,7 @@ import numpy as np
 
 from feedmux._auditlog import AuditLogError, HandOut, Session, read_log
 
-__all__ = ["AuditReport", "EpochReport", "audit", "effective_sequences", "load_sessions"]
+__all__ = ["AuditReport", "EpochReport", "audit", "load_sessions"]
 
 #: Missing or repeated positions listed per epoch (the rest are counted).
 SHOWN = 10
@@ -412,7 +412,3 @@ def _compare(report: AuditReport, reference: AuditReport) -> None:
                                 f"reference run's" + ("" if len(got) == len(expected) else
                                 f" ({len(got)} here, {len(expected)} there)"))
 
-
-def effective_sequences(sessions: Sequence[Session]) -> dict[tuple[str, int], list[Step]]:
-    """(stream, rank) -> what that rank's job trained on, in order (see the module doc)."""
-    return audit(sessions).sequences

@@ -121,7 +121,13 @@ def record_line(text: str) -> bytes:
 
 def _keys(samples: Sequence[Any], key: str, start: int, stop: int) -> list[Any]:
     """The ``key`` field of ``samples[start:stop]`` as ints, floats or strs (numbers of one
-    numpy type at once, at C level)."""
+    numpy type at once, at C level). ``samples`` may be one batch (``batch_size=``): a
+    dict of stacked columns."""
+    batch: Any = samples
+    if type(batch) is dict and key in batch:
+        column = batch[key][start:stop]
+        return [_key_of(value, key) for value in column] if type(column) is list else (
+            list(np.asarray(column).tolist()))
     try:
         values = [samples[row][key] for row in range(start, stop)]
     except (KeyError, IndexError, TypeError):
@@ -195,13 +201,7 @@ class AuditLog:
         with self._lock:
             if self._owner != os.getpid():
                 self._forked()
-            server = self._links.links[link]
-            seen = (server_id, server.epoch_size, server.world_size, server.uneven)
-            if self._servers.get(link) != seen:
-                self._servers[link] = seen
-                size = "-" if server.epoch_size is None else server.epoch_size
-                self._pending.append(record_line(
-                    f"S {link} {server_id} {size} {server.world_size} {server.uneven or '-'}"))
+            self._note_server(link, server_id)
             self._messages += 1
             self._link, self._tags, self._samples, self._recorded = link, tags, samples, 0
 
@@ -243,6 +243,8 @@ class AuditLog:
             if self._closed:
                 return
             self._record(handed)
+            for link, (server_id, *_) in list(self._servers.items()):
+                self._note_server(link, server_id)  # an epoch size learnt since
             self._pending.append(record_line(f"Q {int(ended)}"))
             self._flush()
             self._closed = True
@@ -268,6 +270,16 @@ class AuditLog:
             saved_text = json.dumps(saved, separators=(",", ":"))
             self._pending.append(record_line(f"{prefix} {saved_text}"))
             self._flush()
+
+    def _note_server(self, link: int, server_id: str) -> None:
+        """An S record when what the loader knows of link ``link``'s server changed."""
+        server = self._links.links[link]
+        seen = (server_id, server.epoch_size, server.world_size, server.uneven)
+        if self._servers.get(link) != seen:
+            self._servers[link] = seen
+            size = "-" if server.epoch_size is None else server.epoch_size
+            self._pending.append(record_line(
+                f"S {link} {server_id} {size} {server.world_size} {server.uneven or '-'}"))
 
     def _record(self, handed: int) -> None:
         """Append the H record of the current message's rows ``recorded .. handed``."""

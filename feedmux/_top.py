@@ -3,7 +3,8 @@
 This module owns the view: :func:`describe` turns two statistics answers of a
 server (the previous and the current one, as ``feedmux stats`` prints them)
 into lines — rates, busy and blocked fractions, epoch progress with an ETA,
-workers, trainers with their rates — and :func:`run_top` asks every server
+workers, trainers with their rates (the slowest few and a summary when there
+are many) — and :func:`run_top` asks every server
 once a second and redraws. On a terminal it draws full frames in the
 alternate screen and reads ``q`` without waiting for Enter; otherwise it
 prints plain lines. It must never change a server: it only sends statistics
@@ -118,20 +119,54 @@ def _epoch_line(current: Stats, rate: float | None) -> str:
             f"{done}/{size}, ETA {eta}")
 
 
+#: Trainers listed one per line at most; beyond, the slowest are listed and the rest summed up.
+TRAINER_LINES = 8
+
+
 def _trainer_lines(current: Stats, previous: Stats | None) -> list[str]:
+    """A line per trainer; with more than :data:`TRAINER_LINES`, the slowest ones and
+    one line for all (a server may have hundreds: the view must fit a screen)."""
     per_message = (float(current.get("samples_sent", 0)) / current["messages_sent"]
                    if current.get("messages_sent") else 0.0)
-    lines = []
+    trainers = []
     for key in sorted(current):
         if not (key.startswith("trainer.") and key.endswith(".received_messages")):
             continue
         client_id = key[len("trainer."):-len(".received_messages")]
         rate = _rate(current, previous, key)
+        trainers.append((client_id, None if rate is None else rate * per_message))
+    shown = trainers
+    if len(trainers) > TRAINER_LINES:  # the slowest first: the ones holding a job back
+        shown = sorted(trainers, key=lambda item: -1.0 if item[1] is None else item[1])
+        shown = shown[:TRAINER_LINES]
+    lines = []
+    for client_id, rate in shown:
         rank = current.get(f"trainer.{client_id}.rank", "-")
-        shown = "-" if rate is None else f"{rate * per_message:.0f}"
-        lines.append(f"  trainer {client_id}: rank {rank}, ~{shown} samples/s, "
-                     f"{current[key]} messages received")
+        received = current[f"trainer.{client_id}.received_messages"]
+        lines.append(f"  trainer {client_id}: rank {rank}, "
+                     f"~{'-' if rate is None else f'{rate:.0f}'} samples/s, "
+                     f"{received} messages received")
+    if len(shown) < len(trainers):
+        lines.append("  " + _trainers_summary(trainers, len(trainers) - len(shown)))
     return lines
+
+
+def _trainers_summary(trainers: list[tuple[str, float | None]], hidden: int) -> str:
+    """One line for many trainers: how many, and the spread of their rates.
+
+    Examples
+    --------
+    >>> _trainers_summary([("a", 10.0), ("b", 30.0), ("c", None)], hidden=1)
+    '3 trainers (1 more not listed): ~10 / 20 / 30 samples/s (slowest / median / fastest)'
+    """
+    rates = sorted(rate for _, rate in trainers if rate is not None)
+    spread = "rates after the next refresh"
+    if rates:
+        middle = len(rates) // 2
+        median = rates[middle] if len(rates) % 2 else (rates[middle - 1] + rates[middle]) / 2
+        spread = (f"~{rates[0]:.0f} / {median:.0f} / {rates[-1]:.0f} samples/s "
+                  "(slowest / median / fastest)")
+    return f"{len(trainers)} trainers ({hidden} more not listed): {spread}"
 
 
 Fetch = Callable[[str], dict[str, Any]]

@@ -72,7 +72,8 @@ def _log_level(text: str) -> str:
     return text.upper()
 
 
-def _add_log_level(parser: argparse.ArgumentParser, default: str | None) -> None:
+def _add_log_level(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                   default: str | None) -> None:
     # A sub-command's copy has no default, so it never undoes one given before the command.
     parser.add_argument("--log-level", type=_log_level, metavar="LEVEL",
                         default=argparse.SUPPRESS if default is None else default,
@@ -81,11 +82,14 @@ def _add_log_level(parser: argparse.ArgumentParser, default: str | None) -> None
 
 
 def _command(commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
-             handler: Handler, text: str, description: str = "") -> argparse.ArgumentParser:
-    """A sub-command named ``name`` that runs ``handler(args)``."""
+             handler: Handler, text: str, description: str = "",
+             log_level: bool = True) -> argparse.ArgumentParser:
+    """A sub-command named ``name`` that runs ``handler(args)`` (``--log-level`` added
+    unless it places it in a group of its own: ``log_level=False``)."""
     parser = commands.add_parser(name, help=text, description=description or text)
     parser.set_defaults(handler=handler)
-    _add_log_level(parser, None)
+    if log_level:
+        _add_log_level(parser, None)
     return parser
 
 
@@ -101,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(_command(
         commands, "serve", _serve, "run a sampler server",
         "Serve the samples of a streamer, a mux, or a factory returning one, to trainers "
-        "that read them with feedmux.RemoteLoader."))
+        "that read them with feedmux.RemoteLoader.", log_level=False))
     for name, text in (("stats", "print a server's statistics"),
                        ("ping", "exit 0 if a server answers, 1 otherwise"),
                        ("top", "a live view of one or more servers (q or Ctrl-C quits)")):
@@ -229,6 +233,7 @@ def _add_serve(serve: argparse.ArgumentParser) -> None:
                                "(default: any client that knows the server's public key)")
 
     observe = serve.add_argument_group("observability")
+    _add_log_level(observe, None)
     observe.add_argument("--log-every", type=_positive_float, default=10.0, metavar="S",
                          help="seconds between throughput log lines (default 10)")
     observe.add_argument("--metrics-port", type=int, metavar="PORT",

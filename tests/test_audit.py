@@ -342,6 +342,17 @@ def test_the_batched_writer_writes_at_the_latest_on_close(tmp_path: Path) -> Non
     assert session.handouts[0].keys is None and session.closed and not session.ended
 
 
+def test_an_epoch_size_learnt_after_the_last_message_is_recorded_at_the_close(
+        tmp_path: Path) -> None:
+    links = _Links()
+    links.links[0].epoch_size = None  # measured by the server after its first epoch
+    log = AuditLog(tmp_path / "w.log", None, {}, links, write_through=True)
+    log.begin(0, "s1", _tags(1, [0, 1]), [None] * 2)
+    links.links[0].epoch_size = 2
+    log.close(2, ended=True)
+    assert read_log(tmp_path / "w.log")[0].servers == {0: (2, 0, "")}
+
+
 def test_a_reopened_log_ends_the_torn_record_first(tmp_path: Path) -> None:
     path = tmp_path / "w.log"
     path.write_bytes(record_line("feedmux-audit 1 {}") + b"H 1 0 1 0:")

@@ -79,3 +79,14 @@ def test_the_delivery_modes_benchmark_runs(capsys: pytest.CaptureFixture[str]) -
     for mode in bench_modes.MODES:
         assert f"| {mode} | " in table
     assert "ratio to plain (paired" in table
+
+
+@pytest.mark.timeout(180)
+def test_the_scale_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import bench_scale
+
+    assert bench_scale.main(["--quick"]) == 0
+    table = capsys.readouterr().out
+    for row in ("| 2 ranks | ", "| 4 ranks | ", "| 8 free (reliable) | "):
+        assert row in table
+    assert "| 0/1 |" in table and "failed:" not in table  # every run measured

@@ -74,10 +74,6 @@ SESSION_TIMEOUT = 400
 #: Seconds a documented server may take to log its start line.
 START_TIMEOUT = 30.0
 
-#: ``feedmux serve`` (the console script) does not import from the working directory
-#: yet, as the README expects: until it does, a session puts its folder on PYTHONPATH.
-SERVE_NEEDS_PYTHONPATH = True
-
 #: Where a documented server's ports are drawn from (halved: an even data port, control
 #: the next one), below the ephemeral range other tests' port-0 servers get.
 PORT_RANGE = (10_000, 16_000)
@@ -385,8 +381,6 @@ class Session:
     answered: int = 0
 
     def __post_init__(self) -> None:
-        if SERVE_NEEDS_PYTHONPATH:
-            self.env = {**self.env, "PYTHONPATH": str(self.folder)}
         for name, text in READER_FILES.items():
             self.write(name, textwrap.dedent(text).lstrip())
 

@@ -1,7 +1,9 @@
 """A trainer's acknowledgements of what it handed out, sent off the hot path.
 
-This module owns the background thread that tells each server, every few
-milliseconds, the last ``(epoch, position)`` this trainer handed out: a ranked
+This module owns the background thread that tells each server, within a few
+milliseconds of the loader moving on to a new message (and within a long one at
+least every :data:`MARK_INTERVAL`), the last ``(epoch, position)`` this trainer
+handed out: a ranked
 trainer, so that a restarted rank (same rank, new process) continues right
 after it; a reliable free trainer, with the sequence number of the message it
 is in, so that only the rest of that message goes to the others if it dies,
@@ -14,7 +16,9 @@ has its own ZeroMQ context and one DEALER per control endpoint (a ZeroMQ
 socket must never be shared between threads), reads the loader's progress
 without locking — the loader publishes the current message before resetting
 nothing and the index after, so a torn read can only under-report, never claim
-a sample not yet handed out — and sends only when the mark moved. It must
+a sample not yet handed out — and sends only when the mark moved (about one
+acknowledgement per message: 64 ranks each sending one every 5 ms were 12,800
+control messages a second into one server; see :class:`AckPace`). It must
 never touch the loader's sockets, block the trainer, or send per sample.
 
 It also owns :class:`SeenPositions`, a reliable loader's memory of what it
@@ -24,6 +28,7 @@ took, so that a sample dealt to it twice is handed out once.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import queue
 import threading
@@ -35,27 +40,86 @@ from typing import Any
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from feedmux._transport import CONTROL_FRAME_BYTES, HEARTBEAT_INTERVAL, make_socket, send_message
 from feedmux.client._data import take_all
 from feedmux.client._moves import reconnect
 from feedmux.client._resume import position_runs
-from feedmux.protocol import Ack
+from feedmux.protocol import Ack, take_rows
 
-__all__ = ["ACK_INTERVAL", "HandOutAcks", "Progress", "SeenPositions", "progress_of"]
+log = logging.getLogger("feedmux.client")
 
-#: Seconds between two looks at what was handed out (an acknowledgement only if it moved).
+__all__ = ["ACK_INTERVAL", "AckPace", "CONNECT_WAIT", "HandOutAcks", "Progress",
+           "SeenPositions", "progress_of"]
+
+#: Seconds between two looks at what was handed out, after a look that sent something.
 ACK_INTERVAL = 0.005
+#: Most seconds the thread waits for its connections at its start (a server that is away).
+CONNECT_WAIT = 10.0
+#: Looks that send nothing double the wait up to this (an idle loader costs 20 wake-ups a
+#: second, not 200: sixteen loaders in one process polling every 5 ms starved it).
+MAX_ACK_INTERVAL = 0.05
+#: A mark that moved within the message it was in goes out at least this often; one in a
+#: new message goes out at the next look (the server then knows the previous one handed
+#: out whole). So a loader sends about one mark per message, not one per look.
+MARK_INTERVAL = 0.1
 
 #: ``() -> (link number, server id, tags, sequence number, handed-out count)`` of the
 #: current message (sequence number 0 outside reliable mode), or None.
 Progress = Callable[[], "tuple[int, str, Any, int, int] | None"]
 
 
+class AckPace:
+    """When the acknowledging thread looks next, and whether a mark that moved is due.
+
+    Pure: the thread tells it what each look did and asks. The wait is
+    :data:`ACK_INTERVAL` after a look that sent something, doubled after each
+    look that did not, up to :data:`MAX_ACK_INTERVAL`. A mark in a new message
+    is due at once; one that moved within the last message acknowledged, once
+    :data:`MARK_INTERVAL` passed since the last mark. What a SIGKILLed loader
+    handed out and never acknowledged (a rank's successor gets it again; a
+    reliable trainer's is dealt to the others) is thus at most the rest of one
+    message or ``MARK_INTERVAL + MAX_ACK_INTERVAL`` of its reading.
+
+    Examples
+    --------
+    >>> pace = AckPace()
+    >>> pace.looked(sent=False); pace.looked(sent=False); pace.wait
+    0.02
+    >>> pace.looked(sent=True); pace.wait
+    0.005
+    >>> message = object()
+    >>> pace.mark_due(message, now=1.0, last_sent=0.99)  # a new message: at once
+    True
+    >>> pace.marked(message)
+    >>> pace.mark_due(message, now=1.05, last_sent=1.0), pace.mark_due(message, 1.1, 1.0)
+    (False, True)
+    """
+
+    __slots__ = ("_message", "wait")
+
+    def __init__(self) -> None:
+        self.wait = ACK_INTERVAL
+        self._message: object = None
+
+    def looked(self, sent: bool) -> None:
+        self.wait = ACK_INTERVAL if sent else min(MAX_ACK_INTERVAL, 2 * self.wait)
+
+    def mark_due(self, message: object, now: float, last_sent: float) -> bool:
+        return message is not self._message or now - last_sent >= MARK_INTERVAL
+
+    def marked(self, message: object) -> None:
+        """A mark in ``message`` (the loader's current tags: a new message, a new array)
+        went out."""
+        self._message = message
+
+
 class HandOutAcks:
     """The acknowledging thread of one ranked loader (one per process: started after a fork).
 
-    ``progress`` is read every :data:`ACK_INTERVAL` seconds; the thread ends
+    ``progress`` is read every :data:`ACK_INTERVAL` to :data:`MAX_ACK_INTERVAL`
+    seconds, as :class:`AckPace` says; the thread ends
     when :meth:`stop` is called or ``progress`` reports the loader gone.
     ``finished`` (a reliable loader's, per link): the (server id, sequence
     number) of messages handed out whole and not acknowledged yet; the thread
@@ -78,9 +142,32 @@ class HandOutAcks:
         #: The last mark sent: (server id, epoch, position).
         self.sent: tuple[str, int, int] | None = None
         self._last_sent = -HEARTBEAT_INTERVAL
+        #: Per link: set once this thread's connection to that server is up (or it gave
+        #: up waiting), see :meth:`wait_connected`.
+        self.connected = [threading.Event() for _ in self._addresses]
+        self._awaited: set[int] = set()  # links whose first message waited (the loader's)
+        self._pace = AckPace()
+        #: Acknowledgements sent (the pace follows whether a look sent any).
+        self.sends = 0
         self._thread = threading.Thread(target=self._run, name=f"feedmux-acks-{client_id}",
                                         daemon=True)
         self._thread.start()
+
+    def current(self, link: int, server_id: str, tags: Any,
+                seq: int) -> tuple[int, str, Any, int]:
+        """The loader's next current message (what :func:`progress_of` reads), once
+        acknowledgements can reach server ``link``.
+
+        The first time for each link it waits (at most :data:`CONNECT_WAIT` s) for
+        this thread's connection: a mark queued on a connection still being set up
+        dies with a trainer killed meanwhile, and the server then thinks nothing
+        was handed out (a restarted rank got its predecessor's samples again from
+        the start of the epoch).
+        """
+        if link not in self._awaited:
+            self._awaited.add(link)
+            self.connected[link].wait(CONNECT_WAIT)
+        return link, server_id, tags, seq
 
     def _run(self) -> None:
         context: zmq.Context[Any] = zmq.Context()
@@ -88,17 +175,47 @@ class HandOutAcks:
         sockets = [make_socket(context, zmq.DEALER, hwm=100, max_message_bytes=CONTROL_FRAME_BYTES,
                                security=self._security) for _ in self._addresses]
         try:
+            monitors = [socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+                        for socket in sockets]
             for socket, address in zip(sockets, self._addresses, strict=True):
                 socket.connect(address)
-            while not self._stop.wait(ACK_INTERVAL):
+            self._await_handshakes(sockets, monitors)
+            while not self._stop.wait(self._pace.wait):
                 self._follow_moves(sockets)
+                sends = self.sends
                 if not self._send(sockets):
                     break
-            self._send(sockets)  # the last word: what was handed out up to the close
+                self._pace.looked(self.sends > sends)
+            self._send(sockets, final=True)  # the last word: what was handed out up to the close
         finally:
             for socket in sockets:
                 socket.close(linger=200)
             context.term()
+
+    def _await_handshakes(self, sockets: list[Any], monitors: list[Any]) -> None:
+        """Set :attr:`connected` for each link as its handshake succeeds, for at most
+        :data:`CONNECT_WAIT` seconds (then for all: a server away is no reason to wait
+        on); the monitors are closed afterwards."""
+        deadline = time.monotonic() + CONNECT_WAIT
+        waiting = dict(enumerate(monitors))
+        while waiting and not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            poller = zmq.Poller()
+            for monitor in waiting.values():
+                poller.register(monitor, zmq.POLLIN)
+            ready = dict(poller.poll(max(1, int(min(left, ACK_INTERVAL * 10) * 1000))))
+            for link, monitor in list(waiting.items()):
+                if monitor in ready and recv_monitor_message(monitor)["event"] == (
+                        zmq.EVENT_HANDSHAKE_SUCCEEDED):
+                    self.connected[link].set()
+                    del waiting[link]
+        for socket, monitor in zip(sockets, monitors, strict=True):
+            socket.disable_monitor()
+            monitor.close(linger=0)
+        for event in self.connected:
+            event.set()
 
     def move(self, link: int, address: str) -> None:
         """The server of link ``link`` now listens on control endpoint ``address``."""
@@ -111,7 +228,7 @@ class HandOutAcks:
                 reconnect(sockets[link], self._addresses[link], address)
                 self._addresses[link] = address
 
-    def _send(self, sockets: list[Any]) -> bool:
+    def _send(self, sockets: list[Any], final: bool = False) -> bool:
         try:
             current = self._progress()
         except ReferenceError:
@@ -131,10 +248,14 @@ class HandOutAcks:
         # life of this rank's holder, however long the trainer's own steps take.
         if mark == self.sent and (self.rank < 0 or now - self._last_sent < HEARTBEAT_INTERVAL):
             return True
+        if mark != self.sent and not final and not self._pace.mark_due(tags, now,
+                                                                        self._last_sent):
+            return True  # moved within the message last acknowledged: soon, with more
         if self._offer(sockets[link], Ack(seqs=(seq,) if seq else (), client_id=self.client_id,
                                           server_id=server_id, rank=self.rank, epoch=mark[1],
                                           position=mark[2])):
             self.sent, self._last_sent = mark, now
+            self._pace.marked(tags)
         return True
 
     def _acknowledge_finished(self, sockets: list[Any]) -> None:
@@ -148,12 +269,12 @@ class HandOutAcks:
                 self._offer(socket, Ack(seqs=seqs, client_id=self.client_id,
                                         server_id=server_id, rank=self.rank))
 
-    @staticmethod
-    def _offer(socket: Any, ack: Ack) -> bool:
+    def _offer(self, socket: Any, ack: Ack) -> bool:
         try:
             send_message(socket, ack, flags=zmq.NOBLOCK)
         except zmq.Again:
             return False  # the server is away: the next look sends the newer mark
+        self.sends += 1
         return True
 
     def stop(self, timeout: float = 2.0) -> None:
@@ -221,6 +342,20 @@ class SeenPositions:
         for _, start, end in runs:
             seen.add(start, end)
         return np.flatnonzero(~old).tolist() if old.any() else None
+
+    def once(self, server_id: str, tags: Any, samples: Any,
+             batched: bool) -> tuple[Any, Any]:
+        """A message's ``samples`` and ``tags`` without the rows handed out before (a
+        re-send that crossed its acknowledgement), logged; ``samples`` is a list, or
+        (``batched``) one batch tree."""
+        rows = self.fresh(server_id, tags)
+        if rows is None:
+            return samples, tags
+        log.warning("dropping %d sample(s) of server %s already handed out",
+                    len(tags) - len(rows), server_id)
+        if batched:
+            return take_rows(samples, rows), tags[rows]
+        return [samples[row] for row in rows], tags[rows]
 
 
 class _Ranges:

@@ -26,6 +26,7 @@ from feedmux.client._link import ServerLinks
 from feedmux.errors import ProtocolError, VersionMismatchError
 from feedmux.protocol import (
     Ack,
+    Credit,
     Data,
     EndOfStream,
     Message,
@@ -74,7 +75,7 @@ class DataSockets:
 
     def __init__(self, sockets: Sequence[Any], *, reliable: bool, client_id: str,
                  addresses: Sequence[str], tune_malloc: bool, ack_batch: int = 1,
-                 shm: bool = False) -> None:
+                 shm: bool = False, credits: int = 0) -> None:
         self.sockets = list(sockets)
         self.reliable = reliable
         self.client_id = client_id
@@ -93,6 +94,8 @@ class DataSockets:
         self.link = self.seq = 0
         #: The pools of servers on this host, once mapped (None: shm=False).
         self.views = ShmViews() if shm else None
+        if reliable and credits:  # reliable mode: the servers send as much as this grants
+            self.grant_credit(credits)
 
     def attach(self, link: int, control: Any, path: str) -> None:
         """Server ``link`` offers its pool at ``path``: map it and prove it by its token.
@@ -109,6 +112,14 @@ class DataSockets:
                      error)
             return
         send_or_drop(control, ShmAttach(token=token, client_id=self.client_id))
+
+    def grant_credit(self, credits: int, link: int | None = None) -> None:
+        """Grant ``credits`` messages of credit to the server of ``link`` (None: every one).
+
+        If the queue towards an absent server is full, the next welcome grants again.
+        """
+        for index in range(len(self.sockets)) if link is None else (link,):
+            send_or_drop(self.sockets[index], Credit(credits=credits, client_id=self.client_id))
 
     def forget_ack(self, link: int) -> None:
         """Link ``link`` talks to a new server: the sequence numbers waiting mean nothing."""

@@ -32,7 +32,15 @@ from feedmux.errors import (
     RemoteError,
     TransportTimeoutError,
 )
-from feedmux.protocol import CONTROL_LIMITS, Error, Stats, StatsRequest, decode
+from feedmux.protocol import (
+    CONTROL_LIMITS,
+    STATS_NEXT_PAGE,
+    Error,
+    Stats,
+    StatsRequest,
+    decode,
+    stats_order,
+)
 
 __all__ = ["check_endpoint", "endpoints", "fetch_stats"]
 
@@ -102,8 +110,10 @@ def fetch_stats(
 ) -> dict[str, Any]:
     """Ask the server at ``control_address`` for its statistics.
 
-    Raises :class:`~feedmux.errors.ConfigurationError` for an address that is
-    not an endpoint (a missing ``tcp://`` says so) and
+    A server with many trainers answers in pages (each fits in one control
+    frame); this asks for every page and returns them as one map (``timeout``
+    bounds them all together). Raises :class:`~feedmux.errors.ConfigurationError`
+    for an address that is not an endpoint (a missing ``tcp://`` says so) and
     :class:`~feedmux.errors.TransportTimeoutError` when nothing answers within
     ``timeout`` seconds; when ``control_address`` is in fact a server's data
     endpoint (its control endpoint, the port above, answers and says so), the
@@ -152,24 +162,42 @@ def _ask_stats(control_address: str, timeout: float,
     # for the next one, forever; the timeout bounds the send too.
     socket.sndtimeo = max(1, int(timeout * 1000))
     deadline = time.monotonic() + timeout
+    values: dict[str, Any] = {}
+    after: str | None = ""
     try:
         with mapped_zmq_errors("connect to", control_address):
             socket.connect(control_address)
-        try:
-            send_message(socket, StatsRequest(client_id=f"stats-{os.getpid()}"))
-        except zmq.Again:
-            raise TransportTimeoutError(
-                f"no connection to {control_address} within {timeout:g} s") from None
-        while (remaining := deadline - time.monotonic()) > 0:
-            if not socket.poll(int(remaining * 1000) + 1):
-                break
-            message = decode(socket.recv_multipart(copy=False), limits=CONTROL_LIMITS)
-            if isinstance(message, Stats):
-                return dict(message.values)
-            if isinstance(message, Error):
-                raise RemoteError(message.type, message.message, message.traceback,
-                                  message.server_id or control_address)
-        raise TransportTimeoutError(f"no answer from {control_address} within {timeout:g} s")
+        while after is not None:
+            try:
+                send_message(socket, StatsRequest(client_id=f"stats-{os.getpid()}", after=after))
+            except zmq.Again:
+                raise TransportTimeoutError(
+                    f"no connection to {control_address} within {timeout:g} s") from None
+            page = _stats_page(socket, control_address, deadline)
+            if page is None:
+                raise TransportTimeoutError(
+                    f"no answer from {control_address} within {timeout:g} s")
+            # The key naming the next page; a server without pages has none: one answer.
+            following = page.pop(STATS_NEXT_PAGE, None)
+            values.update(page)
+            # Each page must start further on: anything else ends the paging here.
+            after = (following if isinstance(following, str)
+                     and stats_order(following) > stats_order(after) else None)
+        return values
     finally:
         socket.close(linger=0)
         context.term()
+
+
+def _stats_page(socket: Any, control_address: str, deadline: float) -> dict[str, Any] | None:
+    """The next statistics page on ``socket`` (None: none before ``deadline``)."""
+    while (remaining := deadline - time.monotonic()) > 0:
+        if not socket.poll(int(remaining * 1000) + 1):
+            break
+        message = decode(socket.recv_multipart(copy=False), limits=CONTROL_LIMITS)
+        if isinstance(message, Stats):
+            return dict(message.values)
+        if isinstance(message, Error):
+            raise RemoteError(message.type, message.message, message.traceback,
+                              message.server_id or control_address)
+    return None

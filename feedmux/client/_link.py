@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from feedmux.client._batches import check_batches
 from feedmux.errors import (
     ConfigurationError,
     RemoteError,
@@ -46,6 +47,7 @@ __all__ = [
     "Send",
     "ServerLink",
     "ServerLinks",
+    "batch_steps",
     "check_membership",
 ]
 
@@ -61,6 +63,20 @@ def rank_steps(epoch_size: int, world_size: int, uneven: str) -> int:
     if uneven == "drop":
         return epoch_size // world_size
     return -(-epoch_size // world_size)
+
+
+def batch_steps(samples: int, batch_size: int, drop_last: bool) -> int:
+    """Batches of ``batch_size`` that ``samples`` samples of one epoch make (the server's
+    rule: the last, partial batch is dropped with ``drop_last``, else sent short).
+
+    Examples
+    --------
+    >>> batch_steps(10, 4, False), batch_steps(10, 4, True), batch_steps(8, 4, False)
+    (3, 2, 2)
+    """
+    if drop_last:
+        return samples // batch_size
+    return -(-samples // batch_size)
 
 
 def check_membership(*, world_size: int, rank: int | None, group: str | None,
@@ -263,8 +279,11 @@ class ServerLinks:
         heartbeat_interval: float,
         rank: int = -1,
         group: str = "",
+        batch_size: int | None = None,
+        drop_last: bool = False,
         derived: Sequence[bool] = (),
     ) -> None:
+        check_batches(batch_size, drop_last)
         self.links = [ServerLink(data, control)
                       for data, control in zip(data_addresses, control_addresses, strict=True)]
         for link, was_derived in zip(self.links, derived, strict=False):
@@ -273,6 +292,9 @@ class ServerLinks:
         self.world_size = world_size
         self.rank = rank
         self.group = group
+        #: The batches asked of every server (0: samples, no batches).
+        self.batch_size = batch_size or 0
+        self.drop_last = drop_last
         self.reliable = reliable
         self.timeout = timeout
         self.heartbeat_interval = heartbeat_interval
@@ -312,7 +334,8 @@ class ServerLinks:
     def _hello(self, index: int) -> Hello:
         return Hello(client_id=self.client_id, world_size=self.world_size, rank=self.rank,
                      group=self.group, resume=self.position(index) if self.rank >= 0 else (),
-                     handed=self.handed(index) if self.links[index].stale else ())
+                     handed=self.handed(index) if self.links[index].stale else (),
+                     batch_size=self.batch_size, drop_last=self.drop_last)
 
     def control(self, index: int, message: Message) -> list[Action]:
         """A control message from the server of link ``index``; raises a server's error."""
@@ -517,9 +540,15 @@ class ServerLinks:
         if self.rank >= 0:
             ranked = [link for link in self.links if link.world_size]
             if ranked:  # steps per epoch: every rank takes the same number
-                return sum(rank_steps(link.epoch_size or 0, link.world_size, link.uneven)
-                           for link in ranked)
+                return sum(self._steps(rank_steps(link.epoch_size or 0, link.world_size,
+                                                  link.uneven)) for link in ranked)
+        if self.batch_size:  # each server cuts its epoch into batches: the trainers share them
+            total = sum(self._steps(link.epoch_size or 0) for link in self.links)
         return max(1, total // self.world_size)
+
+    def _steps(self, samples: int) -> int:
+        """What ``samples`` samples of one server's epoch make: batches, or samples."""
+        return batch_steps(samples, self.batch_size, self.drop_last) if self.batch_size else samples
 
     def describe(self) -> str:
         """Each control endpoint (said so where derived) with its server, for error messages.

@@ -36,6 +36,7 @@ from feedmux._transport import (
     readable,
 )
 from feedmux.client._acks import HandOutAcks, SeenPositions, progress_of
+from feedmux.client._batches import BatchMeta, batch_step, unpacked
 from feedmux.client._data import DataSockets, send_or_drop
 from feedmux.client._diagnosis import InputDiagnosis
 from feedmux.client._endpoints import check_endpoint, endpoints, fetch_stats
@@ -53,14 +54,12 @@ from feedmux.errors import (
 )
 from feedmux.protocol import (
     CONTROL_LIMITS,
-    Credit,
     Data,
-    SampleBatch,
     StatsRequest,
     decode,
 )
 
-__all__ = ["RemoteLoader", "SampleMeta", "check_endpoint", "fetch_stats"]
+__all__ = ["BatchMeta", "RemoteLoader", "SampleMeta", "check_endpoint", "fetch_stats"]
 
 log = logging.getLogger("feedmux.client")
 
@@ -150,6 +149,18 @@ class RemoteLoader:
         per sample); a server whose pair changed (restarted elsewhere by a
         cluster manager) is followed there and greeted again. A failing
         resolver is logged and the known endpoints kept.
+    batch_size : int, optional
+        Hand out one batch of ``batch_size`` samples per step instead of single
+        samples, stacked by the server: a dict of stacked arrays for dict
+        samples, the same nesting for tuples and lists, numbers (numpy or
+        plain ``bool`` / ``int`` / ``float``) as 1-d arrays, strings, bytes and
+        None as lists. A batch never spans two epochs; ``len()``, ``Stream`` and
+        the saved state count batches (docs/stream.md). Every trainer of a
+        server asks the same ``batch_size`` and ``drop_last``.
+    drop_last : bool
+        With ``batch_size``: drop each epoch's last, partial batch (of the free
+        trainers, or of each rank: every rank's is the same size) instead of
+        handing it out short.
     audit_log : str or path, optional
         Append a record of every sample handed out (server, epoch, position) to
         this file, for ``feedmux audit`` (docs/resume.md): one line per data
@@ -195,11 +206,14 @@ class RemoteLoader:
         diagnose_window: float | None = 60.0, diagnose_threshold: float = 0.25,
         resolve: Resolve | None = None, shm: bool = True,
         audit_log: str | os.PathLike[str] | None = None, audit_key: str | None = None,
+        batch_size: int | None = None, drop_last: bool = False,
     ) -> None:
         self._origin = Origin({name: value for name, value in locals().items() if name != "self"})
         register_with_torch(RemoteLoader)
         addresses, controls, derived = endpoints(address, control)
         _check_settings(timeout=timeout, world_size=world_size, hwm=hwm, client_id=client_id)
+        #: Samples per handed-out batch (None: single samples).
+        self.batch_size = batch_size
         check_membership(world_size=world_size, rank=rank, group=group, reliable=reliable)
         self.rank = rank
         self.group = group
@@ -220,6 +234,7 @@ class RemoteLoader:
             addresses, controls, client_id=self.client_id, world_size=world_size,
             rank=-1 if rank is None else rank, group=group or "", reliable=reliable,
             timeout=timeout, heartbeat_interval=HEARTBEAT_INTERVAL, derived=derived,
+            batch_size=batch_size, drop_last=drop_last,
         )
         self._diagnosis = InputDiagnosis(len(addresses), diagnose_window, diagnose_threshold)
         self._context: zmq.Context[Any] | None = None
@@ -261,6 +276,10 @@ class RemoteLoader:
         while index >= self._count:
             self._receive()
             index = self._index
+        if self.batch_size is not None:  # a step: the message's next batch_size rows, stacked
+            self._index = stop = min(index + self.batch_size, self._count)
+            return batch_step(self._samples, self._tags, index, stop, self._server_id,
+                              self.with_meta)
         self._index = index + 1
         if self.with_meta:
             return self.last_meta, self._samples[index]
@@ -383,7 +402,7 @@ class RemoteLoader:
         # Half the credit acknowledged at once: the server keeps credit for the other half.
         self._data = DataSockets(data_sockets, reliable=self.reliable, client_id=self.client_id,
                                  addresses=self.addresses, tune_malloc=self._tune_malloc,
-                                 ack_batch=self.hwm // 2, shm=self.shm)
+                                 ack_batch=self.hwm // 2, shm=self.shm, credits=self.hwm)
         controls = [link.control_address for link in self._links.links]
         if self._security is not None:  # a refused key is otherwise a silent timeout
             self._handshakes = HandshakeWatch(self._control, controls)
@@ -391,9 +410,6 @@ class RemoteLoader:
         self._poller = zmq.Poller()
         for socket in sockets:
             self._poller.register(socket, zmq.POLLIN)
-        if self.reliable:
-            for index in range(len(data_sockets)):
-                self._grant_credit(index)
         self._announced = announce
         self._act(self._links.hello() if announce else self._links.probe())
         self._finalizer = weakref.finalize(self, close_sockets, self._origin.pid, context,
@@ -418,16 +434,12 @@ class RemoteLoader:
             else:  # the link's server restarted
                 if self.reliable:
                     self._data.forget_ack(action.link)  # its sequence number means nothing now
-                    self._grant_credit(action.link)
+                    self._data.grant_credit(self.hwm, action.link)
                 if (self._current is not None and self._current[0] == action.link
                         and self._current[1] in self._links.links[action.link].stale):
                     # The restarted server resumes where this trainer stands: the rest of
                     # the old process's message will come again.
                     self._count = self._index
-
-    def _grant_credit(self, index: int) -> None:
-        # If the queue towards an absent server is full, the next welcome grants again.
-        send_or_drop(self._data.sockets[index], Credit(credits=self.hwm, client_id=self.client_id))
 
     def _receive(self) -> None:
         """Block until the next data message is current (or raise / end the iteration)."""
@@ -474,23 +486,18 @@ class RemoteLoader:
         actions = self._links.data(server_id, int(tags[0, 0]) if count else 0, now=now)
         if actions:
             self._act(actions)
-        if type(samples) is SampleBatch:
-            # Every sample built at once (C-level splits of the stacked leaves): handing them
-            # out is then a list lookup, not a chain of Python calls per sample and leaf.
-            samples = samples.unstacked()
-        if self._seen is not None and (rows := self._seen.fresh(server_id, tags)) is not None:
-            # Dealt to this trainer twice (a re-send crossed its acknowledgement): once only.
-            log.warning("dropping %d sample(s) of server %s already handed out",
-                        count - len(rows), server_id)
-            samples, tags, count = [samples[row] for row in rows], tags[rows], len(rows)
+        samples = unpacked(samples, self.batch_size is not None)
+        if self._seen is not None:  # dealt to this trainer twice (a re-send crossed its ack)?
+            samples, tags = self._seen.once(server_id, tags, samples, self.batch_size is not None)
+            count = len(tags)
         if self._index:  # what was handed out last stays known (last_meta) across the switch
             row = self._tags[self._index - 1]
             self._last = SampleMeta(int(row[0]), int(row[1]), self._server_id)
         # The index first, then the message: the acks thread reads them the other way round.
         self._index = self._count = 0
         self._samples, self._tags, self._server_id = samples, tags, server_id
-        if self._acks is not None:
-            self._current = (self._data.link, server_id, tags, self._data.seq)
+        if self._acks is not None:  # (a server's first message waits until its marks can go)
+            self._current = self._acks.current(self._data.link, server_id, tags, self._data.seq)
         self._count = count
         self._audit.begin(self._data.link, server_id, tags, samples)
         return True

@@ -12,7 +12,8 @@ data socket a message is preceded by an envelope frame (:func:`pack_envelope`,
 The modules, one job each: ``_messages`` (the message classes and kinds),
 ``_ext`` (msgpack ext codes), ``_fields`` (control-message field checks),
 ``_frames`` (the frame layout and version check), ``_tags`` (the tag frame),
-``_encode``, ``_decode``, ``_batch`` (stacked samples), ``_dtypes`` (dtype
+``_encode``, ``_decode``, ``_batch`` (stacked samples), ``_stacking`` (a
+trainer's batches: every number stacked), ``_dtypes`` (dtype
 descriptions) and ``_envelope``.
 
 Examples
@@ -33,6 +34,7 @@ from feedmux.protocol._messages import (
     PROTOCOL_VERSION,
     RESUME_CHECKPOINT,
     RESUME_LIVE,
+    STATS_NEXT_PAGE,
     Ack,
     Credit,
     Data,
@@ -49,7 +51,9 @@ from feedmux.protocol._messages import (
     Stats,
     StatsRequest,
     Welcome,
+    stats_order,
 )
+from feedmux.protocol._stacking import stacked_tree, take_rows, training_batch
 from feedmux.protocol._tags import TAG_DTYPE, read_tags, replace_tags
 
 __all__ = [
@@ -60,6 +64,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "RESUME_CHECKPOINT",
     "RESUME_LIVE",
+    "STATS_NEXT_PAGE",
     "TAG_DTYPE",
     "Ack",
     "Resolver",
@@ -88,6 +93,10 @@ __all__ = [
     "read_tags",
     "replace_tags",
     "stack_scalars",
+    "stacked_tree",
+    "stats_order",
+    "take_rows",
     "take_samples",
+    "training_batch",
     "unpack_envelope",
 ]

@@ -213,10 +213,10 @@ def _encode_data(message: Data, inline_threshold: int) -> list[Any]:
         seq = INT.coerce(seq, "seq", Data)
     header = {"v": PROTOCOL_VERSION, "k": _DATA, "server_id": server_id, "seq": seq, "n": count}
     try:
-        if count < 2:
-            template = None
-        elif type(samples) is SampleBatch:  # rows of a received batch, passed on as stacked
+        if type(samples) is SampleBatch:  # rows of a received batch, passed on as stacked
             template = samples.template
+        elif count < 2:
+            template = None
         else:
             template = stack_samples(samples)
         if template is not None:

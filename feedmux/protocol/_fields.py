@@ -209,8 +209,8 @@ class ControlSpec:
 
 _CONTROL_SPECS = [
     ControlSpec(Kind.HELLO, Hello, client_id=STR, role=STR, world_size=INT, rank=INT,
-                group=STR, resume=_INTS, handed=_INTS,
-                omit_default=("rank", "group", "resume", "handed")),
+                group=STR, resume=_INTS, handed=_INTS, batch_size=INT, drop_last=_BOOL,
+                omit_default=("rank", "group", "resume", "handed", "batch_size", "drop_last")),
     ControlSpec(
         Kind.WELCOME,
         Welcome,
@@ -228,7 +228,8 @@ _CONTROL_SPECS = [
     ControlSpec(Kind.HEARTBEAT, Heartbeat, sender_id=STR, received_messages=INT, group=STR,
                 omit_default=("group",)),
     ControlSpec(Kind.ERROR, Error, type=STR, message=STR, traceback=STR, server_id=STR),
-    ControlSpec(Kind.STATS_REQUEST, StatsRequest, client_id=STR),
+    ControlSpec(Kind.STATS_REQUEST, StatsRequest, client_id=STR, after=STR,
+                omit_default=("after",)),
     ControlSpec(Kind.STATS, Stats, values=_STATS),
     ControlSpec(Kind.END_OF_EPOCH, EndOfEpoch, epoch=INT, count=INT, worker=INT),
     ControlSpec(Kind.DRAIN, Drain, sent_messages=INT, server_id=STR),

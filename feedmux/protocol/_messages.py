@@ -19,6 +19,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "RESUME_CHECKPOINT",
     "RESUME_LIVE",
+    "STATS_NEXT_PAGE",
     "Ack",
     "Credit",
     "Data",
@@ -35,6 +36,7 @@ __all__ = [
     "Stats",
     "StatsRequest",
     "Welcome",
+    "stats_order",
 ]
 
 #: The version every header carries under the key ``"v"``.
@@ -121,6 +123,11 @@ class Hello:
     server handed out lately: ``(epoch, start, end, ...)`` triples, positions
     ``start .. end - 1`` of ``epoch``, so that the restarted server deals none
     of them again.
+
+    ``batch_size`` is 0, or the number of samples of one training step the
+    trainer asks the server to stack into each data message (every trainer of
+    a server asks the same); ``drop_last`` says whether an epoch's last,
+    partial batch is dropped (True) or sent short (docs/stream.md).
     """
 
     client_id: str
@@ -130,6 +137,8 @@ class Hello:
     group: str = ""
     resume: tuple[int, ...] = ()
     handed: tuple[int, ...] = ()
+    batch_size: int = 0
+    drop_last: bool = False
 
 
 @dataclass(frozen=True)
@@ -176,16 +185,38 @@ class Error:
 
 @dataclass(frozen=True)
 class StatsRequest:
-    """Ask a server for its :class:`Stats`."""
+    """Ask a server for its :class:`Stats`: the page of figures whose keys come after
+    ``after`` ("": the first page; a reply names the next page's ``after``)."""
 
     client_id: str = ""
+    after: str = ""
 
 
 @dataclass(frozen=True)
 class Stats:
-    """Counters and settings of a server, as a flat map of plain values."""
+    """Counters and settings of a server, as a flat map of plain values.
+
+    One page of them: the entries whose keys come after the request's ``after``
+    in :func:`stats_order`, as many as fit in one control frame, and under
+    :data:`STATS_NEXT_PAGE` the ``after`` of the next page (None: the last).
+    """
 
     values: dict[str, int | float | str | None] = field(default_factory=dict)
+
+
+#: The key of a :class:`Stats` page that names where the next page starts.
+STATS_NEXT_PAGE = "stats_next_after"
+
+
+def stats_order(key: str) -> tuple[bool, str]:
+    """The order of statistics pages: server-wide figures (no dot) first, then by key.
+
+    Examples
+    --------
+    >>> sorted(["trainer.a.rank", "pid", "epoch"], key=stats_order)
+    ['epoch', 'pid', 'trainer.a.rank']
+    """
+    return "." in key, key
 
 
 @dataclass(frozen=True)

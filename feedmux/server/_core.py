@@ -44,7 +44,7 @@ from feedmux.protocol import (
 from feedmux.server._groups import DEFAULT_GROUP
 from feedmux.server._producer import error_message
 from feedmux.server._ranks import RANK_REFUSED, RankTables
-from feedmux.server._report import Stat, core_stats, progress_line
+from feedmux.server._report import Stat, core_stats, progress_line, stats_page
 from feedmux.server._resume import (
     CHECKPOINT,
     Handed,
@@ -216,7 +216,8 @@ class ControlCore:
         self._last_log = started
         self._samples_at_last_log = 0
         self.rate = 0.0  # samples per second over the last log period
-        self._welcomed = False
+        #: When the waiting trainers were last welcomed (None: not since the wait began).
+        self._welcomed_at: float | None = None
         self.drain_deadline = 0.0
         self._next_drain = 0.0
         self.questions = Questions(free=not (config.reliable or config.grouped))
@@ -280,7 +281,7 @@ class ControlCore:
             trainer.received_messages = message.received_messages
             return _heartbeat_answer(self, identity, trainer)
         if isinstance(message, StatsRequest):
-            return [(identity, Stats(self.stats(now)))]
+            return [(identity, Stats(stats_page(self.stats(now), message.after)))]
         peer_log.log(logging.WARNING, "unexpected", "unexpected %s on the control socket from %r",
                      type(message).__name__, identity[:16])
         return [(identity, Error(
@@ -306,8 +307,9 @@ class ControlCore:
             return sends
         known = identity in self.trainers
         group = message.group or DEFAULT_GROUP
+        # A free reliable trainer that outlived its server: what it had is not dealt again.
         self.trainers[identity] = _Trainer(message.client_id, now, rank=message.rank, group=group,
-                                           handed=message.handed)
+                                           handed=self.handed.heard(message, self.config.reliable))
         if not known:
             rank = f" as rank {message.rank} of {message.world_size}" if message.rank >= 0 else ""
             where = f" in group {group}" if self.config.grouped else ""
@@ -550,7 +552,7 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
     # has gone fails (ROUTER_MANDATORY) and forgets it, so one that connected and left
     # does not count.
     config = core.config
-    if core._welcomed and core._ready(now):
+    if core._welcomed_at is not None and core._ready(now):
         start, problem = agreed_start(core.ranks.resumes, core.ranks.world_size or 0)
         if not (core.ranks.ranked or core.config.grouped) and core.config.reliable:
             core.handed = Handed(t.handed for t in core.trainers.values() if t.handed)
@@ -571,7 +573,12 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
             message=(f"rank(s) {missing} of {core.ranks.world_size} never connected "
                      f"within the rank timeout of {config.rank_timeout:g} s"),
             server_id=config.server_id), now)
-    core._welcomed = True
+    if core._welcomed_at is not None and now - core._welcomed_at < POLL_INTERVAL:
+        # Every control message that arrives ticks the core: welcoming every trainer at
+        # each would be trainers x messages sends (256 trainers: tens of thousands a
+        # second, their queues full, and the server forgetting them for it).
+        return NO_SENDS
+    core._welcomed_at = now
     return [(identity, core.welcome(trainer.group)) for identity, trainer in core.trainers.items()]
 
 
@@ -621,7 +628,7 @@ def _restart_job(core: ControlCore, message: Hello) -> list[Send]:
     core.messages_sent = core.departed = core.departed_received = 0
     core.finished, core.restarting = False, True
     core.phase = Phase.WAITING
-    core._welcomed, core._waiting_since, core._waiting_for = False, None, None
+    core._welcomed_at, core._waiting_since, core._waiting_for = None, None, None
     return sends
 
 

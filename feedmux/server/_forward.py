@@ -28,8 +28,10 @@ import zmq
 from feedmux._transport import make_socket, mapped_zmq_errors
 from feedmux.errors import FeedmuxError
 from feedmux.protocol import Data, EndOfEpoch, Error, decode, encode, read_tags, replace_tags
+from feedmux.server._batches import Batch
 from feedmux.server._dealing import RankDealer, RankShare
 from feedmux.server._merge import Merge
+from feedmux.server._producer import batched_shares
 from feedmux.server._resume import ResumeCut
 from feedmux.server._shell import Endpoints, StopFlag
 from feedmux.server._worker import WorkerPool
@@ -60,6 +62,8 @@ class _Run:
         self.held_epoch = 0
         #: Workers whose messages of an earlier run may still come (until their marker).
         self.behind = set(range(config.workers)) if generation else set()
+        #: The trainers' batches (None: they asked for none): cut here, from the merged stream.
+        self.batches = endpoints.core.tables.batches.assemblers()
         pool.begin(start[0] if start else 1, generation)
 
     def number(self, frames: Any) -> np.ndarray:
@@ -184,7 +188,10 @@ def _send_merged(run: _Run, pool: WorkerPool, endpoints: Endpoints,
                 if dealer is not None and not (
                         _deal_held(run, endpoints, config.server_id)
                         and _send_shares(dealer.finish_epoch(item.epoch), endpoints,
-                                         config.server_id)):
+                                         config.server_id, run, last=True)):
+                    return EXIT_OK
+                if dealer is None and run.batches is not None and not _send_batches(
+                        run.batches.of(-1).finish_epoch(), endpoints, config.server_id):
                     return EXIT_OK
                 endpoints.epoch_done(item.epoch, positions.get(item.epoch, 0))
                 if config.epochs is not None and item.epoch >= config.epochs:
@@ -198,8 +205,14 @@ def _send_merged(run: _Run, pool: WorkerPool, endpoints: Endpoints,
                 return EXIT_OK
             continue
         frames = _free_rows(run, item, tags, config.server_id)
-        if frames is not None and not endpoints.send_data(frames, len(read_tags(frames)),
-                                                          int(tags[-1, 0])):
+        if frames is not None and run.batches is not None:
+            message = decode(frames)
+            assert isinstance(message, Data)
+            if not _send_batches(run.batches.of(-1).add(message.tags, message.samples),
+                                 endpoints, config.server_id):
+                return EXIT_OK
+        elif frames is not None and not endpoints.send_data(frames, len(read_tags(frames)),
+                                                            int(tags[-1, 0])):
             return EXIT_OK
     return None
 
@@ -267,14 +280,25 @@ def _deal_held(run: _Run, endpoints: Endpoints, server_id: str) -> bool:
     if not run.held or run.dealer is None:
         return True
     held, run.held = run.held, []
-    return _send_shares(run.dealer.deal(run.held_epoch, *held), endpoints, server_id)
+    return _send_shares(run.dealer.deal(run.held_epoch, *held), endpoints, server_id, run)
 
 
-def _send_shares(shares: list[RankShare], endpoints: Endpoints, server_id: str) -> bool:
-    """Encode and send each rank's share; False when the server is stopping (or restarting)."""
+def _send_shares(shares: list[RankShare], endpoints: Endpoints, server_id: str, run: _Run,
+                 last: bool = False) -> bool:
+    """Encode and send each rank's share (cut into the trainers' batches, if they asked;
+    ``last``: the epoch's last shares); False when the server is stopping (or restarting)."""
+    if run.batches is not None:
+        shares = batched_shares(run.batches, shares, last)
     for share in shares:
         if share.items and not endpoints.send_data(
                 encode(Data(share.tags, share.items, server_id)), len(share.items),
                 int(share.tags[0, 0]), share.rank):
             return False
     return True
+
+
+def _send_batches(batches: list[Batch], endpoints: Endpoints, server_id: str) -> bool:
+    """Encode and send the free trainers' batches; False when the server is stopping."""
+    return all(endpoints.send_data(encode(Data(batch.tags, batch.items, server_id)),
+                                   len(batch.tags), int(batch.tags[0, 0]))
+               for batch in batches)

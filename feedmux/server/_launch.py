@@ -97,19 +97,26 @@ class ServerProcess:
     """The background server process, made by :func:`launch`: a fresh interpreter or a fork.
 
     ``method`` says which: ``"interpreter"`` (the configuration went over a pipe)
-    or ``"fork"`` (the source is defined in the starting script or does not
-    pickle, so only a copy of this process has it).
+    or ``"fork"`` (the starter ran one thread, or the source is defined in the
+    starting script or does not pickle, so only a copy of this process has it).
+    Only the process that made it may signal or wait for it (:attr:`ours`).
     """
 
     def __init__(self, method: str, handle: subprocess.Popen[bytes] | Any, report: int) -> None:
         self.method = method
         self._handle = handle
+        self._starter = os.getpid()
         #: The read end of the report pipe (closed by :meth:`read_report`).
         self.report = report
 
     @property
     def pid(self) -> int:
         return int(self._handle.pid)
+
+    @property
+    def ours(self) -> bool:
+        """Whether this is the process that started it (not a forked copy of that one)."""
+        return os.getpid() == self._starter
 
     @property
     def exitcode(self) -> int | None:

@@ -22,13 +22,15 @@ from feedmux._ratelog import RateLimitedLog
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Data, Error, encode
 from feedmux.sampling.epochs import Chunk, EpochIterator
-from feedmux.server._dealing import RankDealer
+from feedmux.server._batches import Batches
+from feedmux.server._dealing import RankDealer, RankShare
 from feedmux.server._meter import SamplerMeter
 from feedmux.server._owning import DrawnItems, own
 
 __all__ = [
     "BatchPolicy",
     "Frames",
+    "batched_shares",
     "error_message",
     "produce",
 ]
@@ -45,6 +47,20 @@ Keep = Callable[[int, np.ndarray], "np.ndarray | None"]
 MAX_SAMPLES_PER_MESSAGE = 256
 #: Target payload of one data message; bigger samples travel one per message.
 TARGET_MESSAGE_BYTES = 4 * 1024 * 1024
+#: A ranked chunk (one message per rank) may take up to this many times ``max_delay`` to
+#: sample (320 ms at the default): up to this many ranks (8 hosts x 8 GPUs), each rank's
+#: message is as full as a free trainer's; beyond, messages shrink. Held to ``max_delay``
+#: alone, 64 ranks got 2 samples a message and a seventh of the two-rank rate; with 20
+#: times, 0.80 of it; with 64, 1.0 (``benchmarks.bench_scale``). Only a fast sampler's
+#: chunks grow: a slow one's are bounded by one sample a rank anyway.
+RANK_CHUNK_DELAYS = 64
+#: Most training batches (``batch_size=``) one data message carries: the trainer's cost
+#: of a message is shared by its batches.
+MAX_BATCHES_PER_MESSAGE = 16
+#: About how long a message of several batches may take to fill (at least one batch
+#: goes out, however long it takes): a trainer cannot start a step before its batch is
+#: complete, and a step of a model on an accelerator takes tens of ms.
+BATCH_MESSAGE_DELAY = 0.05
 
 
 @dataclass(frozen=True)
@@ -158,8 +174,19 @@ class _Pacer:
         self.policy = policy
         self.size_limit = 1
         self.item_seconds = 0.0
+        self.item_bytes = 1
 
-    def limit(self) -> int:
+    def limit(self, batch_size: int = 0) -> int:
+        """Samples of the next message; with ``batch_size``, whole training batches: as
+        many as fit the payload target and ``BATCH_MESSAGE_DELAY`` (or ``max_delay``
+        if longer) of sampling, at least one, at most ``MAX_BATCHES_PER_MESSAGE``."""
+        if batch_size:
+            batches = min(MAX_BATCHES_PER_MESSAGE,
+                          TARGET_MESSAGE_BYTES // (batch_size * self.item_bytes))
+            if self.item_seconds > 0:
+                delay = max(self.policy.max_delay, BATCH_MESSAGE_DELAY)
+                batches = min(batches, int(delay / self.item_seconds) // batch_size)
+            return batch_size * max(1, batches)
         if self.policy.samples_per_message is not None:
             return self.policy.samples_per_message
         if self.item_seconds <= 0:
@@ -175,6 +202,7 @@ class _Pacer:
             0.8 * self.item_seconds + 0.2 * per_item
         )
         self.size_limit = self.policy.limit_for(items[0])
+        self.item_bytes = max(1, _payload_bytes(items[0]))
 
 
 def produce(
@@ -190,6 +218,7 @@ def produce(
     align: int | None = None,
     start: tuple[int, int] | None = None,
     keep: Keep | None = None,
+    batches: Batches | None = None,
 ) -> int:
     """Take chunks of items, encode each as a data message and ``send`` it.
 
@@ -222,6 +251,13 @@ def produce(
     deals that epoch from ``position`` on. ``keep(epoch, positions)`` (free
     trainers that outlived their server) says which samples of a chunk nobody
     had yet (None: all of them); the others are not sent.
+
+    With ``batches`` (the trainers asked for ``batch_size=B``) each message
+    holds whole training batches (up to ``MAX_BATCHES_PER_MESSAGE``, as the
+    payload and ``max_delay`` allow): what goes to the free trainers, or to each
+    rank after the dealing, is cut by its
+    :class:`~feedmux.server._batches.BatchAssembler`, and a sample the codec
+    refuses fails the run (skipping it would make a batch short).
     """
     meter = SamplerMeter() if meter is None else meter
     drawn = DrawnItems() if policy.copy_arrays else None
@@ -239,9 +275,9 @@ def produce(
         epochs.resume_at(*start, keep=0 if dealer is None else dealer.world_size - 1)
     if dealer is not None:
         return _produce_ranked(epochs, drawn, send, policy, server_id, skip_errors, epoch_done,
-                               meter, dealer, start)
+                               meter, dealer, start, batches)
     return _produce(epochs, drawn, send, policy, server_id, skip_errors, epoch_done, meter, align,
-                    start, keep)
+                    start, keep, batches)
 
 
 def _take(
@@ -272,6 +308,7 @@ def _produce(
     align: int | None,
     start: tuple[int, int] | None = None,
     keep: Keep | None = None,
+    batches: Batches | None = None,
 ) -> int:
     clock = time.perf_counter
     pacer = _Pacer(policy)
@@ -279,7 +316,7 @@ def _produce(
     while True:
         started = clock()
         try:
-            limit = pacer.limit()
+            limit = pacer.limit(0 if batches is None else batches.batch_size)
             if align is not None:
                 limit = min(limit, align - epoch_count % align)
             chunk, items = _take(epochs, drawn, limit)
@@ -306,7 +343,20 @@ def _produce(
                 rows = np.flatnonzero(kept).tolist()
                 epoch_count += len(items) - len(rows)  # had by a trainer, not sent again
                 tags, items = tags[rows], [items[row] for row in rows]
-        if items:
+        if batches is not None:
+            assembler = batches.of(-1)
+            out = assembler.add(tags, items) if items else []
+            epoch_count += len(items)
+            if chunk.last:
+                out += assembler.finish_epoch()
+            meter.add_busy(clock() - started)
+            for batch in out:
+                if not send(encode(Data(batch.tags, batch.items, server_id, seq)),
+                            len(batch.tags), chunk.epoch):
+                    return sent
+                seq += 1
+                sent += len(batch.tags)
+        elif items:
             frames, count = _encode_batch(tags, items, server_id, seq, skip_errors)
             meter.add_busy(clock() - started)
             if frames:
@@ -342,11 +392,14 @@ def _produce_ranked(
     meter: SamplerMeter,
     dealer: RankDealer,
     start: tuple[int, int] | None = None,
+    batches: Batches | None = None,
 ) -> int:
     """:func:`produce` for ranked trainers: each chunk dealt to the ranks, then encoded.
 
     A chunk holds about ``world_size`` messages' worth of samples, so each rank's
-    message is as full as a free trainer's would be. A sample the codec refuses
+    message is as full as a free trainer's would be (up to
+    :data:`RANK_CHUNK_DELAYS` ranks; a chunk then takes up to that many times
+    ``max_delay`` to sample). A sample the codec refuses
     fails the run here (skipping it would unbalance the ranks); a top-level
     streamer that raises with ``skip_errors`` ends its epoch where it stopped
     (the dealer pads or drops the last round, so the ranks stay even).
@@ -358,7 +411,8 @@ def _produce_ranked(
     while True:
         started = clock()
         try:
-            chunk, items = _take(epochs, drawn, pacer.limit() * n)
+            chunk, items = _take(epochs, drawn,
+                                 pacer.limit(0 if batches is None else batches.batch_size) * n)
         except StopIteration:
             return sent
         except Exception as error:
@@ -375,11 +429,15 @@ def _produce_ranked(
                     dealer.resume(epoch, chunk.start, head)
                     epoch_count = chunk.start  # the epoch's size counts what came before
                 start = None
-            pacer.observe(items, (clock() - started) * n)  # time per rank message
+            # Time per rank message: sampling one item of each rank's message (n items),
+            # spread over up to RANK_CHUNK_DELAYS times max_delay.
+            pacer.observe(items, (clock() - started) * n / min(n, RANK_CHUNK_DELAYS))
             epoch_count += len(items)
             shares = dealer.deal(epoch, items) if items else []
             if last:
                 shares += dealer.finish_epoch(epoch)
+        if batches is not None:
+            shares = batched_shares(batches, shares, last)
         for share in shares:
             if not share.items:
                 continue
@@ -394,3 +452,14 @@ def _produce_ranked(
             if not epoch_done(epoch, epoch_count):
                 return sent
             epoch_count = 0
+
+
+def batched_shares(batches: Batches, shares: list[RankShare], last: bool) -> list[RankShare]:
+    """The ranks' shares cut into training batches, one share per batch (``last``: the
+    epoch ended with these shares, its last partial batches too)."""
+    out = [RankShare(share.rank, batch.tags, batch.items) for share in shares if share.items
+           for batch in batches.of(share.rank).add(share.tags, share.items)]
+    if last:
+        out += [RankShare(rank, batch.tags, batch.items)
+                for rank, batch in batches.finish_epoch()]
+    return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from feedmux.protocol import Ack, Hello
+from feedmux.server._batches import BatchRequest
 from feedmux.server._groups import DEFAULT_GROUP, refuse_group
 from feedmux.server._resume import check_announcement
 from feedmux.server._retention import RankRetention
@@ -149,6 +150,8 @@ class RankTables:
         self.retention = RankRetention(limit=retention_limit)
         self._groups: dict[str, tuple[RankTable, RankRetention]] = {}
         self._unknown = RankTable()  # what a group no trainer said hello in looks like
+        #: The batch shape the trainers asked for (the first admitted hello fixes it).
+        self.batches = BatchRequest(grouped)
 
     def _group(self, group: str) -> tuple[RankTable, RankRetention]:
         entry = self._groups.get(group)
@@ -173,8 +176,9 @@ class RankTables:
 
     def admit(self, identity: bytes, hello: Hello,
               alive: Callable[[bytes], bool]) -> tuple[str, str] | None:
-        """Admit ``hello``'s trainer into its group's table; ``(error type, message)`` if not."""
-        refused = refuse_group(hello, self.grouped)
+        """Admit ``hello``'s trainer into its group's table (and its batch shape: the
+        same as the others'); ``(error type, message)`` if not."""
+        refused = refuse_group(hello, self.grouped) or self.batches.refusal(hello)
         if refused is not None:
             return refused
         if hello.resume and self.grouped:
@@ -182,7 +186,10 @@ class RankTables:
                                   "joins the shared stream where it is), got "
                                   f"{tuple(hello.resume)}")
         table = self._group(hello.group or DEFAULT_GROUP)[0] if self.grouped else self.server
-        return table.admit(identity, hello, alive)
+        refused = table.admit(identity, hello, alive)
+        if refused is None:
+            self.batches.admit(hello)
+        return refused
 
     def acknowledged(self, group: str, ack: Ack) -> bytes | None:
         """A rank of ``group`` handed out its share up to ``ack``'s mark; the control

@@ -56,6 +56,7 @@ from feedmux.protocol import (
     encode,
     pack_envelope,
 )
+from feedmux.server._meter import ControlMeter
 from feedmux.server._retention import rest_after
 
 __all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "ReliableDispatch", "ReliableLedger"]
@@ -231,8 +232,11 @@ class ReliableDispatch:
     """Hands data messages to trainers with credit and re-sends what a lost trainer held."""
 
     def __init__(self, socket: zmq.Socket[Any], server_id: str,
-                 read_marks: Callable[[], object] = lambda: None) -> None:
+                 read_marks: Callable[[], object] = lambda: None,
+                 meter: ControlMeter | None = None) -> None:
         self.socket = socket
+        #: Counts the credit and acknowledgements taken in (control traffic on the data socket).
+        self.meter = meter or ControlMeter()
         self.server_id = server_id
         self.ledger = ReliableLedger(server_id)
         #: Reads the control socket: a trainer's last hand-out marks, sent just before it
@@ -246,11 +250,15 @@ class ReliableDispatch:
 
     def serve(self) -> None:
         """Take in every credit and acknowledgement waiting on the socket."""
+        if not readable(self.socket):
+            return
+        cpu_started, received = time.thread_time(), 0
         while readable(self.socket):
             try:
                 parts = self.socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                break
+            received += 1
             try:
                 message = decode(parts[1:], limits=CONTROL_LIMITS)
             except ProtocolError as error:
@@ -258,6 +266,7 @@ class ReliableDispatch:
                              "malformed message on the reliable data socket: %s", error)
                 continue
             self.ledger.take(parts[0].bytes, message)
+        self.meter.add(received, time.thread_time() - cpu_started)
 
     def send(self, frames: list[Any], n_samples: int, epoch: int,
              wait: Callable[[], bool]) -> bool:

@@ -2,7 +2,9 @@
 
 This module owns the shape of the figures ``feedmux stats``, ``feedmux top``
 and the Prometheus endpoint read (one flat map: ``trainer.<id>.<name>`` keys
-for per-trainer figures) and the epoch progress of the throughput log line. It
+for per-trainer figures), its pages (a reply over control must fit in one
+control frame, whatever the number of trainers or groups: :func:`stats_page`)
+and the epoch progress of the throughput log line. It
 only reads the core's counters and copies of its containers, because the
 metrics thread calls it while the server's thread runs: it must never change
 state, log or decide anything.
@@ -10,18 +12,24 @@ state, log or decide anything.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from feedmux.protocol import PROTOCOL_VERSION
-from feedmux.server._ranks import RankTable
+from feedmux.protocol import PROTOCOL_VERSION, STATS_NEXT_PAGE, stats_order
+from feedmux.server._batches import BatchRequest
+from feedmux.server._ranks import RankTable, RankTables
 from feedmux.server._retention import RankRetention
 from feedmux.server.config import ServerConfig
 
-__all__ = ["Reporting", "Stat", "core_stats", "progress_line"]
+__all__ = ["STATS_PAGE_BYTES", "Reporting", "Stat", "core_stats", "progress_line",
+           "stats_page"]
 
 #: One statistics value.
 Stat = int | float | str | None
+#: Most bytes of figures in one statistics reply: well inside the 64 KiB control frame
+#: (``CONTROL_FRAME_BYTES``) with the header around them.
+STATS_PAGE_BYTES = 48 * 1024
 
 
 class _TrainerFigures(Protocol):
@@ -49,6 +57,7 @@ class Reporting(Protocol):
     extra_stats: Callable[[], dict[str, Stat]] | None
     ranks: RankTable
     retention: RankRetention
+    tables: RankTables
 
     @property
     def trainers(self) -> Mapping[bytes, _TrainerFigures]: ...
@@ -77,8 +86,17 @@ def core_stats(core: Reporting, now: float, trainer_timeout: float) -> dict[str,
         "finished": int(core.finished),
         **(core.extra_stats() if core.extra_stats is not None else {}),
         **_rank_stats(core),
+        **_batch_stats(core.tables.batches),
         **_trainer_stats(core, now, trainer_timeout),
     }
+
+
+def _batch_stats(batches: BatchRequest) -> dict[str, Stat]:
+    """Batches built for the trainers (none when they asked for single samples)."""
+    if not batches.batch_size:
+        return {}
+    return {"batch_size": batches.batch_size, "drop_last": int(batches.drop_last),
+            "batch_samples_dropped": batches.dropped}
 
 
 def _rank_stats(core: Reporting) -> dict[str, Stat]:
@@ -103,6 +121,49 @@ def _trainer_stats(core: Reporting, now: float, timeout: float) -> dict[str, Sta
             if trainer.rank >= 0:
                 stats[f"trainer.{trainer.client_id}.rank"] = trainer.rank
     return stats
+
+
+def _packed_bytes(key: str, value: Stat) -> int:
+    """What an entry takes in the reply's msgpack map (at most: str headers of 5 bytes)."""
+    size = len(key.encode()) + 5
+    if isinstance(value, str):
+        return size + len(value.encode()) + 5
+    return size + (1 if value is None or isinstance(value, bool) else 9)
+
+
+def stats_page(stats: Mapping[str, Stat], after: str = "",
+               most_bytes: int = STATS_PAGE_BYTES) -> dict[str, Stat]:
+    """The entries of ``stats`` that come after key ``after`` and fit in ``most_bytes``.
+
+    The server-wide figures come first, then the per-trainer, per-worker and
+    per-group ones by key, so a page boundary is a key and a trainer that
+    comes or goes between two requests moves no other entry to another page.
+    :data:`~feedmux.protocol.STATS_NEXT_PAGE` names the last key of a page that is not the last (the
+    ``after`` of the next request); ``None`` on the last page. Every page
+    holds at least one entry, so paging always ends.
+
+    Examples
+    --------
+    >>> stats = {"pid": 7, "trainer.a.rank": 0, "trainer.b.rank": 1, "epoch": 2}
+    >>> first = stats_page(stats, most_bytes=60)
+    >>> first
+    {'epoch': 2, 'pid': 7, 'stats_next_after': 'pid'}
+    >>> stats_page(stats, after="pid", most_bytes=60)
+    {'trainer.a.rank': 0, 'trainer.b.rank': 1, 'stats_next_after': None}
+    """
+    ordered = sorted(stats, key=stats_order)
+    start = bisect.bisect_right(ordered, stats_order(after), key=stats_order) if after else 0
+    page: dict[str, Stat] = {}
+    used = 0
+    for key in ordered[start:]:
+        size = _packed_bytes(key, stats[key])
+        if page and used + size > most_bytes:
+            page[STATS_NEXT_PAGE] = next(reversed(page))
+            return page
+        page[key] = stats[key]
+        used += size
+    page[STATS_NEXT_PAGE] = None
+    return page
 
 
 def progress_line(epoch: int, position: int, size: int | None, rate: float) -> str:

@@ -19,12 +19,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE, take_samples
+from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE, Hello, take_samples
 
-__all__ = ["CHECKPOINT", "LIVE", "Handed", "ResumeCut", "Start", "agreed_start",
-           "check_announcement", "describe"]
+__all__ = ["CHECKPOINT", "LIVE", "MAX_HANDED_RANGES", "Handed", "ResumeCut", "Start",
+           "agreed_start", "check_announcement", "describe"]
 
 CHECKPOINT, LIVE = RESUME_CHECKPOINT, RESUME_LIVE
+
+#: Most hand-out ranges a restarted server keeps from the hellos of the free trainers that
+#: outlived their server (each reports its last 32 messages' ranges).
+MAX_HANDED_RANGES = 1 << 14
 
 
 def check_announcement(resume: Sequence[int]) -> str | None:
@@ -157,40 +161,79 @@ class ResumeCut:
 class Handed:
     """What free reliable trainers that outlived their server handed out lately.
 
-    Built from their hellos' ``handed`` triples. :attr:`start` is where the
-    restarted server resumes: the first position of the earliest epoch, at or
-    after the lowest range any trainer reported, that nobody handed out (a
-    server deals in position order and each trainer hands its messages out in
-    order, so what a live trainer had not handed out lies above that). The
-    reported ranges above it are not dealt again (:meth:`keep`).
+    Built from their hellos' ``handed`` triples, each trainer's in the order it
+    handed them out (its latest last). :attr:`start` is where the restarted
+    server resumes: the first position, at or after the earliest of the
+    trainers' latest hand-outs, that nobody reported. What a live trainer had
+    not handed out (the rest of its current message, the messages queued for
+    it, which it drops) was dealt after its latest hand-out, since a server
+    deals in position order; so nothing before the earliest latest hand-out
+    waits to be handed out, while each trainer's report reaches back over its
+    last 32 messages, far beyond it when several trainers share the stream
+    (resuming at its lowest range dealt again everything the others, and the
+    trainers that left, had handed out since). The reported ranges above the
+    start are not dealt again (:meth:`keep`); ranges reported later (a trainer
+    whose hello came after the start, :meth:`add`) are kept out too, as far as
+    dealing has not passed them.
 
     Examples
     --------
     >>> import numpy as np
     >>> handed = Handed([(2, 8, 12, 2, 16, 20), (2, 12, 14, 3, 0, 4)])
     >>> handed.start
-    (2, 14)
-    >>> handed.keep(2, np.arange(14, 22)).tolist()
-    [True, True, False, False, False, False, True, True]
+    (2, 20)
+    >>> handed.keep(2, np.arange(18, 22)).tolist()
+    [False, False, True, True]
     >>> handed.keep(3, np.arange(0, 6)).tolist(), handed.keep(4, np.arange(2)) is None
     ([False, False, False, False, True, True], True)
+    >>> Handed([(5, 0, 40, 6, 0, 10), (6, 10, 20)]).start  # the latest of each: 6:10, 6:20
+    (6, 20)
     """
 
     def __init__(self, reports: Iterable[Sequence[int]]) -> None:
         self.ranges: dict[int, list[tuple[int, int]]] = {}
+        self._count = 0
+        latest: list[tuple[int, int]] = []
         for report in reports:
-            for index in range(0, len(report) - 2, 3):
-                epoch, start, end = report[index: index + 3]
-                self.ranges.setdefault(int(epoch), []).append((int(start), int(end)))
+            triples = self.add(report)
+            if triples:
+                epoch, _, end = triples[-1]
+                latest.append((epoch, end))
         self.start: tuple[int, int] | None = None
-        if self.ranges:
-            epoch = min(self.ranges)
-            position = min(start for start, _ in self.ranges[epoch])
+        if latest:
+            epoch, position = min(latest)
             for start, end in sorted(self.ranges[epoch]):
-                if start > position:
-                    break
-                position = max(position, end)
+                if start <= position < end:
+                    position = end
             self.start = (epoch, position)
+
+    def add(self, report: Sequence[int]) -> list[tuple[int, int, int]]:
+        """Take one trainer's ``(epoch, start, end, ...)`` triples; returns them.
+
+        At most :data:`MAX_HANDED_RANGES` ranges are kept in all (hellos come from
+        anyone who can reach the control port); a report past that is ignored.
+        """
+        triples = [(int(report[index]), int(report[index + 1]), int(report[index + 2]))
+                   for index in range(0, len(report) - 2, 3)]
+        if self._count + len(triples) > MAX_HANDED_RANGES:
+            return []
+        self._count += len(triples)
+        for epoch, start, end in triples:
+            self.ranges.setdefault(epoch, []).append((start, end))
+        return triples
+
+    def heard(self, hello: Hello, reliable: bool) -> tuple[int, ...]:
+        """A trainer's hello on a ``reliable`` server: the ranges a free trainer that
+        outlived its server reports are kept out from now on (a hello that comes after
+        dealing started); returns them (``hello.handed``).
+
+        Before dealing starts this object is replaced by one built from every
+        trainer's report, so only late hellos matter. A ranked trainer's or a
+        plain server's hello adds nothing (anyone can reach the control port).
+        """
+        if hello.handed and reliable and hello.rank < 0:
+            self.add(hello.handed)
+        return hello.handed
 
     def keep(self, epoch: int, positions: np.ndarray) -> np.ndarray | None:
         """Which of ``positions`` (of ``epoch``) nobody handed out; None: all of them."""
@@ -198,6 +241,6 @@ class Handed:
         if not ranges:
             return None
         kept = np.ones(len(positions), dtype=bool)
-        for start, end in ranges:
+        for start, end in list(ranges):
             kept &= (positions < start) | (positions >= end)
         return kept

@@ -36,7 +36,7 @@ from feedmux.errors import ProtocolError
 from feedmux.protocol import CONTROL_LIMITS, Ack, Error, decode, read_tags
 from feedmux.server._core import ControlCore, Phase, Sends, Stat, shm_trainers
 from feedmux.server._fanout import GroupFanout
-from feedmux.server._meter import SamplerMeter, sampler_stats
+from feedmux.server._meter import ControlMeter, SamplerMeter, sampler_stats
 from feedmux.server._metrics import MetricsEndpoint
 from feedmux.server._producer import Frames
 from feedmux.server._ranksend import RankSender
@@ -50,6 +50,8 @@ log = logging.getLogger("feedmux.server")
 
 #: Control frames larger than this are refused by ZeroMQ before reaching Python.
 MAX_CONTROL_BYTES = CONTROL_INBOUND_FRAME_BYTES
+#: Milliseconds a stopped server's data socket lingers (see :meth:`Endpoints.close`).
+STOP_LINGER_MS = 200
 
 
 class StopFlag(Protocol):
@@ -62,6 +64,8 @@ class Endpoints:
     def __init__(self, config: ServerConfig, stopping: StopFlag) -> None:
         self.config = config
         self.stopping = stopping
+        #: The server thread's CPU on control messages (both sockets' control traffic).
+        self.control_meter = ControlMeter()
         #: Set when the server gave up before sampling (the ranks did not all come).
         self.failed = False
         self.context: zmq.Context[Any] = zmq.Context()
@@ -115,6 +119,7 @@ class Endpoints:
             sent_bytes += self.fanout.bytes_sent
         stats: dict[str, Stat] = dict(sampler_stats(self.meters, blocked))
         stats["bytes_sent"] = sent_bytes
+        stats.update(self.control_meter.stats())
         # Where it listens: a data endpoint given to `feedmux stats` is recognised by it.
         stats["data_address"], stats["control_address"] = self.data_address, self.control_address
         if self.fanout is not None:
@@ -135,7 +140,8 @@ class Endpoints:
         self.reliable: ReliableDispatch | None = None
         if config.reliable:
             self.reliable = ReliableDispatch(self.data, config.server_id,
-                                             lambda: self.serve_control(timeout=0))
+                                             lambda: self.serve_control(timeout=0),
+                                             self.control_meter)
         self.control = make_socket(
             self.context, zmq.ROUTER, hwm=1000, max_message_bytes=CONTROL_INBOUND_FRAME_BYTES,
             security=security,
@@ -245,11 +251,13 @@ class Endpoints:
         if self.control not in events:
             return False
         core = self.core
+        cpu_started, received = time.thread_time(), 0
         while readable(self.control):
             try:
                 parts = self.control.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
+            received += 1
             identity = parts[0].bytes
             try:
                 message = decode(parts[1:], limits=CONTROL_LIMITS)
@@ -261,6 +269,7 @@ class Endpoints:
                     self.reliable.ledger.handed(message)
                 continue
             self.deliver(core.receive(identity, message, time.monotonic()))
+        self.control_meter.add(received, time.thread_time() - cpu_started)
         if self.ranked.retention is not core.retention:
             # The job restarted from a checkpoint: its previous ranks are owed nothing.
             self.ranked = RankSender(self.data, core.retention, self._replayed)
@@ -342,13 +351,20 @@ class Endpoints:
         self.control.linger = 1000
 
     def close(self) -> None:
-        if self.metrics is not None:
-            self.metrics.close()
-        # After a finished stream, give what is still queued a moment to reach the trainers.
-        self.data.close(linger=1000 if self.core.finished else 0)
-        self.control.close()
-        close_pool(self.pool)
-        self._stop_authenticator()
+        try:
+            if self.metrics is not None:
+                self.metrics.close()
+            # After a finished stream, give what is still queued a moment to reach the
+            # trainers. Never at once: data messages are multipart, and libzmq 4.3.5
+            # aborts the process (session_base.cpp:233) when a connection part-way
+            # through writing one fails while its socket closes with linger 0 (trainers
+            # stopped with the server); lingering, a closing connection stays readable
+            # until it has written its message or failed.
+            self.data.close(linger=1000 if self.core.finished else STOP_LINGER_MS)
+            self.control.close()
+        finally:
+            close_pool(self.pool)  # also when a second signal cuts the closing short
+            self._stop_authenticator()
         self.context.term()
 
     def _stop_authenticator(self) -> None:

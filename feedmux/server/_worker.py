@@ -11,7 +11,9 @@ each epoch a worker reseeds its random state from (seed, its index, epoch)
 numbers) and publishes its :func:`feedmux.worker_info`. Workers are forked before the
 server creates its ZeroMQ context, create their own, and die with their
 parent (``PR_SET_PDEATHSIG`` where the kernel offers it, and a parent-pid
-check everywhere they wait), so no exit path leaves one behind.
+check everywhere they wait), so no exit path leaves one behind; a stopping pool
+kills a worker that has not stopped in time (or at once on a second signal), and
+a worker's second SIGTERM ends it wherever its streamer is stuck.
 """
 
 from __future__ import annotations
@@ -119,25 +121,55 @@ class WorkerPool:
                         f"with code {process.exitcode}")
         return ""
 
-    def stop(self) -> None:
-        """Stop every worker: ask, wait briefly, then kill; never leaves one running."""
+    def stop(self, timeout: float = WORKER_STOP_TIMEOUT) -> None:
+        """Stop every worker: ask, wait up to ``timeout`` s, then kill; never leaves one running.
+
+        The kill also happens when the wait is cut short (a second SIGINT / SIGTERM
+        raises in the server's main thread): a worker stuck in user code never
+        looks at the request, and nothing else would stop it.
+        """
         self._stop.set()
-        deadline = time.monotonic() + WORKER_STOP_TIMEOUT
-        for process in self.processes:
-            process.join(max(0.0, deadline - time.monotonic()))
-        for process in self.processes:
-            if process.exitcode is None:
-                log.warning("worker pid %s did not stop in time; killing it", process.pid)
+        deadline = time.monotonic() + timeout
+        try:
+            for process in self.processes:
+                process.join(max(0.0, deadline - time.monotonic()))
+        finally:
+            self._kill()
+
+    def _kill(self) -> None:
+        running = [process for process in self.processes if process.exitcode is None]
+        # Every kill goes out, whatever signal arrives meanwhile; only then the waits.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            for process in running:
                 process.kill()
-                process.join(WORKER_STOP_TIMEOUT)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        for process in running:
+            log.warning("worker pid %s did not stop in time; killed it", process.pid)
+            process.join(WORKER_STOP_TIMEOUT)
 
 
 def _die_with_parent() -> None:
+    # SIGKILL, not SIGTERM: a worker stuck in user code never returns to look at a
+    # request, and with its server gone nothing it holds can reach anyone.
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the parent-pid checks still apply
         pass
+
+
+def _on_sigterm(terminated: list[bool]) -> Any:
+    """The worker's SIGTERM handler: the first asks it to stop (it finishes what it
+    sends), a second ends the process at once, wherever its streamer is stuck."""
+
+    def handle(signum: int, frame: Any) -> None:
+        if terminated:
+            os._exit(128 + signum)
+        terminated.append(True)
+
+    return handle
 
 
 def _worker_main(
@@ -154,8 +186,8 @@ def _worker_main(
     _die_with_parent()
     released, first, generation = gate
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us
-    terminated = []
-    signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))
+    terminated: list[bool] = []
+    signal.signal(signal.SIGTERM, _on_sigterm(terminated))
 
     def stopping() -> bool:
         return bool(terminated) or stop_event.is_set() or os.getppid() != parent_pid

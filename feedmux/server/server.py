@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import logging
 import multiprocessing.util  # noqa: F401  (registers its exit handler first)
+import os
 import signal
 import tempfile
 import weakref
@@ -67,15 +68,18 @@ class _StopFlag:
     """Set by SIGTERM / SIGINT; checked by every loop of the server.
 
     The handler never logs (a signal may arrive inside the logging machinery,
-    which is not re-entrant): the first loop that sees the flag set does. A
-    second signal raises :class:`_Interrupted` in the main thread, so that a
-    streamer stuck in user code, which never returns to the server's loops,
-    still stops.
+    which is not re-entrant): the first loop that sees the flag set does. It
+    writes one line to stderr itself (a bare ``os.write``), so that whoever
+    signalled a server stuck in user code knows the signal was taken. A second
+    signal raises :class:`_Interrupted` in the main thread, so that a streamer
+    stuck in user code, which never returns to the server's loops, still stops;
+    later ones are ignored, so that they cannot cut that stop short.
     """
 
     def __init__(self) -> None:
         self.stopped = False
         self.signum = 0
+        self.interrupted = False
         self._announced = False
 
     def __bool__(self) -> bool:
@@ -86,11 +90,15 @@ class _StopFlag:
 
     def set(self, signum: int = 0, frame: FrameType | None = None) -> None:
         self.stopped = True
-        if not signum:
+        if not signum or self.interrupted:
             return
         if self.signum:
+            self.interrupted = True
             raise _Interrupted(signum)
         self.signum = signum
+        name = signal.Signals(signum).name
+        os.write(2, f"feedmux: {name} received, stopping (another {name} stops at once)\n"
+                 .encode())
 
 
 class Server:
@@ -315,6 +323,7 @@ class Server:
                     skip_errors=config.on_error == "skip", epoch_done=epoch_done,
                     dealer=ranked_dealer(endpoints, config), meter=endpoints.meters[0],
                     start=endpoints.core.start_at, keep=endpoints.core.handed.keep,
+                    batches=endpoints.core.tables.batches.assemblers(),
                 )
                 if not (self._stop or endpoints.core.restarting):
                     endpoints.finish()
@@ -352,6 +361,9 @@ class Server:
                     return forward(pool, endpoints, config, self._stop, block)
                 finally:
                     endpoints.close()
+            except _Interrupted:
+                pool.stop(timeout=0)  # a second signal: no grace for a worker stuck in user code
+                raise
             finally:
                 pool.stop()
 
@@ -414,8 +426,14 @@ class Server:
         return self._process.exitcode
 
     def stop(self, timeout: float = 5.0) -> int | None:
-        """SIGTERM the background server, wait up to ``timeout`` s, then SIGKILL it."""
+        """SIGTERM the background server, wait up to ``timeout`` s, then SIGKILL it.
+
+        Only the process that started it does: in a forked copy of that process
+        (a DataLoader worker, say) this does nothing and returns None.
+        """
         process = self._process
+        if process is not None and not process.ours:
+            return None
         if process is None or process.exitcode is not None:
             _running.discard(self)
             return self.exitcode

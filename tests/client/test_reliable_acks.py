@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import deque
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,12 +48,9 @@ def test_messages_handed_out_whole_are_acknowledged_a_batch_at_a_time() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_the_thread_acknowledges_what_the_loader_left_waiting(tmp_path: Path) -> None:
-    context: zmq.Context[Any] = zmq.Context()
-    router = context.socket(zmq.ROUTER)
-    router.linger = 0
-    address = f"ipc://{tmp_path}/control"
-    router.bind(address)
+def test_the_thread_acknowledges_what_the_loader_left_waiting(
+        control_router: tuple[zmq.Socket[Any], str]) -> None:
+    router, address = control_router
     finished: deque[tuple[str, int]] = deque([("s", 4), ("s", 5)])
     acks = HandOutAcks([address], client_id="c", rank=-1, progress=lambda: None,
                        finished=[finished])
@@ -67,8 +63,6 @@ def test_the_thread_acknowledges_what_the_loader_left_waiting(tmp_path: Path) ->
     finally:
         acks.stop()
         assert not acks._thread.is_alive()
-        router.close()
-        context.term()
 
 
 class SetOfPositions:

@@ -206,6 +206,15 @@ def spawn() -> Iterator[Callable[..., Spawned]]:
 
 
 @pytest.fixture
+def servers() -> Iterator[list[Any]]:
+    """In-process started ``feedmux.Server`` objects to stop after the test: append them."""
+    running: list[Any] = []
+    yield running
+    for server in running:
+        server.stop()
+
+
+@pytest.fixture
 def serve(spawn: Callable[..., Spawned]) -> Callable[..., Spawned]:
     """Start ``feedmux serve SOURCE ARGS...`` on port 0 (or ``endpoints=``); return it bound."""
 

@@ -38,6 +38,17 @@ def stuck() -> feedmux.Streamer:
     return feedmux.Streamer(_stuck)
 
 
+def _spinning() -> Iterator[dict[str, Any]]:
+    print(STUCK_LINE, file=sys.stderr, flush=True)
+    while True:  # user code that never yields: a busy loop
+        pass
+    yield {}
+
+
+def spinning() -> feedmux.Streamer:
+    return feedmux.Streamer(_spinning)
+
+
 def _draws(count: int) -> Iterator[dict[str, Any]]:
     for _ in range(count):
         yield {"np": np.float64(np.random.random()), "py": random.random()}

@@ -98,3 +98,19 @@ def _large(count: int) -> Iterator[dict[str, Any]]:
 def large(count: int = 40) -> feedmux.Streamer:
     """1 MiB samples whose every value is their id: the shared-memory path."""
     return feedmux.Streamer(_large, count)
+
+
+def _shaped(start: int, count: int) -> Iterator[tuple[Any, ...]]:
+    for i in range(start, start + count):
+        # A tuple holding a dict (arrays of two ranks, a numpy scalar, a plain float and a
+        # string) and a list (a plain int, a 0-d array): every kind of leaf a batch stacks.
+        yield ({"image": np.full((2, 3), i, dtype=np.uint8), "id": np.int64(i),
+                "weight": i / 4, "name": f"s{i}"}, [i, np.array(float(i))])
+
+
+def shaped(streams: int = 3, per_stream: int = 20, seed: int = 0) -> feedmux.StochasticMux:
+    """An exhaustive mux of nested samples (see ``_shaped``) with ids 0 .. streams*per_stream-1."""
+    return feedmux.StochasticMux(
+        [feedmux.Streamer(_shaped, s * per_stream, per_stream) for s in range(streams)],
+        2, rate=None, mode="exhaustive", random_state=seed,
+    )

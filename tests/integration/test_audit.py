@@ -94,7 +94,7 @@ def test_a_job_killed_after_a_checkpoint_and_resumed_from_it_passes_the_audit(
     assert cli.main(["audit", *logs, "--reference", *references]) == 0, capsys.readouterr().out
     report = audit(load_sessions(logs), load_sessions(references))
     assert {len(sequence) for sequence in report.sequences.values()} == {LAST_STEP}
-    assert sum(not epoch.open for epoch in report.epochs) >= 3
+    assert sum(not epoch.open for epoch in report.epochs) >= 2
     assert any("after a checkpoint the next session resumed from" in note
                for note in report.notes), report.text()
     # Without the cut at the checkpoint, what was handed out after it would be repeats:

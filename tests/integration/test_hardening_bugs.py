@@ -13,23 +13,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 
-from benchmarks.attacks import ask
 from feedmux import RemoteLoader, Server
 from feedmux.errors import TransportError
 from feedmux.protocol import Hello, Welcome, decode, encode
-from tests.integration.conftest import _START_LINE, ROOT, wait_until
+from tests.integration.conftest import _START_LINE, ROOT, pid_alive, wait_until
 from tests.integration.hard_samplers import STUCK_LINE
 
 SAMPLERS = "tests.integration.hard_samplers"
 
 
 @pytest.fixture
-def started() -> Iterator[list[Server]]:
-    servers: list[Server] = []
-    yield servers
-    for server in servers:
-        server.stop()
+def started(servers: list[Server]) -> list[Server]:
+    """The servers a test started (stopped afterwards)."""
+    return servers
 
 
 def _samples(server: Server, timeout: float = 15.0) -> list[dict[str, Any]]:
@@ -106,32 +104,79 @@ def _cli_server(*args: str) -> Iterator[tuple[subprocess.Popen[str], list[str]]]
     assert not reader.is_alive()
 
 
+@contextlib.contextmanager
+def _trainer(lines: list[str]) -> Iterator[None]:
+    """A trainer that said hello to the server of ``lines`` (welcomed), connected till the end.
+
+    The server samples once a trainer said hello (its hello tells the delivery
+    mode). It welcomes a waiting trainer again before it starts, and forgets one
+    whose connection is gone by then: the socket stays open.
+    """
+    start = next(match for line in lines if (match := _START_LINE.search(line)))
+    context: zmq.Context[Any] = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.linger = 0
+    try:
+        socket.connect(start[2])
+        socket.send_multipart(encode(Hello("stuck-test")))
+        assert socket.poll(10_000), "no welcome within 10 s"
+        assert isinstance(decode(socket.recv_multipart()), Welcome)
+        yield
+    finally:
+        socket.close()
+        context.term()
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_second_signal_stops_a_server_stuck_in_user_code(signum: int) -> None:
-    with _cli_server(f"{SAMPLERS}:stuck") as (process, lines):
-        # The server samples once a trainer said hello (its hello tells the delivery mode):
-        # one hello answered, and it is in the streamer, which never returns.
-        start = next(match for line in lines if (match := _START_LINE.search(line)))
-        reply = ask(start[2], [bytes(frame) for frame in encode(Hello("stuck-test"))],
-                    timeout=10)
-        assert reply is not None and isinstance(decode(reply), Welcome)
+    with _cli_server(f"{SAMPLERS}:stuck") as (process, lines), _trainer(lines):
+        # One hello answered, and the server is in the streamer, which never returns.
         # The welcome goes out before sampling starts: a signal sent before the streamer
         # runs stops the server gracefully (exit 0), which is not what is tested here.
         wait_until(lambda: any(STUCK_LINE in line for line in lines), 10,
                    "the server to run the stuck streamer")
+        _signal_twice(process, signum, lines)
+        # Before the fix no number of signals stopped it.
+        assert process.wait(5) == 128 + signum
 
-        # Two signals sent back to back may reach Python's handler as one: keep sending
-        # until it stops (before the fix no number of them stopped it).
-        def stopped() -> bool:
-            process.send_signal(signum)
-            try:
-                process.wait(timeout=0.5)
-            except subprocess.TimeoutExpired:
-                return False
-            return True
 
-        wait_until(stopped, 5, "the server to stop")
-        assert process.returncode == 128 + signum
+def _signal_twice(process: subprocess.Popen[str], signum: int, lines: list[str],
+                  taken: str = "") -> None:
+    """Signal the server, and again once it wrote that it took the first (two signals
+    close together may reach Python's handler as one), or the line ``taken``."""
+    process.send_signal(signum)
+    taken = taken or f"{signal.Signals(signum).name} received"
+    wait_until(lambda: any(taken in line for line in lines), 10, f"the line {taken!r}")
+    process.send_signal(signum)
+
+
+@pytest.mark.parametrize(("signum", "sampler"),
+                         [(signal.SIGINT, "stuck"), (signal.SIGTERM, "spinning")])
+def test_a_second_signal_stops_the_server_and_every_worker_stuck_in_user_code(
+        signum: int, sampler: str) -> None:
+    with _cli_server(f"{SAMPLERS}:{sampler}", "--workers", "2") as (process, lines), \
+            _trainer(lines):
+        # Both workers run the streamer (their lines may share one line of the pipe).
+        wait_until(lambda: "".join(lines).count(STUCK_LINE) == 2, 20,
+                   "both workers to run the stuck streamer")
+        started = next(line for line in lines if "sampling worker(s): pids" in line)
+        workers = [int(pid) for pid in started.split("pids")[1].split(",")]
+        pids = [process.pid, *workers]
+        try:
+            # The first signal's shutdown waits a moment for the workers, which never
+            # look: the second comes then (before the fix it cut that wait short and
+            # stopped nothing: the server and both workers still ran 10 s later).
+            _signal_twice(process, signum, lines, taken="shutting down")
+            second_sent = process.returncode is None  # Popen signals no reaped process
+            wait_until(lambda: not any(map(pid_alive, pids)), 5,
+                       f"the server and its workers {pids} to stop")
+        finally:
+            for pid in workers:  # the server is killed by _cli_server
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        process.wait(5)
+        if second_sent:
+            assert process.returncode == 128 + signum
 
 
 def test_keygen_never_leaves_the_secret_readable(tmp_path: Path,

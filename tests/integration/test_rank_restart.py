@@ -82,3 +82,45 @@ def test_a_restarted_rank_continues_right_after_its_predecessor(
         assert sorted(ids) == list(range(EPOCH)) and set(ids.values()) == {1}, (
             f"epoch {epoch}: not every sample exactly once"
         )
+
+
+@pytest.mark.parametrize("run", range(2))
+def test_a_rank_killed_right_after_its_first_samples_is_continued_not_replayed(
+    serve: Any, tmp_path: Path, run: int
+) -> None:
+    # The loader acknowledges from a thread, which a busy machine may schedule late (played
+    # here: it starts 3 s late, past the doomed rank's life). A rank SIGKILLed 100 ms after
+    # its 10th sample of epoch 1 must still be continued right after it: the loader does
+    # not hand out a sample before its acknowledgements can reach the server. 32 KiB
+    # samples: the stream does not fit in the socket buffers, the server is still sampling
+    # when the successor comes.
+    server = serve(SAMPLER, "--arg", "streams=2", "--arg", "per_stream=100", "--arg",
+                   "width=8192", "--epochs", "2", "--epoch-size", str(EPOCH),
+                   "--samples-per-message", "4")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def trainer(name: str, *flags: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.trainers", server.data, server.control,
+             str(tmp_path / name), "--rank", "0", "--world-size", "1", *flags],
+            env=env, cwd=ROOT)
+
+    processes = [trainer("doomed", "--die-after", "10", "--abrupt", "--step-ms", "100",
+                         "--acks-late-ms", "3000")]
+    try:
+        assert processes[0].wait(timeout=60) == -9
+        processes.append(trainer("restarted"))
+        assert processes[1].wait(timeout=60) == 0
+        assert server.wait(timeout=30) == 0
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
+    doomed = read_ranked(tmp_path / "doomed")
+    restarted = read_ranked(tmp_path / "restarted")
+    assert [position for _, _, position in doomed] == list(range(10))
+    first = [position for epoch, _, position in restarted if epoch == 1]
+    assert first == list(range(10, EPOCH)), (
+        f"the restarted rank took epoch 1 from position {first[:1]}, expected 10 on"
+    )

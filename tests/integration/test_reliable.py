@@ -13,7 +13,7 @@ import pytest
 
 import feedmux
 from feedmux.client.remote import RemoteLoader
-from tests.integration.conftest import ROOT, Spawned
+from tests.integration.conftest import ROOT, Endpoints, Spawned, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -103,3 +103,47 @@ def test_trainers_that_finish_at_different_times_both_stop_cleanly(
     for epoch in (1, 2):
         got = Counter(i for e, i in slow + fast if e == epoch)
         assert got == Counter(range(2000)), f"epoch {epoch}"
+
+
+def test_a_restarted_server_deals_again_none_of_what_a_departed_trainer_handed_out(
+    serve: Any, tmp_path: Path
+) -> None:
+    # Three trainers share the stream; one leaves cleanly early on. The two others outlive
+    # the server, and each reports its last 32 messages to the restarted one: those reach
+    # back past what the third handed out, which nobody reports. The restarted server must
+    # resume after the survivors' latest hand-outs, not at their oldest reported range.
+    command = (f"{SAMPLER}:numbered", "--arg", "per_stream=100", "--epochs", "2",
+               "--samples-per-message", "8", "--reliable")
+    endpoints = Endpoints.ipc(tmp_path)  # the restarted server binds the same endpoints
+    server = serve(*command, "--min-trainers", "3", endpoints=endpoints)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    names = ["leaver", "a", "b"]
+    flags = [["--stop-after", "40"], ["--step-ms", "5"], ["--step-ms", "5"]]
+    trainers = [subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.trainers", server.data, server.control,
+         str(tmp_path / name), "--reliable", *extra], env=env, cwd=ROOT)
+        for name, extra in zip(names, flags, strict=True)]
+    try:
+        assert trainers[0].wait(timeout=60) == 0
+        # Past what the leaver held and the server sent the others again, well within the
+        # survivors' last 32 messages (8 samples each).
+        wait_until(lambda: all(len(read_record(tmp_path / name)) >= 64 for name in "ab"),
+                   60, "both survivors past 64 samples")
+        server.kill()
+        server.wait(timeout=10)
+        server = serve(*command, "--min-trainers", "2", endpoints=endpoints)
+        assert [trainer.wait(timeout=90) for trainer in trainers[1:]] == [0, 0]
+        assert server.wait(timeout=30) == 0
+    finally:
+        for trainer in trainers:
+            if trainer.poll() is None:
+                trainer.kill()
+                trainer.wait(timeout=10)
+    rows = [pair for name in names for pair in read_record(tmp_path / name)]
+    assert len(read_record(tmp_path / "leaver")) == 40
+    for epoch in (1, 2):
+        ids = Counter(sample_id for row_epoch, sample_id in rows if row_epoch == epoch)
+        assert sorted(ids) == list(range(400)) and set(ids.values()) == {1}, (
+            f"epoch {epoch}: lost {sorted(set(range(400)) - set(ids))[:20]}, repeated "
+            f"{sorted(i for i, n in ids.items() if n > 1)[:20]}"
+        )

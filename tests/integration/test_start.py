@@ -204,3 +204,20 @@ def test_a_start_that_fails_later_says_what_happened(factory: str, said: str) ->
         server.start(timeout=30)
     assert said in str(caught.value)
     assert "did not bind within" not in str(caught.value)
+
+
+def test_a_forked_copy_of_the_starter_never_stops_its_server() -> None:
+    from feedmux import Server
+    from feedmux.client.remote import fetch_stats
+
+    server = Server("tests.integration.hard_samplers:draws", bind="tcp://127.0.0.1:0").start()
+    try:
+        child = os.fork()
+        if child == 0:  # a DataLoader worker, say, that stops what it inherited (or exits)
+            os._exit(0 if server.stop() is None else 1)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert server.exitcode is None
+        assert fetch_stats(server.control_address, timeout=10)["server_id"]
+    finally:
+        assert server.stop() == 0

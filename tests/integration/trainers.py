@@ -2,8 +2,9 @@
 
 It records every sample it is handed (``epoch id`` per line, flushed at once,
 so the record survives a crash) and can kill itself with SIGKILL after a given
-number of samples, to play a trainer that dies mid-epoch. It may belong to a
-consumer group, and may wait for the test's go (a file) before it connects.
+number of samples, to play a trainer that dies mid-epoch, or leave cleanly after
+some. It may belong to a consumer group, and may wait for the test's go (a file)
+before it connects.
 """
 
 from __future__ import annotations
@@ -24,13 +25,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("out")
     parser.add_argument("--reliable", action="store_true")
     parser.add_argument("--die-after", type=int, default=0)
+    parser.add_argument("--stop-after", type=int, default=0,
+                        help="leave cleanly (close the loader) after this many samples")
     parser.add_argument("--step-ms", type=float, default=0.0, help="a training step per sample")
     parser.add_argument("--group", help="the consumer group (default: the default group)")
     parser.add_argument("--rank", type=int, help="a ranked trainer (lines: epoch id position)")
     parser.add_argument("--world-size", type=int, default=1,
                         help="ranks of its job (or trainers of its group)")
     parser.add_argument("--start-file", help="connect only once this file exists (bounded)")
+    parser.add_argument("--abrupt", action="store_true",
+                        help="with --die-after: SIGKILL after the step, whatever was acknowledged")
+    parser.add_argument("--acks-late-ms", type=float, default=0.0,
+                        help="hold the acknowledging thread back this long at its start (a "
+                             "thread that a busy machine schedules late)")
     args = parser.parse_args(argv)
+    if args.acks_late_ms:
+        _hold_acks_back(args.acks_late_ms / 1000)
     if args.start_file:
         deadline = time.monotonic() + 60
         while not os.path.exists(args.start_file):
@@ -48,9 +58,11 @@ def main(argv: list[str]) -> int:
             out.write(f"{meta.epoch} {int(sample['id'])}{position}\n")
             if args.step_ms:
                 time.sleep(args.step_ms / 1000)
+            if count == args.stop_after:
+                break
             if count == args.die_after:
                 out.flush()
-                if loader._acks is not None:
+                if loader._acks is not None and not args.abrupt:
                     # A ranked or reliable loader acknowledges from a thread every few ms: die
                     # once it has told the server this sample (a step longer than that).
                     mark = (meta.server_id, meta.epoch, meta.position)
@@ -63,6 +75,19 @@ def main(argv: list[str]) -> int:
                     acks.stop()
                 os.kill(os.getpid(), signal.SIGKILL)
     return 0
+
+
+def _hold_acks_back(seconds: float) -> None:
+    """Start every acknowledging thread ``seconds`` late (before it connects anything)."""
+    from feedmux.client import _acks
+
+    run = _acks.HandOutAcks._run
+
+    def late(self: _acks.HandOutAcks) -> None:
+        time.sleep(seconds)  # the scheduling delay this option plays
+        run(self)
+
+    _acks.HandOutAcks._run = late  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

@@ -157,6 +157,19 @@ GOLDEN: list[tuple[str, Any, dict[str, Any], list[bytes]]] = [
         ),
     ),
     (
+        "hello-batches",
+        Hello(client_id="t4", batch_size=256, drop_last=True),
+        {},
+        frames_of(
+            # {"v": 1, "k": 2, "client_id": "t4", "role": "trainer", "world_size": 1,
+            #  "batch_size": 256, "drop_last": True}: both written only when they are not
+            #  their defaults (0: single samples; False), so older hellos keep their bytes
+            "87 a1 76 01 a1 6b 02 a9 63 6c 69 65 6e 74 5f 69 64 a2 74 34"
+            " a4 72 6f 6c 65 a7 74 72 61 69 6e 65 72 aa 77 6f 72 6c 64 5f 73 69 7a 65 01"
+            " aa 62 61 74 63 68 5f 73 69 7a 65 cd 01 00 a9 64 72 6f 70 5f 6c 61 73 74 c3",
+        ),
+    ),
+    (
         "heartbeat-grouped",
         Heartbeat(sender_id="t1", received_messages=5, group="eval"),
         {},

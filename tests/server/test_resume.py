@@ -140,7 +140,9 @@ def test_free_reliable_trainers_resume_at_the_first_position_nobody_handed_out()
     sends = gather(core, [(A, Hello(client_id="a", handed=(2, 10, 20, 2, 30, 40))),
                           (B, Hello(client_id="b", handed=(2, 20, 25, 3, 0, 4)))], now=0.0)
     assert sends == () and core.phase is Phase.SAMPLING
-    assert core.start_at == (2, 25)
+    # After the earliest of their latest hand-outs (a's 2:39; b's is 3:3): what either had
+    # not handed out was dealt after it. 2:25-30 went to neither (a trainer gone since).
+    assert core.start_at == (2, 40)
     kept = core.handed.keep(2, np.arange(24, 42))
     assert kept is not None and np.flatnonzero(~kept).tolist() == [0, *range(6, 16)]
     assert core.handed.keep(3, np.arange(6)).tolist() == [False] * 4 + [True] * 2

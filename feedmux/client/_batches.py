@@ -1,0 +1,106 @@
+"""What a loader that asked for batches checks and says about them.
+
+This module owns the trainer's side of ``RemoteLoader(..., batch_size=B,
+drop_last=...)`` that is not a socket: the check of the two arguments and
+:class:`BatchMeta`, where a handed-out batch came from. The batches
+themselves are built by the server (``feedmux.server._batches``) and taken
+from a message's stacked leaves by :func:`feedmux.protocol.stacked_tree`; this
+module must never build or look at a single sample.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from feedmux.errors import ConfigurationError
+from feedmux.protocol import SampleBatch, stacked_tree, take_rows
+
+__all__ = ["BatchMeta", "batch_meta", "batch_step", "check_batches", "unpacked"]
+
+
+class BatchMeta(NamedTuple):
+    """Where a batch came from: the server's epoch (1-based), the position in that epoch
+    of each of its samples (an int64 array) and the id of the server that sent it."""
+
+    epoch: int
+    positions: np.ndarray
+    server_id: str
+
+
+def batch_meta(tags: Any, server_id: str) -> BatchMeta:
+    """The :class:`BatchMeta` of a batch tagged ``tags`` (rows of (epoch, position)).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> batch_meta(np.array([[2, 6], [2, 7]]), "s1")
+    BatchMeta(epoch=2, positions=array([6, 7]), server_id='s1')
+    """
+    return BatchMeta(int(tags[0, 0]), tags[:, 1], server_id)
+
+
+def batch_step(tree: Any, tags: Any, start: int, stop: int, server_id: str,
+               with_meta: bool) -> Any:
+    """What a batch loader's ``next()`` returns for rows ``start .. stop - 1`` of a
+    message's batch tree (tagged ``tags``): the batch (views of the tree's arrays), or
+    ``(BatchMeta, batch)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> tags = np.array([[1, 0], [1, 1], [1, 2]])
+    >>> batch_step({"y": np.arange(3)}, tags, 2, 3, "s", with_meta=True)
+    (BatchMeta(epoch=1, positions=array([2]), server_id='s'), {'y': array([2])})
+    """
+    batch = tree if start == 0 and stop == len(tags) else take_rows(tree, slice(start, stop))
+    return (batch_meta(tags[start:stop], server_id), batch) if with_meta else batch
+
+
+def check_batches(batch_size: Any, drop_last: Any) -> None:
+    """Refuse a ``batch_size`` / ``drop_last`` pair a server could not serve.
+
+    Examples
+    --------
+    >>> check_batches(256, True), check_batches(None, False)
+    (None, None)
+    >>> check_batches(0, False)
+    Traceback (most recent call last):
+    ...
+    feedmux.errors.ConfigurationError: expected batch_size None or an int >= 1, got 0
+    >>> check_batches(None, True)
+    Traceback (most recent call last):
+    ...
+    feedmux.errors.ConfigurationError: expected drop_last=False without batch_size (it \
+says what happens to an epoch's last, partial batch), got drop_last=True
+    """
+    if batch_size is not None and not (type(batch_size) is int and batch_size >= 1):
+        raise ConfigurationError(f"expected batch_size None or an int >= 1, got {batch_size!r}")
+    if type(drop_last) is not bool:
+        raise ConfigurationError(f"expected drop_last a bool, got {drop_last!r}")
+    if drop_last and batch_size is None:
+        raise ConfigurationError(
+            "expected drop_last=False without batch_size (it says what happens to an epoch's "
+            "last, partial batch), got drop_last=True")
+
+
+def unpacked(samples: Any, batched: bool) -> Any:
+    """What a loader hands out of a decoded message's ``samples``: one batch tree
+    (``batched``: its stacked leaves, no sample built), or a list of every sample.
+
+    A stacked message's samples are built at once (C-level splits of the stacked
+    leaves): handing them out is then a list lookup, not a chain of Python calls
+    per sample and leaf.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> unpacked([{"y": 1}, {"y": 2}], batched=True)
+    {'y': array([1, 2])}
+    """
+    if batched:
+        return stacked_tree(samples)
+    if type(samples) is SampleBatch:
+        return samples.unstacked()
+    return samples

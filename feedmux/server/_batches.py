@@ -1,0 +1,223 @@
+"""Training batches built on the server: which samples form each trainer's batch.
+
+A trainer that asks for ``batch_size=B`` in its hello gets every data message
+as one batch of its training step. This module owns the two pure pieces of
+that: :class:`BatchRequest`, the batch shape the trainers of a server agreed
+on (the first trainer's hello fixes it for the run; a trainer asking for
+another is refused, naming both), and :class:`BatchAssembler`, the stage
+between the dealing and the encoding that cuts what one destination (the free
+trainers, or one rank) is dealt into batches of ``B`` consecutive samples, a
+batch never spanning two epochs, the last partial batch of an epoch sent or
+dropped (``drop_last``, counted). A stage that chooses other samples for a
+batch (by length, say) takes the assembler's place behind the same two calls,
+:meth:`~BatchAssembler.add` and :meth:`~BatchAssembler.finish_epoch`. It never
+encodes, sends or decides who holds a rank.
+
+With ranks the dealing comes first: the rank dealer evens the epoch's shares
+(``uneven``: pad or drop the last round), then each rank's share is cut into
+batches. Every share has the same length, so every rank gets the same number
+of batches, of the same sizes, and step ``k`` of every rank holds the rounds
+``k*B .. (k+1)*B - 1`` of the epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from feedmux.protocol import Hello, SampleBatch, take_samples, training_batch
+
+__all__ = ["MAX_BATCH_SIZE", "Batch", "BatchAssembler", "BatchRequest", "Batches"]
+
+#: The error type of a refused batch shape (the same as a refused rank's).
+BATCH_REFUSED = "feedmux.errors.ConfigurationError"
+#: The largest batch a server builds: a hello names it, and anyone who can reach the
+#: control port can send one (the server holds a batch's samples until it is complete).
+MAX_BATCH_SIZE = 1 << 20
+
+
+class BatchRequest:
+    """The batch shape a server's trainers asked for: ``batch_size`` (0: no batches) and
+    ``drop_last``, fixed by the first trainer's hello.
+
+    Examples
+    --------
+    >>> request = BatchRequest(grouped=False)
+    >>> request.admit(Hello("a", batch_size=32)) is None, request.batch_size
+    (True, 32)
+    >>> request.admit(Hello("b", batch_size=16))[1]
+    'this server builds batches of batch_size=32, drop_last=False for its trainers (the \
+first trainer asked for them): expected the same from trainer b, got batch_size=16, \
+drop_last=False'
+    """
+
+    def __init__(self, grouped: bool) -> None:
+        self.grouped = grouped
+        self.batch_size = 0
+        self.drop_last = False
+        self._fixed = False
+        self._run: Batches | None = None  # the assemblers of the current run
+        self._dropped_before = 0  # what the runs before it dropped (a restarted job)
+
+    def refusal(self, hello: Hello) -> tuple[str, str] | None:
+        """Why ``hello``'s trainer cannot be served its batches here, or None."""
+        size, drop = hello.batch_size, hello.drop_last
+        if not 0 <= size <= MAX_BATCH_SIZE or (drop and not size):
+            return BATCH_REFUSED, (f"expected batch_size 1 .. {MAX_BATCH_SIZE} (or 0 and "
+                                  f"drop_last False), got batch_size={size}, drop_last={drop}")
+        if size and self.grouped:
+            return BATCH_REFUSED, ("expected no batch_size with consumer groups (a group's "
+                                  f"messages are shared), got batch_size={size}")
+        if self._fixed and (size, drop) != (self.batch_size, self.drop_last):
+            return BATCH_REFUSED, (
+                f"this server builds {self.describe()} for its trainers (the first trainer "
+                f"asked for them): expected the same from trainer {hello.client_id}, got "
+                f"batch_size={size}, drop_last={drop}")
+        return None
+
+    def admit(self, hello: Hello) -> tuple[str, str] | None:
+        """Check ``hello`` and fix the shape if it is the first; ``(error type, message)``
+        when it is refused."""
+        refused = self.refusal(hello)
+        if refused is None and not self._fixed:
+            self.batch_size, self.drop_last, self._fixed = hello.batch_size, hello.drop_last, True
+        return refused
+
+    def assemblers(self) -> Batches | None:
+        """A run's batch assemblers, or None when the trainers asked for no batches."""
+        if not self.batch_size:
+            return None
+        if self._run is not None:
+            self._dropped_before += self._run.dropped
+        self._run = Batches(self.batch_size, self.drop_last)
+        return self._run
+
+    @property
+    def dropped(self) -> int:
+        """Samples of epochs' last, partial batches dropped (``drop_last``) so far."""
+        return self._dropped_before + (0 if self._run is None else self._run.dropped)
+
+    def describe(self) -> str:
+        if not self.batch_size:
+            return "no batches (batch_size=0)"
+        return f"batches of batch_size={self.batch_size}, drop_last={self.drop_last}"
+
+
+class Batch(NamedTuple):
+    """Consecutive batches for one destination, one data message: ``tags`` (rows of
+    (epoch, position)) and ``items`` (a :class:`~feedmux.protocol.SampleBatch` with
+    every number stacked). It holds whole batches of ``batch_size`` but for an
+    epoch's last, short one, at its end: the trainer cuts it at every
+    ``batch_size`` rows."""
+
+    tags: np.ndarray
+    items: SampleBatch
+
+
+class BatchAssembler:
+    """Cuts the samples dealt to one destination into batches of ``batch_size``.
+
+    Feed it the samples of an epoch in order (:meth:`add`, any piece sizes),
+    then call :meth:`finish_epoch`. It keeps pieces of what it was given (row
+    ranges), not samples, and joins them only to complete a batch; the whole
+    batches of a piece come out together (one message for several batches).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> def tagged(epoch, start, count):
+    ...     tags = np.empty((count, 2), dtype=np.int64)
+    ...     tags[:, 0], tags[:, 1] = epoch, np.arange(start, start + count)
+    ...     return tags
+    >>> assembler = BatchAssembler(2, drop_last=False)
+    >>> [b.tags[:, 1].tolist() for b in assembler.add(tagged(1, 0, 3), [1, 2, 3])]
+    [[0, 1]]
+    >>> [b.tags[:, 1].tolist() for b in assembler.add(tagged(1, 3, 6), [4, 5, 6, 7, 8, 9])]
+    [[2, 3], [4, 5, 6, 7]]
+    >>> [(b.tags[:, 1].tolist(), b.items.stacked().tolist()) for b in assembler.finish_epoch()]
+    [([8], [9])]
+    """
+
+    def __init__(self, batch_size: int, drop_last: bool) -> None:
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        #: Samples of epochs' last, partial batches that were dropped (drop_last).
+        self.dropped = 0
+        self._pieces: list[tuple[np.ndarray, Sequence[Any]]] = []
+        self._held = 0
+
+    def add(self, tags: np.ndarray, items: Sequence[Any]) -> list[Batch]:
+        """The batches that ``items`` (tagged ``tags``, the next of the epoch) complete:
+        the one begun before (if any), then the piece's whole batches together."""
+        size, count = self.batch_size, len(items)
+        out: list[Batch] = []
+        start = 0
+        if self._held:
+            start = min(size - self._held, count)
+            self._pieces.append((tags[:start], _rows(items, 0, start)))
+            self._held += start
+            if self._held < size:
+                return out
+            out.append(self._joined())
+        stop = start + (count - start) // size * size
+        if stop > start:
+            out.append(_batch(tags[start:stop], _rows(items, start, stop)))
+        if stop < count:
+            self._pieces.append((tags[stop:], _rows(items, stop, count)))
+            self._held = count - stop
+        return out
+
+    def finish_epoch(self) -> list[Batch]:
+        """The epoch has no more samples: its last, partial batch (or nothing, dropped)."""
+        if not self._held:
+            return []
+        if self.drop_last:
+            self.dropped += self._held
+            self._pieces, self._held = [], 0
+            return []
+        return [self._joined()]
+
+    def _joined(self) -> Batch:
+        pieces, self._pieces, self._held = self._pieces, [], 0
+        if len(pieces) == 1:
+            return _batch(*pieces[0])
+        tags = np.concatenate([tags for tags, _ in pieces])
+        return _batch(tags, take_samples([(items, slice(None)) for _, items in pieces]))
+
+
+def _rows(items: Sequence[Any], start: int, stop: int) -> Sequence[Any]:
+    if start == 0 and stop == len(items):
+        return items
+    return take_samples([(items, slice(start, stop))])
+
+
+def _batch(tags: np.ndarray, items: Sequence[Any]) -> Batch:
+    return Batch(tags, training_batch(items))
+
+
+class Batches:
+    """The assemblers of one server run, one per destination (-1: the free trainers; a
+    rank), all of one shape."""
+
+    def __init__(self, batch_size: int, drop_last: bool) -> None:
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self._assemblers: dict[int, BatchAssembler] = {}
+
+    def of(self, destination: int) -> BatchAssembler:
+        assembler = self._assemblers.get(destination)
+        if assembler is None:
+            assembler = self._assemblers[destination] = BatchAssembler(self.batch_size,
+                                                                       self.drop_last)
+        return assembler
+
+    def finish_epoch(self) -> list[tuple[int, Batch]]:
+        """Every destination's last batch of the epoch, in destination order."""
+        return [(destination, batch) for destination in sorted(self._assemblers)
+                for batch in self._assemblers[destination].finish_epoch()]
+
+    @property
+    def dropped(self) -> int:
+        return sum(assembler.dropped for assembler in self._assemblers.values())
