@@ -121,6 +121,10 @@ SKIPPED: dict[tuple[str, str], str] = {
     "is not installed here",
     ("examples/ray_train.py", "python examples/ray_train.py"): "needs Ray, not in the test "
     "set-up (tests/ray/test_example.py runs it: make test-ray)",
+    ("docs/torch.md", 'os.environ["RANK"]'): "a rank started by torchrun; the same loop runs "
+    "as 2 ranks under gloo in tests/integration/test_torch_dataloader.py",
+    ("docs/torch.md", "python examples/lightning_train.py"): "the commands of "
+    "examples/lightning_train.py's docstring (see there)",
 }
 
 #: Commands of shell blocks that cannot run here: (document, a string only that
@@ -197,6 +201,19 @@ GIVEN: dict[tuple[str, str], list[tuple[str, str]]] = {
     ("docs/groups.md", 'group="ddp"'): [("python", "rank = 0")],
     ("docs/stream.md", "batch_size=256)"): [
         ("sh", "feedmux serve mypkg.data:make_mux --epochs 1")],
+    ("docs/torch.md", "one pass = one server epoch"): [
+        ("sh", "feedmux serve mypkg.data:make_mux --epochs 3")],
+    ("docs/torch.md", "dataset.track(loader)"): [
+        ("sh", "feedmux serve mypkg.data:make_mux --epochs 2"),
+        ("python", """
+        import torch
+        from torch.utils.data import DataLoader
+
+        from feedmux.torch import RemoteDataset
+
+        dataset = RemoteDataset("tcp://127.0.0.1:5555", rank=0, world_size=1, timeout=60)
+        model, rank, epochs, path = torch.nn.Linear(4, 1), 0, 2, "checkpoint.pt"
+        """)],
     ("examples/trainer.py", "python examples/trainer.py"): [("sh", """
         python examples/make_data.py feedmux-data
         feedmux serve examples.sampler:make_mux --arg data_dir=feedmux-data --epochs 3
@@ -253,7 +270,7 @@ SESSIONS: dict[str, list[list[str]]] = {
 
 #: Sessions that take more than a few seconds (several interpreters importing torch).
 SLOW_SESSIONS = {"README.md#1", "README.md#2", "docs/ddp.md", "docs/resume.md",
-                 "docs/migrating.md#3"}
+                 "docs/torch.md", "docs/migrating.md#3"}
 
 
 def read_blocks(path: Path) -> list[Block]:
