@@ -59,6 +59,9 @@ CHECKPOINT_EVERY = 40  # steps between two checkpoints of a rank
 #: restarted server waits for the trainers alive when it stopped, and those must be the
 #: trainers that say hello (docs/resume.md).
 QUIET = 3.0
+#: Seconds a server may take to start, and a trainer to wait for data (a server restart
+#: included): generous, a loaded machine starts processes slowly.
+START_WAIT, TRAINER_WAIT = 120.0, 240.0
 #: Seconds a process takes to reach its working size (imports, queues, allocator pools).
 WARM_UP = 30.0
 #: Seconds a process must live for its RSS slope to be judged (see ``_report_rss``).
@@ -133,7 +136,7 @@ def _trainer(argv: list[str]) -> int:
     end = time.monotonic() + seconds
     pid = os.getpid()
     with open(out, "a", buffering=1) as log, feedmux.RemoteLoader(
-        data, control=control, timeout=60, reliable=True, with_meta=True, hwm=4,
+        data, control=control, timeout=TRAINER_WAIT, reliable=True, with_meta=True, hwm=4,
     ) as loader:
         for meta, sample in loader:
             ok = int((sample["x"] == int(sample["id"])).all())
@@ -150,7 +153,7 @@ def _rank(argv: list[str]) -> int:
     data, control, rank, out, checkpoints = argv[0], argv[1], int(argv[2]), argv[3], argv[4]
     step = int(argv[5])  # the checkpoint to resume from (0: a fresh start)
     with open(out, "a", buffering=1) as log, feedmux.RemoteLoader(
-        data, control=control, timeout=60, with_meta=True, hwm=4, rank=rank,
+        data, control=control, timeout=TRAINER_WAIT, with_meta=True, hwm=4, rank=rank,
         world_size=WORLD_SIZE,
     ) as loader:
         if step:
@@ -170,9 +173,12 @@ def _rank(argv: list[str]) -> int:
 
 # -- the run -------------------------------------------------------------------------------
 class _Soak:
-    def __init__(self, scratch: Path, workers: int) -> None:
+    def __init__(self, scratch: Path, workers: int, seed: int) -> None:
         self.scratch = scratch
         self.workers = workers
+        #: Both servers' run seed: a resumed or restarted run must give the same samples at
+        #: the same positions (with several workers their merge order depends on it).
+        self.seed = seed
         self.rss: dict[str, list[tuple[float, int]]] = defaultdict(list)
         self.trainers: dict[str, subprocess.Popen[bytes]] = {}
         self.killed: list[str] = []  # pids of the SIGKILLed free trainers
@@ -193,15 +199,19 @@ class _Soak:
                      min_trainers: int = 0) -> None:
         self.servers += 1
         options: dict[str, Any] = {"bind": data, "reliable": True, "workers": self.workers,
-                                   "min_trainers": min_trainers}
+                                   "min_trainers": min_trainers, "seed": self.seed}
         if control is not None:
             options["control"] = control
-        self.server = feedmux.Server(SOURCE, **options).start()
+        self.server = feedmux.Server(SOURCE, **options).start(timeout=START_WAIT)
 
     def restart_server(self) -> None:
         assert self.server is not None
         data, control = self.server.data_address, self.server.control_address
-        alive = sum(1 for process in self.trainers.values() if process.poll() is None)
+        # The trainers the old server had dealt to (one still starting up may die unheard).
+        dealt = {line.rsplit(" ", 1)[-1] for line in
+                 (self.scratch / "received.txt").read_text().splitlines()}
+        alive = sum(1 for process in self.trainers.values()
+                    if process.poll() is None and str(process.pid) in dealt)
         self.server.stop()
         self.start_server(data, control, min_trainers=alive)
 
@@ -222,8 +232,8 @@ class _Soak:
             self.killed.append(str(victim.pid))
 
     def start_ranked(self) -> None:
-        self.ranked = feedmux.Server(SOURCE, bind="tcp://127.0.0.1:0",
-                                     workers=self.workers).start()
+        self.ranked = feedmux.Server(SOURCE, bind="tcp://127.0.0.1:0", workers=self.workers,
+                                     seed=self.seed).start(timeout=START_WAIT)
         for rank in range(WORLD_SIZE):
             self._start_rank(rank, 0)
 
@@ -324,7 +334,7 @@ def run(minutes: float, seed: int, workers: int, max_slope: float) -> int:
           f"{len(schedule.rank_kills)} rank(s) SIGKILLed", flush=True)
     with tempfile.TemporaryDirectory(prefix="feedmux-soak-") as scratch_dir:
         scratch = Path(scratch_dir)
-        soak = _Soak(scratch, workers)
+        soak = _Soak(scratch, workers, seed)
         try:
             _drive(soak, schedule)
         finally:

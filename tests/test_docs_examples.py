@@ -29,7 +29,8 @@ pair of ports on 127.0.0.1 (data, and control on the next port, as by default)
 instead of its documented ``--bind`` (tests run side by side on one machine; 5555
 would collide), and in what follows the documented endpoints (:data:`DATA_ENDPOINTS`
 on 5555, :data:`CONTROL_ENDPOINTS` on 5556; ``hostN`` for the N-th server started)
-become the ones that server got; ``--metrics-port N`` becomes ``--metrics-port 0``.
+become the ones that server got; ``--metrics-port N`` becomes ``--metrics-port 0``,
+and ``/tmp/`` a folder of the session's own (another run may write the same path).
 Names a block takes from its reader's own code (a model, a training step) are given
 by :data:`GIVEN`, block by block.
 
@@ -120,6 +121,10 @@ SKIPPED: dict[tuple[str, str], str] = {
     "is not installed here",
     ("examples/ray_train.py", "python examples/ray_train.py"): "needs Ray, not in the test "
     "set-up (tests/ray/test_example.py runs it: make test-ray)",
+    ("docs/torch.md", 'os.environ["RANK"]'): "a rank started by torchrun; the same loop runs "
+    "as 2 ranks under gloo in tests/integration/test_torch_dataloader.py",
+    ("docs/torch.md", "python examples/lightning_train.py"): "the commands of "
+    "examples/lightning_train.py's docstring (see there)",
 }
 
 #: Commands of shell blocks that cannot run here: (document, a string only that
@@ -132,6 +137,13 @@ SKIPPED_COMMANDS: dict[tuple[str, str], str] = {
     ("docs/observability.md", "pip install"): "installs from the package index (the test "
     "set-up has prometheus-client)",
     ("docs/scale-out.md", "pip install"): "installs Ray from the package index",
+    ("examples/ddp_train.py", "torchrun"): "run by tests/integration/test_ddp.py "
+    "(test_torchrun_runs_the_ddp_example, over a smaller sampler: minutes of all_reduce "
+    "steps on a loaded machine); the commands before it run here",
+    ("examples/lightning_train.py", "python examples/lightning_train.py"): "run by "
+    "tests/integration/test_torch_dataloader.py (over a smaller sampler: 6,000 "
+    "single-sample Lightning steps take minutes on a loaded machine); the commands before "
+    "it run here",
 }
 
 #: What a block takes from its reader's own code or set-up: (document, a string only
@@ -187,6 +199,21 @@ GIVEN: dict[tuple[str, str], list[tuple[str, str]]] = {
                 yield SimpleNamespace(features=np.full(3, i, np.float32), label=i % 2)
         """)],
     ("docs/groups.md", 'group="ddp"'): [("python", "rank = 0")],
+    ("docs/stream.md", "batch_size=256)"): [
+        ("sh", "feedmux serve mypkg.data:make_mux --epochs 1")],
+    ("docs/torch.md", "one pass = one server epoch"): [
+        ("sh", "feedmux serve mypkg.data:make_mux --epochs 3")],
+    ("docs/torch.md", "dataset.track(loader)"): [
+        ("sh", "feedmux serve mypkg.data:make_mux --epochs 2"),
+        ("python", """
+        import torch
+        from torch.utils.data import DataLoader
+
+        from feedmux.torch import RemoteDataset
+
+        dataset = RemoteDataset("tcp://127.0.0.1:5555", rank=0, world_size=1, timeout=60)
+        model, rank, epochs, path = torch.nn.Linear(4, 1), 0, 2, "checkpoint.pt"
+        """)],
     ("examples/trainer.py", "python examples/trainer.py"): [("sh", """
         python examples/make_data.py feedmux-data
         feedmux serve examples.sampler:make_mux --arg data_dir=feedmux-data --epochs 3
@@ -227,7 +254,8 @@ READER_FILES: dict[str, str] = {
 SESSIONS: dict[str, list[list[str]]] = {
     "README.md": [
         ["make demo", "# mydata.py", "rng = np.random.default_rng(0)", "--workers 2 --epochs 10",
-         "print(epoch, loader.last_epoch)", "stream.data(math.inf)"],
+         "print(epoch, loader.last_epoch)", "stream.data(math.inf)", "--epochs 4",
+         "print(epoch, len(loader))", "--epochs 3", "RemoteDataset("],
         ["# mydata.py", "rng = np.random.default_rng(0)", "files=a.npz,b.npz --epochs 2",
          "# train.py", "torchrun --standalone"],
         ["podman-compose up --build", "FEEDMUX_TRAINERS=4 FEEDMUX_WORKERS=2",
@@ -242,7 +270,7 @@ SESSIONS: dict[str, list[list[str]]] = {
 
 #: Sessions that take more than a few seconds (several interpreters importing torch).
 SLOW_SESSIONS = {"README.md#1", "README.md#2", "docs/ddp.md", "docs/resume.md",
-                 "docs/migrating.md#3", "examples/ddp_train.py"}
+                 "docs/torch.md", "docs/migrating.md#3"}
 
 
 def read_blocks(path: Path) -> list[Block]:
@@ -370,7 +398,9 @@ class Session:
             file.write(text)
 
     def substitute(self, text: str) -> str:
-        """The documented endpoints replaced by those the session's servers bound."""
+        """The documented endpoints replaced by those the session's servers bound, and
+        ``/tmp/`` by a folder of the session's own."""
+        text = text.replace("/tmp/", f"{self.folder}/tmp/")
         if not self.servers:
             return text
         bound = [server.endpoints(START_TIMEOUT) for server in self.servers]
@@ -419,10 +449,10 @@ class Session:
         return answer
 
     def shell(self, name: str, command: str) -> None:
+        command = self.substitute(command)
         if re.match(r"feedmux\s+serve\b", command):
             self.serve(name, command)
             return
-        command = self.substitute(command)
         try:
             done = subprocess.run(["bash", "-c", command], cwd=self.folder, env=self.env,
                                   capture_output=True, text=True, timeout=BLOCK_TIMEOUT)

@@ -174,13 +174,13 @@ class HandOutAcks:
         # The server answers nothing here: what a server sends waits unread, bounded.
         sockets = [make_socket(context, zmq.DEALER, hwm=100, max_message_bytes=CONTROL_FRAME_BYTES,
                                security=self._security) for _ in self._addresses]
+        handshakes = _Handshakes(sockets, self.connected)
         try:
-            monitors = [socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-                        for socket in sockets]
             for socket, address in zip(sockets, self._addresses, strict=True):
                 socket.connect(address)
-            self._await_handshakes(sockets, monitors)
+            handshakes.check()
             while not self._stop.wait(self._pace.wait):
+                handshakes.check()
                 self._follow_moves(sockets)
                 sends = self.sends
                 if not self._send(sockets):
@@ -188,34 +188,10 @@ class HandOutAcks:
                 self._pace.looked(self.sends > sends)
             self._send(sockets, final=True)  # the last word: what was handed out up to the close
         finally:
+            handshakes.close()
             for socket in sockets:
                 socket.close(linger=200)
             context.term()
-
-    def _await_handshakes(self, sockets: list[Any], monitors: list[Any]) -> None:
-        """Set :attr:`connected` for each link as its handshake succeeds, for at most
-        :data:`CONNECT_WAIT` seconds (then for all: a server away is no reason to wait
-        on); the monitors are closed afterwards."""
-        deadline = time.monotonic() + CONNECT_WAIT
-        waiting = dict(enumerate(monitors))
-        while waiting and not self._stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            poller = zmq.Poller()
-            for monitor in waiting.values():
-                poller.register(monitor, zmq.POLLIN)
-            ready = dict(poller.poll(max(1, int(min(left, ACK_INTERVAL * 10) * 1000))))
-            for link, monitor in list(waiting.items()):
-                if monitor in ready and recv_monitor_message(monitor)["event"] == (
-                        zmq.EVENT_HANDSHAKE_SUCCEEDED):
-                    self.connected[link].set()
-                    del waiting[link]
-        for socket, monitor in zip(sockets, monitors, strict=True):
-            socket.disable_monitor()
-            monitor.close(linger=0)
-        for event in self.connected:
-            event.set()
 
     def move(self, link: int, address: str) -> None:
         """The server of link ``link`` now listens on control endpoint ``address``."""
@@ -283,6 +259,40 @@ class HandOutAcks:
             return
         self._stop.set()
         self._thread.join(timeout)
+
+
+class _Handshakes:
+    """Sets each link's event once its socket's handshake succeeded, or all of them
+    :data:`CONNECT_WAIT` seconds after the start (a server away is no reason to hold
+    the loader); looked at without blocking, so that an absent server never delays
+    the marks to the others. Its monitors are closed once every link is settled."""
+
+    def __init__(self, sockets: Sequence[Any], connected: Sequence[threading.Event]) -> None:
+        self.sockets = list(sockets)
+        self.connected = list(connected)
+        self.deadline = time.monotonic() + CONNECT_WAIT
+        # Made before the sockets connect, so that no event is missed.
+        self.waiting: dict[int, Any] = {
+            link: socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            for link, socket in enumerate(self.sockets)}
+
+    def check(self) -> None:
+        for link, monitor in list(self.waiting.items()):
+            while link in self.waiting and monitor.poll(0):
+                if recv_monitor_message(monitor)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self._settle(link)
+        if self.waiting and time.monotonic() > self.deadline:
+            self.close()
+
+    def _settle(self, link: int) -> None:
+        monitor = self.waiting.pop(link)
+        self.sockets[link].disable_monitor()
+        monitor.close(linger=0)
+        self.connected[link].set()
+
+    def close(self) -> None:
+        for link in list(self.waiting):
+            self._settle(link)
 
 
 def progress_of(loader: Any) -> Progress:

@@ -52,11 +52,18 @@ PARENT_CHECK = 0.25
 STOP_GRACE = 3.0
 #: Seconds to wait for the exit code of a child that closed its report pipe.
 EXIT_WAIT = 5.0
-# The fresh interpreter's whole program: take the starter's import path, then run.
+# The fresh interpreter's whole program: the starter's import path as it is (so a module
+# imports there exactly when it imports here), then run.
 _CHILD_CODE = (
-    "import sys; sys.path[:0] = sys.argv[3:]; "
-    "from feedmux.server._launch import child_main; child_main(int(sys.argv[1]), int(sys.argv[2]))"
+    "import sys; sys.path[:] = sys.argv[3:]; "
+    "from feedmux.server._launch import child_main; "
+    "from feedmux.server.server import serve_started; "
+    "child_main(int(sys.argv[1]), int(sys.argv[2]), serve_started)"
 )
+
+#: How a started process serves: ``serve(config, report, parent pid) -> exit code``
+#: (:func:`feedmux.server.server.serve_started`; passed in, as the server imports this module).
+Serve = Callable[[ServerConfig, "ChildReport", int], int]
 
 
 # Set in a process that start() made: a start() there is a source module starting itself.
@@ -227,7 +234,7 @@ def _threads() -> int:
         return threading.active_count()
 
 
-def launch(config: ServerConfig) -> ServerProcess:
+def launch(config: ServerConfig, serve: Serve) -> ServerProcess:
     """Start the background server process for ``config``; it reports on the returned pipe.
 
     A process that runs one thread is forked: nothing can hold a lock at the fork,
@@ -240,7 +247,7 @@ def launch(config: ServerConfig) -> ServerProcess:
     report_read, report_write = os.pipe()
     try:
         if _threads() == 1:
-            return ServerProcess("fork", _fork(config, report_write), report_read)
+            return ServerProcess("fork", _fork(config, report_write, serve), report_read)
         payload, why = _payload(config)
         if payload is not None:
             return ServerProcess("interpreter", _fresh(payload, report_write), report_read)
@@ -249,7 +256,7 @@ def launch(config: ServerConfig) -> ServerProcess:
                         "thread holding a lock at the fork can hang it; define the source in "
                         "an importable module (or pass it as 'module:attr') to start a fresh "
                         "interpreter instead", threading.active_count(), why)
-        return ServerProcess("fork", _fork(config, report_write), report_read)
+        return ServerProcess("fork", _fork(config, report_write, serve), report_read)
     except BaseException:
         os.close(report_read)
         raise
@@ -262,7 +269,7 @@ def _fresh(payload: bytes, report_write: int) -> subprocess.Popen[bytes]:
     try:
         process = subprocess.Popen(
             [sys.executable, "-c", _CHILD_CODE, str(config_read), str(report_write),
-             *[entry for entry in sys.path if entry]],
+             *sys.path],
             pass_fds=(config_read, report_write), stdin=subprocess.DEVNULL,
         )
     finally:
@@ -275,11 +282,11 @@ def _fresh(payload: bytes, report_write: int) -> subprocess.Popen[bytes]:
     return process
 
 
-def _fork(config: ServerConfig, report_write: int) -> Any:
+def _fork(config: ServerConfig, report_write: int, serve: Serve) -> Any:
     context: Any = multiprocessing.get_context("fork")
     process = context.Process(
         target=_forked_main,
-        args=(config, report_write, os.getpid()),
+        args=(config, report_write, os.getpid(), serve),
         name=f"feedmux-server-{config.server_id}", daemon=False,
     )
     process.start()
@@ -304,7 +311,7 @@ class ChildReport:
             os.close(fd)
 
 
-def child_main(config_fd: int, report_fd: int) -> None:
+def child_main(config_fd: int, report_fd: int, serve: Serve) -> None:
     """The fresh interpreter's entry point: read the configuration, serve, exit."""
     global _in_started_server
     _in_started_server = True
@@ -321,13 +328,13 @@ def child_main(config_fd: int, report_fd: int) -> None:
                               f"{type(error).__name__}: {error}")
         raise SystemExit(EXIT_FAILED) from None
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    raise SystemExit(_serve(config, report, parent))
+    raise SystemExit(_guarded(serve, config, report, parent))
 
 
-def _forked_main(config: ServerConfig, report_fd: int, parent: int) -> None:
+def _forked_main(config: ServerConfig, report_fd: int, parent: int, serve: Serve) -> None:
     global _in_started_server
     _in_started_server = True
-    raise SystemExit(_serve(config, ChildReport(report_fd), parent))
+    raise SystemExit(_guarded(serve, config, ChildReport(report_fd), parent))
 
 
 def check_not_nested() -> None:
@@ -340,15 +347,10 @@ def check_not_nested() -> None:
             "if __name__ == \"__main__\":")
 
 
-def _serve(config: ServerConfig, report: ChildReport, parent: int) -> int:
-    from feedmux.server.server import Server
-
-    server = Server(config.source, **config.options())
-    server._report = report
-    watch_parent(parent, lambda: server.request_stop(
-        f"the process that started it (pid {parent}) is gone"))
+def _guarded(serve: Serve, config: ServerConfig, report: ChildReport, parent: int) -> int:
+    """``serve(...)``; whatever escapes it is logged and reported, never lost."""
     try:
-        return server.run()
+        return serve(config, report, parent)
     except BaseException as error:
         log.error("server %s failed: %s: %s", config.server_id, type(error).__name__, error,
                   exc_info=error)

@@ -39,7 +39,13 @@ from feedmux.protocol import EndOfStream, Error
 from feedmux.sampling.epochs import EpochIterator
 from feedmux.sampling.mux import restart_passes
 from feedmux.server._forward import forward, ranked_dealer
-from feedmux.server._launch import ChildReport, ServerProcess, check_not_nested, launch
+from feedmux.server._launch import (
+    ChildReport,
+    ServerProcess,
+    check_not_nested,
+    launch,
+    watch_parent,
+)
 from feedmux.server._merge import merge_block
 from feedmux.server._producer import produce
 from feedmux.server._seeding import FRESH_ENTROPY, EpochSeeder, resolve_seed
@@ -399,7 +405,7 @@ class Server:
         if self._process is not None:
             raise RuntimeError("this server was already started")
         check_not_nested()
-        process = self._process = launch(self.config)
+        process = self._process = launch(self.config, serve_started)
         self.start_method = process.method
         _running.add(self)
         report = process.read_report(timeout)
@@ -460,6 +466,18 @@ def serve(source: Source, **options: Any) -> int:
     Takes the same arguments as :class:`Server`.
     """
     return Server(source, **options).run()
+
+
+def serve_started(config: ServerConfig, report: ChildReport, parent: int) -> int:
+    """Serve ``config`` in a process that ``Server.start()`` made; ``report`` the binding.
+
+    The server stops by itself once ``parent`` (the starter) is gone.
+    """
+    server = Server(config.source, **config.options())
+    server._report = report
+    watch_parent(parent, lambda: server.request_stop(
+        f"the process that started it (pid {parent}) is gone"))
+    return server.run()
 
 
 def _stop_started_servers() -> None:

@@ -83,3 +83,15 @@ def test_a_seed_gives_one_schedule_clear_of_the_restart() -> None:
     for churner in schedule.churners:
         end = churner.start + (churner.seconds if churner.kill_at is None else churner.kill_at)
         assert end < schedule.restart - 3 or churner.start > schedule.restart + 3
+
+
+def test_with_several_workers_a_position_keeps_its_sample() -> None:
+    # Two workers' merge order numbers the samples: ids are not positions, but a
+    # position holds the same sample in every epoch's deal, and an epoch holds each once.
+    rows = free_rows(6)
+    for row in rows:
+        row[3] = str((int(row[2]) * 3) % ITEMS)  # a fixed permutation of the ids
+    assert check_free(rows, killed=[], items=ITEMS).ok
+    rows.append(["s", "2", "1", "5", "1", "4"])  # position 1 again, with another sample
+    verdict = check_free(rows, killed=[], items=ITEMS)
+    assert (verdict.repeated, verdict.wrong) == (1, 1)

@@ -59,6 +59,16 @@ def test_free_dataloader_passes_are_exact_epochs(serve: Any, workers: int) -> No
     assert "unconfirmed" not in server.stderr
 
 
+
+def test_server_stacked_batches_pass_through_as_tensors(serve: Any) -> None:
+    server = serve(f"{SAMPLER}:numbered", "--epochs", "1", "--min-trainers", "2")
+    dataset = RemoteDataset(server.data, control=server.control, timeout=30, batch_size=8)
+    batches = list(DataLoader(dataset, batch_size=None, num_workers=2))
+    assert all(batch["x"].shape == (8, 4) and batch["x"].dtype == torch.float32
+               for batch in batches)
+    assert sorted(int(i) for batch in batches for i in batch["id"]) == list(range(IDS))
+
+
 def test_a_worker_that_gets_nothing_does_not_stall_the_end(serve: Any, tmp_path: Path) -> None:
     """Worker 1 connects after the server sent its whole stream to worker 0: its end of
     stream must come at once. Before, it waited for the drain of worker 0, which waited
