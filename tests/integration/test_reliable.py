@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 
 import feedmux
 from feedmux.client.remote import RemoteLoader
-from tests.integration.conftest import ROOT, Endpoints, Spawned, wait_until
+from feedmux.protocol import Hello, decode
+from tests.integration.conftest import ROOT, CheckedThread, Endpoints, Spawned, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -147,3 +149,28 @@ def test_a_restarted_server_deals_again_none_of_what_a_departed_trainer_handed_o
             f"epoch {epoch}: lost {sorted(set(range(400)) - set(ids))[:20]}, repeated "
             f"{sorted(i for i, n in ids.items() if n > 1)[:20]}"
         )
+
+
+def test_a_trainer_whose_hello_a_killed_server_swallowed_joins_the_restarted_one(
+    serve: Any, tmp_path: Path
+) -> None:
+    # The trainer's hello reaches a server process that dies before it answers (here a
+    # bare socket on the control endpoint that reads it and closes). The restarted server
+    # on the same endpoints waits for one trainer: it gets that trainer's heartbeats but no
+    # hello, and the trainer, welcomed for the first time, must say hello now.
+    endpoints = Endpoints.ipc(tmp_path)
+    context = zmq.Context()
+    swallower = context.socket(zmq.ROUTER)
+    swallower.linger = 0
+    swallower.bind(endpoints.control)
+    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=30,
+                      reliable=True) as loader:
+        samples = iter(loader)
+        first = CheckedThread(next, samples)
+        assert swallower.poll(20_000), "the trainer said no hello"
+        hello = decode(swallower.recv_multipart()[1:])
+        assert isinstance(hello, Hello) and hello.role == "trainer"
+        swallower.close()
+        context.term()
+        serve(f"{SAMPLER}:numbered", "--reliable", "--min-trainers", "1", endpoints=endpoints)
+        assert first.join(timeout=25) is not None  # a sample: the server admitted it
