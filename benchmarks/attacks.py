@@ -154,7 +154,10 @@ def flood(address: str, frames: list[Any], *, messages: int = 1, kind: int = zmq
         for _ in range(messages):
             if not socket.poll(int(timeout * 1000), zmq.POLLOUT):
                 break
-            socket.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+            try:
+                socket.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+            except zmq.Again:  # the connection went between the poll and the send
+                break
             sent += 1
     finally:
         sockets.close([socket])

@@ -350,6 +350,10 @@ def test_rows_taken_from_decoded_batches_encode_as_those_samples_would(
     if expected and padded(expected[0]):
         decode(encode(Data(tags, taken), inline_threshold=threshold))
         return  # equal values; padding bytes may differ
+    if type(taken) is SampleBatch and len(taken) < 2:
+        # A stacked batch stays a batch on the wire even with one row or none (a trainer
+        # asking for batches gets one): compared as the samples it decodes to.
+        taken = list(decode(encode(Data(tags, taken), inline_threshold=threshold)).samples)
     assert frame_bytes(encode(Data(tags, taken), inline_threshold=threshold)) == frame_bytes(
         encode(Data(tags, expected), inline_threshold=threshold))
     for want, got in zip(expected, taken, strict=True):

@@ -113,7 +113,15 @@ def test_decoded_batches_are_dealt_as_rows_into_the_same_messages(
         assert dealt.tags.tolist() == built.tags.tolist()
         if len(built.items) > 1 and min(chunks) > 1:  # a one-sample message is no batch
             assert isinstance(dealt.items, SampleBatch)
-        assert [bytes(frame) for frame in encode(Data(dealt.tags, dealt.items))] == [
-            bytes(frame) for frame in encode(Data(built.tags, built.items))]
+        assert _wire(dealt.tags, dealt.items) == _wire(built.tags, built.items)
         assert [sample["name"] for sample in dealt.items] == [
             str(position % sum(chunks)) for position in dealt.tags[:, 1]]
+
+
+def _wire(tags: Any, items: Any) -> list[bytes]:
+    """The frames of a message of ``items``; rows of a batch fewer than two are compared
+    as the samples they decode to (a stacked batch stays a batch on the wire even with one
+    row, so that a trainer asking for batches gets one)."""
+    if type(items) is SampleBatch and len(items) < 2:
+        items = list(decode(encode(Data(tags, items))).samples)
+    return [bytes(frame) for frame in encode(Data(tags, items))]
