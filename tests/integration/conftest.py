@@ -226,6 +226,15 @@ def serve(spawn: Callable[..., Spawned]) -> Callable[..., Spawned]:
     return start
 
 
+
+def kill_remaining(processes: list[subprocess.Popen[Any]]) -> None:
+    """SIGKILL and reap each of ``processes`` still running (a test's clean-up, bounded)."""
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+
+
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
     """Poll ``condition`` until it holds; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import ROOT
+from tests.integration.conftest import ROOT, kill_remaining
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -61,10 +61,7 @@ def test_a_restarted_rank_continues_right_after_its_predecessor(
         assert processes[2].wait(timeout=60) == 0
         assert server.wait(timeout=30) == 0
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=10)
+        kill_remaining(processes)
 
     rank0 = read_ranked(tmp_path / "rank0")
     doomed = read_ranked(tmp_path / "doomed")
@@ -113,10 +110,7 @@ def test_a_rank_killed_right_after_its_first_samples_is_continued_not_replayed(
         assert processes[1].wait(timeout=60) == 0
         assert server.wait(timeout=30) == 0
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=10)
+        kill_remaining(processes)
     doomed = read_ranked(tmp_path / "doomed")
     restarted = read_ranked(tmp_path / "restarted")
     assert [position for _, _, position in doomed] == list(range(10))

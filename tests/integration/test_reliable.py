@@ -15,7 +15,14 @@ import zmq
 import feedmux
 from feedmux.client.remote import RemoteLoader
 from feedmux.protocol import Hello, decode
-from tests.integration.conftest import ROOT, CheckedThread, Endpoints, Spawned, wait_until
+from tests.integration.conftest import (
+    ROOT,
+    CheckedThread,
+    Endpoints,
+    Spawned,
+    kill_remaining,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -137,10 +144,7 @@ def test_a_restarted_server_deals_again_none_of_what_a_departed_trainer_handed_o
         assert [trainer.wait(timeout=90) for trainer in trainers[1:]] == [0, 0]
         assert server.wait(timeout=30) == 0
     finally:
-        for trainer in trainers:
-            if trainer.poll() is None:
-                trainer.kill()
-                trainer.wait(timeout=10)
+        kill_remaining(trainers)
     rows = [pair for name in names for pair in read_record(tmp_path / name)]
     assert len(read_record(tmp_path / "leaver")) == 40
     # Epoch 1 was cut by the crash: nothing in it may come twice. What the survivors held
