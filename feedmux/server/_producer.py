@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from feedmux._ratelog import RateLimitedLog
+from feedmux._shm import SHM_THRESHOLD
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Data, Error, encode
 from feedmux.sampling.epochs import Chunk, EpochIterator
@@ -96,6 +97,11 @@ class BatchPolicy:
         """How many samples the message starting with ``first_sample`` may hold."""
         if self.samples_per_message is not None:
             return self.samples_per_message
+        if _largest_array(first_sample) >= SHM_THRESHOLD:
+            # An array that large goes through the shared pool, where its owned copy
+            # already is: stacking it with others would copy it again, and the
+            # message would take twice its size in the pool until it is sent.
+            return 1
         size = max(1, _payload_bytes(first_sample))
         return max(1, min(MAX_SAMPLES_PER_MESSAGE, TARGET_MESSAGE_BYTES // size))
 
@@ -111,6 +117,15 @@ def _payload_bytes(sample: Any) -> int:
     if isinstance(sample, (str, bytes)):
         return len(sample)
     return 8
+
+
+def _largest_array(sample: Any) -> int:
+    """Bytes of the largest array in a sample (containers walked)."""
+    if isinstance(sample, np.ndarray):
+        return int(sample.nbytes)
+    values = sample.values() if isinstance(sample, dict) else (
+        sample if isinstance(sample, (list, tuple)) else ())
+    return max((_largest_array(value) for value in values), default=0)
 
 
 #: Most characters of an error's message and of its traceback on the wire: an Error must

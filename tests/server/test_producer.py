@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 import feedmux
@@ -63,3 +64,14 @@ def test_skipping_ends_only_the_failing_stream_of_a_mux(caplog: pytest.LogCaptur
 def test_skipping_abandons_the_epoch_of_a_failing_top_level_streamer() -> None:
     sent = run(feedmux.Streamer(failing_after, 3), skip_errors=True)
     assert [items_of(sent, epoch) for epoch in (1, 2)] == [["f0", "f1", "f2"]] * 2
+
+
+def test_a_sample_with_a_pool_sized_array_travels_alone() -> None:
+    # Before: eight 512 KiB samples were stacked into one message (a copy of each),
+    # while their owned copies already sat in the shared pool: a message took twice
+    # its size there, and a 4 MiB pool stalled with the trainer holding 1.5 MiB.
+    policy = BatchPolicy()
+    large = {"id": 0, "x": np.zeros(512 * 128, np.int64)}
+    assert policy.limit_for(large) == 1
+    medium = {"x": np.zeros(64 * 128, np.int64)}  # 64 KiB: 64 of them fill 4 MiB
+    assert policy.limit_for(medium) == 64
