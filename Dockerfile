@@ -43,5 +43,5 @@ ENTRYPOINT ["feedmux"]
 # unreachable from other containers and from the published ports. Who can reach
 # the container is decided where its ports are published (e.g. 127.0.0.1:5555:5555)
 # and by the network it is attached to; feedmux itself binds loopback by default.
-CMD ["serve", "feedmux.demo:make_example_mux", \
+CMD ["serve", "feedmux.apps.demo:make_example_mux", \
      "--bind", "tcp://0.0.0.0:5555", "--control", "tcp://0.0.0.0:5556"]

@@ -37,7 +37,7 @@ class _Keys:
     """The server's CURVE key pair, in a folder removed by :meth:`remove`."""
 
     def __init__(self) -> None:
-        from feedmux._security import create_keys
+        from feedmux._plumbing.curve import create_keys
 
         self.folder = tempfile.mkdtemp(prefix="feedmux-bench-keys-")
         public, secret = create_keys(self.folder, "server")

@@ -32,7 +32,7 @@ import feedmux
 from benchmarks.scenarios import small_samples
 from feedmux import RemoteLoader, Server
 from feedmux.sampling import EpochIterator
-from feedmux.server._owning import own
+from feedmux.server._sources.owning import own
 
 STREAMS = 16
 TIMEOUT = 120.0

@@ -183,7 +183,7 @@ def _train(loader: feedmux.RemoteLoader, report: Report, stop: threading.Event) 
 
 
 def _keys(directory: Path) -> tuple[str, Any, Any]:
-    from feedmux._security import ClientCurve, create_keys, load_public_key
+    from feedmux._plumbing.curve import ClientCurve, create_keys, load_public_key
 
     _, secret = create_keys(directory, "server")
     server_key = load_public_key(str(directory / "server.key"))

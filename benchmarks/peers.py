@@ -125,7 +125,7 @@ _curve_public_key: list[str] = []
 
 def _curve_secret(directory: str) -> str:
     """A fresh server certificate in ``directory``; its public key kept for trainers."""
-    from feedmux._security import create_keys
+    from feedmux._plumbing.curve import create_keys
 
     public, secret = create_keys(directory, "server")
     _curve_public_key[:] = [str(public)]

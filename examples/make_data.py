@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from feedmux.demo import write_example_files
+from feedmux.apps.demo import write_example_files
 
 if __name__ == "__main__":
     directory = sys.argv[1] if len(sys.argv) > 1 else "feedmux-data"

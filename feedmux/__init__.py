@@ -29,7 +29,7 @@ from feedmux.errors import (
 )
 
 if TYPE_CHECKING:
-    from feedmux._shm import shared_empty
+    from feedmux._plumbing.shm import shared_empty
     from feedmux._worker_info import WorkerInfo, worker_info
     from feedmux.client.remote import BatchMeta, RemoteLoader, SampleMeta, fetch_stats
     from feedmux.client.stream import ManualStream, Stream
@@ -60,7 +60,7 @@ _LAZY = {
     "serve": "feedmux.server.server",
     "WorkerInfo": "feedmux._worker_info",
     "worker_info": "feedmux._worker_info",
-    "shared_empty": "feedmux._shm",
+    "shared_empty": "feedmux._plumbing.shm",
 }
 
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from feedmux.cli import main
+from feedmux.apps.cli import main
 
 sys.exit(main())

@@ -215,10 +215,10 @@ else
     die "the sampler's published control port $control did not answer within 60 s"
   fi
   mkdir "$work/host-results"
-  if ! timeout 120 "$host_python" -m feedmux.demo trainer "tcp://$data_host" \
+  if ! timeout 120 "$host_python" -m feedmux.apps.demo trainer "tcp://$data_host" \
          --control "$control" --results "$work/host-results" --timeout 60 \
          >"$work/host-trainer.log" 2>&1 \
-     || ! "$host_python" -m feedmux.demo check "$work/host-results" --files "$FEEDMUX_FILES" \
+     || ! "$host_python" -m feedmux.apps.demo check "$work/host-results" --files "$FEEDMUX_FILES" \
          --examples "$FEEDMUX_EXAMPLES" --epochs 1 --trainers 1 --wait 5 >"$work/host-check.log" 2>&1; then
     cat "$work/host-trainer.log" "$work/host-check.log" >&2 2>/dev/null || true
     show_logs "$host_project" >&2

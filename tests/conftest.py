@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from feedmux._shm import SHM_DIR, orphaned_segments
+from feedmux._plumbing.shm import SHM_DIR, orphaned_segments
 
 #: Seconds the reapers get to remove the segments of the suite's last killed servers.
 REAPER_GRACE = 10.0
@@ -24,7 +24,7 @@ def no_leaked_shared_memory() -> Iterator[None]:
 
     The integration fixtures SIGKILL many of the servers they spawned: nothing of
     those runs after the signal, so this checks the reaper each pool starts
-    (feedmux._shm), not the next start's sweep. Segments of servers still
+    (feedmux._plumbing.shm), not the next start's sweep. Segments of servers still
     running (another suite's on a shared machine) are not this suite's to judge.
     """
     before = _segments()

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from feedmux.cli import build_parser, main
+from feedmux.apps.cli import build_parser, main
 
 
 def _serve_parser() -> argparse.ArgumentParser:

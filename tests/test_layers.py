@@ -183,7 +183,7 @@ def test_only_the_ray_package_imports_ray() -> None:
 @pytest.mark.timeout(150)
 def test_feedmux_imports_and_serves_without_ray() -> None:
     loaded = _modules_after(
-        "import feedmux, feedmux.server, feedmux.client, feedmux.cli\n"
+        "import feedmux, feedmux.server, feedmux.client, feedmux.apps.cli\n"
         "from feedmux import RemoteLoader, Server, Stream"
     )
     assert _forbidden(loaded, ("ray", RAY_GLUE)) == []

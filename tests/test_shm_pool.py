@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from feedmux._shm import (
+from feedmux._plumbing.shm import (
     REF_SIZE,
     ShmPool,
     ShmViews,
@@ -215,7 +215,7 @@ def test_a_view_of_a_shared_empty_array_keeps_its_run(pool: ShmPool) -> None:
 
 
 def test_the_servers_own_copy_goes_to_the_pool_and_spares_shared_empty(pool: ShmPool) -> None:
-    from feedmux.server._owning import own
+    from feedmux.server._sources.owning import own
 
     activate(pool)
     try:

@@ -42,7 +42,12 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from feedmux._transport import CONTROL_FRAME_BYTES, HEARTBEAT_INTERVAL, make_socket, send_message
+from feedmux._plumbing.sockets import (
+    CONTROL_FRAME_BYTES,
+    HEARTBEAT_INTERVAL,
+    make_socket,
+    send_message,
+)
 from feedmux.client._data import take_all
 from feedmux.client._moves import reconnect
 from feedmux.client._resume import position_runs

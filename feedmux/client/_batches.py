@@ -3,7 +3,7 @@
 This module owns the trainer's side of ``RemoteLoader(..., batch_size=B,
 drop_last=...)`` that is not a socket: the check of the two arguments and
 :class:`BatchMeta`, where a handed-out batch came from. The batches
-themselves are built by the server (``feedmux.server._batches``) and taken
+themselves are built by the server (``feedmux.server._delivery.batches``) and taken
 from a message's stacked leaves by :func:`feedmux.protocol.stacked_tree`; this
 module must never build or look at a single sample.
 """

@@ -5,7 +5,7 @@ one data DEALER per server, taken in turn; in reliable mode the envelope, the
 acknowledgement of the messages whose samples were all handed out (several at
 once: see :class:`DataSockets`), and an end of stream that comes on the data
 socket; the shared-memory pools of servers on this host (a reference frame
-becomes a view of the pool: :mod:`feedmux._shm`). It reports the link number
+becomes a view of the pool: :mod:`feedmux._plumbing.shm`). It reports the link number
 and sequence number of the message it returned (the acknowledging thread needs
 them). It must never decide anything about the servers (that is the pure link
 state's) and never look at single samples.
@@ -20,8 +20,8 @@ from typing import Any
 
 import zmq
 
-from feedmux._shm import ShmViews
-from feedmux._transport import keep_freed_memory, readable, send_message
+from feedmux._plumbing.shm import ShmViews
+from feedmux._plumbing.sockets import keep_freed_memory, readable, send_message
 from feedmux.client._link import ServerLinks
 from feedmux.errors import ProtocolError, VersionMismatchError
 from feedmux.protocol import (

@@ -18,8 +18,8 @@ from typing import Any
 
 import zmq
 
-from feedmux._security import ClientCurve
-from feedmux._transport import (
+from feedmux._plumbing.curve import ClientCurve
+from feedmux._plumbing.sockets import (
     CONTROL_FRAME_BYTES,
     control_address_for,
     make_socket,

@@ -14,8 +14,8 @@ from typing import Any
 
 import zmq
 
-from feedmux._security import ClientCurve
-from feedmux._transport import CONTROL_FRAME_BYTES, make_socket
+from feedmux._plumbing.curve import ClientCurve
+from feedmux._plumbing.sockets import CONTROL_FRAME_BYTES, make_socket
 from feedmux.client._link import ServerLinks
 
 __all__ = ["close_sockets", "open_sockets"]

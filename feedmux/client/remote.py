@@ -27,9 +27,9 @@ from typing import Any, NamedTuple
 import zmq
 
 from feedmux._auditlog import AuditLog, NoAudit, open_audit
-from feedmux._handshake import HandshakeWatch
-from feedmux._security import ClientCurve
-from feedmux._transport import (
+from feedmux._plumbing.curve import ClientCurve
+from feedmux._plumbing.handshakes import HandshakeWatch
+from feedmux._plumbing.sockets import (
     DEFAULT_HWM,
     HEARTBEAT_INTERVAL,
     MAX_CLIENT_ID,
@@ -122,7 +122,7 @@ class RemoteLoader:
     tune_malloc : bool
         When the first large message (over 1 MiB) arrives, make glibc's malloc
         keep freed large buffers for reuse in this process (see
-        ``feedmux._transport.keep_freed_memory``): 1.2-1.8x the throughput of
+        ``feedmux._plumbing.sockets.keep_freed_memory``): 1.2-1.8x the throughput of
         16 MiB samples at half the trainer CPU. The price: freed buffers stay in
         the process, up to its peak heap use (not a fixed bound; see
         ``docs/performance.md``). False leaves the allocator alone.

@@ -4,7 +4,7 @@
 both ROUTERs: each trainer connects a DEALER to each, its data DEALER named by
 its client id) and the clock. Every decision — who
 is connected, what to answer, when the stream may end — belongs to
-:class:`~feedmux.server._core.ControlCore`; this module feeds it events with
+:class:`~feedmux.server._control.core.ControlCore`; this module feeds it events with
 the time and sends what it returns, reporting back the sends that failed. It
 must never keep trainer or drain state of its own.
 """
@@ -19,10 +19,10 @@ from typing import Any, Protocol
 
 import zmq
 
-from feedmux._handshake import HandshakeLogger
-from feedmux._security import ServerCurve
-from feedmux._shm import Placement
-from feedmux._transport import (
+from feedmux._plumbing.curve import ServerCurve
+from feedmux._plumbing.handshakes import HandshakeLogger
+from feedmux._plumbing.shm import Placement
+from feedmux._plumbing.sockets import (
     CONTROL_INBOUND_FRAME_BYTES,
     CONTROL_RCVHWM,
     DATA_INBOUND_FRAME_BYTES,
@@ -34,14 +34,14 @@ from feedmux._transport import (
 )
 from feedmux.errors import ProtocolError
 from feedmux.protocol import CONTROL_LIMITS, Ack, Error, decode, read_tags
-from feedmux.server._core import ControlCore, Phase, Sends, Stat, shm_trainers
-from feedmux.server._fanout import GroupFanout
-from feedmux.server._meter import ControlMeter, SamplerMeter, sampler_stats
-from feedmux.server._metrics import MetricsEndpoint
-from feedmux.server._producer import Frames
-from feedmux.server._ranksend import RankSender
-from feedmux.server._reliable import ReliableDispatch
-from feedmux.server._shm_server import close_pool, open_pool, pooled, through_pool
+from feedmux.server._control.core import ControlCore, Phase, Sends, Stat, shm_trainers
+from feedmux.server._control.meters import ControlMeter, SamplerMeter, sampler_stats
+from feedmux.server._control.metrics import MetricsEndpoint
+from feedmux.server._delivery.fanout import GroupFanout
+from feedmux.server._delivery.pool import close_pool, open_pool, pooled, through_pool
+from feedmux.server._delivery.ranksend import RankSender
+from feedmux.server._delivery.reliable import ReliableDispatch
+from feedmux.server._sources.producer import Frames
 from feedmux.server.config import ServerConfig
 
 __all__ = ["Endpoints", "MAX_CONTROL_BYTES"]

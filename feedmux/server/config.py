@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from feedmux._shm import DEFAULT_SHM_SIZE
-from feedmux._transport import DEFAULT_BIND, DEFAULT_HWM, control_address_for
+from feedmux._plumbing.shm import DEFAULT_SHM_SIZE
+from feedmux._plumbing.sockets import DEFAULT_BIND, DEFAULT_HWM, control_address_for
 from feedmux.errors import ConfigurationError
-from feedmux.server._groups import JOIN_MODES, parse_group_buffer
-from feedmux.server._producer import BatchPolicy
+from feedmux.server._delivery.groups import JOIN_MODES, parse_group_buffer
+from feedmux.server._sources.producer import BatchPolicy
 from feedmux.server.factory import Source
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "ServerConfig"]
@@ -98,7 +98,7 @@ class ServerConfig:
         )
         require(self.shm_size >= 1 << 20, "shm_size >= 1 MiB", self.shm_size)
         if self.metrics_port is not None:
-            from feedmux.server._metrics import check_available
+            from feedmux.server._control.metrics import check_available
 
             check_available()
         if not self.server_id:

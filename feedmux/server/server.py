@@ -6,7 +6,7 @@ signals, exit codes and, with ``workers > 1``, forwarding the worker
 processes' messages while numbering the positions of each epoch across all
 shards. It must never decide anything about trainers or the end of the
 stream: the sockets are :mod:`feedmux.server._shell`'s and the decisions
-:mod:`feedmux.server._core`'s.
+:mod:`feedmux.server._control.core`'s.
 
 Delivery over PUSH is at-most-once: what is queued for a trainer that dies is
 lost. A finite run (``epochs=N``) ends with a handshake: the server asks the
@@ -28,7 +28,7 @@ from dataclasses import replace
 from types import FrameType
 from typing import Any
 
-from feedmux._transport import keep_freed_memory
+from feedmux._plumbing.sockets import keep_freed_memory
 from feedmux.errors import (
     ConfigurationError,
     FactoryError,
@@ -38,7 +38,6 @@ from feedmux.errors import (
 from feedmux.protocol import EndOfStream, Error
 from feedmux.sampling.epochs import EpochIterator
 from feedmux.sampling.mux import restart_passes
-from feedmux.server._forward import forward, ranked_dealer
 from feedmux.server._launch import (
     ChildReport,
     ServerProcess,
@@ -46,11 +45,12 @@ from feedmux.server._launch import (
     launch,
     watch_parent,
 )
-from feedmux.server._merge import merge_block
-from feedmux.server._producer import produce
-from feedmux.server._seeding import FRESH_ENTROPY, EpochSeeder, resolve_seed
 from feedmux.server._shell import Endpoints
-from feedmux.server._worker import WorkerPool
+from feedmux.server._sources.forward import forward, ranked_dealer
+from feedmux.server._sources.merge import merge_block
+from feedmux.server._sources.producer import produce
+from feedmux.server._sources.seeding import FRESH_ENTROPY, EpochSeeder, resolve_seed
+from feedmux.server._sources.workers import WorkerPool
 from feedmux.server.config import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ServerConfig
 from feedmux.server.factory import Source, resolve_source
 

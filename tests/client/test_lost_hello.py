@@ -11,7 +11,7 @@ import pytest
 
 from feedmux.client._link import Send, ServerLinks
 from feedmux.protocol import Message, Welcome
-from feedmux.server._core import ControlCore, Phase
+from feedmux.server._control.core import ControlCore, Phase
 from feedmux.server.config import ServerConfig
 
 TRAINER = b"trainer"

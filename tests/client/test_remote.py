@@ -380,7 +380,7 @@ def test_large_messages_tune_malloc_once_unless_told_not_to(
 
 
 def test_keep_freed_memory_is_idempotent() -> None:
-    from feedmux._transport import keep_freed_memory
+    from feedmux._plumbing.sockets import keep_freed_memory
 
     first = keep_freed_memory()
     assert keep_freed_memory() == first

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from feedmux.demo import check_exactly_once, check_results
+from feedmux.apps.demo import check_exactly_once, check_results
 
 pytestmark = pytest.mark.timeout(120)
 

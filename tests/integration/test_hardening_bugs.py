@@ -181,7 +181,7 @@ def test_a_second_signal_stops_the_server_and_every_worker_stuck_in_user_code(
 
 def test_keygen_never_leaves_the_secret_readable(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from feedmux._security import create_keys
+    from feedmux._plumbing.curve import create_keys
 
     # With chmod doing nothing, the mode left is the mode the file was created with.
     monkeypatch.setattr(os, "chmod", lambda *args, **kwargs: None)
@@ -196,7 +196,7 @@ def test_keygen_never_leaves_the_secret_readable(tmp_path: Path,
 
 def test_a_failed_bind_leaves_no_thread_or_socket_behind(tmp_path: Path,
                                                           started: list[Server]) -> None:
-    from feedmux._security import create_keys
+    from feedmux._plumbing.curve import create_keys
     from feedmux.server._shell import Endpoints
     from feedmux.server.config import ServerConfig
 
@@ -226,7 +226,7 @@ def test_a_streamer_reusing_one_array_never_corrupts_a_sample(
 def test_a_refused_curve_key_is_reported_on_both_sides(tmp_path: Path) -> None:
     import re
 
-    from feedmux._security import create_keys
+    from feedmux._plumbing.curve import create_keys
     from feedmux.errors import TransportTimeoutError
 
     server_public, server_secret = create_keys(tmp_path, "server")

@@ -23,8 +23,8 @@ import zmq
 
 from benchmarks.bench_scale import Job, Trainers, start_server
 from feedmux import Server, fetch_stats
-from feedmux._top import describe
-from feedmux._transport import CONTROL_FRAME_BYTES
+from feedmux._plumbing.sockets import CONTROL_FRAME_BYTES
+from feedmux.apps.top import describe
 from feedmux.protocol import Heartbeat, Hello, encode
 from tests.integration.conftest import ROOT, CheckedThread, wait_until
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from feedmux import RemoteLoader, Server, fetch_stats
-from feedmux._shm import SHM_DIR
+from feedmux._plumbing.shm import SHM_DIR
 from tests.integration.conftest import wait_until
 
 MIB = 1 << 20

@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 import feedmux
-from feedmux._transport import bound_address
+from feedmux._plumbing.sockets import bound_address
 from feedmux.client.remote import RemoteLoader, fetch_stats
 from feedmux.errors import TransportError
 

@@ -11,9 +11,9 @@ import pytest
 
 from feedmux.client._link import batch_steps, rank_steps
 from feedmux.protocol import Hello
-from feedmux.server._batches import MAX_BATCH_SIZE, BatchAssembler, Batches, BatchRequest
-from feedmux.server._dealing import RankDealer
-from feedmux.server._producer import batched_shares
+from feedmux.server._delivery.batches import MAX_BATCH_SIZE, BatchAssembler, Batches, BatchRequest
+from feedmux.server._delivery.dealing import RankDealer
+from feedmux.server._sources.producer import batched_shares
 
 
 def tagged(epoch: int, start: int, count: int) -> np.ndarray:

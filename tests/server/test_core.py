@@ -27,7 +27,7 @@ from feedmux.protocol import (
     Welcome,
     encode,
 )
-from feedmux.server._core import (
+from feedmux.server._control.core import (
     DRAIN_INTERVAL,
     FINAL_GRACE,
     TRAINER_TIMEOUT,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from feedmux.errors import ConfigurationError
 from feedmux.protocol import Data, SampleBatch, decode, encode
-from feedmux.server._dealing import RankDealer, rank_steps
+from feedmux.server._delivery.dealing import RankDealer, rank_steps
 
 
 def deal_epochs(dealer: RankDealer, sizes: list[int], chunks: list[int],

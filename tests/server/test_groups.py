@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from feedmux.errors import ConfigurationError
 from feedmux.protocol import Hello
-from feedmux.server._groups import GroupBuffer, parse_group_buffer
-from feedmux.server._ranks import RankTables
+from feedmux.server._control.ranks import RankTables
+from feedmux.server._delivery.groups import GroupBuffer, parse_group_buffer
 
 
 def _drain(buffer: GroupBuffer, name: str) -> list[object]:

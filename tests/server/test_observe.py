@@ -11,10 +11,10 @@ import pytest
 import feedmux
 from feedmux.protocol import Heartbeat, Hello
 from feedmux.sampling import EpochIterator
-from feedmux.server._core import ControlCore
-from feedmux.server._dealing import RankDealer
-from feedmux.server._meter import SamplerMeter, SharedMeters, sampler_stats
-from feedmux.server._producer import BatchPolicy, Frames, produce
+from feedmux.server._control.core import ControlCore
+from feedmux.server._control.meters import SamplerMeter, SharedMeters, sampler_stats
+from feedmux.server._delivery.dealing import RankDealer
+from feedmux.server._sources.producer import BatchPolicy, Frames, produce
 from feedmux.server.config import ServerConfig
 
 pytestmark = pytest.mark.timeout(10)

@@ -12,8 +12,8 @@ import pytest
 import feedmux
 from feedmux.protocol import Data, SampleBatch, decode
 from feedmux.sampling import EpochIterator
-from feedmux.server._owning import STACK_AS_DRAWN_BYTES, DrawnItems
-from feedmux.server._producer import BatchPolicy, Frames, produce
+from feedmux.server._sources.owning import STACK_AS_DRAWN_BYTES, DrawnItems
+from feedmux.server._sources.producer import BatchPolicy, Frames, produce
 
 pytestmark = pytest.mark.timeout(20)
 

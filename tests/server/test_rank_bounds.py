@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from feedmux.protocol import Ack, Data, Hello, encode, read_tags
-from feedmux.server._core import ControlCore
-from feedmux.server._ranks import MAX_WORLD_SIZE, RankTable
-from feedmux.server._retention import RankRetention
+from feedmux.server._control.core import ControlCore
+from feedmux.server._control.ranks import MAX_WORLD_SIZE, RankTable
+from feedmux.server._delivery.retention import RankRetention
 from feedmux.server.config import ServerConfig
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from feedmux.protocol import Ack, Credit
-from feedmux.server._reliable import ReliableLedger, _Pending
+from feedmux.server._delivery.reliable import ReliableLedger, _Pending
 
 
 def pending(tag: int) -> _Pending:
@@ -54,7 +54,7 @@ def test_probes_are_paced_by_the_heartbeat_interval() -> None:
 
 
 def test_a_claimed_credit_is_capped() -> None:
-    from feedmux.server._reliable import MAX_CREDIT
+    from feedmux.server._delivery.reliable import MAX_CREDIT
 
     ledger = ReliableLedger()
     ledger.take(b"a", Credit(client_id="a", credits=2**62))
@@ -62,7 +62,7 @@ def test_a_claimed_credit_is_capped() -> None:
 
 
 def test_unacknowledged_bytes_are_capped_across_trainers() -> None:
-    from feedmux.server._reliable import MAX_UNACKED_BYTES
+    from feedmux.server._delivery.reliable import MAX_UNACKED_BYTES
 
     ledger = ReliableLedger()
     for name in (b"a", b"b"):

@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 
 from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE, Error, Heartbeat, Hello, Welcome
-from feedmux.server._core import Phase, Sends
-from feedmux.server._dealing import RankDealer
-from feedmux.server._resume import Start, agreed_start, check_announcement
+from feedmux.server._control.core import Phase, Sends
+from feedmux.server._control.resume import Start, agreed_start, check_announcement
+from feedmux.server._delivery.dealing import RankDealer
 from tests.server.test_core import A, B, C, kinds, make_core
 
 CKPT, LIVE = RESUME_CHECKPOINT, RESUME_LIVE

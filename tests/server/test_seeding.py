@@ -14,7 +14,7 @@ import torch
 import feedmux
 from feedmux.errors import ConfigurationError
 from feedmux.sampling import EpochIterator, StochasticMux, Streamer
-from feedmux.server._seeding import EpochSeeder, reseed_globals, resolve_seed
+from feedmux.server._sources.seeding import EpochSeeder, reseed_globals, resolve_seed
 from feedmux.server.config import ServerConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,7 +50,7 @@ def test_reseeding_repeats_for_a_worker_and_epoch_and_differs_otherwise() -> Non
 
 
 def test_reseeding_never_imports_torch() -> None:
-    code = ("import sys\nfrom feedmux.server._seeding import reseed_globals\n"
+    code = ("import sys\nfrom feedmux.server._sources.seeding import reseed_globals\n"
             "reseed_globals(1, 0, 1)\nprint('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=60)

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from feedmux._transport import CONTROL_FRAME_BYTES
+from feedmux._plumbing.sockets import CONTROL_FRAME_BYTES
 from feedmux.protocol import STATS_NEXT_PAGE, Hello, Stats, StatsRequest, Welcome, encode
-from feedmux.server._core import ControlCore, Phase
-from feedmux.server._report import STATS_PAGE_BYTES, stats_page
+from feedmux.server._control.core import ControlCore, Phase
+from feedmux.server._control.report import STATS_PAGE_BYTES, stats_page
 from feedmux.server.config import ServerConfig
 
 #: Well past the ~900 trainers at which one reply passed the frame limit.

@@ -2,7 +2,7 @@
 
 :class:`RankSender` owns the socket side of a ranked hand-over: a message for a
 rank goes to its holder with a non-blocking addressed send on the data ROUTER,
-and is recorded in the rank's :class:`~feedmux.server._retention.RankRetention`;
+and is recorded in the rank's :class:`~feedmux.server._delivery.retention.RankRetention`;
 when the rank has a new holder (a restarted trainer took it over), what the
 predecessor was sent and did not hand out goes first. The ranked delivery of a
 whole server and of each ranked consumer group both use it. It must never
@@ -17,7 +17,7 @@ from typing import Any
 
 import zmq
 
-from feedmux.server._retention import RankRetention
+from feedmux.server._delivery.retention import RankRetention
 
 __all__ = ["RankSender"]
 

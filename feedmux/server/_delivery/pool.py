@@ -1,6 +1,6 @@
 """The server's use of the shared-memory pool: when to open it, how a full pool waits.
 
-This module owns the server-side policy around :class:`feedmux._shm.ShmPool`:
+This module owns the server-side policy around :class:`feedmux._plumbing.shm.ShmPool`:
 a pool for plain delivery with ``shm`` on, a message placed in it only when a
 trainer proved it maps the pool (and sent as references only to such a
 trainer: the data ROUTER picks each message's trainer, so trainers on other
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from feedmux._shm import Placement, ShmPool, activate
+from feedmux._plumbing.shm import Placement, ShmPool, activate
 from feedmux.server.config import ServerConfig
 
 __all__ = ["close_pool", "open_pool", "place_or_wait", "pooled", "through_pool"]

@@ -8,7 +8,7 @@ epoch boundary, or at once), which group lags when the buffer is full, and the
 dropping of a group whose members have all been gone for ``group_timeout``
 seconds. It is pure: time and membership are passed in, and it must never
 touch a socket, read a clock or decide who inside a group gets a message (the
-fan-out shell, :mod:`feedmux.server._fanout`, does that).
+fan-out shell, :mod:`feedmux.server._delivery.fanout`, does that).
 
 A message leaves the buffer once every *active* group (one with a cursor) has
 passed it; a group waiting for its first epoch holds nothing back.

@@ -24,8 +24,8 @@ import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from feedmux._plumbing.sockets import HEARTBEAT_INTERVAL
 from feedmux._ratelog import RateLimitedLog
-from feedmux._transport import HEARTBEAT_INTERVAL
 from feedmux.errors import ProtocolError, VersionMismatchError
 from feedmux.protocol import (
     Ack,
@@ -41,11 +41,9 @@ from feedmux.protocol import (
     StatsRequest,
     Welcome,
 )
-from feedmux.server._groups import DEFAULT_GROUP
-from feedmux.server._producer import error_message
-from feedmux.server._ranks import RANK_REFUSED, RankTables
-from feedmux.server._report import Stat, core_stats, progress_line, stats_page
-from feedmux.server._resume import (
+from feedmux.server._control.ranks import RANK_REFUSED, RankTables
+from feedmux.server._control.report import Stat, core_stats, progress_line, stats_page
+from feedmux.server._control.resume import (
     CHECKPOINT,
     Handed,
     Start,
@@ -53,6 +51,8 @@ from feedmux.server._resume import (
     check_announcement,
     describe,
 )
+from feedmux.server._delivery.groups import DEFAULT_GROUP
+from feedmux.server._sources.producer import error_message
 from feedmux.server.config import ServerConfig
 
 __all__ = [

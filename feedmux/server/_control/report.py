@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from feedmux.protocol import PROTOCOL_VERSION, STATS_NEXT_PAGE, stats_order
-from feedmux.server._batches import BatchRequest
-from feedmux.server._ranks import RankTable, RankTables
-from feedmux.server._retention import RankRetention
+from feedmux.server._control.ranks import RankTable, RankTables
+from feedmux.server._delivery.batches import BatchRequest
+from feedmux.server._delivery.retention import RankRetention
 from feedmux.server.config import ServerConfig
 
 __all__ = ["STATS_PAGE_BYTES", "Reporting", "Stat", "core_stats", "progress_line",

@@ -18,15 +18,15 @@ from typing import Any
 
 import numpy as np
 
+from feedmux._plumbing.shm import SHM_THRESHOLD
 from feedmux._ratelog import RateLimitedLog
-from feedmux._shm import SHM_THRESHOLD
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Data, Error, encode
 from feedmux.sampling.epochs import Chunk, EpochIterator
-from feedmux.server._batches import Batches
-from feedmux.server._dealing import RankDealer, RankShare
-from feedmux.server._meter import SamplerMeter
-from feedmux.server._owning import DrawnItems, own
+from feedmux.server._control.meters import SamplerMeter
+from feedmux.server._delivery.batches import Batches
+from feedmux.server._delivery.dealing import RankDealer, RankShare
+from feedmux.server._sources.owning import DrawnItems, own
 
 __all__ = [
     "BatchPolicy",
@@ -86,7 +86,7 @@ class BatchPolicy:
     #: A streamer may reuse one array for every sample (``buf[:] = ...; yield buf``):
     #: a view would then change under a message still queued, or kept for re-sending
     #: in reliable mode. Each item is made the server's own as it is drawn
-    #: (:mod:`feedmux.server._owning`): small flat samples are copied straight into
+    #: (:mod:`feedmux.server._sources.owning`): small flat samples are copied straight into
     #: the message's stacked arrays, which the codec would build anyway, so they cost
     #: about what zero-copy costs; bigger ones cost one memcpy per array (see ``make
     #: bench``). ``zero_copy=True`` on the server skips the copy for streamers that
@@ -271,7 +271,7 @@ def produce(
     holds whole training batches (up to ``MAX_BATCHES_PER_MESSAGE``, as the
     payload and ``max_delay`` allow): what goes to the free trainers, or to each
     rank after the dealing, is cut by its
-    :class:`~feedmux.server._batches.BatchAssembler`, and a sample the codec
+    :class:`~feedmux.server._delivery.batches.BatchAssembler`, and a sample the codec
     refuses fails the run (skipping it would make a batch short).
     """
     meter = SamplerMeter() if meter is None else meter

@@ -87,7 +87,7 @@ def make_example_mux(
     """:func:`make_mux` over freshly written example files: ids ``0 .. files*examples-1``.
 
     A factory that needs no data directory (``feedmux serve
-    feedmux.demo:make_example_mux --arg files=3``), as in the container image.
+    feedmux.apps.demo:make_example_mux --arg files=3``), as in the container image.
     The files go to a new temporary directory, removed when this process exits.
     """
     directory = tempfile.mkdtemp(prefix="feedmux-examples-")
@@ -126,7 +126,7 @@ def _start_server(data_dir: str, epochs: int, workers: int, epoch_size: int,
     server_log.setLevel(logging.WARNING)
     try:
         return Server(
-            "feedmux.demo:make_mux", factory_kwargs={"data_dir": data_dir},
+            "feedmux.apps.demo:make_mux", factory_kwargs={"data_dir": data_dir},
             bind="tcp://127.0.0.1:0", epochs=epochs, workers=workers, epoch_size=epoch_size,
             min_trainers=trainers,
         ).start()
@@ -154,7 +154,7 @@ def run_demo(files: int = 3, examples: int = 1000, epochs: int = 3, trainers: in
             started = time.perf_counter()
             for _ in range(trainers):
                 processes.append(subprocess.Popen([
-                    sys.executable, "-m", "feedmux.demo", "trainer", server.data_address,
+                    sys.executable, "-m", "feedmux.apps.demo", "trainer", server.data_address,
                     "--control", server.control_address, "--results", str(results),
                     "--world-size", str(trainers), "--timeout", "30",
                 ], stdout=subprocess.DEVNULL))
@@ -290,7 +290,7 @@ def check_results(
 
 def _container_cli(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m feedmux.demo",
+        prog="python -m feedmux.apps.demo",
         description="The demo's trainer and checker (also used by docker-compose.yml).",
     )
     commands = parser.add_subparsers(dest="command", required=True)

@@ -43,8 +43,8 @@ from typing import Any
 
 import zmq
 
+from feedmux._plumbing.sockets import HEARTBEAT_INTERVAL, readable
 from feedmux._ratelog import RateLimitedLog
-from feedmux._transport import HEARTBEAT_INTERVAL, readable
 from feedmux.errors import ProtocolError
 from feedmux.protocol import (
     CONTROL_LIMITS,
@@ -56,8 +56,8 @@ from feedmux.protocol import (
     encode,
     pack_envelope,
 )
-from feedmux.server._meter import ControlMeter
-from feedmux.server._retention import rest_after
+from feedmux.server._control.meters import ControlMeter
+from feedmux.server._delivery.retention import rest_after
 
 __all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "ReliableDispatch", "ReliableLedger"]
 

@@ -1,7 +1,7 @@
 """Sampling worker processes: each runs one shard of the streamer.
 
 A worker pushes encoded data messages to the server process over an internal
-endpoint of its own (the server merges them, :mod:`feedmux.server._merge`;
+endpoint of its own (the server merges them, :mod:`feedmux.server._sources.merge`;
 in a seeded run the worker cuts them at the fixed merge order's turns), and,
 after each epoch of its shard, an ``EndOfEpoch`` marker; it then waits until
 the server has heard the end of that epoch from every worker, so epochs
@@ -28,13 +28,13 @@ from typing import Any
 
 import zmq
 
-from feedmux._transport import make_socket
+from feedmux._plumbing.sockets import make_socket
 from feedmux.protocol import EndOfEpoch, encode
 from feedmux.sampling.epochs import EpochIterator, shard
 from feedmux.sampling.mux import restart_passes
-from feedmux.server._meter import SamplerMeter, SharedMeters
-from feedmux.server._producer import Frames, error_message, produce
-from feedmux.server._seeding import EpochSeeder
+from feedmux.server._control.meters import SamplerMeter, SharedMeters
+from feedmux.server._sources.producer import Frames, error_message, produce
+from feedmux.server._sources.seeding import EpochSeeder
 from feedmux.server.config import ServerConfig
 
 __all__ = ["WorkerPool"]

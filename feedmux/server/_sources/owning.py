@@ -25,7 +25,7 @@ Two ways, item by item:
   immutable leaves shared. For a large array that is one memcpy, which the
   server pays on top of sending it over a socket (see docs/performance.md); while
   the server sends through the same-host shared-memory pool, the copy is made
-  into the pool and is the only one (:func:`feedmux._shm.owned_copy`).
+  into the pool and is the only one (:func:`feedmux._plumbing.shm.owned_copy`).
 
 Why not detect reuse instead: a streamer that reuses a buffer writes into it
 *before* yielding it again, so by the time the same array is seen twice the
@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from feedmux._shm import owned_copy
+from feedmux._plumbing.shm import owned_copy
 from feedmux.protocol import SampleBatch, StackedLeaf, stack_scalars
 
 __all__ = ["STACK_AS_DRAWN_BYTES", "DrawnItems", "own"]

@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from feedmux.protocol import Ack, Hello
-from feedmux.server._batches import BatchRequest
-from feedmux.server._groups import DEFAULT_GROUP, refuse_group
-from feedmux.server._resume import check_announcement
-from feedmux.server._retention import RankRetention
+from feedmux.server._control.resume import check_announcement
+from feedmux.server._delivery.batches import BatchRequest
+from feedmux.server._delivery.groups import DEFAULT_GROUP, refuse_group
+from feedmux.server._delivery.retention import RankRetention
 
 __all__ = ["MAX_WORLD_SIZE", "RANK_REFUSED", "RANK_TAKEN", "RankTable", "RankTables"]
 

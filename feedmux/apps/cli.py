@@ -18,8 +18,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from feedmux._shm import DEFAULT_SHM_SIZE
-from feedmux._transport import DEFAULT_BIND, DEFAULT_HWM
+from feedmux._plumbing.shm import DEFAULT_SHM_SIZE
+from feedmux._plumbing.sockets import DEFAULT_BIND, DEFAULT_HWM
 from feedmux._version import __version__
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
@@ -351,7 +351,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _top(args: argparse.Namespace) -> int:
-    from feedmux._top import run_top
+    from feedmux.apps.top import run_top
     from feedmux.client.remote import check_endpoint, fetch_stats
     from feedmux.errors import FeedmuxError
 
@@ -370,7 +370,7 @@ def _top(args: argparse.Namespace) -> int:
 
 
 def _keygen(args: argparse.Namespace) -> int:
-    from feedmux._security import create_keys
+    from feedmux._plumbing.curve import create_keys
     from feedmux.errors import FeedmuxError
 
     try:
@@ -383,7 +383,7 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from feedmux.demo import run_demo
+    from feedmux.apps.demo import run_demo
 
     return run_demo(files=args.files, examples=args.examples, epochs=args.epochs,
                     trainers=args.trainers, workers=args.workers)

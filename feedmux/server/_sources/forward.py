@@ -2,7 +2,7 @@
 
 This module owns the server process's side of its sampling workers: it reads
 each worker's socket, merges their messages (in the fixed order of
-:class:`~feedmux.server._merge.Merge` for a seeded run, else as they come),
+:class:`~feedmux.server._sources.merge.Merge` for a seeded run, else as they come),
 numbers positions per epoch across the shards, deals them to the ranks of a
 ranked job (the workers do not know the rounds across shards: each rank's
 rows are sliced out of the workers' decoded batches, no sample built, and
@@ -25,16 +25,16 @@ from typing import Any
 import numpy as np
 import zmq
 
-from feedmux._transport import make_socket, mapped_zmq_errors
+from feedmux._plumbing.sockets import make_socket, mapped_zmq_errors
 from feedmux.errors import FeedmuxError
 from feedmux.protocol import Data, EndOfEpoch, Error, decode, encode, read_tags, replace_tags
-from feedmux.server._batches import Batch
-from feedmux.server._dealing import RankDealer, RankShare
-from feedmux.server._merge import Merge
-from feedmux.server._producer import batched_shares
-from feedmux.server._resume import ResumeCut
+from feedmux.server._control.resume import ResumeCut
+from feedmux.server._delivery.batches import Batch
+from feedmux.server._delivery.dealing import RankDealer, RankShare
 from feedmux.server._shell import Endpoints, StopFlag
-from feedmux.server._worker import WorkerPool
+from feedmux.server._sources.merge import Merge
+from feedmux.server._sources.producer import batched_shares
+from feedmux.server._sources.workers import WorkerPool
 from feedmux.server.config import EXIT_FAILED, EXIT_OK, ServerConfig
 
 __all__ = ["forward", "ranked_dealer"]

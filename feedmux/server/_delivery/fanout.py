@@ -7,9 +7,9 @@ non-blocking addressed sends on the data ROUTER. In a group of free trainers a
 message goes whole to whichever member has room in its queue; in a ranked
 group (its trainers have ``rank``/``world_size``) each message is decoded once
 for the group (a batch stays stacked), dealt among its ranks by the ranked
-rule (:class:`~feedmux.server._dealing.RankDealer`: pad or drop, equal steps
+rule (:class:`~feedmux.server._delivery.dealing.RankDealer`: pad or drop, equal steps
 per rank: row slices) and encoded per rank, and a restarted rank gets its
-predecessor's rest first (:class:`~feedmux.server._ranksend.RankSender`).
+predecessor's rest first (:class:`~feedmux.server._delivery.ranksend.RankSender`).
 While the buffer is full it waits, serving the control socket, and names the
 group that lags in the log. Membership comes from the control core's trainer
 registry (each trainer's hello names its group and rank); this module must
@@ -29,11 +29,11 @@ from typing import Any
 import zmq
 
 from feedmux.protocol import Data, decode, encode, read_tags
-from feedmux.server._core import TRAINER_TIMEOUT, ControlCore
-from feedmux.server._dealing import RankDealer, RankShare
-from feedmux.server._groups import BufferedMessage, GroupBuffer, parse_group_buffer
-from feedmux.server._producer import Frames
-from feedmux.server._ranksend import RankSender
+from feedmux.server._control.core import TRAINER_TIMEOUT, ControlCore
+from feedmux.server._delivery.dealing import RankDealer, RankShare
+from feedmux.server._delivery.groups import BufferedMessage, GroupBuffer, parse_group_buffer
+from feedmux.server._delivery.ranksend import RankSender
+from feedmux.server._sources.producer import Frames
 from feedmux.server.config import ServerConfig
 
 __all__ = ["GroupFanout"]
