@@ -97,12 +97,9 @@ class Endpoints:
         #: Ranked delivery: each rank's messages to its holder, a successor's hand-over first.
         self.ranked = RankSender(self.data, self.core.retention, self._replayed)
         #: Consumer groups: every buffered message goes to each group (None: no groups).
-        self.fanout: GroupFanout | None = None
-        if config.grouped:
-            self.fanout = GroupFanout(
-                config, self.data, self.core,
-                lambda timeout: self.serve_control(timeout),
-                lambda: bool(self.stopping))
+        #: Opened with the server's groups: from the start (--group-buffer), or on the
+        #: first trainer that asks for a group (the free trainers so far: group default).
+        self.fanout: GroupFanout | None = self._fanout() if config.grouped else None
         self.metrics: MetricsEndpoint | None = None
         if config.metrics_port is not None:
             try:
@@ -111,6 +108,11 @@ class Endpoints:
             except BaseException:
                 self.close()
                 raise
+
+    def _fanout(self) -> GroupFanout:
+        return GroupFanout(self.config, self.data, self.core,
+                           lambda timeout: self.serve_control(timeout),
+                           lambda: bool(self.stopping), self.deliver)
 
     def _extra_stats(self) -> dict[str, Stat]:
         blocked, sent_bytes = self.blocked_seconds, self.bytes_sent
@@ -270,6 +272,8 @@ class Endpoints:
                 continue
             self.deliver(core.receive(identity, message, time.monotonic()))
         self.control_meter.add(received, time.thread_time() - cpu_started)
+        if self.fanout is None and core.tables.grouped:
+            self.fanout = self._fanout()
         if self.ranked.retention is not core.retention:
             # The job restarted from a checkpoint: its previous ranks are owed nothing.
             self.ranked = RankSender(self.data, core.retention, self._replayed)
