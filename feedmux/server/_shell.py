@@ -162,10 +162,8 @@ class Endpoints:
         """Send one data message (to ``rank``, or -1: any free trainer), serving control
         meanwhile; False if the server is stopping."""
         core = self.core
-        if self.fanout is not None:  # counts each delivery to a group itself
-            if not self.fanout.send(frames, n_samples, epoch):
-                return False
-        else:
+        sent = False
+        if self.fanout is None:
             nbytes = sum(len(frame) for frame in frames)
             if self.reliable is not None:
                 sent = self.reliable.send(list(frames), n_samples, epoch,
@@ -181,10 +179,16 @@ class Endpoints:
                 finally:
                     if placed is not None and self.pool is not None:
                         self.pool.cancel(placed)  # unless delivered: went by socket, or nowhere
-            if not sent:
+            if sent:
+                self.bytes_sent += nbytes
+                core.data_sent(n_samples, epoch)
+            elif self.fanout is None:
                 return False
-            self.bytes_sent += nbytes
-            core.data_sent(n_samples, epoch)
+        # Groups, from the start or opened while this message waited (it goes to them then,
+        # not to whichever trainer is free): the fan-out counts each delivery itself.
+        if not sent and self.fanout is not None and not self.fanout.send(frames, n_samples,
+                                                                         epoch):
+            return False
         if readable(self.control):
             self.serve_control(timeout=0)
         core.tick(time.monotonic())  # sampling: at most a throughput log line, never a send
@@ -199,6 +203,8 @@ class Endpoints:
         waited = capped = False
         blocked_since = 0.0
         while not core.restarting:  # a message of the previous run goes to nobody
+            if self.fanout is not None:
+                return False  # the groups opened meanwhile: the message is theirs
             if rank >= 0:
                 sent, capped = _send_ranked(self, rank, frames, placed)
             else:
