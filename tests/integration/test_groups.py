@@ -80,10 +80,13 @@ def per_epoch(seen: list[tuple[int, int]]) -> dict[int, Counter[int]]:
 WHOLE_EPOCH = Counter(range(EPOCH))
 
 
+@pytest.mark.parametrize("buffer", [("--group-buffer", "16"), ()],
+                         ids=["group-buffer", "any-server"])
 def test_three_groups_each_see_every_sample_once_per_epoch(
-        serve: Callable[..., Spawned], trainers: Trainers) -> None:
-    server = serve(SAMPLER, "--epochs", "3", "--samples-per-message", "8",
-                   "--group-buffer", "16", "--min-trainers", "4")
+        serve: Callable[..., Spawned], trainers: Trainers, buffer: tuple[str, ...]) -> None:
+    # Any server serves groups; --group-buffer only sizes the buffer.
+    server = serve(SAMPLER, "--epochs", "3", "--samples-per-message", "8", *buffer,
+                   "--min-trainers", "4")
     trainers.start(server, "a", "--group", "a")
     trainers.start(server, "b0", "--group", "b", "--world-size", "2")
     trainers.start(server, "b1", "--group", "b", "--world-size", "2")
@@ -238,24 +241,6 @@ def test_a_group_that_disappears_stops_holding_the_others_back(
     # It held the sampler back until it was dropped: before that, stay could not finish.
     assert "group gone lags" in server.stderr
     assert "group gone dropped" in server.stderr
-
-
-def test_groups_on_a_server_started_without_group_buffer(
-        serve: Callable[..., Spawned], trainers: Trainers) -> None:
-    server = serve(SAMPLER, "--epochs", "2", "--samples-per-message", "8",
-                   "--min-trainers", "4")
-    trainers.start(server, "a", "--group", "a")
-    trainers.start(server, "b0", "--group", "b", "--world-size", "2")
-    trainers.start(server, "b1", "--group", "b", "--world-size", "2")
-    trainers.start(server, "plain")  # no group: the group default
-    for name in ("a", "b0", "b1", "plain"):
-        assert trainers.wait(name) == 0, f"trainer {name} failed"
-    assert server.wait(timeout=30) == 0
-    groups = {"a": trainers.seen("a"), "b": trainers.seen("b0") + trainers.seen("b1"),
-              "default": trainers.seen("plain")}
-    for name, seen in groups.items():
-        assert per_epoch(seen) == {1: WHOLE_EPOCH, 2: WHOLE_EPOCH}, name
-    assert server.stderr.count(f"complete: {EPOCH} samples") == 2  # sampled once
 
 
 def test_a_group_joining_a_plain_server_mid_run_leaves_the_plain_trainer_whole(
