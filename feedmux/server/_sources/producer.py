@@ -23,6 +23,7 @@ from feedmux._ratelog import RateLimitedLog
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Data, Error, encode
 from feedmux.sampling.epochs import Chunk, EpochIterator
+from feedmux.sampling.streamer import StreamErrorHook
 from feedmux.server._control.meters import SamplerMeter
 from feedmux.server._delivery.batches import Batches
 from feedmux.server._delivery.dealing import RankDealer, RankShare
@@ -275,8 +276,7 @@ def produce(
     refuses fails the run (skipping it would make a batch short).
     """
     meter = SamplerMeter() if meter is None else meter
-    drawn = DrawnItems() if policy.copy_arrays else None
-    epochs.prepare = None  # set for each chunk by _take
+    log_skipped = None
     if skip_errors:
         def log_skipped(error: BaseException) -> None:
             meter.skipped()
@@ -284,8 +284,8 @@ def produce(
                           "a stream raised %s: %s; skipping the rest of it",
                           type(error).__name__, error, exc_info=error)
 
-        # The muxes get the hook from the epochs, which hand it down at each activation.
-        epochs.on_stream_error = log_skipped
+    # The muxes get the hook from the epochs, which hand it down at each activation.
+    drawn = _Draw(DrawnItems() if policy.copy_arrays else None, log_skipped)
     if start is not None:
         epochs.resume_at(*start, keep=0 if dealer is None else dealer.world_size - 1)
     if dealer is not None:
@@ -295,25 +295,31 @@ def produce(
                     start, keep, batches)
 
 
-def _take(
-    epochs: EpochIterator[Any], drawn: DrawnItems | None, limit: int
-) -> tuple[Chunk, Sequence[Any]]:
-    """The next chunk and its samples, made the server's own as drawn (with ``drawn``)."""
-    if drawn is None:
-        chunk = epochs.take(limit)
-        return chunk, chunk.items
-    epochs.prepare = drawn.start()
-    try:
-        chunk = epochs.take(limit)
-    except BaseException:
-        drawn.abandon()
-        raise
-    return chunk, drawn.samples(chunk.items)
+@dataclass(frozen=True)
+class _Draw:
+    """How each chunk is drawn from the epochs: its items made the server's own as
+    drawn (with ``owned``), a stream's error skipped (with ``on_stream_error``)."""
+
+    owned: DrawnItems | None
+    on_stream_error: StreamErrorHook | None
+
+    def take(self, epochs: EpochIterator[Any], limit: int) -> tuple[Chunk, Sequence[Any]]:
+        """The next chunk and its samples."""
+        if self.owned is None:
+            chunk = epochs.take(limit, on_stream_error=self.on_stream_error)
+            return chunk, chunk.items
+        try:
+            chunk = epochs.take(limit, prepare=self.owned.start(),
+                                on_stream_error=self.on_stream_error)
+        except BaseException:
+            self.owned.abandon()
+            raise
+        return chunk, self.owned.samples(chunk.items)
 
 
 def _produce(
     epochs: EpochIterator[Any],
-    drawn: DrawnItems | None,
+    drawn: _Draw,
     send: Callable[[Frames, int, int], bool],
     policy: BatchPolicy,
     server_id: str,
@@ -334,7 +340,7 @@ def _produce(
             limit = pacer.limit(0 if batches is None else batches.batch_size)
             if align is not None:
                 limit = min(limit, align - epoch_count % align)
-            chunk, items = _take(epochs, drawn, limit)
+            chunk, items = drawn.take(epochs, limit)
         except StopIteration:
             return sent
         except Exception as error:
@@ -398,7 +404,7 @@ def _skip_epoch(error: Exception, skip_errors: bool, meter: SamplerMeter) -> Non
 
 def _produce_ranked(
     epochs: EpochIterator[Any],
-    drawn: DrawnItems | None,
+    drawn: _Draw,
     send: Callable[..., bool],
     policy: BatchPolicy,
     server_id: str,
@@ -426,8 +432,8 @@ def _produce_ranked(
     while True:
         started = clock()
         try:
-            chunk, items = _take(epochs, drawn,
-                                 pacer.limit(0 if batches is None else batches.batch_size) * n)
+            chunk, items = drawn.take(epochs,
+                                      pacer.limit(0 if batches is None else batches.batch_size) * n)
         except StopIteration:
             return sent
         except Exception as error:
@@ -439,7 +445,7 @@ def _produce_ranked(
             if start is not None:
                 if epoch == start[0]:  # the resumed epoch: dealt from where the job stood
                     head = epochs.resumed_head  # drawn while skipping: made ours here
-                    if drawn is not None:
+                    if drawn.owned is not None:
                         head = [own(item) for item in head]
                     dealer.resume(epoch, chunk.start, head)
                     epoch_count = chunk.start  # the epoch's size counts what came before
