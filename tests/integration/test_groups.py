@@ -318,3 +318,27 @@ def test_a_ranked_group_resuming_from_a_checkpoint_is_refused_naming_the_shared_
     assert trainers.wait("eval") == 0
     assert per_epoch(trainers.seen("eval")) == {1: WHOLE_EPOCH, 2: WHOLE_EPOCH, 3: WHOLE_EPOCH}
     assert server.wait(timeout=30) == 0
+
+
+def test_a_group_on_a_server_dealing_a_ranked_job_is_refused_with_the_reason(
+        serve: Callable[..., Spawned], trainers: Trainers) -> None:
+    server = serve(SAMPLER, "--arg", "delay=0.01", "--epochs", "1", "--min-trainers", "1")
+    trainers.start(server, "r0", "--rank", "0", "--world-size", "1")
+    wait_until(lambda: fetch_stats(server.control, timeout=5).get("world_size") == 1,
+               timeout=30, what="the ranked job")
+    with RemoteLoader(server.data, control=server.control, timeout=20, group="eval") as loader:
+        with pytest.raises(RemoteError, match="deals to a ranked job outside any group, and "
+                                              "deals its ranks as the sampler draws"):
+            next(loader)
+    assert trainers.wait("r0") == 0  # the job goes on undisturbed
+    assert sorted(i for _, i, _ in trainers.ranked("r0")) == list(range(EPOCH))
+    assert server.wait(timeout=30) == 0
+
+
+def test_a_group_on_a_reliable_server_is_refused_with_the_reason(
+        serve: Callable[..., Spawned]) -> None:
+    server = serve(SAMPLER, "--reliable", "--epochs", "1")
+    with RemoteLoader(server.data, control=server.control, timeout=20, group="eval",
+                      reliable=True) as loader:
+        with pytest.raises(RemoteError, match="consumer groups use plain delivery"):
+            next(loader)
