@@ -54,8 +54,10 @@ REFUSED_TODAY: list[tuple[Callable[[Cell], bool], str]] = [
 NO_SHM_TODAY: Callable[[Cell], bool] = lambda cell: cell.reliable or cell.groups  # noqa: E731
 
 #: What a dead plain free trainer may take with it: its queue and the server's queue for
-#: it (``hwm`` messages each), and the rest of the message it was handing out.
-PLAIN_LOSS_BOUND = (2 * HWM + 1) * SAMPLES_PER_MESSAGE
+#: it (``hwm`` messages each), what the kernel's buffer of an ipc connection holds (about
+#: 200 KiB: one message here) and the rest of the message it was handing out. Over tcp
+#: the kernel's buffers hold megabytes more (docs/server.md): the cells run over ipc.
+PLAIN_LOSS_BOUND = (2 * HWM + 2) * SAMPLES_PER_MESSAGE
 
 EVERY_SAMPLE = Counter((epoch, sample_id) for epoch in range(1, EPOCHS + 1)
                        for sample_id in range(EPOCH))
