@@ -8,7 +8,7 @@ TORCH  := torch==2.13.0
 # Ray for feedmux.ray (the feedmux[ray] extra), pinned like torch.
 RAY    := ray[train]==2.60.*
 
-.PHONY: demo test test-ray lint bench soak soak-ci container-test clean
+.PHONY: demo test test-matrix test-ray lint bench soak soak-ci container-test clean
 
 $(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ test: $(VENV)/.test
 	$(VENV)/bin/ruff check feedmux tests benchmarks examples
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q tests feedmux
+
+## test-matrix: every combination of delivery modes end to end, one trainer SIGKILLed and restarted in each (marker matrix; not in make test)
+test-matrix: $(VENV)/.test
+	$(PY) -m pytest -q -m matrix -n 3 tests/integration/test_matrix.py
 
 ## test-ray: install Ray, then the fleet tests on a two-node local Ray cluster (marker ray)
 test-ray: $(VENV)/.ray
