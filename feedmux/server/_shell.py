@@ -21,7 +21,7 @@ import zmq
 
 from feedmux._plumbing.curve import ServerCurve
 from feedmux._plumbing.handshakes import HandshakeLogger
-from feedmux._plumbing.shm import Placement
+from feedmux._plumbing.shm import Placement, ShmPool, carried_bytes
 from feedmux._plumbing.sockets import (
     CONTROL_INBOUND_FRAME_BYTES,
     CONTROL_RCVHWM,
@@ -61,7 +61,8 @@ class StopFlag(Protocol):
 class Endpoints:
     """The server's two public sockets around its :class:`ControlCore`."""
 
-    def __init__(self, config: ServerConfig, stopping: StopFlag) -> None:
+    def __init__(self, config: ServerConfig, stopping: StopFlag,
+                 shm: Callable[[ServerConfig], ShmPool | None] = open_pool) -> None:
         self.config = config
         self.stopping = stopping
         #: The server thread's CPU on control messages (both sockets' control traffic).
@@ -87,7 +88,7 @@ class Endpoints:
         self.bytes_sent = 0
         self.core = ControlCore(config, time.monotonic(), os.getpid(), self._extra_stats)
         #: The same-host shared-memory pool free trainers on this host read large arrays from.
-        self.pool = open_pool(config)
+        self.pool = shm(config)  # opened before the workers forked, if there are workers
         if self.pool is not None:
             self.core.shm = (self.pool.path, self.pool.token)
             self.probes.append(lambda: dict(self.pool.stats()) if self.pool else {})
@@ -164,7 +165,7 @@ class Endpoints:
             if not self.fanout.send(frames, n_samples, epoch):
                 return False
         else:
-            nbytes = sum(len(frame) for frame in frames)
+            nbytes = carried_bytes(frames)
             if self.reliable is not None:
                 sent = self.reliable.send(list(frames), n_samples, epoch,
                                          lambda: _wait_for_credit(self))
@@ -172,8 +173,8 @@ class Endpoints:
                 placed = None
                 if self.pool is not None:  # trainers on this host: the pool
                     trainers = shm_trainers(core)
-                    placed = pooled(self.pool, trainers, frames, self.serve_control,
-                                    self.stopping, ranked=rank >= 0)
+                    frames, placed = pooled(self.pool, trainers, frames, self.serve_control,
+                                            self.stopping, len(trainers) == len(core.trainers))
                 try:
                     sent = self._push(frames, rank, placed)
                 finally:
