@@ -14,6 +14,12 @@ parent (``PR_SET_PDEATHSIG`` where the kernel offers it, and a parent-pid
 check everywhere they wait), so no exit path leaves one behind; a stopping pool
 kills a worker that has not stopped in time (or at once on a second signal), and
 a worker's second SIGTERM ends it wherever its streamer is stuck.
+
+With the shared-memory pool, the pool is opened before the fork and each worker
+allocates in a region of it (:mod:`feedmux._plumbing.shmruns`): its owned copies
+and ``shared_empty`` arrays are written there, and its messages carry 56-byte
+references instead of the arrays. When a worker dies, the server stops the others
+and takes back their runs that no trainer holds (:meth:`WorkerPool.reclaim`).
 """
 
 from __future__ import annotations
