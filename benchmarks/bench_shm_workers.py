@@ -25,7 +25,6 @@ rate is the 1.5x target's base).
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import statistics
 import time
@@ -33,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks import _harness
-from benchmarks.bench_modes import _fmt, _median
+from benchmarks.bench_modes import _fmt, _median, _progress_line, rates, rounds_main
 from benchmarks.scenarios import LARGE, SCENARIOS, Contender
 
 CONTENDERS: dict[str, Contender] = {
@@ -113,26 +112,15 @@ def run(repeats: int, quick: bool = False, seconds: float | None = None,
         for label in labels[shift:] + labels[:shift]:
             record = _harness.measure(scenario, CONTENDERS[label], budget)
             record.update(label=label, round=round_index)
-            if "error" not in record:
-                record["samples_per_second"] = record["samples"] / record["seconds"]
-                record["trainer_cpu_us_per_sample"] = (
-                    1e6 * record["cpu_seconds"] / record["samples"])
+            rates(record)
             records[label].append(record)
             if progress is not None:
-                progress(_progress_line(round_index, record))
+                progress(_progress_line(round_index, record, "label", 28))
         raw = raw_pyzmq_receive_us(2000 if quick else RAW_MESSAGES)
         records["raw"].append({"round": round_index, "trainer_cpu_us_per_sample": raw})
         if progress is not None:
             progress(f"round {round_index + 1} raw pyzmq 56 B receive: {raw:.2f} µs CPU")
     return records
-
-
-def _progress_line(round_index: int, record: dict[str, Any]) -> str:
-    head = f"round {round_index + 1} {record['label']:<28}"
-    if "error" in record:
-        return f"{head} FAILED: {record['error'].strip().splitlines()[-1]}"
-    return (f"{head} {record['samples_per_second']:>8,.0f} samples/s "
-            f"{record['trainer_cpu_us_per_sample']:8.1f} µs trainer CPU/sample")
 
 
 def paired(records: dict[str, list[dict[str, Any]]], label: str, base: str,
@@ -184,15 +172,7 @@ def markdown(records: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_shm_workers",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
-    parser.add_argument("--repeats", type=int, default=5, help="rounds (default 5)")
-    parser.add_argument("--seconds", type=float, help="timed seconds per measurement")
-    args = parser.parse_args(argv)
-    records = run(1 if args.quick else args.repeats, quick=args.quick, seconds=args.seconds)
-    print(markdown(records))
-    return 0 if all("error" not in r for rs in records.values() for r in rs) else 1
+    return rounds_main("benchmarks.bench_shm_workers", __doc__ or "", run, markdown, argv)
 
 
 if __name__ == "__main__":
