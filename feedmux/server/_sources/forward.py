@@ -107,6 +107,7 @@ def forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop: 
             code = _forward_run(run, sockets, pool, endpoints, config, stop)
             if code is not None:
                 return code
+            _drop_read_ahead(run, endpoints.pool)
             # The ranked job resumed from a checkpoint: a new run, from where it says.
             generation += 1
             pool.rewind(generation)
@@ -221,6 +222,13 @@ def _send_merged(run: _Run, pool: WorkerPool, endpoints: Endpoints,
                                                             int(tags[-1, 0])):
             return EXIT_OK
     return None
+
+
+def _drop_read_ahead(run: _Run, shm: ShmPool | None) -> None:
+    """Free the runs of the pool that the messages read ahead for a run that ended refer to."""
+    for item in run.merge.drain():
+        if shm is not None and not isinstance(item, EndOfEpoch) and has_refs(item):
+            shm.drop(item)
 
 
 def _whole(shm: ShmPool | None, frames: Any) -> Any:
