@@ -414,9 +414,6 @@ class ShmPool:
         row[_STATE] = state
         return head
 
-    def free(self, head: int) -> None:
-        self.books.free(head)
-
     def owners_due(self) -> bool:
         """Whether it is time to look for dead trainers again (a system call per owner:
         at most every ``OWNER_CHECK`` seconds, not at every look at a full pool)."""
@@ -441,7 +438,7 @@ class ShmPool:
         freed = 0
         for head in heads[states == FREE].tolist():
             if head not in pinned:
-                self.free(head)
+                self.books.free(head)
                 freed += 1
         if dead_owners:
             now = int(time.monotonic() * 1000)
@@ -455,7 +452,7 @@ class ShmPool:
                     table[head, _GEN] += 1  # a late claim or release of it now fails
                     table[head, _STATE] = FREE
                     if head not in pinned:
-                        self.free(head)
+                        self.books.free(head)
                         freed += 1
         return freed
 
@@ -531,7 +528,7 @@ class ShmPool:
         table = self.segment.table
         for head in placed.taken:
             table[head, _STATE] = FREE
-            self.free(head)
+            self.books.free(head)
         table[placed.held, _STATE] = HELD
         table[placed.forwarded, _STATE] = forwarded
         placed.delivered()

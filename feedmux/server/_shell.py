@@ -98,12 +98,9 @@ class Endpoints:
         #: Ranked delivery: each rank's messages to its holder, a successor's hand-over first.
         self.ranked = RankSender(self.data, self.core.retention, self._replayed)
         #: Consumer groups: every buffered message goes to each group (None: no groups).
-        self.fanout: GroupFanout | None = None
-        if config.grouped:
-            self.fanout = GroupFanout(
-                config, self.data, self.core,
-                lambda timeout: self.serve_control(timeout),
-                lambda: bool(self.stopping))
+        #: Opened with the server's groups: from the start (--group-buffer), or on the
+        #: first trainer that asks for a group (the free trainers so far: group default).
+        self.fanout: GroupFanout | None = self._fanout() if config.grouped else None
         self.metrics: MetricsEndpoint | None = None
         if config.metrics_port is not None:
             try:
@@ -112,6 +109,11 @@ class Endpoints:
             except BaseException:
                 self.close()
                 raise
+
+    def _fanout(self) -> GroupFanout:
+        return GroupFanout(self.config, self.data, self.core,
+                           lambda timeout: self.serve_control(timeout),
+                           lambda: bool(self.stopping), self.deliver)
 
     def _extra_stats(self) -> dict[str, Stat]:
         blocked, sent_bytes = self.blocked_seconds, self.bytes_sent
@@ -161,10 +163,8 @@ class Endpoints:
         """Send one data message (to ``rank``, or -1: any free trainer), serving control
         meanwhile; False if the server is stopping."""
         core = self.core
-        if self.fanout is not None:  # counts each delivery to a group itself
-            if not self.fanout.send(frames, n_samples, epoch):
-                return False
-        else:
+        sent = False
+        if self.fanout is None:
             nbytes = carried_bytes(frames)
             if self.reliable is not None:
                 sent = self.reliable.send(list(frames), n_samples, epoch,
@@ -179,11 +179,19 @@ class Endpoints:
                     sent = self._push(frames, rank, placed)
                 finally:
                     if placed is not None and self.pool is not None:
+                        if not sent:  # groups may have opened meanwhile: they get the bytes
+                            frames = self.pool.copied_out(frames)  # before its runs are freed
                         self.pool.cancel(placed)  # unless delivered: went by socket, or nowhere
-            if not sent:
+            if sent:
+                self.bytes_sent += nbytes
+                core.data_sent(n_samples, epoch)
+            elif self.fanout is None:
                 return False
-            self.bytes_sent += nbytes
-            core.data_sent(n_samples, epoch)
+        # Groups, from the start or opened while this message waited (it goes to them then,
+        # not to whichever trainer is free): the fan-out counts each delivery itself.
+        if not sent and self.fanout is not None and not self.fanout.send(frames, n_samples,
+                                                                         epoch):
+            return False
         if readable(self.control):
             self.serve_control(timeout=0)
         core.tick(time.monotonic())  # sampling: at most a throughput log line, never a send
@@ -198,6 +206,8 @@ class Endpoints:
         waited = capped = False
         blocked_since = 0.0
         while not core.restarting:  # a message of the previous run goes to nobody
+            if self.fanout is not None:
+                return False  # the groups opened meanwhile: the message is theirs
             if rank >= 0:
                 sent, capped = _send_ranked(self, rank, frames, placed)
             else:
@@ -271,6 +281,8 @@ class Endpoints:
                 continue
             self.deliver(core.receive(identity, message, time.monotonic()))
         self.control_meter.add(received, time.thread_time() - cpu_started)
+        if self.fanout is None and core.tables.grouped:
+            self.fanout = self._fanout()
         if self.ranked.retention is not core.retention:
             # The job restarted from a checkpoint: its previous ranks are owed nothing.
             self.ranked = RankSender(self.data, core.retention, self._replayed)

@@ -146,11 +146,14 @@ class Server:
         so that a short run is split among all of them from its first sample
         (with consumer groups: trainers of all groups together).
     group_buffer : int or str, optional
-        Serve consumer groups (``RemoteLoader(..., group="name")``): every group
-        gets the whole stream, sampled once. The encoded messages wait in a
-        buffer of this many messages (an int, or a string of digits) or bytes
-        (``"64MiB"``); when it is full the slowest group holds sampling back.
-        None (default): no groups.
+        The consumer groups' buffer (``RemoteLoader(..., group="name")``: every
+        group gets the whole stream, sampled once; any server serves them): the
+        encoded messages wait in a buffer of this many messages (an int, or a
+        string of digits) or bytes (``"64MiB"``); when it is full the slowest
+        group holds sampling back. Given, the server serves groups from its
+        start (its trainers without ``group=`` are the group ``default``, a
+        ranked job too). None (default): 64 MiB, and groups open with the first
+        trainer that asks for one.
     join : {"epoch", "now"}
         With groups: a group that joins mid-stream starts at the next epoch
         boundary (default, so it sees whole epochs only) or with the next message.

@@ -233,7 +233,8 @@ class ControlCore:
         self._last_change = 0.0
         self._final_started = self._last_heard = 0.0
         #: The rank tables: the server's own, or one per consumer group.
-        self.tables = RankTables(config.grouped, retention_limit=4 * config.hwm + 64)
+        self.tables = RankTables(config.grouped, retention_limit=4 * config.hwm + 64,
+                                 reliable=config.reliable)
         self.ranks = self.tables.server
         #: What each rank was sent beyond what it handed out (for a restarted rank).
         self.retention = self.tables.retention
@@ -260,7 +261,7 @@ class ControlCore:
             # A ranked trainer's hand-out mark, from a socket that reads nothing: no answer.
             # It is also the sign of life of the rank's holder (sent from the loader's thread);
             # one for a rank the trainer's group does not deal to counts for nothing.
-            group = _group_of(self.trainers, message.client_id) if self.config.grouped else ""
+            group = _group_of(self.trainers, message.client_id) if self.tables.grouped else ""
             if (holder := self.tables.acknowledged(group, message)) and holder in self.trainers:
                 self.trainers[holder].last_seen = now
             return NO_SENDS
@@ -313,6 +314,9 @@ class ControlCore:
                 # Is the holder still there? A failed send tells (peer_gone frees the rank).
                 sends.append((holder[0], self.welcome(message.group)))
             return sends
+        if self.tables.grouped and self.questions.free:  # the first group opened
+            self.questions.free = False  # a group's trainers end on the drain count
+            self.ranks, self.retention = self.tables.server, self.tables.retention
         known = identity in self.trainers
         group = message.group or DEFAULT_GROUP
         # A free reliable trainer that outlived its server: what it had is not dealt again.
@@ -320,7 +324,7 @@ class ControlCore:
                                            handed=self.handed.heard(message, self.config.reliable))
         if not known:
             rank = f" as rank {message.rank} of {message.world_size}" if message.rank >= 0 else ""
-            where = f" in group {group}" if self.config.grouped else ""
+            where = f" in group {group}" if self.tables.grouped else ""
             log.info("trainer %s connected%s%s", message.client_id, rank, where)
             self._count_reconnect(message.client_id)
         return [*sends, (identity, self.welcome(group)), *_shm_offer(self, identity)]
@@ -370,6 +374,19 @@ class ControlCore:
         if gone is not None:
             self.departed += 1
             self.departed_received += gone.received_messages
+
+    def give_up_group(self, group: str, reason: str) -> Sends:
+        """Consumer group ``group`` is given up (its ranks did not all come within the rank
+        timeout): its trainers are told ``reason`` and forgotten (what they received still
+        counts for the end of stream), and so are its ranks."""
+        error = Error(type="feedmux.errors.TransportTimeoutError", message=reason,
+                      server_id=self.config.server_id)
+        members = [identity for identity, trainer in self.trainers.items()
+                   if trainer.group == group]
+        for identity in members:
+            self.peer_gone(identity)
+        self.tables.forget(group)
+        return [(identity, error) for identity in members]
 
     # -- events: the sampler ----------------------------------------------------------------
     def begin(self) -> Sends:
@@ -562,7 +579,7 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
     config = core.config
     if core._welcomed_at is not None and core._ready(now):
         start, problem = agreed_start(core.ranks.resumes, core.ranks.world_size or 0)
-        if not (core.ranks.ranked or core.config.grouped) and core.config.reliable:
+        if not (core.ranks.ranked or core.tables.grouped) and core.config.reliable:
             core.handed = Handed(t.handed for t in core.trainers.values() if t.handed)
             start = Start(core.handed.start, {})
         if start is None:
@@ -616,7 +633,7 @@ def _restarts_job(core: ControlCore, message: Hello) -> bool:
     hello again)."""
     return (check_announcement(message.resume) is None and bool(message.resume)
             and message.resume[3] == CHECKPOINT and message.rank >= 0
-            and not core.config.grouped and core.phase in (Phase.SAMPLING, Phase.DRAINING)
+            and not core.tables.grouped and core.phase in (Phase.SAMPLING, Phase.DRAINING)
             and message.client_id not in {c for _, c in core.ranks.holders.values()})
 
 
@@ -644,7 +661,7 @@ def _probe_welcome(core: ControlCore, message: Hello) -> Welcome:
     """The welcome a trainer that has not joined yet gets (``len()`` asks before the
     first sample): a rank's tells how the server would deal to its job."""
     welcome = core.welcome(message.group)
-    if message.rank < 0 or core.config.grouped or core.ranks.world_size is not None:
+    if message.rank < 0 or core.tables.grouped or core.ranks.world_size is not None:
         return welcome
     return dataclasses.replace(welcome, world_size=message.world_size,
                                uneven=core.config.uneven)

@@ -11,7 +11,13 @@ rule (:class:`~feedmux.server._delivery.dealing.RankDealer`: pad or drop, equal 
 per rank: row slices) and encoded per rank, and a restarted rank gets its
 predecessor's rest first (:class:`~feedmux.server._delivery.ranksend.RankSender`).
 While the buffer is full it waits, serving the control socket, and names the
-group that lags in the log. Membership comes from the control core's trainer
+group that lags in the log. A ranked group with a rank that has had no live
+holder for ``rank_timeout`` seconds (it never came, or died and nobody took
+over) is given up, as a ranked server gives up a job whose ranks never all
+come: its trainers are told why and the group no longer holds the others back.
+A fan-out may start mid-run (the first trainer asking for a group on a server
+that had none): the free trainers served until then are the group ``default``
+and go on with the next message. Membership comes from the control core's trainer
 registry (each trainer's hello names its group and rank); this module must
 never decide anything about trainers or the end of the stream, and never keeps frames
 beyond what the buffer holds and a few dealt shares per rank.
@@ -29,12 +35,12 @@ from typing import Any
 import zmq
 
 from feedmux.protocol import Data, decode, encode, read_tags
-from feedmux.server._control.core import TRAINER_TIMEOUT, ControlCore
+from feedmux.server._control.core import TRAINER_TIMEOUT, ControlCore, Sends
 from feedmux.server._delivery.dealing import RankDealer, RankShare
-from feedmux.server._delivery.groups import BufferedMessage, GroupBuffer, parse_group_buffer
+from feedmux.server._delivery.groups import DEFAULT_GROUP, BufferedMessage, GroupBuffer
 from feedmux.server._delivery.ranksend import RankSender
 from feedmux.server._sources.producer import Frames
-from feedmux.server.config import ServerConfig
+from feedmux.server.config import ServerConfig, disabled
 
 __all__ = ["GroupFanout"]
 
@@ -66,6 +72,16 @@ class _RankedGroup:
         self.sender = sender
         self.queues: list[deque[tuple[Frames, int, int]]] = [deque() for _ in range(world_size)]
         self.epoch = 0  # the epoch being dealt
+        #: Since when a rank has had no live holder (None: every rank has one).
+        self.missing_since: float | None = None
+
+    def overdue(self, missing: list[int], now: float, timeout: float) -> bool:
+        """Whether ranks have been ``missing`` (none: all held) for over ``timeout`` s."""
+        if not missing:
+            self.missing_since = None
+        elif self.missing_since is None:
+            self.missing_since = now
+        return self.missing_since is not None and now - self.missing_since > timeout
 
     def deal(self, message: BufferedMessage) -> None:
         """Deal the group's next buffered message (an epoch change first ends the last one)."""
@@ -101,18 +117,26 @@ class GroupFanout:
     """Sends one sampled stream to every consumer group of a server.
 
     ``wait(timeout)`` serves the control socket for up to ``timeout`` seconds;
-    ``stopping()``
-    says whether the server is shutting down.
+    ``stopping()`` says whether the server is shutting down; ``deliver(sends)``
+    sends control messages (a given-up group's errors).
     """
 
     def __init__(self, config: ServerConfig, data: Any, core: ControlCore,
-                 wait: Callable[[float], object], stopping: Callable[[], bool]) -> None:
-        max_messages, max_bytes = parse_group_buffer(config.group_buffer or 0)
-        self.buffer = GroupBuffer(max_messages, max_bytes, config.join, config.group_timeout)
+                 wait: Callable[[float], object], stopping: Callable[[], bool],
+                 deliver: Callable[[Sends], None]) -> None:
+        self.buffer = GroupBuffer(*config.group_limits, config.join, config.group_timeout)
+        # Started mid-run: the stream goes on, and the free trainers served so far with it.
+        self.buffer.continue_stream(core.epoch, core.epoch > core.epochs_completed)
+        if any(trainer.group == DEFAULT_GROUP for trainer in core.trainers.values()):
+            self.buffer.join(DEFAULT_GROUP, time.monotonic(), at_once=True)
+        if (off := disabled(config.asks | {"groups"}, "shm")) is not None:
+            log.info("consumer groups get their messages over the sockets: %s", off)
         self.data = data
         self.core = core
         self.wait = wait
         self.stopping = stopping
+        self.deliver = deliver
+        self.rank_timeout = config.rank_timeout
         self.uneven = config.uneven
         self.server_id = config.server_id
         self._ranked: dict[str, _RankedGroup] = {}
@@ -195,7 +219,9 @@ class GroupFanout:
             buffer.set_members(name, len(targets), now)
             ranks = self.core.tables.of(name)
             if ranks.ranked:
-                self._pump_ranked(name, ranks.world_size or 0)
+                group = self._ranked_group(name, ranks.world_size or 0)
+                if not self._given_up(name, group, targets, now):
+                    self._pump_ranked(name, group)
                 continue
             while targets:
                 message = buffer.next_for(name)
@@ -207,12 +233,33 @@ class GroupFanout:
             log.warning("group %s dropped: no member for %g s; it no longer holds the "
                         "sampler back", name, buffer.group_timeout)
 
-    def _pump_ranked(self, name: str, world_size: int) -> None:
-        """Deal ranked group ``name``'s next messages and send each rank its shares."""
+    def _ranked_group(self, name: str, world_size: int) -> _RankedGroup:
         group = self._ranked.get(name)
         if group is None:
             sender = RankSender(self.data, self.core.tables.retention_of(name), self._replayed)
             group = self._ranked[name] = _RankedGroup(world_size, self.uneven, sender)
+        return group
+
+    def _given_up(self, name: str, group: _RankedGroup, targets: list[bytes],
+                  now: float) -> bool:
+        """Give ranked group ``name`` up if a rank has had no live holder (among its
+        members' data identities ``targets``) for ``rank_timeout``; True if it was."""
+        table = self.core.tables.of(name)
+        missing = [rank for rank in range(group.dealer.world_size)
+                   if (holder := table.holder(rank)) is None or holder[1].encode() not in targets]
+        if not group.overdue(missing, now, self.rank_timeout):
+            return False
+        reason = (f"rank(s) {missing} of {group.dealer.world_size} in group {name!r} not "
+                  f"connected within the rank timeout of {self.rank_timeout:g} s: the group "
+                  f"is given up (it held the other groups back)")
+        log.error("%s", reason)
+        self.deliver(self.core.give_up_group(name, reason))
+        self.buffer.drop(name)
+        del self._ranked[name]
+        return True
+
+    def _pump_ranked(self, name: str, group: _RankedGroup) -> None:
+        """Deal ranked group ``name``'s next messages and send each rank its shares."""
         buffer = self.buffer
         while True:
             self._send_shares(name, group)

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from feedmux._plumbing.shm import Placement, ShmPool, activate, has_refs
-from feedmux.server.config import ServerConfig
+from feedmux.server.config import ServerConfig, disabled
 
 __all__ = ["close_pool", "open_pool", "place_or_wait", "pooled", "through_pool"]
 
@@ -55,7 +55,7 @@ class StopFlag(Protocol):
 
 def open_pool(config: ServerConfig) -> ShmPool | None:
     """The pool this server offers, or None (disabled, reliable mode, or no room)."""
-    if not config.shm or config.reliable:
+    if not config.shm or disabled(config.asks, "shm") is not None:
         return None
     pool = ShmPool.create(config.shm_size)
     if pool is not None:
