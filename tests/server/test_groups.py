@@ -3,16 +3,18 @@ the opening of a server's groups, the hellos the combination table refuses, a gi
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedmux.errors import ConfigurationError
 from feedmux.protocol import Error, Hello, Welcome
-from feedmux.server._control.core import ControlCore, Sends
+from feedmux.server._control.core import ControlCore, Send, Sends
 from feedmux.server._control.ranks import RankTables
 from feedmux.server._control.resume import CHECKPOINT
-from feedmux.server._delivery.fanout import _RankedGroup
+from feedmux.server._delivery.fanout import GroupFanout, _RankedGroup
 from feedmux.server._delivery.groups import DEFAULT_GROUP, GroupBuffer, parse_group_buffer
 from feedmux.server.config import ServerConfig, refusal
 
@@ -225,10 +227,10 @@ def _refusal(sends: Sends) -> str:
 def test_a_group_on_a_server_without_group_buffer_opens_its_groups() -> None:
     core = _core()
     core.receive(b"p", Hello("plain"), now=1.0)
-    assert not core.tables.grouped and core.questions.free  # no group yet: as ever
+    assert not core.tables.grouped  # no group yet: as ever
     [(_, welcome), *_] = core.receive(b"g", Hello("one", group="eval"), now=1.0)
     assert isinstance(welcome, Welcome)
-    assert core.tables.grouped and not core.questions.free
+    assert core.tables.grouped
     # The plain trainer so far is the group default; the server's own table stays free.
     assert core.trainers[b"p"].group == DEFAULT_GROUP and core.trainers[b"g"].group == "eval"
     assert core.tables.of(DEFAULT_GROUP).world_size == 0 and not core.ranks.ranked
@@ -244,7 +246,7 @@ def test_a_refused_group_hello_leaves_a_server_without_groups() -> None:
     core = _core()
     assert "expected rank in [0, 2)" in _refusal(
         core.receive(b"g", Hello("bad", rank=3, world_size=2, group="eval"), now=1.0))
-    assert not core.tables.grouped and core.questions.free
+    assert not core.tables.grouped
 
 
 @pytest.mark.parametrize(("options", "first", "hello", "rule"), [
@@ -278,11 +280,19 @@ def test_a_ranked_group_s_checkpoint_is_refused_naming_the_shared_stream() -> No
 
 
 def test_a_group_given_up_has_its_trainers_told_and_forgotten() -> None:
-    core = _core(group_buffer=8)
-    core.receive(b"r0", Hello("r0", rank=0, world_size=2, group="ddp"), now=1.0)
-    core.receive(b"e", Hello("e", group="eval"), now=1.0)
+    core = _core(group_buffer=8, rank_timeout=1.0)
+    sends: list[Send] = []
+    fanout = GroupFanout(core.config, None, core, wait=lambda timeout: None,
+                         stopping=lambda: False, deliver=sends.extend)
+    now = time.monotonic()  # the fan-out reads the clock: its members are live ones
+    core.receive(b"r0", Hello("r0", rank=0, world_size=2, group="ddp"), now=now)
+    core.receive(b"e", Hello("e", group="eval"), now=now)
     core.trainers[b"r0"].received_messages = 5
-    sends = core.give_up_group("ddp", "rank(s) [1] of 2 in group 'ddp' not connected")
+    fanout.pump()  # rank 1 is missing: the clock starts
+    assert "ddp" in fanout.buffer.groups and not sends
+    fanout._ranked["ddp"].missing_since = -1e9  # as if the rank timeout had passed
+    fanout.pump()
+    assert "ddp" not in fanout.buffer.groups and "eval" in fanout.buffer.groups
     [(identity, error)] = sends
     assert identity == b"r0" and isinstance(error, Error)
     assert error.type == "feedmux.errors.TransportTimeoutError" and "[1] of 2" in error.message

@@ -124,7 +124,8 @@ class Questions:
     since is asked nothing more until it speaks.
 
     ``free`` says whether the server deals free trainers in plain mode (not
-    reliable, no consumer groups): then it counts the data messages each one was
+    reliable, no consumer groups from the start; a server whose groups open
+    later stops asking it): then it counts the data messages each one was
     sent, and once the stream is finished a trainer that received all of its own
     gets its end of stream at once, without waiting for the others. Under a torch
     DataLoader (in order) a worker that waits for its end blocks the DataLoader
@@ -174,7 +175,7 @@ def _heartbeat_answer(core: ControlCore, identity: bytes, trainer: _Trainer) -> 
     """A trainer's heartbeat: the welcome, and its end of stream if its own is over."""
     core.questions.heard(identity)
     welcome = (identity, core.welcome(trainer.group))
-    if (core.phase is Phase.DRAINING and trainer.rank < 0
+    if (core.phase is Phase.DRAINING and trainer.rank < 0 and not core.tables.grouped
             and core.questions.complete(trainer.client_id, trainer.received_messages)):
         return [welcome, (identity, core.end_message())]
     return [welcome]
@@ -233,8 +234,7 @@ class ControlCore:
         self._last_change = 0.0
         self._final_started = self._last_heard = 0.0
         #: The rank tables: the server's own, or one per consumer group.
-        self.tables = RankTables(config.grouped, retention_limit=4 * config.hwm + 64,
-                                 reliable=config.reliable)
+        self.tables = RankTables(config.grouped, 4 * config.hwm + 64, config.reliable)
         self.ranks = self.tables.server
         #: What each rank was sent beyond what it handed out (for a restarted rank).
         self.retention = self.tables.retention
@@ -314,9 +314,6 @@ class ControlCore:
                 # Is the holder still there? A failed send tells (peer_gone frees the rank).
                 sends.append((holder[0], self.welcome(message.group)))
             return sends
-        if self.tables.grouped and self.questions.free:  # the first group opened
-            self.questions.free = False  # a group's trainers end on the drain count
-            self.ranks, self.retention = self.tables.server, self.tables.retention
         known = identity in self.trainers
         group = message.group or DEFAULT_GROUP
         # A free reliable trainer that outlived its server: what it had is not dealt again.
@@ -374,19 +371,6 @@ class ControlCore:
         if gone is not None:
             self.departed += 1
             self.departed_received += gone.received_messages
-
-    def give_up_group(self, group: str, reason: str) -> Sends:
-        """Consumer group ``group`` is given up (its ranks did not all come within the rank
-        timeout): its trainers are told ``reason`` and forgotten (what they received still
-        counts for the end of stream), and so are its ranks."""
-        error = Error(type="feedmux.errors.TransportTimeoutError", message=reason,
-                      server_id=self.config.server_id)
-        members = [identity for identity, trainer in self.trainers.items()
-                   if trainer.group == group]
-        for identity in members:
-            self.peer_gone(identity)
-        self.tables.forget(group)
-        return [(identity, error) for identity in members]
 
     # -- events: the sampler ----------------------------------------------------------------
     def begin(self) -> Sends:

@@ -220,12 +220,12 @@ class RankTables:
 
     def open_groups(self) -> None:
         """Serve consumer groups from now on: the server's own (free) trainers so far are
-        the group ``default``; the server's own table stays empty (never ranked)."""
+        the group ``default``. The server's own table is admitted into no more: it stays
+        what it was (free, or no trainer yet), never ranked."""
         assert not self.server.ranked, "a ranked job outside any group is refused groups"
-        self._groups[DEFAULT_GROUP] = (self.server, self.retention)
-        self.server.name = f"group {DEFAULT_GROUP!r}"
-        self.server = RankTable()
-        self.retention = RankRetention(limit=self.retention_limit)
+        default = RankTable(f"group {DEFAULT_GROUP!r}")
+        default.world_size = self.server.world_size  # 0: its free trainers so far
+        self._groups[DEFAULT_GROUP] = (default, RankRetention(limit=self.retention_limit))
         self.grouped = True
 
     def acknowledged(self, group: str, ack: Ack) -> bytes | None:

@@ -34,7 +34,7 @@ from typing import Any
 
 import zmq
 
-from feedmux.protocol import Data, decode, encode, read_tags
+from feedmux.protocol import Data, Error, decode, encode, read_tags
 from feedmux.server._control.core import TRAINER_TIMEOUT, ControlCore, Sends
 from feedmux.server._delivery.dealing import RankDealer, RankShare
 from feedmux.server._delivery.groups import DEFAULT_GROUP, BufferedMessage, GroupBuffer
@@ -127,8 +127,9 @@ class GroupFanout:
         self.buffer = GroupBuffer(*config.group_limits, config.join, config.group_timeout)
         # Started mid-run: the stream goes on, and the free trainers served so far with it.
         self.buffer.continue_stream(core.epoch, core.epoch > core.epochs_completed)
-        if any(trainer.group == DEFAULT_GROUP for trainer in core.trainers.values()):
-            self.buffer.join(DEFAULT_GROUP, time.monotonic(), at_once=True)
+        #: The group served before the buffer existed (it joins with the next message).
+        self._continuing = DEFAULT_GROUP if any(
+            trainer.group == DEFAULT_GROUP for trainer in core.trainers.values()) else None
         if (off := disabled(config.asks | {"groups"}, "shm")) is not None:
             log.info("consumer groups get their messages over the sockets: %s", off)
         self.data = data
@@ -213,7 +214,9 @@ class GroupFanout:
         members = self._members(now)
         buffer = self.buffer
         for name in members:
-            buffer.join(name, now)
+            buffer.join(name, now, at_once=name == self._continuing)
+        if self._continuing in buffer.groups:
+            self._continuing = None  # once: dropped and back, it joins by the rule
         for name in list(buffer.groups):
             targets = members.get(name, [])
             buffer.set_members(name, len(targets), now)
@@ -253,10 +256,23 @@ class GroupFanout:
                   f"connected within the rank timeout of {self.rank_timeout:g} s: the group "
                   f"is given up (it held the other groups back)")
         log.error("%s", reason)
-        self.deliver(self.core.give_up_group(name, reason))
+        self._give_up(name, reason)
+        return True
+
+    def _give_up(self, name: str, reason: str) -> None:
+        """Group ``name`` is given up: its trainers are told ``reason`` and forgotten (what
+        they received still counts for the end of stream), and so are its ranks."""
+        core = self.core
+        error = Error(type="feedmux.errors.TransportTimeoutError", message=reason,
+                      server_id=self.server_id)
+        members = [identity for identity, trainer in list(core.trainers.items())
+                   if trainer.group == name]
+        for identity in members:
+            core.peer_gone(identity)
+        core.tables.forget(name)
+        self.deliver([(identity, error) for identity in members])
         self.buffer.drop(name)
         del self._ranked[name]
-        return True
 
     def _pump_ranked(self, name: str, group: _RankedGroup) -> None:
         """Deal ranked group ``name``'s next messages and send each rank its shares."""
