@@ -38,7 +38,7 @@ from feedmux.server._control.core import ControlCore, Phase, Sends, Stat, shm_tr
 from feedmux.server._control.meters import ControlMeter, SamplerMeter, sampler_stats
 from feedmux.server._control.metrics import MetricsEndpoint
 from feedmux.server._delivery.fanout import GroupFanout
-from feedmux.server._delivery.pool import close_pool, open_pool, pooled, through_pool
+from feedmux.server._delivery.pool import close_pool, open_pool, pooled, settled, through_pool
 from feedmux.server._delivery.ranksend import RankSender
 from feedmux.server._delivery.reliable import ReliableDispatch
 from feedmux.server._sources.producer import Frames
@@ -177,11 +177,8 @@ class Endpoints:
                                             self.stopping, len(trainers) == len(core.trainers))
                 try:
                     sent = self._push(frames, rank, placed)
-                finally:
-                    if placed is not None and self.pool is not None:
-                        if not sent:  # groups may have opened meanwhile: they get the bytes
-                            frames = self.pool.copied_out(frames)  # before its runs are freed
-                        self.pool.cancel(placed)  # unless delivered: went by socket, or nowhere
+                finally:  # unless delivered (went by socket, or nowhere): its runs back
+                    frames = settled(self.pool, placed, frames, sent)
             if sent:
                 self.bytes_sent += nbytes
                 core.data_sent(n_samples, epoch)

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 from feedmux._plumbing.shm import Placement, ShmPool, activate, has_refs
 from feedmux.server.config import ServerConfig, disabled
 
-__all__ = ["close_pool", "open_pool", "place_or_wait", "pooled", "through_pool"]
+__all__ = ["close_pool", "open_pool", "place_or_wait", "pooled", "settled", "through_pool"]
 
 log = logging.getLogger("feedmux.server")
 
@@ -105,6 +105,20 @@ def pooled(pool: ShmPool, trainers: set[bytes], frames: Sequence[Any],
         placed.refs_only = True
         return frames, placed
     return pool.copied_out(frames), placed
+
+
+def settled(pool: ShmPool | None, placed: Placement | None, frames: Sequence[Any],
+            sent: bool) -> Sequence[Any]:
+    """The message's frames once its send is over: ``placed`` given back unless it was
+    delivered as references (:meth:`ShmPool.cancel`); a message not sent keeps its bytes
+    (copied out of the runs a worker forwarded, before they are freed), for the consumer
+    groups that may have opened while it waited."""
+    if pool is None or placed is None:
+        return frames
+    if not sent:
+        frames = pool.copied_out(frames)
+    pool.cancel(placed)
+    return frames
 
 
 def through_pool(pool: ShmPool | None, placed: Placement | None, target: bytes,
