@@ -21,7 +21,7 @@ import zmq
 
 from feedmux._plumbing.curve import ServerCurve
 from feedmux._plumbing.handshakes import HandshakeLogger
-from feedmux._plumbing.shm import Placement
+from feedmux._plumbing.shm import Placement, ShmPool, carried_bytes
 from feedmux._plumbing.sockets import (
     CONTROL_INBOUND_FRAME_BYTES,
     CONTROL_RCVHWM,
@@ -38,7 +38,7 @@ from feedmux.server._control.core import ControlCore, Phase, Sends, Stat, shm_tr
 from feedmux.server._control.meters import ControlMeter, SamplerMeter, sampler_stats
 from feedmux.server._control.metrics import MetricsEndpoint
 from feedmux.server._delivery.fanout import GroupFanout
-from feedmux.server._delivery.pool import close_pool, open_pool, pooled, through_pool
+from feedmux.server._delivery.pool import close_pool, open_pool, pooled, settled, through_pool
 from feedmux.server._delivery.ranksend import RankSender
 from feedmux.server._delivery.reliable import ReliableDispatch
 from feedmux.server._sources.producer import Frames
@@ -61,7 +61,8 @@ class StopFlag(Protocol):
 class Endpoints:
     """The server's two public sockets around its :class:`ControlCore`."""
 
-    def __init__(self, config: ServerConfig, stopping: StopFlag) -> None:
+    def __init__(self, config: ServerConfig, stopping: StopFlag,
+                 shm: Callable[[ServerConfig], ShmPool | None] = open_pool) -> None:
         self.config = config
         self.stopping = stopping
         #: The server thread's CPU on control messages (both sockets' control traffic).
@@ -87,7 +88,7 @@ class Endpoints:
         self.bytes_sent = 0
         self.core = ControlCore(config, time.monotonic(), os.getpid(), self._extra_stats)
         #: The same-host shared-memory pool free trainers on this host read large arrays from.
-        self.pool = open_pool(config)
+        self.pool = shm(config)  # opened before the workers forked, if there are workers
         if self.pool is not None:
             self.core.shm = (self.pool.path, self.pool.token)
             self.probes.append(lambda: dict(self.pool.stats()) if self.pool else {})
@@ -164,7 +165,7 @@ class Endpoints:
         core = self.core
         sent = False
         if self.fanout is None:
-            nbytes = sum(len(frame) for frame in frames)
+            nbytes = carried_bytes(frames)
             if self.reliable is not None:
                 sent = self.reliable.send(list(frames), n_samples, epoch,
                                          lambda: _wait_for_credit(self))
@@ -172,13 +173,12 @@ class Endpoints:
                 placed = None
                 if self.pool is not None:  # trainers on this host: the pool
                     trainers = shm_trainers(core)
-                    placed = pooled(self.pool, trainers, frames, self.serve_control,
-                                    self.stopping, ranked=rank >= 0)
+                    frames, placed = pooled(self.pool, trainers, frames, self.serve_control,
+                                            self.stopping, len(trainers) == len(core.trainers))
                 try:
                     sent = self._push(frames, rank, placed)
-                finally:
-                    if placed is not None and self.pool is not None:
-                        self.pool.cancel(placed)  # unless delivered: went by socket, or nowhere
+                finally:  # unless delivered (went by socket, or nowhere): its runs back
+                    frames = settled(self.pool, placed, frames, sent)
             if sent:
                 self.bytes_sent += nbytes
                 core.data_sent(n_samples, epoch)
