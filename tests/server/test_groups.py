@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedmux.errors import ConfigurationError
-from feedmux.protocol import Error, Hello, Welcome
+from feedmux.protocol import Ack, Data, Error, Hello, Welcome, encode
 from feedmux.server._control.core import ControlCore, Phase, Send, Sends
 from feedmux.server._control.ranks import RankTables
 from feedmux.server._control.resume import CHECKPOINT
@@ -331,3 +332,17 @@ def test_a_ranked_group_s_checkpoint_restarts_no_job_of_the_server() -> None:
     assert "consumer groups share one sampled stream" in message
     # The server goes on as it was: no restart of its run, its trainer still served.
     assert not core.restarting and core.phase is Phase.SAMPLING and b"p" in core.trainers
+
+
+def test_a_rank_s_last_acknowledgement_counts_after_its_trainer_is_gone() -> None:
+    # Its acknowledging socket is not its control socket: the mark can arrive after the
+    # server saw the trainer go; its successor must not get again what it handed out.
+    core = _core(group_buffer=8)
+    core.receive(b"a0", Hello("a0", world_size=2, rank=0, group="g"), now=1.0)
+    core.receive(b"h0", Hello("h0", world_size=1, rank=0, group="h"), now=1.0)
+    core.tables.retention_of("g").sent(0, b"a0", list(encode(Data(np.array([[1, 4]]), ["x"]))))
+    core.peer_gone(b"a0")
+    core.receive(b"acks", Ack(client_id="a0", server_id="srv", rank=0, epoch=1, position=4),
+                 now=1.5)
+    assert core.tables.retention_of("g")._handed == {0: (1, 4)}
+    assert core.tables.retention_of("h")._handed == {}  # it sent a0 nothing

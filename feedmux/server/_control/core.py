@@ -189,10 +189,10 @@ def _unknown_welcome(core: ControlCore, group: str) -> Welcome:
     return dataclasses.replace(welcome, unknown=True) if core.phase is Phase.WAITING else welcome
 
 
-def _group_of(trainers: Mapping[bytes, _Trainer], client_id: str) -> str:
-    """The group of the trainer ``client_id`` (its acknowledging socket is not its own)."""
-    return next((t.group for t in list(trainers.values()) if t.client_id == client_id),
-                DEFAULT_GROUP)
+def _group_of(trainers: Mapping[bytes, _Trainer], client_id: str) -> str | None:
+    """The group of the trainer ``client_id`` (its acknowledging socket is not its own);
+    None once it is gone (its last acknowledgement can arrive after its departure)."""
+    return next((t.group for t in list(trainers.values()) if t.client_id == client_id), None)
 
 
 class ControlCore:

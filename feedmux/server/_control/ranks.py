@@ -228,13 +228,20 @@ class RankTables:
         self._groups[DEFAULT_GROUP] = (default, RankRetention(limit=self.retention_limit))
         self.grouped = True
 
-    def acknowledged(self, group: str, ack: Ack) -> bytes | None:
+    def acknowledged(self, group: str | None, ack: Ack) -> bytes | None:
         """A rank of ``group`` handed out its share up to ``ack``'s mark; the control
         identity of the rank's holder if the acknowledgement is from it (a sign of life).
 
         A rank the group does not deal to (or a group no trainer said hello in)
-        counts for nothing: anyone can reach the control port.
+        counts for nothing: anyone can reach the control port. ``group`` None: the
+        trainer is gone (its last acknowledgement crossed its departure); the mark
+        counts in the group whose retention sent it that rank's data, if any (a
+        successor must not get again what it handed out).
         """
+        if group is None:
+            for name in list(self._groups):
+                self.acknowledged(name, ack)
+            return None
         if not self.of(group).dealt(ack.rank):
             return None
         self.retention_of(group).handed(ack.rank, ack.client_id.encode(), ack.epoch,
