@@ -431,11 +431,12 @@ def test_each_group_has_its_own_ranks_and_world_size() -> None:
     assert core.rank_target(1, "g") is None and not core.ranks.ranked  # no server-wide ranks
     # A rank's acknowledgement (from the loader's own socket) lands in its group's retention
     # (once the rank's data went to that trainer: a mark from anyone else counts for nothing).
-    core.tables.retention_of("g").sent(0, b"a0", list(encode(Data(np.array([[1, 4]]), ["x"]))))
+    core.tables.retention_of("g").record(0, b"a0",
+                                         list(encode(Data(np.array([[1, 4]]), ["x"]))))
     core.receive(b"acks", Ack(client_id="a0", server_id="srv", rank=0, epoch=1, position=4),
                  now=1.5)
-    assert core.tables.retention_of("g")._handed == {0: (1, 4)}
-    assert core.tables.retention_of("h")._handed == {}
+    assert core.tables.retention_of("g").mark(0) == (1, 4)
+    assert core.tables.retention_of("h").mark(0) is None
 
 
 def test_a_group_mixing_ranked_and_free_trainers_is_refused_naming_the_group() -> None:

@@ -19,7 +19,7 @@ from feedmux.protocol import Ack, Hello
 from feedmux.server._control.resume import check_announcement
 from feedmux.server._delivery.batches import BatchRequest
 from feedmux.server._delivery.groups import DEFAULT_GROUP, refuse_group
-from feedmux.server._delivery.retention import RankRetention
+from feedmux.server._delivery.ledger import Ledger, Recovery
 
 __all__ = ["MAX_WORLD_SIZE", "RANK_REFUSED", "RANK_TAKEN", "RankTable", "RankTables"]
 
@@ -147,17 +147,17 @@ class RankTables:
         self.retention_limit = retention_limit
         self.server = RankTable()
         #: What each rank of the server's own table was sent beyond what it handed out.
-        self.retention = RankRetention(limit=retention_limit)
-        self._groups: dict[str, tuple[RankTable, RankRetention]] = {}
+        self.retention = Ledger(Recovery.REPLAY, limit=retention_limit)
+        self._groups: dict[str, tuple[RankTable, Ledger]] = {}
         self._unknown = RankTable()  # what a group no trainer said hello in looks like
         #: The batch shape the trainers asked for (the first admitted hello fixes it).
         self.batches = BatchRequest(grouped)
 
-    def _group(self, group: str) -> tuple[RankTable, RankRetention]:
+    def _group(self, group: str) -> tuple[RankTable, Ledger]:
         entry = self._groups.get(group)
         if entry is None:
             entry = self._groups[group] = (RankTable(f"group {group!r}"),
-                                           RankRetention(limit=self.retention_limit))
+                                           Ledger(Recovery.REPLAY, self.retention_limit))
         return entry
 
     def of(self, group: str) -> RankTable:
@@ -171,7 +171,7 @@ class RankTables:
         entry = self._groups.get(group or DEFAULT_GROUP)
         return self._unknown if entry is None else entry[0]
 
-    def retention_of(self, group: str) -> RankRetention:
+    def retention_of(self, group: str) -> Ledger:
         return self._group(group or DEFAULT_GROUP)[1] if self.grouped else self.retention
 
     def admit(self, identity: bytes, hello: Hello,
@@ -200,8 +200,8 @@ class RankTables:
         """
         if not self.of(group).dealt(ack.rank):
             return None
-        self.retention_of(group).handed(ack.rank, ack.client_id.encode(), ack.epoch,
-                                        ack.position)
+        self.retention_of(group).handed(ack.rank, ack.client_id.encode(),
+                                        (ack.epoch, ack.position))
         holder = self.of(group).holder(ack.rank)
         return holder[0] if holder is not None and holder[1] == ack.client_id else None
 
@@ -213,7 +213,7 @@ class RankTables:
         """
         gone = [identity for identity, _ in self.server.holders.values()]
         self.server = RankTable()
-        self.retention = RankRetention(limit=self.retention_limit)
+        self.retention = Ledger(Recovery.REPLAY, self.retention_limit)
         return gone
 
     def forget(self, group: str) -> None:
