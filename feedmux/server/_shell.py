@@ -36,6 +36,7 @@ from feedmux.protocol import CONTROL_LIMITS, Ack, Error, decode
 from feedmux.server._control.core import ControlCore, Phase, Sends, Stat
 from feedmux.server._control.meters import ControlMeter, SamplerMeter, sampler_stats
 from feedmux.server._control.metrics import MetricsEndpoint
+from feedmux.server._delivery.carrier import Carrier
 from feedmux.server._delivery.fanout import GroupFanout
 from feedmux.server._delivery.outbox import Outbox
 from feedmux.server._delivery.plain import PlainRoute
@@ -89,8 +90,11 @@ class Endpoints:
             self.probes.append(lambda: dict(self.pool.stats()) if self.pool else {})
         # References to the pool on their way to one trainer (not yet received) at most:
         # what its socket queues would hold of messages sent whole (--hwm, both ends).
-        self.plain = PlainRoute(self.outbox, self.core, self.pool, 2 * config.hwm,
-                                self.serve_control, self._halted)
+        carrier = Carrier(self.pool, self.core, 2 * config.hwm, self.serve_control,
+                          self._halted)
+        self.plain = PlainRoute(self.outbox, self.core, carrier, self._halted)
+        if self.reliable is not None:
+            self.reliable.carrier = carrier
         #: Consumer groups: every buffered message goes to each group (None: no groups).
         self.fanout: GroupFanout | None = None
         if config.grouped:

@@ -5,7 +5,8 @@ trainer with room in its queue (dynamic dealing), or to the trainer holding its
 rank (a successor gets its predecessor's rest first, through
 :class:`~feedmux.server._delivery.ranksend.RankSender`); to a trainer that maps
 the server's shared-memory pool as references to the pool, to the others as
-it is. It tries and waits through the :class:`~feedmux.server._delivery.outbox.Outbox`
+it is (the :class:`~feedmux.server._delivery.carrier.Carrier` decides). It tries
+and waits through the :class:`~feedmux.server._delivery.outbox.Outbox`
 and must never send on a socket itself, decide who holds a rank (the control
 core does), or keep a message once it left (the rank's ledger does).
 """
@@ -15,32 +16,25 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from feedmux._plumbing.shm import Placement, ShmPool
+from feedmux._plumbing.shm import Placement
 from feedmux.protocol import read_tags
-from feedmux.server._control.core import ControlCore, shm_trainers
+from feedmux.server._control.core import ControlCore
+from feedmux.server._delivery.carrier import Carrier
 from feedmux.server._delivery.outbox import Outbox, Wait
-from feedmux.server._delivery.pool import pooled, through_pool
 from feedmux.server._delivery.ranksend import RankSender
 
 __all__ = ["PlainRoute"]
 
 
 class PlainRoute:
-    """Free and ranked messages of a plain server, each to a trainer that has room.
+    """Free and ranked messages of a plain server, each to a trainer that has room,
+    carried by socket or shared memory (``carrier``)."""
 
-    ``transit_cap`` bounds the pool references on their way to one trainer;
-    ``serve_control(timeout)`` and ``halted()`` are the shell's, for the wait of
-    a full pool and for giving up.
-    """
-
-    def __init__(self, outbox: Outbox, core: ControlCore, pool: ShmPool | None,
-                 transit_cap: int, serve_control: Callable[[float], object],
+    def __init__(self, outbox: Outbox, core: ControlCore, carrier: Carrier,
                  halted: Callable[[], bool]) -> None:
         self.outbox = outbox
         self.core = core
-        self.pool = pool
-        self.transit_cap = transit_cap
-        self.serve_control = serve_control
+        self.carrier = carrier
         self.halted = halted
         #: Ranked delivery: each rank's messages to its holder, a successor's hand-over first.
         self.ranked = RankSender(outbox, core.retention, self._replayed)
@@ -48,11 +42,7 @@ class PlainRoute:
     def send(self, frames: Sequence[Any], rank: int = -1) -> bool:
         """Send one message (to ``rank``'s holder, or -1: any free trainer), waiting while
         nobody can take it; False if the server stopped or restarted meanwhile."""
-        placed = None
-        if self.pool is not None:  # trainers on this host: the pool
-            placed = pooled(self.pool, shm_trainers(self.core), frames,
-                            lambda timeout: bool(self.serve_control(timeout)),
-                            _Flag(self.halted), ranked=rank >= 0)
+        placed = self.carrier.place(frames, kept=rank >= 0)  # a rank's is kept for a successor
         tries = 0
 
         def attempt() -> Wait | None:
@@ -72,21 +62,7 @@ class PlainRoute:
         try:
             return self.outbox.deliver(attempt, self.halted)
         finally:
-            if placed is not None and self.pool is not None:
-                self.pool.cancel(placed)  # unless delivered: went by socket, or nowhere
-
-    def _wire(self, target: bytes, frames: Sequence[Any],
-              placed: Placement | None) -> Sequence[Any] | None:
-        """What goes to ``target``: the message as placed in the pool or as it is (None:
-        too many of its references are on their way)."""
-        via_pool = through_pool(self.pool, placed, target, self.transit_cap)
-        if via_pool is None:
-            return None
-        return placed if via_pool and placed is not None else frames
-
-    def _delivered(self, target: bytes, wire: Sequence[Any], placed: Placement | None) -> None:
-        if placed is not None and wire is placed and self.pool is not None:
-            self.pool.delivered(target, placed)  # its runs are the trainer's to release
+            self.carrier.release(placed)  # unless delivered: went by socket, or nowhere
 
     def _to_rank(self, rank: int, frames: Sequence[Any],
                  placed: Placement | None) -> tuple[bool, bool]:
@@ -94,12 +70,12 @@ class PlainRoute:
         target = self.core.rank_target(rank)
         if target is None:
             return False, False
-        wire = self._wire(target, frames, placed)
+        wire = self.carrier.wire(target, frames, placed)
         if wire is None:
             return False, True
         if not self.ranked.send(rank, target, frames, None if wire is frames else wire):
             return False, False
-        self._delivered(target, wire, placed)
+        self.carrier.delivered(target, wire, placed)
         return True, False
 
     def _to_free(self, frames: Sequence[Any], placed: Placement | None) -> tuple[bool, bool]:
@@ -110,17 +86,16 @@ class PlainRoute:
 
         def wire(target: bytes) -> Sequence[Any] | None:
             nonlocal capped
-            parts = wires[target] = self._wire(target, frames, placed)
+            parts = wires[target] = self.carrier.wire(target, frames, placed)
             capped = capped or parts is None
             return parts
 
         target = self.outbox.first(self.core.free_targets(), wire)  # full or gone: the next
         if target is None:
             return False, capped
-        self._delivered(target, wires[target] or (), placed)
+        self.carrier.delivered(target, wires[target] or (), placed)
         self.core.questions.sent_to(target)  # its own end of stream comes from this
         return True, capped
-
     def replay_taken_over(self) -> None:
         """Hand every rank taken over since the last look its predecessor's rest."""
         core = self.core
@@ -134,13 +109,3 @@ class PlainRoute:
         self.outbox.count(frames)
         tags = read_tags(frames)
         self.core.data_sent(len(tags), int(tags[0, 0]))
-
-
-class _Flag:
-    """A callable seen as the truth value the pool's wait checks."""
-
-    def __init__(self, check: Callable[[], bool]) -> None:
-        self.check = check
-
-    def __bool__(self) -> bool:
-        return self.check()

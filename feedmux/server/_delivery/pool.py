@@ -10,13 +10,13 @@ waits, serving control; every stall counts in the ``shm_stalls`` statistic, and
 one that lasts is logged). It never overwrites a run in use and never sends
 data itself: the shell sends what :func:`place_or_wait` returns.
 
-Ranked trainers get references too, while the server keeps the message as
-drawn (its own copy, never a pool run) for a successor: a restarted rank gets
-its predecessor's rest over the socket, from those frames. Consumer groups get
-their messages over the sockets (a group's buffer is read by every group), and
-so does reliable mode: it re-deals a dead trainer's messages to the others, and
-a run the dead trainer had claimed is taken back as soon as its pid is gone,
-so a re-dealt reference could point at reused memory.
+Ranked and reliable trainers get references too, while the server keeps the
+message as drawn (its own copy, never a pool run) in its ledger: a restarted
+rank gets its predecessor's rest, and reliable mode re-deals a dead trainer's
+messages to the others, over the socket from those frames (a run the dead
+trainer had claimed is taken back as soon as its pid is gone, so a re-dealt
+reference could point at reused memory). Consumer groups get their messages
+over the sockets (a group's buffer is read by every group).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ class StopFlag(Protocol):
 
 
 def open_pool(config: ServerConfig) -> ShmPool | None:
-    """The pool this server offers, or None (disabled, reliable mode, or no room)."""
-    if not config.shm or config.reliable:
+    """The pool this server offers, or None (disabled, or no room)."""
+    if not config.shm:
         return None
     pool = ShmPool.create(config.shm_size)
     if pool is not None:

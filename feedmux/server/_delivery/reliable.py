@@ -38,12 +38,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
+from feedmux._plumbing.shm import Placement
 from feedmux._plumbing.sockets import HEARTBEAT_INTERVAL, readable
 from feedmux._ratelog import RateLimitedLog
 from feedmux.errors import ProtocolError
@@ -59,8 +60,9 @@ from feedmux.protocol import (
     read_tags,
 )
 from feedmux.server._control.meters import ControlMeter
+from feedmux.server._delivery.carrier import Carrier
 from feedmux.server._delivery.ledger import Entry, Ledger, Recovery
-from feedmux.server._delivery.outbox import GONE, SENT, Outbox, Wait
+from feedmux.server._delivery.outbox import FULL, GONE, SENT, Outbox, Wait
 
 __all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "Credits", "ReliableDispatch"]
 
@@ -208,6 +210,8 @@ class ReliableDispatch:
         #: Reads the control socket: a trainer's last hand-out marks, sent just before it
         #: died, must count before its messages are cut for the others.
         self.read_marks = read_marks
+        #: How each message travels (socket or shared-memory pool); None: by socket.
+        self.carrier: Carrier | None = None
 
     def _lose(self, identity: bytes) -> None:
         if identity in self.credits.peers:
@@ -238,14 +242,20 @@ class ReliableDispatch:
              halted: Callable[[], bool]) -> bool:
         """Deliver one new message (after any waiting re-sends); False once ``halted()``."""
         pending = Entry(b"", frames, read_tags(frames))
+        # The ledger keeps the frames (the server's own copy) to deal them again.
+        placed = None if self.carrier is None else self.carrier.place(frames, kept=True)
 
         def attempt() -> Wait | None:
             self._turn()
-            if not self.ledger.redeal and self._deliver_any(pending):
+            if not self.ledger.redeal and self._deliver_any(pending, placed):
                 return None
             return Wait.CREDIT
 
-        return self.outbox.deliver(attempt, halted)
+        try:
+            return self.outbox.deliver(attempt, halted)
+        finally:
+            if self.carrier is not None:
+                self.carrier.release(placed)  # unless delivered
 
     def finish(self, deadline: float, halted: Callable[[], bool]) -> None:
         """Wait (until ``deadline`` on the monotonic clock) for every message to be
@@ -268,23 +278,31 @@ class ReliableDispatch:
         self.probe()
         self.flush_resend()
 
-    def _deliver_any(self, entry: Entry, again: bool = False) -> bool:
-        """Send ``entry`` to the trainer with the most credit that takes it (``again``: a
-        lost trainer's message re-dealt)."""
-        full: set[bytes] = set()
-        while (identity := self.credits.pick(full)) is not None:
+    def _deliver_any(self, entry: Entry, placed: Placement | None = None,
+                     again: bool = False) -> bool:
+        """Send ``entry`` to the trainer with the most credit that takes it (as ``placed``
+        in the shared-memory pool for a trainer that maps it; ``again``: a lost trainer's
+        message dealt again, by socket)."""
+        skip: set[bytes] = set()
+        while (identity := self.credits.pick(skip)) is not None:
+            wire: Sequence[Any] | None = entry.frames
+            if self.carrier is not None:
+                wire = self.carrier.wire(identity, entry.frames, placed)
             seq = self.ledger.next_seq
-            sent = self.outbox.send(identity, [pack_envelope(seq), *entry.frames])
+            sent = FULL if wire is None else self.outbox.send(
+                identity, [pack_envelope(seq), *wire])
             if sent is SENT:
                 if again:
                     self.ledger.resent(identity, entry, identity, seq)
                 else:
                     self.ledger.record(identity, identity, entry.frames, seq, entry.tags)
+                if self.carrier is not None and wire is not None:
+                    self.carrier.delivered(identity, wire, placed)
                 return True
             if sent is GONE:
                 self._lose(identity)  # it left the credits
             else:
-                full.add(identity)
+                skip.add(identity)  # its queue is full, or its pool references
         return False
 
     def flush_resend(self) -> None:

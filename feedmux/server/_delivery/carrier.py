@@ -1,0 +1,78 @@
+"""The carrier: how one data message travels to each trainer, by socket or shared memory.
+
+:class:`Carrier` owns the choice, per message and trainer, between the message
+as it is (the socket carries it) and references to the server's shared-memory
+pool (for a trainer that proved it maps the pool, with fewer than
+``transit_cap`` references on their way to it). A message that the ledger
+keeps — a rank's, for a successor; a reliable trainer's, to be re-dealt — is
+copied into the pool and its frames stay the server's own, so a trainer that
+dies holding pool runs (they are reclaimed once its pid is gone) never takes
+the kept copy with it. It never sends (the outbox does) nor decides who gets a
+message (the dealers and the ledger do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from feedmux._plumbing.shm import Placement, ShmPool
+from feedmux.server._control.core import ControlCore, shm_trainers
+from feedmux.server._delivery.pool import pooled, through_pool
+
+__all__ = ["Carrier"]
+
+
+class Carrier:
+    """The shared-memory pool's side of sending (or nothing, without a pool).
+
+    ``serve_control(timeout)`` and ``halted()`` are the shell's, for the wait
+    of a full pool.
+    """
+
+    def __init__(self, pool: ShmPool | None, core: ControlCore, transit_cap: int,
+                 serve_control: Callable[[float], object], halted: Callable[[], bool]) -> None:
+        self.pool = pool
+        self.core = core
+        self.transit_cap = transit_cap
+        self.serve_control = serve_control
+        self.halted = halted
+
+    def place(self, frames: Sequence[Any], kept: bool) -> Placement | None:
+        """``frames`` placed in the pool for the trainers that map it (waiting while it
+        is full), or None (no pool, no such trainer, nothing large, stopping). ``kept``:
+        the ledger keeps the message, so the frames stay the server's own."""
+        if self.pool is None:
+            return None
+        return pooled(self.pool, shm_trainers(self.core), frames,
+                      lambda timeout: bool(self.serve_control(timeout)), _Flag(self.halted),
+                      ranked=kept)
+
+    def wire(self, target: bytes, frames: Sequence[Any],
+             placed: Placement | None) -> Sequence[Any] | None:
+        """What goes to ``target``: the message as placed in the pool or as it is (None:
+        too many of its references are on their way)."""
+        via_pool = through_pool(self.pool, placed, target, self.transit_cap)
+        if via_pool is None:
+            return None
+        return placed if via_pool and placed is not None else frames
+
+    def delivered(self, target: bytes, wire: Sequence[Any], placed: Placement | None) -> None:
+        """``wire`` (from :meth:`wire`) went to ``target``."""
+        if placed is not None and wire is placed and self.pool is not None:
+            self.pool.delivered(target, placed)  # its runs are the trainer's to release
+
+    def release(self, placed: Placement | None) -> None:
+        """Done with ``placed``: its runs come back unless delivered."""
+        if placed is not None and self.pool is not None:
+            self.pool.cancel(placed)
+
+
+class _Flag:
+    """A callable seen as the truth value the pool's wait checks."""
+
+    def __init__(self, check: Callable[[], bool]) -> None:
+        self.check = check
+
+    def __bool__(self) -> bool:
+        return self.check()
