@@ -36,7 +36,8 @@ import feedmux
 from benchmarks.scenarios import small_samples
 from feedmux.protocol import Data, SampleBatch, decode, encode
 from feedmux.sampling.epochs import EpochIterator
-from feedmux.server._sources.producer import BatchPolicy, produce
+from feedmux.server._sources.policy import BatchPolicy
+from feedmux.server._sources.producer import produce
 
 SAMPLES_PER_MESSAGE = 256
 

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 import feedmux
-from feedmux._audit import audit, load_sessions
+from feedmux.apps.audit import audit, load_sessions
 
 __all__ = ["main", "source"]
 

@@ -4,7 +4,7 @@ This module owns the record format and both its ends: :class:`AuditLog`, the
 writer a :class:`~feedmux.client.remote.RemoteLoader` given ``audit_log=``
 calls once per data message (never per sample, unless a sample key is asked
 for), and :func:`read_log`, which turns a file back into :class:`Session`
-objects for the checker (:mod:`feedmux._audit`). A record is one text line
+objects for the checker (:mod:`feedmux.apps.audit`). A record is one text line
 ending in a CRC-32 of its text, so a record torn by a SIGKILL (or a full disk)
 is recognised however it was cut; only a session's last record may be torn.
 Records are appended with ``os.write`` on an ``O_APPEND`` descriptor (no

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from feedmux._audit import audit, load_sessions
 from feedmux._auditlog import AuditLog, AuditLogError, read_log, record_line, stride_runs
 from feedmux.apps import cli
+from feedmux.apps.audit import audit, load_sessions
 from feedmux.errors import FeedmuxError
 
 ADDRESS = "tcp://127.0.0.1:5555"

@@ -314,8 +314,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from feedmux._audit import audit, load_sessions
     from feedmux._auditlog import AuditLogError
+    from feedmux.apps.audit import audit, load_sessions
 
     try:
         report = audit(load_sessions(args.logs),

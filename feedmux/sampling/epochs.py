@@ -69,11 +69,8 @@ class EpochIterator(Generic[T]):
         Handed to every mux the streamer runs: when one of a mux's streams
         raises, it is called with the exception and that stream counts as
         ended, the mux going on with the others. None (the default): the
-        exception propagates. Read when each epoch starts.
-    prepare : callable(item) -> item, optional
-        Applied to each item as it is drawn, before the next is (a server copies
-        the arrays of a streamer that may reuse them here). Read at each
-        :meth:`take`, so a caller may give each chunk its own.
+        exception propagates. Read when each epoch starts; :meth:`take` may
+        give another for the epochs it starts.
 
     Attributes
     ----------
@@ -107,7 +104,6 @@ class EpochIterator(Generic[T]):
         on_epoch_start: Callable[[int], None] | None = None,
         on_epoch_end: Callable[[int, int], None] | None = None,
         on_stream_error: StreamErrorHook | None = None,
-        prepare: Callable[[T], T] | None = None,
     ) -> None:
         if max_epochs is not None and not (is_integer(max_epochs) and int(max_epochs) >= 0):
             raise SamplingError(
@@ -118,7 +114,6 @@ class EpochIterator(Generic[T]):
         self.on_epoch_start = on_epoch_start
         self.on_epoch_end = on_epoch_end
         self.on_stream_error = on_stream_error
-        self.prepare = prepare
         self.epoch = 0
         self.epoch_size: int | None = None
         self.epochs_completed = 0
@@ -137,8 +132,14 @@ class EpochIterator(Generic[T]):
         if self._chunks is not None:
             close_stream(self._chunks)
 
-    def take(self, limit: int) -> Chunk:
+    def take(self, limit: int, *, prepare: Callable[[T], T] | None = None,
+             on_stream_error: StreamErrorHook | None = None) -> Chunk:
         """The next up-to-``limit`` items of the current epoch, in one call.
+
+        ``prepare`` is applied to each item as it is drawn, before the next is
+        (a server copies the arrays of a streamer that may reuse them here).
+        ``on_stream_error`` replaces the constructor's hook for an epoch this
+        call starts.
 
         The items are pulled by C code (``islice``), not one generator step
         and tuple each, for a caller that ships items in groups (the server).
@@ -177,12 +178,13 @@ class EpochIterator(Generic[T]):
                 self.on_epoch_start(self.epoch)
             if self._skip_whole_epoch():
                 continue
-            self._chunks = activate(self.streamer, None, self.on_stream_error)
+            self._chunks = activate(self.streamer, None,
+                                    on_stream_error or self.on_stream_error)
             if self._resume is not None:
                 self._skip_to_resume()
         items: list[T] = []
         start = self._position
-        drawn = self._chunks if self.prepare is None else map(self.prepare, self._chunks)
+        drawn = self._chunks if prepare is None else map(prepare, self._chunks)
         try:
             items.extend(itertools.islice(drawn, limit))
         except Exception as error:

@@ -17,7 +17,7 @@ from feedmux._plumbing.shm import DEFAULT_SHM_SIZE
 from feedmux._plumbing.sockets import DEFAULT_BIND, DEFAULT_HWM, control_address_for
 from feedmux.errors import ConfigurationError
 from feedmux.server._delivery.groups import JOIN_MODES, parse_group_buffer
-from feedmux.server._sources.producer import BatchPolicy
+from feedmux.server._sources.policy import BatchPolicy
 from feedmux.server.factory import Source
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "ServerConfig"]

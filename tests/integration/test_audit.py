@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from feedmux._audit import audit, load_sessions
 from feedmux.apps import cli
+from feedmux.apps.audit import audit, load_sessions
 from tests.integration.conftest import ROOT, wait_until
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]

@@ -14,7 +14,8 @@ from feedmux.sampling import EpochIterator
 from feedmux.server._control.core import ControlCore
 from feedmux.server._control.meters import SamplerMeter, SharedMeters, sampler_stats
 from feedmux.server._delivery.dealing import RankDealer
-from feedmux.server._sources.producer import BatchPolicy, Frames, produce
+from feedmux.server._sources.policy import BatchPolicy
+from feedmux.server._sources.producer import Frames, produce
 from feedmux.server.config import ServerConfig
 
 pytestmark = pytest.mark.timeout(10)

@@ -13,7 +13,8 @@ import feedmux
 from feedmux.protocol import Data, SampleBatch, decode
 from feedmux.sampling import EpochIterator
 from feedmux.server._sources.owning import STACK_AS_DRAWN_BYTES, DrawnItems
-from feedmux.server._sources.producer import BatchPolicy, Frames, produce
+from feedmux.server._sources.policy import BatchPolicy
+from feedmux.server._sources.producer import Frames, produce
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -12,7 +12,8 @@ import pytest
 import feedmux
 from feedmux.protocol import Data, decode
 from feedmux.sampling import EpochIterator
-from feedmux.server._sources.producer import BatchPolicy, Frames, produce
+from feedmux.server._sources.policy import BatchPolicy
+from feedmux.server._sources.producer import Frames, produce
 
 pytestmark = pytest.mark.timeout(10)
 

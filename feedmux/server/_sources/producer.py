@@ -18,18 +18,18 @@ from typing import Any
 
 import numpy as np
 
-from feedmux._plumbing.shm import SHM_THRESHOLD
 from feedmux._ratelog import RateLimitedLog
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Data, Error, encode
 from feedmux.sampling.epochs import Chunk, EpochIterator
+from feedmux.sampling.streamer import StreamErrorHook
 from feedmux.server._control.meters import SamplerMeter
 from feedmux.server._delivery.batches import Batches
 from feedmux.server._delivery.dealing import RankDealer, RankShare
 from feedmux.server._sources.owning import DrawnItems, own
+from feedmux.server._sources.policy import TARGET_MESSAGE_BYTES, BatchPolicy, payload_bytes
 
 __all__ = [
-    "BatchPolicy",
     "Frames",
     "batched_shares",
     "error_message",
@@ -44,10 +44,6 @@ Frames = Sequence[Any]
 #: ``keep(epoch, positions) -> mask or None``: which samples still go out (a resumed run).
 Keep = Callable[[int, np.ndarray], "np.ndarray | None"]
 
-#: Most samples one data message carries when the caller does not fix it.
-MAX_SAMPLES_PER_MESSAGE = 256
-#: Target payload of one data message; bigger samples travel one per message.
-TARGET_MESSAGE_BYTES = 4 * 1024 * 1024
 #: A ranked chunk (one message per rank) may take up to this many times ``max_delay`` to
 #: sample (320 ms at the default): up to this many ranks (8 hosts x 8 GPUs), each rank's
 #: message is as full as a free trainer's; beyond, messages shrink. Held to ``max_delay``
@@ -62,70 +58,6 @@ MAX_BATCHES_PER_MESSAGE = 16
 #: goes out, however long it takes): a trainer cannot start a step before its batch is
 #: complete, and a step of a model on an accelerator takes tens of ms.
 BATCH_MESSAGE_DELAY = 0.05
-
-
-@dataclass(frozen=True)
-class BatchPolicy:
-    """How samples are grouped into data messages.
-
-    Parameters
-    ----------
-    samples_per_message : int or None
-        A fixed count, or None to size each message from its first sample:
-        as many samples as fit in ``TARGET_MESSAGE_BYTES``, at most
-        ``MAX_SAMPLES_PER_MESSAGE``.
-    max_delay : float
-        About how long a message may take to fill: a message holds no more
-        samples than the sampler makes in this time (from a running mean of its
-        time per sample), so a slow sampler does not hold finished samples back.
-    """
-
-    samples_per_message: int | None = None
-    max_delay: float = 0.005
-    #: Whether array frames are copies rather than views of the streamer's arrays.
-    #: A streamer may reuse one array for every sample (``buf[:] = ...; yield buf``):
-    #: a view would then change under a message still queued, or kept for re-sending
-    #: in reliable mode. Each item is made the server's own as it is drawn
-    #: (:mod:`feedmux.server._sources.owning`): small flat samples are copied straight into
-    #: the message's stacked arrays, which the codec would build anyway, so they cost
-    #: about what zero-copy costs; bigger ones cost one memcpy per array (see ``make
-    #: bench``). ``zero_copy=True`` on the server skips the copy for streamers that
-    #: never reuse an array.
-    copy_arrays: bool = True
-
-    def limit_for(self, first_sample: Any) -> int:
-        """How many samples the message starting with ``first_sample`` may hold."""
-        if self.samples_per_message is not None:
-            return self.samples_per_message
-        if _largest_array(first_sample) >= SHM_THRESHOLD:
-            # An array that large goes through the shared pool, where its owned copy
-            # already is: stacking it with others would copy it again, and the
-            # message would take twice its size in the pool until it is sent.
-            return 1
-        size = max(1, _payload_bytes(first_sample))
-        return max(1, min(MAX_SAMPLES_PER_MESSAGE, TARGET_MESSAGE_BYTES // size))
-
-
-def _payload_bytes(sample: Any) -> int:
-    """Bytes of array data in a sample (containers walked; other leaves count 8)."""
-    if isinstance(sample, np.ndarray):
-        return int(sample.nbytes)
-    if isinstance(sample, dict):
-        return sum(_payload_bytes(value) for value in sample.values())
-    if isinstance(sample, (list, tuple)):
-        return sum(_payload_bytes(value) for value in sample)
-    if isinstance(sample, (str, bytes)):
-        return len(sample)
-    return 8
-
-
-def _largest_array(sample: Any) -> int:
-    """Bytes of the largest array in a sample (containers walked)."""
-    if isinstance(sample, np.ndarray):
-        return int(sample.nbytes)
-    values = sample.values() if isinstance(sample, dict) else (
-        sample if isinstance(sample, (list, tuple)) else ())
-    return max((_largest_array(value) for value in values), default=0)
 
 
 #: Most characters of an error's message and of its traceback on the wire: an Error must
@@ -217,7 +149,7 @@ class _Pacer:
             0.8 * self.item_seconds + 0.2 * per_item
         )
         self.size_limit = self.policy.limit_for(items[0])
-        self.item_bytes = max(1, _payload_bytes(items[0]))
+        self.item_bytes = max(1, payload_bytes(items[0]))
 
 
 def produce(
@@ -275,8 +207,7 @@ def produce(
     refuses fails the run (skipping it would make a batch short).
     """
     meter = SamplerMeter() if meter is None else meter
-    drawn = DrawnItems() if policy.copy_arrays else None
-    epochs.prepare = None  # set for each chunk by _take
+    log_skipped = None
     if skip_errors:
         def log_skipped(error: BaseException) -> None:
             meter.skipped()
@@ -284,8 +215,8 @@ def produce(
                           "a stream raised %s: %s; skipping the rest of it",
                           type(error).__name__, error, exc_info=error)
 
-        # The muxes get the hook from the epochs, which hand it down at each activation.
-        epochs.on_stream_error = log_skipped
+    # The muxes get the hook from the epochs, which hand it down at each activation.
+    drawn = _Draw(DrawnItems() if policy.copy_arrays else None, log_skipped)
     if start is not None:
         epochs.resume_at(*start, keep=0 if dealer is None else dealer.world_size - 1)
     if dealer is not None:
@@ -295,25 +226,31 @@ def produce(
                     start, keep, batches)
 
 
-def _take(
-    epochs: EpochIterator[Any], drawn: DrawnItems | None, limit: int
-) -> tuple[Chunk, Sequence[Any]]:
-    """The next chunk and its samples, made the server's own as drawn (with ``drawn``)."""
-    if drawn is None:
-        chunk = epochs.take(limit)
-        return chunk, chunk.items
-    epochs.prepare = drawn.start()
-    try:
-        chunk = epochs.take(limit)
-    except BaseException:
-        drawn.abandon()
-        raise
-    return chunk, drawn.samples(chunk.items)
+@dataclass(frozen=True)
+class _Draw:
+    """How each chunk is drawn from the epochs: its items made the server's own as
+    drawn (with ``owned``), a stream's error skipped (with ``on_stream_error``)."""
+
+    owned: DrawnItems | None
+    on_stream_error: StreamErrorHook | None
+
+    def take(self, epochs: EpochIterator[Any], limit: int) -> tuple[Chunk, Sequence[Any]]:
+        """The next chunk and its samples."""
+        if self.owned is None:
+            chunk = epochs.take(limit, on_stream_error=self.on_stream_error)
+            return chunk, chunk.items
+        try:
+            chunk = epochs.take(limit, prepare=self.owned.start(),
+                                on_stream_error=self.on_stream_error)
+        except BaseException:
+            self.owned.abandon()
+            raise
+        return chunk, self.owned.samples(chunk.items)
 
 
 def _produce(
     epochs: EpochIterator[Any],
-    drawn: DrawnItems | None,
+    drawn: _Draw,
     send: Callable[[Frames, int, int], bool],
     policy: BatchPolicy,
     server_id: str,
@@ -334,7 +271,7 @@ def _produce(
             limit = pacer.limit(0 if batches is None else batches.batch_size)
             if align is not None:
                 limit = min(limit, align - epoch_count % align)
-            chunk, items = _take(epochs, drawn, limit)
+            chunk, items = drawn.take(epochs, limit)
         except StopIteration:
             return sent
         except Exception as error:
@@ -398,7 +335,7 @@ def _skip_epoch(error: Exception, skip_errors: bool, meter: SamplerMeter) -> Non
 
 def _produce_ranked(
     epochs: EpochIterator[Any],
-    drawn: DrawnItems | None,
+    drawn: _Draw,
     send: Callable[..., bool],
     policy: BatchPolicy,
     server_id: str,
@@ -426,8 +363,8 @@ def _produce_ranked(
     while True:
         started = clock()
         try:
-            chunk, items = _take(epochs, drawn,
-                                 pacer.limit(0 if batches is None else batches.batch_size) * n)
+            chunk, items = drawn.take(epochs,
+                                      pacer.limit(0 if batches is None else batches.batch_size) * n)
         except StopIteration:
             return sent
         except Exception as error:
@@ -439,7 +376,7 @@ def _produce_ranked(
             if start is not None:
                 if epoch == start[0]:  # the resumed epoch: dealt from where the job stood
                     head = epochs.resumed_head  # drawn while skipping: made ours here
-                    if drawn is not None:
+                    if drawn.owned is not None:
                         head = [own(item) for item in head]
                     dealer.resume(epoch, chunk.start, head)
                     epoch_count = chunk.start  # the epoch's size counts what came before
