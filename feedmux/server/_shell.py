@@ -41,7 +41,7 @@ from feedmux.server._delivery.fanout import GroupFanout
 from feedmux.server._delivery.outbox import Outbox
 from feedmux.server._delivery.plain import PlainRoute
 from feedmux.server._delivery.pool import close_pool, open_pool
-from feedmux.server._delivery.reliable import ReliableDispatch
+from feedmux.server._delivery.reliable import NO_ACK, ReliableDispatch
 from feedmux.server._sources.producer import Frames
 from feedmux.server.config import ServerConfig
 
@@ -92,9 +92,14 @@ class Endpoints:
         # what its socket queues would hold of messages sent whole (--hwm, both ends).
         carrier = Carrier(self.pool, self.core, 2 * config.hwm, self.serve_control,
                           self._halted)
-        self.plain = PlainRoute(self.outbox, self.core, carrier, self._halted)
-        if self.reliable is not None:
+        # Ranks on a reliable server: their messages need no sequence number (the ranks'
+        # hand-out marks release them) and go after the envelope of one that needs none.
+        if self.reliable is None:
+            self.plain = PlainRoute(self.outbox, self.core, carrier, self._halted)
+        else:
             self.reliable.carrier = carrier
+            self.plain = PlainRoute(self.outbox, self.core, carrier, self._halted, [NO_ACK],
+                                    self.reliable.credits.takes)
         #: Consumer groups: every buffered message goes to each group (None: no groups).
         self.fanout: GroupFanout | None = None
         if config.grouped:
@@ -160,7 +165,7 @@ class Endpoints:
             if not self.fanout.send(frames, n_samples, epoch):
                 return False
         else:
-            if self.reliable is not None:
+            if self.reliable is not None and rank < 0:
                 sent = self.reliable.send(list(frames), n_samples, epoch, self._halted)
             else:
                 sent = self.plain.send(frames, rank)
@@ -206,8 +211,7 @@ class Endpoints:
                 continue
             self.deliver(core.receive(identity, message, time.monotonic()))
         self.control_meter.add(received, time.thread_time() - cpu_started)
-        if self.reliable is None:
-            self.plain.replay_taken_over()
+        self.plain.replay_taken_over()
         if self.fanout is not None:
             self.fanout.replay_taken_over()
         return True
@@ -266,7 +270,9 @@ class Endpoints:
             self.fanout.flush(time.monotonic() + self.config.drain_timeout)
         self.deliver(core.finish(time.monotonic()))
         if self.reliable is not None:
-            self.reliable.finish(core.drain_deadline, lambda: bool(self.stopping))
+            # Ranks' messages count too: a dead rank's go to its successor first.
+            self.reliable.finish(core.drain_deadline, lambda: bool(self.stopping),
+                                 core.retention.held)
             self.reliable.broadcast(core.end_message())
             self.deliver(core.end_stream(time.monotonic()))
         else:

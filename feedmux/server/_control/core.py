@@ -496,7 +496,8 @@ class ControlCore:
             return self.end_stream(now)
         if total != self._last_total:
             self._last_total, self._last_change = total, now
-        idle = now - self._last_change > self.config.drain_idle
+        # Not while a dead rank's rest waits for its successor (drain_timeout bounds that).
+        idle = now - self._last_change > self.config.drain_idle and not _owed_to_a_successor(self)
         stalled = idle and (not self.trainers or (self.departed and self._all_answering(now)))
         if stalled or now > self.drain_deadline:
             return self.end_stream(now, f"{self.departed} trainer(s) went away" if stalled
@@ -588,6 +589,14 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
         return NO_SENDS
     core._welcomed_at = now
     return [(identity, core.welcome(trainer.group)) for identity, trainer in core.trainers.items()]
+
+
+def _owed_to_a_successor(core: ControlCore) -> bool:
+    """Whether a rank nobody holds has messages it was sent and never handed out (its
+    successor gets them first: the stream must not end before it came)."""
+    ranks = core.ranks
+    return ranks.ranked and any(ranks.holder(lane) is None for lane in core.retention.lanes()
+                                if isinstance(lane, int))
 
 
 def shm_trainers(core: ControlCore) -> set[bytes]:

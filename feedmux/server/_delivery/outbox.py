@@ -130,6 +130,8 @@ class Outbox:
         started = time.perf_counter()
         poller = self._poller
         timeout, data_events = _WAITS[what]
+        if self.serve_data is not None:  # credit and acknowledgements are read in any wait
+            data_events |= zmq.POLLIN
         if data_events:
             poller.register(self.socket, data_events)
         try:

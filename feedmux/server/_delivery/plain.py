@@ -28,16 +28,23 @@ __all__ = ["PlainRoute"]
 
 class PlainRoute:
     """Free and ranked messages of a plain server, each to a trainer that has room,
-    carried by socket or shared memory (``carrier``)."""
+    carried by socket or shared memory (``carrier``); ranked messages also on a
+    reliable server (each preceded by ``envelope``: acknowledged by the rank's
+    hand-out marks, not by sequence number; each within its holder's credit,
+    ``room``)."""
 
     def __init__(self, outbox: Outbox, core: ControlCore, carrier: Carrier,
-                 halted: Callable[[], bool]) -> None:
+                 halted: Callable[[], bool], envelope: Sequence[bytes] = (),
+                 room: Callable[[bytes, int], bool] | None = None) -> None:
         self.outbox = outbox
         self.core = core
         self.carrier = carrier
         self.halted = halted
+        self.envelope = envelope
+        #: Whether a rank's holder takes another message (a reliable trainer's credit).
+        self.room = room
         #: Ranked delivery: each rank's messages to its holder, a successor's hand-over first.
-        self.ranked = RankSender(outbox, core.retention, self._replayed)
+        self.ranked = self._sender()
 
     def send(self, frames: Sequence[Any], rank: int = -1) -> bool:
         """Send one message (to ``rank``'s holder, or -1: any free trainer), waiting while
@@ -101,9 +108,13 @@ class PlainRoute:
         core = self.core
         if self.ranked.retention is not core.retention:
             # The job restarted from a checkpoint: its previous ranks are owed nothing.
-            self.ranked = RankSender(self.outbox, core.retention, self._replayed)
+            self.ranked = self._sender()
         if core.ranks.ranked:
             self.ranked.replay_taken_over(list(core.ranks.holders), core.rank_target)
+
+    def _sender(self) -> RankSender:
+        return RankSender(self.outbox, self.core.retention, self._replayed, self.envelope,
+                          self.room)
 
     def _replayed(self, frames: Sequence[Any]) -> None:
         self.outbox.count(frames)

@@ -32,13 +32,21 @@ class RankSender:
 
     ``on_replayed(frames)`` is called for every message re-sent to a new
     holder, for the counters (the caller counts the new messages it sends).
+    ``envelope`` goes before every message on the wire (a reliable server's data
+    socket: the envelope of a message the rank's hand-out marks acknowledge), and
+    ``room(target, held)``, when given, says whether ``target`` takes one more
+    message while it holds ``held`` (a reliable trainer's credit).
     """
 
     def __init__(self, outbox: Outbox, retention: Ledger,
-                 on_replayed: Callable[[Sequence[Any]], None]) -> None:
+                 on_replayed: Callable[[Sequence[Any]], None],
+                 envelope: Sequence[bytes] = (),
+                 room: Callable[[bytes, int], bool] | None = None) -> None:
         self.outbox = outbox
         self.retention = retention
         self.on_replayed = on_replayed
+        self.envelope = list(envelope)
+        self.room = room
 
     def send(self, rank: int, target: bytes, frames: Sequence[Any],
              wire: Sequence[Any] | None = None) -> bool:
@@ -52,9 +60,10 @@ class RankSender:
         ledger = self.retention
         if ledger.owed(rank, target) and not self.replay(rank, target):
             return False
-        if not ledger.room(rank):
+        if not ledger.room(rank) or not self._takes(target, ledger.count(rank)):
             return False  # its holder has not said it handed out what it holds: wait
-        if self.outbox.send(target, frames if wire is None else wire) is not SENT:
+        if self.outbox.send(target, [*self.envelope, *(frames if wire is None else wire)]
+                            ) is not SENT:
             return False  # full, or not connected (the control heartbeats decide that)
         ledger.record(rank, target, list(frames))
         return True
@@ -64,7 +73,8 @@ class RankSender:
         ledger = self.retention
         rest = ledger.take_over(rank, target)
         for index, entry in enumerate(rest):
-            if self.outbox.send(target, entry.frames) is not SENT:
+            if not self._takes(target, index) or self.outbox.send(
+                    target, [*self.envelope, *entry.frames]) is not SENT:
                 ledger.put_back(rank, rest[index:])  # not connected yet, or full: next turn
                 return False
             ledger.resent(rank, entry, target)
@@ -73,6 +83,9 @@ class RankSender:
             log.info("rank %d taken over: re-sent %d message(s) from after %s", rank,
                      len(rest), ledger.mark(rank) or (0, -1))
         return True
+
+    def _takes(self, target: bytes, held: int) -> bool:
+        return self.room is None or self.room(target, held)
 
     def replay_taken_over(self, ranks: Iterable[int],
                           target_of: Callable[[int], bytes | None]) -> None:

@@ -64,7 +64,7 @@ from feedmux.server._delivery.carrier import Carrier
 from feedmux.server._delivery.ledger import Entry, Ledger, Recovery
 from feedmux.server._delivery.outbox import FULL, GONE, SENT, Outbox, Wait
 
-__all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "Credits", "ReliableDispatch"]
+__all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "NO_ACK", "Credits", "ReliableDispatch"]
 
 log = logging.getLogger("feedmux.server")
 peer_log = RateLimitedLog(log)
@@ -76,8 +76,9 @@ MAX_CREDIT = 256
 #: peer that grants credit and never acknowledges pins at most this much.
 MAX_UNACKED_BYTES = 512 * 1024 * 1024
 
-#: The envelope of messages that want no acknowledgement (heartbeats, end of stream).
-_NO_ACK = pack_envelope(0)
+#: The envelope of messages that want no acknowledgement by sequence number (heartbeats,
+#: end of stream, a rank's data: its hand-out marks release it).
+NO_ACK = pack_envelope(0)
 
 
 @dataclass
@@ -106,6 +107,12 @@ class Credits:
         """How many more messages ``identity`` will hold (0: unknown)."""
         peer = self.peers.get(identity)
         return 0 if peer is None else peer.capacity - self.ledger.count(identity)
+
+    def takes(self, identity: bytes, held: int) -> bool:
+        """Whether ``identity`` granted credit for more than the ``held`` messages it has
+        (a rank's holder: its messages are kept in the rank's ledger, not here)."""
+        peer = self.peers.get(identity)
+        return peer is not None and peer.capacity > held
 
     def take(self, identity: bytes, message: Message) -> None:
         """A credit grant or an acknowledgement from ``identity``."""
@@ -257,19 +264,23 @@ class ReliableDispatch:
             if self.carrier is not None:
                 self.carrier.release(placed)  # unless delivered
 
-    def finish(self, deadline: float, halted: Callable[[], bool]) -> None:
+    def finish(self, deadline: float, halted: Callable[[], bool],
+               owed: Callable[[], int] = lambda: 0) -> None:
         """Wait (until ``deadline`` on the monotonic clock) for every message to be
-        acknowledged, re-sending what lost trainers held."""
+        acknowledged, re-sending what lost trainers held (``owed()``: more messages
+        not handed out yet, the ranks')."""
         credits = self.credits
+
+        def left() -> int:
+            return credits.unacknowledged + owed()
 
         def attempt() -> Wait | None:
             self._turn()
-            return Wait.CREDIT if credits.unacknowledged and time.monotonic() < deadline else None
+            return Wait.CREDIT if left() and time.monotonic() < deadline else None
 
         self.outbox.deliver(attempt, halted)
-        if credits.unacknowledged:
-            log.warning("ending the stream with %d message(s) unacknowledged",
-                        credits.unacknowledged)
+        if left():
+            log.warning("ending the stream with %d message(s) unacknowledged", left())
         log.info("%d data message(s) re-sent", self.ledger.resent_messages)
 
     def _turn(self) -> None:
@@ -317,12 +328,12 @@ class ReliableDispatch:
         """Every heartbeat interval, find out which trainers are gone (a send fails)."""
         if not self.credits.probe_due(time.monotonic(), force):
             return
-        beat = [_NO_ACK, *encode(Heartbeat(sender_id=self.server_id))]
+        beat = [NO_ACK, *encode(Heartbeat(sender_id=self.server_id))]
         for identity in list(self.credits.peers):
             if self.outbox.send(identity, beat) is GONE:  # full: alive, just busy
                 self._lose(identity)
 
     def broadcast(self, message: Message) -> None:
-        frames = [_NO_ACK, *encode(message)]
+        frames = [NO_ACK, *encode(message)]
         for identity in list(self.credits.peers):
             self.outbox.send(identity, frames)
