@@ -8,7 +8,7 @@ TORCH  := torch==2.13.0
 # Ray for feedmux.ray (the feedmux[ray] extra), pinned like torch.
 RAY    := ray[train]==2.60.*
 
-.PHONY: demo test test-ray lint bench soak soak-ci container-test clean
+.PHONY: demo test test-matrix test-ray lint bench soak soak-ci container-test clean
 
 $(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ test: $(VENV)/.test
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q tests feedmux
 
+## test-matrix: every combination of delivery modes end to end, one trainer SIGKILLed and restarted in each (marker matrix; not in make test)
+test-matrix: $(VENV)/.test
+	$(PY) -m pytest -q -m matrix -n 3 tests/integration/test_matrix.py
+
 ## test-ray: install Ray, then the fleet tests on a two-node local Ray cluster (marker ray)
 test-ray: $(VENV)/.ray
 	$(PY) -m pytest -q -m ray tests/ray
@@ -48,12 +52,13 @@ lint: $(VENV)/.test
 	$(VENV)/bin/ruff check feedmux tests benchmarks examples
 	$(VENV)/bin/mypy
 
-## bench: every benchmark, feedmux and its peers side by side (and consumer groups vs separate servers, the cost of resuming mid-epoch, reliable and CURVE delivery against plain, 2 to 64 ranks and 256 free trainers on one server)
+## bench: every benchmark, feedmux and its peers side by side (and consumer groups vs separate servers, the cost of resuming mid-epoch, reliable and CURVE delivery against plain, 16 MiB samples through the pool with --workers 2, 2 to 64 ranks and 256 free trainers on one server)
 bench: $(VENV)/.bench
 	$(PY) -m benchmarks
 	$(PY) -m benchmarks.bench_groups
 	$(PY) -m benchmarks.bench_resume
 	$(PY) -m benchmarks.bench_modes
+	$(PY) -m benchmarks.bench_shm_workers
 	$(PY) -m benchmarks.bench_scale
 
 ## soak: 10 minutes of churn (trainers SIGKILLed, the server restarted, a ranked job killed and resumed from its checkpoints, 2 workers per server): fails on any lost or repeated sample, or an RSS slope above 1 MiB/min once warm

@@ -96,13 +96,9 @@ def run(repeats: int, quick: bool = False, seconds: float | None = None,
                                           start_producer=_starter(mode, keys),
                                           connect=_connector(mode, keys))
                 record.update(mode=mode, round=round_index)
-                if "error" not in record:
-                    record["samples_per_second"] = record["samples"] / record["seconds"]
-                    record["trainer_cpu_us_per_sample"] = (
-                        1e6 * record["cpu_seconds"] / record["samples"])
-                    if record.get("producer_cpu_seconds") is not None:
-                        record["server_cpu_us_per_sample"] = (
-                            1e6 * record["producer_cpu_seconds"] / record["samples"])
+                if rates(record) and record.get("producer_cpu_seconds") is not None:
+                    record["server_cpu_us_per_sample"] = (
+                        1e6 * record["producer_cpu_seconds"] / record["samples"])
                 records[mode].append(record)
                 if progress is not None:
                     progress(_progress_line(round_index, record))
@@ -111,8 +107,18 @@ def run(repeats: int, quick: bool = False, seconds: float | None = None,
     return records
 
 
-def _progress_line(round_index: int, record: dict[str, Any]) -> str:
-    head = f"round {round_index + 1} {record['mode']:<8}"
+def rates(record: dict[str, Any]) -> bool:
+    """Add a measurement's samples/s and trainer CPU µs/sample; False if it failed."""
+    if "error" in record:
+        return False
+    record["samples_per_second"] = record["samples"] / record["seconds"]
+    record["trainer_cpu_us_per_sample"] = 1e6 * record["cpu_seconds"] / record["samples"]
+    return True
+
+
+def _progress_line(round_index: int, record: dict[str, Any], name: str = "mode",
+                   width: int = 8) -> str:
+    head = f"round {round_index + 1} {record[name]:<{width}}"
     if "error" in record:
         return f"{head} FAILED: {record['error'].strip().splitlines()[-1]}"
     return (f"{head} {record['samples_per_second']:>12,.0f} samples/s "
@@ -160,9 +166,13 @@ def _fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_modes",
-                                     description=__doc__.splitlines()[0])
+def rounds_main(module: str, doc: str, run: Callable[..., dict[str, list[dict[str, Any]]]],
+                markdown: Callable[[dict[str, list[dict[str, Any]]]], str],
+                argv: list[str] | None) -> int:
+    """The command line of a benchmark of rounds: ``--quick``, ``--repeats``, ``--seconds``;
+    prints the table and returns 0 when every measurement succeeded."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}",
+                                     description=doc.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
     parser.add_argument("--repeats", type=int, default=5, help="rounds (default 5)")
     parser.add_argument("--seconds", type=float, help="timed seconds per measurement")
@@ -170,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     records = run(1 if args.quick else args.repeats, quick=args.quick, seconds=args.seconds)
     print(markdown(records))
     return 0 if all("error" not in r for rs in records.values() for r in rs) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    return rounds_main("benchmarks.bench_modes", __doc__ or "", run, markdown, argv)
 
 
 if __name__ == "__main__":

@@ -90,3 +90,15 @@ def test_the_scale_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     for row in ("| 2 ranks | ", "| 4 ranks | ", "| 8 free (reliable) | "):
         assert row in table
     assert "| 0/1 |" in table and "failed:" not in table  # every run measured
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_shared_memory_workers_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import bench_shm_workers
+
+    assert bench_shm_workers.main(["--quick"]) == 0
+    table = capsys.readouterr().out
+    for label in bench_shm_workers.CONTENDERS:
+        assert f"| {label} | " in table
+    assert "raw pyzmq, one 56-byte message received" in table and "failed" not in table

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -229,3 +231,96 @@ def test_the_servers_own_copy_goes_to_the_pool_and_spares_shared_empty(pool: Shm
         assert own({"x": built})["x"] is built  # the server's already: never copied
     finally:
         activate(None)
+
+
+def test_a_run_the_server_still_holds_is_not_reused_after_the_trainers_release(
+        pool: ShmPool) -> None:
+    # A rank's message is kept (its frames: the server's owned copies, in the pool) for a
+    # successor while the trainer got references: the trainer's release must not let the
+    # run be reused under the frames the server keeps.
+    activate(pool)
+    try:
+        kept = shared_empty(MIB // 4, np.float32)
+    finally:
+        activate(None)
+    kept[:] = 4
+    placed = pool.place(encode(Data(np.array([[1, 0]]), [{"x": kept}])))
+    assert placed is not None
+    pool.delivered(b"rank", placed)
+    views = ShmViews()
+    views.attach(pool.path)
+    receive(views, placed)  # received and dropped at once: released by the trainer
+    pool.reclaim()
+    assert pool.stats()["shm_bytes_in_use"] == MIB  # still the server's
+    for value in range(8):  # other messages pass through the pool meanwhile
+        frames = send(pool, float(value))
+        assert frames is not None and (receive(views, frames) == value).all()
+    assert (kept == 4).all()
+    del kept, placed
+    pool.reclaim()
+    assert pool.stats()["shm_bytes_in_use"] == 0
+
+
+def _worker_sends(pool: ShmPool, pipe: Any, value: float, keep_one: bool) -> None:
+    """A forked worker: its message as references to its region, sent up ``pipe``."""
+    pool.enter_worker(0, lambda: False)
+    pool.wanted = True
+    activate(pool)
+    from feedmux.server._sources.owning import own
+
+    sample = own({"x": np.full(MIB // 4, value, np.float32)})  # the owned copy, in the pool
+    placed = pool.forward(encode(Data(np.array([[1, 0]]), [sample])))
+    assert placed is not None
+    placed.delivered()
+    lent = shared_empty(MIB // 4, np.float32) if keep_one else None  # dies with the worker
+    pipe.send([bytes(memoryview(frame)) for frame in placed])
+    if lent is not None:
+        os.kill(os.getpid(), 9)
+
+
+def _from_worker(pool: ShmPool, keep_one: bool) -> list[Any]:
+    context = multiprocessing.get_context("fork")
+    parent, child = context.Pipe()
+    worker = context.Process(target=_worker_sends, args=(pool, child, 6.0, keep_one))
+    worker.start()
+    assert parent.poll(30), "the worker sent nothing"
+    frames: list[Any] = parent.recv()
+    worker.join(30)
+    return frames
+
+
+def test_a_worker_writes_into_its_region_and_the_server_sends_its_references_on(
+        pool: ShmPool) -> None:
+    pool.split(1)  # before the fork: 8 granules for the server, 8 for the worker
+    frames = _from_worker(pool, keep_one=False)
+    head = int.from_bytes(frames[2][16:24], "little")
+    assert is_ref(frames[2]) and head >= 8  # in the worker's region, not copied by us
+    placed = pool.place(frames)  # the server sends it on as it is
+    assert placed is not None and pool.stats()["shm_bytes_copied"] == 0
+    views = ShmViews()
+    views.attach(pool.path)
+    assert (receive(views, placed) == 6.0).all()
+    # A trainer on another host gets the bytes, copied out; the run is free after.
+    frames = _from_worker(pool, keep_one=False)
+    whole = pool.copied_out(frames)
+    assert (np.frombuffer(whole[2], np.float32) == 6.0).all()
+    pool.drop(frames)
+    assert pool.stats()["shm_bytes_in_use"] == 0
+
+
+def test_the_runs_of_a_killed_worker_come_back_when_the_server_adopts_them(
+        pool: ShmPool) -> None:
+    pool.split(1)
+    frames = _from_worker(pool, keep_one=True)  # forwarded one message, killed holding one
+    assert pool.stats()["shm_bytes_in_use"] == 2 * MIB
+    views = ShmViews()
+    views.attach(pool.path)
+    placed = pool.place(frames)
+    assert placed is not None
+    pool.delivered(b"trainer", placed)
+    view = receive(views, placed)  # a trainer's view: it stays
+    assert pool.adopt(0) == 1  # the lent-out run of the dead worker
+    assert pool.stats()["shm_bytes_in_use"] == MIB and (view == 6.0).all()
+    del view
+    pool.reclaim()
+    assert pool.stats()["shm_bytes_in_use"] == 0

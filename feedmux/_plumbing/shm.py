@@ -12,12 +12,26 @@ are a store into the slot table, made by a ``weakref.finalize`` when the last
 view of a run dies, so the hot path has no release messages at all.
 
 Slot table (one row of four int64 per granule; only a run's first granule's row
-is used): ``state`` (FREE, SENT, HELD by ``shared_empty``), ``generation``
+is used): ``state`` (FREE, SENT, HELD by ``shared_empty`` or an owned copy,
+FORWARDED by a sampling worker to the server), ``generation``
 (bumped at each allocation, so a late release of an old use frees nothing),
 ``owner`` (the pid of the trainer that received it; 0 while in flight) and the
 time it was sent. The server takes a run back when its state is FREE, when its
 owner pid no longer exists (a trainer that died), or when it stayed unclaimed
 for ``orphan_timeout`` seconds (a message lost with a dead trainer's queue).
+
+With ``--workers N`` the pool is created before the workers fork, and each
+process allocates in a region of its own (:mod:`feedmux._plumbing.shmruns`): no
+lock, no message, a region has one writer. A worker writes each large drawn
+array into its region (its owned copy, or :func:`shared_empty`) and sends the
+server 56-byte references (state FORWARDED) instead of the bytes; the server
+sends them on to a trainer that maps the pool (SENT: the trainer's to release,
+into the worker's books, which the worker reads when it allocates), or copies
+the bytes out for a trainer that does not, and frees the run. A worker that
+dies leaves its books in shared memory: the server adopts them
+(:meth:`ShmPool.adopt`). A run whose memory an object of the allocating process
+still holds (a ranked message kept for a successor) is pinned and not reused,
+whatever a trainer's release says, until that object is gone.
 
 Cleanup: the segment is a file named ``feedmux-<server pid>-<token>`` in
 ``/dev/shm`` (a file, not an anonymous memfd, so that a trainer in another
@@ -42,10 +56,12 @@ import struct
 import subprocess
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from feedmux._plumbing.shmruns import RunBooks
 
 __all__ = [
     "DEFAULT_SHM_SIZE",
@@ -55,6 +71,8 @@ __all__ = [
     "ShmAttachment",
     "ShmPool",
     "ShmViews",
+    "carried_bytes",
+    "has_refs",
     "is_ref",
     "owned_copy",
     "orphaned_segments",
@@ -76,6 +94,8 @@ GRANULE = 256 * 1024
 ORPHAN_TIMEOUT = 60.0
 #: Seconds a new pool waits for the shell that starts its reaper.
 REAPER_EXIT = 2.0
+#: Seconds a worker's owned copy waits for room in its full region (then: plain memory).
+WORKER_PATIENCE = 1.0
 #: Seconds between two looks for dead trainers' runs while the pool is full.
 OWNER_CHECK = 0.25
 
@@ -85,14 +105,26 @@ _HEADER = struct.Struct("<8s16sQQQ")  # magic, token, granules, granule size, da
 _REF = struct.Struct("<8sQQQQQQ")
 #: Bytes of a reference frame: what replaces an array frame that travels through the pool.
 REF_SIZE = _REF.size
-FREE, SENT, HELD = 0, 1, 2
+#: A run's states: free, sent to a trainer, lent out by :func:`shared_empty` (or an owned
+#: copy), forwarded by a sampling worker to the server (which sends it on or frees it).
+FREE, SENT, HELD, FORWARDED = 0, 1, 2, 3
 _STATE, _GEN, _OWNER, _STAMP = 0, 1, 2, 3
 _PREFIX = "feedmux-"
 
 
 def is_ref(frame: Any) -> bool:
     """Whether ``frame`` (a bytes-like of any length) is a reference frame."""
-    return len(frame) == REF_SIZE and frame[:8] == _MAGIC
+    return len(frame) == REF_SIZE and memoryview(frame)[:8] == _MAGIC
+
+
+def has_refs(frames: Sequence[Any]) -> bool:
+    """Whether a message's array frames include a reference (a sampling worker's)."""
+    return any(is_ref(frame) for frame in frames[2:])
+
+
+def carried_bytes(frames: Sequence[Any]) -> int:
+    """The bytes a message carries, the arrays its references name counted whole."""
+    return sum(_REF.unpack(frame)[4] if is_ref(frame) else len(frame) for frame in frames)
 
 
 def _layout(size: int, granule: int) -> tuple[int, int]:
@@ -183,44 +215,95 @@ class Placement(list):  # type: ignore[type-arg]
         super().__init__(frames)
         self.taken: list[int] = []
         self.held: list[int] = []
+        #: Runs a sampling worker placed and forwarded (its references, sent on as they are).
+        self.forwarded: list[int] = []
         #: The data identities of the trainers it is for (those that map the pool).
         self.trainers: frozenset[bytes] = frozenset()
+        #: Whether its socket form still holds a worker's references (no trainer that
+        #: does not map the pool may take it).
+        self.refs_only = False
 
     def delivered(self) -> None:
         """Sent as references: its runs are the trainer's to release, not ours to cancel."""
-        self.taken, self.held = [], []
+        self.taken, self.held, self.forwarded = [], [], []
 
     def first(self) -> int:
         """The first run the message refers to (-1: none): the trainer claims it first."""
-        runs = self.taken + self.held
+        runs = self.taken + self.held + self.forwarded
         return min(runs) if runs else -1
+
+
+class Transit:
+    """The messages sent to each trainer as references that it has not received yet."""
+
+    def __init__(self, segment: _Segment) -> None:
+        self.segment = segment
+        #: Per trainer (data identity): (first run, generation) of each message sent to it
+        #: as references and not yet claimed, oldest first.
+        self._transit: dict[bytes, collections.deque[tuple[int, int]]] = {}
+
+    def delivered(self, trainer: bytes, placed: Placement) -> None:
+        """``placed`` went to ``trainer`` as references: its runs are the trainer's now,
+        and the message is in transit until the trainer claims it (:meth:`in_transit`)."""
+        head = placed.first()
+        if head >= 0:
+            queue = self._transit.setdefault(trainer, collections.deque())
+            queue.append((head, int(self.segment.table[head, _GEN])))
+        placed.delivered()
+
+    def count(self, trainer: bytes) -> int:
+        """Messages sent to ``trainer`` as references that it has not received yet.
+
+        A trainer claims a run (writes its pid) when it decodes the message, so
+        what is unclaimed is still in the socket queues: bounding it keeps the
+        references in flight to what ``--hwm`` bounds for messages sent whole,
+        while the views a trainer keeps are bounded by the pool alone.
+        """
+        queue = self._transit.get(trainer)
+        if queue is None:
+            return 0
+        slots = self.segment.slots
+        while queue:
+            head, generation = queue[0]
+            row = head * 4
+            if (slots[row + _GEN] == generation and slots[row + _STATE] == SENT
+                    and slots[row + _OWNER] == 0):
+                break  # the oldest is still on its way: so are the later ones
+            queue.popleft()
+        if not queue:
+            del self._transit[trainer]  # nothing on its way: a trainer that left leaves nothing
+        return len(queue)
 
 
 class ShmPool:
     """The server's side: creates the segment, places frames in it, takes runs back.
 
     Use :meth:`create`, which returns None (and says why) where shared memory is
-    not available, so that the server falls back to sockets.
+    not available, so that the server falls back to sockets. A pool created
+    before the sampling workers fork is theirs too: :meth:`split` before the fork
+    gives each its region, :meth:`enter_worker` after it (see :mod:`.shmruns`).
     """
 
     def __init__(self, path: str, segment: _Segment) -> None:
         self.path = path
         self.segment = segment
         self.creator = os.getpid()
-        self.busy = np.zeros(segment.granules, bool)
-        self.runs: dict[int, int] = {}  # head granule -> granules, every run not FREE here
+        #: The process that allocates here (the server, or the worker after the fork).
+        self.allocator = self.creator
+        self.books = RunBooks(segment.granules)
         self.stalls = 0
         self.messages = 0
+        #: Bytes the server copied into the pool (not written there by their sampler).
+        self.copied = 0
         self.orphan_timeout = ORPHAN_TIMEOUT
+        #: Seconds an owned copy waits for room in a full region before it is made in
+        #: plain memory (a worker: it only samples, so waiting is its back-pressure).
+        self.patience = 0.0
+        self.stopping: Callable[[], bool] = bool
         self._owners_checked = 0.0
-        #: Per trainer (data identity): (first run, generation) of each message sent to it
-        #: as references and not yet claimed, oldest first.
-        self._transit: dict[bytes, collections.deque[tuple[int, int]]] = {}
+        self.transit = Transit(segment)
         #: The process that removes the segment once this server is gone (see the module).
         self.reaper: subprocess.Popen[bytes] | None = None
-        #: Whether the server sends through the pool now (every free trainer maps it):
-        #: :func:`owned_copy` writes large drawn arrays here only then.
-        self.wanted = False
 
     @classmethod
     def create(cls, size: int = DEFAULT_SHM_SIZE, directory: str = SHM_DIR,
@@ -261,48 +344,75 @@ class ShmPool:
     def token(self) -> str:
         return self.segment.token.hex()
 
+    @property
+    def wanted(self) -> bool:
+        """Whether the server sends through the pool now (every free trainer maps it):
+        :func:`owned_copy` writes large drawn arrays here only then (in every process)."""
+        return self.books.wanted
+
+    @wanted.setter
+    def wanted(self, value: bool) -> None:
+        self.books.wanted = value
+
+    # -- the sampling workers -----------------------------------------------------------------
+    def split(self, workers: int) -> None:
+        """Give the server and each of ``workers`` workers a region (before they fork)."""
+        self.books.split(workers)
+
+    def enter_worker(self, index: int, stopping: Callable[[], bool]) -> None:
+        """This process is worker ``index`` (from 0), forked with the pool: it allocates
+        in its own region and waits a little for room there when it is full (not once
+        ``stopping()``)."""
+        self.books.enter(index + 1)
+        self.allocator = os.getpid()
+        self.patience, self.stopping = WORKER_PATIENCE, stopping
+        self.transit = Transit(self.segment)
+
+    def forward(self, frames: Sequence[Any]) -> Placement | None:
+        """A worker's message for the server with its large arrays as references to this
+        pool (the runs its owned copies are in, or a copy when they are not), or None:
+        no trainer maps the pool, or the region has no room. Once sent, the runs are the
+        server's (:meth:`Placement.delivered`); a message not sent is given back
+        (:meth:`cancel`)."""
+        return self.place(frames, state=FORWARDED) if self.wanted else None
+
+    def adopt(self, worker: int) -> int:
+        """Take back the runs of worker ``index`` (it died): every run no trainer claimed
+        (lent out, or forwarded to the server) is free again; those a live trainer holds
+        are its until released. Returns the runs freed."""
+        table = self.segment.table
+        for head in self.books.adopt(worker + 1):
+            if int(table[head, _STATE]) in (HELD, FORWARDED):
+                table[head, _GEN] += 1
+                table[head, _STATE] = FREE
+        return self.reclaim()
+
     # -- allocation -------------------------------------------------------------------------
-    def _find(self, count: int) -> int:
-        """The head of the lowest ``count`` free granules (first fit), or -1.
-
-        First fit, not next fit: the pool's memory is a tmpfs file, whose pages
-        cost RAM once written; reusing the lowest free runs keeps what a server
-        touches to what is in flight at its peak (and those pages warm), where
-        cycling through the pool would make all of ``--shm-size`` resident.
-        """
-        free = np.flatnonzero(~self.busy)
-        if len(free) < count:
-            return -1
-        if count == 1:
-            return int(free[0])
-        ends = np.flatnonzero(free[count - 1:] - free[: len(free) - count + 1] == count - 1)
-        return int(free[ends[0]]) if len(ends) else -1
-
     def allocate(self, nbytes: int, state: int = SENT) -> int:
-        """The head of a run of at least ``nbytes`` (state set), or -1 when full."""
-        segment = self.segment
+        """The head of a run of at least ``nbytes`` (state set), or -1 when full.
+
+        First fit in this process's region (:meth:`RunBooks.find`): the pool's memory
+        is a tmpfs file, whose pages cost RAM once written; reusing the lowest free
+        runs keeps what a server touches to what is in flight at its peak.
+        """
+        segment, books = self.segment, self.books
         count = max(1, -(-nbytes // segment.granule))
         # Released runs first (a look at the table rows of the runs out): first fit then
         # finds the lowest, so the pages in use stay those of what is in flight.
         self.reclaim(dead_owners=False)
-        head = self._find(count)
+        head = books.find(count)
         if head < 0:
             self.reclaim(self.owners_due())
-            head = self._find(count)
+            head = books.find(count)
             if head < 0:
                 return -1
-        self.busy[head : head + count] = True
-        self.runs[head] = count
+        books.take(head, count)
         row = segment.table[head]
         row[_GEN] += 1
         row[_OWNER] = 0
         row[_STAMP] = int(time.monotonic() * 1000)
         row[_STATE] = state
         return head
-
-    def free(self, head: int) -> None:
-        count = self.runs.pop(head)
-        self.busy[head : head + count] = False
 
     def owners_due(self) -> bool:
         """Whether it is time to look for dead trainers again (a system call per owner:
@@ -314,16 +424,22 @@ class ShmPool:
         return True
 
     def reclaim(self, dead_owners: bool = True) -> int:
-        """Take back released runs (and those of dead trainers, and orphans); return how many."""
-        if not self.runs:
+        """Take back released runs (and those of dead trainers, and orphans); return how many.
+
+        A pinned run (its memory still held here) is not taken back yet, whatever its
+        row says: it is once the object that holds it is gone.
+        """
+        runs, pinned = self.books.runs, self.books.pinned
+        if not runs:
             return 0
         table = self.segment.table
-        heads = np.fromiter(self.runs, np.int64, len(self.runs))
+        heads = np.fromiter(runs, np.int64, len(runs))
         states = table[heads, _STATE]
         freed = 0
         for head in heads[states == FREE].tolist():
-            self.free(head)
-            freed += 1
+            if head not in pinned:
+                self.books.free(head)
+                freed += 1
         if dead_owners:
             now = int(time.monotonic() * 1000)
             alive: dict[int, bool] = {}
@@ -335,106 +451,127 @@ class ShmPool:
                 if orphan or (owner and not alive[owner]):
                     table[head, _GEN] += 1  # a late claim or release of it now fails
                     table[head, _STATE] = FREE
-                    self.free(head)
-                    freed += 1
+                    if head not in pinned:
+                        self.books.free(head)
+                        freed += 1
         return freed
 
     def place(self, frames: Sequence[Any], threshold: int = SHM_THRESHOLD,
-              in_place: bool = True) -> Placement | None:
+              state: int = SENT) -> Placement | None:
         """``frames`` with every large array frame moved into the pool and replaced by a ref.
 
         Returns None when the pool has no room for them now (nothing is placed
         then); the caller waits for releases and asks again. A frame that is
-        already in the pool (:func:`shared_empty`) is referred to without a copy.
-        A placement that is not sent after all is given back with :meth:`cancel`.
-        ``in_place=False`` copies those too: the caller keeps the frames (a rank's
-        messages are kept for its successor), so their runs must stay the server's.
+        already in the pool (:func:`shared_empty`, an owned copy, a worker's
+        reference) is referred to without a copy. A placement that is not sent
+        after all is given back with :meth:`cancel`. ``state`` FORWARDED: a worker
+        places its message for the server, which sends it on.
         """
-        segment = self.segment
+        segment, table = self.segment, self.segment.table
         placed = Placement(frames)
-        taken, held = placed.taken, placed.held
         for index in range(2, len(placed)):
             frame = placed[index]
+            if is_ref(frame):
+                head = self._forwarded_head(frame)
+                table[head, _STAMP] = int(time.monotonic() * 1000)
+                table[head, _STATE] = state
+                placed.forwarded.append(head)
+                continue
             nbytes = len(frame)
             if nbytes < threshold:
                 continue
             source = np.frombuffer(frame, np.uint8)
-            head = self._lent_head(source) if in_place else -1
+            head = self._lent_head(source)
             if head >= 0:
-                row = segment.table[head]
-                row[_STAMP] = int(time.monotonic() * 1000)
-                row[_STATE] = SENT
-                held.append(head)
+                table[head, _STAMP] = int(time.monotonic() * 1000)
+                table[head, _STATE] = state
+                placed.held.append(head)
             else:
-                head = self.allocate(nbytes)
+                head = self.allocate(nbytes, state)
                 if head < 0:
-                    self.cancel(placed)
+                    self._undo(placed, FORWARDED)
                     return None
-                taken.append(head)
+                placed.taken.append(head)
+                self.copied += nbytes
                 start = head * segment.granule
                 segment.data[start : start + nbytes] = source
-            placed[index] = _REF.pack(_MAGIC, segment.segment_id, head, self.runs[head], nbytes,
-                                      int(segment.table[head, _GEN]), self.creator)
-        self.messages += 1
+            placed[index] = _REF.pack(_MAGIC, segment.segment_id, head, self.books.runs[head],
+                                      nbytes, int(table[head, _GEN]), self.creator)
+        self.messages += state == SENT
         return placed
 
+    def _forwarded_head(self, ref: Any) -> int:
+        """The run a worker's reference names (checked: this pool's, forwarded, current)."""
+        _, segment_id, head, _, _, generation, _ = _REF.unpack(ref)
+        table = self.segment.table
+        if (segment_id != self.segment.segment_id or not 0 <= head < self.segment.granules
+                or table[head, _GEN] != generation or table[head, _STATE] != FORWARDED):
+            raise ValueError(f"a sampling worker's reference to run {head} of segment "
+                             f"{segment_id:x} is not a run it forwarded to this pool")
+        return int(head)
+
     def delivered(self, trainer: bytes, placed: Placement) -> None:
-        """``placed`` went to ``trainer`` as references: its runs are the trainer's now,
-        and the message is in transit until the trainer claims it (:meth:`in_transit`)."""
-        head = placed.first()
-        if head >= 0:
-            queue = self._transit.setdefault(trainer, collections.deque())
-            queue.append((head, int(self.segment.table[head, _GEN])))
-        placed.delivered()
+        """``placed`` went to ``trainer`` as references: see :meth:`Transit.delivered`."""
+        self.transit.delivered(trainer, placed)
 
     def in_transit(self, trainer: bytes) -> int:
-        """Messages sent to ``trainer`` as references that it has not received yet.
-
-        A trainer claims a run (writes its pid) when it decodes the message, so
-        what is unclaimed is still in the socket queues: bounding it keeps the
-        references in flight to what ``--hwm`` bounds for messages sent whole,
-        while the views a trainer keeps are bounded by the pool alone.
-        """
-        queue = self._transit.get(trainer)
-        if queue is None:
-            return 0
-        slots = self.segment.slots
-        while queue:
-            head, generation = queue[0]
-            row = head * 4
-            if (slots[row + _GEN] == generation and slots[row + _STATE] == SENT
-                    and slots[row + _OWNER] == 0):
-                break  # the oldest is still on its way: so are the later ones
-            queue.popleft()
-        if not queue:
-            del self._transit[trainer]  # nothing on its way: a trainer that left leaves nothing
-        return len(queue)
+        """References sent to ``trainer`` not received yet: see :meth:`Transit.count`."""
+        return self.transit.count(trainer)
 
     def cancel(self, placed: Placement) -> None:
-        """Give back what :meth:`place` took for a message that was not sent: the runs
-        it copied into are free again, the :func:`shared_empty` arrays held again."""
+        """Give back what :meth:`place` took for a message that was not sent as references:
+        the runs it copied into, and those a worker forwarded (the message went whole, or
+        nowhere), are free again; the :func:`shared_empty` arrays held again."""
+        self._undo(placed, FREE)
+
+    def _undo(self, placed: Placement, forwarded: int) -> None:
         table = self.segment.table
         for head in placed.taken:
             table[head, _STATE] = FREE
-            self.free(head)
+            self.books.free(head)
         table[placed.held, _STATE] = HELD
+        table[placed.forwarded, _STATE] = forwarded
         placed.delivered()
 
+    def copied_out(self, frames: Sequence[Any]) -> list[Any]:
+        """``frames`` with every reference to this pool replaced by a copy of its bytes
+        (the message goes whole: to a trainer on another host, or to be decoded here)."""
+        data, granule = self.segment.data, self.segment.granule
+        out = list(frames)
+        for index in range(2, len(out)):
+            if is_ref(out[index]):
+                _, _, head, _, nbytes, _, _ = _REF.unpack(out[index])
+                out[index] = data[head * granule : head * granule + nbytes].copy()
+        return out
+
+    def drop(self, frames: Sequence[Any]) -> None:
+        """Free the runs a worker's message refers to (the server sends it no further)."""
+        placed = Placement(frames)
+        placed.forwarded = [self._forwarded_head(frame) for frame in frames[2:] if is_ref(frame)]
+        self.cancel(placed)
+
     def empty(self, shape: Any, dtype: Any) -> np.ndarray | None:
-        """An array in the pool (HELD until sent), or None when the pool has no room."""
+        """An array in the pool (HELD until sent, pinned while it lives), or None when the
+        pool has no room (after waiting up to :attr:`patience` seconds for some)."""
         dtype = np.dtype(dtype)
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if dtype.hasobject or nbytes < SHM_THRESHOLD:
             return None
         head = self.allocate(nbytes, HELD)
+        deadline, pause = time.monotonic() + self.patience, 0.0002
+        while head < 0 and time.monotonic() < deadline and not self.stopping():
+            time.sleep(pause)
+            pause = min(2 * pause, 0.02)
+            head = self.allocate(nbytes, HELD)
         if head < 0:
             return None
         segment = self.segment
         memory = segment.run_memory(head, nbytes)
+        self.books.pinned.add(head)
         # Not sent (or sent over a socket): the run comes back when no view of it is left.
-        weakref.finalize(memory, _release, segment.slots, head * 4,
-                         int(segment.table[head, _GEN]), HELD)
+        weakref.finalize(memory, _let_go, self.books.pinned, segment.slots, head,
+                         int(segment.table[head, _GEN]))
         array: np.ndarray = memory.view(dtype).reshape(shape)
         return array
 
@@ -444,21 +581,32 @@ class ShmPool:
 
     def _lent_head(self, array: np.ndarray) -> int:
         """The run :meth:`empty` lent out that ``array`` covers from its start (-1: none)."""
-        segment = self.segment
+        segment, runs = self.segment, self.books.runs
         offset = int(array.ctypes.data) - segment.base if array.size else -1
         head = offset // segment.granule
         if (0 <= offset < len(segment.data) and offset % segment.granule == 0
-                and array.flags.c_contiguous and head in self.runs
-                and array.nbytes <= self.runs[head] * segment.granule
+                and array.flags.c_contiguous and head in runs
+                and array.nbytes <= runs[head] * segment.granule
                 and int(segment.table[head, _STATE]) == HELD):
             return head
         return -1
+
+    def in_use(self) -> int:
+        """Granules of the runs not free now, in every region: what trainers hold, what is
+        on its way, what a process lent out or keeps (released runs count as free at
+        once, before their allocator takes them back)."""
+        books = self.books
+        heads = np.flatnonzero(books.lengths)
+        busy = self.segment.table[heads, _STATE] != FREE
+        busy |= np.isin(heads, list(books.pinned))
+        return int(books.lengths[heads[busy]].sum())
 
     def stats(self) -> dict[str, int]:
         return {
             "shm_messages": self.messages,
             "shm_stalls": self.stalls,
-            "shm_bytes_in_use": int(self.busy.sum()) * self.segment.granule,
+            "shm_bytes_copied": self.copied,
+            "shm_bytes_in_use": self.in_use() * self.segment.granule,
             "shm_bytes": len(self.segment.data),
         }
 
@@ -496,6 +644,13 @@ def _start_reaper(path: str) -> subprocess.Popen[bytes] | None:
                  "stays until the next server starts on this host", error)
         return None
     return starter
+
+
+def _let_go(pinned: set[int], slots: memoryview, head: int, generation: int) -> None:
+    """The last object of the allocating process that held run ``head`` is gone: it may be
+    reused once released, and is released now if it was never sent."""
+    pinned.discard(head)
+    _release(slots, head * 4, generation, HELD)
 
 
 def _release(slots: memoryview, row: int, generation: int, state: int) -> None:
@@ -609,9 +764,10 @@ def shared_empty(shape: int | Sequence[int], dtype: Any = float) -> np.ndarray:
     """An uninitialised array that a server sends with no copy at all.
 
     Inside a server with a shared-memory pool (a streamer run by
-    ``feedmux serve``, one worker), the array lives in the pool: fill it, yield
-    it, and do not write to it afterwards. Elsewhere, or when the pool is full or
-    the array small, it is a plain ``np.empty``.
+    ``feedmux serve``, in the server or in one of its ``--workers``), the array
+    lives in the pool: fill it, yield it, and do not write to it afterwards.
+    Elsewhere, or when the pool is full or the array small, it is a plain
+    ``np.empty``.
 
     Examples
     --------
@@ -619,7 +775,7 @@ def shared_empty(shape: int | Sequence[int], dtype: Any = float) -> np.ndarray:
     (2, 3)
     """
     pool = _active
-    if pool is not None and os.getpid() == pool.creator:
+    if pool is not None and os.getpid() == pool.allocator:
         array = pool.empty(shape, dtype)
         if array is not None:
             return array
@@ -636,7 +792,7 @@ def owned_copy(array: np.ndarray) -> np.ndarray:
     sample built in place is never copied at all.
     """
     pool = _active
-    if pool is not None and os.getpid() == pool.creator and array.nbytes >= SHM_THRESHOLD:
+    if pool is not None and os.getpid() == pool.allocator and array.nbytes >= SHM_THRESHOLD:
         if pool.lent(array):
             return array
         copy = pool.empty(array.shape, array.dtype) if pool.wanted else None

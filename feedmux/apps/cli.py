@@ -194,9 +194,10 @@ def _add_serve(serve: argparse.ArgumentParser) -> None:
 
     groups = serve.add_argument_group("consumer groups")
     groups.add_argument("--group-buffer", metavar="N|SIZE",
-                        help="serve consumer groups (RemoteLoader(group=...)): each group gets "
-                             "the whole stream, sampled once; keep N messages or SIZE bytes "
-                             "(e.g. 64MiB) for the slowest group (default: no groups)")
+                        help="the consumer groups' buffer (RemoteLoader(group=...): each group "
+                             "gets the whole stream, sampled once): keep N messages or SIZE "
+                             "bytes (e.g. 64MiB) for the slowest group, and serve groups from "
+                             "the start (default 64MiB, groups from the first that asks)")
     groups.add_argument("--join", choices=("epoch", "now"), default="epoch",
                         help="a group that joins mid-stream starts at the next epoch boundary "
                              "(epoch) or at once (now) (default epoch)")

@@ -105,10 +105,10 @@ class RemoteLoader:
         same step and ``len(loader)`` is the steps per epoch. None: a free
         trainer, dealt whatever it has room for.
     group : str, optional
-        This trainer's consumer group, on a server started with ``group_buffer``
-        (``--group-buffer``): every group receives the whole stream, every epoch
-        complete, and the trainers of one group split it (``world_size`` is then
-        the number of trainers in the group). None: the default group.
+        This trainer's consumer group (any server serves them): every group
+        receives the whole stream, every epoch complete, and the trainers of one
+        group split it (``world_size`` is then the number of trainers in the
+        group). None: the default group.
     with_meta : bool
         Yield ``(SampleMeta, sample)`` pairs instead of bare samples.
     max_message_bytes : int

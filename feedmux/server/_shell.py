@@ -21,6 +21,7 @@ import zmq
 
 from feedmux._plumbing.curve import ServerCurve
 from feedmux._plumbing.handshakes import HandshakeLogger
+from feedmux._plumbing.shm import ShmPool, carried_bytes
 from feedmux._plumbing.sockets import (
     CONTROL_INBOUND_FRAME_BYTES,
     CONTROL_RCVHWM,
@@ -62,7 +63,8 @@ class StopFlag(Protocol):
 class Endpoints:
     """The server's two public sockets around its :class:`ControlCore`."""
 
-    def __init__(self, config: ServerConfig, stopping: StopFlag) -> None:
+    def __init__(self, config: ServerConfig, stopping: StopFlag,
+                 shm: Callable[[ServerConfig], ShmPool | None] = open_pool) -> None:
         self.config = config
         self.stopping = stopping
         #: The server thread's CPU on control messages (both sockets' control traffic).
@@ -84,7 +86,7 @@ class Endpoints:
         self.probes: list[Callable[[], dict[str, Stat]]] = []
         self.core = ControlCore(config, time.monotonic(), os.getpid(), self._extra_stats)
         #: The same-host shared-memory pool free trainers on this host read large arrays from.
-        self.pool = open_pool(config)
+        self.pool = shm(config)  # opened before the workers forked, if there are workers
         if self.pool is not None:
             self.core.shm = (self.pool.path, self.pool.token)
             self.probes.append(lambda: dict(self.pool.stats()) if self.pool else {})
@@ -95,16 +97,15 @@ class Endpoints:
         # Ranks on a reliable server: their messages need no sequence number (the ranks'
         # hand-out marks release them) and go after the envelope of one that needs none.
         if self.reliable is None:
-            self.plain = PlainRoute(self.outbox, self.core, carrier, self._halted)
+            self.plain = PlainRoute(self.outbox, self.core, carrier, self._plain_halted)
         else:
             self.reliable.carrier = carrier
-            self.plain = PlainRoute(self.outbox, self.core, carrier, self._halted, [NO_ACK],
+            self.plain = PlainRoute(self.outbox, self.core, carrier, self._plain_halted, [NO_ACK],
                                     self.reliable.credits.takes)
         #: Consumer groups: every buffered message goes to each group (None: no groups).
-        self.fanout: GroupFanout | None = None
-        if config.grouped:
-            self.fanout = GroupFanout(config, self.outbox, self.core,
-                                      lambda: bool(self.stopping))
+        #: Opened with the server's groups: from the start (--group-buffer), or on the
+        #: first trainer that asks for a group (the free trainers so far: group default).
+        self.fanout: GroupFanout | None = self._fanout() if config.grouped else None
         self.metrics: MetricsEndpoint | None = None
         if config.metrics_port is not None:
             try:
@@ -113,6 +114,10 @@ class Endpoints:
             except BaseException:
                 self.close()
                 raise
+
+    def _fanout(self) -> GroupFanout:
+        return GroupFanout(self.config, self.outbox, self.core, lambda: bool(self.stopping),
+                           self.deliver)
 
     def _extra_stats(self) -> dict[str, Stat]:
         stats: dict[str, Stat] = dict(sampler_stats(self.meters, self.outbox.blocked_seconds))
@@ -161,22 +166,32 @@ class Endpoints:
         """Send one data message (to ``rank``, or -1: any free trainer), serving control
         meanwhile; False if the server is stopping."""
         core = self.core
-        if self.fanout is not None:  # counts each delivery to a group itself
-            if not self.fanout.send(frames, n_samples, epoch):
-                return False
-        else:
+        sent = False
+        if self.fanout is None:
+            nbytes = carried_bytes(frames)
             if self.reliable is not None and rank < 0:
                 sent = self.reliable.send(list(frames), n_samples, epoch, self._halted)
             else:
-                sent = self.plain.send(frames, rank)
-            if not sent:
+                sent, frames = self.plain.send(frames, rank)
+            if sent:
+                self.outbox.bytes_sent += nbytes
+                core.data_sent(n_samples, epoch)
+            elif self.fanout is None:
                 return False
-            self.outbox.count(frames)
-            core.data_sent(n_samples, epoch)
+        # Groups, from the start or opened while this message waited (it goes to them then,
+        # not to whichever trainer is free): the fan-out counts each delivery itself.
+        if not sent and self.fanout is not None and not self.fanout.send(frames, n_samples,
+                                                                         epoch):
+            return False
         if readable(self.control):
             self.serve_control(timeout=0)
         core.tick(time.monotonic())  # sampling: at most a throughput log line, never a send
         return not self._halted()
+
+    def _plain_halted(self) -> bool:
+        """A message waiting for a trainer stops waiting: the server halts, or consumer
+        groups opened meanwhile (the message is theirs, see :meth:`send_data`)."""
+        return self._halted() or self.fanout is not None
 
     def _halted(self) -> bool:
         """Whether sending stops: the server stops, or the job restarted from a checkpoint
@@ -211,6 +226,8 @@ class Endpoints:
                 continue
             self.deliver(core.receive(identity, message, time.monotonic()))
         self.control_meter.add(received, time.thread_time() - cpu_started)
+        if self.fanout is None and core.tables.grouped:
+            self.fanout = self._fanout()
         self.plain.replay_taken_over()
         if self.fanout is not None:
             self.fanout.replay_taken_over()

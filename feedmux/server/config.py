@@ -1,29 +1,116 @@
 """The server's settings as one frozen, validated record.
 
 This module owns :class:`ServerConfig`: every option of a server, checked once
-at construction, as plain data that crosses into forked worker processes. It
-must never open a socket or start anything; the server and its workers only
-read it.
+at construction, as plain data that crosses into forked worker processes, and
+the one table of combination rules (:data:`REFUSED`, :data:`OFF`): which
+things a server's options, its state and a trainer's hello may ask for
+together, and for each pair that does not combine, why. The table is data,
+read by one small engine (:func:`refusal`) that :class:`ServerConfig` applies
+to its options and the rank tables apply to each hello; a rule changes by
+editing its entry, never by a conditional elsewhere. It must never open a
+socket or start anything; the server and its workers only read it.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from feedmux._plumbing.shm import DEFAULT_SHM_SIZE
 from feedmux._plumbing.sockets import DEFAULT_BIND, DEFAULT_HWM, control_address_for
 from feedmux.errors import ConfigurationError
-from feedmux.server._delivery.groups import JOIN_MODES, parse_group_buffer
+from feedmux.server._delivery.groups import DEFAULT_GROUP_BUFFER, JOIN_MODES, parse_group_buffer
 from feedmux.server._sources.policy import BatchPolicy
 from feedmux.server.factory import Source
 
-__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "ServerConfig"]
+__all__ = ["ASKS", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "OFF", "REFUSED", "ServerConfig",
+           "disabled", "refusal"]
 
 #: A server process's exit codes: done, failed, a bad command line or source.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+#: What a server's options (``reliable``, ``group_buffer``, ``shm``), the state it is in
+#: (``groups``, ``ranked_job``, ``batches``: what its trainers made of it so far) or a
+#: trainer's hello (``group``, ``rank``, ``batch_size``, ``resume``) may ask for, in words.
+ASKS: dict[str, str] = {
+    "reliable": "reliable delivery (--reliable)",
+    "group_buffer": "a consumer groups' buffer (--group-buffer)",
+    "shm": "the shared-memory pool",
+    "groups": "consumer groups (a trainer asked for one)",
+    "ranked_job": "a ranked job outside any group (its ranks are dealt as sampled)",
+    "batches": "server-built batches (the first trainer asked for batch_size=)",
+    "group": "a consumer group (group=)",
+    "rank": "a rank (rank=)",
+    "batch_size": "server-built batches (batch_size=)",
+    "resume": "a resume position (a checkpoint's, or a rank's that outlived its server)",
+}
+
+_PLAIN_GROUPS = ("consumer groups use plain delivery: a group's buffer sends each message "
+                 "once and keeps no ledger of what its members acknowledged, so nothing "
+                 "could re-deal a killed member's messages within its group")
+_SHARED_MESSAGES = ("a group's messages are shared as sampled: every group is sent the same "
+                    "frames, so the server cannot cut them into one trainer's batches")
+_NO_REWIND = ("consumer groups share one sampled stream that has moved on: the messages "
+              "before the buffer's oldest are gone, and rewinding the sampler for one "
+              "group would repeat them for every other group; resume the job on a server "
+              "of its own (no group=), started with the same --seed")
+
+#: Pairs that do not combine, each with the real reason (one entry per rule). A pair of
+#: options is refused when the server starts; a pair with a hello's ask, to that trainer.
+REFUSED: dict[tuple[str, str], str] = {
+    ("reliable", "group_buffer"): _PLAIN_GROUPS,
+    ("reliable", "group"): _PLAIN_GROUPS,
+    ("ranked_job", "group"): (
+        "this server deals to a ranked job outside any group, and deals its ranks as the "
+        "sampler draws, before any buffer, so another group cannot share that stream; "
+        "give the job a group= too, or start the server with --group-buffer (its "
+        "trainers without group= then form the group 'default')"),
+    ("batches", "group"): _SHARED_MESSAGES,
+    ("groups", "batch_size"): _SHARED_MESSAGES,
+    ("group", "batch_size"): _SHARED_MESSAGES,
+    ("groups", "resume"): _NO_REWIND,
+    ("group", "resume"): _NO_REWIND,
+}
+
+#: Pairs that combine with the second one switched off, each with why (logged once).
+OFF: dict[tuple[str, str], str] = {
+    ("groups", "shm"): ("every group is sent the same buffered frames, and a pool "
+                        "reference is one trainer's"),
+}
+
+
+def refusal(asked: Collection[str]) -> str | None:
+    """Why the things ``asked`` for together do not combine (:data:`REFUSED`), or None.
+
+    Examples
+    --------
+    >>> refusal({"reliable", "group"})[:67]
+    'expected reliable delivery (--reliable) or a consumer group (group=)'
+    >>> refusal({"group", "rank"}) is None
+    True
+    """
+    for (first, second), reason in REFUSED.items():
+        if first in asked and second in asked:
+            return f"expected {ASKS[first]} or {ASKS[second]}, got both: {reason}"
+    return None
+
+
+def disabled(asked: Collection[str], what: str) -> str | None:
+    """Why ``what`` is off alongside the others ``asked`` for (:data:`OFF`), or None.
+
+    Examples
+    --------
+    >>> disabled({"groups", "shm"}, "shm")[:31]
+    'every group is sent the same bu'
+    >>> disabled({"shm"}, "shm") is None
+    True
+    """
+    for (first, second), reason in OFF.items():
+        if second == what and first in asked and what in asked:
+            return reason
+    return None
 
 
 @dataclass(frozen=True)
@@ -48,6 +135,8 @@ class ServerConfig:
     reliable: bool = False
     uneven: str = "pad"
     rank_timeout: float = 60.0
+    # The consumer groups' buffer (docs/groups.md); None: DEFAULT_GROUP_BUFFER, and the
+    # server serves groups from the first trainer that asks for one.
     group_buffer: int | str | None = None
     join: str = "epoch"
     group_timeout: float = 10.0
@@ -87,8 +176,6 @@ class ServerConfig:
         require(self.group_timeout > 0, "group_timeout > 0 seconds", self.group_timeout)
         if self.group_buffer is not None:
             parse_group_buffer(self.group_buffer)  # raises a clear error on a bad limit
-            require(not self.reliable, "reliable=False with group_buffer (consumer groups "
-                    "use plain delivery)", self.reliable)
         require(self.metrics_port is None or 0 <= self.metrics_port <= 65535,
                 "metrics_port None or a TCP port 0-65535", self.metrics_port)
         require(
@@ -97,6 +184,8 @@ class ServerConfig:
             "seed None or an int >= 0", self.seed,
         )
         require(self.shm_size >= 1 << 20, "shm_size >= 1 MiB", self.shm_size)
+        if (refused := refusal(self.asks)) is not None:
+            raise ConfigurationError(refused)
         if self.metrics_port is not None:
             from feedmux.server._control.metrics import check_available
 
@@ -115,9 +204,24 @@ class ServerConfig:
         return self.control or control_address_for(self.bind)
 
     @property
+    def asks(self) -> frozenset[str]:
+        """What these options ask for, in the words of the combination table (:data:`ASKS`)."""
+        options = {"reliable": self.reliable, "group_buffer": self.group_buffer is not None,
+                   "shm": self.shm}
+        return frozenset(name for name, asked in options.items() if asked)
+
+    @property
     def grouped(self) -> bool:
-        """Whether the server sends its stream to consumer groups (``group_buffer`` set)."""
+        """Whether the server serves consumer groups from its start (``group_buffer`` set:
+        its trainers without ``group=`` are the group ``default`` then, a ranked job too).
+        Without it, it serves them from the first trainer that asks for a group."""
         return self.group_buffer is not None
+
+    @property
+    def group_limits(self) -> tuple[int, int]:
+        """The groups' buffer as ``(max_messages, max_bytes)``: ``group_buffer``, or the
+        default (:data:`~feedmux.server._delivery.groups.DEFAULT_GROUP_BUFFER`)."""
+        return parse_group_buffer(self.group_buffer or DEFAULT_GROUP_BUFFER)
 
     @property
     def policy(self) -> BatchPolicy:

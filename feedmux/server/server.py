@@ -38,6 +38,7 @@ from feedmux.errors import (
 from feedmux.protocol import EndOfStream, Error
 from feedmux.sampling.epochs import EpochIterator
 from feedmux.sampling.mux import restart_passes
+from feedmux.server._delivery.pool import close_pool, open_pool
 from feedmux.server._launch import (
     ChildReport,
     ServerProcess,
@@ -145,11 +146,14 @@ class Server:
         so that a short run is split among all of them from its first sample
         (with consumer groups: trainers of all groups together).
     group_buffer : int or str, optional
-        Serve consumer groups (``RemoteLoader(..., group="name")``): every group
-        gets the whole stream, sampled once. The encoded messages wait in a
-        buffer of this many messages (an int, or a string of digits) or bytes
-        (``"64MiB"``); when it is full the slowest group holds sampling back.
-        None (default): no groups.
+        The consumer groups' buffer (``RemoteLoader(..., group="name")``: every
+        group gets the whole stream, sampled once; any server serves them): the
+        encoded messages wait in a buffer of this many messages (an int, or a
+        string of digits) or bytes (``"64MiB"``); when it is full the slowest
+        group holds sampling back. Given, the server serves groups from its
+        start (its trainers without ``group=`` are the group ``default``, a
+        ranked job too). None (default): 64 MiB, and groups open with the first
+        trainer that asks for one.
     join : {"epoch", "now"}
         With groups: a group that joins mid-stream starts at the next epoch
         boundary (default, so it sees whole epochs only) or with the next message.
@@ -281,7 +285,10 @@ class Server:
 
     def _open(self, pool: WorkerPool | None = None) -> Endpoints | None:
         try:
-            endpoints = Endpoints(self.config, self._stop)
+            if pool is None:
+                endpoints = Endpoints(self.config, self._stop)
+            else:  # the shared-memory pool was opened before the workers forked
+                endpoints = Endpoints(self.config, self._stop, lambda _: pool.shm)
         except (TransportError, ConfigurationError) as error:
             log.error("%s", error)
             self._tell_parent("failed", str(error))
@@ -352,7 +359,8 @@ class Server:
         config = self.config
         with tempfile.TemporaryDirectory(prefix="feedmux-") as scratch:
             try:
-                pool = WorkerPool(streamer, config, f"ipc://{scratch}/workers", block)
+                pool = WorkerPool(streamer, config, f"ipc://{scratch}/workers", block,
+                                  open_pool(config))
             except SamplingError as error:
                 problem = f"cannot shard the streamer over {config.workers} workers: {error}"
                 log.error("%s", problem)
@@ -372,6 +380,7 @@ class Server:
                 raise
             finally:
                 pool.stop()
+                close_pool(pool.shm)  # also when the server's sockets never opened
 
     def request_stop(self, reason: str = "") -> None:
         """Ask a server that ``run()`` serves in another thread of this process to stop.

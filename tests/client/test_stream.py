@@ -77,7 +77,9 @@ def test_len_less_and_one_shot_loaders_are_accepted(loader: object) -> None:
     Stream(loader)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("not_iterable", [5, None, 1.5, object()], ids=repr)
+# ids by type: repr(object()) holds an address, which differs between test processes.
+@pytest.mark.parametrize("not_iterable", [5, None, 1.5, object()],
+                         ids=lambda value: type(value).__name__)
 def test_non_iterable_loader_is_a_type_error(not_iterable: object) -> None:
     with pytest.raises(StreamTypeError, match="expected an iterable") as info:
         Stream(not_iterable)  # type: ignore[arg-type]

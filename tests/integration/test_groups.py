@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from feedmux.client.remote import fetch_stats
+from feedmux import RemoteError, Stream
+from feedmux.client.remote import RemoteLoader, fetch_stats
 from tests.integration.conftest import ROOT, Spawned, wait_until
 
 SAMPLER = "tests.integration.samplers:numbered"
@@ -79,10 +80,13 @@ def per_epoch(seen: list[tuple[int, int]]) -> dict[int, Counter[int]]:
 WHOLE_EPOCH = Counter(range(EPOCH))
 
 
+@pytest.mark.parametrize("buffer", [("--group-buffer", "16"), ()],
+                         ids=["group-buffer", "any-server"])
 def test_three_groups_each_see_every_sample_once_per_epoch(
-        serve: Callable[..., Spawned], trainers: Trainers) -> None:
-    server = serve(SAMPLER, "--epochs", "3", "--samples-per-message", "8",
-                   "--group-buffer", "16", "--min-trainers", "4")
+        serve: Callable[..., Spawned], trainers: Trainers, buffer: tuple[str, ...]) -> None:
+    # Any server serves groups; --group-buffer only sizes the buffer.
+    server = serve(SAMPLER, "--epochs", "3", "--samples-per-message", "8", *buffer,
+                   "--min-trainers", "4")
     trainers.start(server, "a", "--group", "a")
     trainers.start(server, "b0", "--group", "b", "--world-size", "2")
     trainers.start(server, "b1", "--group", "b", "--world-size", "2")
@@ -237,3 +241,77 @@ def test_a_group_that_disappears_stops_holding_the_others_back(
     # It held the sampler back until it was dropped: before that, stay could not finish.
     assert "group gone lags" in server.stderr
     assert "group gone dropped" in server.stderr
+
+
+def test_a_group_joining_a_plain_server_mid_run_leaves_the_plain_trainer_whole(
+        serve: Callable[..., Spawned], trainers: Trainers, tmp_path: Path) -> None:
+    # Epochs of 400 large samples paced by the plain trainer (3 ms a sample): the group's
+    # trainer asks for its group early in epoch 2, while the server deals to the plain
+    # trainer alone (through the shared-memory pool: it is on this host).
+    server = serve(SAMPLER, "--arg", "per_stream=100", "--arg", "width=20000", "--epochs",
+                   "4", "--samples-per-message", "5", "--hwm", "2", "--min-trainers", "1")
+    whole = Counter(range(400))
+    go = tmp_path / "go"
+    trainers.start(server, "late", "--group", "late", "--start-file", str(go))
+    trainers.start(server, "plain", "--step-ms", "3")
+
+    def early_in_epoch_2() -> bool:
+        stats = fetch_stats(server.control, timeout=5)
+        return stats.get("epoch") == 2 and int(stats.get("epoch_position") or 0) < 200
+
+    wait_until(early_in_epoch_2, timeout=30, what="the plain trainer early in epoch 2")
+    assert "groups" not in fetch_stats(server.control, timeout=5)  # no group yet: no buffer
+    go.touch()
+    for name in ("plain", "late"):
+        assert trainers.wait(name) == 0, f"trainer {name} failed"
+    assert server.wait(timeout=30) == 0
+    # The plain trainer (now the group default) lost nothing and got nothing twice across
+    # the opening of the groups; the late group started at the next epoch boundary.
+    assert per_epoch(trainers.seen("plain")) == {e: whole for e in (1, 2, 3, 4)}
+    late = trainers.seen("late")
+    assert late and late[0][0] == 3, f"the late group started in epoch {late[0][0]}"
+    assert per_epoch(late) == {3: whole, 4: whole}
+
+
+def test_a_ranked_group_missing_a_rank_for_the_rank_timeout_is_given_up(
+        serve: Callable[..., Spawned], trainers: Trainers) -> None:
+    # Group ddp's rank 1 never comes: without the timeout the group holds the shared
+    # buffer, and so the group eval, back for ever.
+    server = serve(SAMPLER, "--epochs", "2", "--samples-per-message", "4",
+                   "--group-buffer", "4", "--min-trainers", "2", "--rank-timeout", "1")
+    trainers.start(server, "r0", "--group", "ddp", "--rank", "0", "--world-size", "2")
+    trainers.start(server, "eval", "--group", "eval")
+    assert trainers.wait("eval") == 0
+    assert per_epoch(trainers.seen("eval")) == {1: WHOLE_EPOCH, 2: WHOLE_EPOCH}
+    assert trainers.wait("r0") == 1  # its loader raised the server's error
+    # Until then it got its own share of the first rounds (rank 1's waited for nobody).
+    assert all(epoch == 1 and position % 2 == 0 for epoch, _, position in trainers.ranked("r0"))
+    assert server.wait(timeout=30) == 0
+    assert ("rank(s) [1] of 2 in group 'ddp' not connected within the rank timeout of 1 s: "
+            "the group is given up") in server.stderr
+
+
+def test_a_ranked_group_resuming_from_a_checkpoint_is_refused_naming_the_shared_stream(
+        serve: Callable[..., Spawned], trainers: Trainers) -> None:
+    server = serve(SAMPLER, "--epochs", "3", "--samples-per-message", "4", "--min-trainers", "1",
+                   "--join", "now")
+    trainers.start(server, "eval", "--group", "eval", "--step-ms", "3")
+    wait_until(lambda: fetch_stats(server.control, timeout=5)["connected_trainers"] == 1,
+               timeout=30, what="the group eval's trainer")  # it opens the groups
+    with RemoteLoader(server.data, control=server.control, timeout=20, group="ddp", rank=0,
+                      world_size=1) as loader:
+        stream = Stream(loader)
+        for _ in range(10):
+            stream.next()
+        state = stream.state_dict()
+    with RemoteLoader(server.data, control=server.control, timeout=20, group="ddp", rank=0,
+                      world_size=1) as restarted:
+        stream = Stream(restarted)
+        stream.load_state_dict(state)
+        with pytest.raises(RemoteError, match="consumer groups share one sampled stream that "
+                                              "has moved on"):
+            stream.next()
+    # The other group is not disturbed: every epoch whole.
+    assert trainers.wait("eval") == 0
+    assert per_epoch(trainers.seen("eval")) == {1: WHOLE_EPOCH, 2: WHOLE_EPOCH, 3: WHOLE_EPOCH}
+    assert server.wait(timeout=30) == 0

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from feedmux import RemoteLoader, Server, fetch_stats
 from feedmux._plumbing.shm import SHM_DIR
@@ -152,9 +153,14 @@ time.sleep(60)  # holding every view until killed; bounded all the same
 """
 
 
-def test_a_sigkilled_trainers_slots_come_back() -> None:
+@pytest.mark.parametrize(("workers", "size"), [(1, 8 * MIB), (2, 12 * MIB)],
+                         ids=["workers1", "workers2"])
+def test_a_sigkilled_trainers_slots_come_back(workers: int, size: int) -> None:
+    # With 2 workers, a region of 4 MiB each for the server and the workers: the workers
+    # take the dead trainer's runs back in theirs.
     server = Server("tests.integration.samplers:large", bind="tcp://127.0.0.1:0", epochs=1,
-                    samples_per_message=1, shm_size=8 * MIB, hwm=2).start()
+                    samples_per_message=1, shm_size=size, hwm=2, workers=workers,
+                    seed=0).start()
     trainer = subprocess.Popen(
         [sys.executable, "-c", _HOLDING_TRAINER, server.data_address, server.control_address],
         stdout=subprocess.PIPE, text=True)
@@ -162,7 +168,7 @@ def test_a_sigkilled_trainers_slots_come_back() -> None:
         assert trainer.stdout is not None
         held = int(trainer.stdout.readline())  # bounded by the child's timeout and sleep
         stats = fetch_stats(server.control_address)
-        assert stats["shm_stalls"] >= 1 and stats["shm_bytes_in_use"] == 8 * MIB
+        assert stats["shm_bytes_in_use"] == size, "the pool did not run full"
         sent = stats["shm_messages"]
         trainer.kill()
         trainer.wait(10)  # reaped: its pid is gone
@@ -187,11 +193,14 @@ def test_a_sigkilled_trainers_slots_come_back() -> None:
         server.stop()
 
 
-def test_a_trainer_that_cannot_map_the_pool_gets_the_same_messages_by_socket() -> None:
+@pytest.mark.parametrize("workers", [1, 2], ids=["workers1", "workers2"])
+def test_a_trainer_that_cannot_map_the_pool_gets_the_same_messages_by_socket(
+        workers: int) -> None:
     # A trainer on another host (here: shm=False) beside one on this host: each message
-    # goes to one of them, as references or whole; together they get every sample once.
+    # goes to one of them, as references or whole (with workers: the bytes they wrote into
+    # the pool, copied out by the server); together they get every sample once.
     server = Server("tests.integration.samplers:large", bind="tcp://127.0.0.1:0", epochs=1,
-                    samples_per_message=1, shm_size=64 * MIB, min_trainers=2,
+                    samples_per_message=1, shm_size=64 * MIB, min_trainers=2, workers=workers,
                     factory_kwargs={"count": 200}).start()
     try:
         runs = consume_side_by_side(server, {True: {"shm": True}, False: {"shm": False}})

@@ -3,8 +3,9 @@
 It records every sample it is handed (``epoch id`` per line, flushed at once,
 so the record survives a crash) and can kill itself with SIGKILL after a given
 number of samples, to play a trainer that dies mid-epoch, or leave cleanly after
-some. It may belong to a consumer group, and may wait for the test's go (a file)
-before it connects.
+some. It may belong to a consumer group, may wait for the test's go (a file)
+before it connects or after some samples, and may count the samples whose array
+is a view of a server's shared-memory pool (read from ``/proc/self/maps``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import os
 import signal
 import sys
 import time
+
+import numpy as np
 
 from feedmux.client.remote import RemoteLoader
 
@@ -33,6 +36,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--world-size", type=int, default=1,
                         help="ranks of its job (or trainers of its group)")
     parser.add_argument("--start-file", help="connect only once this file exists (bounded)")
+    parser.add_argument("--hold-after", type=int, default=0,
+                        help="after this many samples, wait for --go-file (bounded) and go on")
+    parser.add_argument("--go-file", help="the file --hold-after waits for")
+    parser.add_argument("--views-out",
+                        help="at the end, write here how many samples came as shared-memory views")
     parser.add_argument("--abrupt", action="store_true",
                         help="with --die-after: SIGKILL after the step, whatever was acknowledged")
     parser.add_argument("--acks-late-ms", type=float, default=0.0,
@@ -41,12 +49,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.acks_late_ms:
         _hold_acks_back(args.acks_late_ms / 1000)
-    if args.start_file:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(args.start_file):
-            if time.monotonic() > deadline:
-                return 3
-            time.sleep(0.005)  # the poll interval of a bounded wait for the test's go
+    if args.start_file and not _wait_for_file(args.start_file):
+        return 3
+    views = SharedViews()
     with open(args.out, "w", buffering=1) as out, RemoteLoader(
         args.data, control=args.control, timeout=30, reliable=args.reliable, with_meta=True,
         hwm=4, group=args.group, rank=args.rank, world_size=args.world_size,
@@ -56,6 +61,10 @@ def main(argv: list[str]) -> int:
             if "x" in sample and not (sample["x"] == sample["id"]).all():
                 return 4  # a sample's array is not its own (reused memory)
             out.write(f"{meta.epoch} {int(sample['id'])}{position}\n")
+            if args.views_out and "x" in sample:
+                views.count(sample["x"])
+            if count == args.hold_after and not _wait_for_file(args.go_file):
+                return 3
             if args.step_ms:
                 time.sleep(args.step_ms / 1000)
             if count == args.stop_after:
@@ -74,7 +83,54 @@ def main(argv: list[str]) -> int:
                     # server (under load a SIGKILL right away lost it now and then).
                     acks.stop()
                 os.kill(os.getpid(), signal.SIGKILL)
+    if args.views_out:
+        with open(args.views_out, "w") as out:
+            out.write(f"{views.seen}\n")
     return 0
+
+
+def _wait_for_file(path: str) -> bool:
+    """Wait (60 s at most) until ``path`` exists: the test's go."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)  # the poll interval of a bounded wait for the test's go
+    return True
+
+
+class SharedViews:
+    """Counts the arrays that lie in a mapped shared-memory pool of a feedmux server.
+
+    It asks the kernel (``/proc/self/maps``), not the loader: an array counts when
+    its memory is inside a mapping of a ``/dev/shm/feedmux-*`` file.
+    """
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self._ranges: list[tuple[int, int]] = []
+
+    def count(self, array: np.ndarray) -> None:
+        address = array.__array_interface__["data"][0]
+        if not self._inside(address):
+            self._ranges = _pool_mappings()  # a pool mapped since the last look
+            if not self._inside(address):
+                return
+        self.seen += 1
+
+    def _inside(self, address: int) -> bool:
+        return any(start <= address < end for start, end in self._ranges)
+
+
+def _pool_mappings() -> list[tuple[int, int]]:
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and os.path.basename(fields[5]).startswith("feedmux-"):
+                start, end = fields[0].split("-")
+                ranges.append((int(start, 16), int(end, 16)))
+    return ranges
 
 
 def _hold_acks_back(seconds: float) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from feedmux.client._link import batch_steps, rank_steps
 from feedmux.protocol import Hello
+from feedmux.server._control.ranks import RankTables
 from feedmux.server._delivery.batches import MAX_BATCH_SIZE, BatchAssembler, Batches, BatchRequest
 from feedmux.server._delivery.dealing import RankDealer
 from feedmux.server._sources.producer import batched_shares
@@ -119,7 +120,7 @@ def test_every_rank_gets_the_same_batches_per_epoch_of_the_same_sizes(
 
 
 def test_the_first_hello_fixes_the_batch_shape_and_another_is_refused_naming_both() -> None:
-    request = BatchRequest(grouped=False)
+    request = BatchRequest()
     assert request.assemblers() is None
     assert request.admit(Hello("a", batch_size=8, drop_last=True)) is None
     assert request.admit(Hello("b", batch_size=8, drop_last=True)) is None
@@ -141,18 +142,19 @@ def test_the_first_hello_fixes_the_batch_shape_and_another_is_refused_naming_bot
     (Hello("a", drop_last=True), "got batch_size=0, drop_last=True"),
 ])
 def test_a_malformed_batch_shape_is_refused(hello: Hello, message: str) -> None:
-    refused = BatchRequest(grouped=False).admit(hello)
+    refused = BatchRequest().admit(hello)
     assert refused is not None and message in refused[1]
 
 
 def test_consumer_groups_refuse_batches() -> None:
-    refused = BatchRequest(grouped=True).admit(Hello("a", batch_size=4, group="g"))
-    assert refused is not None and "with consumer groups" in refused[1]
-    assert BatchRequest(grouped=True).admit(Hello("a", group="g")) is None
+    tables = RankTables(grouped=True, retention_limit=4)
+    refused = tables.admit(b"a", Hello("a", batch_size=4, group="g"), lambda identity: True)
+    assert refused is not None and "a group's messages are shared as sampled" in refused[1]
+    assert tables.admit(b"a", Hello("a", group="g"), lambda identity: True) is None
 
 
 def test_the_samples_dropped_are_counted_across_runs() -> None:
-    request = BatchRequest(grouped=False)
+    request = BatchRequest()
     request.admit(Hello("a", batch_size=4, drop_last=True))
     for run in range(2):  # a job restarted from a checkpoint samples again: a new run
         batches = request.assemblers()

@@ -432,14 +432,6 @@ def test_a_group_hello_records_the_group_and_a_heartbeat_restores_it() -> None:
     assert core.phase is Phase.SAMPLING  # trainers of every group count for min_trainers
 
 
-def test_a_group_on_a_server_without_groups_is_refused_clearly() -> None:
-    core = make_core()
-    [(identity, error)] = core.receive(A, Hello("one", group="eval"), now=1.0)
-    assert identity == A and isinstance(error, Error)
-    assert "expected a RemoteLoader without group=" in error.message
-    assert "got group 'eval'" in error.message and A not in core.trainers
-
-
 def test_each_group_has_its_own_ranks_and_world_size() -> None:
     core = make_core(group_buffer=8)
     [(_, welcome)] = core.receive(A, Hello("a0", world_size=2, rank=0, group="g"), now=1.0)

@@ -1,15 +1,22 @@
-"""The consumer groups' buffer (pure): cursors, joining, lag, dropping, the bound."""
+"""Consumer groups without sockets: the buffer (cursors, joining, lag, dropping, the bound),
+the opening of a server's groups, the hellos the combination table refuses, a given-up group."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedmux.errors import ConfigurationError
-from feedmux.protocol import Hello
+from feedmux.protocol import Error, Hello, Welcome
+from feedmux.server._control.core import ControlCore, Send, Sends
 from feedmux.server._control.ranks import RankTables
-from feedmux.server._delivery.groups import GroupBuffer, parse_group_buffer
+from feedmux.server._control.resume import CHECKPOINT
+from feedmux.server._delivery.fanout import GroupFanout, _RankedGroup
+from feedmux.server._delivery.groups import DEFAULT_GROUP, GroupBuffer, parse_group_buffer
+from feedmux.server.config import ServerConfig, refusal
 
 
 def _drain(buffer: GroupBuffer, name: str) -> list[object]:
@@ -42,6 +49,10 @@ def test_the_slowest_group_fills_the_buffer_and_is_named() -> None:
     assert buffer.stats()["lagging_group"] == "slow"
     buffer.delivered("slow")
     assert not buffer.full
+    buffer.append([3], n_samples=1, epoch=1, nbytes=1)
+    assert buffer.full
+    buffer.drop("slow")  # gone: what it alone held is let go
+    assert not buffer.full and list(buffer.groups) == ["fast"] and buffer.behind("fast") == 1
 
 
 def test_the_byte_limit_bounds_the_buffer() -> None:
@@ -167,7 +178,9 @@ def test_every_active_group_sees_the_stream_in_order_from_its_start(events: list
 
 
 @pytest.mark.parametrize(("options", "expected"), [
-    ({"group_buffer": 8, "reliable": True}, "expected reliable=False with group_buffer"),
+    ({"group_buffer": 8, "reliable": True}, "expected reliable delivery .* or a consumer "
+                                            "groups' buffer .*, got both: consumer groups use "
+                                            "plain delivery"),
     ({"group_buffer": "8 furlongs"}, "expected group_buffer"),
     ({"group_buffer": 8, "join": "later"}, "expected join 'epoch' or 'now'"),
     ({"group_buffer": 8, "group_timeout": 0}, "expected group_timeout > 0"),
@@ -198,3 +211,117 @@ def test_a_dropped_group_forgets_its_ranks() -> None:
     # Its trainers coming back may form the group again, even with another world size.
     assert tables.admit(b"b", Hello("b", world_size=3, rank=2, group="g"), lambda i: True) is None
     assert tables.of("g").world_size == 3
+
+
+def _core(**options: object) -> ControlCore:
+    config = ServerConfig(source="unused:source", server_id="srv", **options)  # type: ignore[arg-type]
+    return ControlCore(config, started=0.0)
+
+
+def _refusal(sends: Sends) -> str:
+    [(_, error)] = sends
+    assert isinstance(error, Error) and error.type == "feedmux.errors.ConfigurationError"
+    return error.message
+
+
+def test_a_group_on_a_server_without_group_buffer_opens_its_groups() -> None:
+    core = _core()
+    core.receive(b"p", Hello("plain"), now=1.0)
+    assert not core.tables.grouped  # no group yet: as ever
+    [(_, welcome), *_] = core.receive(b"g", Hello("one", group="eval"), now=1.0)
+    assert isinstance(welcome, Welcome)
+    assert core.tables.grouped
+    # The plain trainer so far is the group default; the server's own table stays free.
+    assert core.trainers[b"p"].group == DEFAULT_GROUP and core.trainers[b"g"].group == "eval"
+    assert core.tables.of(DEFAULT_GROUP).world_size == 0 and not core.ranks.ranked
+    assert core.ranks is core.tables.server
+    # A ranked job may join as a group of its own, another plain trainer as the default one.
+    [(_, ranked), *_] = core.receive(b"r", Hello("r0", rank=0, world_size=2, group="ddp"),
+                                     now=1.0)
+    assert isinstance(ranked, Welcome) and ranked.world_size == 2
+    assert isinstance(core.receive(b"q", Hello("plain2"), now=1.0)[0][1], Welcome)
+
+
+def test_a_refused_group_hello_leaves_a_server_without_groups() -> None:
+    core = _core()
+    assert "expected rank in [0, 2)" in _refusal(
+        core.receive(b"g", Hello("bad", rank=3, world_size=2, group="eval"), now=1.0))
+    assert not core.tables.grouped
+
+
+@pytest.mark.parametrize(("options", "first", "hello", "rule"), [
+    ({}, Hello("r0", rank=0, world_size=2), Hello("g", group="eval"), ("ranked_job", "group")),
+    ({"reliable": True}, None, Hello("g", group="eval"), ("reliable", "group")),
+    ({}, Hello("b", batch_size=4), Hello("g", group="eval"), ("batches", "group")),
+    ({"group_buffer": 8}, None, Hello("b", batch_size=4), ("groups", "batch_size")),
+    ({}, None, Hello("g", group="eval", batch_size=4), ("group", "batch_size")),
+    ({"group_buffer": 8}, None, Hello("r", rank=0, world_size=2, resume=(2, 4, 2, CHECKPOINT)),
+     ("groups", "resume")),
+    ({}, None, Hello("r", rank=0, world_size=2, group="ddp", resume=(2, 4, 2, CHECKPOINT)),
+     ("group", "resume")),
+])
+def test_each_refused_hello_gets_its_rule_s_reason(
+        options: dict[str, object], first: Hello | None, hello: Hello,
+        rule: tuple[str, str]) -> None:
+    core = _core(**options)
+    if first is not None:
+        assert isinstance(core.receive(b"first", first, now=1.0)[0][1], Welcome)
+    message = _refusal(core.receive(b"late", hello, now=1.0))
+    assert message == refusal(set(rule)) and b"late" not in core.trainers
+
+
+def test_a_rank_on_a_reliable_server_is_welcomed() -> None:
+    [(_, welcome)] = _core(reliable=True).receive(b"r", Hello("r", rank=0, world_size=2),
+                                                  now=1.0)
+    assert isinstance(welcome, Welcome) and welcome.reliable and welcome.world_size == 2
+
+
+def test_a_ranked_group_s_checkpoint_is_refused_naming_the_shared_stream() -> None:
+    message = _refusal(_core().receive(
+        b"r", Hello("r", rank=0, world_size=2, group="ddp", resume=(2, 4, 2, CHECKPOINT)),
+        now=1.0))
+    assert "consumer groups share one sampled stream that has moved on" in message
+    assert "resume the job on a server of its own (no group=)" in message
+
+
+def test_a_group_given_up_has_its_trainers_told_and_forgotten() -> None:
+    core = _core(group_buffer=8, rank_timeout=1.0)
+    sends: list[Send] = []
+    fanout = GroupFanout(core.config, None, core,  # type: ignore[arg-type]  # sends nothing
+                         stopping=lambda: False, deliver=sends.extend)
+    now = time.monotonic()  # the fan-out reads the clock: its members are live ones
+    core.receive(b"r0", Hello("r0", rank=0, world_size=2, group="ddp"), now=now)
+    core.receive(b"e", Hello("e", group="eval"), now=now)
+    core.trainers[b"r0"].received_messages = 5
+    fanout.pump()  # rank 1 is missing: the clock starts
+    assert "ddp" in fanout.buffer.groups and not sends
+    fanout._ranked["ddp"].missing_since = -1e9  # as if the rank timeout had passed
+    fanout.pump()
+    assert "ddp" not in fanout.buffer.groups and "eval" in fanout.buffer.groups
+    [(identity, error)] = sends
+    assert identity == b"r0" and isinstance(error, Error)
+    assert error.type == "feedmux.errors.TransportTimeoutError" and "[1] of 2" in error.message
+    assert list(core.trainers) == [b"e"] and core.departed_received == 5  # still counted
+    assert not core.tables.of("ddp").ranked  # its trainers coming back start it afresh
+
+
+def test_a_buffer_started_mid_epoch_keeps_the_join_rule_for_newcomers() -> None:
+    buffer = GroupBuffer(max_messages=8)
+    buffer.continue_stream(epoch=3, epoch_open=True)
+    buffer.join(DEFAULT_GROUP, now=0.0, at_once=True)  # served before: goes on at once
+    buffer.join("late", now=0.0)  # mid-epoch 3: waits for epoch 4
+    buffer.append(["m"], n_samples=1, epoch=3, nbytes=1)
+    assert buffer.next_for(DEFAULT_GROUP) is not None and buffer.next_for("late") is None
+    assert buffer.groups["late"].start_epoch == 4
+    buffer.epoch_finished(3)
+    buffer.append(["n"], n_samples=1, epoch=4, nbytes=1)
+    assert buffer.next_for("late").frames == ["n"]  # type: ignore[union-attr]
+
+
+def test_a_ranked_group_is_overdue_only_after_the_rank_timeout_without_a_rank() -> None:
+    group = _RankedGroup(2, "pad", sender=None)  # type: ignore[arg-type]
+    assert not group.overdue([1], now=10.0, timeout=1.0)  # the clock starts
+    assert not group.overdue([1], now=11.0, timeout=1.0)
+    assert not group.overdue([], now=11.5, timeout=1.0)  # the rank came: the clock stops
+    assert not group.overdue([0], now=12.0, timeout=1.0)
+    assert group.overdue([0], now=13.1, timeout=1.0)

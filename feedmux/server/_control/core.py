@@ -123,7 +123,8 @@ class Questions:
     since is asked nothing more until it speaks.
 
     ``free`` says whether the server deals free trainers in plain mode (not
-    reliable, no consumer groups): then it counts the data messages each one was
+    reliable, no consumer groups from the start; a server whose groups open
+    later stops asking it): then it counts the data messages each one was
     sent, and once the stream is finished a trainer that received all of its own
     gets its end of stream at once, without waiting for the others. Under a torch
     DataLoader (in order) a worker that waits for its end blocks the DataLoader
@@ -173,7 +174,7 @@ def _heartbeat_answer(core: ControlCore, identity: bytes, trainer: _Trainer) -> 
     """A trainer's heartbeat: the welcome, and its end of stream if its own is over."""
     core.questions.heard(identity)
     welcome = (identity, core.welcome(trainer.group))
-    if (core.phase is Phase.DRAINING and trainer.rank < 0
+    if (core.phase is Phase.DRAINING and trainer.rank < 0 and not core.tables.grouped
             and core.questions.complete(trainer.client_id, trainer.received_messages)):
         return [welcome, (identity, core.end_message())]
     return [welcome]
@@ -232,7 +233,7 @@ class ControlCore:
         self._last_change = 0.0
         self._final_started = self._last_heard = 0.0
         #: The rank tables: the server's own, or one per consumer group.
-        self.tables = RankTables(config.grouped, retention_limit=4 * config.hwm + 64)
+        self.tables = RankTables(config.grouped, 4 * config.hwm + 64, config.reliable)
         self.ranks = self.tables.server
         #: What each rank was sent beyond what it handed out (for a restarted rank).
         self.retention = self.tables.retention
@@ -257,7 +258,7 @@ class ControlCore:
             # A ranked trainer's hand-out mark, from a socket that reads nothing: no answer.
             # It is also the sign of life of the rank's holder (sent from the loader's thread);
             # one for a rank the trainer's group does not deal to counts for nothing.
-            group = _group_of(self.trainers, message.client_id) if self.config.grouped else ""
+            group = _group_of(self.trainers, message.client_id) if self.tables.grouped else ""
             if (holder := self.tables.acknowledged(group, message)) and holder in self.trainers:
                 self.trainers[holder].last_seen = now
             return NO_SENDS
@@ -317,7 +318,7 @@ class ControlCore:
                                            handed=self.handed.heard(message, self.config.reliable))
         if not known:
             rank = f" as rank {message.rank} of {message.world_size}" if message.rank >= 0 else ""
-            where = f" in group {group}" if self.config.grouped else ""
+            where = f" in group {group}" if self.tables.grouped else ""
             log.info("trainer %s connected%s%s", message.client_id, rank, where)
             self._count_reconnect(message.client_id)
         return [*sends, (identity, self.welcome(group)), *_shm_offer(self, identity)]
@@ -548,7 +549,7 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
     wait = core.wait
     if wait.ready(core.ranks, core.connected_trainers(now), config.min_trainers, now):
         start, problem = agreed_start(core.ranks.resumes, core.ranks.world_size or 0)
-        if not (core.ranks.ranked or core.config.grouped) and core.config.reliable:
+        if not (core.ranks.ranked or core.tables.grouped) and core.config.reliable:
             core.handed = Handed(t.handed for t in core.trainers.values() if t.handed)
             start = Start(core.handed.start, {})
         if start is None:
@@ -606,7 +607,7 @@ def _restarts_job(core: ControlCore, message: Hello) -> bool:
     hello again)."""
     return (check_announcement(message.resume) is None and bool(message.resume)
             and message.resume[3] == CHECKPOINT and message.rank >= 0
-            and not core.config.grouped and core.phase in (Phase.SAMPLING, Phase.DRAINING)
+            and not core.tables.grouped and core.phase in (Phase.SAMPLING, Phase.DRAINING)
             and message.client_id not in {c for _, c in core.ranks.holders.values()})
 
 
@@ -634,7 +635,7 @@ def _probe_welcome(core: ControlCore, message: Hello) -> Welcome:
     """The welcome a trainer that has not joined yet gets (``len()`` asks before the
     first sample): a rank's tells how the server would deal to its job."""
     welcome = core.welcome(message.group)
-    if message.rank < 0 or core.config.grouped or core.ranks.world_size is not None:
+    if message.rank < 0 or core.tables.grouped or core.ranks.world_size is not None:
         return welcome
     return dataclasses.replace(welcome, world_size=message.world_size,
                                uneven=core.config.uneven)

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from feedmux.protocol import Ack, Hello
 from feedmux.server._control.resume import check_announcement
 from feedmux.server._delivery.batches import BatchRequest
-from feedmux.server._delivery.groups import DEFAULT_GROUP, refuse_group
+from feedmux.server._delivery.groups import DEFAULT_GROUP
 from feedmux.server._delivery.ledger import Ledger, Recovery
+from feedmux.server.config import refusal
 
 __all__ = ["MAX_WORLD_SIZE", "RANK_REFUSED", "RANK_TAKEN", "RankTable", "RankTables"]
 
@@ -129,7 +130,11 @@ class RankTables:
 
     Without groups every trainer is in :attr:`server`'s table; with groups,
     :attr:`server` stays empty (never ranked) and each group gets a table of
-    its own on its first hello, so one group's ranks never meet another's.
+    its own on its first hello, so one group's ranks never meet another's. A
+    server without groups starts serving them at the first hello that names a
+    group (:meth:`open_groups`): its free trainers so far become the group
+    ``default``. What a hello asks for is checked against the server's state
+    by the combination table (:func:`~feedmux.server.config.refusal`).
 
     Examples
     --------
@@ -142,8 +147,9 @@ class RankTables:
     "group 'a' deals to 2 ranked trainers: expected a Remote"
     """
 
-    def __init__(self, grouped: bool, retention_limit: int) -> None:
+    def __init__(self, grouped: bool, retention_limit: int, reliable: bool = False) -> None:
         self.grouped = grouped
+        self.reliable = reliable
         self.retention_limit = retention_limit
         self.server = RankTable()
         #: What each rank of the server's own table was sent beyond what it handed out.
@@ -151,7 +157,7 @@ class RankTables:
         self._groups: dict[str, tuple[RankTable, Ledger]] = {}
         self._unknown = RankTable()  # what a group no trainer said hello in looks like
         #: The batch shape the trainers asked for (the first admitted hello fixes it).
-        self.batches = BatchRequest(grouped)
+        self.batches = BatchRequest()
 
     def _group(self, group: str) -> tuple[RankTable, Ledger]:
         entry = self._groups.get(group)
@@ -174,22 +180,53 @@ class RankTables:
     def retention_of(self, group: str) -> Ledger:
         return self._group(group or DEFAULT_GROUP)[1] if self.grouped else self.retention
 
+    def asks(self, hello: Hello) -> set[str]:
+        """What ``hello`` asks of this server, with what the server is serving so far, in
+        the words of the combination table (:data:`~feedmux.server.config.ASKS`)."""
+        asked = {
+            "reliable": self.reliable,
+            "groups": self.grouped,
+            "ranked_job": not self.grouped and self.server.ranked,
+            "batches": self.batches.batch_size > 0,
+            "group": bool(hello.group) and hello.group != DEFAULT_GROUP,
+            "rank": hello.rank >= 0,
+            "batch_size": hello.batch_size > 0,
+            "resume": bool(hello.resume),
+        }
+        return {name for name, asks in asked.items() if asks}
+
     def admit(self, identity: bytes, hello: Hello,
               alive: Callable[[bytes], bool]) -> tuple[str, str] | None:
         """Admit ``hello``'s trainer into its group's table (and its batch shape: the
-        same as the others'); ``(error type, message)`` if not."""
-        refused = refuse_group(hello, self.grouped) or self.batches.refusal(hello)
-        if refused is not None:
+        same as the others'); ``(error type, message)`` if not. The first hello that
+        names a group opens the server's groups."""
+        asked = self.asks(hello)
+        if (reason := refusal(asked)) is not None:
+            return RANK_REFUSED, reason
+        if (refused := self.batches.refusal(hello)) is not None:
             return refused
-        if hello.resume and self.grouped:
-            return RANK_REFUSED, ("expected no resume position with consumer groups (a group "
-                                  "joins the shared stream where it is), got "
-                                  f"{tuple(hello.resume)}")
-        table = self._group(hello.group or DEFAULT_GROUP)[0] if self.grouped else self.server
+        name = hello.group or DEFAULT_GROUP
+        if self.grouped:
+            table = self._group(name)[0]
+        else:  # a first group is kept only once its hello is admitted
+            table = RankTable(f"group {name!r}") if "group" in asked else self.server
         refused = table.admit(identity, hello, alive)
         if refused is None:
             self.batches.admit(hello)
+            if not self.grouped and table is not self.server:
+                self.open_groups()
+                self._groups[name] = (table, Ledger(Recovery.REPLAY, self.retention_limit))
         return refused
+
+    def open_groups(self) -> None:
+        """Serve consumer groups from now on: the server's own (free) trainers so far are
+        the group ``default``. The server's own table is admitted into no more: it stays
+        what it was (free, or no trainer yet), never ranked."""
+        assert not self.server.ranked, "a ranked job outside any group is refused groups"
+        default = RankTable(f"group {DEFAULT_GROUP!r}")
+        default.world_size = self.server.world_size  # 0: its free trainers so far
+        self._groups[DEFAULT_GROUP] = (default, Ledger(Recovery.REPLAY, self.retention_limit))
+        self.grouped = True
 
     def acknowledged(self, group: str, ack: Ack) -> bytes | None:
         """A rank of ``group`` handed out its share up to ``ack``'s mark; the control

@@ -44,7 +44,7 @@ class BatchRequest:
 
     Examples
     --------
-    >>> request = BatchRequest(grouped=False)
+    >>> request = BatchRequest()
     >>> request.admit(Hello("a", batch_size=32)) is None, request.batch_size
     (True, 32)
     >>> request.admit(Hello("b", batch_size=16))[1]
@@ -53,8 +53,7 @@ first trainer asked for them): expected the same from trainer b, got batch_size=
 drop_last=False'
     """
 
-    def __init__(self, grouped: bool) -> None:
-        self.grouped = grouped
+    def __init__(self) -> None:
         self.batch_size = 0
         self.drop_last = False
         self._fixed = False
@@ -67,9 +66,6 @@ drop_last=False'
         if not 0 <= size <= MAX_BATCH_SIZE or (drop and not size):
             return BATCH_REFUSED, (f"expected batch_size 1 .. {MAX_BATCH_SIZE} (or 0 and "
                                   f"drop_last False), got batch_size={size}, drop_last={drop}")
-        if size and self.grouped:
-            return BATCH_REFUSED, ("expected no batch_size with consumer groups (a group's "
-                                  f"messages are shared), got batch_size={size}")
         if self._fixed and (size, drop) != (self.batch_size, self.drop_last):
             return BATCH_REFUSED, (
                 f"this server builds {self.describe()} for its trainers (the first trainer "

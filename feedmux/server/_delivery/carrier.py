@@ -4,11 +4,12 @@
 as it is (the socket carries it) and references to the server's shared-memory
 pool (for a trainer that proved it maps the pool, with fewer than
 ``transit_cap`` references on their way to it). A message that the ledger
-keeps — a rank's, for a successor; a reliable trainer's, to be re-dealt — is
-copied into the pool and its frames stay the server's own, so a trainer that
-dies holding pool runs (they are reclaimed once its pid is gone) never takes
-the kept copy with it. It never sends (the outbox does) nor decides who gets a
-message (the dealers and the ledger do).
+keeps — a rank's, for a successor; a reliable trainer's, to be re-dealt — keeps
+frames the server holds (a pool run whose memory the server still holds is
+pinned, never reused), so a trainer that dies holding references (its runs
+are reclaimed once its pid is gone) never takes the kept copy with it. It never
+sends (the outbox does) nor decides who gets a message (the dealers and the
+ledger do).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from feedmux._plumbing.shm import Placement, ShmPool
 from feedmux.server._control.core import ControlCore, shm_trainers
-from feedmux.server._delivery.pool import pooled, through_pool
+from feedmux.server._delivery.pool import pooled, settled, through_pool
 
 __all__ = ["Carrier"]
 
@@ -38,15 +39,20 @@ class Carrier:
         self.serve_control = serve_control
         self.halted = halted
 
-    def place(self, frames: Sequence[Any], kept: bool) -> Placement | None:
-        """``frames`` placed in the pool for the trainers that map it (waiting while it
-        is full), or None (no pool, no such trainer, nothing large, stopping). ``kept``:
-        the ledger keeps the message, so the frames stay the server's own."""
+    def place(self, frames: Sequence[Any], kept: bool) -> tuple[Sequence[Any], Placement | None]:
+        """What goes on a socket, and ``frames`` placed in the pool for the trainers that
+        map it (waiting while it is full), or None (no pool, no such trainer, nothing
+        large, stopping). ``kept``: the ledger keeps the message to deal it again to
+        another trainer, so what goes on a socket is whole bytes even when every trainer
+        maps the pool (a worker's references to runs a dead trainer held would be reused
+        memory)."""
         if self.pool is None:
-            return None
-        return pooled(self.pool, shm_trainers(self.core), frames,
+            return frames, None
+        trainers = shm_trainers(self.core)
+        every = not kept and len(trainers) == len(self.core.trainers)
+        return pooled(self.pool, trainers, frames,
                       lambda timeout: bool(self.serve_control(timeout)), _Flag(self.halted),
-                      ranked=kept)
+                      every)
 
     def wire(self, target: bytes, frames: Sequence[Any],
              placed: Placement | None) -> Sequence[Any] | None:
@@ -62,10 +68,11 @@ class Carrier:
         if placed is not None and wire is placed and self.pool is not None:
             self.pool.delivered(target, placed)  # its runs are the trainer's to release
 
-    def release(self, placed: Placement | None) -> None:
-        """Done with ``placed``: its runs come back unless delivered."""
-        if placed is not None and self.pool is not None:
-            self.pool.cancel(placed)
+    def settle(self, placed: Placement | None, frames: Sequence[Any],
+               sent: bool) -> Sequence[Any]:
+        """Done with ``placed`` (its runs back unless delivered as references); the
+        message's frames from now on (whole bytes if it was not sent)."""
+        return settled(self.pool, placed, frames, sent)
 
 
 class _Flag:

@@ -11,7 +11,13 @@ rule (:class:`~feedmux.server._delivery.dealing.RankDealer`: pad or drop, equal 
 per rank: row slices) and encoded per rank, and a restarted rank gets its
 predecessor's rest first (:class:`~feedmux.server._delivery.ranksend.RankSender`).
 While the buffer is full it waits, serving the control socket, and names the
-group that lags in the log. Membership comes from the control core's trainer
+group that lags in the log. A ranked group with a rank that has had no live
+holder for ``rank_timeout`` seconds (it never came, or died and nobody took
+over) is given up, as a ranked server gives up a job whose ranks never all
+come: its trainers are told why and the group no longer holds the others back.
+A fan-out may start mid-run (the first trainer asking for a group on a server
+that had none): the free trainers served until then are the group ``default``
+and go on with the next message. Membership comes from the control core's trainer
 registry (each trainer's hello names its group and rank); this module must
 never decide anything about trainers or the end of the stream, and never keeps frames
 beyond what the buffer holds and a few dealt shares per rank.
@@ -26,14 +32,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from feedmux.protocol import Data, decode, encode, read_tags
-from feedmux.server._control.core import TRAINER_TIMEOUT, ControlCore
+from feedmux.protocol import Data, Error, decode, encode, read_tags
+from feedmux.server._control.core import TRAINER_TIMEOUT, ControlCore, Sends
 from feedmux.server._delivery.dealing import RankDealer, RankShare
-from feedmux.server._delivery.groups import BufferedMessage, GroupBuffer, parse_group_buffer
+from feedmux.server._delivery.groups import DEFAULT_GROUP, BufferedMessage, GroupBuffer
 from feedmux.server._delivery.outbox import Outbox, Wait
 from feedmux.server._delivery.ranksend import RankSender
 from feedmux.server._sources.producer import Frames
-from feedmux.server.config import ServerConfig
+from feedmux.server.config import ServerConfig, disabled
 
 __all__ = ["GroupFanout"]
 
@@ -65,6 +71,16 @@ class _RankedGroup:
         self.sender = sender
         self.queues: list[deque[tuple[Frames, int, int]]] = [deque() for _ in range(world_size)]
         self.epoch = 0  # the epoch being dealt
+        #: Since when a rank has had no live holder (None: every rank has one).
+        self.missing_since: float | None = None
+
+    def overdue(self, missing: list[int], now: float, timeout: float) -> bool:
+        """Whether ranks have been ``missing`` (none: all held) for over ``timeout`` s."""
+        if not missing:
+            self.missing_since = None
+        elif self.missing_since is None:
+            self.missing_since = now
+        return self.missing_since is not None and now - self.missing_since > timeout
 
     def deal(self, message: BufferedMessage) -> None:
         """Deal the group's next buffered message (an epoch change first ends the last one)."""
@@ -100,16 +116,25 @@ class GroupFanout:
     """Sends one sampled stream to every consumer group of a server.
 
     Its sends and its waits (serving control) go through ``outbox``;
-    ``stopping()`` says whether the server is shutting down.
+    ``stopping()`` says whether the server is shutting down; ``deliver(sends)``
+    sends control messages (a given-up group's errors).
     """
 
     def __init__(self, config: ServerConfig, outbox: Outbox, core: ControlCore,
-                 stopping: Callable[[], bool]) -> None:
-        max_messages, max_bytes = parse_group_buffer(config.group_buffer or 0)
-        self.buffer = GroupBuffer(max_messages, max_bytes, config.join, config.group_timeout)
+                 stopping: Callable[[], bool], deliver: Callable[[Sends], None]) -> None:
+        self.buffer = GroupBuffer(*config.group_limits, config.join, config.group_timeout)
+        # Started mid-run: the stream goes on, and the free trainers served so far with it.
+        self.buffer.continue_stream(core.epoch, core.epoch > core.epochs_completed)
+        #: The group served before the buffer existed (it joins with the next message).
+        self._continuing = DEFAULT_GROUP if any(
+            trainer.group == DEFAULT_GROUP for trainer in core.trainers.values()) else None
+        if (off := disabled(config.asks | {"groups"}, "shm")) is not None:
+            log.info("consumer groups get their messages over the sockets: %s", off)
         self.outbox = outbox
         self.core = core
         self.stopping = stopping
+        self.deliver = deliver
+        self.rank_timeout = config.rank_timeout
         self.uneven = config.uneven
         self.server_id = config.server_id
         self._ranked: dict[str, _RankedGroup] = {}
@@ -134,7 +159,7 @@ class GroupFanout:
             if self.stopping():
                 return False
             self._log_lag()
-            self._wait()
+            self._wait()  # counts as blocked in the outbox
         buffer.append(frames, n_samples, epoch, _nbytes(frames))
         self.pump()
         return True
@@ -176,13 +201,17 @@ class GroupFanout:
         members = self._members(now)
         buffer = self.buffer
         for name in members:
-            buffer.join(name, now)
+            buffer.join(name, now, at_once=name == self._continuing)
+        if self._continuing in buffer.groups:
+            self._continuing = None  # once: dropped and back, it joins by the rule
         for name in list(buffer.groups):
             targets = members.get(name, [])
             buffer.set_members(name, len(targets), now)
             ranks = self.core.tables.of(name)
             if ranks.ranked:
-                self._pump_ranked(name, ranks.world_size or 0)
+                group = self._ranked_group(name, ranks.world_size or 0)
+                if not self._given_up(name, group, targets, now):
+                    self._pump_ranked(name, group)
                 continue
             while targets:
                 message = buffer.next_for(name)
@@ -194,12 +223,46 @@ class GroupFanout:
             log.warning("group %s dropped: no member for %g s; it no longer holds the "
                         "sampler back", name, buffer.group_timeout)
 
-    def _pump_ranked(self, name: str, world_size: int) -> None:
-        """Deal ranked group ``name``'s next messages and send each rank its shares."""
+    def _ranked_group(self, name: str, world_size: int) -> _RankedGroup:
         group = self._ranked.get(name)
         if group is None:
             sender = RankSender(self.outbox, self.core.tables.retention_of(name), self._replayed)
             group = self._ranked[name] = _RankedGroup(world_size, self.uneven, sender)
+        return group
+
+    def _given_up(self, name: str, group: _RankedGroup, targets: list[bytes],
+                  now: float) -> bool:
+        """Give ranked group ``name`` up if a rank has had no live holder (among its
+        members' data identities ``targets``) for ``rank_timeout``; True if it was."""
+        table = self.core.tables.of(name)
+        missing = [rank for rank in range(group.dealer.world_size)
+                   if (holder := table.holder(rank)) is None or holder[1].encode() not in targets]
+        if not group.overdue(missing, now, self.rank_timeout):
+            return False
+        reason = (f"rank(s) {missing} of {group.dealer.world_size} in group {name!r} not "
+                  f"connected within the rank timeout of {self.rank_timeout:g} s: the group "
+                  f"is given up (it held the other groups back)")
+        log.error("%s", reason)
+        self._give_up(name, reason)
+        return True
+
+    def _give_up(self, name: str, reason: str) -> None:
+        """Group ``name`` is given up: its trainers are told ``reason`` and forgotten (what
+        they received still counts for the end of stream), and so are its ranks."""
+        core = self.core
+        error = Error(type="feedmux.errors.TransportTimeoutError", message=reason,
+                      server_id=self.server_id)
+        members = [identity for identity, trainer in list(core.trainers.items())
+                   if trainer.group == name]
+        for identity in members:
+            core.peer_gone(identity)
+        core.tables.forget(name)
+        self.deliver([(identity, error) for identity in members])
+        self.buffer.drop(name)
+        del self._ranked[name]
+
+    def _pump_ranked(self, name: str, group: _RankedGroup) -> None:
+        """Deal ranked group ``name``'s next messages and send each rank its shares."""
         buffer = self.buffer
         while True:
             self._send_shares(name, group)
@@ -241,13 +304,13 @@ class GroupFanout:
         # Full, or not connected (yet, or any more): the next one.
         rotated = [targets[(turn + step) % count] for step in range(count)]
         identity = self.outbox.first(rotated, lambda _: message.frames)
-        if identity is not None:
-            self._turns[name] = (rotated.index(identity) + turn + 1) % count
-            self.buffer.delivered(name)
-            self.outbox.bytes_sent += message.nbytes
-            self.core.data_sent(message.n_samples, message.epoch)
-            return True
-        return False
+        if identity is None:
+            return False
+        self._turns[name] = (rotated.index(identity) + turn + 1) % count
+        self.buffer.delivered(name)
+        self.outbox.bytes_sent += message.nbytes
+        self.core.data_sent(message.n_samples, message.epoch)
+        return True
 
     def _members(self, now: float) -> dict[str, list[bytes]]:
         """Each group's live trainers, by data-socket identity."""

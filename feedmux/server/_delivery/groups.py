@@ -12,6 +12,13 @@ fan-out shell, :mod:`feedmux.server._delivery.fanout`, does that).
 
 A message leaves the buffer once every *active* group (one with a cursor) has
 passed it; a group waiting for its first epoch holds nothing back.
+
+The buffer is bounded by bytes by default (:data:`DEFAULT_GROUP_BUFFER`): a
+count of messages bounds nothing when samples are large (256 messages of 16
+MiB samples are 4 GiB), while 64 MiB holds thousands of small messages (slack
+for the groups' jitter) and still a few large ones; a message larger than the
+whole buffer goes through alone. It holds only what some group has yet to
+receive, so a server with one group keeps next to nothing in it.
 """
 
 from __future__ import annotations
@@ -23,20 +30,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from feedmux.errors import ConfigurationError
-from feedmux.protocol import Hello
 
 __all__ = [
     "DEFAULT_GROUP",
+    "DEFAULT_GROUP_BUFFER",
     "JOIN_MODES",
     "BufferedMessage",
     "GroupBuffer",
     "GroupState",
     "parse_group_buffer",
-    "refuse_group",
 ]
 
 #: The group of a trainer that names none.
 DEFAULT_GROUP = "default"
+#: The groups' buffer when ``--group-buffer`` does not say (see the module's docstring).
+DEFAULT_GROUP_BUFFER = "64MiB"
 #: When a group that joins mid-stream starts: at the next epoch boundary, or with the next message.
 JOIN_MODES = ("epoch", "now")
 
@@ -68,23 +76,6 @@ def parse_group_buffer(value: int | str) -> tuple[int, int]:
             f"(e.g. 64MiB), got {value!r}")
     number, unit = int(match.group(1)), match.group(2)
     return (number, 0) if not unit else (0, number * _UNITS[unit])
-
-
-def refuse_group(hello: Hello, grouped: bool) -> tuple[str, str] | None:
-    """Why ``hello``'s group does not fit a server without groups; None if it does.
-
-    Examples
-    --------
-    >>> refuse_group(Hello("t", group="eval"), grouped=True) is None
-    True
-    >>> refuse_group(Hello("t", group="eval"), grouped=False)[1][:39]
-    'this server has no consumer groups: exp'
-    """
-    if hello.group and hello.group != DEFAULT_GROUP and not grouped:
-        return "feedmux.errors.ConfigurationError", (
-            f"this server has no consumer groups: expected a RemoteLoader without group= "
-            f"(or a server started with --group-buffer), got group {hello.group!r}")
-    return None
 
 
 @dataclass
@@ -191,13 +182,19 @@ class GroupBuffer:
         """Whether every message of ``epoch`` is in the buffer (or has passed through it)."""
         return epoch < self._last_epoch or (epoch == self._last_epoch and not self._epoch_open)
 
+    def continue_stream(self, epoch: int, epoch_open: bool) -> None:
+        """The stream is already under way (a buffer started mid-run): its last message
+        was of ``epoch``, and more of it may come (``epoch_open``)."""
+        self._last_epoch, self._epoch_open = epoch, epoch_open
+
     # -- the groups -------------------------------------------------------------------------
-    def join(self, name: str, now: float) -> GroupState:
-        """The group ``name`` (created if new: it starts as the join mode says)."""
+    def join(self, name: str, now: float, at_once: bool = False) -> GroupState:
+        """The group ``name`` (created if new: it starts as the join mode says, or with the
+        next message ``at_once``: a group that was served before the buffer existed)."""
         group = self.groups.get(name)
         if group is not None:
             return group
-        if self.join_mode == "now" or not self._epoch_open:
+        if at_once or self.join_mode == "now" or not self._epoch_open:
             group = GroupState(name, start_epoch=self._last_epoch + (0 if self._epoch_open else 1),
                                cursor=self.end)
         else:
@@ -241,10 +238,13 @@ class GroupBuffer:
         gone = [name for name, group in self.groups.items()
                 if group.empty_since is not None and now - group.empty_since >= self.group_timeout]
         for name in gone:
-            del self.groups[name]
-        if gone:
-            self._trim()
+            self.drop(name)
         return gone
+
+    def drop(self, name: str) -> None:
+        """Group ``name`` no longer reads the stream: what it alone held is let go."""
+        del self.groups[name]
+        self._trim()
 
     def lagging(self) -> str | None:
         """The active group furthest behind (None when no group has a message pending)."""

@@ -46,10 +46,11 @@ class PlainRoute:
         #: Ranked delivery: each rank's messages to its holder, a successor's hand-over first.
         self.ranked = self._sender()
 
-    def send(self, frames: Sequence[Any], rank: int = -1) -> bool:
+    def send(self, frames: Sequence[Any], rank: int = -1) -> tuple[bool, Sequence[Any]]:
         """Send one message (to ``rank``'s holder, or -1: any free trainer), waiting while
-        nobody can take it; False if the server stopped or restarted meanwhile."""
-        placed = self.carrier.place(frames, kept=rank >= 0)  # a rank's is kept for a successor
+        nobody can take it; whether it went (not if the server stopped, restarted or opened
+        consumer groups meanwhile), and its frames from now on (whole bytes if not)."""
+        frames, placed = self.carrier.place(frames, kept=False)  # a rank's kept: pinned runs
         tries = 0
 
         def attempt() -> Wait | None:
@@ -66,10 +67,12 @@ class PlainRoute:
             # trainer on this host had room but too many pool references in transit.
             return Wait.ROOM if (rank < 0 and not capped) or tries == 1 else Wait.BRIEF
 
+        sent = False
         try:
-            return self.outbox.deliver(attempt, self.halted)
-        finally:
-            self.carrier.release(placed)  # unless delivered: went by socket, or nowhere
+            sent = self.outbox.deliver(attempt, self.halted)
+        finally:  # unless delivered (went by socket, or nowhere): its runs back
+            frames = self.carrier.settle(placed, frames, sent)
+        return sent, frames
 
     def _to_rank(self, rank: int, frames: Sequence[Any],
                  placed: Placement | None) -> tuple[bool, bool]:

@@ -248,9 +248,12 @@ class ReliableDispatch:
     def send(self, frames: list[Any], n_samples: int, epoch: int,
              halted: Callable[[], bool]) -> bool:
         """Deliver one new message (after any waiting re-sends); False once ``halted()``."""
+        # The ledger keeps the frames (bytes the server holds) to deal them again.
+        placed = None
+        if self.carrier is not None:
+            wire, placed = self.carrier.place(frames, kept=True)
+            frames = list(wire)
         pending = Entry(b"", frames, read_tags(frames))
-        # The ledger keeps the frames (the server's own copy) to deal them again.
-        placed = None if self.carrier is None else self.carrier.place(frames, kept=True)
 
         def attempt() -> Wait | None:
             self._turn()
@@ -258,11 +261,13 @@ class ReliableDispatch:
                 return None
             return Wait.CREDIT
 
+        sent = False
         try:
-            return self.outbox.deliver(attempt, halted)
+            sent = self.outbox.deliver(attempt, halted)
         finally:
             if self.carrier is not None:
-                self.carrier.release(placed)  # unless delivered
+                self.carrier.settle(placed, frames, sent)  # its runs back unless delivered
+        return sent
 
     def finish(self, deadline: float, halted: Callable[[], bool],
                owed: Callable[[], int] = lambda: 0) -> None:

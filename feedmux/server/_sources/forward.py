@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from feedmux._plumbing.shm import ShmPool, carried_bytes, has_refs
 from feedmux._plumbing.sockets import make_socket, mapped_zmq_errors
 from feedmux.errors import FeedmuxError
 from feedmux.protocol import Data, EndOfEpoch, Error, decode, encode, read_tags, replace_tags
@@ -106,6 +107,7 @@ def forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop: 
             code = _forward_run(run, sockets, pool, endpoints, config, stop)
             if code is not None:
                 return code
+            _drop_read_ahead(run, endpoints.pool)
             # The ranked job resumed from a checkpoint: a new run, from where it says.
             generation += 1
             pool.rewind(generation)
@@ -140,6 +142,7 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, endpoints: End
             endpoints.serve_control(timeout=0)
         failure = pool.failure()
         if failure:
+            pool.reclaim()  # what a worker forwarded goes nowhere now: its runs come back
             raise FeedmuxError(failure)
         ready = [worker for worker in polled if sockets[worker] in events]
         if not ready:
@@ -150,11 +153,10 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, endpoints: End
         for worker in ready:  # one message each: fair to every worker
             frames = sockets[worker].recv_multipart(copy=False)
             if worker in run.behind:
-                _catch_up(run, worker, frames, pool)
+                _catch_up(run, worker, frames, pool, endpoints.pool)
                 continue
-            if len(frames) > 1:  # data: header + tags frame + buffers
-                run.merge.put(worker, frames, len(read_tags(frames)),
-                              sum(len(frame) for frame in frames))
+            if len(frames) > 1:  # data: header + tags frame + buffers (or references)
+                run.merge.put(worker, frames, len(read_tags(frames)), carried_bytes(frames))
                 continue
             message = decode(frames)
             if isinstance(message, Error):  # at once, whoever's turn it is
@@ -169,8 +171,11 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, endpoints: End
     return EXIT_OK
 
 
-def _catch_up(run: _Run, worker: int, frames: Any, pool: WorkerPool) -> None:
+def _catch_up(run: _Run, worker: int, frames: Any, pool: WorkerPool,
+              shm: ShmPool | None) -> None:
     """A message from ``worker`` sent for an earlier run: dropped, up to its marker."""
+    if shm is not None and has_refs(frames):
+        shm.drop(frames)
     if len(frames) == 1:
         message = decode(frames)
         if isinstance(message, EndOfEpoch) and pool.is_marker(message):
@@ -200,11 +205,13 @@ def _send_merged(run: _Run, pool: WorkerPool, endpoints: Endpoints,
                 pool.release(item.epoch + 1)
             continue
         tags = run.number(item)
+        if dealer is not None or run.batches is not None or endpoints.fanout is not None:
+            item = _whole(endpoints.pool, item)  # decoded here, or sent whole to every group
         if dealer is not None:
             if not _deal_forwarded(item, tags, run, endpoints, config.server_id):
                 return EXIT_OK
             continue
-        frames = _free_rows(run, item, tags, config.server_id)
+        frames = _free_rows(run, item, tags, config.server_id, endpoints.pool)
         if frames is not None and run.batches is not None:
             message = decode(frames)
             assert isinstance(message, Data)
@@ -217,7 +224,25 @@ def _send_merged(run: _Run, pool: WorkerPool, endpoints: Endpoints,
     return None
 
 
-def _free_rows(run: _Run, frames: Any, tags: np.ndarray, server_id: str) -> Any:
+def _drop_read_ahead(run: _Run, shm: ShmPool | None) -> None:
+    """Free the runs of the pool that the messages read ahead for a run that ended refer to."""
+    for item in run.merge.drain():
+        if shm is not None and not isinstance(item, EndOfEpoch) and has_refs(item):
+            shm.drop(item)
+
+
+def _whole(shm: ShmPool | None, frames: Any) -> Any:
+    """A worker's message with the arrays its references name copied out of the pool and
+    their runs freed (one copy: as many as a message that came whole), or ``frames``."""
+    if shm is None or not has_refs(frames):
+        return frames
+    whole = shm.copied_out(frames)
+    shm.drop(frames)
+    return whole
+
+
+def _free_rows(run: _Run, frames: Any, tags: np.ndarray, server_id: str,
+               shm: ShmPool | None) -> Any:
     """A worker's message for free trainers (renumbered ``tags``), or None when nothing of
     it goes out: a resumed run drops what comes before its start and what the trainers
     that outlived their server had (decoding and re-encoding only such messages)."""
@@ -229,6 +254,7 @@ def _free_rows(run: _Run, frames: Any, tags: np.ndarray, server_id: str) -> Any:
     if kept is None or kept.all():
         return replace_tags(frames, tags)
     rows = np.flatnonzero(kept).tolist()
+    frames = _whole(shm, frames)
     if not rows:
         return None
     message = decode(frames)

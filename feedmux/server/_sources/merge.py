@@ -218,6 +218,20 @@ class Merge(Generic[T]):
             return item, False
         return item, self._end(worker)
 
+    def drain(self) -> list[T]:
+        """Every item held, in no particular order; the merge holds nothing after.
+
+        >>> merge = Merge(workers=2, block=1)
+        >>> merge.put(1, "b0", samples=1, nbytes=10); merge.drain(), merge.readable()
+        (['b0'], [0, 1])
+        """
+        items = [item for queue in self._queues for item, _, _ in queue]
+        for queue in self._queues:
+            queue.clear()
+        self._held = [0] * self.workers
+        self._arrivals.clear()
+        return items
+
     def _end(self, worker: int) -> bool:
         if self.order is not None:
             return self.order.ended(worker)

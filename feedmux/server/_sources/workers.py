@@ -14,6 +14,12 @@ parent (``PR_SET_PDEATHSIG`` where the kernel offers it, and a parent-pid
 check everywhere they wait), so no exit path leaves one behind; a stopping pool
 kills a worker that has not stopped in time (or at once on a second signal), and
 a worker's second SIGTERM ends it wherever its streamer is stuck.
+
+With the shared-memory pool, the pool is opened before the fork and each worker
+allocates in a region of it (:mod:`feedmux._plumbing.shmruns`): its owned copies
+and ``shared_empty`` arrays are written there, and its messages carry 56-byte
+references instead of the arrays. When a worker dies, the server stops the others
+and takes back their runs that no trainer holds (:meth:`WorkerPool.reclaim`).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any
 
 import zmq
 
+from feedmux._plumbing.shm import ShmPool
 from feedmux._plumbing.sockets import make_socket
 from feedmux.protocol import EndOfEpoch, encode
 from feedmux.sampling.epochs import EpochIterator, shard
@@ -49,7 +56,7 @@ class WorkerPool:
     """N forked sampling processes, their epoch gate and their failure reports."""
 
     def __init__(self, streamer: Any, config: ServerConfig, endpoint: str,
-                 align: int | None = None) -> None:
+                 align: int | None = None, shm: ShmPool | None = None) -> None:
         if config.seed is None:
             raise ValueError("expected the run's seed resolved before the workers start, got None")
         self.config = config
@@ -65,6 +72,10 @@ class WorkerPool:
         #: Each worker's sampling time and skipped streams, readable from this process.
         self.meters = SharedMeters(config.workers).meters
         self.processes: list[multiprocessing.process.BaseProcess] = []
+        #: The shared-memory pool, opened before the fork: each worker gets a region of it.
+        self.shm = shm
+        if shm is not None:
+            shm.split(config.workers)
 
     def start(self) -> None:
         for index, part in enumerate(self.shards):
@@ -72,7 +83,7 @@ class WorkerPool:
                 target=_worker_main,
                 args=(part, self.config, index, self.endpoint_of(index), self.align,
                       (self._released, self._first, self._generation), self._stop, os.getpid(),
-                      self.meters[index]),
+                      self.meters[index], self.shm),
                 name=f"feedmux-worker-{index}",
                 daemon=True,
             )
@@ -110,6 +121,19 @@ class WorkerPool:
         """``worker.<index>.alive``: 1 while that worker process runs, else 0."""
         return {f"worker.{index}.alive": int(process.exitcode is None)
                 for index, process in enumerate(self.processes)}
+
+    def dead(self) -> list[int]:
+        """The indices of the workers that are not running."""
+        return [index for index, process in enumerate(self.processes)
+                if process.exitcode is not None]
+
+    def reclaim(self) -> None:
+        """Stop every worker and take back the runs of the pool they had not handed to a
+        trainer (the server fails, or a worker died): only the trainers' views stay."""
+        self.stop()
+        if self.shm is not None:
+            for index in range(len(self.processes)):
+                self.shm.adopt(index)
 
     def failure(self) -> str:
         """A description of the first worker that exited on its own, or ''."""
@@ -182,8 +206,10 @@ def _worker_main(
     stop_event: Any,
     parent_pid: int,
     meter: SamplerMeter,
+    shm: ShmPool | None,
 ) -> None:
     _die_with_parent()
+
     released, first, generation = gate
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us
     terminated: list[bool] = []
@@ -192,6 +218,8 @@ def _worker_main(
     def stopping() -> bool:
         return bool(terminated) or stop_event.is_set() or os.getppid() != parent_pid
 
+    if shm is not None:  # mapped by the fork: this worker allocates in its own region
+        shm.enter_worker(index, stopping)
     context: zmq.Context[Any] = zmq.Context()
     push = make_socket(context, zmq.PUSH, hwm=config.hwm, heartbeats=False)
     push.connect(endpoint)
@@ -202,15 +230,26 @@ def _worker_main(
         return bool(generation.value != run[0])
 
     def send(frames: Frames, n_samples: int = 0, epoch: int = 0) -> bool:
-        while not rewound():
-            try:
-                push.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-                return True
-            except zmq.Again:
-                if stopping():
-                    return False
-                push.poll(100, zmq.POLLOUT)
-        return False
+        # Large arrays go as references to this worker's runs of the pool, if it can.
+        placed = None if shm is None else shm.forward(frames)
+        wire = frames if placed is None else placed
+        sent = False
+        try:
+            while not (sent or rewound()):
+                try:
+                    push.send_multipart(wire, flags=zmq.NOBLOCK, copy=False)
+                    sent = True
+                except zmq.Again:
+                    if stopping():
+                        break
+                    push.poll(100, zmq.POLLOUT)
+        finally:
+            if placed is not None and shm is not None:
+                if sent:
+                    placed.delivered()  # the server's to send on or free
+                else:
+                    shm.cancel(placed)
+        return sent
 
     def wait_for_release(epoch: int) -> bool:
         while released.value < epoch or rewound():

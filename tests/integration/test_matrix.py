@@ -1,0 +1,151 @@
+"""Every combination of delivery modes, end to end, with a trainer SIGKILLed and restarted.
+
+{free, ranked} x {plain, reliable} x {no group, groups} x {sockets, shared memory}
+x {--workers 1, 2}: real server and trainer processes, 2 epochs, one trainer
+killed mid-epoch 1 and started again. Each cell checks what its mode promises
+(docs/server.md, docs/ddp.md, docs/groups.md): reliable free trainers hand out
+every sample exactly once across the kill; a restarted rank continues right after
+its predecessor; plain free trainers lose at most what was queued for the dead
+one (``2 x hwm`` messages) and repeat nothing; with groups, each group on its own,
+and the group without the kill gets everything exactly once. A combination the
+server refuses today asserts today's refusal (``REFUSED_TODAY``) and one where
+shared memory is off today asserts that (``NO_SHM_TODAY``): both fail, to be
+updated, the day the combination works. Run by ``make test-matrix`` and
+``.ci/run``, not by ``make test``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import Endpoints
+from tests.integration.kill_restart import (
+    CELLS,
+    DIE_AFTER,
+    EPOCH,
+    EPOCHS,
+    HWM,
+    SAMPLER,
+    SAMPLES_PER_MESSAGE,
+    Cell,
+    Outcome,
+    Record,
+    Trainers,
+    kill_and_restart,
+    refusal_of,
+)
+
+pytestmark = [pytest.mark.matrix, pytest.mark.timeout(300)]
+
+#: Combinations refused today, with the start of the refusal each one gets (first match).
+REFUSED_TODAY: list[tuple[Callable[[Cell], bool], str]] = [
+    (lambda cell: cell.groups and cell.reliable,
+     "expected reliable=False with group_buffer (consumer groups use plain delivery)"),
+    (lambda cell: cell.ranked and cell.reliable,
+     "expected reliable=False with rank= (ranked delivery is plain), got reliable=True"),
+]
+
+#: Where the pool is off today although the server has one (docs/server.md, "Limits").
+NO_SHM_TODAY: Callable[[Cell], bool] = lambda cell: cell.reliable or cell.groups  # noqa: E731
+
+#: What a dead plain free trainer may take with it: its queue and the server's queue for
+#: it (``hwm`` messages each), what the kernel's buffer of an ipc connection holds (about
+#: 200 KiB: one message here) and the rest of the message it was handing out. Over tcp
+#: the kernel's buffers hold megabytes more (docs/server.md): the cells run over ipc.
+PLAIN_LOSS_BOUND = (2 * HWM + 2) * SAMPLES_PER_MESSAGE
+
+EVERY_SAMPLE = Counter((epoch, sample_id) for epoch in range(1, EPOCHS + 1)
+                       for sample_id in range(EPOCH))
+
+
+def today_refused(cell: Cell) -> str | None:
+    return next((message for applies, message in REFUSED_TODAY if applies(cell)), None)
+
+
+@pytest.mark.parametrize("cell", CELLS, ids=[cell.name for cell in CELLS])
+def test_a_killed_and_restarted_trainer_keeps_the_modes_promise(
+    cell: Cell, serve: Callable[..., Any], spawn: Callable[..., Any], tmp_path: Path
+) -> None:
+    refused = today_refused(cell)
+    if refused is not None:
+        stderr = refusal_of(cell, spawn, tmp_path)
+        assert refused in stderr, (
+            f"{cell.name} is refused today with {refused!r}; if it now works, move it out of "
+            f"REFUSED_TODAY. What it said:\n{stderr}")
+        return
+    outcome = kill_and_restart(cell, serve, tmp_path)
+    records = outcome.records
+    assert len(records["doomed"]) == DIE_AFTER
+    assert records["restarted"], "the restarted trainer got nothing"
+    if cell.ranked:
+        check_ranks(records["survivor"], records["doomed"] + records["restarted"], world_size=2)
+    else:
+        killed_group = records["survivor"] + records["doomed"] + records["restarted"]
+        check_free(killed_group, exactly_once=cell.reliable)
+    if cell.groups:
+        undisturbed = records["undisturbed"]
+        if cell.ranked:
+            check_ranks(undisturbed, world_size=1)
+        else:
+            check_free(undisturbed, exactly_once=True)
+    check_carrier(cell, outcome)
+
+
+def check_free(records: Record, exactly_once: bool) -> None:
+    """Free trainers: every sample once, or (plain) none twice and at most the bound lost."""
+    handed = Counter((row[0], row[1]) for row in records)
+    repeated = sorted(key for key, count in handed.items() if count > 1)
+    assert not repeated, f"samples handed out twice: {repeated[:10]}"
+    assert not handed.keys() - EVERY_SAMPLE.keys(), "samples outside the stream"
+    lost = sorted(EVERY_SAMPLE.keys() - handed.keys())
+    if exactly_once:
+        assert not lost, f"{len(lost)} sample(s) lost: {lost[:10]}"
+    else:
+        assert len(lost) <= PLAIN_LOSS_BOUND, (
+            f"{len(lost)} sample(s) lost, more than the queues hold ({PLAIN_LOSS_BOUND})")
+
+
+def check_ranks(*ranks: Record, world_size: int) -> None:
+    """Each rank takes exactly its positions in order; each epoch has every sample once."""
+    for rank, record in enumerate(ranks):
+        positions = [(row[0], row[2]) for row in record]
+        assert positions == [(epoch, position) for epoch in range(1, EPOCHS + 1)
+                             for position in range(rank, EPOCH, world_size)], (
+            f"rank {rank} took positions out of order, twice or not at all")
+    handed = Counter((row[0], row[1]) for record in ranks for row in record)
+    assert handed == EVERY_SAMPLE, "an epoch does not hold every sample exactly once"
+
+
+def check_carrier(cell: Cell, outcome: Outcome) -> None:
+    """Same-host trainers get views of the pool where it is on, and none where it is off."""
+    if not cell.shm:
+        assert outcome.views == 0, "views of a pool with --no-shm"
+    elif NO_SHM_TODAY(cell):
+        assert outcome.views == 0, (
+            f"{cell.name}: shared memory is off today with reliable or groups; views came, "
+            "so it works now: update NO_SHM_TODAY")
+    else:
+        assert outcome.views > 0, f"{cell.name}: no sample came as a view of the pool"
+
+
+def test_groups_on_a_server_without_group_buffer_are_refused_today(
+    spawn: Callable[..., Any], tmp_path: Path
+) -> None:
+    # Consumer groups should work on any server (the flag only sizing the buffer):
+    # today a loader with group= on a server without --group-buffer is refused.
+    server = spawn("serve", SAMPLER, *Endpoints.any_port().args(), "--epochs", "1")
+    server.endpoints()
+    trainers = Trainers(server, tmp_path)
+    try:
+        trainers.start("refused", "--group", "eval")
+        stderr = trainers.stderr("refused")
+    finally:
+        trainers.kill_remaining()
+    assert "this server has no consumer groups: expected a RemoteLoader without group=" in (
+        stderr), f"groups without --group-buffer are refused today; if they work now, " \
+                 f"update this test. What the trainer said:\n{stderr}"

@@ -1,0 +1,59 @@
+"""The combination table beside ServerConfig: each rule, its engine, where it applies."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from feedmux.errors import ConfigurationError
+from feedmux.server.config import ASKS, OFF, REFUSED, ServerConfig, disabled, refusal
+
+
+def test_every_rule_names_asks_the_table_knows_and_gives_a_reason() -> None:
+    for first, second in [*REFUSED, *OFF]:
+        assert first in ASKS and second in ASKS and first != second
+    for reason in [*REFUSED.values(), *OFF.values()]:
+        assert len(reason) > 40 and not reason.endswith(".")  # a reason, in the message
+
+
+@pytest.mark.parametrize(("first", "second"), list(REFUSED))
+def test_each_refused_pair_is_refused_with_its_reason_in_either_order(
+        first: str, second: str) -> None:
+    for asked in ({first, second}, {second, first, "shm"}):
+        message = refusal(asked)
+        assert message is not None
+        assert message.startswith(f"expected {ASKS[first]} or {ASKS[second]}, got both: ")
+        assert message.endswith(REFUSED[(first, second)])
+
+
+def test_what_no_rule_refuses_combines() -> None:
+    refused = {frozenset(pair) for pair in REFUSED}
+    for first in ASKS:
+        for second in ASKS:
+            if frozenset((first, second)) not in refused:
+                assert refusal({first, second}) is None, (first, second)
+    assert refusal(set()) is None and refusal(set(ASKS)) is not None
+
+
+def test_a_switched_off_ask_says_why_only_alongside_its_pair() -> None:
+    assert disabled({"groups", "shm"}, "shm") == OFF[("groups", "shm")]
+    assert disabled({"reliable", "shm"}, "shm") is None  # the ledger keeps its own frames
+    assert disabled({"shm"}, "shm") is None
+    assert disabled({"groups"}, "shm") is None  # nothing asked for shm: nothing is off
+    assert disabled({"groups", "shm"}, "groups") is None  # the first one stays on
+
+
+def test_the_config_applies_the_table_to_its_options() -> None:
+    assert ServerConfig(source="m:a", reliable=True, shm=True).asks == {"reliable", "shm"}
+    assert ServerConfig(source="m:a", group_buffer="8MiB", shm=False).asks == {"group_buffer"}
+    with pytest.raises(ConfigurationError, match=re.escape(REFUSED[("reliable",
+                                                                    "group_buffer")])):
+        ServerConfig(source="m:a", reliable=True, group_buffer=8)
+
+
+def test_the_groups_buffer_has_a_memory_bound_by_default() -> None:
+    assert ServerConfig(source="m:a").group_limits == (0, 64 << 20)
+    assert ServerConfig(source="m:a", group_buffer=16).group_limits == (16, 0)
+    assert ServerConfig(source="m:a", group_buffer="1MiB").group_limits == (0, 1 << 20)
+    assert not ServerConfig(source="m:a").grouped  # groups open with the first that asks
