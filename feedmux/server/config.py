@@ -86,7 +86,7 @@ def refusal(asked: Collection[str]) -> str | None:
 
     Examples
     --------
-    >>> refusal({"reliable", "group"})[:67]
+    >>> refusal({"reliable", "group"})[:68]
     'expected reliable delivery (--reliable) or a consumer group (group=)'
     >>> refusal({"group", "rank"}) is None
     True
