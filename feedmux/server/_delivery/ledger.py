@@ -77,11 +77,18 @@ class Entry:
 
     target: bytes  # the data-socket identity it went to
     frames: list[Any]
-    tags: np.ndarray = field(repr=False)
+    #: Its tags, read from the frames when first needed (not on the hot path of a send).
+    known_tags: np.ndarray | None = field(default=None, repr=False)
     seq: int = 0
     nbytes: int = 0
     #: The last (epoch, position) of it its trainer said it handed out, if any.
     handed: tuple[int, int] | None = None
+
+    @property
+    def tags(self) -> np.ndarray:
+        if self.known_tags is None:
+            self.known_tags = read_tags(self.frames)
+        return self.known_tags
 
     @property
     def last(self) -> tuple[int, int]:
@@ -148,8 +155,7 @@ class Ledger:
         self.next_seq = max(self.next_seq, seq + 1)
         if self.recovery is Recovery.NONE:
             return seq
-        entry = Entry(target, frames, read_tags(frames) if tags is None else tags, seq,
-                      _size(frames))
+        entry = Entry(target, frames, tags, seq, _size(frames))
         self._lanes.setdefault(lane, {})[seq] = entry
         self.nbytes += entry.nbytes
         return seq
@@ -159,7 +165,7 @@ class Ledger:
         ``seq``; None: in its old place)."""
         self.resent_messages += 1
         return self.record(lane, target, entry.frames, entry.seq if seq is None else seq,
-                           entry.tags)
+                           entry.known_tags)
 
     # -- what the trainers say --------------------------------------------------------------
     def acknowledge(self, lane: Hashable, seqs: Iterable[int]) -> None:

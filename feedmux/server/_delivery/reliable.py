@@ -57,7 +57,6 @@ from feedmux.protocol import (
     decode,
     encode,
     pack_envelope,
-    read_tags,
 )
 from feedmux.server._control.meters import ControlMeter
 from feedmux.server._delivery.carrier import Carrier
@@ -253,7 +252,7 @@ class ReliableDispatch:
         if self.carrier is not None:
             wire, placed = self.carrier.place(frames, kept=True)
             frames = list(wire)
-        pending = Entry(b"", frames, read_tags(frames))
+        pending = Entry(b"", frames)
 
         def attempt() -> Wait | None:
             self._turn()
@@ -311,7 +310,7 @@ class ReliableDispatch:
                 if again:
                     self.ledger.resent(identity, entry, identity, seq)
                 else:
-                    self.ledger.record(identity, identity, entry.frames, seq, entry.tags)
+                    self.ledger.record(identity, identity, entry.frames, seq)
                 if self.carrier is not None and wire is not None:
                     self.carrier.delivered(identity, wire, placed)
                 return True
