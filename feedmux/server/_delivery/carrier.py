@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from feedmux._plumbing.shm import Placement, ShmPool
-from feedmux.server._control.core import ControlCore, shm_trainers
+from feedmux.server._control.core import ControlCore
 from feedmux.server._delivery.pool import pooled, settled, through_pool
 
 __all__ = ["Carrier"]
@@ -48,11 +48,12 @@ class Carrier:
         memory)."""
         if self.pool is None:
             return frames, None
-        trainers = shm_trainers(self.core)
-        every = not kept and len(trainers) == len(self.core.trainers)
-        return pooled(self.pool, trainers, frames,
-                      lambda timeout: bool(self.serve_control(timeout)), _Flag(self.halted),
-                      every)
+        wire, placed = pooled(self.pool, self.core, frames,
+                              lambda timeout: bool(self.serve_control(timeout)),
+                              _Flag(self.halted))
+        if kept and placed is not None and placed.refs_only:
+            wire = self.pool.copied_out(wire)  # the ledger's bytes; the trainers get references
+        return wire, placed
 
     def wire(self, target: bytes, frames: Sequence[Any],
              placed: Placement | None) -> Sequence[Any] | None:
