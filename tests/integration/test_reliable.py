@@ -199,8 +199,8 @@ def test_shared_memory_with_reliable_delivery_loses_nothing_when_a_trainer_is_ki
     processes = [
         subprocess.Popen([*common, str(tmp_path / "doomed"), "--reliable", "--die-after", "90",
                           "--step-ms", "2"], env=env, cwd=ROOT),
-        subprocess.Popen([*common, str(tmp_path / "survivor"), "--reliable", "--step-ms", "1"],
-                         env=env, cwd=ROOT)]
+        subprocess.Popen([*common, str(tmp_path / "survivor"), "--reliable", "--step-ms", "1",
+                          "--views-out", str(tmp_path / "survivor.views")], env=env, cwd=ROOT)]
     try:
         assert processes[0].wait(timeout=60) == -9
         stats = feedmux.fetch_stats(server.control, timeout=10)
@@ -210,6 +210,7 @@ def test_shared_memory_with_reliable_delivery_loses_nothing_when_a_trainer_is_ki
     finally:
         kill_remaining(processes)
     doomed, survivor = read_record(tmp_path / "doomed"), read_record(tmp_path / "survivor")
+    assert int((tmp_path / "survivor.views").read_text()) > 0, "no sample came as a view"
     assert len(doomed) == 90
     for epoch in (1, 2):
         got = Counter(i for e, i in doomed + survivor if e == epoch)

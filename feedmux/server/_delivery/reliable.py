@@ -301,8 +301,11 @@ class ReliableDispatch:
         skip: set[bytes] = set()
         while (identity := self.credits.pick(skip)) is not None:
             wire: Sequence[Any] | None = entry.frames
+            # The pool knows a trainer by its client id (a reliable data socket's identity
+            # is libzmq's own).
+            trainer = self.credits.peers[identity].client_id.encode()
             if self.carrier is not None:
-                wire = self.carrier.wire(identity, entry.frames, placed)
+                wire = self.carrier.wire(trainer, entry.frames, placed)
             seq = self.ledger.next_seq
             sent = FULL if wire is None else self.outbox.send(
                 identity, [pack_envelope(seq), *wire])
@@ -312,7 +315,7 @@ class ReliableDispatch:
                 else:
                     self.ledger.record(identity, identity, entry.frames, seq)
                 if self.carrier is not None and wire is not None:
-                    self.carrier.delivered(identity, wire, placed)
+                    self.carrier.delivered(trainer, wire, placed)
                 return True
             if sent is GONE:
                 self._lose(identity)  # it left the credits
