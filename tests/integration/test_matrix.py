@@ -46,12 +46,10 @@ pytestmark = [pytest.mark.matrix, pytest.mark.timeout(300)]
 REFUSED_TODAY: list[tuple[Callable[[Cell], bool], str]] = [
     (lambda cell: cell.groups and cell.reliable,
      "expected reliable=False with group_buffer (consumer groups use plain delivery)"),
-    (lambda cell: cell.ranked and cell.reliable,
-     "expected reliable=False with rank= (ranked delivery is plain), got reliable=True"),
 ]
 
 #: Where the pool is off today although the server has one (docs/server.md, "Limits").
-NO_SHM_TODAY: Callable[[Cell], bool] = lambda cell: cell.reliable or cell.groups  # noqa: E731
+NO_SHM_TODAY: Callable[[Cell], bool] = lambda cell: cell.groups  # noqa: E731
 
 #: What a dead plain free trainer may take with it: its queue and the server's queue for
 #: it (``hwm`` messages each), what the kernel's buffer of an ipc connection holds (about
@@ -127,7 +125,7 @@ def check_carrier(cell: Cell, outcome: Outcome) -> None:
         assert outcome.views == 0, "views of a pool with --no-shm"
     elif NO_SHM_TODAY(cell):
         assert outcome.views == 0, (
-            f"{cell.name}: shared memory is off today with reliable or groups; views came, "
+            f"{cell.name}: shared memory is off today with groups; views came, "
             "so it works now: update NO_SHM_TODAY")
     else:
         assert outcome.views > 0, f"{cell.name}: no sample came as a view of the pool"
