@@ -73,8 +73,6 @@ class Cell:
                 "--workers", str(self.workers), "--min-trainers", str(self.trainers_at_start)]
         if self.reliable:
             args.append("--reliable")
-        if self.groups:
-            args += ["--group-buffer", "16"]
         if not self.shm:
             args.append("--no-shm")
         if not (self.ranked or self.reliable):
@@ -165,6 +163,7 @@ class Outcome:
 
     records: dict[str, Record]
     views: int
+    server_log: str
 
 
 def kill_and_restart(cell: Cell, serve: Callable[..., Spawned], folder: Path) -> Outcome:
@@ -192,7 +191,8 @@ def kill_and_restart(cell: Cell, serve: Callable[..., Spawned], folder: Path) ->
     finally:
         trainers.kill_remaining()
     return Outcome({name: trainers.record(name) for name in names},
-                   sum(trainers.views(name) for name in names if name != "doomed"))
+                   sum(trainers.views(name) for name in names if name != "doomed"),
+                   server.stderr)
 
 
 def refusal_of(cell: Cell, spawn: Callable[..., Any], folder: Path) -> str:
