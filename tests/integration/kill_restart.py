@@ -75,9 +75,11 @@ class Cell:
             args.append("--reliable")
         if not self.shm:
             args.append("--no-shm")
-        if not (self.ranked or self.reliable):
+        if not (self.ranked or self.reliable or self.groups):
             # What the dead trainer lost is never confirmed: the server ends the stream
-            # after this, instead of the 30 s default, once the others are done.
+            # after this, instead of the 30 s default, once the others are done. Not with
+            # groups: their buffer lets the sampler finish early, and the same timeout
+            # bounds how long the buffered rest waits for the restarted trainer.
             args += ["--drain-timeout", str(PLAIN_DRAIN_TIMEOUT)]
         return args
 
