@@ -8,6 +8,8 @@ Run from the repository root (``make bench`` runs it after the suite)::
 Three configurations, interleaved and repeated, small samples (the suite's
 ``small`` generator, transport-batched), one trainer process per job:
 
+- ``1 plain``: a server and one trainer without a group (no buffer: what a
+  server with no group trainer does, the same as before groups existed);
 - ``1 group``: a server with ``group_buffer`` and one trainer;
 - ``4 groups``: the same server and four trainers, each in its own group
   (each receives the whole stream);
@@ -39,7 +41,7 @@ from benchmarks.scenarios import SMALL, feedmux_source
 from feedmux import RemoteLoader, Server
 
 _FORK = multiprocessing.get_context("fork")
-CONFIGURATIONS = ("1 group", "4 groups", "4 servers")
+CONFIGURATIONS = ("1 plain", "1 group", "4 groups", "4 servers")
 TIMEOUT = 60.0
 
 
@@ -67,7 +69,7 @@ def _trainer(data: str, control: str, group: str | None, warmup: float, seconds:
 
 
 def _servers(configuration: str) -> list[Server]:
-    grouped = configuration != "4 servers"
+    grouped = configuration in ("1 group", "4 groups")
     count = 4 if configuration == "4 servers" else 1
     # The stream has no epochs: every group must be there from the start (or join "now").
     options: dict[str, Any] = {"group_buffer": "64MiB",
@@ -81,14 +83,14 @@ def _servers(configuration: str) -> list[Server]:
 def measure(configuration: str, warmup: float, seconds: float) -> dict[str, float]:
     """One run of ``configuration``: rate per job and server CPU per delivered sample."""
     servers = _servers(configuration)
-    jobs = 1 if configuration == "1 group" else 4
+    jobs = 1 if configuration.startswith("1 ") else 4
     barrier = _FORK.Barrier(jobs + 1)
     results = _FORK.Queue()
     trainers = []
     try:
         for job in range(jobs):
             server = servers[job % len(servers)]
-            group = f"g{job}" if configuration != "4 servers" else None
+            group = f"g{job}" if "group" in configuration else None
             process = _FORK.Process(target=_trainer, daemon=True, args=(
                 server.data_address, server.control_address, group, warmup, seconds, barrier,
                 results))
@@ -132,7 +134,7 @@ def run(repeats: int, warmup: float, seconds: float) -> dict[str, dict[str, floa
 
 
 def report(medians: dict[str, dict[str, float]]) -> str:
-    one, four, separate = (medians[name] for name in CONFIGURATIONS)
+    plain, one, four, separate = (medians[name] for name in CONFIGURATIONS)
     rate_ratio = four["rate_per_job"] / one["rate_per_job"]
     cpu_ratio = four["server_cpu_us_per_sample"] / separate["server_cpu_us_per_sample"]
     lines = ["| configuration | samples/s per job | server CPU µs per delivered sample "
@@ -141,6 +143,9 @@ def report(medians: dict[str, dict[str, float]]) -> str:
               f"{medians[name]['server_cpu_us_per_sample']:.2f} | "
               f"{medians[name]['trainer_cpu_us_per_sample']:.2f} |" for name in CONFIGURATIONS]
     lines.append("")
+    lines.append(f"1 group / 1 plain, rate per job: "
+                 f"{one['rate_per_job'] / plain['rate_per_job']:.0%} (what the buffer costs "
+                 f"one job; a server nobody asks for a group keeps none)")
     lines.append(f"4 groups / 1 group, rate per job: {rate_ratio:.0%} (target >= 80%): "
                  f"{'met' if rate_ratio >= 0.8 else 'missed'}")
     lines.append(f"4 groups / 4 servers, rate per job: "

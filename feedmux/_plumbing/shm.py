@@ -222,6 +222,8 @@ class Placement(list):  # type: ignore[type-arg]
         #: Whether its socket form still holds a worker's references (no trainer that
         #: does not map the pool may take it).
         self.refs_only = False
+        #: Whether a trainer maps the pool now (it may have attached since the placement).
+        self.maps: Callable[[bytes], bool] | None = None
 
     def delivered(self) -> None:
         """Sent as references: its runs are the trainer's to release, not ours to cancel."""

@@ -49,6 +49,7 @@ from feedmux._plumbing.sockets import (
     send_message,
 )
 from feedmux.client._data import take_all
+from feedmux.client._handout import HandOut
 from feedmux.client._moves import reconnect
 from feedmux.client._resume import position_runs
 from feedmux.protocol import Ack, take_rows
@@ -300,20 +301,20 @@ class _Handshakes:
             self._settle(link)
 
 
-def progress_of(loader: Any) -> Progress:
-    """A :data:`Progress` reading ``loader`` through a weak reference (the thread must not
-    keep the loader alive); raises ReferenceError once the loader is gone."""
-    ref = weakref.ref(loader)
+def progress_of(out: HandOut) -> Progress:
+    """A :data:`Progress` reading a loader's :class:`HandOut` through a weak reference (the
+    thread must not keep the loader alive); raises ReferenceError once it is gone."""
+    ref = weakref.ref(out)
 
     def progress() -> tuple[int, str, Any, int, int] | None:
         target = ref()
         if target is None:
             raise ReferenceError("the loader is gone")
-        current = target._current  # the message first ...
+        current = target.current  # the message first ...
         if current is None:
             return None
         link, server_id, tags, seq = current
-        return link, server_id, tags, seq, target._index  # ... then how far: a torn read
+        return link, server_id, tags, seq, target.index  # ... then how far: a torn read
         # under-reports
 
     return progress

@@ -97,6 +97,10 @@ class DataSockets:
         if reliable and credits:  # reliable mode: the servers send as much as this grants
             self.grant_credit(credits)
 
+    def views_held(self) -> tuple[int, int, int]:
+        """The shared-memory views this trainer holds: (views, bytes, pool bytes)."""
+        return (0, 0, 0) if self.views is None else self.views.held()
+
     def attach(self, link: int, control: Any, path: str) -> None:
         """Server ``link`` offers its pool at ``path``: map it and prove it by its token.
 

@@ -15,6 +15,7 @@ the user's choice).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -22,7 +23,7 @@ import uuid
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import zmq
 
@@ -40,6 +41,7 @@ from feedmux.client._batches import BatchMeta, batch_step, unpacked
 from feedmux.client._data import DataSockets, send_or_drop
 from feedmux.client._diagnosis import InputDiagnosis
 from feedmux.client._endpoints import check_endpoint, endpoints, fetch_stats
+from feedmux.client._handout import HandOut, SampleMeta
 from feedmux.client._link import Action, Attach, Send, ServerLinks, check_membership
 from feedmux.client._moves import AddressBook, Resolve
 from feedmux.client._origin import Origin, not_a_map, register_with_torch
@@ -67,15 +69,6 @@ log = logging.getLogger("feedmux.client")
 WELCOME_WAIT = 5.0
 #: A data message larger than this is refused by ZeroMQ before it reaches Python.
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
-
-
-class SampleMeta(NamedTuple):
-    """Where a sample came from: the server's epoch (1-based), its position in that
-    epoch (0-based) and the id of the server process that sent it."""
-
-    epoch: int
-    position: int
-    server_id: str
 
 
 class RemoteLoader:
@@ -215,12 +208,8 @@ class RemoteLoader:
         #: Samples per handed-out batch (None: single samples).
         self.batch_size = batch_size
         check_membership(world_size=world_size, rank=rank, group=group, reliable=reliable)
-        self.rank = rank
-        self.group = group
-        self.addresses = addresses
-        self.timeout = timeout
-        self.hwm = hwm
-        self.world_size = world_size
+        self.rank, self.group, self.world_size = rank, group, world_size
+        self.addresses, self.timeout, self.hwm = addresses, timeout, hwm
         self.with_meta = with_meta
         self.max_message_bytes = max_message_bytes
         self.reliable = reliable
@@ -242,23 +231,16 @@ class RemoteLoader:
                                  tune_malloc=False)
         self._control: list[Any] = []  # one DEALER per server
         self._poller: zmq.Poller | None = None
-        self._closed = False
-        self._asked = False
-        self._announced = False  # said hello as a trainer (in this process)
-        # The current data message: its samples, tags and the next index to hand out.
-        self._samples: Sequence[Any] = ()
-        self._tags: Any = None
-        self._server_id = ""
-        self._index = self._count = 0
-        self._last: SampleMeta | None = None
+        # Closed; asked for the epoch size; said hello as a trainer (in this process).
+        self._closed = self._asked = self._announced = False
+        #: The current data message and the next sample of it to hand out.
+        self._out = HandOut()
         self._finalizer: weakref.finalize[Any, Any] | None = None
-        # Ranked or reliable: (link number, server id, tags, sequence number) of the current
-        # message, for the acknowledging thread.
-        self._current: tuple[int, str, Any, int] | None = None
         self._acks: HandOutAcks | None = None
         self._seen = SeenPositions() if reliable else None
         self._book = None if resolve is None else AddressBook(resolve)
-        self._positions, self._handed = _trackers(self)
+        self._positions, self._handed = _trackers(self._links, self._out, rank, world_size,
+                                                  reliable)
         self._audit = open_audit(audit_log, audit_key, self, self._links)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -272,18 +254,19 @@ class RemoteLoader:
         return self
 
     def __next__(self) -> Any:
-        index = self._index
-        while index >= self._count:
+        out = self._out
+        index = out.index
+        while index >= out.count:
             self._receive()
-            index = self._index
+            index = out.index
         if self.batch_size is not None:  # a step: the message's next batch_size rows, stacked
-            self._index = stop = min(index + self.batch_size, self._count)
-            return batch_step(self._samples, self._tags, index, stop, self._server_id,
+            out.index = stop = min(index + self.batch_size, out.count)
+            return batch_step(out.samples, out.tags, index, stop, out.server_id,
                               self.with_meta)
-        self._index = index + 1
+        out.index = index + 1
         if self.with_meta:
-            return self.last_meta, self._samples[index]
-        return self._samples[index]
+            return out.last_meta, out.samples[index]
+        return out.samples[index]
 
     def iter_epoch(self) -> Iterator[Any]:
         """Yield this trainer's samples of one server epoch, like one pass of a DataLoader.
@@ -292,9 +275,17 @@ class RemoteLoader:
         sample of a later epoch (which stays for the next call) or at the end of
         the stream. It needs no epoch size, so it works from the first epoch on.
         """
-        epoch = _upcoming(self, wait=True)
-        while epoch is not None and _upcoming(self, wait=True) == epoch:
+        epoch = self._upcoming()
+        while epoch is not None and self._upcoming() == epoch:
             yield next(self)
+
+    def _upcoming(self) -> int | None:
+        """The epoch of the next sample, received first; None at the end of the stream."""
+        with contextlib.suppress(StopIteration):  # (None at the end of the stream)
+            while (epoch := self._out.upcoming_epoch()) is None:
+                self._receive()
+            return epoch
+        return None
 
     def __len__(self) -> int:
         """Samples (steps) per epoch for this trainer; TypeError while the size is unknown.
@@ -311,10 +302,7 @@ class RemoteLoader:
     @property
     def last_meta(self) -> SampleMeta | None:
         """Epoch, position and server of the sample most recently yielded."""
-        if self._index == 0 or self._tags is None:
-            return self._last
-        row = self._tags[self._index - 1]
-        return SampleMeta(int(row[0]), int(row[1]), self._server_id)
+        return self._out.last_meta
 
     @property
     def last_epoch(self) -> int | None:
@@ -359,10 +347,10 @@ class RemoteLoader:
         it from that step on (docs/resume.md). A free trainer's state records
         where it was, and whether that was between epochs (``"between_epochs"``).
         """
-        between = None if self._positions else _between_epochs(self)
+        between = None if self._positions else self._out.between_epochs(self._links.finished)
         return _state_of(self.addresses, self.server_ids, self.last_meta,
-                         dict(self._links.received), self._positions, self._audit, self._index,
-                         between)
+                         dict(self._links.received), self._positions, self._audit,
+                         self._out.index, between)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved (the last sample seen, and a ranked job's
@@ -374,7 +362,16 @@ class RemoteLoader:
         cannot be resumed there, and restoring one warns
         (:class:`~feedmux.errors.ResumeWarning`, docs/resume.md).
         """
-        _restore(self, state)
+        last = _restored_meta(state)
+        if last is not None:
+            if self._positions is None and not state.get("between_epochs"):
+                warnings.warn(_mid_epoch_warning(last), ResumeWarning, stacklevel=2)
+            self._out.restore_last(last)
+        if self._positions is not None and state.get("resume") is not None:
+            if self._announced:
+                raise StreamValueError(_RESTORED_LATE)
+            self._positions.restore(state["resume"])
+        self._audit.resumed(state)
         self._origin.loaded = state  # a forked copy restores it again when it starts over
 
     # -- sockets --------------------------------------------------------------------------
@@ -403,6 +400,7 @@ class RemoteLoader:
         self._data = DataSockets(data_sockets, reliable=self.reliable, client_id=self.client_id,
                                  addresses=self.addresses, tune_malloc=self._tune_malloc,
                                  ack_batch=self.hwm // 2, shm=self.shm, credits=self.hwm)
+        self._links.views_held = self._data.views_held  # said to a trainer waiting for data
         controls = [link.control_address for link in self._links.links]
         if self._security is not None:  # a refused key is otherwise a silent timeout
             self._handshakes = HandshakeWatch(self._control, controls)
@@ -420,7 +418,7 @@ class RemoteLoader:
             # servers every few ms, from a thread (nothing per sample on the hot path).
             self._acks = HandOutAcks(controls, client_id=self.client_id,
                                      rank=-1 if self.rank is None else self.rank,
-                                     progress=self._audit.guard(progress_of(self)),
+                                     progress=self._audit.guard(progress_of(self._out)),
                                      security=self._security, finished=self._data.finished)
             weakref.finalize(self, self._acks.stop)
 
@@ -435,15 +433,11 @@ class RemoteLoader:
                 if self.reliable:
                     self._data.forget_ack(action.link)  # its sequence number means nothing now
                     self._data.grant_credit(self.hwm, action.link)
-                if (self._current is not None and self._current[0] == action.link
-                        and self._current[1] in self._links.links[action.link].stale):
-                    # The restarted server resumes where this trainer stands: the rest of
-                    # the old process's message will come again.
-                    self._count = self._index
+                self._out.cut_at_handed(action.link, self._links.links[action.link].stale)
 
     def _receive(self) -> None:
         """Block until the next data message is current (or raise / end the iteration)."""
-        self._audit.upto(self._index)  # before the servers hear of it (acknowledgements)
+        self._audit.upto(self._out.index)  # before the servers hear of it (acknowledgements)
         self._connect()
         assert self._poller is not None
         links = self._links
@@ -490,15 +484,10 @@ class RemoteLoader:
         if self._seen is not None:  # dealt to this trainer twice (a re-send crossed its ack)?
             samples, tags = self._seen.once(server_id, tags, samples, self.batch_size is not None)
             count = len(tags)
-        if self._index:  # what was handed out last stays known (last_meta) across the switch
-            row = self._tags[self._index - 1]
-            self._last = SampleMeta(int(row[0]), int(row[1]), self._server_id)
-        # The index first, then the message: the acks thread reads them the other way round.
-        self._index = self._count = 0
-        self._samples, self._tags, self._server_id = samples, tags, server_id
+        current = None
         if self._acks is not None:  # (a server's first message waits until its marks can go)
-            self._current = self._acks.current(self._data.link, server_id, tags, self._data.seq)
-        self._count = count
+            current = self._acks.current(self._data.link, server_id, tags, self._data.seq)
+        self._out.replace(samples, tags, server_id, count, current)
         self._audit.begin(self._data.link, server_id, tags, samples)
         return True
 
@@ -515,7 +504,7 @@ class RemoteLoader:
         self._closed = True
         if self._acks is not None:
             self._acks.stop()  # its last acknowledgement goes out before the sockets close
-        self._audit.close(self._index, ended=self._links.finished)
+        self._audit.close(self._out.index, ended=self._links.finished)
         if self._finalizer is not None:
             self._finalizer()
         self._context = None
@@ -553,56 +542,21 @@ def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | No
     return audit.checkpoint(state, handed)
 
 
-def _between_epochs(loader: RemoteLoader) -> bool:
-    """Whether nothing of the epoch of the last sample handed out is left for this
-    trainer: nothing handed out yet, the next sample known to be of a later epoch (as
-    when ``iter_epoch()`` ended), or the end of the stream."""
-    last, upcoming = loader.last_epoch, _upcoming(loader, wait=False)
-    return last is None or upcoming not in (None, last) or (
-        upcoming is None and loader._links.finished)
-
-
-def _upcoming(loader: RemoteLoader, *, wait: bool) -> int | None:
-    """The epoch of the next sample, received first if ``wait``; None at the end of the
-    stream (or, without ``wait``, when no sample is here yet)."""
-    while loader._index >= loader._count:
-        try:
-            if not wait:
-                return None
-            loader._receive()
-        except StopIteration:
-            return None
-    return int(loader._tags[loader._index, 0])
-
-
-def _progress(loader: RemoteLoader) -> tuple[int, Any, int] | None:
-    """(link, tags, handed-out count) of the loader's current message, or None."""
-    current = loader._current
-    return None if current is None else (current[0], current[2], loader._index)
-
-
-def _trackers(loader: RemoteLoader) -> tuple[RankPositions | None, HandedRanges | None]:
+def _trackers(links: ServerLinks, out: HandOut, rank: int | None, world_size: int,
+              reliable: bool) -> tuple[RankPositions | None, HandedRanges | None]:
     """What a loader tells a server that must resume: a rank's position with each server
-    (also saved by state_dict), or a free reliable trainer's latest hand-outs (and, to
-    any waiting trainer, the shared-memory views it holds)."""
-    links, count = loader._links, len(loader.addresses)
-    links.views_held = lambda: _views_held(loader)
-    if loader.rank is not None:
-        positions = RankPositions(count, rank=loader.rank, world_size=loader.world_size,
-                                  current=lambda: _progress(loader))
+    (also saved by state_dict), or a free reliable trainer's latest hand-outs."""
+    count = len(links.links)
+    if rank is not None:
+        positions = RankPositions(count, rank=rank, world_size=world_size,
+                                  current=out.progress)
         links.position = positions.announce
         return positions, None
-    if loader.reliable:
-        handed = HandedRanges(count, current=lambda: _progress(loader))
+    if reliable:
+        handed = HandedRanges(count, current=out.progress)
         links.handed = handed.announce
         return None, handed
     return None, None
-
-
-def _views_held(loader: RemoteLoader) -> tuple[int, int, int]:
-    """The shared-memory views the loader's trainer holds: (views, bytes, pool bytes)."""
-    views = loader._data.views
-    return (0, 0, 0) if views is None else views.held()
 
 
 def _await_welcome(loader: RemoteLoader, seconds: float) -> None:
@@ -617,32 +571,18 @@ def _await_welcome(loader: RemoteLoader, seconds: float) -> None:
                 loader._serve_control(index)
 
 
-def _restore(loader: RemoteLoader, state: dict[str, Any]) -> None:
-    """RemoteLoader.load_state_dict's body: the last sample seen, a rank's positions."""
-    last = _restored_meta(state)
-    if last is not None and loader._positions is None and not state.get("between_epochs"):
-        warnings.warn(
-            f"restoring a free trainer's state saved in the middle of epoch {last.epoch} "
+_RESTORED_LATE = ("expected load_state_dict before the loader's first sample (it tells "
+                  "the servers where to resume), got it on a loader already iterating")
+
+
+def _mid_epoch_warning(last: SampleMeta) -> str:
+    return (f"restoring a free trainer's state saved in the middle of epoch {last.epoch} "
             f"(last position {last.position}): free trainers (no rank=) are dealt samples "
             "as they go, so they resume at epoch granularity. This loader takes the live "
             "stream where the server is; what was in flight to the saved trainer is not "
             "dealt again. For an exact resume mid-epoch give every trainer rank= and "
             "world_size=; otherwise save the state at an epoch boundary (when iter_epoch() "
-            "ends). See docs/resume.md",
-            ResumeWarning, stacklevel=3,
-        )
-    if last is not None:
-        loader._last = last
-        if loader._index == 0:
-            loader._tags = None
-    if loader._positions is not None and state.get("resume") is not None:
-        if loader._announced:
-            raise StreamValueError(
-                "expected load_state_dict before the loader's first sample (it tells the "
-                "servers where to resume), got it on a loader already iterating"
-            )
-        loader._positions.restore(state["resume"])
-    loader._audit.resumed(state)
+            "ends). See docs/resume.md")
 
 
 def _restored_meta(state: dict[str, Any]) -> SampleMeta | None:

@@ -34,7 +34,7 @@ from feedmux._plumbing.sockets import (
 )
 from feedmux.errors import ProtocolError
 from feedmux.protocol import CONTROL_LIMITS, Ack, Error, decode, read_tags
-from feedmux.server._control.core import ControlCore, Phase, Sends, Stat, shm_trainers
+from feedmux.server._control.core import ControlCore, Phase, Sends, Stat
 from feedmux.server._control.meters import ControlMeter, SamplerMeter, sampler_stats
 from feedmux.server._control.metrics import MetricsEndpoint
 from feedmux.server._delivery.fanout import GroupFanout
@@ -172,9 +172,8 @@ class Endpoints:
             else:
                 placed = None
                 if self.pool is not None:  # trainers on this host: the pool
-                    trainers = shm_trainers(core)
-                    frames, placed = pooled(self.pool, trainers, frames, self.serve_control,
-                                            self.stopping, len(trainers) == len(core.trainers))
+                    frames, placed = pooled(self.pool, core, frames, self.serve_control,
+                                            self.stopping)
                 try:
                     sent = self._push(frames, rank, placed)
                 finally:  # unless delivered (went by socket, or nowhere): its runs back

@@ -257,7 +257,7 @@ def test_a_group_joining_a_plain_server_mid_run_leaves_the_plain_trainer_whole(
 
     def early_in_epoch_2() -> bool:
         stats = fetch_stats(server.control, timeout=5)
-        return stats.get("epoch") == 2 and int(stats.get("epoch_position") or 0) < 200
+        return stats.get("epoch") == 2 and int(stats.get("epoch_position") or 0) < 300
 
     wait_until(early_in_epoch_2, timeout=30, what="the plain trainer early in epoch 2")
     assert "groups" not in fetch_stats(server.control, timeout=5)  # no group yet: no buffer
@@ -268,9 +268,10 @@ def test_a_group_joining_a_plain_server_mid_run_leaves_the_plain_trainer_whole(
     # The plain trainer (now the group default) lost nothing and got nothing twice across
     # the opening of the groups; the late group started at the next epoch boundary.
     assert per_epoch(trainers.seen("plain")) == {e: whole for e in (1, 2, 3, 4)}
+    # It started at a boundary after the one it asked in (under load it may ask later).
     late = trainers.seen("late")
-    assert late and late[0][0] == 3, f"the late group started in epoch {late[0][0]}"
-    assert per_epoch(late) == {3: whole, 4: whole}
+    assert late and late[0][0] >= 3, f"the late group started in epoch {late[0][0]}"
+    assert per_epoch(late) == {e: whole for e in range(late[0][0], 5)}
 
 
 def test_a_ranked_group_missing_a_rank_for_the_rank_timeout_is_given_up(
@@ -293,9 +294,11 @@ def test_a_ranked_group_missing_a_rank_for_the_rank_timeout_is_given_up(
 
 def test_a_ranked_group_resuming_from_a_checkpoint_is_refused_naming_the_shared_stream(
         serve: Callable[..., Spawned], trainers: Trainers) -> None:
-    server = serve(SAMPLER, "--epochs", "3", "--samples-per-message", "4", "--min-trainers", "1",
-                   "--join", "now")
-    trainers.start(server, "eval", "--group", "eval", "--step-ms", "3")
+    # A sampler paced at 10 ms a sample (6 s in all), so that the stream is still being
+    # sampled when the job's loaders come, whatever the load.
+    server = serve(SAMPLER, "--arg", "delay=0.01", "--epochs", "3", "--samples-per-message",
+                   "4", "--min-trainers", "1", "--join", "now")
+    trainers.start(server, "eval", "--group", "eval")
     wait_until(lambda: fetch_stats(server.control, timeout=5)["connected_trainers"] == 1,
                timeout=30, what="the group eval's trainer")  # it opens the groups
     with RemoteLoader(server.data, control=server.control, timeout=20, group="ddp", rank=0,
@@ -315,3 +318,27 @@ def test_a_ranked_group_resuming_from_a_checkpoint_is_refused_naming_the_shared_
     assert trainers.wait("eval") == 0
     assert per_epoch(trainers.seen("eval")) == {1: WHOLE_EPOCH, 2: WHOLE_EPOCH, 3: WHOLE_EPOCH}
     assert server.wait(timeout=30) == 0
+
+
+def test_a_group_on_a_server_dealing_a_ranked_job_is_refused_with_the_reason(
+        serve: Callable[..., Spawned], trainers: Trainers) -> None:
+    server = serve(SAMPLER, "--arg", "delay=0.01", "--epochs", "1", "--min-trainers", "1")
+    trainers.start(server, "r0", "--rank", "0", "--world-size", "1")
+    wait_until(lambda: fetch_stats(server.control, timeout=5).get("world_size") == 1,
+               timeout=30, what="the ranked job")
+    with RemoteLoader(server.data, control=server.control, timeout=20, group="eval") as loader:
+        with pytest.raises(RemoteError, match="deals to a ranked job outside any group, and "
+                                              "deals its ranks as the sampler draws"):
+            next(loader)
+    assert trainers.wait("r0") == 0  # the job goes on undisturbed
+    assert sorted(i for _, i, _ in trainers.ranked("r0")) == list(range(EPOCH))
+    assert server.wait(timeout=30) == 0
+
+
+def test_a_group_on_a_reliable_server_is_refused_with_the_reason(
+        serve: Callable[..., Spawned]) -> None:
+    server = serve(SAMPLER, "--reliable", "--epochs", "1")
+    with RemoteLoader(server.data, control=server.control, timeout=20, group="eval",
+                      reliable=True) as loader:
+        with pytest.raises(RemoteError, match="consumer groups use plain delivery"):
+            next(loader)

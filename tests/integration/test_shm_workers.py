@@ -14,7 +14,6 @@ import signal
 import pytest
 
 from feedmux import RemoteLoader, Server, fetch_stats
-from feedmux.client.remote import _views_held
 from feedmux.errors import RemoteError
 from tests.integration.conftest import child_pids
 from tests.integration.test_shm import in_pool
@@ -72,7 +71,7 @@ def test_a_sigkilled_worker_fails_the_run_and_its_runs_come_back() -> None:
             # what is in use is what this trainer's live views hold (the 3 kept here and
             # those the loader decoded ahead), to the byte.
             stats = fetch_stats(server.control_address)
-            views, view_bytes, _ = _views_held(loader)
+            views, view_bytes, _ = loader._data.views_held()
             assert views >= 3 and stats["shm_bytes_in_use"] == view_bytes
             assert all((array == array[0]).all() for array in held)
         server.join(30)

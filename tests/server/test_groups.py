@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from feedmux.errors import ConfigurationError
 from feedmux.protocol import Error, Hello, Welcome
-from feedmux.server._control.core import ControlCore, Send, Sends
+from feedmux.server._control.core import ControlCore, Phase, Send, Sends
 from feedmux.server._control.ranks import RankTables
 from feedmux.server._control.resume import CHECKPOINT
 from feedmux.server._delivery.fanout import GroupFanout, _RankedGroup
@@ -320,3 +320,14 @@ def test_a_ranked_group_is_overdue_only_after_the_rank_timeout_without_a_rank() 
     assert not group.overdue([], now=11.5, timeout=1.0)  # the rank came: the clock stops
     assert not group.overdue([0], now=12.0, timeout=1.0)
     assert group.overdue([0], now=13.1, timeout=1.0)
+
+
+def test_a_ranked_group_s_checkpoint_restarts_no_job_of_the_server() -> None:
+    core = _core()
+    core.receive(b"p", Hello("plain"), now=1.0)  # sampling for a plain trainer
+    message = _refusal(core.receive(
+        b"r", Hello("r", rank=0, world_size=2, group="ddp", resume=(2, 4, 2, CHECKPOINT)),
+        now=1.0))
+    assert "consumer groups share one sampled stream" in message
+    # The server goes on as it was: no restart of its run, its trainer still served.
+    assert not core.restarting and core.phase is Phase.SAMPLING and b"p" in core.trainers

@@ -614,9 +614,10 @@ def _shm_attached(core: ControlCore, identity: bytes, message: ShmAttach) -> Non
 def _restarts_job(core: ControlCore, message: Hello) -> bool:
     """Whether ``message`` is a rank of a job restarted from a checkpoint while this
     server samples for the previous run (not a member of the current one saying
-    hello again)."""
+    hello again, nor a consumer group's rank: that hello is refused)."""
     return (check_announcement(message.resume) is None and bool(message.resume)
             and message.resume[3] == CHECKPOINT and message.rank >= 0
+            and message.group in ("", DEFAULT_GROUP)
             and not core.tables.grouped and core.phase in (Phase.SAMPLING, Phase.DRAINING)
             and message.client_id not in {c for _, c in core.ranks.holders.values()})
 

@@ -19,8 +19,9 @@ A fan-out may start mid-run (the first trainer asking for a group on a server
 that had none): the free trainers served until then are the group ``default``
 and go on with the next message. Membership comes from the control core's trainer
 registry (each trainer's hello names its group and rank); this module must
-never decide anything about trainers or the end of the stream, and never keeps frames
-beyond what the buffer holds and a few dealt shares per rank.
+never decide anything about trainers (but that a given-up group's are gone, which
+the core then forgets) or the end of the stream, and never keeps frames beyond
+what the buffer holds and a few dealt shares per rank.
 """
 
 from __future__ import annotations

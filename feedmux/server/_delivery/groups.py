@@ -18,7 +18,7 @@ count of messages bounds nothing when samples are large (256 messages of 16
 MiB samples are 4 GiB), while 64 MiB holds thousands of small messages (slack
 for the groups' jitter) and still a few large ones; a message larger than the
 whole buffer goes through alone. It holds only what some group has yet to
-receive, so a server with one group keeps next to nothing in it.
+receive: up to the limit whenever a group is slower than the sampler.
 """
 
 from __future__ import annotations

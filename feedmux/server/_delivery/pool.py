@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from feedmux._plumbing.shm import Placement, ShmPool, activate, has_refs
+from feedmux.server._control.core import ControlCore, shm_trainers
 from feedmux.server.config import ServerConfig, disabled
 
 __all__ = ["close_pool", "open_pool", "place_or_wait", "pooled", "settled", "through_pool"]
@@ -73,12 +74,12 @@ def close_pool(pool: ShmPool | None) -> None:
         pool.close()
 
 
-def pooled(pool: ShmPool, trainers: set[bytes], frames: Sequence[Any],
-           serve_control: Callable[[float], bool], stopping: StopFlag,
-           every_trainer_maps: bool = False) -> tuple[Sequence[Any], Placement | None]:
-    """What goes on a socket, and ``frames`` placed in the pool for the ``trainers`` that
-    map it (waiting while it is full) or None: no such trainer, nothing large, or the
-    server stops.
+def pooled(pool: ShmPool, core: ControlCore, frames: Sequence[Any],
+           serve_control: Callable[[float], bool],
+           stopping: StopFlag) -> tuple[Sequence[Any], Placement | None]:
+    """What goes on a socket, and ``frames`` placed in the pool for the trainers that map
+    it (waiting while it is full) or None: no such trainer, nothing large, or the server
+    stops.
 
     The message may still go to a trainer that does not map the pool (whichever
     free trainer has room takes it): the sender gives the placement back then
@@ -86,11 +87,13 @@ def pooled(pool: ShmPool, trainers: set[bytes], frames: Sequence[Any],
     makes a drawn array the server's own (in the server or a worker) write it
     there directly. A message a sampling worker forwarded as references is
     copied out for the socket only when a trainer that does not map the pool may
-    take it (:func:`through_pool` keeps it from the others otherwise), and freed
+    take it (:func:`through_pool` keeps it from the others otherwise, and gives it
+    to a trainer that mapped the pool while it waited), and freed
     at once when it goes to none that does. A rank's message is placed in place
     too: the retention keeps its frames for a successor, and the pool does not
     reuse a run whose memory the server still holds (a pinned run).
     """
+    trainers = shm_trainers(core)
     pool.wanted = bool(trainers)
     placed = None
     if trainers and len(frames) > 2:
@@ -104,8 +107,9 @@ def pooled(pool: ShmPool, trainers: set[bytes], frames: Sequence[Any],
         pool.drop(frames)
         return whole, None
     placed.trainers = frozenset(trainers)
-    if every_trainer_maps:
+    if len(trainers) == len(core.trainers):
         placed.refs_only = True
+        placed.maps = lambda identity: identity in shm_trainers(core)
         return frames, placed
     return pool.copied_out(frames), placed
 
@@ -132,7 +136,11 @@ def through_pool(pool: ShmPool | None, placed: Placement | None, target: bytes,
     if pool is None or placed is None:
         return False
     if target not in placed.trainers:
-        return None if placed.refs_only else False
+        if not placed.refs_only:
+            return False
+        if placed.maps is None or not placed.maps(target):
+            return None
+        placed.trainers |= {target}  # it mapped the pool while the message waited
     return None if pool.in_transit(target) >= cap else True
 
 
