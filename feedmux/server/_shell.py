@@ -227,8 +227,6 @@ class Endpoints:
             else:
                 self.serve_control(timeout=0.001)
             waited = True
-            if placed is not None:  # a trainer that mapped the pool meanwhile may take it too
-                placed.trainers = placed.trainers | shm_trainers(core)
         return False  # the job restarted from a checkpoint
 
     def _replayed(self, frames: Sequence[Any]) -> None:
