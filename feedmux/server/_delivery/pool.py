@@ -56,7 +56,10 @@ class StopFlag(Protocol):
 
 def open_pool(config: ServerConfig) -> ShmPool | None:
     """The pool this server offers, or None (disabled, reliable mode, or no room)."""
-    if not config.shm or disabled(config.asks, "shm") is not None:
+    if not config.shm:
+        return None
+    if (off := disabled(config.asks, "shm")) is not None:
+        log.info("no shared-memory pool: %s", off)  # the table's OFF rules are logged once
         return None
     pool = ShmPool.create(config.shm_size)
     if pool is not None:
