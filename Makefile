@@ -34,11 +34,11 @@ $(VENV)/.bench: $(VENV)/.test
 demo: $(VENV)/.base
 	$(VENV)/bin/feedmux demo
 
-## test: install the test dependencies, then lint, type-check and run the whole suite
+## test: install the test dependencies, then lint, type-check and run the whole suite (3 processes: most tests wait on sockets, not on the CPU)
 test: $(VENV)/.test
 	$(VENV)/bin/ruff check feedmux tests benchmarks examples
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q tests feedmux
+	$(PY) -m pytest -q -n 3 tests feedmux
 
 ## test-matrix: every combination of delivery modes end to end, one trainer SIGKILLed and restarted in each (marker matrix; not in make test)
 test-matrix: $(VENV)/.test

@@ -73,13 +73,13 @@ class Cell:
                 "--workers", str(self.workers), "--min-trainers", str(self.trainers_at_start)]
         if self.reliable:
             args.append("--reliable")
-        if self.groups:
-            args += ["--group-buffer", "16"]
         if not self.shm:
             args.append("--no-shm")
-        if not (self.ranked or self.reliable):
+        if not (self.ranked or self.reliable or self.groups):
             # What the dead trainer lost is never confirmed: the server ends the stream
-            # after this, instead of the 30 s default, once the others are done.
+            # after this, instead of the 30 s default, once the others are done. Not with
+            # groups: their buffer lets the sampler finish early, and the same timeout
+            # bounds how long the buffered rest waits for the restarted trainer.
             args += ["--drain-timeout", str(PLAIN_DRAIN_TIMEOUT)]
         return args
 
@@ -165,6 +165,7 @@ class Outcome:
 
     records: dict[str, Record]
     views: int
+    server_log: str
 
 
 def kill_and_restart(cell: Cell, serve: Callable[..., Spawned], folder: Path) -> Outcome:
@@ -192,7 +193,8 @@ def kill_and_restart(cell: Cell, serve: Callable[..., Spawned], folder: Path) ->
     finally:
         trainers.kill_remaining()
     return Outcome({name: trainers.record(name) for name in names},
-                   sum(trainers.views(name) for name in names if name != "doomed"))
+                   sum(trainers.views(name) for name in names if name != "doomed"),
+                   server.stderr)
 
 
 def refusal_of(cell: Cell, spawn: Callable[..., Any], folder: Path) -> str:

@@ -7,9 +7,10 @@ killed mid-epoch 1 and started again. Each cell checks what its mode promises
 every sample exactly once across the kill; a restarted rank continues right after
 its predecessor; plain free trainers lose at most what was queued for the dead
 one (``2 x hwm`` messages) and repeat nothing; with groups, each group on its own,
-and the group without the kill gets everything exactly once. A combination the
-server refuses today asserts today's refusal (``REFUSED_TODAY``) and one where
-shared memory is off today asserts that (``NO_SHM_TODAY``): both fail, to be
+and the group without the kill gets everything exactly once (groups on a server
+started with no group flag). A combination the server refuses today asserts
+today's refusal (``REFUSED_TODAY``) and one where shared memory is off today
+asserts that, and the reason the server logs (``NO_SHM_TODAY``): both fail, to be
 updated, the day the combination works. Run by ``make test-matrix`` and
 ``.ci/run``, not by ``make test``.
 """
@@ -23,35 +24,34 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Endpoints
 from tests.integration.kill_restart import (
     CELLS,
     DIE_AFTER,
     EPOCH,
     EPOCHS,
     HWM,
-    SAMPLER,
     SAMPLES_PER_MESSAGE,
     Cell,
     Outcome,
     Record,
-    Trainers,
     kill_and_restart,
     refusal_of,
 )
 
 pytestmark = [pytest.mark.matrix, pytest.mark.timeout(300)]
 
-#: Combinations refused today, with the start of the refusal each one gets (first match).
+#: Combinations refused today, with the start of the refusal each one gets (first match):
+#: by the loader itself, or by the server's combination table (feedmux.server.config.REFUSED).
 REFUSED_TODAY: list[tuple[Callable[[Cell], bool], str]] = [
     (lambda cell: cell.groups and cell.reliable,
-     "expected reliable=False with group_buffer (consumer groups use plain delivery)"),
-    (lambda cell: cell.ranked and cell.reliable,
-     "expected reliable=False with rank= (ranked delivery is plain), got reliable=True"),
+     "expected reliable delivery (--reliable) or a consumer group (group=), got both"),
 ]
 
-#: Where the pool is off today although the server has one (docs/server.md, "Limits").
-NO_SHM_TODAY: Callable[[Cell], bool] = lambda cell: cell.reliable or cell.groups  # noqa: E731
+#: Where the pool is off today although the server has one, with the start of the reason
+#: the server logs (feedmux.server.config.OFF).
+NO_SHM_TODAY: list[tuple[Callable[[Cell], bool], str]] = [
+    (lambda cell: cell.groups, "every group is sent the same buffered frames"),
+]
 
 #: What a dead plain free trainer may take with it: its queue and the server's queue for
 #: it (``hwm`` messages each), what the kernel's buffer of an ipc connection holds (about
@@ -123,29 +123,13 @@ def check_ranks(*ranks: Record, world_size: int) -> None:
 
 def check_carrier(cell: Cell, outcome: Outcome) -> None:
     """Same-host trainers get views of the pool where it is on, and none where it is off."""
+    off = next((reason for applies, reason in NO_SHM_TODAY if applies(cell)), None)
     if not cell.shm:
         assert outcome.views == 0, "views of a pool with --no-shm"
-    elif NO_SHM_TODAY(cell):
+    elif off is not None:
         assert outcome.views == 0, (
-            f"{cell.name}: shared memory is off today with reliable or groups; views came, "
-            "so it works now: update NO_SHM_TODAY")
+            f"{cell.name}: shared memory is off today ({off}); views came, so it works "
+            "now: update NO_SHM_TODAY")
+        assert off in outcome.server_log, f"the server did not say why the pool is off: {off}"
     else:
         assert outcome.views > 0, f"{cell.name}: no sample came as a view of the pool"
-
-
-def test_groups_on_a_server_without_group_buffer_are_refused_today(
-    spawn: Callable[..., Any], tmp_path: Path
-) -> None:
-    # Consumer groups should work on any server (the flag only sizing the buffer):
-    # today a loader with group= on a server without --group-buffer is refused.
-    server = spawn("serve", SAMPLER, *Endpoints.any_port().args(), "--epochs", "1")
-    server.endpoints()
-    trainers = Trainers(server, tmp_path)
-    try:
-        trainers.start("refused", "--group", "eval")
-        stderr = trainers.stderr("refused")
-    finally:
-        trainers.kill_remaining()
-    assert "this server has no consumer groups: expected a RemoteLoader without group=" in (
-        stderr), f"groups without --group-buffer are refused today; if they work now, " \
-                 f"update this test. What the trainer said:\n{stderr}"

@@ -20,6 +20,10 @@ import numpy as np
 
 from feedmux.client.remote import RemoteLoader
 
+#: Seconds without data before the loader raises. A group or a job held back by a rank
+#: that restarts gets nothing meanwhile: a loaded machine took over 30 s to restart one.
+LOADER_TIMEOUT = 60
+
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
@@ -53,8 +57,8 @@ def main(argv: list[str]) -> int:
         return 3
     views = SharedViews()
     with open(args.out, "w", buffering=1) as out, RemoteLoader(
-        args.data, control=args.control, timeout=30, reliable=args.reliable, with_meta=True,
-        hwm=4, group=args.group, rank=args.rank, world_size=args.world_size,
+        args.data, control=args.control, timeout=LOADER_TIMEOUT, reliable=args.reliable,
+        with_meta=True, hwm=4, group=args.group, rank=args.rank, world_size=args.world_size,
     ) as loader:
         for count, (meta, sample) in enumerate(loader, start=1):
             position = f" {meta.position}" if args.rank is not None else ""
