@@ -345,9 +345,10 @@ def test_a_rank_s_last_acknowledgement_counts_after_its_trainer_is_gone() -> Non
     core = _core(group_buffer=8)
     core.receive(b"a0", Hello("a0", world_size=2, rank=0, group="g"), now=1.0)
     core.receive(b"h0", Hello("h0", world_size=1, rank=0, group="h"), now=1.0)
-    core.tables.retention_of("g").sent(0, b"a0", list(encode(Data(np.array([[1, 4]]), ["x"]))))
+    core.tables.retention_of("g").record(0, b"a0",
+                                         list(encode(Data(np.array([[1, 4]]), ["x"]))))
     core.peer_gone(b"a0")
     core.receive(b"acks", Ack(client_id="a0", server_id="srv", rank=0, epoch=1, position=4),
                  now=1.5)
-    assert core.tables.retention_of("g")._handed == {0: (1, 4)}
-    assert core.tables.retention_of("h")._handed == {}  # it sent a0 nothing
+    assert core.tables.retention_of("g").mark(0) == (1, 4)
+    assert core.tables.retention_of("h").mark(0) is None  # it sent a0 nothing
