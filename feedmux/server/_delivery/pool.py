@@ -55,7 +55,8 @@ class StopFlag(Protocol):
 
 
 def open_pool(config: ServerConfig) -> ShmPool | None:
-    """The pool this server offers, or None (disabled, reliable mode, or no room)."""
+    """The pool this server offers, or None (disabled, off by the combination table, or no
+    room)."""
     if not config.shm:
         return None
     if (off := disabled(config.asks, "shm")) is not None:
