@@ -94,9 +94,6 @@ def check_membership(*, world_size: int, rank: int | None, group: str | None,
     if rank is not None and not (isinstance(rank, int) and 0 <= rank < world_size):
         raise ConfigurationError(
             f"expected rank an int in [0, {world_size}) for world_size {world_size}, got {rank!r}")
-    if rank is not None and reliable:
-        raise ConfigurationError("expected reliable=False with rank= (ranked delivery is "
-                                 "plain), got reliable=True")
     if group is not None and not (isinstance(group, str) and group):
         raise ConfigurationError(f"expected group a non-empty str or None, got {group!r}")
 

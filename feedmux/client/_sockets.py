@@ -34,7 +34,8 @@ def open_sockets(
     """Connected sockets: the data DEALERs and the control DEALERs, one of each per server.
 
     Plain mode names each data DEALER by the client id: that is how the server
-    addresses this trainer (its hello carries the same id).
+    addresses this trainer (its hello carries the same id); so does a rank in
+    reliable mode (its holder gets the rank's messages).
     """
     if reliable:
         # Credit keeps these queues below their limit, so heartbeats are safe here.
@@ -43,6 +44,9 @@ def open_sockets(
                         security=security)
             for _ in links.links
         ]
+        if links.rank >= 0:
+            for socket in targets:
+                socket.setsockopt(zmq.ROUTING_ID, client_id.encode())
     else:
         targets = []
         for _ in links.links:

@@ -14,14 +14,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import zmq
 
 from feedmux._plumbing.curve import ServerCurve
 from feedmux._plumbing.handshakes import HandshakeLogger
-from feedmux._plumbing.shm import Placement, ShmPool, carried_bytes
+from feedmux._plumbing.shm import ShmPool, carried_bytes
 from feedmux._plumbing.sockets import (
     CONTROL_INBOUND_FRAME_BYTES,
     CONTROL_RCVHWM,
@@ -33,14 +33,16 @@ from feedmux._plumbing.sockets import (
     send_message,
 )
 from feedmux.errors import ProtocolError
-from feedmux.protocol import CONTROL_LIMITS, Ack, Error, decode, read_tags
+from feedmux.protocol import CONTROL_LIMITS, Ack, Error, decode
 from feedmux.server._control.core import ControlCore, Phase, Sends, Stat
 from feedmux.server._control.meters import ControlMeter, SamplerMeter, sampler_stats
 from feedmux.server._control.metrics import MetricsEndpoint
+from feedmux.server._delivery.carrier import Carrier
 from feedmux.server._delivery.fanout import GroupFanout
-from feedmux.server._delivery.pool import close_pool, open_pool, pooled, settled, through_pool
-from feedmux.server._delivery.ranksend import RankSender
-from feedmux.server._delivery.reliable import ReliableDispatch
+from feedmux.server._delivery.outbox import Outbox
+from feedmux.server._delivery.plain import PlainRoute
+from feedmux.server._delivery.pool import close_pool, open_pool
+from feedmux.server._delivery.reliable import NO_ACK, ReliableDispatch
 from feedmux.server._sources.producer import Frames
 from feedmux.server.config import ServerConfig
 
@@ -80,23 +82,26 @@ class Endpoints:
             raise
         #: The sampling processes' meters (the server's own, or its workers').
         self.meters = [SamplerMeter()]
-        #: Seconds the data path waited because no trainer could take a message.
-        self.blocked_seconds = 0.0
         #: More figures for the statistics (the worker pool's liveness, the shm pool's use).
         self.probes: list[Callable[[], dict[str, Stat]]] = []
-        #: Bytes of data messages handed to the data socket (or through the shm pool).
-        self.bytes_sent = 0
         self.core = ControlCore(config, time.monotonic(), os.getpid(), self._extra_stats)
         #: The same-host shared-memory pool free trainers on this host read large arrays from.
         self.pool = shm(config)  # opened before the workers forked, if there are workers
         if self.pool is not None:
             self.core.shm = (self.pool.path, self.pool.token)
             self.probes.append(lambda: dict(self.pool.stats()) if self.pool else {})
-        #: References to the pool on their way to one trainer (not yet received) at most:
-        #: what its socket queues would hold of messages sent whole (--hwm, both ends).
-        self.transit_cap = 2 * config.hwm
-        #: Ranked delivery: each rank's messages to its holder, a successor's hand-over first.
-        self.ranked = RankSender(self.data, self.core.retention, self._replayed)
+        # References to the pool on their way to one trainer (not yet received) at most:
+        # what its socket queues would hold of messages sent whole (--hwm, both ends).
+        carrier = Carrier(self.pool, self.core, 2 * config.hwm, self.serve_control,
+                          self._halted)
+        # Ranks on a reliable server: their messages need no sequence number (the ranks'
+        # hand-out marks release them) and go after the envelope of one that needs none.
+        if self.reliable is None:
+            self.plain = PlainRoute(self.outbox, self.core, carrier, self._plain_halted)
+        else:
+            self.reliable.carrier = carrier
+            self.plain = PlainRoute(self.outbox, self.core, carrier, self._plain_halted, [NO_ACK],
+                                    self.reliable.credits.takes)
         #: Consumer groups: every buffered message goes to each group (None: no groups).
         #: Opened with the server's groups: from the start (--group-buffer), or on the
         #: first trainer that asks for a group (the free trainers so far: group default).
@@ -111,24 +116,19 @@ class Endpoints:
                 raise
 
     def _fanout(self) -> GroupFanout:
-        return GroupFanout(self.config, self.data, self.core,
-                           lambda timeout: self.serve_control(timeout),
-                           lambda: bool(self.stopping), self.deliver)
+        return GroupFanout(self.config, self.outbox, self.core, lambda: bool(self.stopping),
+                           self.deliver)
 
     def _extra_stats(self) -> dict[str, Stat]:
-        blocked, sent_bytes = self.blocked_seconds, self.bytes_sent
-        if self.fanout is not None:
-            blocked += self.fanout.blocked_seconds
-            sent_bytes += self.fanout.bytes_sent
-        stats: dict[str, Stat] = dict(sampler_stats(self.meters, blocked))
-        stats["bytes_sent"] = sent_bytes
+        stats: dict[str, Stat] = dict(sampler_stats(self.meters, self.outbox.blocked_seconds))
+        stats["bytes_sent"] = self.outbox.bytes_sent
         stats.update(self.control_meter.stats())
         # Where it listens: a data endpoint given to `feedmux stats` is recognised by it.
         stats["data_address"], stats["control_address"] = self.data_address, self.control_address
         if self.fanout is not None:
             stats.update(self.fanout.stats())
         if self.reliable is not None:
-            stats.update(self.reliable.ledger.stats())
+            stats.update(self.reliable.credits.stats())
         for probe in self.probes:
             stats.update(probe())
         return stats
@@ -140,17 +140,20 @@ class Endpoints:
             security = ServerCurve(config.curve_secret, config.curve_clients)
             self.authenticator = security.start(self.context)
         self.data = _data_socket(self.context, config, security)
-        self.reliable: ReliableDispatch | None = None
-        if config.reliable:
-            self.reliable = ReliableDispatch(self.data, config.server_id,
-                                             lambda: self.serve_control(timeout=0),
-                                             self.control_meter)
         self.control = make_socket(
             self.context, zmq.ROUTER, hwm=1000, max_message_bytes=CONTROL_INBOUND_FRAME_BYTES,
             security=security,
         )
         self.control.rcvhwm = CONTROL_RCVHWM
         self.control.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        #: Everything sent on the data socket leaves through it.
+        self.outbox = Outbox(self.data, self.control, lambda: self.serve_control(timeout=0))
+        self.reliable: ReliableDispatch | None = None
+        if config.reliable:
+            self.reliable = ReliableDispatch(self.data, self.outbox, config.server_id,
+                                             lambda: self.serve_control(timeout=0),
+                                             self.control_meter)
+            self.outbox.serve_data = self.reliable.serve
         # What the system gave us: a real port where the configuration said 0.
         self.data_address = bind(self.data, config.bind, "data")
         self.control_address = bind(self.control, config.control_address, "control")
@@ -166,20 +169,12 @@ class Endpoints:
         sent = False
         if self.fanout is None:
             nbytes = carried_bytes(frames)
-            if self.reliable is not None:
-                sent = self.reliable.send(list(frames), n_samples, epoch,
-                                         lambda: _wait_for_credit(self))
+            if self.reliable is not None and rank < 0:
+                sent = self.reliable.send(list(frames), n_samples, epoch, self._halted)
             else:
-                placed = None
-                if self.pool is not None:  # trainers on this host: the pool
-                    frames, placed = pooled(self.pool, core, frames, self.serve_control,
-                                            self.stopping)
-                try:
-                    sent = self._push(frames, rank, placed)
-                finally:  # unless delivered (went by socket, or nowhere): its runs back
-                    frames = settled(self.pool, placed, frames, sent)
+                sent, frames = self.plain.send(frames, rank)
             if sent:
-                self.bytes_sent += nbytes
+                self.outbox.bytes_sent += nbytes
                 core.data_sent(n_samples, epoch)
             elif self.fanout is None:
                 return False
@@ -191,71 +186,25 @@ class Endpoints:
         if readable(self.control):
             self.serve_control(timeout=0)
         core.tick(time.monotonic())  # sampling: at most a throughput log line, never a send
-        return not (self.stopping or core.restarting)
+        return not self._halted()
 
-    def _push(self, frames: Frames, rank: int, placed: Placement | None = None) -> bool:
-        """Send to ``rank`` or a free trainer (those ``placed`` is for get the message as
-        placed in the shared-memory pool, the others as it is)."""
-        core = self.core
-        message = [b"", *frames]
-        in_pool = None if placed is None else [b"", *placed]
-        waited = capped = False
-        blocked_since = 0.0
-        while not core.restarting:  # a message of the previous run goes to nobody
-            if self.fanout is not None:
-                return False  # the groups opened meanwhile: the message is theirs
-            if rank >= 0:
-                sent, capped = _send_ranked(self, rank, frames, placed)
-            else:
-                sent, capped = _send_free(self, message, in_pool, placed)
-            if sent:
-                if blocked_since:
-                    self.blocked_seconds += time.perf_counter() - blocked_since
-                return True
-            # Nobody took it: wait (blocked time: no trainer, or this rank's, could take it),
-            # but keep answering the control socket and noticing a stop request. A ROUTER is
-            # writable when any trainer's queue has room, which may not be this rank's: after
-            # the first try, wait on control alone, briefly; so too when a trainer on this host
-            # had room in its queue but too many pool references in transit.
-            if not blocked_since:
-                blocked_since = time.perf_counter()
-            if self.stopping:
-                self.blocked_seconds += time.perf_counter() - blocked_since
-                return False
-            if (rank < 0 and not capped) or not waited:
-                self.serve_control(timeout=0.1, also_writable=True)
-            else:
-                self.serve_control(timeout=0.001)
-            waited = True
-        return False  # the job restarted from a checkpoint
+    def _plain_halted(self) -> bool:
+        """A message waiting for a trainer stops waiting: the server halts, or consumer
+        groups opened meanwhile (the message is theirs, see :meth:`send_data`)."""
+        return self._halted() or self.fanout is not None
 
-    def _replayed(self, frames: Sequence[Any]) -> None:
-        self.bytes_sent += sum(len(frame) for frame in frames)
-        tags = read_tags(frames)
-        self.core.data_sent(len(tags), int(tags[0, 0]))
-
-    def _wait_reliable(self) -> bool:
-        """Wait up to 0.1 s for credit, acknowledgements or control; False when stopping."""
-        poller = zmq.Poller()
-        poller.register(self.data, zmq.POLLIN)
-        poller.register(self.control, zmq.POLLIN)
-        events = dict(poller.poll(100))
-        if self.control in events:
-            self.serve_control(timeout=0)
-        return not self.stopping
+    def _halted(self) -> bool:
+        """Whether sending stops: the server stops, or the job restarted from a checkpoint
+        (a message of the previous run goes to nobody)."""
+        return bool(self.stopping) or self.core.restarting
 
     # -- control ----------------------------------------------------------------------------
-    def serve_control(self, timeout: float, also_writable: bool = False) -> bool:
+    def serve_control(self, timeout: float) -> bool:
         """Answer every control message that arrives within ``timeout`` seconds.
 
         Returns whether there was any.
         """
-        poller = zmq.Poller()
-        poller.register(self.control, zmq.POLLIN)
-        if also_writable:
-            poller.register(self.data, zmq.POLLOUT)
-        events = dict(poller.poll(int(timeout * 1000)))
-        if self.control not in events:
+        if not self.control.poll(int(timeout * 1000)):
             return False
         core = self.core
         cpu_started, received = time.thread_time(), 0
@@ -273,17 +222,13 @@ class Endpoints:
                 continue
             if isinstance(message, Ack) and message.rank < 0:
                 if self.reliable is not None:  # a free trainer's hand-out mark: no answer
-                    self.reliable.ledger.handed(message)
+                    self.reliable.credits.handed(message)
                 continue
             self.deliver(core.receive(identity, message, time.monotonic()))
         self.control_meter.add(received, time.thread_time() - cpu_started)
         if self.fanout is None and core.tables.grouped:
             self.fanout = self._fanout()
-        if self.ranked.retention is not core.retention:
-            # The job restarted from a checkpoint: its previous ranks are owed nothing.
-            self.ranked = RankSender(self.data, core.retention, self._replayed)
-        if core.ranks.ranked and self.reliable is None:
-            self.ranked.replay_taken_over(list(core.ranks.holders), core.rank_target)
+        self.plain.replay_taken_over()
         if self.fanout is not None:
             self.fanout.replay_taken_over()
         return True
@@ -342,7 +287,11 @@ class Endpoints:
             self.fanout.flush(time.monotonic() + self.config.drain_timeout)
         self.deliver(core.finish(time.monotonic()))
         if self.reliable is not None:
-            _finish_reliable(self, core.drain_deadline)
+            # Ranks' messages count too: a dead rank's go to its successor first.
+            self.reliable.finish(core.drain_deadline, lambda: bool(self.stopping),
+                                 core.retention.held)
+            self.reliable.broadcast(core.end_message())
+            self.deliver(core.end_stream(time.monotonic()))
         else:
             self.run_phase(Phase.DRAINING)
             if core.phase is Phase.DRAINING:  # stopped meanwhile: still say it ended
@@ -381,77 +330,6 @@ class Endpoints:
             self.handshakes.stop()
         if self.authenticator is not None:
             self.authenticator.stop()
-
-
-def _send_ranked(endpoints: Endpoints, rank: int, frames: Frames,
-                 placed: Placement | None) -> tuple[bool, bool]:
-    """Send a rank's message to its holder, as placed in the pool or as it is (see
-    :func:`through_pool`). Returns (sent, held back for the transit cap)."""
-    target = endpoints.core.rank_target(rank)
-    if target is None:
-        return False, False
-    via_pool = through_pool(endpoints.pool, placed, target, endpoints.transit_cap)
-    if via_pool is None:
-        return False, True
-    if not endpoints.ranked.send(rank, target, frames, placed if via_pool else None):
-        return False, False
-    if via_pool and endpoints.pool is not None and placed is not None:
-        endpoints.pool.delivered(target, placed)  # its runs are the trainer's to release
-    return True, False
-
-
-def _send_free(endpoints: Endpoints, message: list[Any], in_pool: list[Any] | None,
-               placed: Placement | None) -> tuple[bool, bool]:
-    """Offer a message to each free trainer in turn, as placed in the pool or as it is
-    (see :func:`through_pool`). Returns (sent, a trainer was skipped for the cap)."""
-    capped = False
-    for identity in endpoints.core.free_targets():
-        via_pool = through_pool(endpoints.pool, placed, identity, endpoints.transit_cap)
-        if via_pool is None:
-            capped = True
-            continue
-        parts = in_pool if via_pool and in_pool is not None else message
-        parts[0] = identity
-        try:
-            endpoints.data.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
-        except zmq.ZMQError:
-            # Again: its queue is full (HWM); EHOSTUNREACH: its data connection is not up
-            # yet, or gone (the control heartbeats decide that). Next.
-            continue
-        if via_pool and endpoints.pool is not None and placed is not None:
-            endpoints.pool.delivered(identity, placed)  # its runs are the trainer's to release
-        endpoints.core.questions.sent_to(identity)  # its own end of stream comes from this
-        return True, capped
-    return False, capped
-
-
-def _wait_for_credit(endpoints: Endpoints) -> bool:
-    """Reliable mode's send path waits for credit: that time counts as blocked."""
-    started = time.perf_counter()
-    try:
-        return endpoints._wait_reliable()
-    finally:
-        endpoints.blocked_seconds += time.perf_counter() - started
-
-
-def _finish_reliable(endpoints: Endpoints, deadline: float) -> None:
-    """Reliable mode: the stream ends once every message is acknowledged."""
-    dispatch = endpoints.reliable
-    assert dispatch is not None
-    ledger = dispatch.ledger
-    while not endpoints.stopping and time.monotonic() < deadline:
-        dispatch.serve()
-        dispatch.probe()
-        dispatch.flush_resend()
-        if not ledger.unacknowledged:
-            break
-        endpoints._wait_reliable()
-    else:
-        log.warning("ending the stream with %d message(s) unacknowledged",
-                    ledger.unacknowledged)
-    dispatch.broadcast(endpoints.core.end_message())
-    log.info("%d data message(s) re-sent", ledger.resent_messages)
-    endpoints.deliver(endpoints.core.end_stream(time.monotonic()))
 
 
 def _data_socket(context: zmq.Context[Any], config: ServerConfig,

@@ -62,9 +62,6 @@ _NO_REWIND = ("consumer groups share one sampled stream that has moved on: the m
 REFUSED: dict[tuple[str, str], str] = {
     ("reliable", "group_buffer"): _PLAIN_GROUPS,
     ("reliable", "group"): _PLAIN_GROUPS,
-    ("reliable", "rank"): ("ranked delivery is plain: a rank's messages are kept and "
-                           "replayed to its successor by the rank's own retention, not by "
-                           "the reliable ledger"),
     ("ranked_job", "group"): (
         "this server deals to a ranked job outside any group, and deals its ranks as the "
         "sampler draws, before any buffer, so another group cannot share that stream; "
@@ -79,8 +76,6 @@ REFUSED: dict[tuple[str, str], str] = {
 
 #: Pairs that combine with the second one switched off, each with why (logged once).
 OFF: dict[tuple[str, str], str] = {
-    ("reliable", "shm"): ("the reliable ledger re-deals a message's frames, and a pool "
-                          "reference is one trainer's"),
     ("groups", "shm"): ("every group is sent the same buffered frames, and a pool "
                         "reference is one trainer's"),
 }
@@ -91,8 +86,8 @@ def refusal(asked: Collection[str]) -> str | None:
 
     Examples
     --------
-    >>> refusal({"reliable", "rank"})[:56]
-    'expected reliable delivery (--reliable) or a rank (rank='
+    >>> refusal({"reliable", "group"})[:68]
+    'expected reliable delivery (--reliable) or a consumer group (group=)'
     >>> refusal({"group", "rank"}) is None
     True
     """
@@ -107,8 +102,8 @@ def disabled(asked: Collection[str], what: str) -> str | None:
 
     Examples
     --------
-    >>> disabled({"reliable", "shm"}, "shm")[:31]
-    'the reliable ledger re-deals a '
+    >>> disabled({"groups", "shm"}, "shm")[:31]
+    'every group is sent the same bu'
     >>> disabled({"shm"}, "shm") is None
     True
     """

@@ -8,8 +8,11 @@ shards. It must never decide anything about trainers or the end of the
 stream: the sockets are :mod:`feedmux.server._shell`'s and the decisions
 :mod:`feedmux.server._control.core`'s.
 
-Delivery over PUSH is at-most-once: what is queued for a trainer that dies is
-lost. A finite run (``epochs=N``) ends with a handshake: the server asks the
+The data socket is a ROUTER in every mode (each trainer's data DEALER is named
+by its client id, so the server picks the trainer of every message). Plain
+delivery to free trainers is at-most-once: what is queued for a trainer that
+dies is lost (``--reliable`` re-deals it; a rank's successor gets it).
+A finite run (``epochs=N``) ends with a handshake: the server asks the
 trainers how many data messages they received and sends ``EndOfStream`` once
 every message it sent is accounted for (or nobody's count has moved for a
 while), so a trainer never mistakes a pause for the end and never stops early.
@@ -116,7 +119,7 @@ class Server:
     source : str, streamer or callable
         ``"module:attr"``, a Streamer / mux, or a callable returning one.
     bind : str
-        The data endpoint (PUSH). Default ``tcp://127.0.0.1:5555``: loopback only.
+        The data endpoint (a ROUTER). Default ``tcp://127.0.0.1:5555``: loopback only.
     control : str, optional
         The control endpoint (ROUTER); default: the data port + 1 (port 0 when
         the data port is 0). Once bound, :attr:`data_address` and

@@ -43,8 +43,6 @@ pytestmark = [pytest.mark.matrix, pytest.mark.timeout(300)]
 #: Combinations refused today, with the start of the refusal each one gets (first match):
 #: by the loader itself, or by the server's combination table (feedmux.server.config.REFUSED).
 REFUSED_TODAY: list[tuple[Callable[[Cell], bool], str]] = [
-    (lambda cell: cell.ranked and cell.reliable,
-     "expected reliable=False with rank= (ranked delivery is plain), got reliable=True"),
     (lambda cell: cell.groups and cell.reliable,
      "expected reliable delivery (--reliable) or a consumer group (group=), got both"),
 ]
@@ -52,7 +50,6 @@ REFUSED_TODAY: list[tuple[Callable[[Cell], bool], str]] = [
 #: Where the pool is off today although the server has one, with the start of the reason
 #: the server logs (feedmux.server.config.OFF).
 NO_SHM_TODAY: list[tuple[Callable[[Cell], bool], str]] = [
-    (lambda cell: cell.reliable, "the reliable ledger re-deals a message's frames"),
     (lambda cell: cell.groups, "every group is sent the same buffered frames"),
 ]
 

@@ -32,25 +32,30 @@ def read_ranked(path: Path) -> list[tuple[int, int, int]]:
             for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize(("workers", "width"),
-                         [("1", "4"), ("2", "4"), ("1", "8192"), ("2", "8192")],
-                         ids=["workers1", "workers2", "shm-pool", "shm-pool-workers2"])
+@pytest.mark.parametrize(("workers", "width", "reliable"), [
+    ("1", "4", False), ("2", "4", False), ("1", "8192", False), ("2", "8192", False),
+    ("1", "4", True), ("2", "8192", True)],
+    ids=["workers1", "workers2", "shm-pool", "shm-pool-workers2", "reliable",
+         "reliable-workers2-shm-pool"])
 def test_a_restarted_rank_continues_right_after_its_predecessor(
-    serve: Any, tmp_path: Path, workers: str, width: str
+    serve: Any, tmp_path: Path, workers: str, width: str, reliable: bool
 ) -> None:
     # width 8192: 16 samples of 32 KiB make a 512 KiB array frame, which goes to the
     # ranks (same host) through the shared-memory pool, in place: the server keeps the
     # message's frames for a successor, and their runs stay pinned until it lets go
     # (with 2 workers: written into the pool by them, dealt from a copy out of it).
+    # Reliable: ranked loaders on a --reliable server (they were refused), with the same
+    # guarantees.
+    mode = ["--reliable"] if reliable else []
     server = serve(SAMPLER, "--arg", "streams=2", "--arg", "per_stream=100", "--arg",
                    f"width={width}", "--epochs", str(EPOCHS), "--epoch-size", str(EPOCH),
-                   "--samples-per-message", "16", "--workers", workers)
+                   "--samples-per-message", "16", "--workers", workers, *mode)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
     def trainer(rank: int, name: str, *flags: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [sys.executable, "-m", "tests.integration.trainers", server.data, server.control,
-             str(tmp_path / name), "--rank", str(rank), "--world-size", "2", *flags],
+             str(tmp_path / name), "--rank", str(rank), "--world-size", "2", *mode, *flags],
             env=env, cwd=ROOT)
 
     # Rank 1 dies inside its 3rd message of epoch 1 (16 samples a message), after a step.

@@ -183,3 +183,35 @@ def test_a_trainer_whose_hello_a_killed_server_swallowed_joins_the_restarted_one
         context.term()
         serve(f"{SAMPLER}:numbered", "--reliable", "--min-trainers", "1", endpoints=endpoints)
         assert first.join(timeout=25) is not None  # a sample: the server admitted it
+
+
+def test_shared_memory_with_reliable_delivery_loses_nothing_when_a_trainer_is_killed(
+    serve: Any, tmp_path: Path
+) -> None:
+    # 256 KiB arrays travel as references to the server's shared-memory pool (it was off
+    # with --reliable); the server keeps its own copy of each in its ledger, so what the
+    # killed trainer had not handed out (its pool runs taken back) goes to the other.
+    server = serve(f"{SAMPLER}:numbered", "--arg", "per_stream=60", "--arg", "width=65536",
+                   "--epochs", "2", "--samples-per-message", "4", "--reliable",
+                   "--min-trainers", "2")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    common = [sys.executable, "-m", "tests.integration.trainers", server.data, server.control]
+    processes = [
+        subprocess.Popen([*common, str(tmp_path / "doomed"), "--reliable", "--die-after", "90",
+                          "--step-ms", "2"], env=env, cwd=ROOT),
+        subprocess.Popen([*common, str(tmp_path / "survivor"), "--reliable", "--step-ms", "1",
+                          "--views-out", str(tmp_path / "survivor.views")], env=env, cwd=ROOT)]
+    try:
+        assert processes[0].wait(timeout=60) == -9
+        stats = feedmux.fetch_stats(server.control, timeout=10)
+        assert int(stats["shm_messages"]) > 0, "the large arrays did not go through the pool"
+        assert processes[1].wait(timeout=60) == 0
+        assert server.wait(timeout=30) == 0
+    finally:
+        kill_remaining(processes)
+    doomed, survivor = read_record(tmp_path / "doomed"), read_record(tmp_path / "survivor")
+    assert int((tmp_path / "survivor.views").read_text()) > 0, "no sample came as a view"
+    assert len(doomed) == 90
+    for epoch in (1, 2):
+        got = Counter(i for e, i in doomed + survivor if e == epoch)
+        assert got == Counter(range(240)), f"epoch {epoch}: lost or handed out twice"

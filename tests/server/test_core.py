@@ -248,6 +248,28 @@ def test_a_live_slow_trainer_is_waited_for_until_the_drain_timeout() -> None:
     assert 10.0 < now <= 10.0 + 2 * DRAIN_INTERVAL
 
 
+def test_a_dead_rank_s_unhanded_messages_hold_the_end_for_its_successor() -> None:
+    # Issue: a ranked server ended the stream drain_idle seconds after a rank's trainer
+    # died with messages it never handed out, so its successor (restarted by torchrun a
+    # few seconds later) found the stream over and its rank's share short.
+    core = make_core(drain_idle=1.0, drain_timeout=10.0)
+    core.begin()
+    core.receive(A, Hello("t0", world_size=1, rank=0), now=0.0)
+    core.tick(0.2)
+    core.data_sent(2, epoch=1)
+    core.retention.record(0, b"t0", list(encode(Data(np.array([[1, 0], [1, 1]]), ["x", "y"]))))
+    core.finish(now=0.5)
+    core.peer_gone(A)  # SIGKILLed: nothing of its message handed out
+    for tenth in range(6, 60):
+        core.tick(now=tenth / 10)
+    assert core.phase is Phase.DRAINING
+    # Nobody came within drain_timeout: the stream ends all the same (bounded).
+    while core.phase is Phase.DRAINING and tenth < 200:
+        tenth += 1
+        core.tick(now=tenth / 10)
+    assert core.phase is Phase.LAST_WORD and 10.5 < tenth / 10 <= 11.0  # finish + timeout
+
+
 def test_throughput_is_logged_every_log_every(caplog: pytest.LogCaptureFixture) -> None:
     core = make_core(log_every=1.0)
     with caplog.at_level(logging.INFO, logger="feedmux.server"):
@@ -423,11 +445,12 @@ def test_each_group_has_its_own_ranks_and_world_size() -> None:
     assert core.rank_target(1, "g") is None and not core.ranks.ranked  # no server-wide ranks
     # A rank's acknowledgement (from the loader's own socket) lands in its group's retention
     # (once the rank's data went to that trainer: a mark from anyone else counts for nothing).
-    core.tables.retention_of("g").sent(0, b"a0", list(encode(Data(np.array([[1, 4]]), ["x"]))))
+    core.tables.retention_of("g").record(0, b"a0",
+                                         list(encode(Data(np.array([[1, 4]]), ["x"]))))
     core.receive(b"acks", Ack(client_id="a0", server_id="srv", rank=0, epoch=1, position=4),
                  now=1.5)
-    assert core.tables.retention_of("g")._handed == {0: (1, 4)}
-    assert core.tables.retention_of("h")._handed == {}
+    assert core.tables.retention_of("g").mark(0) == (1, 4)
+    assert core.tables.retention_of("h").mark(0) is None
 
 
 def test_a_group_mixing_ranked_and_free_trainers_is_refused_naming_the_group() -> None:

@@ -252,7 +252,6 @@ def test_a_refused_group_hello_leaves_a_server_without_groups() -> None:
 @pytest.mark.parametrize(("options", "first", "hello", "rule"), [
     ({}, Hello("r0", rank=0, world_size=2), Hello("g", group="eval"), ("ranked_job", "group")),
     ({"reliable": True}, None, Hello("g", group="eval"), ("reliable", "group")),
-    ({"reliable": True}, None, Hello("r", rank=0, world_size=2), ("reliable", "rank")),
     ({}, Hello("b", batch_size=4), Hello("g", group="eval"), ("batches", "group")),
     ({"group_buffer": 8}, None, Hello("b", batch_size=4), ("groups", "batch_size")),
     ({}, None, Hello("g", group="eval", batch_size=4), ("group", "batch_size")),
@@ -271,6 +270,12 @@ def test_each_refused_hello_gets_its_rule_s_reason(
     assert message == refusal(set(rule)) and b"late" not in core.trainers
 
 
+def test_a_rank_on_a_reliable_server_is_welcomed() -> None:
+    [(_, welcome)] = _core(reliable=True).receive(b"r", Hello("r", rank=0, world_size=2),
+                                                  now=1.0)
+    assert isinstance(welcome, Welcome) and welcome.reliable and welcome.world_size == 2
+
+
 def test_a_ranked_group_s_checkpoint_is_refused_naming_the_shared_stream() -> None:
     message = _refusal(_core().receive(
         b"r", Hello("r", rank=0, world_size=2, group="ddp", resume=(2, 4, 2, CHECKPOINT)),
@@ -282,7 +287,7 @@ def test_a_ranked_group_s_checkpoint_is_refused_naming_the_shared_stream() -> No
 def test_a_group_given_up_has_its_trainers_told_and_forgotten() -> None:
     core = _core(group_buffer=8, rank_timeout=1.0)
     sends: list[Send] = []
-    fanout = GroupFanout(core.config, None, core, wait=lambda timeout: None,
+    fanout = GroupFanout(core.config, None, core,  # type: ignore[arg-type]  # sends nothing
                          stopping=lambda: False, deliver=sends.extend)
     now = time.monotonic()  # the fan-out reads the clock: its members are live ones
     core.receive(b"r0", Hello("r0", rank=0, world_size=2, group="ddp"), now=now)

@@ -51,6 +51,7 @@ from feedmux.server._control.resume import (
     check_announcement,
     describe,
 )
+from feedmux.server._control.waiting import POLL_INTERVAL, TrainerWait
 from feedmux.server._delivery.groups import DEFAULT_GROUP
 from feedmux.server._sources.producer import error_message
 from feedmux.server.config import ServerConfig
@@ -82,8 +83,6 @@ DRAIN_INTERVAL = 0.1
 ANSWERING = 2 * HEARTBEAT_INTERVAL
 #: Trainer ids remembered to count reconnects (ids come from peers: the set is bounded).
 MAX_REMEMBERED_TRAINERS = 10_000
-#: How often the shell looks again while waiting for trainers or repeating the last word.
-POLL_INTERVAL = 0.1
 
 Send = tuple[bytes, Message]
 Sends = Sequence[Send]
@@ -225,8 +224,8 @@ class ControlCore:
         self._last_log = started
         self._samples_at_last_log = 0
         self.rate = 0.0  # samples per second over the last log period
-        #: When the waiting trainers were last welcomed (None: not since the wait began).
-        self._welcomed_at: float | None = None
+        #: The wait for trainers before sampling (who is missing, when welcomed).
+        self.wait = TrainerWait()
         self.drain_deadline = 0.0
         self._next_drain = 0.0
         self.questions = Questions(free=not (config.reliable or config.grouped))
@@ -238,8 +237,6 @@ class ControlCore:
         self.ranks = self.tables.server
         #: What each rank was sent beyond what it handed out (for a restarted rank).
         self.retention = self.tables.retention
-        self._waiting_since: float | None = None
-        self._waiting_for: list[int] | None = None
         self._free_turn = 0
         #: Where the ranks agreed to resume, (epoch, position); None: from the start.
         self.start_at: tuple[int, int] | None = None
@@ -472,19 +469,6 @@ class ControlCore:
                 self.phase = Phase.DONE
         return NO_SENDS
 
-    def _ready(self, now: float) -> bool:
-        """Whether the trainers needed to start sampling are connected (logs who is missing)."""
-        if not self.ranks.ranked:
-            return self.connected_trainers(now) >= max(1, self.config.min_trainers)
-        missing = self.ranks.missing()
-        if self._waiting_since is None:
-            self._waiting_since = now
-        if missing != self._waiting_for:
-            self._waiting_for = missing
-            if missing:
-                log.info("waiting for rank(s) %s of %d to connect", missing, self.ranks.world_size)
-        return not missing
-
     def wait_time(self, now: float) -> float:
         """How long the shell may wait for control messages before the next :meth:`tick`."""
         if self.phase is Phase.DRAINING:
@@ -497,7 +481,8 @@ class ControlCore:
             return self.end_stream(now)
         if total != self._last_total:
             self._last_total, self._last_change = total, now
-        idle = now - self._last_change > self.config.drain_idle
+        # Not while a dead rank's rest waits for its successor (drain_timeout bounds that).
+        idle = now - self._last_change > self.config.drain_idle and not _owed_to_a_successor(self)
         stalled = idle and (not self.trainers or (self.departed and self._all_answering(now)))
         if stalled or now > self.drain_deadline:
             return self.end_stream(now, f"{self.departed} trainer(s) went away" if stalled
@@ -561,7 +546,8 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
     # has gone fails (ROUTER_MANDATORY) and forgets it, so one that connected and left
     # does not count.
     config = core.config
-    if core._welcomed_at is not None and core._ready(now):
+    wait = core.wait
+    if wait.ready(core.ranks, core.connected_trainers(now), config.min_trainers, now):
         start, problem = agreed_start(core.ranks.resumes, core.ranks.world_size or 0)
         if not (core.ranks.ranked or core.tables.grouped) and core.config.reliable:
             core.handed = Handed(t.handed for t in core.trainers.values() if t.handed)
@@ -575,20 +561,24 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
             log.info("resuming the job at epoch %d, position %d", *core.start_at)
         core.phase = Phase.SAMPLING
         return NO_SENDS
-    if core.ranks.ranked and now - (core._waiting_since or now) > config.rank_timeout:
+    if core.ranks.ranked and wait.overdue(now, config.rank_timeout):
         missing = core.ranks.missing()
         return core.fail(Error(
             type="feedmux.errors.TransportTimeoutError",
             message=(f"rank(s) {missing} of {core.ranks.world_size} never connected "
                      f"within the rank timeout of {config.rank_timeout:g} s"),
             server_id=config.server_id), now)
-    if core._welcomed_at is not None and now - core._welcomed_at < POLL_INTERVAL:
-        # Every control message that arrives ticks the core: welcoming every trainer at
-        # each would be trainers x messages sends (256 trainers: tens of thousands a
-        # second, their queues full, and the server forgetting them for it).
+    if not wait.welcome_due(now):
         return NO_SENDS
-    core._welcomed_at = now
     return [(identity, core.welcome(trainer.group)) for identity, trainer in core.trainers.items()]
+
+
+def _owed_to_a_successor(core: ControlCore) -> bool:
+    """Whether a rank nobody holds has messages it was sent and never handed out (its
+    successor gets them first: the stream must not end before it came)."""
+    ranks = core.ranks
+    return ranks.ranked and any(ranks.holder(lane) is None for lane in core.retention.lanes()
+                                if isinstance(lane, int))
 
 
 def shm_trainers(core: ControlCore) -> set[bytes]:
@@ -638,7 +628,7 @@ def _restart_job(core: ControlCore, message: Hello) -> list[Send]:
     core.messages_sent = core.departed = core.departed_received = 0
     core.finished, core.restarting = False, True
     core.phase = Phase.WAITING
-    core._welcomed_at, core._waiting_since, core._waiting_for = None, None, None
+    core.wait.reset()
     return sends
 
 

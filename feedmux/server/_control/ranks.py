@@ -19,7 +19,7 @@ from feedmux.protocol import Ack, Hello
 from feedmux.server._control.resume import check_announcement
 from feedmux.server._delivery.batches import BatchRequest
 from feedmux.server._delivery.groups import DEFAULT_GROUP
-from feedmux.server._delivery.retention import RankRetention
+from feedmux.server._delivery.ledger import Ledger, Recovery
 from feedmux.server.config import refusal
 
 __all__ = ["MAX_WORLD_SIZE", "RANK_REFUSED", "RANK_TAKEN", "RankTable", "RankTables"]
@@ -153,17 +153,17 @@ class RankTables:
         self.retention_limit = retention_limit
         self.server = RankTable()
         #: What each rank of the server's own table was sent beyond what it handed out.
-        self.retention = RankRetention(limit=retention_limit)
-        self._groups: dict[str, tuple[RankTable, RankRetention]] = {}
+        self.retention = Ledger(Recovery.REPLAY, limit=retention_limit)
+        self._groups: dict[str, tuple[RankTable, Ledger]] = {}
         self._unknown = RankTable()  # what a group no trainer said hello in looks like
         #: The batch shape the trainers asked for (the first admitted hello fixes it).
         self.batches = BatchRequest()
 
-    def _group(self, group: str) -> tuple[RankTable, RankRetention]:
+    def _group(self, group: str) -> tuple[RankTable, Ledger]:
         entry = self._groups.get(group)
         if entry is None:
             entry = self._groups[group] = (RankTable(f"group {group!r}"),
-                                           RankRetention(limit=self.retention_limit))
+                                           Ledger(Recovery.REPLAY, self.retention_limit))
         return entry
 
     def of(self, group: str) -> RankTable:
@@ -177,7 +177,7 @@ class RankTables:
         entry = self._groups.get(group or DEFAULT_GROUP)
         return self._unknown if entry is None else entry[0]
 
-    def retention_of(self, group: str) -> RankRetention:
+    def retention_of(self, group: str) -> Ledger:
         return self._group(group or DEFAULT_GROUP)[1] if self.grouped else self.retention
 
     def asks(self, hello: Hello) -> set[str]:
@@ -215,7 +215,7 @@ class RankTables:
             self.batches.admit(hello)
             if not self.grouped and table is not self.server:
                 self.open_groups()
-                self._groups[name] = (table, RankRetention(limit=self.retention_limit))
+                self._groups[name] = (table, Ledger(Recovery.REPLAY, self.retention_limit))
         return refused
 
     def open_groups(self) -> None:
@@ -225,7 +225,7 @@ class RankTables:
         assert not self.server.ranked, "a ranked job outside any group is refused groups"
         default = RankTable(f"group {DEFAULT_GROUP!r}")
         default.world_size = self.server.world_size  # 0: its free trainers so far
-        self._groups[DEFAULT_GROUP] = (default, RankRetention(limit=self.retention_limit))
+        self._groups[DEFAULT_GROUP] = (default, Ledger(Recovery.REPLAY, self.retention_limit))
         self.grouped = True
 
     def acknowledged(self, group: str, ack: Ack) -> bytes | None:
@@ -237,8 +237,8 @@ class RankTables:
         """
         if not self.of(group).dealt(ack.rank):
             return None
-        self.retention_of(group).handed(ack.rank, ack.client_id.encode(), ack.epoch,
-                                        ack.position)
+        self.retention_of(group).handed(ack.rank, ack.client_id.encode(),
+                                        (ack.epoch, ack.position))
         holder = self.of(group).holder(ack.rank)
         return holder[0] if holder is not None and holder[1] == ack.client_id else None
 
@@ -250,7 +250,7 @@ class RankTables:
         """
         gone = [identity for identity, _ in self.server.holders.values()]
         self.server = RankTable()
-        self.retention = RankRetention(limit=self.retention_limit)
+        self.retention = Ledger(Recovery.REPLAY, self.retention_limit)
         return gone
 
     def forget(self, group: str) -> None:

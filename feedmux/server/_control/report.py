@@ -19,7 +19,7 @@ from typing import Protocol
 from feedmux.protocol import PROTOCOL_VERSION, STATS_NEXT_PAGE, stats_order
 from feedmux.server._control.ranks import RankTable, RankTables
 from feedmux.server._delivery.batches import BatchRequest
-from feedmux.server._delivery.retention import RankRetention
+from feedmux.server._delivery.ledger import Ledger
 from feedmux.server.config import ServerConfig
 
 __all__ = ["STATS_PAGE_BYTES", "Reporting", "Stat", "core_stats", "progress_line",
@@ -56,7 +56,7 @@ class Reporting(Protocol):
     finished: bool
     extra_stats: Callable[[], dict[str, Stat]] | None
     ranks: RankTable
-    retention: RankRetention
+    retention: Ledger
     tables: RankTables
 
     @property
@@ -106,7 +106,7 @@ def _rank_stats(core: Reporting) -> dict[str, Stat]:
     return {
         "world_size": core.ranks.world_size or 0,
         "rank_messages_kept": core.retention.held(),
-        "rank_messages_resent": core.retention.replayed_messages,
+        "rank_messages_resent": core.retention.resent_messages,
     }
 
 

@@ -2,8 +2,8 @@
 
 :class:`GroupFanout` owns the sends of a server in group mode: it takes each
 encoded message from the sampler into the shared :class:`GroupBuffer`, and
-pumps — every group's next messages go to the group's live members, with
-non-blocking addressed sends on the data ROUTER. In a group of free trainers a
+pumps — every group's next messages go to the group's live members, through
+the :class:`~feedmux.server._delivery.outbox.Outbox`. In a group of free trainers a
 message goes whole to whichever member has room in its queue; in a ranked
 group (its trainers have ``rank``/``world_size``) each message is decoded once
 for the group (a batch stays stacked), dealt among its ranks by the ranked
@@ -33,12 +33,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import zmq
-
 from feedmux.protocol import Data, Error, decode, encode, read_tags
 from feedmux.server._control.core import TRAINER_TIMEOUT, ControlCore, Sends
 from feedmux.server._delivery.dealing import RankDealer, RankShare
 from feedmux.server._delivery.groups import DEFAULT_GROUP, BufferedMessage, GroupBuffer
+from feedmux.server._delivery.outbox import Outbox, Wait
 from feedmux.server._delivery.ranksend import RankSender
 from feedmux.server._sources.producer import Frames
 from feedmux.server.config import ServerConfig, disabled
@@ -117,14 +116,13 @@ class _RankedGroup:
 class GroupFanout:
     """Sends one sampled stream to every consumer group of a server.
 
-    ``wait(timeout)`` serves the control socket for up to ``timeout`` seconds;
+    Its sends and its waits (serving control) go through ``outbox``;
     ``stopping()`` says whether the server is shutting down; ``deliver(sends)``
     sends control messages (a given-up group's errors).
     """
 
-    def __init__(self, config: ServerConfig, data: Any, core: ControlCore,
-                 wait: Callable[[float], object], stopping: Callable[[], bool],
-                 deliver: Callable[[Sends], None]) -> None:
+    def __init__(self, config: ServerConfig, outbox: Outbox, core: ControlCore,
+                 stopping: Callable[[], bool], deliver: Callable[[Sends], None]) -> None:
         self.buffer = GroupBuffer(*config.group_limits, config.join, config.group_timeout)
         # Started mid-run: the stream goes on, and the free trainers served so far with it.
         self.buffer.continue_stream(core.epoch, core.epoch > core.epochs_completed)
@@ -133,9 +131,8 @@ class GroupFanout:
             trainer.group == DEFAULT_GROUP for trainer in core.trainers.values()) else None
         if (off := disabled(config.asks | {"groups"}, "shm")) is not None:
             log.info("consumer groups get their messages over the sockets: %s", off)
-        self.data = data
+        self.outbox = outbox
         self.core = core
-        self.wait = wait
         self.stopping = stopping
         self.deliver = deliver
         self.rank_timeout = config.rank_timeout
@@ -143,10 +140,6 @@ class GroupFanout:
         self.server_id = config.server_id
         self._ranked: dict[str, _RankedGroup] = {}
         self._turns: dict[str, int] = {}
-        #: Bytes of the messages delivered to the groups (each delivery counts).
-        self.bytes_sent = 0
-        #: Seconds the sampler waited for the groups (the buffer full, or no group).
-        self.blocked_seconds = 0.0
         self._last_lag_log = 0.0
         self._last_lagging: str | None = None
 
@@ -158,22 +151,16 @@ class GroupFanout:
         exists at all (nobody would receive the message).
         """
         buffer = self.buffer
-        blocked_since = 0.0
         # With room in the buffer, one pump after the append does all the sends: pumping
         # before it too would walk every group twice per message for nothing.
         while buffer.full or not buffer.groups:
             self.pump()
             if not buffer.full and buffer.groups:
                 break
-            if not blocked_since:
-                blocked_since = time.perf_counter()
             if self.stopping():
-                self.blocked_seconds += time.perf_counter() - blocked_since
                 return False
             self._log_lag()
-            self._wait()
-        if blocked_since:
-            self.blocked_seconds += time.perf_counter() - blocked_since
+            self._wait()  # counts as blocked in the outbox
         buffer.append(frames, n_samples, epoch, _nbytes(frames))
         self.pump()
         return True
@@ -206,7 +193,7 @@ class GroupFanout:
         pending = any(self.buffer.behind(name) and group.members
                       for name, group in self.buffer.groups.items()) or not all(
             group.empty for group in self._ranked.values())
-        self.wait(0.001 if pending else 0.1)
+        self.outbox.wait(Wait.BRIEF if pending else Wait.IDLE)
 
     # -- delivery ---------------------------------------------------------------------------
     def pump(self) -> None:
@@ -240,7 +227,7 @@ class GroupFanout:
     def _ranked_group(self, name: str, world_size: int) -> _RankedGroup:
         group = self._ranked.get(name)
         if group is None:
-            sender = RankSender(self.data, self.core.tables.retention_of(name), self._replayed)
+            sender = RankSender(self.outbox, self.core.tables.retention_of(name), self._replayed)
             group = self._ranked[name] = _RankedGroup(world_size, self.uneven, sender)
         return group
 
@@ -296,12 +283,12 @@ class GroupFanout:
             target = self.core.rank_target(rank, name) if queue else None
             while queue and target is not None and group.sender.send(rank, target, queue[0][0]):
                 frames, n_samples, epoch = queue.popleft()
-                self.bytes_sent += _nbytes(frames)
+                self.outbox.count(frames)
                 self.core.data_sent(n_samples, epoch)
 
     def _replayed(self, frames: Sequence[Any]) -> None:
         """A restarted rank was sent what its predecessor had not handed out."""
-        self.bytes_sent += _nbytes(frames)
+        self.outbox.count(frames)
         tags = read_tags(frames)
         self.core.data_sent(len(tags), int(tags[0, 0]))
 
@@ -314,21 +301,17 @@ class GroupFanout:
     def _deliver(self, name: str, message: BufferedMessage, targets: list[bytes]) -> bool:
         """Send ``message`` to the next member of ``name`` with room; False if none has."""
         turn = self._turns.get(name, 0)
-        data = self.data
         count = len(targets)
-        for step in range(count):
-            identity = targets[(turn + step) % count]
-            try:
-                data.send_multipart([identity, *message.frames], flags=zmq.NOBLOCK, copy=False)
-            except zmq.ZMQError:
-                # Again: its queue is full; EHOSTUNREACH: not connected (yet, or any more).
-                continue
-            self._turns[name] = (turn + step + 1) % count
-            self.buffer.delivered(name)
-            self.bytes_sent += message.nbytes
-            self.core.data_sent(message.n_samples, message.epoch)
-            return True
-        return False
+        # Full, or not connected (yet, or any more): the next one.
+        rotated = [targets[(turn + step) % count] for step in range(count)]
+        identity = self.outbox.first(rotated, lambda _: message.frames)
+        if identity is None:
+            return False
+        self._turns[name] = (rotated.index(identity) + turn + 1) % count
+        self.buffer.delivered(name)
+        self.outbox.bytes_sent += message.nbytes
+        self.core.data_sent(message.n_samples, message.epoch)
+        return True
 
     def _members(self, now: float) -> dict[str, list[bytes]]:
         """Each group's live trainers, by data-socket identity."""

@@ -18,10 +18,10 @@ gets its predecessor's rest over the socket, from those frames, with no second
 copy. With ``--workers N`` the workers write large arrays into their regions of
 the pool and forward references; they go on to trainers that map the pool as
 they are, and are copied out (one copy) for those that do not. Consumer groups
-get their messages over the sockets (a group's buffer is read by every group), and
-so does reliable mode: it re-deals a dead trainer's messages to the others, and
-a run the dead trainer had claimed is taken back as soon as its pid is gone,
-so a re-dealt reference could point at reused memory.
+get their messages over the sockets (a group's buffer is read by every group).
+Reliable trainers get references too, while the ledger keeps the message's
+bytes to deal them again (a dead trainer's claimed runs are taken back as soon
+as its pid is gone, so only whole bytes, never references, are dealt again).
 """
 
 from __future__ import annotations

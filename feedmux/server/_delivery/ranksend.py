@@ -1,10 +1,13 @@
 """Sends one rank's data messages to the trainer holding it, its predecessor's rest first.
 
 :class:`RankSender` owns the socket side of a ranked hand-over: a message for a
-rank goes to its holder with a non-blocking addressed send on the data ROUTER,
-and is recorded in the rank's :class:`~feedmux.server._delivery.retention.RankRetention`;
-when the rank has a new holder (a restarted trainer took it over), what the
-predecessor was sent and did not hand out goes first. The ranked delivery of a
+rank goes to its holder through the :class:`~feedmux.server._delivery.outbox.Outbox`,
+and is recorded in the rank's lane of a
+:class:`~feedmux.server._delivery.ledger.Ledger` (recovery: replay to the rank's
+successor); when the rank has a new holder (a restarted trainer took it over),
+what the predecessor was sent and did not hand out goes first. While the rank's
+lane is full (its holder acknowledges nothing), nothing more goes to it: what
+it was sent and never handed out is never forgotten. The ranked delivery of a
 whole server and of each ranked consumer group both use it. It must never
 decide who holds a rank (the control core does) nor what a rank gets (the
 dealing rule does).
@@ -12,14 +15,16 @@ dealing rule does).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import zmq
-
-from feedmux.server._delivery.retention import RankRetention
+from feedmux.server._delivery.ledger import Ledger
+from feedmux.server._delivery.outbox import SENT, Outbox
 
 __all__ = ["RankSender"]
+
+log = logging.getLogger("feedmux.server")
 
 
 class RankSender:
@@ -27,13 +32,21 @@ class RankSender:
 
     ``on_replayed(frames)`` is called for every message re-sent to a new
     holder, for the counters (the caller counts the new messages it sends).
+    ``envelope`` goes before every message on the wire (a reliable server's data
+    socket: the envelope of a message the rank's hand-out marks acknowledge), and
+    ``room(target, held)``, when given, says whether ``target`` takes one more
+    message while it holds ``held`` (a reliable trainer's credit).
     """
 
-    def __init__(self, data: Any, retention: RankRetention,
-                 on_replayed: Callable[[Sequence[Any]], None]) -> None:
-        self.data = data
+    def __init__(self, outbox: Outbox, retention: Ledger,
+                 on_replayed: Callable[[Sequence[Any]], None],
+                 envelope: Sequence[bytes] = (),
+                 room: Callable[[bytes, int], bool] | None = None) -> None:
+        self.outbox = outbox
         self.retention = retention
         self.on_replayed = on_replayed
+        self.envelope = list(envelope)
+        self.room = room
 
     def send(self, rank: int, target: bytes, frames: Sequence[Any],
              wire: Sequence[Any] | None = None) -> bool:
@@ -44,32 +57,35 @@ class RankSender:
         A rank taken over by a restarted trainer gets what its predecessor did
         not hand out first (nothing new until that is through).
         """
-        if self.retention.pending(rank, target) and not self.replay(rank, target):
+        ledger = self.retention
+        if ledger.owed(rank, target) and not self.replay(rank, target):
             return False
-        try:
-            self.data.send_multipart([target, *(frames if wire is None else wire)],
-                                     flags=zmq.NOBLOCK, copy=False)
-        except zmq.ZMQError:
-            # Again: its queue is full (HWM); EHOSTUNREACH: its data connection is not up
-            # yet, or gone (the control heartbeats decide that).
-            return False
-        self.retention.sent(rank, target, list(frames))
+        if not ledger.room(rank) or not self._takes(target, ledger.count(rank)):
+            return False  # its holder has not said it handed out what it holds: wait
+        if self.outbox.send(target, [*self.envelope, *(frames if wire is None else wire)]
+                            ) is not SENT:
+            return False  # full, or not connected (the control heartbeats decide that)
+        ledger.record(rank, target, list(frames))
         return True
 
     def replay(self, rank: int, target: bytes) -> bool:
         """Send ``rank``'s new holder what its predecessor did not hand out; True when done."""
-        retention = self.retention
-        sent = 0
-        for handle, frames in retention.replay(rank, target):
-            try:
-                self.data.send_multipart([target, *frames], flags=zmq.NOBLOCK, copy=False)
-            except zmq.ZMQError:
-                return False  # not connected yet, or full: again at the next turn
-            retention.moved(handle, target)
-            self.on_replayed(frames)
-            sent += 1
-        retention.settled(rank, target, sent)
+        ledger = self.retention
+        rest = ledger.take_over(rank, target)
+        for index, entry in enumerate(rest):
+            if not self._takes(target, index) or self.outbox.send(
+                    target, [*self.envelope, *entry.frames]) is not SENT:
+                ledger.put_back(rank, rest[index:])  # not connected yet, or full: next turn
+                return False
+            ledger.resent(rank, entry, target)
+            self.on_replayed(entry.frames)
+        if rest:
+            log.info("rank %d taken over: re-sent %d message(s) from after %s", rank,
+                     len(rest), ledger.mark(rank) or (0, -1))
         return True
+
+    def _takes(self, target: bytes, held: int) -> bool:
+        return self.room is None or self.room(target, held)
 
     def replay_taken_over(self, ranks: Iterable[int],
                           target_of: Callable[[int], bytes | None]) -> None:
@@ -77,5 +93,5 @@ class RankSender:
         size a peer chose) taken over since the last look (also with no new data)."""
         for rank in ranks:
             target = target_of(rank)
-            if target is not None and self.retention.pending(rank, target):
+            if target is not None and self.retention.owed(rank, target):
                 self.replay(rank, target)

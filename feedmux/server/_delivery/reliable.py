@@ -10,7 +10,7 @@ into a dropped connection), its unacknowledged messages go back to the front
 of the queue for the others. So nothing is lost and every sample of an epoch
 reaches a live trainer. A trainer also acknowledges, every few ms from a
 thread over the control socket, how far it handed out the message it is in
-(:meth:`ReliableLedger.handed`): only the rest of that message is sent again,
+(:meth:`Credits.handed`): only the rest of that message is sent again,
 so every sample is handed out once across the trainers, counting a dead one's
 (up to the last few ms before it died; the loader drops a sample it already
 handed out, should one come twice). A trainer acknowledges the messages it
@@ -27,22 +27,24 @@ envelope of :mod:`feedmux.protocol` (:func:`~feedmux.protocol.pack_envelope`):
 the message's sequence number, 0 for messages that need no acknowledgement
 (heartbeats, end of stream).
 
-The bookkeeping (credit, unacknowledged messages, the re-send queue) is the
-pure :class:`ReliableLedger`; :class:`ReliableDispatch` is the socket edge
-around it and must hold no delivery state of its own.
+The bookkeeping is pure: :class:`Credits` (who has credit) over the server's
+:class:`~feedmux.server._delivery.ledger.Ledger` of unacknowledged messages
+(recovery: re-deal to the others, the re-deal queue included);
+:class:`ReliableDispatch` is the socket edge around them, sends through the
+outbox, and must hold no delivery state of its own.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
+from feedmux._plumbing.shm import Placement
 from feedmux._plumbing.sockets import HEARTBEAT_INTERVAL, readable
 from feedmux._ratelog import RateLimitedLog
 from feedmux.errors import ProtocolError
@@ -57,9 +59,11 @@ from feedmux.protocol import (
     pack_envelope,
 )
 from feedmux.server._control.meters import ControlMeter
-from feedmux.server._delivery.retention import rest_after
+from feedmux.server._delivery.carrier import Carrier
+from feedmux.server._delivery.ledger import Entry, Ledger, Recovery
+from feedmux.server._delivery.outbox import FULL, GONE, SENT, Outbox, Wait
 
-__all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "ReliableDispatch", "ReliableLedger"]
+__all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "NO_ACK", "Credits", "ReliableDispatch"]
 
 log = logging.getLogger("feedmux.server")
 peer_log = RateLimitedLog(log)
@@ -71,33 +75,20 @@ MAX_CREDIT = 256
 #: peer that grants credit and never acknowledges pins at most this much.
 MAX_UNACKED_BYTES = 512 * 1024 * 1024
 
-#: The envelope of messages that want no acknowledgement (heartbeats, end of stream).
-_NO_ACK = pack_envelope(0)
-
-
-@dataclass
-class _Pending:
-    frames: list[Any]
-    n_samples: int
-    epoch: int
-    nbytes: int = 0
-    #: The last (epoch, position) of it the trainer said it handed out, if any.
-    handed: tuple[int, int] | None = None
+#: The envelope of messages that want no acknowledgement by sequence number (heartbeats,
+#: end of stream, a rank's data: its hand-out marks release it).
+NO_ACK = pack_envelope(0)
 
 
 @dataclass
 class _Peer:
     client_id: str
     capacity: int = 0
-    unacked: dict[int, _Pending] = field(default_factory=dict)
-
-    @property
-    def credit(self) -> int:
-        return self.capacity - len(self.unacked)
 
 
-class ReliableLedger:
-    """Who has credit, what each trainer holds unacknowledged, what waits to be re-sent.
+class Credits:
+    """Who has credit, over the :class:`~feedmux.server._delivery.ledger.Ledger` of what
+    each trainer holds unacknowledged (a lane per trainer; recovery: re-deal to the others).
 
     Pure bookkeeping: no socket, no clock (``now`` is passed in).
     """
@@ -107,12 +98,20 @@ class ReliableLedger:
         #: one: its sequence numbers mean nothing here) are ignored.
         self.server_id = server_id
         self.peers: dict[bytes, _Peer] = {}
-        self.resend: deque[_Pending] = deque()
-        self.next_seq = 1
-        self.resent_messages = 0
+        self.ledger = Ledger(Recovery.REDEAL)
         self.lost_trainers = 0
-        self.unacked_bytes = 0
         self._last_probe = float("-inf")
+
+    def credit(self, identity: bytes) -> int:
+        """How many more messages ``identity`` will hold (0: unknown)."""
+        peer = self.peers.get(identity)
+        return 0 if peer is None else peer.capacity - self.ledger.count(identity)
+
+    def takes(self, identity: bytes, held: int) -> bool:
+        """Whether ``identity`` granted credit for more than the ``held`` messages it has
+        (a rank's holder: its messages are kept in the rank's ledger, not here)."""
+        peer = self.peers.get(identity)
+        return peer is not None and peer.capacity > held
 
     def take(self, identity: bytes, message: Message) -> None:
         """A credit grant or an acknowledgement from ``identity``."""
@@ -124,18 +123,11 @@ class ReliableLedger:
                              message.client_id[:64], message.credits)
             peer.capacity = min(MAX_CREDIT, max(0, message.credits))
         elif isinstance(message, Ack):
-            peer = self.peers.get(identity)
-            if peer is not None:
-                self._acknowledge(peer, message.seqs)
+            if identity in self.peers:
+                self.ledger.acknowledge(identity, message.seqs)
         else:
             peer_log.log(logging.WARNING, "unexpected", "unexpected %s on the reliable data socket",
                          type(message).__name__)
-
-    def _acknowledge(self, peer: _Peer, seqs: Sequence[int]) -> None:
-        for seq in seqs:
-            done = peer.unacked.pop(seq, None)
-            if done is not None:
-                self.unacked_bytes -= done.nbytes
 
     def handed(self, message: Ack) -> None:
         """A trainer handed out its message ``message.seqs`` up to ``(epoch, position)``,
@@ -150,58 +142,39 @@ class ReliableLedger:
         """
         if message.server_id and self.server_id and message.server_id != self.server_id:
             return
-        mark = (message.epoch, message.position)
-        for peer in self.peers.values():
+        for identity, peer in list(self.peers.items()):
             if peer.client_id != message.client_id:
                 continue
             if message.position < 0:
-                self._acknowledge(peer, message.seqs)
-                continue
-            for seq in message.seqs:
-                pending = peer.unacked.get(seq)
-                if pending is not None and (pending.handed is None or mark > pending.handed):
-                    pending.handed = mark
+                self.ledger.acknowledge(identity, message.seqs)
+            else:
+                self.ledger.handed(identity, identity, (message.epoch, message.position),
+                                   message.seqs)
 
-    def pick(self) -> bytes | None:
-        """The trainer with the most credit left (spreads load across trainers), or None.
+    def pick(self, skip: Collection[bytes] = ()) -> bytes | None:
+        """The trainer with the most credit left (spreads load across trainers), or None;
+        none of ``skip`` (their queues are full).
 
         None also while :data:`MAX_UNACKED_BYTES` are held for acknowledgement.
         """
-        if self.unacked_bytes >= MAX_UNACKED_BYTES:
+        if self.ledger.nbytes >= MAX_UNACKED_BYTES:
             return None
         best, best_credit = None, 0
-        for identity, peer in self.peers.items():
-            if peer.credit > best_credit:
-                best, best_credit = identity, peer.credit
+        for identity in self.peers:
+            credit = self.credit(identity)
+            if credit > best_credit and identity not in skip:
+                best, best_credit = identity, credit
         return best
 
-    def delivered(self, identity: bytes, pending: _Pending) -> None:
-        """``pending`` went to ``identity`` under sequence number :attr:`next_seq`."""
-        self.peers[identity].unacked[self.next_seq] = pending
-        self.unacked_bytes += pending.nbytes
-        self.next_seq += 1
-
     def lose(self, identity: bytes) -> None:
-        """``identity`` is gone: what it held goes to the front of the re-send queue."""
+        """``identity`` is gone: what it held goes to the front of the re-deal queue."""
         peer = self.peers.pop(identity, None)
         if peer is None:
             return
         self.lost_trainers += 1
-        held = []
-        for seq in sorted(peer.unacked):
-            pending = peer.unacked[seq]
-            self.unacked_bytes -= pending.nbytes
-            if pending.handed is not None:
-                # Exactly once: only what the trainer had not handed out goes to the others.
-                rest = rest_after(pending.frames, pending.handed)
-                if rest is None:
-                    continue
-                tags, frames = rest
-                pending = _Pending(frames, len(tags), pending.epoch, _size(frames))
-            held.append(pending)
-        self.resend.extendleft(reversed(held))
+        held = self.ledger.lose(identity)
         log.warning("trainer %s went away holding %d unacknowledged message(s); "
-                    "sending them to the others", peer.client_id, len(held))
+                    "sending them to the others", peer.client_id, held)
 
     def probe_due(self, now: float, force: bool = False) -> bool:
         """Whether a heartbeat interval has passed since the last probe (and start one)."""
@@ -212,41 +185,44 @@ class ReliableLedger:
 
     @property
     def unacknowledged(self) -> int:
-        return len(self.resend) + sum(len(peer.unacked) for peer in self.peers.values())
+        return self.ledger.held()
 
     def stats(self) -> dict[str, int]:
         return {
             "reliable_trainers": len(self.peers),
             "unacknowledged_messages": self.unacknowledged,
-            "resent_messages": self.resent_messages,
+            "resent_messages": self.ledger.resent_messages,
             "lost_trainers": self.lost_trainers,
         }
 
 
-def _size(frames: list[Any]) -> int:
-    """Bytes in ``frames`` (bytes, memoryviews of any item size, zmq Frames)."""
-    return sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
-
-
 class ReliableDispatch:
-    """Hands data messages to trainers with credit and re-sends what a lost trainer held."""
+    """Hands data messages to trainers with credit and re-sends what a lost trainer held.
 
-    def __init__(self, socket: zmq.Socket[Any], server_id: str,
+    It reads the credit and acknowledgements on ``socket`` and sends through
+    ``outbox`` (which calls :meth:`serve` when they arrive during its wait).
+    """
+
+    def __init__(self, socket: zmq.Socket[Any], outbox: Outbox, server_id: str,
                  read_marks: Callable[[], object] = lambda: None,
                  meter: ControlMeter | None = None) -> None:
         self.socket = socket
+        self.outbox = outbox
         #: Counts the credit and acknowledgements taken in (control traffic on the data socket).
         self.meter = meter or ControlMeter()
         self.server_id = server_id
-        self.ledger = ReliableLedger(server_id)
+        self.credits = Credits(server_id)
+        self.ledger = self.credits.ledger
         #: Reads the control socket: a trainer's last hand-out marks, sent just before it
         #: died, must count before its messages are cut for the others.
         self.read_marks = read_marks
+        #: How each message travels (socket or shared-memory pool); None: by socket.
+        self.carrier: Carrier | None = None
 
     def _lose(self, identity: bytes) -> None:
-        if identity in self.ledger.peers:
+        if identity in self.credits.peers:
             self.read_marks()
-        self.ledger.lose(identity)
+        self.credits.lose(identity)
 
     def serve(self) -> None:
         """Take in every credit and acknowledgement waiting on the socket."""
@@ -265,73 +241,106 @@ class ReliableDispatch:
                 peer_log.log(logging.WARNING, "malformed",
                              "malformed message on the reliable data socket: %s", error)
                 continue
-            self.ledger.take(parts[0].bytes, message)
+            self.credits.take(parts[0].bytes, message)
         self.meter.add(received, time.thread_time() - cpu_started)
 
     def send(self, frames: list[Any], n_samples: int, epoch: int,
-             wait: Callable[[], bool]) -> bool:
-        """Deliver one new message (after any waiting re-sends); False if told to stop.
+             halted: Callable[[], bool]) -> bool:
+        """Deliver one new message (after any waiting re-sends); False once ``halted()``."""
+        # The ledger keeps the frames (bytes the server holds) to deal them again.
+        placed = None
+        if self.carrier is not None:
+            wire, placed = self.carrier.place(frames, kept=True)
+            frames = list(wire)
+        pending = Entry(b"", frames)
 
-        ``wait`` blocks briefly while serving the sockets and returns False when
-        the server is stopping.
-        """
-        pending = _Pending(frames, n_samples, epoch, _size(frames))
-        ledger = self.ledger
-        while True:
-            self.serve()
-            self.probe()
-            self.flush_resend()
-            if not ledger.resend:
-                identity = ledger.pick()
-                if identity is not None and self._deliver(identity, pending):
-                    return True
-                if identity is not None:
-                    continue  # that trainer was gone; try another
-            if not wait():
-                return False
+        def attempt() -> Wait | None:
+            self._turn()
+            if not self.ledger.redeal and self._deliver_any(pending, placed):
+                return None
+            return Wait.CREDIT
+
+        sent = False
+        try:
+            sent = self.outbox.deliver(attempt, halted)
+        finally:
+            if self.carrier is not None:
+                self.carrier.settle(placed, frames, sent)  # its runs back unless delivered
+        return sent
+
+    def finish(self, deadline: float, halted: Callable[[], bool],
+               owed: Callable[[], int] = lambda: 0) -> None:
+        """Wait (until ``deadline`` on the monotonic clock) for every message to be
+        acknowledged, re-sending what lost trainers held (``owed()``: more messages
+        not handed out yet, the ranks')."""
+        credits = self.credits
+
+        def left() -> int:
+            return credits.unacknowledged + owed()
+
+        def attempt() -> Wait | None:
+            self._turn()
+            return Wait.CREDIT if left() and time.monotonic() < deadline else None
+
+        self.outbox.deliver(attempt, halted)
+        if left():
+            log.warning("ending the stream with %d message(s) unacknowledged", left())
+        log.info("%d data message(s) re-sent", self.ledger.resent_messages)
+
+    def _turn(self) -> None:
+        """Take in credit and acknowledgements, probe the trainers, re-send what is due."""
+        self.serve()
+        self.probe()
+        self.flush_resend()
+
+    def _deliver_any(self, entry: Entry, placed: Placement | None = None,
+                     again: bool = False) -> bool:
+        """Send ``entry`` to the trainer with the most credit that takes it (as ``placed``
+        in the shared-memory pool for a trainer that maps it; ``again``: a lost trainer's
+        message dealt again, by socket)."""
+        skip: set[bytes] = set()
+        while (identity := self.credits.pick(skip)) is not None:
+            wire: Sequence[Any] | None = entry.frames
+            # The pool knows a trainer by its client id (a reliable data socket's identity
+            # is libzmq's own).
+            trainer = self.credits.peers[identity].client_id.encode()
+            if self.carrier is not None:
+                wire = self.carrier.wire(trainer, entry.frames, placed)
+            seq = self.ledger.next_seq
+            sent = FULL if wire is None else self.outbox.send(
+                identity, [pack_envelope(seq), *wire])
+            if sent is SENT:
+                if again:
+                    self.ledger.resent(identity, entry, identity, seq)
+                else:
+                    self.ledger.record(identity, identity, entry.frames, seq)
+                if self.carrier is not None and wire is not None:
+                    self.carrier.delivered(trainer, wire, placed)
+                return True
+            if sent is GONE:
+                self._lose(identity)  # it left the credits
+            else:
+                skip.add(identity)  # its queue is full, or its pool references
+        return False
 
     def flush_resend(self) -> None:
         """Re-send what lost trainers held, as far as credit goes."""
         ledger = self.ledger
-        while ledger.resend:
-            identity = ledger.pick()
-            if identity is None:
+        while (entry := ledger.next_redeal()) is not None:
+            if not self._deliver_any(entry, again=True):
+                ledger.redeal_later(entry)
                 return
-            pending = ledger.resend.popleft()
-            if self._deliver(identity, pending):
-                ledger.resent_messages += 1
-            else:
-                ledger.resend.appendleft(pending)
-
-    def _deliver(self, identity: bytes, pending: _Pending) -> bool:
-        try:
-            self.socket.send_multipart(
-                [identity, pack_envelope(self.ledger.next_seq), *pending.frames],
-                flags=zmq.NOBLOCK, copy=False,
-            )
-        except zmq.ZMQError:
-            self._lose(identity)
-            return False
-        self.ledger.delivered(identity, pending)
-        return True
 
     def probe(self, force: bool = False) -> None:
         """Every heartbeat interval, find out which trainers are gone (a send fails)."""
-        if not self.ledger.probe_due(time.monotonic(), force):
+        if not self.credits.probe_due(time.monotonic(), force):
             return
-        beat = [_NO_ACK, *encode(Heartbeat(sender_id=self.server_id))]
-        for identity in list(self.ledger.peers):
-            try:
-                self.socket.send_multipart([identity, *beat], flags=zmq.NOBLOCK)
-            except zmq.Again:
-                pass  # its queue is full: alive, just busy
-            except zmq.ZMQError:
+        beat = [NO_ACK, *encode(Heartbeat(sender_id=self.server_id))]
+        for identity in list(self.credits.peers):
+            if self.outbox.send(identity, beat) is GONE:  # full: alive, just busy
                 self._lose(identity)
 
     def broadcast(self, message: Message) -> None:
-        frames = [_NO_ACK, *encode(message)]
-        for identity in list(self.ledger.peers):
-            try:
-                self.socket.send_multipart([identity, *frames], flags=zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
+        frames = [NO_ACK, *encode(message)]
+        for identity in list(self.credits.peers):
+            self.outbox.send(identity, frames)

@@ -1,0 +1,290 @@
+"""The ledger: data messages sent and not yet handed out, and what becomes of them.
+
+:class:`Ledger` owns the messages a server keeps after sending them, in
+*lanes*: a rank (ranked delivery: its messages, in order, whoever holds it) or
+a trainer (reliable free delivery: the messages it holds). Each message is
+kept with the trainer it went to, its tags and the last ``(epoch, position)``
+of it the trainer said it handed out (a hand-out mark); it leaves the ledger
+once it was handed out whole (a mark at or past its last sample, or an
+acknowledgement of its sequence number). What happens to the rest when its
+trainer is gone is the ledger's :class:`Recovery` policy:
+
+- :data:`Recovery.NONE` (plain free trainers): nothing is kept;
+- :data:`Recovery.REDEAL` (reliable free trainers): the lost trainer's
+  messages, each cut right after its mark, go to the front of a re-deal queue
+  for the other trainers (:meth:`Ledger.lose`, :attr:`Ledger.redeal`);
+- :data:`Recovery.REPLAY` (ranks): they stay in the rank's lane; the rank's
+  next holder gets them first, cut after the rank's mark (:meth:`Ledger.take_over`).
+
+A lane keeps at most ``limit`` messages: :meth:`Ledger.room` says when it is
+full, and the sender waits for marks rather than forgetting a message nobody
+handed out. It is pure (frames in, frames out; no socket, no clock) and must
+never decide who holds a rank (the control core does) nor send anything (the
+outbox does).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Hashable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from feedmux.protocol import Data, decode, encode, read_tags
+
+__all__ = ["Entry", "Ledger", "Recovery", "rest_after"]
+
+
+def rest_after(frames: list[Any], mark: tuple[int, int]) -> tuple[np.ndarray, list[Any]] | None:
+    """The tags and frames of the samples of a data message after ``(epoch, position)``.
+
+    The message as it is when none was handed out, re-encoded when some were,
+    None when all were (positions grow within a message).
+
+    >>> from feedmux.protocol import Data, encode
+    >>> frames = list(encode(Data(np.array([[1, 0], [1, 2]]), ["a", "b"])))
+    >>> tags, rest = rest_after(frames, (1, 0))
+    >>> tags.tolist(), rest_after(frames, (1, 2))
+    ([[1, 2]], None)
+    """
+    tags = read_tags(frames)
+    rows = [i for i, row in enumerate(tags.tolist()) if tuple(row) > mark]
+    if not rows:
+        return None
+    if len(rows) == len(tags):
+        return tags, frames
+    message = decode(frames)
+    assert isinstance(message, Data)
+    samples = list(message.samples)
+    kept = tags[rows].copy()
+    return kept, list(encode(Data(kept, [samples[i] for i in rows], message.server_id)))
+
+
+class Recovery(enum.Enum):
+    """What becomes of a gone trainer's messages it had not handed out."""
+
+    NONE = "none"
+    REDEAL = "re-deal to the other trainers"
+    REPLAY = "replay to the rank's successor"
+
+
+@dataclass
+class Entry:
+    """One message kept: where it went, what it holds, how far it was handed out."""
+
+    target: bytes  # the data-socket identity it went to
+    frames: list[Any]
+    #: Its tags, read from the frames when first needed (not on the hot path of a send).
+    known_tags: np.ndarray | None = field(default=None, repr=False)
+    seq: int = 0
+    nbytes: int = 0
+    #: The last (epoch, position) of it its trainer said it handed out, if any.
+    handed: tuple[int, int] | None = None
+
+    @property
+    def tags(self) -> np.ndarray:
+        if self.known_tags is None:
+            self.known_tags = read_tags(self.frames)
+        return self.known_tags
+
+    @property
+    def last(self) -> tuple[int, int]:
+        return int(self.tags[-1, 0]), int(self.tags[-1, 1])
+
+    @property
+    def epoch(self) -> int:
+        return int(self.tags[0, 0])
+
+    def rest(self, mark: tuple[int, int] | None) -> Entry | None:
+        """This message cut right after ``mark`` (None: all of it handed out)."""
+        if mark is None:
+            return self
+        cut = rest_after(self.frames, mark)
+        if cut is None:
+            return None
+        tags, frames = cut
+        if frames is self.frames:
+            return self
+        return Entry(self.target, frames, tags, self.seq, _size(frames))
+
+
+class Ledger:
+    """Messages sent and not yet handed out, per lane, under one :class:`Recovery`.
+
+    Examples
+    --------
+    >>> from feedmux.protocol import Data, encode
+    >>> ledger = Ledger(Recovery.REPLAY, limit=8)
+    >>> frames = list(encode(Data(np.array([[1, 0], [1, 2], [1, 4]]), ["a", "b", "c"])))
+    >>> ledger.record(0, b"old", frames)
+    1
+    >>> ledger.handed(0, b"old", (1, 2))
+    >>> ledger.owed(0, b"new")
+    True
+    >>> [entry.tags.tolist() for entry in ledger.take_over(0, b"new")]
+    [[[1, 4]]]
+    """
+
+    def __init__(self, recovery: Recovery, limit: int = 1 << 30) -> None:
+        self.recovery = recovery
+        self.limit = limit
+        self._lanes: dict[Hashable, dict[int, Entry]] = {}
+        #: Each lane's latest mark (a rank's: its successor starts after it).
+        self._marks: dict[Hashable, tuple[int, int]] = {}
+        #: A lost trainer's rest, waiting to be dealt to the others (REDEAL).
+        self.redeal: deque[Entry] = deque()
+        self.next_seq = 1
+        #: Messages a successor or another trainer was sent again.
+        self.resent_messages = 0
+        #: Bytes of the messages kept in the lanes (sent and not handed out).
+        self.nbytes = 0
+
+    # -- sending ----------------------------------------------------------------------------
+    def room(self, lane: Hashable) -> bool:
+        """Whether ``lane`` may be sent one more message (fewer than ``limit`` kept)."""
+        return len(self._lanes.get(lane, ())) < self.limit
+
+    def record(self, lane: Hashable, target: bytes, frames: list[Any],
+               seq: int | None = None, tags: np.ndarray | None = None) -> int:
+        """``frames`` went to ``target`` in ``lane``; returns its sequence number."""
+        if seq is None:
+            seq = self.next_seq
+        self.next_seq = max(self.next_seq, seq + 1)
+        if self.recovery is Recovery.NONE:
+            return seq
+        entry = Entry(target, frames, tags, seq, _size(frames))
+        self._lanes.setdefault(lane, {})[seq] = entry
+        self.nbytes += entry.nbytes
+        return seq
+
+    def resent(self, lane: Hashable, entry: Entry, target: bytes, seq: int | None = None) -> int:
+        """``entry`` (from :meth:`take_over` or the re-deal queue) went to ``target`` (as
+        ``seq``; None: in its old place)."""
+        self.resent_messages += 1
+        return self.record(lane, target, entry.frames, entry.seq if seq is None else seq,
+                           entry.known_tags)
+
+    # -- what the trainers say --------------------------------------------------------------
+    def acknowledge(self, lane: Hashable, seqs: Iterable[int]) -> None:
+        """``lane``'s messages ``seqs`` were handed out whole."""
+        entries = self._lanes.get(lane)
+        for seq in seqs:
+            entry = entries.pop(seq, None) if entries else None
+            if entry is not None:
+                self.nbytes -= entry.nbytes
+
+    def handed(self, lane: Hashable, target: bytes, mark: tuple[int, int],
+               seqs: Iterable[int] | None = None) -> None:
+        """``target`` handed out ``lane``'s messages up to and including ``mark``
+        (only its messages ``seqs``, when given).
+
+        Only what went to ``target`` counts: anyone can reach the control port,
+        and a mark on another trainer's message would cut what its successor,
+        or the others, get. A message handed out whole leaves the ledger.
+        """
+        entries = self._lanes.get(lane)
+        if not entries or not any(entry.target == target for entry in entries.values()):
+            return
+        if mark > self._marks.get(lane, (0, -1)):
+            self._marks[lane] = mark
+        chosen = entries if seqs is None else {s: entries[s] for s in seqs if s in entries}
+        done = []
+        for seq, entry in chosen.items():
+            if entry.target != target:
+                continue
+            if entry.last <= mark:
+                done.append(seq)
+            elif entry.handed is None or mark > entry.handed:
+                entry.handed = mark
+        self.acknowledge(lane, done)
+
+    # -- recovery ---------------------------------------------------------------------------
+    def lose(self, target: bytes) -> int:
+        """``target`` is gone: its messages go where the policy says. Returns how many
+        it held (kept for a successor, or queued for the others)."""
+        if self.recovery is not Recovery.REDEAL:
+            return sum(1 for entry in self.entries() if entry.target == target)
+        entries = self._lanes.pop(target, {})
+        self._marks.pop(target, None)
+        rest = []
+        for seq in sorted(entries):
+            entry = entries[seq]
+            self.nbytes -= entry.nbytes
+            cut = entry.rest(entry.handed)  # exactly once: only what it had not handed out
+            if cut is not None:
+                rest.append(cut)
+        self.redeal.extendleft(reversed(rest))
+        return len(rest)
+
+    def next_redeal(self) -> Entry | None:
+        """The first of a lost trainer's messages waiting for another trainer, taken."""
+        if not self.redeal:
+            return None
+        return self.redeal.popleft()
+
+    def redeal_later(self, entry: Entry) -> None:
+        """``entry`` (from :meth:`next_redeal`) found nobody: first again."""
+        self.redeal.appendleft(entry)
+
+    def owed(self, lane: Hashable, target: bytes) -> bool:
+        """Whether ``lane``'s new holder ``target`` must get its predecessors' rest first."""
+        return any(entry.target != target for entry in self._lanes.get(lane, {}).values())
+
+    def take_over(self, lane: Hashable, target: bytes) -> list[Entry]:
+        """What ``lane``'s new holder ``target`` gets first: its predecessors' messages, in
+        order, each cut right after the lane's mark (those handed out whole dropped).
+
+        They leave the ledger: tell :meth:`resent` each one sent, and
+        :meth:`put_back` those that could not be sent yet (still owed).
+        """
+        entries = self._lanes.get(lane, {})
+        mark = self._marks.get(lane)
+        rest = []
+        for seq in sorted(entries):
+            entry = entries[seq]
+            if entry.target == target:
+                continue  # already its own
+            del entries[seq]
+            self.nbytes -= entry.nbytes
+            cut = entry.rest(mark)
+            if cut is not None:
+                rest.append(cut)
+        return rest
+
+    def put_back(self, lane: Hashable, entries: Iterable[Entry]) -> None:
+        """``entries`` (taken by :meth:`take_over`) were not sent: kept, still owed."""
+        kept = self._lanes.setdefault(lane, {})
+        for entry in entries:
+            kept[entry.seq] = entry
+            self.nbytes += entry.nbytes
+
+    # -- state ------------------------------------------------------------------------------
+    def entries(self, lane: Hashable | None = None) -> Iterator[Entry]:
+        """The messages kept (of ``lane``), oldest first per lane; read from the metrics
+        thread too, hence copies first."""
+        lanes = [self._lanes.get(lane, {})] if lane is not None else list(self._lanes.values())
+        for entries in lanes:
+            yield from list(entries.values())
+
+    def held(self, target: bytes | None = None) -> int:
+        """Messages kept (sent to ``target``), the re-deal queue's included when no target."""
+        count = sum(1 for entry in self.entries() if target is None or entry.target == target)
+        return count + (len(self.redeal) if target is None else 0)
+
+    def count(self, lane: Hashable) -> int:
+        """Messages kept in ``lane``."""
+        return len(self._lanes.get(lane, ()))
+
+    def mark(self, lane: Hashable) -> tuple[int, int] | None:
+        return self._marks.get(lane)
+
+    def lanes(self) -> list[Hashable]:
+        return [lane for lane, entries in list(self._lanes.items()) if entries]
+
+
+def _size(frames: list[Any]) -> int:
+    """Bytes in ``frames`` (bytes, memoryviews of any item size, zmq Frames)."""
+    return sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
