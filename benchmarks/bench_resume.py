@@ -55,26 +55,26 @@ def resume_source(epoch_size: int = 1_000_000) -> feedmux.StochasticMux:
 
 def whole_epochs(epoch_size: int) -> float:
     """Seconds to resume at the start of epoch 3 (two whole epochs skipped) and take a chunk."""
-    resumed = EpochIterator(resume_source(epoch_size), max_epochs=3, prepare=own)
+    resumed = EpochIterator(resume_source(epoch_size), max_epochs=3)
     started = time.perf_counter()
     resumed.resume_at(3, 0)
-    resumed.take(256)
+    resumed.take(256, prepare=own)
     return time.perf_counter() - started
 
 
 def fast_forward(epoch_size: int) -> tuple[float, float]:
     """Seconds to resume at the middle of the epoch, and to draw that half normally."""
     half = epoch_size // 2
-    resumed = EpochIterator(resume_source(epoch_size), max_epochs=1, prepare=own)
+    resumed = EpochIterator(resume_source(epoch_size), max_epochs=1)
     started = time.perf_counter()
     resumed.resume_at(1, half)
-    resumed.take(256)
+    resumed.take(256, prepare=own)
     skipping = time.perf_counter() - started
-    drawn = EpochIterator(resume_source(epoch_size), max_epochs=1, prepare=own)
+    drawn = EpochIterator(resume_source(epoch_size), max_epochs=1)
     started = time.perf_counter()
     count = 0
     while count < half:
-        count += len(drawn.take(min(256, half - count)).items)
+        count += len(drawn.take(min(256, half - count), prepare=own).items)
     return skipping, time.perf_counter() - started
 
 
