@@ -258,6 +258,7 @@ class RemoteLoader:
         index = out.index
         while index >= out.count:
             self._receive()
+            out = self._out  # (a forked copy makes itself anew at its first receive)
             index = out.index
         if self.batch_size is not None:  # a step: the message's next batch_size rows, stacked
             out.index = stop = min(index + self.batch_size, out.count)
