@@ -598,10 +598,14 @@ class ShmPool:
         on its way, what a process lent out or keeps (released runs count as free at
         once, before their allocator takes them back)."""
         books = self.books
-        heads = np.flatnonzero(books.lengths)
+        # A copy first: the workers write their regions' books meanwhile, and numpy's
+        # nonzero fails on an array whose count changes under it (the stats then crashed
+        # the server). A torn copy is a figure a moment old, right for the statistics.
+        lengths = books.lengths.copy()
+        heads = np.flatnonzero(lengths)
         busy = self.segment.table[heads, _STATE] != FREE
         busy |= np.isin(heads, list(books.pinned))
-        return int(books.lengths[heads[busy]].sum())
+        return int(lengths[heads[busy]].sum())
 
     def stats(self) -> dict[str, int]:
         return {

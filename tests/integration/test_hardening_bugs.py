@@ -168,7 +168,9 @@ def test_a_second_signal_stops_the_server_and_every_worker_stuck_in_user_code(
             # stopped nothing: the server and both workers still ran 10 s later).
             _signal_twice(process, signum, lines, taken="shutting down")
             second_sent = process.returncode is None  # Popen signals no reaped process
-            wait_until(lambda: not any(map(pid_alive, pids)), 5,
+            # Bounded well below "never": the bug left them running for good, while a
+            # loaded parallel run took over 5 s to tear three processes down.
+            wait_until(lambda: not any(map(pid_alive, pids)), 15,
                        f"the server and its workers {pids} to stop")
         finally:
             for pid in workers:  # the server is killed by _cli_server
