@@ -597,14 +597,13 @@ class ShmPool:
         """Granules of the runs not free now, in every region: what trainers hold, what is
         on its way, what a process lent out or keeps (released runs count as free at
         once, before their allocator takes them back)."""
-        books = self.books
         # A copy first: the workers write their regions' books meanwhile, and numpy's
         # nonzero fails on an array whose count changes under it (the stats then crashed
         # the server). A torn copy is a figure a moment old, right for the statistics.
-        lengths = books.lengths.copy()
+        lengths = self.books.lengths.copy()
         heads = np.flatnonzero(lengths)
         busy = self.segment.table[heads, _STATE] != FREE
-        busy |= np.isin(heads, list(books.pinned))
+        busy |= np.isin(heads, list(self.books.pinned))
         return int(lengths[heads[busy]].sum())
 
     def stats(self) -> dict[str, int]:
