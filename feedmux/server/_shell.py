@@ -260,8 +260,9 @@ class Endpoints:
     def wait_for_trainers(self) -> bool:
         """Hold sampling until ``min_trainers`` trainers said hello; False if stopped meanwhile.
 
-        PUSH hands messages to whoever is connected, so without this the first
-        trainer of a short run could take the whole stream before the others join.
+        Free trainers are dealt whatever a connected one has room for, so without
+        this the first trainer of a short run could take the whole stream before the
+        others join.
         """
         self.deliver(self.core.begin())
         self.run_phase(Phase.WAITING)
