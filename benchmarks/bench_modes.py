@@ -130,11 +130,23 @@ def _median(records: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def paired(records: dict[str, list[dict[str, Any]]], label: str, base: str,
+           key: str = "samples_per_second") -> list[float]:
+    """``label``'s ``key`` over ``base``'s in the same round, for every round."""
+    under = {r["round"]: r.get(key) for r in records[base]}
+    return [r[key] / under[r["round"]] for r in records[label]
+            if r.get(key) and under.get(r["round"])]
+
+
 def paired_ratios(records: dict[str, list[dict[str, Any]]], mode: str) -> list[float]:
     """``mode``'s samples/s over plain's in the same round, for every round."""
-    plain = {r["round"]: r.get("samples_per_second") for r in records["plain"]}
-    return [r["samples_per_second"] / plain[r["round"]] for r in records[mode]
-            if r.get("samples_per_second") and plain.get(r["round"])]
+    return paired(records, mode, "plain")
+
+
+def failures_line(records: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The closing line of a table whose measurements failed (none if every one ran)."""
+    failed = sum("error" in r for rs in records.values() for r in rs)
+    return [f"\n{failed} measurement(s) failed (see above)."] if failed else []
 
 
 def markdown(records: dict[str, list[dict[str, Any]]]) -> str:
@@ -156,10 +168,7 @@ def markdown(records: dict[str, list[dict[str, Any]]]) -> str:
         spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if ratios and mode != "plain" else ""
         lines.append(f"| {mode} | {_fmt(rate, ',.0f')} | {_fmt(trainer, '.2f')} | "
                      f"{_fmt(server, '.2f')} | {_fmt(ratio, '.2f')}x{spread} | {verdict} |")
-    failed = sum("error" in r for rs in records.values() for r in rs)
-    if failed:
-        lines.append(f"\n{failed} measurement(s) failed (see above).")
-    return "\n".join(lines)
+    return "\n".join(lines + failures_line(records))
 
 
 def _fmt(value: float | None, spec: str) -> str:

@@ -32,7 +32,15 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks import _harness
-from benchmarks.bench_modes import _fmt, _median, _progress_line, rates, rounds_main
+from benchmarks.bench_modes import (
+    _fmt,
+    _median,
+    _progress_line,
+    failures_line,
+    paired,
+    rates,
+    rounds_main,
+)
 from benchmarks.scenarios import LARGE, SCENARIOS, Contender
 
 CONTENDERS: dict[str, Contender] = {
@@ -123,14 +131,6 @@ def run(repeats: int, quick: bool = False, seconds: float | None = None,
     return records
 
 
-def paired(records: dict[str, list[dict[str, Any]]], label: str, base: str,
-           key: str = "samples_per_second") -> list[float]:
-    """``label``'s ``key`` over ``base``'s in the same round, for every round."""
-    under = {r["round"]: r.get(key) for r in records[base]}
-    return [r[key] / under[r["round"]] for r in records[label]
-            if r.get(key) and under.get(r["round"])]
-
-
 def _verdict(value: float | None, target: float, at_least: bool) -> str:
     if value is None:
         return "n/a"
@@ -165,10 +165,7 @@ def markdown(records: dict[str, list[dict[str, Any]]]) -> str:
     factor = statistics.median(factors) if factors else None
     lines.append(f"| trainer CPU per view / raw pyzmq per 56 B message | "
                  f"{_fmt(factor, '.1f')}x | {_verdict(factor, RAW_FACTOR_TARGET, False)} |")
-    failed = sum("error" in r for rs in records.values() for r in rs)
-    if failed:
-        lines.append(f"\n{failed} measurement(s) failed (see above).")
-    return "\n".join(lines)
+    return "\n".join(lines + failures_line(records))
 
 
 def main(argv: list[str] | None = None) -> int:
