@@ -1,6 +1,6 @@
 """The server's socket shell: binds, polls, receives, decodes, sends, and asks the core.
 
-:class:`Endpoints` owns the server's two public sockets (data and control,
+:class:`SocketShell` owns the server's two public sockets (data and control,
 both ROUTERs: each trainer connects a DEALER to each, its data DEALER named by
 its client id) and the clock. Every decision — who
 is connected, what to answer, when the stream may end — belongs to
@@ -46,13 +46,13 @@ from feedmux.server._delivery.reliable import NO_ACK, ReliableDispatch
 from feedmux.server._sources.producer import Frames
 from feedmux.server.config import ServerConfig
 
-__all__ = ["Endpoints", "MAX_CONTROL_BYTES"]
+__all__ = ["SocketShell", "MAX_CONTROL_BYTES"]
 
 log = logging.getLogger("feedmux.server")
 
 #: Control frames larger than this are refused by ZeroMQ before reaching Python.
 MAX_CONTROL_BYTES = CONTROL_INBOUND_FRAME_BYTES
-#: Milliseconds a stopped server's data socket lingers (see :meth:`Endpoints.close`).
+#: Milliseconds a stopped server's data socket lingers (see :meth:`SocketShell.close`).
 STOP_LINGER_MS = 200
 
 
@@ -60,7 +60,7 @@ class StopFlag(Protocol):
     def __bool__(self) -> bool: ...
 
 
-class Endpoints:
+class SocketShell:
     """The server's two public sockets around its :class:`ControlCore`."""
 
     def __init__(self, config: ServerConfig, stopping: StopFlag,

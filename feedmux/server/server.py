@@ -49,7 +49,7 @@ from feedmux.server._launch import (
     launch,
     watch_parent,
 )
-from feedmux.server._shell import Endpoints
+from feedmux.server._shell import SocketShell
 from feedmux.server._sources.forward import forward, ranked_dealer
 from feedmux.server._sources.merge import merge_block
 from feedmux.server._sources.producer import produce
@@ -123,7 +123,7 @@ class Server:
     control : str, optional
         The control endpoint (ROUTER); default: the data port + 1 (port 0 when
         the data port is 0). Once bound, :attr:`data_address` and
-        :attr:`control_address` give the real endpoints.
+        :attr:`control_address` give the real shell.
     workers : int
         Sampling processes; the streamers are sharded across them.
     epochs : int, optional
@@ -194,7 +194,7 @@ class Server:
         # to stop, the endpoints whose last word says how the stream ended.
         self._failure = ""
         self._stop_reason = "asked to stop (request_stop)"
-        self._endpoints: Endpoints | None = None
+        self._endpoints: SocketShell | None = None
 
     @property
     def data_address(self) -> str:
@@ -286,77 +286,77 @@ class Server:
             _restore_signal_handlers(previous)
             bool(self._stop)  # says which signal stopped it, if one did and nobody said yet
 
-    def _open(self, pool: WorkerPool | None = None) -> Endpoints | None:
+    def _open(self, pool: WorkerPool | None = None) -> SocketShell | None:
         try:
             if pool is None:
-                endpoints = Endpoints(self.config, self._stop)
+                shell = SocketShell(self.config, self._stop)
             else:  # the shared-memory pool was opened before the workers forked
-                endpoints = Endpoints(self.config, self._stop, lambda _: pool.shm)
+                shell = SocketShell(self.config, self._stop, lambda _: pool.shm)
         except (TransportError, ConfigurationError) as error:
             log.error("%s", error)
             self._tell_parent("failed", str(error))
             return None
         if pool is not None:  # before the parent hears "bound": a scrape may follow at once
-            endpoints.meters = pool.meters
-            endpoints.probes.append(pool.liveness)
+            shell.meters = pool.meters
+            shell.probes.append(pool.liveness)
         config = self.config
-        self._endpoints = endpoints
-        self._bound = (endpoints.data_address, endpoints.control_address)
+        self._endpoints = shell
+        self._bound = (shell.data_address, shell.control_address)
         source = config.source if isinstance(config.source, str) else type(config.source).__name__
         # A stable, documented line (docs/server.md): tests and scripts read the bound
         # endpoints from it when they asked for port 0.
         log.info(
             "serving %s: data %s, control %s, %d worker(s), epoch size %s, server id %s",
-            source, endpoints.data_address, endpoints.control_address, config.workers,
+            source, shell.data_address, shell.control_address, config.workers,
             config.epoch_size or "measured after the first epoch", config.server_id,
         )
-        if endpoints.metrics is not None:
-            self._metrics_address = endpoints.metrics.address
+        if shell.metrics is not None:
+            self._metrics_address = shell.metrics.address
             log.info("metrics on %s", self._metrics_address)
         self._tell_parent("bound", *self._bound, self._metrics_address)
-        return endpoints
+        return shell
 
     def _run_local(self, streamer: Any) -> int:
-        endpoints = self._open()
-        if endpoints is None:
+        shell = self._open()
+        if shell is None:
             return EXIT_USAGE
         config = self.config
         try:
-            if not endpoints.wait_for_trainers():
-                return EXIT_FAILED if endpoints.failed else EXIT_OK
+            if not shell.wait_for_trainers():
+                return EXIT_FAILED if shell.failed else EXIT_OK
             assert config.seed is not None  # resolved by run()
             seeder = EpochSeeder(config.seed, worker=0, num_workers=1)
 
             def epoch_done(epoch: int, count: int) -> bool:
-                endpoints.epoch_done(epoch, count)
-                return not (self._stop or endpoints.core.restarting)
+                shell.epoch_done(epoch, count)
+                return not (self._stop or shell.core.restarting)
 
             while True:
                 produce(
                     EpochIterator(streamer, max_epochs=config.epochs, on_epoch_start=seeder),
-                    endpoints.send_data,
+                    shell.send_data,
                     policy=config.policy, server_id=config.server_id,
                     skip_errors=config.on_error == "skip", epoch_done=epoch_done,
-                    dealer=ranked_dealer(endpoints, config), meter=endpoints.meters[0],
-                    start=endpoints.core.start_at, keep=endpoints.core.handed.keep,
-                    batches=endpoints.core.tables.batches.assemblers(),
+                    dealer=ranked_dealer(shell, config), meter=shell.meters[0],
+                    start=shell.core.start_at, keep=shell.core.handed.keep,
+                    batches=shell.core.tables.batches.assemblers(),
                 )
-                if not (self._stop or endpoints.core.restarting):
-                    endpoints.finish()
-                if self._stop or not endpoints.core.restarting:
+                if not (self._stop or shell.core.restarting):
+                    shell.finish()
+                if self._stop or not shell.core.restarting:
                     return EXIT_OK
                 # A ranked job resumed from a checkpoint: sample again, from where it says.
                 restart_passes(streamer)
-                endpoints.core.restarting = False
-                if not endpoints.wait_for_trainers():  # the new job's ranks
-                    return EXIT_FAILED if endpoints.failed else EXIT_OK
+                shell.core.restarting = False
+                if not shell.wait_for_trainers():  # the new job's ranks
+                    return EXIT_FAILED if shell.failed else EXIT_OK
         except Exception as error:
             log.error("sampling failed: %s: %s", type(error).__name__, error, exc_info=error)
-            endpoints.fail(error)
+            shell.fail(error)
             return EXIT_FAILED
         finally:
             EpochSeeder.clear()
-            endpoints.close()
+            shell.close()
 
     def _run_workers(self, streamer: Any, block: int | None) -> int:
         config = self.config
@@ -371,13 +371,13 @@ class Server:
                 return EXIT_USAGE
             pool.start()  # fork before this process creates its ZeroMQ context
             try:
-                endpoints = self._open(pool)
-                if endpoints is None:
+                shell = self._open(pool)
+                if shell is None:
                     return EXIT_USAGE
                 try:
-                    return forward(pool, endpoints, config, self._stop, block)
+                    return forward(pool, shell, config, self._stop, block)
                 finally:
-                    endpoints.close()
+                    shell.close()
             except _Interrupted:
                 pool.stop(timeout=0)  # a second signal: no grace for a worker stuck in user code
                 raise
@@ -410,7 +410,7 @@ class Server:
         gone (exited, or killed however), its workers and shared-memory pool
         with it; a normal exit of this process stops it too. Afterwards
         :attr:`data_address` and :attr:`control_address` give the bound
-        endpoints. Raises :class:`TransportError` if the server could not bind
+        shell. Raises :class:`TransportError` if the server could not bind
         or resolve its source, died (its error, exit code or signal is named),
         or had not bound within ``timeout`` s (the process is stopped then).
         """

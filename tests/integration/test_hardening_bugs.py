@@ -199,7 +199,7 @@ def test_keygen_never_leaves_the_secret_readable(tmp_path: Path,
 def test_a_failed_bind_leaves_no_thread_or_socket_behind(tmp_path: Path,
                                                           started: list[Server]) -> None:
     from feedmux._plumbing.curve import create_keys
-    from feedmux.server._shell import Endpoints
+    from feedmux.server._shell import SocketShell
     from feedmux.server.config import ServerConfig
 
     _, secret = create_keys(tmp_path, "server")
@@ -209,7 +209,7 @@ def test_a_failed_bind_leaves_no_thread_or_socket_behind(tmp_path: Path,
     config = ServerConfig(source=f"{SAMPLERS}:stuck", bind=first.data_address,
                           control="tcp://127.0.0.1:0", curve_secret=str(secret))
     with pytest.raises(TransportError, match=r"(?i)address already in use"):
-        Endpoints(config, stopping=False)
+        SocketShell(config, stopping=False)
     wait_until(lambda: threading.active_count() == threads, 5, "the authenticator to stop")
 
 

@@ -32,7 +32,7 @@ from feedmux.protocol import Data, EndOfEpoch, Error, decode, encode, read_tags,
 from feedmux.server._control.resume import ResumeCut
 from feedmux.server._delivery.batches import Batch
 from feedmux.server._delivery.dealing import RankDealer, RankShare
-from feedmux.server._shell import Endpoints, StopFlag
+from feedmux.server._shell import SocketShell, StopFlag
 from feedmux.server._sources.merge import Merge
 from feedmux.server._sources.producer import batched_shares
 from feedmux.server._sources.workers import WorkerPool
@@ -48,23 +48,23 @@ class _Run:
     """The state of one run of the job: merge order, positions, dealing (and the workers'
     samples held to be dealt together), the resume cut."""
 
-    def __init__(self, pool: WorkerPool, endpoints: Endpoints, config: ServerConfig,
+    def __init__(self, pool: WorkerPool, shell: SocketShell, config: ServerConfig,
                  block: int | None, generation: int) -> None:
         self.merge: Merge[Any] = Merge(config.workers, block)
         self.positions: dict[int, int] = {}
-        start = endpoints.core.start_at  # a resumed job: the workers skip the epochs before
-        self.dealer = ranked_dealer(endpoints, config)
+        start = shell.core.start_at  # a resumed job: the workers skip the epochs before
+        self.dealer = ranked_dealer(shell, config)
         self.cut = (None if start is None or self.dealer is None
                     else ResumeCut(*start, self.dealer.world_size - 1))
         #: Free trainers that outlived their server: where to resume, what they had.
-        self.start, self.handed = start, endpoints.core.handed
+        self.start, self.handed = start, shell.core.handed
         #: Samples of workers' messages of epoch ``held_epoch`` not dealt yet.
         self.held: list[Sequence[Any]] = []
         self.held_epoch = 0
         #: Workers whose messages of an earlier run may still come (until their marker).
         self.behind = set(range(config.workers)) if generation else set()
         #: The trainers' batches (None: they asked for none): cut here, from the merged stream.
-        self.batches = endpoints.core.tables.batches.assemblers()
+        self.batches = shell.core.tables.batches.assemblers()
         pool.begin(start[0] if start else 1, generation)
 
     def number(self, frames: Any) -> np.ndarray:
@@ -85,7 +85,7 @@ class _Run:
         return tags
 
 
-def forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop: StopFlag,
+def forward(pool: WorkerPool, shell: SocketShell, config: ServerConfig, stop: StopFlag,
             block: int | None) -> int:
     """Forward the workers' messages until the stream ends, fails or the server stops.
 
@@ -93,7 +93,7 @@ def forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop: 
     ahead of their turn from the other workers; without, in arrival order.
     Returns the server's exit code.
     """
-    sockets = [make_socket(endpoints.context, zmq.PULL, hwm=config.hwm, heartbeats=False)
+    sockets = [make_socket(shell.context, zmq.PULL, hwm=config.hwm, heartbeats=False)
                for _ in range(config.workers)]
     try:
         for index, socket in enumerate(sockets):
@@ -101,34 +101,34 @@ def forward(pool: WorkerPool, endpoints: Endpoints, config: ServerConfig, stop: 
                 socket.bind(pool.endpoint_of(index))
         generation = 0
         while True:
-            if not endpoints.wait_for_trainers():
-                return EXIT_FAILED if endpoints.failed else EXIT_OK
-            run = _Run(pool, endpoints, config, block, generation)
-            code = _forward_run(run, sockets, pool, endpoints, config, stop)
+            if not shell.wait_for_trainers():
+                return EXIT_FAILED if shell.failed else EXIT_OK
+            run = _Run(pool, shell, config, block, generation)
+            code = _forward_run(run, sockets, pool, shell, config, stop)
             if code is not None:
                 return code
-            _drop_read_ahead(run, endpoints.pool)
+            _drop_read_ahead(run, shell.pool)
             # The ranked job resumed from a checkpoint: a new run, from where it says.
             generation += 1
             pool.rewind(generation)
-            endpoints.core.restarting = False
+            shell.core.restarting = False
     except Exception as error:
         log.error("server failed: %s", error)
-        endpoints.fail(error)
+        shell.fail(error)
         return EXIT_FAILED
     finally:
         for socket in sockets:
             socket.close(linger=0)
 
 
-def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, endpoints: Endpoints,
+def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, shell: SocketShell,
                  config: ServerConfig, stop: StopFlag) -> int | None:
     """One run: the exit code when the stream ends (or stops), None when the job restarts."""
     polled: list[int] = []
     poller = zmq.Poller()
-    poller.register(endpoints.control, zmq.POLLIN)
+    poller.register(shell.control, zmq.POLLIN)
     while not stop:
-        if endpoints.core.restarting:
+        if shell.core.restarting:
             return None
         readable = sorted(set(run.merge.readable()) | run.behind)
         if readable != polled:
@@ -138,22 +138,22 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, endpoints: End
                 poller.register(sockets[worker], zmq.POLLIN)
             polled = readable
         events = dict(poller.poll(0 if run.held else 100))  # held samples wait for no one
-        if endpoints.control in events:
-            endpoints.serve_control(timeout=0)
+        if shell.control in events:
+            shell.serve_control(timeout=0)
         failure = pool.failure()
         if failure:
             pool.reclaim()  # what a worker forwarded goes nowhere now: its runs come back
             raise FeedmuxError(failure)
         ready = [worker for worker in polled if sockets[worker] in events]
         if not ready:
-            if not _deal_held(run, endpoints, config.server_id):
-                return None if endpoints.core.restarting else EXIT_OK
-            endpoints.tick()
+            if not _deal_held(run, shell, config.server_id):
+                return None if shell.core.restarting else EXIT_OK
+            shell.tick()
             continue
         for worker in ready:  # one message each: fair to every worker
             frames = sockets[worker].recv_multipart(copy=False)
             if worker in run.behind:
-                _catch_up(run, worker, frames, pool, endpoints.pool)
+                _catch_up(run, worker, frames, pool, shell.pool)
                 continue
             if len(frames) > 1:  # data: header + tags frame + buffers (or references)
                 run.merge.put(worker, frames, len(read_tags(frames)), carried_bytes(frames))
@@ -161,13 +161,13 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, endpoints: End
             message = decode(frames)
             if isinstance(message, Error):  # at once, whoever's turn it is
                 log.error("sampling worker failed: %s: %s", message.type, message.message)
-                endpoints.fail(message)
+                shell.fail(message)
                 return EXIT_FAILED
             if isinstance(message, EndOfEpoch):
                 run.merge.put(worker, message, None, 0)
-        code = _send_merged(run, pool, endpoints, config)
+        code = _send_merged(run, pool, shell, config)
         if code is not None:
-            return None if endpoints.core.restarting else code
+            return None if shell.core.restarting else code
     return EXIT_OK
 
 
@@ -182,7 +182,7 @@ def _catch_up(run: _Run, worker: int, frames: Any, pool: WorkerPool,
             run.behind.discard(worker)
 
 
-def _send_merged(run: _Run, pool: WorkerPool, endpoints: Endpoints,
+def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
                  config: ServerConfig) -> int | None:
     """Send what is next in merge order; an exit code when the stream ends or stops."""
     dealer, positions = run.dealer, run.positions
@@ -191,34 +191,34 @@ def _send_merged(run: _Run, pool: WorkerPool, endpoints: Endpoints,
         if isinstance(item, EndOfEpoch):
             if epoch_over:
                 if dealer is not None and not (
-                        _deal_held(run, endpoints, config.server_id)
-                        and _send_shares(dealer.finish_epoch(item.epoch), endpoints,
+                        _deal_held(run, shell, config.server_id)
+                        and _send_shares(dealer.finish_epoch(item.epoch), shell,
                                          config.server_id, run, last=True)):
                     return EXIT_OK
                 if dealer is None and run.batches is not None and not _send_batches(
-                        run.batches.of(-1).finish_epoch(), endpoints, config.server_id):
+                        run.batches.of(-1).finish_epoch(), shell, config.server_id):
                     return EXIT_OK
-                endpoints.epoch_done(item.epoch, positions.get(item.epoch, 0))
+                shell.epoch_done(item.epoch, positions.get(item.epoch, 0))
                 if config.epochs is not None and item.epoch >= config.epochs:
-                    endpoints.finish()
+                    shell.finish()
                     return EXIT_OK
                 pool.release(item.epoch + 1)
             continue
         tags = run.number(item)
-        if dealer is not None or run.batches is not None or endpoints.fanout is not None:
-            item = _whole(endpoints.pool, item)  # decoded here, or sent whole to every group
+        if dealer is not None or run.batches is not None or shell.fanout is not None:
+            item = _whole(shell.pool, item)  # decoded here, or sent whole to every group
         if dealer is not None:
-            if not _deal_forwarded(item, tags, run, endpoints, config.server_id):
+            if not _deal_forwarded(item, tags, run, shell, config.server_id):
                 return EXIT_OK
             continue
-        frames = _free_rows(run, item, tags, config.server_id, endpoints.pool)
+        frames = _free_rows(run, item, tags, config.server_id, shell.pool)
         if frames is not None and run.batches is not None:
             message = decode(frames)
             assert isinstance(message, Data)
             if not _send_batches(run.batches.of(-1).add(message.tags, message.samples),
-                                 endpoints, config.server_id):
+                                 shell, config.server_id):
                 return EXIT_OK
-        elif frames is not None and not endpoints.send_data(frames, len(read_tags(frames)),
+        elif frames is not None and not shell.send_data(frames, len(read_tags(frames)),
                                                             int(tags[-1, 0])):
             return EXIT_OK
     return None
@@ -262,17 +262,17 @@ def _free_rows(run: _Run, frames: Any, tags: np.ndarray, server_id: str,
     return encode(Data(tags[rows], [message.samples[row] for row in rows], server_id))
 
 
-def ranked_dealer(endpoints: Endpoints, config: ServerConfig) -> RankDealer | None:
+def ranked_dealer(shell: SocketShell, config: ServerConfig) -> RankDealer | None:
     """The dealer of a ranked run (its trainers' hellos told the world size), else None."""
-    world_size = endpoints.core.ranks.world_size
+    world_size = shell.core.ranks.world_size
     if not world_size:
         return None
     dealer = RankDealer(world_size, config.uneven)
-    dealer.ahead = dict(endpoints.core.ranks_ahead)  # live ranks that outlived a server
+    dealer.ahead = dict(shell.core.ranks_ahead)  # live ranks that outlived a server
     return dealer
 
 
-def _deal_forwarded(frames: list[Any], tags: np.ndarray, run: _Run, endpoints: Endpoints,
+def _deal_forwarded(frames: list[Any], tags: np.ndarray, run: _Run, shell: SocketShell,
                     server_id: str) -> bool:
     """Ranked ``--workers``: deal a worker's message (renumbered ``tags``) to the ranks.
 
@@ -287,7 +287,7 @@ def _deal_forwarded(frames: list[Any], tags: np.ndarray, run: _Run, endpoints: E
     message = decode(frames)
     assert isinstance(message, Data) and run.dealer is not None
     epoch, samples, cut = int(tags[0, 0]), message.samples, run.cut
-    if epoch != run.held_epoch and not _deal_held(run, endpoints, server_id):
+    if epoch != run.held_epoch and not _deal_held(run, shell, server_id):
         return False
     if cut is not None and epoch == cut.epoch and not cut.done:
         samples = cut.cut(tags[:, 1], samples)
@@ -298,33 +298,33 @@ def _deal_forwarded(frames: list[Any], tags: np.ndarray, run: _Run, endpoints: E
     run.held_epoch = epoch
     if sum(map(len, run.held)) < run.dealer.world_size * max(map(len, run.held)):
         return True
-    return _deal_held(run, endpoints, server_id)
+    return _deal_held(run, shell, server_id)
 
 
-def _deal_held(run: _Run, endpoints: Endpoints, server_id: str) -> bool:
+def _deal_held(run: _Run, shell: SocketShell, server_id: str) -> bool:
     """Deal the samples held (if any) to the ranks; False when the server is stopping."""
     if not run.held or run.dealer is None:
         return True
     held, run.held = run.held, []
-    return _send_shares(run.dealer.deal(run.held_epoch, *held), endpoints, server_id, run)
+    return _send_shares(run.dealer.deal(run.held_epoch, *held), shell, server_id, run)
 
 
-def _send_shares(shares: list[RankShare], endpoints: Endpoints, server_id: str, run: _Run,
+def _send_shares(shares: list[RankShare], shell: SocketShell, server_id: str, run: _Run,
                  last: bool = False) -> bool:
     """Encode and send each rank's share (cut into the trainers' batches, if they asked;
     ``last``: the epoch's last shares); False when the server is stopping (or restarting)."""
     if run.batches is not None:
         shares = batched_shares(run.batches, shares, last)
     for share in shares:
-        if share.items and not endpoints.send_data(
+        if share.items and not shell.send_data(
                 encode(Data(share.tags, share.items, server_id)), len(share.items),
                 int(share.tags[0, 0]), share.rank):
             return False
     return True
 
 
-def _send_batches(batches: list[Batch], endpoints: Endpoints, server_id: str) -> bool:
+def _send_batches(batches: list[Batch], shell: SocketShell, server_id: str) -> bool:
     """Encode and send the free trainers' batches; False when the server is stopping."""
-    return all(endpoints.send_data(encode(Data(batch.tags, batch.items, server_id)),
+    return all(shell.send_data(encode(Data(batch.tags, batch.items, server_id)),
                                    len(batch.tags), int(batch.tags[0, 0]))
                for batch in batches)
