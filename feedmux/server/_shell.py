@@ -108,7 +108,7 @@ class SocketShell:
             self.dealer = Dealer(self.outbox, self.core, carrier, self._plain_halted,
                                  functools.partial(ReliableFree, link), [NO_ACK],
                                  link.credits.takes)
-            free_targets = lambda: None  # noqa: E731 (every trainer with credit)
+            free_targets = _every_trainer
         #: The server's free trainers and its ranks (without consumer groups).
         self.free = self.dealer.free_audience("", free_targets)
         self.ranks = RankAudience(self.core.rank_target, lambda: self.core.retention,
@@ -202,6 +202,11 @@ class SocketShell:
             self.dealer.redeal(self.free)
         else:
             self.fanout.redeal()
+
+    def _ranks_owed(self) -> int:
+        """Messages ranks were sent and have not handed out yet (the groups' ranks too)."""
+        owed = self.core.retention.held()
+        return owed if self.fanout is None else owed + self.fanout.ranks_owed()
 
     def _plain_halted(self) -> bool:
         """A message waiting for a trainer stops waiting: the server halts, or consumer
@@ -305,7 +310,7 @@ class SocketShell:
         if self.reliable is not None:
             # Ranks' messages count too: a dead rank's go to its successor first.
             self.reliable.finish(core.drain_deadline, lambda: bool(self.stopping),
-                                 self._redeal, core.retention.held)
+                                 self._redeal, self._ranks_owed)
             self.reliable.broadcast(core.end_message())
             self.deliver(core.end_stream(time.monotonic()))
         else:
@@ -346,6 +351,11 @@ class SocketShell:
             self.handshakes.stop()
         if self.authenticator is not None:
             self.authenticator.stop()
+
+
+def _every_trainer() -> None:
+    """The members of a reliable server's free audience: None, every trainer with credit."""
+    return None
 
 
 def _data_socket(context: zmq.Context[Any], config: ServerConfig,

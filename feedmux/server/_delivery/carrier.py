@@ -8,7 +8,7 @@ keeps — a rank's, for a successor; a reliable trainer's, to be re-dealt — ke
 frames the server holds (a pool run whose memory the server still holds is
 pinned, never reused), so a trainer that dies holding references (its runs
 are reclaimed once its pid is gone) never takes the kept copy with it. It never
-sends (the outbox does) nor decides who gets a message (the dealers and the
+sends (the outbox does) nor decides who gets a message (the dealer and the
 ledger do).
 """
 
