@@ -95,17 +95,17 @@ class SocketShell:
         # what its socket queues would hold of messages sent whole (--hwm, both ends).
         carrier = Carrier(self.pool, self.core, 2 * config.hwm, self.serve_control,
                           self._halted)
-        # Ranks on a reliable server: their messages need no sequence number (the ranks'
-        # hand-out marks release them) and go after the envelope of one that needs none,
-        # within the credit their holder granted.
-        # The one choice of recovery policy: re-deal within an audience when reliable.
+        # The one choice of the free trainers' recovery policy: none, or (reliable) credit
+        # and a re-deal within their audience. Ranks on a reliable server: their messages
+        # need no sequence number (the ranks' hand-out marks release them), so they go
+        # after the envelope of one that needs none, within the credit their holder granted.
         if (link := self.reliable) is None:
             sent_to = self.core.questions.sent_to
-            self.dealer = Dealer(self.outbox, self.core, carrier, self._plain_halted,
+            self.dealer = Dealer(self.outbox, self.core, carrier, self._dealing_halted,
                                  lambda name: PlainFree(sent_to))
             free_targets: Callable[[], list[bytes] | None] = self.core.free_targets
         else:
-            self.dealer = Dealer(self.outbox, self.core, carrier, self._plain_halted,
+            self.dealer = Dealer(self.outbox, self.core, carrier, self._dealing_halted,
                                  functools.partial(ReliableFree, link), [NO_ACK],
                                  link.credits.takes)
             free_targets = _every_trainer
@@ -208,7 +208,7 @@ class SocketShell:
         owed = self.core.retention.held()
         return owed if self.fanout is None else owed + self.fanout.ranks_owed()
 
-    def _plain_halted(self) -> bool:
+    def _dealing_halted(self) -> bool:
         """A message waiting for a trainer stops waiting: the server halts, or consumer
         groups opened meanwhile (the message is theirs, see :meth:`send_data`)."""
         return self._halted() or self.fanout is not None
