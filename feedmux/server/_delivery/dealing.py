@@ -18,7 +18,7 @@ core's business).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -80,7 +80,8 @@ class RankDealer:
     [(0, [2], ['c']), (1, [3], ['a'])]
     """
 
-    def __init__(self, world_size: int, uneven: str = "pad") -> None:
+    def __init__(self, world_size: int, uneven: str = "pad",
+                 ahead: Mapping[int, tuple[int, int]] | None = None) -> None:
         if not (isinstance(world_size, int) and world_size >= 1):
             raise ConfigurationError(f"expected world_size an int >= 1, got {world_size!r}")
         if uneven not in UNEVEN_MODES:
@@ -94,7 +95,7 @@ class RankDealer:
         self._first: list[_Rows] = []  # the epoch's first rows, one each
         #: rank -> (epoch, position) it stands at, for live ranks further on than where the
         #: dealing resumed: what comes before in their share they already had.
-        self.ahead: dict[int, tuple[int, int]] = {}
+        self.ahead: dict[int, tuple[int, int]] = dict(ahead or {})
 
     def resume(self, epoch: int, position: int, head: Sequence[Any] = ()) -> None:
         """Deal ``epoch`` from ``position`` on: its items start there (a resumed run).
@@ -115,8 +116,8 @@ class RankDealer:
         [(0, [4], ['e']), (1, [5], ['f']), (2, [6], ['a'])]
         """
         self._epoch, self._next, self._carry, self._carried = epoch, position, [], 0
-        keep = min(len(head), self.world_size - 1) if self.uneven == "pad" else 0
-        self._first = [(head, row, row + 1) for row in range(keep)]
+        repeatable = min(len(head), self.world_size - 1) if self.uneven == "pad" else 0
+        self._first = [(head, row, row + 1) for row in range(repeatable)]
 
     def deal(self, epoch: int, *chunks: Sequence[Any]) -> list[RankShare]:
         """The complete rounds that ``chunks`` (the next items of ``epoch``: one
