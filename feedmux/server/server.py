@@ -338,7 +338,7 @@ class Server:
                     policy=config.policy, server_id=config.server_id,
                     skip_errors=config.on_error == "skip", epoch_done=epoch_done,
                     dealer=ranked_dealer(shell, config), meter=shell.meters[0],
-                    start=shell.core.start_at, fresh=shell.core.handed.keep,
+                    start=shell.core.start_at, fresh=shell.core.handed.fresh,
                     batches=shell.core.tables.batches.assemblers(),
                 )
                 if not (self._stop or shell.core.restarting):

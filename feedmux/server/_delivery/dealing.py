@@ -11,9 +11,9 @@ items: each rank's share is taken from the dealt chunks as row slices
 (:func:`~feedmux.protocol.take_samples`: a list slice, or the stacked arrays of
 a decoded batch sliced), so a server passing on its workers' messages never
 builds a sample. It is pure: sequences in, sequences out, no sockets, no clock,
-no encoding — the producer encodes what it returns and the shell sends it. It
-must never decide anything about trainers (who holds a rank is the control
-core's business).
+no encoding — the ranked stage (:mod:`.ranking`) encodes what it returns and its
+caller sends it. It must never decide anything about trainers (who holds a rank
+is the control core's business).
 """
 
 from __future__ import annotations
@@ -69,7 +69,9 @@ class RankDealer:
     first ``n - 1`` rows, to repeat them. It keeps rows of the chunks, not
     items: a rank's share of a chunk is the row slice ``start::n``, taken at C
     level (a list slice, or a decoded batch's stacked arrays sliced), with no
-    per-item Python work.
+    per-item Python work. ``ahead`` (rank -> (epoch, position)) names live ranks
+    further on than where the dealing resumes: each gets nothing of its share
+    before where it stands.
 
     Examples
     --------

@@ -251,7 +251,7 @@ def _free_rows(run: _Run, frames: Any, tags: np.ndarray, server_id: str,
     it goes out: a resumed run drops what comes before its start and what the trainers
     that outlived their server had (decoding and re-encoding only such messages)."""
     epoch = int(tags[0, 0])
-    kept = run.handed.keep(epoch, tags[:, 1])
+    kept = run.handed.fresh(epoch, tags[:, 1])
     if run.start is not None and epoch == run.start[0]:
         after = tags[:, 1] >= run.start[1]
         kept = after if kept is None else kept & after
