@@ -9,8 +9,8 @@ of free trainers a message goes whole to whichever member has room in its queue
 killed member's rest dealt again to the group's other members); in a ranked
 group (its trainers have ``rank``/``world_size``) each message is decoded once
 for the group (a batch stays stacked), dealt among its ranks by the ranked
-rule (:class:`~feedmux.server._delivery.dealing.RankDealer`: pad or drop, equal steps
-per rank: row slices) and encoded per rank, and a restarted rank gets its
+rule and encoded per rank (:class:`~feedmux.server._delivery.ranking.RankedStage`: pad
+or drop, equal steps per rank: row slices), and a restarted rank gets its
 predecessor's rest first (:class:`~feedmux.server._delivery.ranksend.RankSender`).
 While the buffer is full it waits, serving the control socket, and names the
 group that lags in the log. A ranked group with a rank that has had no live
@@ -32,14 +32,15 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-from feedmux.protocol import Data, Error, decode, encode
+from feedmux.protocol import Data, Error, decode
 from feedmux.server._control.core import TRAINER_TIMEOUT, ControlCore, Sends
 from feedmux.server._delivery.dealer import Dealer, FreeAudience, RankAudience
-from feedmux.server._delivery.dealing import RankDealer, RankShare
+from feedmux.server._delivery.dealing import RankDealer
 from feedmux.server._delivery.groups import DEFAULT_GROUP, BufferedMessage, GroupBuffer
 from feedmux.server._delivery.outbox import Wait
+from feedmux.server._delivery.ranking import RankedStage, RankMessage
 from feedmux.server._sources.producer import Frames
 from feedmux.server.config import ServerConfig, disabled
 
@@ -65,11 +66,13 @@ RANK_BACKLOG = 2
 
 
 class _RankedGroup:
-    """One ranked group's dealing: its dealer, and per rank the encoded shares (frames,
-    samples, epoch) its holder has yet to take."""
+    """One ranked group's dealing: its ranked stage, and per rank the encoded messages
+    (frames, samples, epoch) its holder has yet to take."""
 
-    def __init__(self, world_size: int, uneven: str, audience: RankAudience) -> None:
+    def __init__(self, world_size: int, uneven: str, audience: RankAudience,
+                 server_id: str = "") -> None:
         self.dealer = RankDealer(world_size, uneven)
+        self.stage = RankedStage(self.dealer, server_id)
         self.audience = audience
         self.queues: list[deque[tuple[Frames, int, int]]] = [deque() for _ in range(world_size)]
         self.epoch = 0  # the epoch being dealt
@@ -88,22 +91,19 @@ class _RankedGroup:
         """Deal the group's next buffered message (an epoch change first ends the last one)."""
         decoded = decode(list(message.frames))
         assert isinstance(decoded, Data)
-        shares: list[RankShare] = []
         if message.epoch != self.epoch:
-            shares += self.dealer.finish_epoch(self.epoch)
+            self.finish_epoch()
             self.epoch = message.epoch
-        shares += self.dealer.deal(message.epoch, decoded.samples)  # rows, not samples
-        self._queue(shares, decoded.server_id)
+        # Rows, not samples: a batch's stacked arrays are sliced per rank.
+        self._queue(self.stage.deal(message.epoch, int(decoded.tags[0, 1]), decoded.samples))
 
-    def finish_epoch(self, server_id: str) -> None:
+    def finish_epoch(self) -> None:
         """Every message of the epoch was dealt: pad or drop its last, partial round."""
-        self._queue(self.dealer.finish_epoch(self.epoch), server_id)
+        self._queue(self.stage.finish_epoch(self.epoch))
 
-    def _queue(self, shares: list[RankShare], server_id: str) -> None:
-        for share in shares:
-            if share.items:
-                frames = encode(Data(share.tags, share.items, server_id))
-                self.queues[share.rank].append((frames, len(share.items), int(share.tags[0, 0])))
+    def _queue(self, messages: Iterable[RankMessage]) -> None:
+        for frames, samples, epoch, rank in messages:
+            self.queues[rank].append((frames, samples, epoch))
 
     @property
     def backlogged(self) -> bool:
@@ -239,7 +239,8 @@ class GroupFanout:
                 functools.partial(self.core.rank_target, group=name),
                 lambda: tables.retention_of(name), lambda: list(tables.of(name).holders),
                 self.dealer.rank_sender)
-            group = self._ranked[name] = _RankedGroup(world_size, self.uneven, audience)
+            group = self._ranked[name] = _RankedGroup(world_size, self.uneven, audience,
+                                                      self.server_id)
         return group
 
     def _given_up(self, name: str, group: _RankedGroup, targets: list[bytes],
@@ -283,7 +284,7 @@ class GroupFanout:
             message = buffer.next_for(name)
             if message is None:
                 if group.epoch and buffer.epoch_closed(group.epoch):
-                    group.finish_epoch(self.server_id)  # once: the dealer keeps nothing after
+                    group.finish_epoch()  # once: the dealer keeps nothing after
                     self._send_shares(name, group)
                 return
             group.deal(message)
