@@ -84,13 +84,13 @@ class SocketShell:
         #: The sampling processes' meters (the server's own, or its workers').
         self.meters = [SamplerMeter()]
         #: More figures for the statistics (the worker pool's liveness, the shm pool's use).
-        self.stat_sources: list[Callable[[], dict[str, Stat]]] = []
+        self.extra_stats: list[Callable[[], dict[str, Stat]]] = []
         self.core = ControlCore(config, time.monotonic(), os.getpid(), self._extra_stats)
         #: The same-host shared-memory pool free trainers on this host read large arrays from.
         self.pool = shm(config)  # opened before the workers forked, if there are workers
         if self.pool is not None:
             self.core.shm = (self.pool.path, self.pool.token)
-            self.stat_sources.append(lambda: dict(self.pool.stats()) if self.pool else {})
+            self.extra_stats.append(lambda: dict(self.pool.stats()) if self.pool else {})
         # References to the pool on their way to one trainer (not yet received) at most:
         # what its socket queues would hold of messages sent whole (--hwm, both ends).
         carrier = Carrier(self.pool, self.core, 2 * config.hwm, self.serve_control,
@@ -140,7 +140,7 @@ class SocketShell:
             stats.update(self.fanout.stats())
         if self.reliable is not None:
             stats.update(self.reliable.credits.stats())
-        for figures in self.stat_sources:
+        for figures in self.extra_stats:
             stats.update(figures())
         return stats
 

@@ -298,7 +298,7 @@ class Server:
             return None
         if pool is not None:  # before the parent hears "bound": a scrape may follow at once
             shell.meters = pool.meters
-            shell.stat_sources.append(pool.liveness)
+            shell.extra_stats.append(pool.liveness)
         config = self.config
         self._endpoints = shell
         self._bound = (shell.data_address, shell.control_address)
