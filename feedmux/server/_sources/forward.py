@@ -28,7 +28,16 @@ import zmq
 from feedmux._plumbing.shm import ShmPool, carried_bytes, has_refs
 from feedmux._plumbing.sockets import make_socket, mapped_zmq_errors
 from feedmux.errors import FeedmuxError
-from feedmux.protocol import Data, EndOfEpoch, Error, decode, encode, read_tags, replace_tags
+from feedmux.protocol import (
+    Data,
+    EndOfEpoch,
+    Error,
+    Resolver,
+    decode,
+    encode,
+    read_tags,
+    replace_tags,
+)
 from feedmux.server._control.resume import ResumeCut
 from feedmux.server._delivery.batches import Batch
 from feedmux.server._delivery.dealing import RankDealer, RankShare
@@ -205,15 +214,15 @@ def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
                 pool.release(item.epoch + 1)
             continue
         tags = run.number(item)
-        if dealer is not None or run.batches is not None or shell.fanout is not None:
-            item = _whole(shell.pool, item)  # decoded here, or sent whole to every group
+        if shell.fanout is not None:
+            item = _whole(shell.pool, item)  # sent whole to every group
         if dealer is not None:
             if not _deal_forwarded(item, tags, run, shell, config.server_id):
                 return EXIT_OK
             continue
         frames = _free_rows(run, item, tags, config.server_id, shell.pool)
         if frames is not None and run.batches is not None:
-            message = decode(frames)
+            message = decode(frames, resolve=_reader(shell.pool))
             assert isinstance(message, Data)
             if not _send_batches(run.batches.of(-1).add(message.tags, message.samples),
                                  shell, config.server_id):
@@ -236,9 +245,21 @@ def _whole(shm: ShmPool | None, frames: Any) -> Any:
     their runs freed (one copy: as many as a message that came whole), or ``frames``."""
     if shm is None or not has_refs(frames):
         return frames
-    whole = shm.copied_out(frames)
+    whole = shm.forwarded.copied_out(frames)
     shm.drop(frames)
     return whole
+
+
+def _reader(shm: ShmPool | None) -> Resolver | None:
+    """The resolver that decodes a worker's references as views of its runs, in place (no
+    copy: :meth:`~feedmux._plumbing.shm.ForwardedRuns.view`), or None without a pool.
+
+    An array of such a view that the server encodes again from its first byte (a
+    rank's share of whole samples, a batch of one) is sent on as a reference to the
+    same run; what the server builds from several (a batch of many samples) is a
+    new array, placed as any other.
+    """
+    return None if shm is None else shm.forwarded.view
 
 
 def _free_rows(run: _Run, frames: Any, tags: np.ndarray, server_id: str,
@@ -254,10 +275,11 @@ def _free_rows(run: _Run, frames: Any, tags: np.ndarray, server_id: str,
     if kept is None or kept.all():
         return replace_tags(frames, tags)
     rows = np.flatnonzero(kept).tolist()
-    frames = _whole(shm, frames)
     if not rows:
+        if shm is not None and has_refs(frames):
+            shm.drop(frames)
         return None
-    message = decode(frames)
+    message = decode(frames, resolve=_reader(shm))
     assert isinstance(message, Data)
     return encode(Data(tags[rows], [message.samples[row] for row in rows], server_id))
 
@@ -284,7 +306,7 @@ def _deal_forwarded(frames: list[Any], tags: np.ndarray, run: _Run, shell: Socke
     resumed job's first epoch, what comes before the resume position is
     dropped (``run.cut``).
     """
-    message = decode(frames)
+    message = decode(frames, resolve=_reader(shell.pool))
     assert isinstance(message, Data) and run.dealer is not None
     epoch, samples, cut = int(tags[0, 0]), message.samples, run.cut
     if epoch != run.held_epoch and not _deal_held(run, shell, server_id):
