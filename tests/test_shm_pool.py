@@ -311,3 +311,44 @@ def test_the_runs_of_a_killed_worker_come_back_when_the_server_adopts_them(
     del view
     pool.reclaim()
     assert pool.stats()["shm_bytes_in_use"] == 0
+
+
+def test_a_workers_run_the_server_reads_in_place_goes_on_and_is_kept_while_viewed(
+        pool: ShmPool) -> None:
+    pool.split(1)
+    frames = _from_worker(pool, keep_one=False)
+    message = decode(frames, resolve=pool.forwarded.view)  # the forwarder's read: no copy
+    assert isinstance(message, Data)
+    sample = message.samples[0]
+    start = int(sample["x"].ctypes.data) - pool.segment.base
+    assert start // pool.segment.granule >= 8 and (sample["x"] == 6.0).all()
+    # Encoded again (a rank's share of this sample): the worker's run goes on as it is.
+    placed = pool.place(encode(Data(np.array([[1, 0]]), [sample])))
+    assert placed is not None and is_ref(placed.frames[2])
+    assert pool.stats()["shm_bytes_copied"] == 0
+    pool.delivered(b"rank", placed)
+    views = ShmViews()
+    views.attach(pool.path)
+    assert (receive(views, placed.frames) == 6.0).all()  # received and released at once
+    # The server still reads it (kept for a successor): the run is not free yet.
+    assert pool.stats()["shm_bytes_in_use"] == MIB
+    # A second share of the same run (a padding repeat) is copied, never sent twice.
+    again = pool.place(encode(Data(np.array([[1, 1]]), [sample])))
+    assert again is not None and again.taken and pool.stats()["shm_bytes_copied"] == MIB
+    pool.cancel(again)
+    del sample, message, placed
+    assert pool.stats()["shm_bytes_in_use"] == 0
+
+
+def test_a_workers_run_the_server_reads_and_never_sends_on_is_freed_with_its_views(
+        pool: ShmPool) -> None:
+    pool.split(1)
+    frames = _from_worker(pool, keep_one=True)  # killed holding a lent-out run
+    message = decode(frames, resolve=pool.forwarded.view)
+    assert isinstance(message, Data)
+    assert pool.adopt(0) == 1  # the lent-out run; the one the server reads stays
+    assert pool.stats()["shm_bytes_in_use"] == MIB
+    assert (message.samples[0]["x"] == 6.0).all()
+    del message
+    pool.reclaim()  # the dead worker's run, now the server's: free with its last view
+    assert pool.stats()["shm_bytes_in_use"] == 0
