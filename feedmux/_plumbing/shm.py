@@ -101,7 +101,7 @@ WORKER_PATIENCE = 1.0
 #: Seconds between two looks for dead trainers' runs while the pool is full.
 OWNER_CHECK = 0.25
 
-_MAGIC = b"feedmxSM"
+MAGIC = b"feedmxSM"
 _HEADER = struct.Struct("<8s16sQQQ")  # magic, token, granules, granule size, data offset
 # magic, segment id, head granule, granules, nbytes, generation, pid of the segment's creator
 REF = struct.Struct("<8sQQQQQQ")
@@ -116,7 +116,7 @@ SEGMENT_PREFIX = "feedmux-"
 
 def is_ref(frame: Any) -> bool:
     """Whether ``frame`` (a bytes-like of any length) is a reference frame."""
-    return len(frame) == REF_SIZE and memoryview(frame)[:8] == _MAGIC
+    return len(frame) == REF_SIZE and memoryview(frame)[:8] == MAGIC
 
 
 def has_refs(frames: Sequence[Any]) -> bool:
@@ -180,7 +180,7 @@ class Segment:
     def __init__(self, fd: int, size: int) -> None:
         self.map = mmap.mmap(fd, size)
         magic, token, granules, granule, offset = _HEADER.unpack_from(self.map, 0)
-        if magic != _MAGIC or offset + granules * granule > size:
+        if magic != MAGIC or offset + granules * granule > size:
             raise ValueError("not a feedmux shared-memory segment")
         self.token: bytes = token
         self.segment_id: int = int.from_bytes(token[:8], "little")
@@ -406,7 +406,7 @@ class ShmPool:
             return None
         try:
             os.ftruncate(fd, total)
-            header = _HEADER.pack(_MAGIC, token, granules, granule, offset)
+            header = _HEADER.pack(MAGIC, token, granules, granule, offset)
             os.pwrite(fd, header, 0)
             segment = Segment(fd, total)
         except (OSError, ValueError) as error:
@@ -581,7 +581,7 @@ class ShmPool:
                 self.copied += nbytes
                 start = head * segment.granule
                 segment.data[start : start + nbytes] = source
-            out[index] = REF.pack(_MAGIC, segment.segment_id, head,
+            out[index] = REF.pack(MAGIC, segment.segment_id, head,
                                   int(self.books.lengths[head]), nbytes,
                                   int(table[head, ROW_GEN]), self.creator)
         self.messages += state == SENT
