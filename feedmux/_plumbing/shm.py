@@ -4,10 +4,9 @@ This module owns the segment a server shares with the trainers on its host: its
 layout (a header with a random token, a slot table, then the data area cut in
 granules), the server's allocator (:class:`ShmPool`: places large array frames
 in runs of granules, takes back released runs, back-pressures when full), the
-trainer's side (:class:`ShmAttachment`: turns a reference frame into a
-writable uint8 array over the segment, and frees the run once every view of it is
-gone), the reference frame that replaces an array frame on the wire, and
-:func:`shared_empty`. It never imports zmq and never sends anything: releases
+reference frame that replaces an array frame on the wire, the rows of the slot
+table that a trainer's side (:mod:`feedmux._plumbing.shmviews`) claims and
+releases, and :func:`shared_empty`. It never imports zmq and never sends anything: releases
 are a store into the slot table, made by a ``weakref.finalize`` when the last
 view of a run dies, so the hot path has no release messages at all.
 
@@ -31,7 +30,11 @@ the bytes out for a trainer that does not, and frees the run. A worker that
 dies leaves its books in shared memory: the server adopts them
 (:meth:`ShmPool.adopt`). A run whose memory an object of the allocating process
 still holds (a ranked message kept for a successor) is pinned and not reused,
-whatever a trainer's release says, until that object is gone.
+whatever a trainer's release says, until that object is gone; so is a worker's
+run that the server reads in place (:class:`ForwardedRuns`: it decoded the
+worker's message to deal it to ranks or to cut batches), whose array the server
+sends on as a reference to the same run when it starts at the run's first byte.
+The trainer's side of the segment is :mod:`feedmux._plumbing.shmviews`.
 
 Cleanup: the segment is a file named ``feedmux-<server pid>-<token>`` in
 ``/dev/shm`` (a file, not an anonymous memfd, so that a trainer in another

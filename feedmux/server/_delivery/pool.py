@@ -18,8 +18,13 @@ release says (it is pinned, :mod:`feedmux._plumbing.shmruns`): a restarted rank
 gets its predecessor's rest over the socket, from those frames, with no second
 copy. With ``--workers N`` the workers write large arrays into their regions of
 the pool and forward references; they go on to trainers that map the pool as
-they are, and are copied out (one copy) for those that do not. Consumer groups
-get their messages over the sockets (a group's buffer is read by every group).
+they are, and are copied out (one copy) for those that do not. A worker's message
+the forwarder decodes (to deal it to ranks, or to cut batches) is read in place
+(:class:`~feedmux._plumbing.shm.ForwardedRuns`), and a rank's share of whole
+samples goes on as references to the worker's runs, kept for a successor while the
+server's frames live. Consumer groups get their messages over the sockets (a
+group's buffer is read by every group). How a message goes to one trainer is a
+:class:`Via`.
 Reliable trainers get references too, while the ledger keeps the message's
 bytes to deal them again (a dead trainer's claimed runs are taken back as soon
 as its pid is gone, so only whole bytes, never references, are dealt again).
