@@ -93,8 +93,7 @@ class SocketShell:
             self.extra_stats.append(lambda: dict(self.pool.stats()) if self.pool else {})
         # References to the pool on their way to one trainer (not yet received) at most:
         # what its socket queues would hold of messages sent whole (--hwm, both ends).
-        carrier = Carrier(self.pool, self.core, 2 * config.hwm, self.serve_control,
-                          self._halted)
+        carrier = Carrier(self.pool, self.core, 2 * config.hwm, self.outbox, self._halted)
         # The one choice of the free trainers' recovery policy: none, or (reliable) credit
         # and a re-deal within their audience. Ranks on a reliable server: their messages
         # need no sequence number (the ranks' hand-out marks release them), so they go
