@@ -143,6 +143,6 @@ def test_free_reliable_trainers_resume_at_the_first_position_nobody_handed_out()
     # After the earliest of their latest hand-outs (a's 2:39; b's is 3:3): what either had
     # not handed out was dealt after it. 2:25-30 went to neither (a trainer gone since).
     assert core.start_at == (2, 40)
-    kept = core.handed.keep(2, np.arange(24, 42))
+    kept = core.handed.fresh(2, np.arange(24, 42))
     assert kept is not None and np.flatnonzero(~kept).tolist() == [0, *range(6, 16)]
-    assert core.handed.keep(3, np.arange(6)).tolist() == [False] * 4 + [True] * 2
+    assert core.handed.fresh(3, np.arange(6)).tolist() == [False] * 4 + [True] * 2

@@ -172,7 +172,7 @@ class Handed:
     last 32 messages, far beyond it when several trainers share the stream
     (resuming at its lowest range dealt again everything the others, and the
     trainers that left, had handed out since). The reported ranges above the
-    start are not dealt again (:meth:`keep`); ranges reported later (a trainer
+    start are not dealt again (:meth:`fresh`); ranges reported later (a trainer
     whose hello came after the start, :meth:`add`) are kept out too, as far as
     dealing has not passed them.
 
@@ -182,9 +182,9 @@ class Handed:
     >>> handed = Handed([(2, 8, 12, 2, 16, 20), (2, 12, 14, 3, 0, 4)])
     >>> handed.start
     (2, 20)
-    >>> handed.keep(2, np.arange(18, 22)).tolist()
+    >>> handed.fresh(2, np.arange(18, 22)).tolist()
     [False, False, True, True]
-    >>> handed.keep(3, np.arange(0, 6)).tolist(), handed.keep(4, np.arange(2)) is None
+    >>> handed.fresh(3, np.arange(0, 6)).tolist(), handed.fresh(4, np.arange(2)) is None
     ([False, False, False, False, True, True], True)
     >>> Handed([(5, 0, 40, 6, 0, 10), (6, 10, 20)]).start  # the latest of each: 6:10, 6:20
     (6, 20)
@@ -235,7 +235,7 @@ class Handed:
             self.add(hello.handed)
         return hello.handed
 
-    def keep(self, epoch: int, positions: np.ndarray) -> np.ndarray | None:
+    def fresh(self, epoch: int, positions: np.ndarray) -> np.ndarray | None:
         """Which of ``positions`` (of ``epoch``) nobody handed out; None: all of them."""
         ranges = self.ranges.get(epoch)
         if not ranges:

@@ -1,8 +1,9 @@
 """Delivery: which trainer gets each data message, what is kept until it is handed
 out, and how it travels.
 
-:mod:`.dealing` deals an epoch to the ranks of a job, :mod:`.batches` cuts training
-batches per destination, :mod:`.groups` and :mod:`.fanout` give every consumer group
+:mod:`.dealing` deals an epoch to the ranks of a job and :mod:`.ranking` wraps that rule
+into the one ranked stage every source uses, :mod:`.batches` cuts training batches per
+destination, :mod:`.groups` and :mod:`.fanout` give every consumer group
 the whole stream, :mod:`.ledger` keeps what a trainer was
 sent until it handed it out (a rank's successor gets the rest; :mod:`.reliable` re-deals
 a dead trainer's share), :mod:`.ranksend` sends a rank its messages, and

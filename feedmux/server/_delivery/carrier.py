@@ -39,10 +39,10 @@ class Carrier:
         self.serve_control = serve_control
         self.halted = halted
 
-    def place(self, frames: Sequence[Any], kept: bool) -> tuple[Sequence[Any], Placement | None]:
+    def place(self, frames: Sequence[Any], keeps: bool) -> tuple[Sequence[Any], Placement | None]:
         """What goes on a socket, and ``frames`` placed in the pool for the trainers that
         map it (waiting while it is full), or None (no pool, no such trainer, nothing
-        large, stopping). ``kept``: the ledger keeps the message to deal it again to
+        large, stopping). ``keeps``: the ledger keeps the message to deal it again to
         another trainer, so what goes on a socket is whole bytes even when every trainer
         maps the pool (a worker's references to runs a dead trainer held would be reused
         memory)."""
@@ -51,7 +51,7 @@ class Carrier:
         wire, placed = pooled(self.pool, self.core, frames,
                               lambda timeout: bool(self.serve_control(timeout)),
                               _Flag(self.halted))
-        if kept and placed is not None and placed.refs_only:
+        if keeps and placed is not None and placed.refs_only:
             wire = self.pool.copied_out(wire)  # the ledger's bytes; the trainers get references
         return wire, placed
 
