@@ -1,5 +1,10 @@
-"""Suite-wide checks and order: no shared-memory segment of feedmux outlives its server, and
-the long tests start first.
+"""Suite-wide checks and order: no shared-memory segment of feedmux outlives its server,
+hypothesis judges no example by its time, and the long tests start first.
+
+Hypothesis's default deadline (200 ms an example) is a speed assertion: on a
+loaded machine it fails examples that are slow, not wrong. The suite's profile
+drops it (speed is measured by ``benchmarks/``); every other setting stays
+hypothesis's own or the test's.
 
 The order matters to a parallel run (``pytest -n``): xdist hands out the tests
 in collection order, so a long test collected last runs alone at the end while
@@ -17,8 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from feedmux._plumbing.shm import SHM_DIR, orphaned_segments
+
+settings.register_profile("feedmux", deadline=None)
+settings.load_profile("feedmux")
 
 #: Where the tests that start real processes live (the second group of the order).
 INTEGRATION = Path(__file__).resolve().parent / "integration"
