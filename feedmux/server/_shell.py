@@ -84,31 +84,30 @@ class SocketShell:
         #: The sampling processes' meters (the server's own, or its workers').
         self.meters = [SamplerMeter()]
         #: More figures for the statistics (the worker pool's liveness, the shm pool's use).
-        self.stat_sources: list[Callable[[], dict[str, Stat]]] = []
+        self.extra_stats: list[Callable[[], dict[str, Stat]]] = []
         self.core = ControlCore(config, time.monotonic(), os.getpid(), self._extra_stats)
         #: The same-host shared-memory pool free trainers on this host read large arrays from.
         self.pool = shm(config)  # opened before the workers forked, if there are workers
         if self.pool is not None:
             self.core.shm = (self.pool.path, self.pool.token)
-            self.stat_sources.append(lambda: dict(self.pool.stats()) if self.pool else {})
+            self.extra_stats.append(lambda: dict(self.pool.stats()) if self.pool else {})
         # References to the pool on their way to one trainer (not yet received) at most:
         # what its socket queues would hold of messages sent whole (--hwm, both ends).
-        carrier = Carrier(self.pool, self.core, 2 * config.hwm, self.serve_control,
-                          self._halted)
-        # Ranks on a reliable server: their messages need no sequence number (the ranks'
-        # hand-out marks release them) and go after the envelope of one that needs none,
-        # within the credit their holder granted.
-        # The one choice of recovery policy: re-deal within an audience when reliable.
+        carrier = Carrier(self.pool, self.core, 2 * config.hwm, self.outbox, self._halted)
+        # The one choice of the free trainers' recovery policy: none, or (reliable) credit
+        # and a re-deal within their audience. Ranks on a reliable server: their messages
+        # need no sequence number (the ranks' hand-out marks release them), so they go
+        # after the envelope of one that needs none, within the credit their holder granted.
         if (link := self.reliable) is None:
             sent_to = self.core.questions.sent_to
-            self.dealer = Dealer(self.outbox, self.core, carrier, self._plain_halted,
+            self.dealer = Dealer(self.outbox, self.core, carrier, self._dealing_halted,
                                  lambda name: PlainFree(sent_to))
             free_targets: Callable[[], list[bytes] | None] = self.core.free_targets
         else:
-            self.dealer = Dealer(self.outbox, self.core, carrier, self._plain_halted,
+            self.dealer = Dealer(self.outbox, self.core, carrier, self._dealing_halted,
                                  functools.partial(ReliableFree, link), [NO_ACK],
                                  link.credits.takes)
-            free_targets = lambda: None  # noqa: E731 (every trainer with credit)
+            free_targets = _every_trainer
         #: The server's free trainers and its ranks (without consumer groups).
         self.free = self.dealer.free_audience("", free_targets)
         self.ranks = RankAudience(self.core.rank_target, lambda: self.core.retention,
@@ -140,7 +139,7 @@ class SocketShell:
             stats.update(self.fanout.stats())
         if self.reliable is not None:
             stats.update(self.reliable.credits.stats())
-        for figures in self.stat_sources:
+        for figures in self.extra_stats:
             stats.update(figures())
         return stats
 
@@ -203,7 +202,12 @@ class SocketShell:
         else:
             self.fanout.redeal()
 
-    def _plain_halted(self) -> bool:
+    def _ranks_owed(self) -> int:
+        """Messages ranks were sent and have not handed out yet (the groups' ranks too)."""
+        owed = self.core.retention.held()
+        return owed if self.fanout is None else owed + self.fanout.ranks_owed()
+
+    def _dealing_halted(self) -> bool:
         """A message waiting for a trainer stops waiting: the server halts, or consumer
         groups opened meanwhile (the message is theirs, see :meth:`send_data`)."""
         return self._halted() or self.fanout is not None
@@ -305,7 +309,7 @@ class SocketShell:
         if self.reliable is not None:
             # Ranks' messages count too: a dead rank's go to its successor first.
             self.reliable.finish(core.drain_deadline, lambda: bool(self.stopping),
-                                 self._redeal, core.retention.held)
+                                 self._redeal, self._ranks_owed)
             self.reliable.broadcast(core.end_message())
             self.deliver(core.end_stream(time.monotonic()))
         else:
@@ -346,6 +350,11 @@ class SocketShell:
             self.handshakes.stop()
         if self.authenticator is not None:
             self.authenticator.stop()
+
+
+def _every_trainer() -> None:
+    """The members of a reliable server's free audience: None, every trainer with credit."""
+    return None
 
 
 def _data_socket(context: zmq.Context[Any], config: ServerConfig,

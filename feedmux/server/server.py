@@ -298,7 +298,7 @@ class Server:
             return None
         if pool is not None:  # before the parent hears "bound": a scrape may follow at once
             shell.meters = pool.meters
-            shell.stat_sources.append(pool.liveness)
+            shell.extra_stats.append(pool.liveness)
         config = self.config
         self._endpoints = shell
         self._bound = (shell.data_address, shell.control_address)
@@ -339,7 +339,7 @@ class Server:
                     skip_errors=config.on_error == "skip", epoch_done=epoch_done,
                     dealer=ranked_dealer(shell, config), meter=shell.meters[0],
                     start=shell.core.start_at, fresh=shell.core.handed.fresh,
-                    batches=shell.core.tables.batches.assemblers(),
+                    batches=shell.core.tables.batches.assemblers(), shm=shell.pool,
                 )
                 if not (self._stop or shell.core.restarting):
                     shell.finish()

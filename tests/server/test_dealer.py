@@ -3,11 +3,16 @@
 
 from __future__ import annotations
 
+import functools
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from feedmux.protocol import (
     Ack,
@@ -203,3 +208,99 @@ def test_a_free_audience_s_members_are_asked_at_each_try() -> None:
     assert dealer.offer(message(0), None, audience) is Wait.ROOM
     members.append(b"late")
     assert dealer.offer(message(0), None, audience) is None and outbox.to(b"late")
+
+
+# -- sequences: two reliable groups, members joining, handing out, killed ---------------------
+
+@dataclass
+class _Member:
+    identity: bytes
+    group: str
+    #: Messages received and not handed out whole: [seq, positions, handed out so far].
+    queue: deque[list[Any]] = field(default_factory=deque)
+
+
+_GROUPS = ("a", "b")
+_ACTIONS = st.lists(st.tuples(st.sampled_from(["join", "sample", "hand", "mark", "ack", "kill"]),
+                              st.integers(0, 5), st.integers(1, 3)), min_size=10, max_size=60)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_ACTIONS)
+def test_each_reliable_group_hands_out_each_sample_once_across_kills(
+        steps: list[tuple[str, int, int]]) -> None:
+    outbox, core = FakeOutbox(), _core(reliable=True)
+    dealer, link = reliable_dealer(outbox, core)
+    credits = link.credits
+    members: dict[bytes, _Member] = {}
+    audiences = {name: dealer.free_audience(name, functools.partial(
+        lambda name: [m.identity for m in members.values() if m.group == name], name))
+        for name in _GROUPS}
+    pending: dict[str, deque[list[Any]]] = {name: deque() for name in _GROUPS}
+    handed: dict[str, list[int]] = {name: [] for name in _GROUPS}
+    sent_positions: list[int] = []
+    joined = 0
+
+    def pump() -> None:
+        for name, queue in pending.items():
+            while queue and dealer.offer(queue[0], None, audiences[name]) is None:
+                queue.popleft()
+            dealer.redeal(audiences[name])
+        for target, parts in outbox.sent:  # what each member received, in order
+            seq, frames = unpack_envelope(parts)
+            members[target].queue.append([seq, positions(frames), 0])
+        outbox.sent.clear()
+
+    def whole(member: _Member) -> list[int]:
+        held = {item[0] for item in member.queue}
+        ledger = credits.ledger_of(member.group)
+        return [entry.seq for entry in ledger.entries(member.identity) if entry.seq not in held]
+
+    for action, which, size in steps:
+        names = sorted(members)
+        member = members[names[which % len(names)]] if names else None
+        if action == "join":
+            identity = f"t{joined}".encode()
+            joined += 1
+            members[identity] = _Member(identity, _GROUPS[which % 2])
+            credits.take(identity, Credit(client_id=identity.decode(), credits=size))
+        elif action == "sample":
+            frames = message(*range(len(sent_positions), len(sent_positions) + size))
+            sent_positions.extend(positions(frames))
+            for queue in pending.values():
+                queue.append(frames)
+        elif action == "hand" and member is not None:
+            for _ in range(size):
+                if not member.queue:
+                    break
+                head = member.queue[0]
+                handed[member.group].append(head[1][head[2]])
+                head[2] += 1
+                if head[2] == len(head[1]):
+                    member.queue.popleft()
+        elif action == "ack" and member is not None:
+            credits.take(member.identity, Ack(seqs=whole(member)))
+        elif action in ("mark", "kill") and member is not None:
+            current = member.queue[0] if member.queue else None
+            if current is not None and current[2]:  # how far it handed out its message
+                credits.record_mark(Ack(seqs=[current[0]], client_id=member.identity.decode(),
+                                        server_id="s", epoch=1,
+                                        position=current[1][current[2] - 1]))
+            if action == "kill":
+                credits.record_mark(Ack(seqs=whole(member), client_id=member.identity.decode(),
+                                        server_id="s", epoch=1, position=-1))
+                del members[member.identity]
+                outbox.answers[member.identity] = GONE  # its next send finds it gone
+        pump()
+        for name in _GROUPS:
+            got = handed[name]
+            assert len(got) == len(set(got)), f"group {name}: a sample handed out twice"
+            ledger = credits.ledger_of(name)
+            kept = {p for entry in ledger.entries() for p in positions(entry.frames)}
+            redeal = {p for entry in ledger.redeal for p in positions(entry.frames)}
+            waiting = {p for frames in pending[name] for p in positions(frames)}
+            assert not redeal & set(got), f"group {name}: a handed-out sample is dealt again"
+            assert set(got) | kept | redeal | waiting == set(sent_positions), f"group {name}: lost"
+            for live in members.values():  # what a live member holds, its group's ledger keeps
+                if live.group == name:
+                    assert {p for item in live.queue for p in item[1][item[2]:]} <= kept

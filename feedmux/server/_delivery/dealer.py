@@ -54,7 +54,7 @@ class FreePolicy(Protocol):
     def envelope(self) -> list[bytes]:
         """What goes before the message on the wire."""
 
-    def sent(self, identity: bytes, frames: list[Any], resent: Entry | None) -> None:
+    def sent(self, identity: bytes, frames: Sequence[Any], resent: Entry | None) -> None:
         """``frames`` went to ``identity`` (``resent``: a lost trainer's, dealt again)."""
 
     def gone(self, identity: bytes) -> None:
@@ -89,7 +89,7 @@ class PlainFree:
     def envelope(self) -> list[bytes]:
         return []
 
-    def sent(self, identity: bytes, frames: list[Any], resent: Entry | None) -> None:
+    def sent(self, identity: bytes, frames: Sequence[Any], resent: Entry | None) -> None:
         self.sent_to(identity)
 
     def gone(self, identity: bytes) -> None:
@@ -236,7 +236,7 @@ class Dealer:
                 continue
             sent = self.outbox.send(identity, [*policy.envelope(), *wire])
             if sent is SENT:
-                policy.sent(identity, list(frames), resent)
+                policy.sent(identity, frames, resent)
                 self.carrier.delivered(trainer, wire, placed)
                 return None
             if sent is GONE:

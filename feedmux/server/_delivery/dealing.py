@@ -147,13 +147,16 @@ class RankDealer:
     def finish_epoch(self, epoch: int) -> list[RankShare]:
         """The epoch has no more items: pad or drop its last, partial round."""
         carry, self._carry, self._carried = self._carry, [], 0
+        # Its first rows are let go too: a sample (a run of the shared-memory pool) held
+        # for padding must not stay held once its epoch is over.
+        first, self._first = self._first, []
         if not carry or epoch != self._epoch:
             return []
         if self.uneven == "drop":
             return []
         n = self.world_size
         rows = _single_rows(carry, n)
-        first = self._first or rows
+        first = first or rows
         # A tiny epoch (fewer samples than ranks) repeats its samples as often as needed.
         padding = [first[i % len(first)] for i in range(n - len(rows))]
         return self._shares(epoch, self._next, rows + padding, 1)

@@ -303,9 +303,15 @@ class GroupFanout:
             group.audience.replay_taken_over()
 
     def redeal(self) -> None:
-        """Deal again, within each group, what its lost reliable members held."""
+        """Deal again, within each group, what its lost reliable members held (to the
+        members live now)."""
+        self._targets.update(self._members(time.monotonic()))
         for audience in self._free.values():
             self.dealer.redeal(audience)
+
+    def ranks_owed(self) -> int:
+        """Messages the ranked groups' ranks were sent and have not handed out yet."""
+        return sum(group.audience.ledger().held() for group in self._ranked.values())
 
     def _audience(self, name: str) -> FreeAudience:
         """Group ``name``'s free members as the dealer's audience (the group ``default``

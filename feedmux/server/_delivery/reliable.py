@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -270,8 +270,8 @@ class ReliableFree:
     def envelope(self) -> list[bytes]:
         return [pack_envelope(self.credits.next_seq)]
 
-    def sent(self, identity: bytes, frames: list[Any], resent: Entry | None) -> None:
-        self.credits.sent(self.audience, identity, frames, resent)
+    def sent(self, identity: bytes, frames: Sequence[Any], resent: Entry | None) -> None:
+        self.credits.sent(self.audience, identity, list(frames), resent)
 
     def gone(self, identity: bytes) -> None:
         self.link.lose(identity)

@@ -28,7 +28,16 @@ import zmq
 from feedmux._plumbing.shm import ShmPool, carried_bytes, has_refs
 from feedmux._plumbing.sockets import make_socket, mapped_zmq_errors
 from feedmux.errors import FeedmuxError
-from feedmux.protocol import Data, EndOfEpoch, Error, decode, encode, read_tags, replace_tags
+from feedmux.protocol import (
+    Data,
+    EndOfEpoch,
+    Error,
+    Resolver,
+    decode,
+    encode,
+    read_tags,
+    replace_tags,
+)
 from feedmux.server._delivery.batches import Batch
 from feedmux.server._delivery.dealing import RankDealer
 from feedmux.server._delivery.ranking import RankedStage, RankMessage
@@ -205,11 +214,12 @@ def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
                 pool.release(item.epoch + 1)
             continue
         tags = run.number(item)
-        if ranked is not None or run.batches is not None or shell.fanout is not None:
-            item = _whole(shell.pool, item)  # decoded here, or sent whole to every group
+        if shell.fanout is not None:
+            item = _whole(shell.pool, item)  # sent whole to every group
         if ranked is not None:
-            # Its header decoded (a batch's samples stay stacked), its rows held and dealt.
-            message = decode(item)
+            # Its header decoded (a batch's samples stay stacked, its arrays read from the
+            # workers' runs in place), its rows held and dealt.
+            message = decode(item, resolve=_reader(shell.pool))
             assert isinstance(message, Data)
             if not _send_ranked(ranked.hold(int(tags[0, 0]), int(tags[0, 1]), message.samples),
                                 shell):
@@ -217,7 +227,7 @@ def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
             continue
         frames = _free_rows(run, item, tags, config.server_id, shell.pool)
         if frames is not None and run.batches is not None:
-            message = decode(frames)
+            message = decode(frames, resolve=_reader(shell.pool))
             assert isinstance(message, Data)
             if not _send_batches(run.batches.of(-1).add(message.tags, message.samples),
                                  shell, config.server_id):
@@ -240,9 +250,21 @@ def _whole(shm: ShmPool | None, frames: Any) -> Any:
     their runs freed (one copy: as many as a message that came whole), or ``frames``."""
     if shm is None or not has_refs(frames):
         return frames
-    whole = shm.copied_out(frames)
+    whole = shm.forwarded.copied_out(frames)
     shm.drop(frames)
     return whole
+
+
+def _reader(shm: ShmPool | None) -> Resolver | None:
+    """The resolver that decodes a worker's references as views of its runs, in place (no
+    copy: :meth:`~feedmux._plumbing.shm.ForwardedRuns.view`), or None without a pool.
+
+    An array of such a view that the server encodes again from its first byte (a
+    rank's share of whole samples, a batch of one) is sent on as a reference to the
+    same run; what the server builds from several (a batch of many samples) is a
+    new array, placed as any other.
+    """
+    return None if shm is None else shm.forwarded.view
 
 
 def _free_rows(run: _Run, frames: Any, tags: np.ndarray, server_id: str,
@@ -258,10 +280,11 @@ def _free_rows(run: _Run, frames: Any, tags: np.ndarray, server_id: str,
     if kept is None or kept.all():
         return replace_tags(frames, tags)
     rows = np.flatnonzero(kept).tolist()
-    frames = _whole(shm, frames)
     if not rows:
+        if shm is not None and has_refs(frames):
+            shm.drop(frames)
         return None
-    message = decode(frames)
+    message = decode(frames, resolve=_reader(shm))
     assert isinstance(message, Data)
     return encode(Data(tags[rows], [message.samples[row] for row in rows], server_id))
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from feedmux._plumbing.shm import ShmPool, drawing_into
 from feedmux._ratelog import RateLimitedLog
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Data, Error, encode
@@ -168,6 +169,7 @@ def produce(
     start: tuple[int, int] | None = None,
     fresh: Fresh | None = None,
     batches: Batches | None = None,
+    shm: ShmPool | None = None,
 ) -> int:
     """Take chunks of items, encode each as a data message and ``send`` it.
 
@@ -208,6 +210,10 @@ def produce(
     rank after the dealing, is cut by its
     :class:`~feedmux.server._delivery.batches.BatchAssembler`, and a sample the codec
     refuses fails the run (skipping it would make a batch short).
+
+    ``shm`` is the server's shared-memory pool (its region of it, in a worker):
+    the drawn large arrays are copied into it, and :func:`shared_empty` allocates
+    there while the streamer is drawn from (:func:`drawing_into`).
     """
     meter = SamplerMeter() if meter is None else meter
     log_skipped = None
@@ -219,7 +225,7 @@ def produce(
                           type(error).__name__, error, exc_info=error)
 
     # The muxes get the hook from the epochs, which hand it down at each activation.
-    drawn = _Draw(DrawnItems() if policy.copy_arrays else None, log_skipped)
+    drawn = _Draw(DrawnItems(shm) if policy.copy_arrays else None, log_skipped, shm)
     if start is not None:
         epochs.resume_at(*start, keep=0 if dealer is None else dealer.world_size - 1)
     if dealer is not None:
@@ -237,18 +243,21 @@ class _Draw:
 
     owned: DrawnItems | None
     on_stream_error: StreamErrorHook | None
+    #: The pool :func:`shared_empty` allocates from while the streamer is drawn from.
+    shm: ShmPool | None = None
 
     def take(self, epochs: EpochIterator[Any], limit: int) -> tuple[Chunk, Sequence[Any]]:
         """The next chunk and its samples."""
-        if self.owned is None:
-            chunk = epochs.take(limit, on_stream_error=self.on_stream_error)
-            return chunk, chunk.items
-        try:
-            chunk = epochs.take(limit, prepare=self.owned.start(),
-                                on_stream_error=self.on_stream_error)
-        except BaseException:
-            self.owned.abandon()
-            raise
+        with drawing_into(self.shm):
+            if self.owned is None:
+                chunk = epochs.take(limit, on_stream_error=self.on_stream_error)
+                return chunk, chunk.items
+            try:
+                chunk = epochs.take(limit, prepare=self.owned.start(),
+                                    on_stream_error=self.on_stream_error)
+            except BaseException:
+                self.owned.abandon()
+                raise
         return chunk, self.owned.samples(chunk.items)
 
 
@@ -379,7 +388,7 @@ def _produce_ranked(
                 if epoch == start[0]:  # the resumed epoch: dealt from where the job stood
                     head = epochs.resumed_head  # drawn while skipping: made ours here
                     if drawn.owned is not None:
-                        head = [own(item) for item in head]
+                        head = [own(item, drawn.shm) for item in head]
                     stage.skipped(epoch, head)
                     epoch_count = chunk.start  # the epoch's size counts what came before
                 start = None
