@@ -556,6 +556,7 @@ def _trackers(links: ServerLinks, out: HandOut, rank: int | None, world_size: in
     if reliable:
         handed = HandedRanges(count, current=out.progress)
         links.handed = handed.announce
+        links.handed_below, links.summarized = handed.below, handed.summarized
         return None, handed
     return None, None
 

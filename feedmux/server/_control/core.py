@@ -107,6 +107,8 @@ class _Trainer:
     group: str = DEFAULT_GROUP
     #: What a free reliable trainer that outlived its server handed out lately (its hello).
     handed: tuple[int, ...] = ()
+    #: The old server's last summary of every trainer's hand-outs that it read (its hello).
+    handed_below: tuple[int, ...] = ()
     #: It mapped this server's shared-memory pool (proved by the pool's token).
     shm: bool = False
 
@@ -315,7 +317,8 @@ class ControlCore:
         group = message.group or DEFAULT_GROUP
         # A free reliable trainer that outlived its server: what it had is not dealt again.
         self.trainers[identity] = _Trainer(message.client_id, now, rank=message.rank, group=group,
-                                           handed=self.handed.heard(message, self.config.reliable))
+                                           handed=self.handed.heard(message, self.config.reliable),
+                                           handed_below=message.handed_below)
         if not known:
             rank = f" as rank {message.rank} of {message.world_size}" if message.rank >= 0 else ""
             where = f" in group {group}" if self.tables.grouped else ""
@@ -550,7 +553,9 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
     if wait.ready(core.ranks, core.connected_trainers(now), config.min_trainers, now):
         start, problem = agreed_start(core.ranks.resumes, core.ranks.world_size or 0)
         if not (core.ranks.ranked or core.tables.grouped) and core.config.reliable:
-            core.handed = Handed(t.handed for t in core.trainers.values() if t.handed)
+            free = [t for t in core.trainers.values() if t.rank < 0]
+            core.handed = Handed((t.handed for t in free if t.handed),
+                                 (t.handed_below for t in free if t.handed_below))
             start = Start(core.handed.start, {})
         if start is None:
             log.error("%s", problem)

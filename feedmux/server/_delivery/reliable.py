@@ -57,13 +57,15 @@ from feedmux.protocol import (
     decode,
     encode,
     pack_envelope,
+    read_tags,
 )
 from feedmux.server._control.meters import ControlMeter
 from feedmux.server._delivery.carrier import Carrier
-from feedmux.server._delivery.ledger import Entry, Ledger, Recovery
+from feedmux.server._delivery.ledger import Entry, Ledger, Recovery, handed_below
 from feedmux.server._delivery.outbox import FULL, GONE, SENT, Outbox, Wait
 
-__all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "NO_ACK", "Credits", "ReliableDispatch"]
+__all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "NO_ACK", "SUMMARY_INTERVAL", "Credits",
+           "HandOutSummary", "ReliableDispatch"]
 
 log = logging.getLogger("feedmux.server")
 peer_log = RateLimitedLog(log)
@@ -74,6 +76,11 @@ MAX_CREDIT = 256
 #: the server waits for acknowledgements (or a lost trainer) before it sends more, so a
 #: peer that grants credit and never acknowledges pins at most this much.
 MAX_UNACKED_BYTES = 512 * 1024 * 1024
+
+#: Most seconds between two summaries of the hand-outs sent to the trainers (while the
+#: summary changes): what a trainer that left in the last one held may be lost if the
+#: server dies too.
+SUMMARY_INTERVAL = 0.25
 
 #: The envelope of messages that want no acknowledgement by sequence number (heartbeats,
 #: end of stream, a rank's data: its hand-out marks release it).
@@ -218,6 +225,8 @@ class ReliableDispatch:
         self.read_marks = read_marks
         #: How each message travels (socket or shared-memory pool); None: by socket.
         self.carrier: Carrier | None = None
+        #: What tells the trainers what all of them handed out (for a restarted server).
+        self.summary = HandOutSummary()
 
     def _lose(self, identity: bytes) -> None:
         if identity in self.credits.peers:
@@ -266,6 +275,8 @@ class ReliableDispatch:
         finally:
             if self.carrier is not None:
                 self.carrier.settle(placed, frames, sent)  # its runs back unless delivered
+        if sent:
+            self.summary.newest = frames
         return sent
 
     def finish(self, deadline: float, halted: Callable[[], bool],
@@ -292,6 +303,7 @@ class ReliableDispatch:
         self.serve()
         self.probe()
         self.flush_resend()
+        self.summarize()
 
     def _deliver_any(self, entry: Entry, placed: Placement | None = None,
                      again: bool = False) -> bool:
@@ -340,7 +352,48 @@ class ReliableDispatch:
             if self.outbox.send(identity, beat) is GONE:  # full: alive, just busy
                 self._lose(identity)
 
+    def summarize(self) -> None:
+        """Every :data:`SUMMARY_INTERVAL`, tell every trainer what all of them handed out
+        (:func:`~feedmux.server._delivery.ledger.handed_below`), when it changed."""
+        beat = self.summary.due(time.monotonic(), self.ledger, self.server_id)
+        if beat is None:
+            return
+        for identity in list(self.credits.peers):
+            if self.outbox.send(identity, beat) is GONE:
+                self._lose(identity)
+
     def broadcast(self, message: Message) -> None:
         frames = [NO_ACK, *encode(message)]
         for identity in list(self.credits.peers):
             self.outbox.send(identity, frames)
+
+
+class HandOutSummary:
+    """When a reliable server tells its trainers the summary of what they handed out.
+
+    A trainer that outlives the server gives the last one it read to the
+    restarted process, which deals again exactly what it lists as not handed
+    out: what was in flight to a live trainer, or held by one that left,
+    below the live trainers' latest hand-outs (docs/resume.md). ``newest`` is
+    the newest message dealt (its frames: their tags are read only here).
+    Pure: ``now`` is passed in; at most one summary every
+    :data:`SUMMARY_INTERVAL`, and none that says what the last one said.
+    """
+
+    def __init__(self) -> None:
+        self.newest: list[Any] | None = None
+        self._last = float("-inf")
+        self._said: tuple[int, ...] = ()
+
+    def due(self, now: float, ledger: Ledger, server_id: str) -> list[Any] | None:
+        """The heartbeat frames to send every trainer now, or None."""
+        if self.newest is None or now - self._last < SUMMARY_INTERVAL:
+            return None
+        self._last = now
+        tags = read_tags(self.newest)
+        newest = (int(tags[-1, 0]), int(tags[-1, 1]) + 1) if len(tags) else None
+        summary = handed_below(newest, ledger.outstanding())
+        if not summary or summary == self._said:
+            return None
+        self._said = summary
+        return [NO_ACK, *encode(Heartbeat(sender_id=server_id, handed_below=summary))]
