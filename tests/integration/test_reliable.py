@@ -135,6 +135,21 @@ def test_trainers_that_finish_at_different_times_both_stop_cleanly(
         assert got == Counter(range(2000)), f"epoch {epoch}"
 
 
+def test_a_plain_server_ends_soon_after_the_others_when_a_trainer_was_sigkilled(
+    serve: Any, tmp_path: Path
+) -> None:
+    # Plain free trainers: what was queued for the killed one died with it, so the server
+    # ends once the survivor has all the rest and has been idle for --drain-idle (3 s). It
+    # waited the whole --drain-timeout: the dead trainer, asked a question it never
+    # answered, was asked nothing more, so no send ever found it gone.
+    server = serve(f"{SAMPLER}:numbered", "--arg", "per_stream=500", "--epochs", "2",
+                   "--min-trainers", "2", "--drain-timeout", "120")
+    doomed, others = run_trainers(server, tmp_path, reliable=False, die_after=307)
+    assert len(doomed) == 307 and others
+    # Not a speed bound: a server that waits for the dead trainer takes 120 s here.
+    assert server.wait(timeout=40) == 0, "the server waited for the SIGKILLed trainer"
+
+
 def test_a_restarted_server_deals_again_none_of_what_a_departed_trainer_handed_out(
     serve: Any, tmp_path: Path
 ) -> None:

@@ -111,6 +111,8 @@ class _Trainer:
     handed_below: tuple[int, ...] = ()
     #: It mapped this server's shared-memory pool (proved by the pool's token).
     shm: bool = False
+    #: When a drain last sent it a heartbeat to see whether it is still there.
+    probed: float = float("-inf")
 
 
 class Questions:
@@ -495,7 +497,22 @@ class ControlCore:
         # Ask at a steady pace: answering each reply with a new question would make a
         # drained trainer and the server ping-pong without end.
         self._next_drain = now + DRAIN_INTERVAL
-        return self.questions.ask(self.trainers, Drain(self.messages_sent, self.config.server_id))
+        drain = Drain(self.messages_sent, self.config.server_id)
+        return [*self.questions.ask(self.trainers, drain), *self._probe_silent(now)]
+
+    def _probe_silent(self, now: float) -> Sends:
+        """A heartbeat, once per :data:`TRAINER_TIMEOUT`, to each trainer silent that long.
+
+        A trainer asked a question it never answered is asked nothing more, so no send
+        would find a SIGKILLed one gone (ROUTER_MANDATORY) and the drain waited its whole
+        timeout for it; a live trainer busy in a long step finds one small message every
+        few seconds in its queue, and ignores it.
+        """
+        silent = [(identity, trainer) for identity, trainer in self.trainers.items()
+                  if now - max(trainer.last_seen, trainer.probed) > TRAINER_TIMEOUT]
+        for _, trainer in silent:
+            trainer.probed = now
+        return [(identity, Heartbeat(sender_id=self.config.server_id)) for identity, _ in silent]
 
     def _all_answering(self, now: float) -> bool:
         """Whether every trainer was heard lately: each is waiting for data, none reading."""

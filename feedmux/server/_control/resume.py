@@ -273,12 +273,13 @@ class Handed:
         after = self._after
         first = (epoch, int(positions[0]) if len(positions) else 0)
         covering = [(covered, runs) for covered, runs in self.summaries if first < covered]
-        if not ranges and not covering and (after is None or first >= after):
+        if not ranges and not covering and (not self.summaries or after is None
+                                             or first >= after):
             return None
         kept = np.ones(len(positions), dtype=bool)
         for start, end in list(ranges or ()):
             kept &= (positions < start) | (positions >= end)
-        if after is not None and epoch <= after[0]:
+        if self.summaries and after is not None and epoch <= after[0]:
             # before the earliest latest hand-out: dealt again only where a summary lists it
             kept &= positions >= (after[1] if epoch == after[0] else np.iinfo(np.int64).max)
         listed = np.zeros(len(positions), dtype=bool)
