@@ -45,7 +45,7 @@ __all__ = [
     "NO_AUDIT",
     "AuditLog",
     "AuditLogError",
-    "HandOut",
+    "HandOutRecord",
     "NoAudit",
     "Session",
     "open_audit",
@@ -205,17 +205,17 @@ class AuditLog:
             self._messages += 1
             self._link, self._tags, self._samples, self._recorded = link, tags, samples, 0
 
-    def upto(self, handed: int) -> None:
-        """The current message's first ``handed`` samples were handed out."""
+    def upto(self, used: int) -> None:
+        """The current message's first ``used`` samples were handed out."""
         with self._lock:
-            self._record(handed)
+            self._record(used)
             if self._pending and (self._write_through or len(self._pending) >= BATCH_RECORDS
                                   or time.monotonic() - self._flushed_at > BATCH_SECONDS):
                 self._flush()
 
     def guard(self, progress: Callable[[], Any]) -> Callable[[], Any]:
         """``progress`` (the acknowledging thread's view of the loader: a tuple ending in
-        the tags and the handed-out count, or None) wrapped so that what it reports is
+        the tags and the count used, or None) wrapped so that what it reports is
         written here first."""
         def guarded() -> Any:
             current = progress()
@@ -228,21 +228,21 @@ class AuditLog:
 
         return guarded
 
-    def checkpoint(self, state: dict[str, Any], handed: int) -> dict[str, Any]:
+    def checkpoint(self, state: dict[str, Any], used: int) -> dict[str, Any]:
         """``state_dict()`` returns ``state``: record it (with everything before it)."""
-        self._mark("C", handed, state)
+        self._mark("C", used, state)
         return state
 
     def resumed(self, state: dict[str, Any]) -> None:
         """``load_state_dict(state)``: the next hand-outs continue from its positions."""
         self._mark("R", None, state)
 
-    def close(self, handed: int, *, ended: bool) -> None:
+    def close(self, used: int, *, ended: bool) -> None:
         """The loader closes (``ended``: its stream had finished); later reports are ignored."""
         with self._lock:
             if self._closed:
                 return
-            self._record(handed)
+            self._record(used)
             for link, (server_id, *_) in list(self._servers.items()):
                 self._note_server(link, server_id)  # an epoch size learnt since
             self._pending.append(record_line(f"Q {int(ended)}"))
@@ -259,13 +259,13 @@ class AuditLog:
                 self._flush()
 
     # -- inside the lock ------------------------------------------------------------------
-    def _mark(self, kind: str, handed: int | None, state: dict[str, Any]) -> None:
+    def _mark(self, kind: str, used: int | None, state: dict[str, Any]) -> None:
         saved = {"resume": state.get("resume"),
                  "last": [state.get("last_epoch"), state.get("last_position"),
                           state.get("last_server_id")]}
         with self._lock:
-            if handed is not None:
-                self._record(handed)
+            if used is not None:
+                self._record(used)
             prefix = f"C {self._messages}" if kind == "C" else kind
             saved_text = json.dumps(saved, separators=(",", ":"))
             self._pending.append(record_line(f"{prefix} {saved_text}"))
@@ -281,21 +281,21 @@ class AuditLog:
             self._pending.append(record_line(
                 f"S {link} {server_id} {size} {server.world_size} {server.uneven or '-'}"))
 
-    def _record(self, handed: int) -> None:
-        """Append the H record of the current message's rows ``recorded .. handed``."""
+    def _record(self, used: int) -> None:
+        """Append the H record of the current message's rows ``recorded .. used``."""
         tags = self._tags
-        if tags is None or handed <= self._recorded:
+        if tags is None or used <= self._recorded:
             return
-        handed = min(handed, len(tags))
-        rows = tags[self._recorded:handed]
+        used = min(used, len(tags))
+        rows = tags[self._recorded:used]
         runs = ",".join(f"{start}:{count}:{step}" for start, count, step
                         in stride_runs(rows[:, 1]))
         text = f"H {self._messages} {self._link} {int(rows[0, 0])} {runs}"
         if self.key is not None:
-            keys = _keys(self._samples, self.key, self._recorded, handed)
+            keys = _keys(self._samples, self.key, self._recorded, used)
             text += " " + json.dumps(keys, separators=(",", ":"))
         self._pending.append(record_line(text))
-        self._recorded = handed
+        self._recorded = used
 
     def _forked(self) -> None:
         """This is a forked copy: what waits is the parent's; this process's own session
@@ -340,19 +340,19 @@ class NoAudit:
     def begin(self, link: int, server_id: str, tags: Any, samples: Sequence[Any]) -> None:
         pass
 
-    def upto(self, handed: int) -> None:
+    def upto(self, used: int) -> None:
         pass
 
     def guard(self, progress: Callable[[], Any]) -> Callable[[], Any]:
         return progress
 
-    def checkpoint(self, state: dict[str, Any], handed: int) -> dict[str, Any]:
+    def checkpoint(self, state: dict[str, Any], used: int) -> dict[str, Any]:
         return state
 
     def resumed(self, state: dict[str, Any]) -> None:
         pass
 
-    def close(self, handed: int, *, ended: bool) -> None:
+    def close(self, used: int, *, ended: bool) -> None:
         pass
 
 
@@ -388,7 +388,7 @@ def open_audit(path: str | os.PathLike[str] | None, key: str | None, loader: Any
 
 # -- reading ----------------------------------------------------------------------------------
 @dataclass
-class HandOut:
+class HandOutRecord:
     """One H record: rows of one message that a session handed out."""
 
     message: int
@@ -406,7 +406,7 @@ class Session:
     path: str
     line: int
     header: dict[str, Any]
-    handouts: list[HandOut] = field(default_factory=list)
+    handouts: list[HandOutRecord] = field(default_factory=list)
     #: link -> epoch size, world size and uneven mode the servers said (the latest)
     servers: dict[int, tuple[int | None, int, str]] = field(default_factory=dict)
     #: link -> the id of its server at this point of the reading
@@ -473,7 +473,7 @@ def _apply(session: Session, text: str) -> None:
         key_list = json.loads(keys[0]) if keys else None
         if key_list is not None and len(key_list) != len(positions):
             raise ValueError(f"{len(key_list)} keys for {len(positions)} positions")
-        session.handouts.append(HandOut(int(message), int(link), server, int(epoch),
+        session.handouts.append(HandOutRecord(int(message), int(link), server, int(epoch),
                                         positions, key_list))
     elif kind == "S":
         link, server_id, size, world, uneven = rest.split(" ")

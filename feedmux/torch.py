@@ -231,24 +231,24 @@ class Tracked:
 
     def __iter__(self) -> Iterator[Any]:
         for meta, sample in self.dataloader:
-            self.position.handed(meta)
+            self.position.advance(meta)
             yield sample
         self.position.pass_ended()
 
 
 class Position:
-    """Where the main process stands in the stream, from the tagged samples it was handed.
+    """Where the main process stands in the stream, from the tagged samples it handed out.
 
     A rank's position is the job's next round (docs/resume.md): after a sample
     at position ``p`` of rank ``r`` of ``W``, the job needs the round at
     ``p - r + W``. Under :func:`worker_share` the DataLoader yields a rank's
     positions in its own order, so the same rule holds for the samples the
-    main process was handed, however many workers received them.
+    main process hands out, however many workers received them.
 
     Examples
     --------
     >>> position = Position(rank=1, world_size=2)
-    >>> position.handed(SampleMeta(3, 7, "s"))
+    >>> position.advance(SampleMeta(3, 7, "s"))
     >>> position.state(["tcp://127.0.0.1:5555"])["resume"]
     [[3, 8, 2]]
     """
@@ -259,7 +259,8 @@ class Position:
         self.last: SampleMeta | None = None
         self.between_epochs = True
 
-    def handed(self, meta: SampleMeta) -> None:
+    def advance(self, meta: SampleMeta) -> None:
+        """The main process handed out the sample ``meta`` tags."""
         self.last, self.between_epochs = meta, False
 
     def pass_ended(self) -> None:

@@ -169,7 +169,7 @@ def test_a_job_resumed_from_its_checkpoint_repeats_nothing(tmp_path: Path) -> No
     report = _report(*paths)
     assert report.ok, report.text()
     epoch = report.epochs[0]
-    assert epoch.handed == 10 and not epoch.missing and not epoch.repeated and not epoch.open
+    assert epoch.hand_outs == 10 and not epoch.missing and not epoch.repeated and not epoch.open
     assert report.sequences[(ADDRESS, 1)][:5] == [(1, 1, 1001), (1, 3, 1003), (1, 5, 1005),
                                                   (1, 7, 1007), (1, 9, 1009)]
     assert any("2 handed out after a checkpoint" in note for note in report.notes)

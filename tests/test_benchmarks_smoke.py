@@ -102,3 +102,4 @@ def test_the_shared_memory_workers_benchmark_runs(capsys: pytest.CaptureFixture[
     for label in bench_shm_workers.CONTENDERS:
         assert f"| {label} | " in table
     assert "raw pyzmq, one 56-byte message received" in table and "failed" not in table
+    assert "raw pyzmq, one 56-byte message at the pool's rate (polled)" in table

@@ -15,12 +15,12 @@ import pytest
 from feedmux._plumbing.shm import (
     REF_SIZE,
     ShmPool,
-    ShmViews,
-    activate,
+    drawing_into,
     is_ref,
     shared_empty,
     sweep,
 )
+from feedmux._plumbing.shmviews import ShmViews
 from feedmux.protocol import Data, decode, encode
 
 MIB = 1 << 20
@@ -35,7 +35,8 @@ def pool(tmp_path: Path) -> ShmPool:
 
 def send(pool: ShmPool, value: float) -> list[object] | None:
     message = Data(np.array([[1, int(value)]]), [{"x": np.full(MIB // 4, value, np.float32)}])
-    return pool.place(encode(message))
+    placed = pool.place(encode(message))
+    return None if placed is None else placed.frames
 
 
 def receive(views: ShmViews, frames: list[object]) -> np.ndarray:
@@ -102,14 +103,14 @@ def test_the_runs_of_a_dead_trainer_come_back(pool: ShmPool) -> None:
 
 def test_shared_empty_lives_in_the_pool_and_travels_without_a_copy(pool: ShmPool) -> None:
     assert type(shared_empty((2, 3), "float32")) is np.ndarray  # no active pool: plain
-    activate(pool)
-    try:
+    with drawing_into(pool):
         array = shared_empty(MIB // 4, np.float32)
         array[:] = 7.0
         start = int(array.ctypes.data) - pool.segment.base
         assert 0 <= start < len(pool.segment.data)
-        frames = pool.place(encode(Data(np.array([[1, 0]]), [{"x": array}])))
-        assert frames is not None
+        placed = pool.place(encode(Data(np.array([[1, 0]]), [{"x": array}])))
+        assert placed is not None
+        frames = placed.frames
         views = ShmViews()
         views.attach(pool.path)
         head = int.from_bytes(bytes(frames[2][16:24]), "little")  # type: ignore[index]
@@ -121,8 +122,6 @@ def test_shared_empty_lives_in_the_pool_and_travels_without_a_copy(pool: ShmPool
         del unsent  # never sent: its run comes back
         pool.reclaim()
         assert pool.stats()["shm_bytes_in_use"] == in_use - MIB
-    finally:
-        activate(None)
 
 
 def test_sweep_removes_segments_of_servers_that_are_gone(tmp_path: Path) -> None:
@@ -161,11 +160,8 @@ def test_released_runs_are_reused_lowest_first_so_few_pages_are_touched(pool: Sh
 
 
 def test_a_placement_that_is_not_sent_is_given_back(pool: ShmPool) -> None:
-    activate(pool)
-    try:
+    with drawing_into(pool):
         held = shared_empty(MIB // 4, np.float32)
-    finally:
-        activate(None)
     held[:] = 5
     message = Data(np.array([[1, 0]]), [{"x": held, "y": np.full(MIB // 4, 6, np.float32)}])
     placed = pool.place(encode(message))
@@ -190,9 +186,9 @@ def test_references_in_transit_count_until_the_trainer_receives_them(pool: ShmPo
         pool.delivered(b"trainer", placed)
         sent.append(placed)
     assert pool.in_transit(b"trainer") == 3 and pool.in_transit(b"other") == 0
-    kept = receive(views, sent[0])  # decoded: claimed, in the trainer's hands now
+    kept = receive(views, sent[0].frames)  # decoded: claimed, in the trainer's hands now
     assert pool.in_transit(b"trainer") == 2
-    receive(views, sent[1])  # decoded and dropped at once: released
+    receive(views, sent[1].frames)  # decoded and dropped at once: released
     assert pool.in_transit(b"trainer") == 1
     assert (kept == 0).all()
 
@@ -201,11 +197,8 @@ def test_a_view_of_a_shared_empty_array_keeps_its_run(pool: ShmPool) -> None:
     # numpy points a view of a view at the array that has the memory: had the finalizer
     # been on a slice of the pool, dropping the array while a view of it (an encoded
     # frame queued in ZeroMQ) lives would free the run under that view.
-    activate(pool)
-    try:
+    with drawing_into(pool):
         array = shared_empty((2, MIB // 8), np.float32)
-    finally:
-        activate(None)
     array[:] = 7
     frame = array.reshape(-1).view(np.uint8)
     del array
@@ -219,18 +212,15 @@ def test_a_view_of_a_shared_empty_array_keeps_its_run(pool: ShmPool) -> None:
 def test_the_servers_own_copy_goes_to_the_pool_and_spares_shared_empty(pool: ShmPool) -> None:
     from feedmux.server._sources.owning import own
 
-    activate(pool)
-    try:
+    with drawing_into(pool):
         pool.wanted = False  # no trainer on this host: a plain copy
         drawn = np.full(MIB // 4, 2, np.float32)
-        assert not pool.lent(own(drawn))
+        assert not pool.lent(own(drawn, pool))
         pool.wanted = True  # sent through the pool: the protective copy is made there
-        copied = own(drawn)
+        copied = own(drawn, pool)
         assert copied is not drawn and pool.lent(copied) and (copied == 2).all()
         built = shared_empty(MIB // 4, np.float32)
-        assert own({"x": built})["x"] is built  # the server's already: never copied
-    finally:
-        activate(None)
+        assert own({"x": built}, pool)["x"] is built  # the server's already: never copied
 
 
 def test_a_run_the_server_still_holds_is_not_reused_after_the_trainers_release(
@@ -238,18 +228,15 @@ def test_a_run_the_server_still_holds_is_not_reused_after_the_trainers_release(
     # A rank's message is kept (its frames: the server's owned copies, in the pool) for a
     # successor while the trainer got references: the trainer's release must not let the
     # run be reused under the frames the server keeps.
-    activate(pool)
-    try:
+    with drawing_into(pool):
         kept = shared_empty(MIB // 4, np.float32)
-    finally:
-        activate(None)
     kept[:] = 4
     placed = pool.place(encode(Data(np.array([[1, 0]]), [{"x": kept}])))
     assert placed is not None
     pool.delivered(b"rank", placed)
     views = ShmViews()
     views.attach(pool.path)
-    receive(views, placed)  # received and dropped at once: released by the trainer
+    receive(views, placed.frames)  # received and dropped at once: released by the trainer
     pool.reclaim()
     assert pool.stats()["shm_bytes_in_use"] == MIB  # still the server's
     for value in range(8):  # other messages pass through the pool meanwhile
@@ -265,15 +252,15 @@ def _worker_sends(pool: ShmPool, pipe: Any, value: float, keep_one: bool) -> Non
     """A forked worker: its message as references to its region, sent up ``pipe``."""
     pool.enter_worker(0, lambda: False)
     pool.wanted = True
-    activate(pool)
     from feedmux.server._sources.owning import own
 
-    sample = own({"x": np.full(MIB // 4, value, np.float32)})  # the owned copy, in the pool
+    sample = own({"x": np.full(MIB // 4, value, np.float32)}, pool)  # the owned copy, in the pool
     placed = pool.forward(encode(Data(np.array([[1, 0]]), [sample])))
     assert placed is not None
     placed.delivered()
-    lent = shared_empty(MIB // 4, np.float32) if keep_one else None  # dies with the worker
-    pipe.send([bytes(memoryview(frame)) for frame in placed])
+    with drawing_into(pool):
+        lent = shared_empty(MIB // 4, np.float32) if keep_one else None  # dies with the worker
+    pipe.send([bytes(memoryview(frame)) for frame in placed.frames])
     if lent is not None:
         os.kill(os.getpid(), 9)
 
@@ -299,10 +286,10 @@ def test_a_worker_writes_into_its_region_and_the_server_sends_its_references_on(
     assert placed is not None and pool.stats()["shm_bytes_copied"] == 0
     views = ShmViews()
     views.attach(pool.path)
-    assert (receive(views, placed) == 6.0).all()
+    assert (receive(views, placed.frames) == 6.0).all()
     # A trainer on another host gets the bytes, copied out; the run is free after.
     frames = _from_worker(pool, keep_one=False)
-    whole = pool.copied_out(frames)
+    whole = pool.forwarded.copied_out(frames)
     assert (np.frombuffer(whole[2], np.float32) == 6.0).all()
     pool.drop(frames)
     assert pool.stats()["shm_bytes_in_use"] == 0
@@ -318,9 +305,50 @@ def test_the_runs_of_a_killed_worker_come_back_when_the_server_adopts_them(
     placed = pool.place(frames)
     assert placed is not None
     pool.delivered(b"trainer", placed)
-    view = receive(views, placed)  # a trainer's view: it stays
+    view = receive(views, placed.frames)  # a trainer's view: it stays
     assert pool.adopt(0) == 1  # the lent-out run of the dead worker
     assert pool.stats()["shm_bytes_in_use"] == MIB and (view == 6.0).all()
     del view
     pool.reclaim()
+    assert pool.stats()["shm_bytes_in_use"] == 0
+
+
+def test_a_workers_run_the_server_reads_in_place_goes_on_and_is_kept_while_viewed(
+        pool: ShmPool) -> None:
+    pool.split(1)
+    frames = _from_worker(pool, keep_one=False)
+    message = decode(frames, resolve=pool.forwarded.view)  # the forwarder's read: no copy
+    assert isinstance(message, Data)
+    sample = message.samples[0]
+    start = int(sample["x"].ctypes.data) - pool.segment.base
+    assert start // pool.segment.granule >= 8 and (sample["x"] == 6.0).all()
+    # Encoded again (a rank's share of this sample): the worker's run goes on as it is.
+    placed = pool.place(encode(Data(np.array([[1, 0]]), [sample])))
+    assert placed is not None and is_ref(placed.frames[2])
+    assert pool.stats()["shm_bytes_copied"] == 0
+    pool.delivered(b"rank", placed)
+    views = ShmViews()
+    views.attach(pool.path)
+    assert (receive(views, placed.frames) == 6.0).all()  # received and released at once
+    # The server still reads it (kept for a successor): the run is not free yet.
+    assert pool.stats()["shm_bytes_in_use"] == MIB
+    # A second share of the same run (a padding repeat) is copied, never sent twice.
+    again = pool.place(encode(Data(np.array([[1, 1]]), [sample])))
+    assert again is not None and again.taken and pool.stats()["shm_bytes_copied"] == MIB
+    pool.cancel(again)
+    del sample, message, placed
+    assert pool.stats()["shm_bytes_in_use"] == 0
+
+
+def test_a_workers_run_the_server_reads_and_never_sends_on_is_freed_with_its_views(
+        pool: ShmPool) -> None:
+    pool.split(1)
+    frames = _from_worker(pool, keep_one=True)  # killed holding a lent-out run
+    message = decode(frames, resolve=pool.forwarded.view)
+    assert isinstance(message, Data)
+    assert pool.adopt(0) == 1  # the lent-out run; the one the server reads stays
+    assert pool.stats()["shm_bytes_in_use"] == MIB
+    assert (message.samples[0]["x"] == 6.0).all()
+    del message
+    pool.reclaim()  # the dead worker's run, now the server's: free with its last view
     assert pool.stats()["shm_bytes_in_use"] == 0

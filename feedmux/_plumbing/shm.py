@@ -4,10 +4,9 @@ This module owns the segment a server shares with the trainers on its host: its
 layout (a header with a random token, a slot table, then the data area cut in
 granules), the server's allocator (:class:`ShmPool`: places large array frames
 in runs of granules, takes back released runs, back-pressures when full), the
-trainer's side (:class:`ShmAttachment`: turns a reference frame into a
-writable uint8 array over the segment, and frees the run once every view of it is
-gone), the reference frame that replaces an array frame on the wire, and
-:func:`shared_empty`. It never imports zmq and never sends anything: releases
+reference frame that replaces an array frame on the wire, the rows of the slot
+table that a trainer's side (:mod:`feedmux._plumbing.shmviews`) claims and
+releases, and :func:`shared_empty`. It never imports zmq and never sends anything: releases
 are a store into the slot table, made by a ``weakref.finalize`` when the last
 view of a run dies, so the hot path has no release messages at all.
 
@@ -31,7 +30,11 @@ the bytes out for a trainer that does not, and frees the run. A worker that
 dies leaves its books in shared memory: the server adopts them
 (:meth:`ShmPool.adopt`). A run whose memory an object of the allocating process
 still holds (a ranked message kept for a successor) is pinned and not reused,
-whatever a trainer's release says, until that object is gone.
+whatever a trainer's release says, until that object is gone; so is a worker's
+run that the server reads in place (:class:`ForwardedRuns`: it decoded the
+worker's message to deal it to ranks or to cut batches), whose array the server
+sends on as a reference to the same run when it starts at the run's first byte.
+The trainer's side of the segment is :mod:`feedmux._plumbing.shmviews`.
 
 Cleanup: the segment is a file named ``feedmux-<server pid>-<token>`` in
 ``/dev/shm`` (a file, not an anonymous memfd, so that a trainer in another
@@ -48,6 +51,8 @@ is freed when the last of them lets go.
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import logging
 import mmap
 import os
@@ -56,7 +61,7 @@ import struct
 import subprocess
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -68,10 +73,10 @@ __all__ = [
     "Placement",
     "REF_SIZE",
     "SHM_THRESHOLD",
-    "ShmAttachment",
+    "ForwardedRuns",
     "ShmPool",
-    "ShmViews",
     "carried_bytes",
+    "drawing_into",
     "has_refs",
     "is_ref",
     "owned_copy",
@@ -99,22 +104,22 @@ WORKER_PATIENCE = 1.0
 #: Seconds between two looks for dead trainers' runs while the pool is full.
 OWNER_CHECK = 0.25
 
-_MAGIC = b"feedmxSM"
+MAGIC = b"feedmxSM"
 _HEADER = struct.Struct("<8s16sQQQ")  # magic, token, granules, granule size, data offset
 # magic, segment id, head granule, granules, nbytes, generation, pid of the segment's creator
-_REF = struct.Struct("<8sQQQQQQ")
+REF = struct.Struct("<8sQQQQQQ")
 #: Bytes of a reference frame: what replaces an array frame that travels through the pool.
-REF_SIZE = _REF.size
+REF_SIZE = REF.size
 #: A run's states: free, sent to a trainer, lent out by :func:`shared_empty` (or an owned
 #: copy), forwarded by a sampling worker to the server (which sends it on or frees it).
 FREE, SENT, HELD, FORWARDED = 0, 1, 2, 3
-_STATE, _GEN, _OWNER, _STAMP = 0, 1, 2, 3
-_PREFIX = "feedmux-"
+ROW_STATE, ROW_GEN, ROW_OWNER, ROW_STAMP = 0, 1, 2, 3
+SEGMENT_PREFIX = "feedmux-"
 
 
 def is_ref(frame: Any) -> bool:
     """Whether ``frame`` (a bytes-like of any length) is a reference frame."""
-    return len(frame) == REF_SIZE and memoryview(frame)[:8] == _MAGIC
+    return len(frame) == REF_SIZE and memoryview(frame)[:8] == MAGIC
 
 
 def has_refs(frames: Sequence[Any]) -> bool:
@@ -124,7 +129,7 @@ def has_refs(frames: Sequence[Any]) -> bool:
 
 def carried_bytes(frames: Sequence[Any]) -> int:
     """The bytes a message carries, the arrays its references name counted whole."""
-    return sum(_REF.unpack(frame)[4] if is_ref(frame) else len(frame) for frame in frames)
+    return sum(REF.unpack(frame)[4] if is_ref(frame) else len(frame) for frame in frames)
 
 
 def _layout(size: int, granule: int) -> tuple[int, int]:
@@ -152,7 +157,8 @@ def orphaned_segments(directory: str = SHM_DIR) -> list[str]:
         return []
     gone = []
     for name in names:
-        pid_text = name[len(_PREFIX):].split("-", 1)[0] if name.startswith(_PREFIX) else ""
+        prefixed = name.startswith(SEGMENT_PREFIX)
+        pid_text = name[len(SEGMENT_PREFIX):].split("-", 1)[0] if prefixed else ""
         if pid_text.isdigit() and not _pid_alive(int(pid_text)):
             gone.append(name)
     return gone
@@ -171,13 +177,13 @@ def sweep(directory: str = SHM_DIR) -> list[str]:
     return removed
 
 
-class _Segment:
+class Segment:
     """A mapped segment file: the header fields, the slot table and the data area."""
 
     def __init__(self, fd: int, size: int) -> None:
         self.map = mmap.mmap(fd, size)
         magic, token, granules, granule, offset = _HEADER.unpack_from(self.map, 0)
-        if magic != _MAGIC or offset + granules * granule > size:
+        if magic != MAGIC or offset + granules * granule > size:
             raise ValueError("not a feedmux shared-memory segment")
         self.token: bytes = token
         self.segment_id: int = int.from_bytes(token[:8], "little")
@@ -206,13 +212,14 @@ class _Segment:
         return memory
 
 
-class Placement(list):  # type: ignore[type-arg]
+class Placement:
     """A message's frames with its large arrays in the pool: what :meth:`ShmPool.place`
-    returns, with the runs it copied into (``taken``) and the :func:`shared_empty`
-    runs it sends in place (``held``), for :meth:`ShmPool.cancel`."""
+    returns (``frames``, what goes on the socket), with the runs it copied into
+    (``taken``), the :func:`shared_empty` runs it sends in place (``held``) and the runs
+    of a sampling worker it sends on (``forwarded``), for :meth:`ShmPool.cancel`."""
 
     def __init__(self, frames: Sequence[Any]) -> None:
-        super().__init__(frames)
+        self.frames: list[Any] = list(frames)
         self.taken: list[int] = []
         self.held: list[int] = []
         #: Runs a sampling worker placed and forwarded (its references, sent on as they are).
@@ -235,10 +242,81 @@ class Placement(list):  # type: ignore[type-arg]
         return min(runs) if runs else -1
 
 
+class ForwardedRuns:
+    """The server's side of its sampling workers' references: checked, viewed, copied out.
+
+    A worker's run arrives FORWARDED (:meth:`head` checks that a reference names
+    one). The server reads it without a copy through :meth:`view`, the resolver
+    its decoder is given: the array is the run's memory, and while any view of it
+    lives the run is *kept* (a count per run in the shared books, written by the
+    server alone and read by the worker that allocated it, which reuses no kept
+    run whatever a trainer's release says). A frame of a message the server
+    encodes again from such a view (a rank's share, a batch of one sample) that
+    starts at the run's first byte is sent on as a reference to the same run
+    (:meth:`viewed_head`): the worker's copy is the only one. Once its last view
+    is gone, a run that was never sent on is free again.
+    """
+
+    def __init__(self, segment: Segment, books: RunBooks) -> None:
+        self.segment = segment
+        self.books = books
+
+    def head(self, ref: Any) -> int:
+        """The run a worker's reference names (checked: this pool's, forwarded, current)."""
+        _, segment_id, head, _, _, generation, _ = REF.unpack(ref)
+        table = self.segment.table
+        if (segment_id != self.segment.segment_id or not 0 <= head < self.segment.granules
+                or table[head, ROW_GEN] != generation or table[head, ROW_STATE] != FORWARDED):
+            raise ValueError(f"a sampling worker's reference to run {head} of segment "
+                             f"{segment_id:x} is not a run it forwarded to this pool")
+        return int(head)
+
+    def view(self, frame: Any, nbytes: int) -> Any:
+        """The memory a worker's reference frame names, kept while a view of it lives (the
+        server's decoder's resolver); any other frame as it is."""
+        if not is_ref(frame):
+            return frame
+        head = self.head(frame)
+        size = REF.unpack(frame)[4]
+        if size != nbytes:
+            raise ValueError(f"a sampling worker's reference to {size} bytes does not fit an "
+                             f"array of {nbytes} bytes")
+        memory = self.segment.run_memory(head, size)
+        kept = self.books.kept
+        kept[head] += 1
+        weakref.finalize(memory, _unkeep, kept, self.segment.slots, head,
+                         int(self.segment.table[head, ROW_GEN]))
+        return memory
+
+    def viewed_head(self, array: np.ndarray) -> int:
+        """The forwarded run a view (:meth:`view`) of ``array`` starts at, not sent on yet
+        (-1: none, or ``array`` is not from the start of a run)."""
+        segment = self.segment
+        offset = int(array.ctypes.data) - segment.base if array.size else -1
+        head = offset // segment.granule
+        if (0 <= offset < len(segment.data) and offset % segment.granule == 0
+                and array.flags.c_contiguous and self.books.kept[head] > 0
+                and array.nbytes <= int(self.books.lengths[head]) * segment.granule
+                and int(segment.table[head, ROW_STATE]) == FORWARDED):
+            return head
+        return -1
+
+    def copied_out(self, frames: Sequence[Any]) -> list[Any]:
+        """``frames`` with every reference to this pool replaced by a copy of its bytes
+        (the message goes whole: to a trainer on another host, or to every group)."""
+        data, granule = self.segment.data, self.segment.granule
+        out = list(frames)
+        for index in range(2, len(out)):
+            if is_ref(out[index]):
+                _, _, head, _, nbytes, _, _ = REF.unpack(out[index])
+                out[index] = data[head * granule : head * granule + nbytes].copy()
+        return out
+
+
 class Transit:
     """The messages sent to each trainer as references that it has not received yet."""
 
-    def __init__(self, segment: _Segment) -> None:
+    def __init__(self, segment: Segment) -> None:
         self.segment = segment
         #: Per trainer (data identity): (first run, generation) of each message sent to it
         #: as references and not yet claimed, oldest first.
@@ -250,7 +328,7 @@ class Transit:
         head = placed.first()
         if head >= 0:
             queue = self._transit.setdefault(trainer, collections.deque())
-            queue.append((head, int(self.segment.table[head, _GEN])))
+            queue.append((head, int(self.segment.table[head, ROW_GEN])))
         placed.delivered()
 
     def count(self, trainer: bytes) -> int:
@@ -268,8 +346,8 @@ class Transit:
         while queue:
             head, generation = queue[0]
             row = head * 4
-            if (slots[row + _GEN] == generation and slots[row + _STATE] == SENT
-                    and slots[row + _OWNER] == 0):
+            if (slots[row + ROW_GEN] == generation and slots[row + ROW_STATE] == SENT
+                    and slots[row + ROW_OWNER] == 0):
                 break  # the oldest is still on its way: so are the later ones
             queue.popleft()
         if not queue:
@@ -286,7 +364,7 @@ class ShmPool:
     gives each its region, :meth:`enter_worker` after it (see :mod:`.shmruns`).
     """
 
-    def __init__(self, path: str, segment: _Segment) -> None:
+    def __init__(self, path: str, segment: Segment) -> None:
         self.path = path
         self.segment = segment
         self.creator = os.getpid()
@@ -304,6 +382,8 @@ class ShmPool:
         self.stopping: Callable[[], bool] = bool
         self._owners_checked = 0.0
         self.transit = Transit(segment)
+        #: The workers' references: what the server reads of them, sends on or copies out.
+        self.forwarded = ForwardedRuns(segment, self.books)
         #: The process that removes the segment once this server is gone (see the module).
         self.reaper: subprocess.Popen[bytes] | None = None
 
@@ -322,16 +402,16 @@ class ShmPool:
                             "(--shm-size)", directory, free.f_bavail * free.f_frsize, total)
                 return None
             token = secrets.token_bytes(16)
-            path = os.path.join(directory, f"{_PREFIX}{os.getpid()}-{token[:6].hex()}")
+            path = os.path.join(directory, f"{SEGMENT_PREFIX}{os.getpid()}-{token[:6].hex()}")
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError as error:
             log.warning("shared memory off: %s", error)
             return None
         try:
             os.ftruncate(fd, total)
-            header = _HEADER.pack(_MAGIC, token, granules, granule, offset)
+            header = _HEADER.pack(MAGIC, token, granules, granule, offset)
             os.pwrite(fd, header, 0)
-            segment = _Segment(fd, total)
+            segment = Segment(fd, total)
         except (OSError, ValueError) as error:
             os.unlink(path)
             log.warning("shared memory off: %s", error)
@@ -384,9 +464,9 @@ class ShmPool:
         are its until released. Returns the runs freed."""
         table = self.segment.table
         for head in self.books.adopt(worker + 1):
-            if int(table[head, _STATE]) in (HELD, FORWARDED):
-                table[head, _GEN] += 1
-                table[head, _STATE] = FREE
+            if int(table[head, ROW_STATE]) in (HELD, FORWARDED):
+                table[head, ROW_GEN] += 1
+                table[head, ROW_STATE] = FREE
         return self.reclaim()
 
     # -- allocation -------------------------------------------------------------------------
@@ -410,10 +490,10 @@ class ShmPool:
                 return -1
         books.take(head, count)
         row = segment.table[head]
-        row[_GEN] += 1
-        row[_OWNER] = 0
-        row[_STAMP] = int(time.monotonic() * 1000)
-        row[_STATE] = state
+        row[ROW_GEN] += 1
+        row[ROW_OWNER] = 0
+        row[ROW_STAMP] = int(time.monotonic() * 1000)
+        row[ROW_STATE] = state
         return head
 
     def owners_due(self) -> bool:
@@ -431,30 +511,31 @@ class ShmPool:
         A pinned run (its memory still held here) is not taken back yet, whatever its
         row says: it is once the object that holds it is gone.
         """
-        runs, pinned = self.books.runs, self.books.pinned
+        books = self.books
+        runs = books.runs
         if not runs:
             return 0
         table = self.segment.table
         heads = np.fromiter(runs, np.int64, len(runs))
-        states = table[heads, _STATE]
+        states = table[heads, ROW_STATE]
         freed = 0
         for head in heads[states == FREE].tolist():
-            if head not in pinned:
-                self.books.free(head)
+            if not books.is_pinned(head):
+                books.free(head)
                 freed += 1
         if dead_owners:
             now = int(time.monotonic() * 1000)
             alive: dict[int, bool] = {}
             for head in heads[states == SENT].tolist():
-                owner = int(table[head, _OWNER])
-                orphan = owner == 0 and now - table[head, _STAMP] > self.orphan_timeout * 1000
+                owner = int(table[head, ROW_OWNER])
+                orphan = owner == 0 and now - table[head, ROW_STAMP] > self.orphan_timeout * 1000
                 if owner and owner not in alive:
                     alive[owner] = _pid_alive(owner)
                 if orphan or (owner and not alive[owner]):
-                    table[head, _GEN] += 1  # a late claim or release of it now fails
-                    table[head, _STATE] = FREE
-                    if head not in pinned:
-                        self.books.free(head)
+                    table[head, ROW_GEN] += 1  # a late claim or release of it now fails
+                    table[head, ROW_STATE] = FREE
+                    if not books.is_pinned(head):
+                        books.free(head)
                         freed += 1
         return freed
 
@@ -465,18 +546,20 @@ class ShmPool:
         Returns None when the pool has no room for them now (nothing is placed
         then); the caller waits for releases and asks again. A frame that is
         already in the pool (:func:`shared_empty`, an owned copy, a worker's
-        reference) is referred to without a copy. A placement that is not sent
-        after all is given back with :meth:`cancel`. ``state`` FORWARDED: a worker
-        places its message for the server, which sends it on.
+        reference, or the server's view of one: :meth:`ForwardedRuns.viewed_head`) is
+        referred to without a copy. A placement that is not sent after all is given
+        back with :meth:`cancel`. ``state`` FORWARDED: a worker places its message for
+        the server, which sends it on.
         """
         segment, table = self.segment, self.segment.table
         placed = Placement(frames)
-        for index in range(2, len(placed)):
-            frame = placed[index]
+        out = placed.frames
+        for index in range(2, len(out)):
+            frame = out[index]
             if is_ref(frame):
-                head = self._forwarded_head(frame)
-                table[head, _STAMP] = int(time.monotonic() * 1000)
-                table[head, _STATE] = state
+                head = self.forwarded.head(frame)
+                table[head, ROW_STAMP] = int(time.monotonic() * 1000)
+                table[head, ROW_STATE] = state
                 placed.forwarded.append(head)
                 continue
             nbytes = len(frame)
@@ -485,9 +568,13 @@ class ShmPool:
             source = np.frombuffer(frame, np.uint8)
             head = self._lent_head(source)
             if head >= 0:
-                table[head, _STAMP] = int(time.monotonic() * 1000)
-                table[head, _STATE] = state
+                table[head, ROW_STAMP] = int(time.monotonic() * 1000)
+                table[head, ROW_STATE] = state
                 placed.held.append(head)
+            elif (head := self.forwarded.viewed_head(source)) >= 0:
+                table[head, ROW_STAMP] = int(time.monotonic() * 1000)
+                table[head, ROW_STATE] = state
+                placed.forwarded.append(head)
             else:
                 head = self.allocate(nbytes, state)
                 if head < 0:
@@ -497,20 +584,11 @@ class ShmPool:
                 self.copied += nbytes
                 start = head * segment.granule
                 segment.data[start : start + nbytes] = source
-            placed[index] = _REF.pack(_MAGIC, segment.segment_id, head, self.books.runs[head],
-                                      nbytes, int(table[head, _GEN]), self.creator)
+            out[index] = REF.pack(MAGIC, segment.segment_id, head,
+                                  int(self.books.lengths[head]), nbytes,
+                                  int(table[head, ROW_GEN]), self.creator)
         self.messages += state == SENT
         return placed
-
-    def _forwarded_head(self, ref: Any) -> int:
-        """The run a worker's reference names (checked: this pool's, forwarded, current)."""
-        _, segment_id, head, _, _, generation, _ = _REF.unpack(ref)
-        table = self.segment.table
-        if (segment_id != self.segment.segment_id or not 0 <= head < self.segment.granules
-                or table[head, _GEN] != generation or table[head, _STATE] != FORWARDED):
-            raise ValueError(f"a sampling worker's reference to run {head} of segment "
-                             f"{segment_id:x} is not a run it forwarded to this pool")
-        return int(head)
 
     def delivered(self, trainer: bytes, placed: Placement) -> None:
         """``placed`` went to ``trainer`` as references: see :meth:`Transit.delivered`."""
@@ -529,27 +607,16 @@ class ShmPool:
     def _undo(self, placed: Placement, forwarded: int) -> None:
         table = self.segment.table
         for head in placed.taken:
-            table[head, _STATE] = FREE
+            table[head, ROW_STATE] = FREE
             self.books.free(head)
-        table[placed.held, _STATE] = HELD
-        table[placed.forwarded, _STATE] = forwarded
+        table[placed.held, ROW_STATE] = HELD
+        table[placed.forwarded, ROW_STATE] = forwarded
         placed.delivered()
-
-    def copied_out(self, frames: Sequence[Any]) -> list[Any]:
-        """``frames`` with every reference to this pool replaced by a copy of its bytes
-        (the message goes whole: to a trainer on another host, or to be decoded here)."""
-        data, granule = self.segment.data, self.segment.granule
-        out = list(frames)
-        for index in range(2, len(out)):
-            if is_ref(out[index]):
-                _, _, head, _, nbytes, _, _ = _REF.unpack(out[index])
-                out[index] = data[head * granule : head * granule + nbytes].copy()
-        return out
 
     def drop(self, frames: Sequence[Any]) -> None:
         """Free the runs a worker's message refers to (the server sends it no further)."""
         placed = Placement(frames)
-        placed.forwarded = [self._forwarded_head(frame) for frame in frames[2:] if is_ref(frame)]
+        placed.forwarded = [self.forwarded.head(frame) for frame in frames[2:] if is_ref(frame)]
         self.cancel(placed)
 
     def empty(self, shape: Any, dtype: Any) -> np.ndarray | None:
@@ -573,7 +640,7 @@ class ShmPool:
         self.books.pinned.add(head)
         # Not sent (or sent over a socket): the run comes back when no view of it is left.
         weakref.finalize(memory, _let_go, self.books.pinned, segment.slots, head,
-                         int(segment.table[head, _GEN]))
+                         int(segment.table[head, ROW_GEN]))
         array: np.ndarray = memory.view(dtype).reshape(shape)
         return array
 
@@ -589,7 +656,7 @@ class ShmPool:
         if (0 <= offset < len(segment.data) and offset % segment.granule == 0
                 and array.flags.c_contiguous and head in runs
                 and array.nbytes <= runs[head] * segment.granule
-                and int(segment.table[head, _STATE]) == HELD):
+                and int(segment.table[head, ROW_STATE]) == HELD):
             return head
         return -1
 
@@ -602,8 +669,8 @@ class ShmPool:
         # the server). A torn copy is a figure a moment old, right for the statistics.
         lengths = self.books.lengths.copy()
         heads = np.flatnonzero(lengths)
-        busy = self.segment.table[heads, _STATE] != FREE
-        busy |= np.isin(heads, list(self.books.pinned))
+        busy = self.segment.table[heads, ROW_STATE] != FREE
+        busy |= np.isin(heads, list(self.books.pinned)) | (self.books.kept[heads] > 0)
         return int(lengths[heads[busy]].sum())
 
     def stats(self) -> dict[str, int]:
@@ -655,131 +722,62 @@ def _let_go(pinned: set[int], slots: memoryview, head: int, generation: int) -> 
     """The last object of the allocating process that held run ``head`` is gone: it may be
     reused once released, and is released now if it was never sent."""
     pinned.discard(head)
-    _release(slots, head * 4, generation, HELD)
+    release_run(slots, head * 4, generation, HELD)
 
 
-def _release(slots: memoryview, row: int, generation: int, state: int) -> None:
+def _unkeep(kept: np.ndarray, slots: memoryview, head: int, generation: int) -> None:
+    """The last of the server's views of a worker's run ``head`` is gone: the worker may
+    reuse it once released, and it is released now if the server never sent it on."""
+    kept[head] -= 1
+    if not kept[head]:
+        release_run(slots, head * 4, generation, FORWARDED)
+
+
+def release_run(slots: memoryview, row: int, generation: int, state: int) -> None:
     """Free the run of table row ``row`` if it is still in ``state`` at ``generation``
     (the finalizer of its memory, in the server or a trainer)."""
-    if slots[row + _GEN] == generation and slots[row + _STATE] == state:
-        slots[row + _STATE] = FREE
+    if slots[row + ROW_GEN] == generation and slots[row + ROW_STATE] == state:
+        slots[row + ROW_STATE] = FREE
 
 
-class ShmAttachment:
-    """The trainer's side of one server's segment: refs in, views out, releases on death."""
-
-    def __init__(self, path: str) -> None:
-        fd = os.open(path, os.O_RDWR)
-        try:
-            self.segment = _Segment(fd, os.fstat(fd).st_size)
-        finally:
-            os.close(fd)
-        self.pid = os.getpid()
-        #: Views of the pool this trainer holds (received, not yet released), and their bytes:
-        #: what a trainer that keeps its samples is told when the pool runs full.
-        self.views = self.view_bytes = 0
-
-    @property
-    def token(self) -> str:
-        return self.segment.token.hex()
-
-    def _released(self, row: int, generation: int, nbytes: int) -> None:
-        _release(self.segment.slots, row, generation, SENT)
-        self.views -= 1
-        self.view_bytes -= nbytes
-
-    def resolve(self, ref: Any, nbytes: int) -> np.ndarray:
-        """The memory a reference frame names: claimed by this process, freed when unused."""
-        _, _, head, count, size, generation, _ = _REF.unpack(ref)
-        segment = self.segment
-        if size != nbytes or not 0 <= head < segment.granules or (
-                count * segment.granule < size or head + count > segment.granules):
-            raise ValueError(f"shared-memory reference to {size} bytes at granule {head} does "
-                             f"not fit an array of {nbytes} bytes in this pool")
-        slots, row = segment.slots, head * 4
-        slots[row + _OWNER] = self.pid
-        if slots[row + _GEN] != generation or slots[row + _STATE] != SENT:
-            raise ValueError(f"shared-memory run {head} was taken back before it was received")
-        memory = segment.run_memory(head, size)
-        self.views += 1
-        self.view_bytes += size
-        weakref.finalize(memory, self._released, row, generation, size)
-        return memory
+#: The pool of the draw under way in this thread (see :func:`drawing_into`).
+_drawing: contextvars.ContextVar[ShmPool | None] = contextvars.ContextVar(
+    "feedmux_shm_drawing", default=None)
 
 
-class ShmViews:
-    """A trainer's attachments, by segment id: the resolver its decoder is given."""
+@contextlib.contextmanager
+def drawing_into(pool: ShmPool | None) -> Iterator[None]:
+    """Within the block, :func:`shared_empty` allocates from ``pool``.
 
-    def __init__(self) -> None:
-        self.attachments: dict[int, ShmAttachment] = {}
-
-    def attach(self, path: str) -> str:
-        """Map the segment at ``path``; return the token read from it (raises OSError)."""
-        try:
-            attachment = ShmAttachment(path)
-        except ValueError as error:
-            raise OSError(str(error)) from None
-        self.attachments[attachment.segment.segment_id] = attachment
-        return attachment.token
-
-    def held(self) -> tuple[int, int, int]:
-        """(views held, their bytes, the pools' bytes) over every mapped pool."""
-        attachments = list(self.attachments.values())
-        return (sum(a.views for a in attachments), sum(a.view_bytes for a in attachments),
-                sum(len(a.segment.data) for a in attachments))
-
-    def _attach_named(self, segment_id: int, creator: int) -> ShmAttachment | None:
-        """Map the segment a reference names, found by its name on this host.
-
-        A reference can arrive before the offer that names the pool (a trainer
-        whose data socket was dealt to before its hello was answered): its
-        creator's pid and segment id give the file's name. None where there is
-        no such file (another host, another container).
-        """
-        token = segment_id.to_bytes(8, "little")[:6].hex()
-        try:
-            self.attach(os.path.join(SHM_DIR, f"{_PREFIX}{creator}-{token}"))
-        except OSError:
-            return None
-        return self.attachments.get(segment_id)
-
-    def __call__(self, frame: Any, nbytes: int) -> Any:
-        if not is_ref(frame):
-            return frame
-        segment_id = int.from_bytes(frame[8:16], "little")
-        attachment = self.attachments.get(segment_id)
-        if attachment is None:
-            attachment = self._attach_named(segment_id, _REF.unpack(frame)[-1])
-        if attachment is None:
-            raise ValueError("reference to a shared-memory pool this trainer has not mapped "
-                             "(a trainer on another host, or one started with shm=False)")
-        return attachment.resolve(frame, nbytes)
-
-
-_active: ShmPool | None = None
-
-
-def activate(pool: ShmPool | None) -> None:
-    """Make ``pool`` the one :func:`shared_empty` allocates from in this process."""
-    global _active
-    _active = pool
+    The producer sets it around each draw from the streamer (and nothing else
+    does): :func:`shared_empty` is public and called by a user's streamer, which
+    has no pool to pass and must run unchanged outside a server, so the pool
+    reaches it as the context of the draw that runs it. That context is set
+    and reset by the one caller that draws, for the time of the draw alone: a
+    streamer that keeps its generator and runs it elsewhere gets plain memory.
+    """
+    token = _drawing.set(pool)
+    try:
+        yield
+    finally:
+        _drawing.reset(token)
 
 
 def shared_empty(shape: int | Sequence[int], dtype: Any = float) -> np.ndarray:
     """An uninitialised array that a server sends with no copy at all.
 
     Inside a server with a shared-memory pool (a streamer run by
-    ``feedmux serve``, in the server or in one of its ``--workers``), the array
-    lives in the pool: fill it, yield it, and do not write to it afterwards.
-    Elsewhere, or when the pool is full or the array small, it is a plain
-    ``np.empty``.
+    ``feedmux serve``, in the server or in one of its ``--workers``, while the
+    server draws from it: :func:`drawing_into`), the array lives in the pool:
+    fill it, yield it, and do not write to it afterwards. Elsewhere, or when the
+    pool is full or the array small, it is a plain ``np.empty``.
 
     Examples
     --------
     >>> shared_empty((2, 3), "float32").shape
     (2, 3)
     """
-    pool = _active
+    pool = _drawing.get()
     if pool is not None and os.getpid() == pool.allocator:
         array = pool.empty(shape, dtype)
         if array is not None:
@@ -787,8 +785,8 @@ def shared_empty(shape: int | Sequence[int], dtype: Any = float) -> np.ndarray:
     return np.empty(shape, dtype)
 
 
-def owned_copy(array: np.ndarray) -> np.ndarray:
-    """A copy of ``array`` that the server owns: in the pool while the server sends
+def owned_copy(array: np.ndarray, pool: ShmPool | None) -> np.ndarray:
+    """A copy of ``array`` that the server owns: in ``pool`` while the server sends
     through it, so the copy that protects a sample from its streamer is the only
     one (the send refers to it in place), else a plain ``array.copy()``.
 
@@ -796,7 +794,6 @@ def owned_copy(array: np.ndarray) -> np.ndarray:
     promised not to write to it once yielded): it is returned as it is, so a
     sample built in place is never copied at all.
     """
-    pool = _active
     if pool is not None and os.getpid() == pool.allocator and array.nbytes >= SHM_THRESHOLD:
         if pool.lent(array):
             return array

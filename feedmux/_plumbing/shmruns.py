@@ -16,7 +16,11 @@ when a run is free: it records what the pool decided.
 A run's memory may still be referred to by an object of the allocating process
 (a rank's message the server keeps for a successor, a sample it has not sent yet):
 such a run is *pinned* (:attr:`RunBooks.pinned`), and is not taken back, whatever
-the slot table says, until that object is gone.
+the slot table says, until that object is gone. A worker's run that the server
+reads in place (it decoded the worker's message to deal it to ranks, or to cut
+batches) is *kept* (:attr:`RunBooks.kept`: a count per run, in the shared
+mapping, that the server alone writes and the worker reads), and the worker
+does not take it back while the count is above zero.
 """
 
 from __future__ import annotations
@@ -47,11 +51,14 @@ class RunBooks:
     def __init__(self, granules: int) -> None:
         self.granules = granules
         # Anonymous and MAP_SHARED: a forked worker writes the same pages.
-        self._memory = mmap.mmap(-1, 8 + granules * 5)
+        self._memory = mmap.mmap(-1, 8 + granules * 9)
         whole = np.frombuffer(self._memory, np.uint8)
         self._wanted = whole[:8].view(np.int64)
         self.lengths: np.ndarray = whole[8 : 8 + granules * 4].view(np.int32)
-        self.busy: np.ndarray = whole[8 + granules * 4 :].view(bool)
+        #: Per head granule: the server's live views of that run (a worker's, read in place
+        #: by the server; written by the server process alone).
+        self.kept: np.ndarray = whole[8 + granules * 4 : 8 + granules * 8].view(np.int32)
+        self.busy: np.ndarray = whole[8 + granules * 8 :].view(bool)
         self.regions: list[tuple[int, int]] = [(0, granules)]
         self.lo, self.hi = 0, granules
         #: This process's runs not known to be free (head granule -> granules).
@@ -121,6 +128,11 @@ class RunBooks:
         for head in heads:
             self.runs[head] = int(self.lengths[head])
         return heads
+
+    def is_pinned(self, head: int) -> bool:
+        """Whether the memory of the run at ``head`` is still held: by an object of this
+        process (:attr:`pinned`), or by the server's views of it (:attr:`kept`)."""
+        return head in self.pinned or bool(self.kept[head])
 
     def in_use(self) -> int:
         """Granules taken in every region (every process's runs)."""

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from feedmux._auditlog import AuditLogError, HandOut, Session, read_log
+from feedmux._auditlog import AuditLogError, HandOutRecord, Session, read_log
 
 __all__ = ["AuditReport", "EpochReport", "audit", "load_sessions"]
 
@@ -45,7 +45,7 @@ class EpochReport:
     stream: str
     epoch: int
     size: int | None
-    handed: int = 0
+    hand_outs: int = 0
     missing: list[int] = field(default_factory=list)
     repeated: dict[int, int] = field(default_factory=dict)  # position -> times handed out
     redealt: int = 0  # repeats explained by a trainer that died before telling the server
@@ -59,7 +59,7 @@ class EpochReport:
 
     def describe(self) -> str:
         size = "size unknown" if self.size is None else f"{self.size} samples"
-        parts = [f"{self.handed} handed out"]
+        parts = [f"{self.hand_outs} handed out"]
         if self.padded:
             parts.append(f"{self.padded} padding")
         if self.redealt:
@@ -99,7 +99,7 @@ class AuditReport:
     @property
     def checked(self) -> int:
         """Hand-outs in epochs that were checked (not open)."""
-        return sum(epoch.handed for epoch in self.epochs if not epoch.open)
+        return sum(epoch.hand_outs for epoch in self.epochs if not epoch.open)
 
     def text(self) -> str:
         lines = [f"{self.sessions} session(s)"
@@ -120,11 +120,12 @@ class AuditReport:
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
+        """The report as ``--json`` prints it (its keys stay: scripts read them)."""
         return {
             "ok": self.ok, "sessions": self.sessions, "torn": self.torn,
             "checked": self.checked, "notes": self.notes, "problems": self.problems,
             "epochs": [{"stream": e.stream, "epoch": e.epoch, "size": e.size,
-                        "handed": e.handed, "missing": e.missing,
+                        "handed": e.hand_outs, "missing": e.missing,
                         "repeated": {str(p): n for p, n in e.repeated.items()},
                         "redealt": e.redealt, "dropped": e.dropped, "padded": e.padded,
                         "open": e.open, "ok": e.ok} for e in self.epochs],
@@ -151,7 +152,7 @@ class _Part:
 
     session: Session
     link: int
-    handouts: list[HandOut]
+    handouts: list[HandOutRecord]
 
     def steps(self) -> list[Step]:
         steps: list[Step] = []
@@ -171,7 +172,7 @@ def _stream_name(session: Session, link: int) -> str:
 def _streams(sessions: Sequence[Session]) -> dict[str, list[_Part]]:
     streams: dict[str, list[_Part]] = defaultdict(list)
     for session in sessions:
-        by_link: dict[int, list[HandOut]] = defaultdict(list)
+        by_link: dict[int, list[HandOutRecord]] = defaultdict(list)
         for handout in session.handouts:
             by_link[handout.link].append(handout)
         for link in range(max(len(session.addresses), 1 + max(by_link, default=-1))):
@@ -317,7 +318,7 @@ def _epochs(name: str, steps: list[Step], facts: tuple[int | None, int, str],
     reports = []
     for epoch in sorted(by_epoch):
         counts = Counter(by_epoch[epoch])
-        report = EpochReport(name, epoch, size, handed=len(by_epoch[epoch]))
+        report = EpochReport(name, epoch, size, hand_outs=len(by_epoch[epoch]))
         report.open = not closed(epoch) or size is None
         for position, times in counts.items():
             if times > 1:

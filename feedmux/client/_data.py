@@ -20,7 +20,7 @@ from typing import Any
 
 import zmq
 
-from feedmux._plumbing.shm import ShmViews
+from feedmux._plumbing.shmviews import ShmViews
 from feedmux._plumbing.sockets import keep_freed_memory, readable, send_message
 from feedmux.client._link import ServerLinks
 from feedmux.errors import ProtocolError, VersionMismatchError

@@ -78,7 +78,7 @@ class HandOut:
             upcoming is None and finished)
 
     def progress(self) -> tuple[int, Any, int] | None:
-        """(link, tags, handed-out count) of the current message, or None."""
+        """(link, tags, used) of the current message (used: its samples handed out), or None."""
         current = self.current
         return None if current is None else (current[0], current[2], self.index)
 
@@ -102,8 +102,8 @@ class HandOut:
         if self.index == 0:
             self.tags = None
 
-    def cut_at_handed(self, link: int, stale: set[str] | frozenset[str]) -> None:
+    def drop_rest(self, link: int, stale: set[str] | frozenset[str]) -> None:
         """Server ``link`` restarted and resumes where this trainer stands: the rest of the
-        old process's message (if it is the current one) will come again."""
+        old process's message (if it is the current one) will come again, so it is dropped."""
         if self.current is not None and self.current[0] == link and self.current[1] in stale:
             self.count = self.index

@@ -22,7 +22,7 @@ import time
 import uuid
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import zmq
@@ -205,7 +205,7 @@ class RemoteLoader:
         register_with_torch(RemoteLoader)
         addresses, controls, derived = endpoints(address, control)
         _check_settings(timeout=timeout, world_size=world_size, hwm=hwm, client_id=client_id)
-        #: Samples per handed-out batch (None: single samples).
+        #: Samples per batch handed out (None: single samples).
         self.batch_size = batch_size
         check_membership(world_size=world_size, rank=rank, group=group, reliable=reliable)
         self.rank, self.group, self.world_size = rank, group, world_size
@@ -239,7 +239,7 @@ class RemoteLoader:
         self._acks: HandOutAcks | None = None
         self._seen = SeenPositions() if reliable else None
         self._book = None if resolve is None else AddressBook(resolve)
-        self._positions, self._handed = _trackers(self._links, self._out, rank, world_size,
+        self._positions, self._recent = _trackers(self._links, self._out, rank, world_size,
                                                   reliable)
         self._audit = open_audit(audit_log, audit_key, self, self._links)
 
@@ -296,7 +296,8 @@ class RemoteLoader:
         """
         if self._links.epoch_size is None and not self._closed and not self._asked:
             self._asked = True  # once: a server that does not answer is not asked again
-            _await_welcome(self, min(self.timeout or WELCOME_WAIT, WELCOME_WAIT))
+            self._connect(announce=False)
+            _await_welcome(self._poller, self._control, self._serve_control, self._links)
         return self._links.length()
 
     # -- what was seen --------------------------------------------------------------------
@@ -434,7 +435,7 @@ class RemoteLoader:
                 if self.reliable:
                     self._data.forget_ack(action.link)  # its sequence number means nothing now
                     self._data.grant_credit(self.hwm, action.link)
-                self._out.cut_at_handed(action.link, self._links.links[action.link].stale)
+                self._out.drop_rest(action.link, self._links.links[action.link].stale)
 
     def _receive(self) -> None:
         """Block until the next data message is current (or raise / end the iteration)."""
@@ -474,7 +475,7 @@ class RemoteLoader:
         """Make ``message`` the current one; False when it is dropped (a stale server's)."""
         samples, tags, server_id = message.samples, message.tags, message.server_id
         count = len(samples)
-        tracker = self._positions or self._handed
+        tracker = self._positions or self._recent
         if tracker is not None and not tracker.next_message(
                 fresh=server_id not in self._links.links[self._data.link].stale):
             return False  # sent before its server restarted: the new one resumes here
@@ -522,10 +523,10 @@ class RemoteLoader:
 
 def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | None,
               received: dict[str, int], positions: RankPositions | None,
-              audit: AuditLog | NoAudit, handed: int,
+              audit: AuditLog | NoAudit, used: int,
               between_epochs: bool | None) -> dict[str, Any]:
     """RemoteLoader.state_dict's plain data (recorded as a checkpoint in ``audit``, with the
-    ``handed`` samples of the current message before it; ``between_epochs``: a free
+    ``used`` samples of the current message before it; ``between_epochs``: a free
     trainer's)."""
     state: dict[str, Any] = {
         "addresses": list(addresses),
@@ -540,13 +541,13 @@ def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | No
                      world_size=positions.world_size)
     if between_epochs is not None:
         state["between_epochs"] = between_epochs
-    return audit.checkpoint(state, handed)
+    return audit.checkpoint(state, used)
 
 
 def _trackers(links: ServerLinks, out: HandOut, rank: int | None, world_size: int,
               reliable: bool) -> tuple[RankPositions | None, HandedRanges | None]:
     """What a loader tells a server that must resume: a rank's position with each server
-    (also saved by state_dict), or a free reliable trainer's latest hand-outs."""
+    (also saved by state_dict), or a free reliable trainer's recent hand-outs."""
     count = len(links.links)
     if rank is not None:
         positions = RankPositions(count, rank=rank, world_size=world_size,
@@ -554,23 +555,24 @@ def _trackers(links: ServerLinks, out: HandOut, rank: int | None, world_size: in
         links.position = positions.announce
         return positions, None
     if reliable:
-        handed = HandedRanges(count, current=out.progress)
-        links.handed = handed.announce
-        links.handed_below, links.summarized = handed.below, handed.summarized
-        return None, handed
+        recent = HandedRanges(count, current=out.progress)
+        links.handed = recent.announce
+        links.handed_below, links.summarized = recent.below, recent.summarized
+        return None, recent
     return None, None
 
 
-def _await_welcome(loader: RemoteLoader, seconds: float) -> None:
-    """Connect without joining and wait up to ``seconds`` for every server's welcome."""
-    loader._connect(announce=False)
-    assert loader._poller is not None
-    deadline = time.monotonic() + seconds
-    while not all(loader._links.server_ids) and (left := deadline - time.monotonic()) > 0:
-        events = dict(loader._poller.poll(max(1, int(left * 1000))))
-        for index, socket in enumerate(loader._control):
+def _await_welcome(poller: zmq.Poller | None, control: Sequence[Any],
+                   serve: Callable[[int], None], links: ServerLinks) -> None:
+    """Serve the ``control`` sockets (``serve(index)``) until every server of ``links``
+    welcomed the loader, for at most the loader's timeout or :data:`WELCOME_WAIT` seconds."""
+    assert poller is not None, "expected a connected loader's poller, got None"
+    deadline = time.monotonic() + min(links.timeout or WELCOME_WAIT, WELCOME_WAIT)
+    while not all(links.server_ids) and (left := deadline - time.monotonic()) > 0:
+        events = dict(poller.poll(max(1, int(left * 1000))))
+        for index, socket in enumerate(control):
             if socket in events:
-                loader._serve_control(index)
+                serve(index)
 
 
 _RESTORED_LATE = ("expected load_state_dict before the loader's first sample (it tells "

@@ -11,6 +11,7 @@ must never keep trainer or drain state of its own.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -38,11 +39,11 @@ from feedmux.server._control.core import ControlCore, Phase, Sends, Stat
 from feedmux.server._control.meters import ControlMeter, SamplerMeter, sampler_stats
 from feedmux.server._control.metrics import MetricsEndpoint
 from feedmux.server._delivery.carrier import Carrier
+from feedmux.server._delivery.dealer import Dealer, PlainFree, RankAudience
 from feedmux.server._delivery.fanout import GroupFanout
 from feedmux.server._delivery.outbox import Outbox
-from feedmux.server._delivery.plain import PlainRoute
 from feedmux.server._delivery.pool import close_pool, open_pool
-from feedmux.server._delivery.reliable import NO_ACK, ReliableDispatch
+from feedmux.server._delivery.reliable import NO_ACK, ReliableFree, ReliableLink
 from feedmux.server._sources.producer import Frames
 from feedmux.server.config import ServerConfig
 
@@ -83,25 +84,34 @@ class SocketShell:
         #: The sampling processes' meters (the server's own, or its workers').
         self.meters = [SamplerMeter()]
         #: More figures for the statistics (the worker pool's liveness, the shm pool's use).
-        self.probes: list[Callable[[], dict[str, Stat]]] = []
+        self.extra_stats: list[Callable[[], dict[str, Stat]]] = []
         self.core = ControlCore(config, time.monotonic(), os.getpid(), self._extra_stats)
         #: The same-host shared-memory pool free trainers on this host read large arrays from.
         self.pool = shm(config)  # opened before the workers forked, if there are workers
         if self.pool is not None:
             self.core.shm = (self.pool.path, self.pool.token)
-            self.probes.append(lambda: dict(self.pool.stats()) if self.pool else {})
+            self.extra_stats.append(lambda: dict(self.pool.stats()) if self.pool else {})
         # References to the pool on their way to one trainer (not yet received) at most:
         # what its socket queues would hold of messages sent whole (--hwm, both ends).
-        carrier = Carrier(self.pool, self.core, 2 * config.hwm, self.serve_control,
-                          self._halted)
-        # Ranks on a reliable server: their messages need no sequence number (the ranks'
-        # hand-out marks release them) and go after the envelope of one that needs none.
-        if self.reliable is None:
-            self.plain = PlainRoute(self.outbox, self.core, carrier, self._plain_halted)
+        carrier = Carrier(self.pool, self.core, 2 * config.hwm, self.outbox, self._halted)
+        # The one choice of the free trainers' recovery policy: none, or (reliable) credit
+        # and a re-deal within their audience. Ranks on a reliable server: their messages
+        # need no sequence number (the ranks' hand-out marks release them), so they go
+        # after the envelope of one that needs none, within the credit their holder granted.
+        if (link := self.reliable) is None:
+            sent_to = self.core.questions.sent_to
+            self.dealer = Dealer(self.outbox, self.core, carrier, self._dealing_halted,
+                                 lambda name: PlainFree(sent_to))
+            free_targets: Callable[[], list[bytes] | None] = self.core.free_targets
         else:
-            self.reliable.carrier = carrier
-            self.plain = PlainRoute(self.outbox, self.core, carrier, self._plain_halted, [NO_ACK],
-                                    self.reliable.credits.takes)
+            self.dealer = Dealer(self.outbox, self.core, carrier, self._dealing_halted,
+                                 functools.partial(ReliableFree, link), [NO_ACK],
+                                 link.credits.takes)
+            free_targets = _every_trainer
+        #: The server's free trainers and its ranks (without consumer groups).
+        self.free = self.dealer.free_audience("", free_targets)
+        self.ranks = RankAudience(self.core.rank_target, lambda: self.core.retention,
+                                  lambda: list(self.core.ranks.holders), self.dealer.rank_sender)
         #: Consumer groups: every buffered message goes to each group (None: no groups).
         #: Opened with the server's groups: from the start (--group-buffer), or on the
         #: first trainer that asks for a group (the free trainers so far: group default).
@@ -116,7 +126,7 @@ class SocketShell:
                 raise
 
     def _fanout(self) -> GroupFanout:
-        return GroupFanout(self.config, self.outbox, self.core, lambda: bool(self.stopping),
+        return GroupFanout(self.config, self.dealer, self.core, lambda: bool(self.stopping),
                            self.deliver)
 
     def _extra_stats(self) -> dict[str, Stat]:
@@ -129,8 +139,8 @@ class SocketShell:
             stats.update(self.fanout.stats())
         if self.reliable is not None:
             stats.update(self.reliable.credits.stats())
-        for probe in self.probes:
-            stats.update(probe())
+        for figures in self.extra_stats:
+            stats.update(figures())
         return stats
 
     def _open_sockets(self) -> None:
@@ -148,11 +158,11 @@ class SocketShell:
         self.control.setsockopt(zmq.ROUTER_MANDATORY, 1)
         #: Everything sent on the data socket leaves through it.
         self.outbox = Outbox(self.data, self.control, lambda: self.serve_control(timeout=0))
-        self.reliable: ReliableDispatch | None = None
+        self.reliable: ReliableLink | None = None
         if config.reliable:
-            self.reliable = ReliableDispatch(self.data, self.outbox, config.server_id,
-                                             lambda: self.serve_control(timeout=0),
-                                             self.control_meter)
+            self.reliable = ReliableLink(self.data, self.outbox, config.server_id,
+                                         lambda: self.serve_control(timeout=0),
+                                         self.control_meter)
             self.outbox.serve_data = self.reliable.serve
         # What the system gave us: a real port where the configuration said 0.
         self.data_address = bind(self.data, config.bind, "data")
@@ -169,10 +179,7 @@ class SocketShell:
         sent = False
         if self.fanout is None:
             nbytes = carried_bytes(frames)
-            if self.reliable is not None and rank < 0:
-                sent = self.reliable.send(list(frames), n_samples, epoch, self._halted)
-            else:
-                sent, frames = self.plain.send(frames, rank)
+            sent, frames = self.dealer.send(frames, self.ranks if rank >= 0 else self.free, rank)
             if sent:
                 self.outbox.bytes_sent += nbytes
                 core.data_sent(n_samples, epoch)
@@ -188,7 +195,19 @@ class SocketShell:
         core.tick(time.monotonic())  # sampling: at most a throughput log line, never a send
         return not self._halted()
 
-    def _plain_halted(self) -> bool:
+    def _redeal(self) -> None:
+        """Deal again what lost reliable trainers held, within their audiences."""
+        if self.fanout is None:
+            self.dealer.redeal(self.free)
+        else:
+            self.fanout.redeal()
+
+    def _ranks_owed(self) -> int:
+        """Messages ranks were sent and have not handed out yet (the groups' ranks too)."""
+        owed = self.core.retention.held()
+        return owed if self.fanout is None else owed + self.fanout.ranks_owed()
+
+    def _dealing_halted(self) -> bool:
         """A message waiting for a trainer stops waiting: the server halts, or consumer
         groups opened meanwhile (the message is theirs, see :meth:`send_data`)."""
         return self._halted() or self.fanout is not None
@@ -222,13 +241,13 @@ class SocketShell:
                 continue
             if isinstance(message, Ack) and message.rank < 0:
                 if self.reliable is not None:  # a free trainer's hand-out mark: no answer
-                    self.reliable.credits.handed(message)
+                    self.reliable.credits.record_mark(message)
                 continue
             self.deliver(core.receive(identity, message, time.monotonic()))
         self.control_meter.add(received, time.thread_time() - cpu_started)
         if self.fanout is None and core.tables.grouped:
             self.fanout = self._fanout()
-        self.plain.replay_taken_over()
+        self.ranks.replay_taken_over()
         if self.fanout is not None:
             self.fanout.replay_taken_over()
         return True
@@ -244,7 +263,7 @@ class SocketShell:
                 self.core.peer_gone(identity)
             except zmq.ZMQError:
                 # The peer went away (ROUTER_MANDATORY) or cannot keep up: the core forgets
-                # it but keeps what it had received for the end-of-stream count.
+                # it but counts what it had received for the end of stream.
                 self.core.peer_gone(identity)
 
     def run_phase(self, phase: Phase) -> None:
@@ -290,7 +309,7 @@ class SocketShell:
         if self.reliable is not None:
             # Ranks' messages count too: a dead rank's go to its successor first.
             self.reliable.finish(core.drain_deadline, lambda: bool(self.stopping),
-                                 core.retention.held)
+                                 self._redeal, self._ranks_owed)
             self.reliable.broadcast(core.end_message())
             self.deliver(core.end_stream(time.monotonic()))
         else:
@@ -331,6 +350,11 @@ class SocketShell:
             self.handshakes.stop()
         if self.authenticator is not None:
             self.authenticator.stop()
+
+
+def _every_trainer() -> None:
+    """The members of a reliable server's free audience: None, every trainer with credit."""
+    return None
 
 
 def _data_socket(context: zmq.Context[Any], config: ServerConfig,

@@ -47,9 +47,6 @@ ASKS: dict[str, str] = {
     "resume": "a resume position (a checkpoint's, or a rank's that outlived its server)",
 }
 
-_PLAIN_GROUPS = ("consumer groups use plain delivery: a group's buffer sends each message "
-                 "once and keeps no ledger of what its members acknowledged, so nothing "
-                 "could re-deal a killed member's messages within its group")
 _SHARED_MESSAGES = ("a group's messages are shared as sampled: every group is sent the same "
                     "frames, so the server cannot cut them into one trainer's batches")
 _NO_REWIND = ("consumer groups share one sampled stream that has moved on: the messages "
@@ -60,8 +57,6 @@ _NO_REWIND = ("consumer groups share one sampled stream that has moved on: the m
 #: Pairs that do not combine, each with the real reason (one entry per rule). A pair of
 #: options is refused when the server starts; a pair with a hello's ask, to that trainer.
 REFUSED: dict[tuple[str, str], str] = {
-    ("reliable", "group_buffer"): _PLAIN_GROUPS,
-    ("reliable", "group"): _PLAIN_GROUPS,
     ("ranked_job", "group"): (
         "this server deals to a ranked job outside any group, and deals its ranks as the "
         "sampler draws, before any buffer, so another group cannot share that stream; "
@@ -86,8 +81,8 @@ def refusal(asked: Collection[str]) -> str | None:
 
     Examples
     --------
-    >>> refusal({"reliable", "group"})[:68]
-    'expected reliable delivery (--reliable) or a consumer group (group=)'
+    >>> refusal({"batches", "group"})[:78]
+    'expected server-built batches (the first trainer asked for batch_size=) or a c'
     >>> refusal({"group", "rank"}) is None
     True
     """

@@ -298,7 +298,7 @@ class Server:
             return None
         if pool is not None:  # before the parent hears "bound": a scrape may follow at once
             shell.meters = pool.meters
-            shell.probes.append(pool.liveness)
+            shell.extra_stats.append(pool.liveness)
         config = self.config
         self._endpoints = shell
         self._bound = (shell.data_address, shell.control_address)
@@ -338,8 +338,8 @@ class Server:
                     policy=config.policy, server_id=config.server_id,
                     skip_errors=config.on_error == "skip", epoch_done=epoch_done,
                     dealer=ranked_dealer(shell, config), meter=shell.meters[0],
-                    start=shell.core.start_at, keep=shell.core.handed.keep,
-                    batches=shell.core.tables.batches.assemblers(),
+                    start=shell.core.start_at, fresh=shell.core.handed.fresh,
+                    batches=shell.core.tables.batches.assemblers(), shm=shell.pool,
                 )
                 if not (self._stop or shell.core.restarting):
                     shell.finish()
@@ -347,7 +347,7 @@ class Server:
                     return EXIT_OK
                 # A ranked job resumed from a checkpoint: sample again, from where it says.
                 restart_passes(streamer)
-                shell.core.restarting = False
+                shell.core.restarted()
                 if not shell.wait_for_trainers():  # the new job's ranks
                     return EXIT_FAILED if shell.failed else EXIT_OK
         except Exception as error:

@@ -335,10 +335,25 @@ def test_a_group_on_a_server_dealing_a_ranked_job_is_refused_with_the_reason(
     assert server.wait(timeout=30) == 0
 
 
-def test_a_group_on_a_reliable_server_is_refused_with_the_reason(
-        serve: Callable[..., Spawned]) -> None:
-    server = serve(SAMPLER, "--reliable", "--epochs", "1")
-    with RemoteLoader(server.data, control=server.control, timeout=20, group="eval",
-                      reliable=True) as loader:
-        with pytest.raises(RemoteError, match="consumer groups use plain delivery"):
-            next(loader)
+@pytest.mark.parametrize("buffer", [("--group-buffer", "16"), ()],
+                         ids=["group-buffer", "any-server"])
+def test_reliable_groups_each_get_every_sample_once_across_a_killed_member(
+        serve: Callable[..., Spawned], trainers: Trainers, buffer: tuple[str, ...]) -> None:
+    # Two members of group a, one SIGKILLed inside its 9th message (after its acknowledging
+    # thread told the server how far it got); group b alone, unaffected.
+    server = serve(SAMPLER, "--epochs", "2", "--samples-per-message", "8", "--reliable",
+                   *buffer, "--min-trainers", "3")
+    trainers.start(server, "a0", "--group", "a", "--reliable", "--die-after", "67",
+                   "--step-ms", "2")
+    trainers.start(server, "a1", "--group", "a", "--reliable", "--step-ms", "1")
+    trainers.start(server, "b", "--group", "b", "--reliable")
+    assert trainers.wait("a0") == -9  # it killed itself mid-epoch
+    assert trainers.wait("a1") == 0 and trainers.wait("b") == 0
+    assert server.wait(timeout=30) == 0
+    assert len(trainers.seen("a0")) == 67 and trainers.seen("a1")
+    # Every sample once within each group, the dead member's hand-outs included: only
+    # what it had not handed out went to the group's other member.
+    whole = {1: WHOLE_EPOCH, 2: WHOLE_EPOCH}
+    assert per_epoch(trainers.seen("a0") + trainers.seen("a1")) == whole
+    assert per_epoch(trainers.seen("b")) == whole
+    assert "trainer " in server.stderr and "went away holding" in server.stderr

@@ -42,10 +42,7 @@ pytestmark = [pytest.mark.matrix, pytest.mark.timeout(300)]
 
 #: Combinations refused today, with the start of the refusal each one gets (first match):
 #: by the loader itself, or by the server's combination table (feedmux.server.config.REFUSED).
-REFUSED_TODAY: list[tuple[Callable[[Cell], bool], str]] = [
-    (lambda cell: cell.groups and cell.reliable,
-     "expected reliable delivery (--reliable) or a consumer group (group=), got both"),
-]
+REFUSED_TODAY: list[tuple[Callable[[Cell], bool], str]] = []
 
 #: Where the pool is off today although the server has one, with the start of the reason
 #: the server logs (feedmux.server.config.OFF).

@@ -1,21 +1,27 @@
 """``--workers N`` with the shared-memory pool: real server, worker and trainer processes.
 
 The workers write each large array into their region of the pool and forward
-references; a trainer on this host gets views of the pool. A killed worker's runs
-come back to the pool (a killed trainer's, and a trainer that does not map the pool:
-``test_shm.py``, run with 2 workers too).
+references; a trainer on this host gets views of the pool, also when the server
+deals the workers' messages to ranks (it reads them in place and sends a rank's
+share on as references to the workers' runs) or builds batches from them. A
+killed worker's runs come back to the pool (a killed trainer's, and a trainer that
+does not map the pool: ``test_shm.py``, run with 2 workers too).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from feedmux import RemoteLoader, Server, fetch_stats
 from feedmux.errors import RemoteError
-from tests.integration.conftest import child_pids
+from tests.integration.conftest import CheckedThread, Spawned, child_pids, wait_until
+from tests.integration.kill_restart import Trainers
 from tests.integration.test_shm import in_pool
 
 pytestmark = pytest.mark.timeout(120)
@@ -77,3 +83,123 @@ def test_a_sigkilled_worker_fails_the_run_and_its_runs_come_back() -> None:
         server.join(30)
     finally:
         server.stop()
+
+
+def in_a_workers_region(loader: RemoteLoader, array: np.ndarray, workers: int) -> bool:
+    """Whether ``array`` lies in a sampling worker's region of the pool: the worker's own
+    copy, sent on as it is (the server's region, the first ``1 / (workers + 1)`` of the
+    granules, holds what the server copied in)."""
+    views = loader._data.views
+    assert views is not None
+    for attachment in views.attachments.values():
+        segment = attachment.segment
+        offset = int(array.ctypes.data) - segment.base
+        if 0 <= offset < len(segment.data):
+            return offset // segment.granule >= segment.granules // (workers + 1)
+    return False
+
+
+def test_two_workers_and_two_ranks_get_the_workers_own_copies_with_exact_epochs() -> None:
+    # The forwarder deals the workers' messages to the ranks: it reads them in place (no
+    # copy out of the pool), and a rank's share of whole samples goes on as references to
+    # the runs the workers wrote (no copy into the pool either).
+    server = Server(SAMPLER, bind="tcp://127.0.0.1:0", epochs=2, samples_per_message=1,
+                    shm_size=64 * MIB, workers=2, min_trainers=2).start()
+    try:
+        loaders = [RemoteLoader(server.data_address, control=server.control_address,
+                                timeout=30, with_meta=True, rank=rank, world_size=2)
+                   for rank in (0, 1)]
+        try:
+            seen: dict[int, list[tuple[int, int, int]]] = {0: [], 1: []}
+            copied: dict[int, int] = {0: 0, 1: 0}
+
+            def train(rank: int) -> None:
+                stream = iter(loaders[rank])
+                for _ in range(40):  # 20 samples per rank per epoch; a loader each, as DDP
+                    meta, sample = next(stream)
+                    assert (sample["x"] == sample["id"]).all()
+                    assert in_pool(sample["x"]), "a rank's large array is not a pool view"
+                    # Drawn once the ranks had mapped the pool: the workers' own copies.
+                    if meta.epoch == 2 and not in_a_workers_region(loaders[rank], sample["x"],
+                                                                   workers=2):
+                        copied[rank] += 1
+                    seen[rank].append((meta.epoch, int(sample["id"]), meta.position))
+                    del sample
+
+            ranks = [CheckedThread(train, rank) for rank in (0, 1)]
+            for rank in ranks:
+                rank.join(60)
+            assert copied == {0: 0, 1: 0}, "a rank's array of epoch 2 was copied by the server"
+            for rank in (0, 1):
+                assert [(e, p) for e, _, p in seen[rank]] == [
+                    (epoch, position) for epoch in (1, 2) for position in range(rank, 40, 2)]
+            for epoch in (1, 2):
+                assert sorted(i for rank in (0, 1) for e, i, _ in seen[rank]
+                              if e == epoch) == list(range(40))
+
+            def in_use_is_held() -> bool:
+                held = sum(loader._data.views_held()[1] for loader in loaders)
+                return bool(fetch_stats(server.control_address)["shm_bytes_in_use"] == held)
+
+            # What the ranks handed out comes back once the server's copies for a successor
+            # go (their hand-out marks): only what the loaders decoded ahead stays in use.
+            wait_until(in_use_is_held, 20, "the pool's use down to the views the loaders hold")
+        finally:
+            for loader in loaders:
+                loader.close()
+    finally:
+        server.stop()
+
+
+def test_two_workers_build_batches_into_the_pool_with_exact_epochs() -> None:
+    server = Server(SAMPLER, bind="tcp://127.0.0.1:0", epochs=2, samples_per_message=1,
+                    shm_size=64 * MIB, workers=2).start()
+    try:
+        seen: list[tuple[int, int]] = []
+        with RemoteLoader(server.data_address, control=server.control_address, timeout=30,
+                          batch_size=4, with_meta=True) as loader:
+            for meta, batch in loader:
+                assert batch["x"].shape == (4, MIB // 4)
+                assert (batch["x"] == batch["id"][:, None]).all()
+                assert in_pool(batch["x"]), "a batch that is not a view of the pool"
+                seen += [(meta.epoch, int(i)) for i in batch["id"]]
+                del batch
+        for epoch in (1, 2):
+            assert sorted(i for e, i in seen if e == epoch) == list(range(40))
+        assert server.join(30) == 0
+    finally:
+        server.stop()
+
+
+def test_a_sigkilled_rank_restarted_continues_exactly_through_the_pool(
+        serve: Callable[..., Spawned], tmp_path: Path) -> None:
+    server = serve(SAMPLER, "--arg", "count=40", "--epochs", "2", "--samples-per-message", "1",
+                   "--workers", "2", "--min-trainers", "2", "--shm-size", "64")
+    trainers = Trainers(server, tmp_path)
+    go = tmp_path / "go"
+    ranked = ["--world-size", "2", "--rank"]
+    try:
+        trainers.start("survivor", *ranked, "0", "--hold-after", "30", "--go-file", str(go))
+        trainers.start("doomed", *ranked, "1", "--die-after", "7", "--step-ms", "1")
+        assert trainers.exit_code("doomed") == -9
+        trainers.start("restarted", *ranked, "1")
+        wait_until(lambda: bool(trainers.record("restarted")), 60,
+                   "the restarted rank's first sample")
+        go.touch()
+        for name in ("restarted", "survivor"):
+            assert trainers.exit_code(name) == 0, f"trainer {name} was killed"
+        assert server.wait(timeout=60) == 0, server.stderr
+    finally:
+        trainers.kill_remaining()
+    survivor, successor = trainers.record("survivor"), trainers.record("restarted")
+    doomed = trainers.record("doomed")
+    assert len(doomed) == 7
+    for rank, record in ((0, survivor), (1, doomed + successor)):
+        assert [(row[0], row[2]) for row in record] == [
+            (epoch, position) for epoch in (1, 2) for position in range(rank, 40, 2)]
+    for epoch in (1, 2):
+        assert sorted(row[1] for row in survivor + doomed + successor
+                      if row[0] == epoch) == list(range(40))
+    # Its predecessor's rest came over the socket; what was dealt after, through the pool.
+    assert trainers.views("restarted") >= len(successor) - 10
+    assert trainers.views("survivor") >= len(survivor) - 10

@@ -14,7 +14,7 @@ from feedmux.protocol import Hello
 from feedmux.server._control.ranks import RankTables
 from feedmux.server._delivery.batches import MAX_BATCH_SIZE, BatchAssembler, Batches, BatchRequest
 from feedmux.server._delivery.dealing import RankDealer
-from feedmux.server._sources.producer import batched_shares
+from feedmux.server._delivery.ranking import batched_shares
 
 
 def tagged(epoch: int, start: int, count: int) -> np.ndarray:

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
-from feedmux.errors import ConfigurationError
 from feedmux.server.config import ASKS, OFF, REFUSED, ServerConfig, disabled, refusal
 
 
@@ -47,9 +44,9 @@ def test_a_switched_off_ask_says_why_only_alongside_its_pair() -> None:
 def test_the_config_applies_the_table_to_its_options() -> None:
     assert ServerConfig(source="m:a", reliable=True, shm=True).asks == {"reliable", "shm"}
     assert ServerConfig(source="m:a", group_buffer="8MiB", shm=False).asks == {"group_buffer"}
-    with pytest.raises(ConfigurationError, match=re.escape(REFUSED[("reliable",
-                                                                    "group_buffer")])):
-        ServerConfig(source="m:a", reliable=True, group_buffer=8)
+    # Groups and reliable delivery combine (a killed member's rest goes to its group).
+    assert ServerConfig(source="m:a", reliable=True, group_buffer=8).asks == {
+        "reliable", "group_buffer", "shm"}
 
 
 def test_the_groups_buffer_has_a_memory_bound_by_default() -> None:

@@ -15,6 +15,7 @@ from feedmux.protocol import Ack, Data, Error, Hello, Welcome, encode
 from feedmux.server._control.core import ControlCore, Phase, Send, Sends
 from feedmux.server._control.ranks import RankTables
 from feedmux.server._control.resume import CHECKPOINT
+from feedmux.server._delivery.dealer import Dealer, PlainFree
 from feedmux.server._delivery.fanout import GroupFanout, _RankedGroup
 from feedmux.server._delivery.groups import DEFAULT_GROUP, GroupBuffer, parse_group_buffer
 from feedmux.server.config import ServerConfig, refusal
@@ -179,9 +180,6 @@ def test_every_active_group_sees_the_stream_in_order_from_its_start(events: list
 
 
 @pytest.mark.parametrize(("options", "expected"), [
-    ({"group_buffer": 8, "reliable": True}, "expected reliable delivery .* or a consumer "
-                                            "groups' buffer .*, got both: consumer groups use "
-                                            "plain delivery"),
     ({"group_buffer": "8 furlongs"}, "expected group_buffer"),
     ({"group_buffer": 8, "join": "later"}, "expected join 'epoch' or 'now'"),
     ({"group_buffer": 8, "group_timeout": 0}, "expected group_timeout > 0"),
@@ -252,7 +250,6 @@ def test_a_refused_group_hello_leaves_a_server_without_groups() -> None:
 
 @pytest.mark.parametrize(("options", "first", "hello", "rule"), [
     ({}, Hello("r0", rank=0, world_size=2), Hello("g", group="eval"), ("ranked_job", "group")),
-    ({"reliable": True}, None, Hello("g", group="eval"), ("reliable", "group")),
     ({}, Hello("b", batch_size=4), Hello("g", group="eval"), ("batches", "group")),
     ({"group_buffer": 8}, None, Hello("b", batch_size=4), ("groups", "batch_size")),
     ({}, None, Hello("g", group="eval", batch_size=4), ("group", "batch_size")),
@@ -269,6 +266,12 @@ def test_each_refused_hello_gets_its_rule_s_reason(
         assert isinstance(core.receive(b"first", first, now=1.0)[0][1], Welcome)
     message = _refusal(core.receive(b"late", hello, now=1.0))
     assert message == refusal(set(rule)) and b"late" not in core.trainers
+
+
+def test_a_group_on_a_reliable_server_is_welcomed() -> None:
+    core = _core(reliable=True)
+    [(_, welcome), *_] = core.receive(b"g", Hello("g", group="eval"), now=1.0)
+    assert isinstance(welcome, Welcome) and welcome.reliable and core.tables.grouped
 
 
 def test_a_rank_on_a_reliable_server_is_welcomed() -> None:
@@ -288,8 +291,10 @@ def test_a_ranked_group_s_checkpoint_is_refused_naming_the_shared_stream() -> No
 def test_a_group_given_up_has_its_trainers_told_and_forgotten() -> None:
     core = _core(group_buffer=8, rank_timeout=1.0)
     sends: list[Send] = []
-    fanout = GroupFanout(core.config, None, core,  # type: ignore[arg-type]  # sends nothing
-                         stopping=lambda: False, deliver=sends.extend)
+    dealer = Dealer(None, core, None, lambda: False,  # type: ignore[arg-type]  # sends nothing
+                    lambda name: PlainFree(core.questions.sent_to))
+    fanout = GroupFanout(core.config, dealer, core, stopping=lambda: False,
+                         deliver=sends.extend)
     now = time.monotonic()  # the fan-out reads the clock: its members are live ones
     core.receive(b"r0", Hello("r0", rank=0, world_size=2, group="ddp"), now=now)
     core.receive(b"e", Hello("e", group="eval"), now=now)
@@ -320,7 +325,7 @@ def test_a_buffer_started_mid_epoch_keeps_the_join_rule_for_newcomers() -> None:
 
 
 def test_a_ranked_group_is_overdue_only_after_the_rank_timeout_without_a_rank() -> None:
-    group = _RankedGroup(2, "pad", sender=None)  # type: ignore[arg-type]
+    group = _RankedGroup(2, "pad", audience=None)  # type: ignore[arg-type]
     assert not group.overdue([1], now=10.0, timeout=1.0)  # the clock starts
     assert not group.overdue([1], now=11.0, timeout=1.0)
     assert not group.overdue([], now=11.5, timeout=1.0)  # the rank came: the clock stops

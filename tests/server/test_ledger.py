@@ -41,7 +41,7 @@ def test_a_successor_gets_the_rest_after_the_rank_s_mark_in_order() -> None:
     ledger.record(0, b"a", message(1, 0, 2))
     ledger.record(0, b"a", message(1, 4, 6))
     ledger.record(0, b"a", message(1, 8))
-    ledger.handed(0, b"a", (1, 4))
+    ledger.record_mark(0, b"a", (1, 4))
     assert ledger.lose(b"a") == 2  # kept for the rank's successor, not re-dealt
     assert ledger.owed(0, b"b") and not ledger.owed(0, b"a")
     rest = ledger.take_over(0, b"b")
@@ -69,9 +69,9 @@ def test_a_rank_that_acknowledges_nothing_is_sent_nothing_more_and_loses_nothing
 def test_a_mark_covering_a_message_releases_it_and_another_trainer_s_mark_counts_not() -> None:
     ledger = Ledger(Recovery.REDEAL)
     ledger.record(b"a", b"a", message(1, 0, 1), seq=5)
-    ledger.handed(b"a", b"mallory", (1, 1), seqs=[5])
+    ledger.record_mark(b"a", b"mallory", (1, 1), seqs=[5])
     assert ledger.held() == 1
-    ledger.handed(b"a", b"a", (1, 1), seqs=[5])
+    ledger.record_mark(b"a", b"a", (1, 1), seqs=[5])
     assert ledger.held() == 0 and ledger.nbytes == 0
 
 
@@ -79,7 +79,7 @@ def test_a_lost_trainer_s_rest_is_re_dealt_first_cut_after_its_mark() -> None:
     ledger = Ledger(Recovery.REDEAL)
     ledger.record(b"a", b"a", message(1, 0, 1, 2), seq=1)
     ledger.record(b"a", b"a", message(1, 3), seq=2)
-    ledger.handed(b"a", b"a", (1, 0), seqs=[1])
+    ledger.record_mark(b"a", b"a", (1, 0), seqs=[1])
     assert ledger.lose(b"a") == 2
     first = ledger.next_redeal()
     assert first is not None and positions(first.frames) == [1, 2]
@@ -148,14 +148,11 @@ def test_re_deal_hands_every_sample_out_once_or_keeps_it(steps: list[tuple[str, 
     joined = 0
 
     def deal(entry: Entry, again: bool) -> bool:
-        identity = credits.pick()
-        if identity is None:
+        candidates = credits.candidates()
+        if not candidates:
             return False
-        seq = ledger.next_seq
-        if again:
-            ledger.resent(identity, entry, identity, seq)
-        else:
-            ledger.record(identity, identity, entry.frames, seq, entry.tags)
+        identity = candidates[0][0]
+        seq = credits.sent("", identity, entry.frames, entry if again else None)
         trainers[identity].queue.append(_Held(seq, positions(entry.frames)))
         return True
 
@@ -188,10 +185,10 @@ def test_re_deal_hands_every_sample_out_once_or_keeps_it(steps: list[tuple[str, 
         elif action in ("mark", "kill") and trainer is not None:
             head = trainer.queue[0] if trainer.queue else None
             if head is not None and head.done:  # the current message, as far as handed out
-                credits.handed(_ack(trainer, [head.seq], head.positions[head.done - 1]))
+                credits.record_mark(_ack(trainer, [head.seq], head.positions[head.done - 1]))
             if action == "kill":  # right after its thread said all it handed out (the
                 # documented bound: what it handed out in its last few ms comes again)
-                credits.handed(_ack(trainer, _whole(trainer, ledger), -1))
+                credits.record_mark(_ack(trainer, _whole(trainer, ledger), -1))
                 del trainers[trainer.identity]
                 credits.lose(trainer.identity)
                 flush()
@@ -202,7 +199,7 @@ def test_re_deal_hands_every_sample_out_once_or_keeps_it(steps: list[tuple[str, 
             while trainer.queue:  # an orderly leave: it hands out all it holds first
                 _hand_out(world, trainer, len(trainer.queue[0].rest))
             # ... and says so before it goes (what it handed out whole is acknowledged).
-            credits.handed(_ack(trainer, _whole(trainer, ledger), -1))
+            credits.record_mark(_ack(trainer, _whole(trainer, ledger), -1))
             del trainers[trainer.identity]
             credits.lose(trainer.identity)
         _check(world, ledger, trainers)
@@ -267,7 +264,7 @@ def test_replay_gives_each_rank_its_share_once_across_restarts(
             last = _hand_out(world, holder, size) or last
         elif action in ("mark", "restart"):
             if last is not None:  # its latest hand-out, as its thread says
-                ledger.handed(0, holder.identity, (1, last[1]))
+                ledger.record_mark(0, holder.identity, (1, last[1]))
             if action == "restart":  # killed right after its mark; its queue died with it
                 ledger.lose(holder.identity)
                 restarts += 1
@@ -288,7 +285,7 @@ def test_replay_gives_each_rank_its_share_once_across_restarts(
 def test_a_message_cut_for_a_successor_decodes_to_the_rest() -> None:
     ledger = Ledger(Recovery.REPLAY)
     ledger.record(3, b"a", message(2, 5, 6, 7))
-    ledger.handed(3, b"a", (2, 5))
+    ledger.record_mark(3, b"a", (2, 5))
     [entry] = ledger.take_over(3, b"b")
     data = decode(entry.frames)
     assert isinstance(data, Data) and list(data.samples) == ["2.6", "2.7"]

@@ -65,27 +65,6 @@ def test_any_other_error_is_raised_not_taken_for_a_busy_trainer(parts: list[byte
         context.term()
 
 
-def test_first_goes_past_a_full_and_a_gone_trainer(parts: list[bytes]) -> None:
-    socket = FakeSocket([zmq.Again(), unreachable(), None])
-    box, context, control = outbox(socket)
-    try:
-        skipped = []
-
-        def wire(target: bytes) -> list[bytes] | None:
-            if target == b"capped":
-                skipped.append(target)
-                return None
-            return parts
-
-        took = box.first([b"full", b"capped", b"gone", b"free"], wire)
-        assert took == b"free" and skipped == [b"capped"]
-        assert socket.sent == [[b"free", *parts]]
-        assert box.first([], wire) is None
-    finally:
-        control.close()
-        context.term()
-
-
 def test_the_loop_waits_between_tries_and_counts_it_as_blocked(parts: list[bytes]) -> None:
     socket = FakeSocket([zmq.Again(), zmq.Again(), None])
     box, context, control = outbox(socket)

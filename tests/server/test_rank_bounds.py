@@ -32,8 +32,8 @@ def test_a_mark_from_a_client_the_rank_s_data_never_went_to_is_ignored() -> None
     retention = Ledger(Recovery.REPLAY, limit=8)
     frames = list(encode(Data(np.array([[1, 0], [1, 2]]), ["a", "b"])))
     retention.record(0, b"holder", frames)
-    retention.handed(0, b"intruder", (99, 0))  # would cut everything
-    retention.handed(0, b"holder", (1, 0))
+    retention.record_mark(0, b"intruder", (99, 0))  # would cut everything
+    retention.record_mark(0, b"holder", (1, 0))
     # The holder's own mark counted: the successor gets sample 2, not nothing.
     assert [read_tags(entry.frames).tolist()
             for entry in retention.take_over(0, b"successor")] == [[[1, 2]]]

@@ -143,9 +143,9 @@ def test_free_reliable_trainers_resume_at_the_first_position_nobody_handed_out()
     # After the earliest of their latest hand-outs (a's 2:39; b's is 3:3): what either had
     # not handed out was dealt after it. 2:25-30 went to neither (a trainer gone since).
     assert core.start_at == (2, 40)
-    kept = core.handed.keep(2, np.arange(24, 42))
+    kept = core.handed.fresh(2, np.arange(24, 42))
     assert kept is not None and np.flatnonzero(~kept).tolist() == [0, *range(6, 16)]
-    assert core.handed.keep(3, np.arange(6)).tolist() == [False] * 4 + [True] * 2
+    assert core.handed.fresh(3, np.arange(6)).tolist() == [False] * 4 + [True] * 2
 
 
 def test_a_restarted_reliable_server_deals_again_what_the_summaries_list_below_the_start() -> None:
@@ -160,8 +160,8 @@ def test_a_restarted_reliable_server_deals_again_what_the_summaries_list_below_t
                             handed_below=(2, 40, 2, 8, 12, 2, 14, 16)))], now=0.0)
     assert core.phase is Phase.SAMPLING and core.start_at == (2, 8)
     positions = np.arange(0, 48)
-    kept = core.handed.keep(2, positions)
+    kept = core.handed.fresh(2, positions)
     assert kept is not None
     # 36-40: a handed it out (its report) although a's summary still lists it.
     assert positions[kept].tolist() == [8, 9, 10, 11, 14, 15, 44, 45, 46, 47]
-    assert core.handed.keep(3, np.arange(4)) is None
+    assert core.handed.fresh(3, np.arange(4)) is None

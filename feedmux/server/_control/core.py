@@ -386,6 +386,12 @@ class ControlCore:
         log.info("waiting for %d trainer(s) to connect", max(1, self.config.min_trainers))
         return NO_SENDS
 
+    def restarted(self) -> None:
+        """The sampler stopped the run of a job that restarted from a checkpoint
+        (:attr:`restarting`) and starts the new job's run, at ``start_at`` once its
+        ranks are all here."""
+        self.restarting = False
+
     def data_sent(self, n_samples: int, epoch: int) -> None:
         """One data message left (the hot path: counters only)."""
         self.messages_sent += 1

@@ -244,8 +244,8 @@ class RankTables:
             return None
         if not self.of(group).dealt(ack.rank):
             return None
-        self.retention_of(group).handed(ack.rank, ack.client_id.encode(),
-                                        (ack.epoch, ack.position))
+        self.retention_of(group).record_mark(ack.rank, ack.client_id.encode(),
+                                             (ack.epoch, ack.position))
         holder = self.of(group).holder(ack.rank)
         return holder[0] if holder is not None and holder[1] == ack.client_id else None
 

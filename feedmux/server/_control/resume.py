@@ -167,7 +167,7 @@ class Handed:
     trainer read of what every trainer had handed out (every sample before
     ``(epoch, position)`` but some runs), less what it handed out since.
 
-    :attr:`start` is where the restarted server resumes and :meth:`keep` says
+    :attr:`start` is where the restarted server resumes and :meth:`fresh` says
     which positions from there it deals again. A position is not dealt again
     when a trainer reported it, or when a summary covers it and does not list
     it. Positions past every summary and before the earliest of the trainers'
@@ -186,16 +186,16 @@ class Handed:
     >>> handed = Handed([(2, 8, 12, 2, 16, 20), (2, 12, 14, 3, 0, 4)])
     >>> handed.start
     (2, 20)
-    >>> handed.keep(2, np.arange(18, 22)).tolist()
+    >>> handed.fresh(2, np.arange(18, 22)).tolist()
     [False, False, True, True]
-    >>> handed.keep(3, np.arange(0, 6)).tolist(), handed.keep(4, np.arange(2)) is None
+    >>> handed.fresh(3, np.arange(0, 6)).tolist(), handed.fresh(4, np.arange(2)) is None
     ([False, False, False, False, True, True], True)
     >>> Handed([(5, 0, 40, 6, 0, 10), (6, 10, 20)]).start  # the latest of each: 6:10, 6:20
     (6, 20)
     >>> # 4 .. 7 were held by a trainer that left: the summary lists them, nobody reports them
     >>> handed = Handed([(2, 12, 16), (2, 16, 20)], [(2, 16, 2, 4, 8, 2, 12, 16)])
     >>> positions = np.arange(2, 24)
-    >>> handed.start, positions[handed.keep(2, positions)].tolist()
+    >>> handed.start, positions[handed.fresh(2, positions)].tolist()
     ((2, 4), [4, 5, 6, 7, 20, 21, 22, 23])
     """
 
@@ -267,7 +267,7 @@ class Handed:
             self.add(hello.handed)
         return hello.handed
 
-    def keep(self, epoch: int, positions: np.ndarray) -> np.ndarray | None:
+    def fresh(self, epoch: int, positions: np.ndarray) -> np.ndarray | None:
         """Which of ``positions`` (of ``epoch``) nobody handed out; None: all of them."""
         ranges = self.ranges.get(epoch)
         after = self._after

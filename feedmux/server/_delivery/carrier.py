@@ -8,7 +8,7 @@ keeps — a rank's, for a successor; a reliable trainer's, to be re-dealt — ke
 frames the server holds (a pool run whose memory the server still holds is
 pinned, never reused), so a trainer that dies holding references (its runs
 are reclaimed once its pid is gone) never takes the kept copy with it. It never
-sends (the outbox does) nor decides who gets a message (the dealers and the
+sends (the outbox does) nor decides who gets a message (the dealer and the
 ledger do).
 """
 
@@ -19,7 +19,8 @@ from typing import Any
 
 from feedmux._plumbing.shm import Placement, ShmPool
 from feedmux.server._control.core import ControlCore
-from feedmux.server._delivery.pool import pooled, settled, through_pool
+from feedmux.server._delivery.outbox import Outbox
+from feedmux.server._delivery.pool import Via, pooled, settled, via
 
 __all__ = ["Carrier"]
 
@@ -27,46 +28,45 @@ __all__ = ["Carrier"]
 class Carrier:
     """The shared-memory pool's side of sending (or nothing, without a pool).
 
-    ``serve_control(timeout)`` and ``halted()`` are the shell's, for the wait
-    of a full pool.
+    ``outbox`` is the data socket's, whose back-pressure wait a full pool waits in;
+    ``halted()`` says when that wait stops (the server stops or restarts).
     """
 
     def __init__(self, pool: ShmPool | None, core: ControlCore, transit_cap: int,
-                 serve_control: Callable[[float], object], halted: Callable[[], bool]) -> None:
+                 outbox: Outbox, halted: Callable[[], bool]) -> None:
         self.pool = pool
         self.core = core
         self.transit_cap = transit_cap
-        self.serve_control = serve_control
+        self.outbox = outbox
         self.halted = halted
 
-    def place(self, frames: Sequence[Any], kept: bool) -> tuple[Sequence[Any], Placement | None]:
+    def place(self, frames: Sequence[Any], keeps: bool) -> tuple[Sequence[Any], Placement | None]:
         """What goes on a socket, and ``frames`` placed in the pool for the trainers that
         map it (waiting while it is full), or None (no pool, no such trainer, nothing
-        large, stopping). ``kept``: the ledger keeps the message to deal it again to
+        large, stopping). ``keeps``: the ledger keeps the message to deal it again to
         another trainer, so what goes on a socket is whole bytes even when every trainer
         maps the pool (a worker's references to runs a dead trainer held would be reused
         memory)."""
         if self.pool is None:
             return frames, None
-        wire, placed = pooled(self.pool, self.core, frames,
-                              lambda timeout: bool(self.serve_control(timeout)),
-                              _Flag(self.halted))
-        if kept and placed is not None and placed.refs_only:
-            wire = self.pool.copied_out(wire)  # the ledger's bytes; the trainers get references
+        wire, placed = pooled(self.pool, self.core, frames, self.outbox, self.halted)
+        if keeps and placed is not None and placed.refs_only:
+            # The ledger's bytes; the trainers get references.
+            wire = self.pool.forwarded.copied_out(wire)
         return wire, placed
 
     def wire(self, target: bytes, frames: Sequence[Any],
              placed: Placement | None) -> Sequence[Any] | None:
         """What goes to ``target``: the message as placed in the pool or as it is (None:
-        too many of its references are on their way)."""
-        via_pool = through_pool(self.pool, placed, target, self.transit_cap)
-        if via_pool is None:
+        not now, see :class:`~feedmux.server._delivery.pool.Via`)."""
+        how = via(self.pool, placed, target, self.transit_cap)
+        if how is Via.WAIT:
             return None
-        return placed if via_pool and placed is not None else frames
+        return placed.frames if how is Via.POOL and placed is not None else frames
 
     def delivered(self, target: bytes, wire: Sequence[Any], placed: Placement | None) -> None:
         """``wire`` (from :meth:`wire`) went to ``target``."""
-        if placed is not None and wire is placed and self.pool is not None:
+        if placed is not None and wire is placed.frames and self.pool is not None:
             self.pool.delivered(target, placed)  # its runs are the trainer's to release
 
     def settle(self, placed: Placement | None, frames: Sequence[Any],
@@ -74,13 +74,3 @@ class Carrier:
         """Done with ``placed`` (its runs back unless delivered as references); the
         message's frames from now on (whole bytes if it was not sent)."""
         return settled(self.pool, placed, frames, sent)
-
-
-class _Flag:
-    """A callable seen as the truth value the pool's wait checks."""
-
-    def __init__(self, check: Callable[[], bool]) -> None:
-        self.check = check
-
-    def __bool__(self) -> bool:
-        return self.check()

@@ -11,14 +11,14 @@ items: each rank's share is taken from the dealt chunks as row slices
 (:func:`~feedmux.protocol.take_samples`: a list slice, or the stacked arrays of
 a decoded batch sliced), so a server passing on its workers' messages never
 builds a sample. It is pure: sequences in, sequences out, no sockets, no clock,
-no encoding — the producer encodes what it returns and the shell sends it. It
-must never decide anything about trainers (who holds a rank is the control
-core's business).
+no encoding — the ranked stage (:mod:`.ranking`) encodes what it returns and its
+caller sends it. It must never decide anything about trainers (who holds a rank
+is the control core's business).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -69,7 +69,9 @@ class RankDealer:
     first ``n - 1`` rows, to repeat them. It keeps rows of the chunks, not
     items: a rank's share of a chunk is the row slice ``start::n``, taken at C
     level (a list slice, or a decoded batch's stacked arrays sliced), with no
-    per-item Python work.
+    per-item Python work. ``ahead`` (rank -> (epoch, position)) names live ranks
+    further on than where the dealing resumes: each gets nothing of its share
+    before where it stands.
 
     Examples
     --------
@@ -80,7 +82,8 @@ class RankDealer:
     [(0, [2], ['c']), (1, [3], ['a'])]
     """
 
-    def __init__(self, world_size: int, uneven: str = "pad") -> None:
+    def __init__(self, world_size: int, uneven: str = "pad",
+                 ahead: Mapping[int, tuple[int, int]] | None = None) -> None:
         if not (isinstance(world_size, int) and world_size >= 1):
             raise ConfigurationError(f"expected world_size an int >= 1, got {world_size!r}")
         if uneven not in UNEVEN_MODES:
@@ -94,7 +97,7 @@ class RankDealer:
         self._first: list[_Rows] = []  # the epoch's first rows, one each
         #: rank -> (epoch, position) it stands at, for live ranks further on than where the
         #: dealing resumed: what comes before in their share they already had.
-        self.ahead: dict[int, tuple[int, int]] = {}
+        self.ahead: dict[int, tuple[int, int]] = dict(ahead or {})
 
     def resume(self, epoch: int, position: int, head: Sequence[Any] = ()) -> None:
         """Deal ``epoch`` from ``position`` on: its items start there (a resumed run).
@@ -115,8 +118,8 @@ class RankDealer:
         [(0, [4], ['e']), (1, [5], ['f']), (2, [6], ['a'])]
         """
         self._epoch, self._next, self._carry, self._carried = epoch, position, [], 0
-        keep = min(len(head), self.world_size - 1) if self.uneven == "pad" else 0
-        self._first = [(head, row, row + 1) for row in range(keep)]
+        repeatable = min(len(head), self.world_size - 1) if self.uneven == "pad" else 0
+        self._first = [(head, row, row + 1) for row in range(repeatable)]
 
     def deal(self, epoch: int, *chunks: Sequence[Any]) -> list[RankShare]:
         """The complete rounds that ``chunks`` (the next items of ``epoch``: one
@@ -144,13 +147,16 @@ class RankDealer:
     def finish_epoch(self, epoch: int) -> list[RankShare]:
         """The epoch has no more items: pad or drop its last, partial round."""
         carry, self._carry, self._carried = self._carry, [], 0
+        # Its first rows are let go too: a sample (a run of the shared-memory pool) held
+        # for padding must not stay held once its epoch is over.
+        first, self._first = self._first, []
         if not carry or epoch != self._epoch:
             return []
         if self.uneven == "drop":
             return []
         n = self.world_size
         rows = _single_rows(carry, n)
-        first = self._first or rows
+        first = first or rows
         # A tiny epoch (fewer samples than ranks) repeats its samples as often as needed.
         padding = [first[i % len(first)] for i in range(n - len(rows))]
         return self._shares(epoch, self._next, rows + padding, 1)

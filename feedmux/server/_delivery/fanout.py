@@ -2,13 +2,15 @@
 
 :class:`GroupFanout` owns the sends of a server in group mode: it takes each
 encoded message from the sampler into the shared :class:`GroupBuffer`, and
-pumps — every group's next messages go to the group's live members, through
-the :class:`~feedmux.server._delivery.outbox.Outbox`. In a group of free trainers a
-message goes whole to whichever member has room in its queue; in a ranked
+pumps — every group's next messages go to the group's live members, each group
+an audience of the :class:`~feedmux.server._delivery.dealer.Dealer`. In a group
+of free trainers a message goes whole to whichever member has room in its queue
+(on a reliable server: the member with credit, kept until acknowledged, and a
+killed member's rest dealt again to the group's other members); in a ranked
 group (its trainers have ``rank``/``world_size``) each message is decoded once
 for the group (a batch stays stacked), dealt among its ranks by the ranked
-rule (:class:`~feedmux.server._delivery.dealing.RankDealer`: pad or drop, equal steps
-per rank: row slices) and encoded per rank, and a restarted rank gets its
+rule and encoded per rank (:class:`~feedmux.server._delivery.ranking.RankedStage`: pad
+or drop, equal steps per rank: row slices), and a restarted rank gets its
 predecessor's rest first (:class:`~feedmux.server._delivery.ranksend.RankSender`).
 While the buffer is full it waits, serving the control socket, and names the
 group that lags in the log. A ranked group with a rank that has had no live
@@ -30,15 +32,15 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable
 
-from feedmux.protocol import Data, Error, decode, encode, read_tags
+from feedmux.protocol import Data, Error, decode
 from feedmux.server._control.core import TRAINER_TIMEOUT, ControlCore, Sends
-from feedmux.server._delivery.dealing import RankDealer, RankShare
+from feedmux.server._delivery.dealer import Dealer, FreeAudience, RankAudience
+from feedmux.server._delivery.dealing import RankDealer
 from feedmux.server._delivery.groups import DEFAULT_GROUP, BufferedMessage, GroupBuffer
-from feedmux.server._delivery.outbox import Outbox, Wait
-from feedmux.server._delivery.ranksend import RankSender
+from feedmux.server._delivery.outbox import Wait
+from feedmux.server._delivery.ranking import RankedStage, RankMessage
 from feedmux.server._sources.producer import Frames
 from feedmux.server.config import ServerConfig, disabled
 
@@ -64,12 +66,14 @@ RANK_BACKLOG = 2
 
 
 class _RankedGroup:
-    """One ranked group's dealing: its dealer, and per rank the encoded shares (frames,
-    samples, epoch) its holder has yet to take."""
+    """One ranked group's dealing: its ranked stage, and per rank the encoded messages
+    (frames, samples, epoch) its holder has yet to take."""
 
-    def __init__(self, world_size: int, uneven: str, sender: RankSender) -> None:
+    def __init__(self, world_size: int, uneven: str, audience: RankAudience,
+                 server_id: str = "") -> None:
         self.dealer = RankDealer(world_size, uneven)
-        self.sender = sender
+        self.stage = RankedStage(self.dealer, server_id)
+        self.audience = audience
         self.queues: list[deque[tuple[Frames, int, int]]] = [deque() for _ in range(world_size)]
         self.epoch = 0  # the epoch being dealt
         #: Since when a rank has had no live holder (None: every rank has one).
@@ -87,22 +91,19 @@ class _RankedGroup:
         """Deal the group's next buffered message (an epoch change first ends the last one)."""
         decoded = decode(list(message.frames))
         assert isinstance(decoded, Data)
-        shares: list[RankShare] = []
         if message.epoch != self.epoch:
-            shares += self.dealer.finish_epoch(self.epoch)
+            self.finish_epoch()
             self.epoch = message.epoch
-        shares += self.dealer.deal(message.epoch, decoded.samples)  # rows, not samples
-        self._queue(shares, decoded.server_id)
+        # Rows, not samples: a batch's stacked arrays are sliced per rank.
+        self._queue(self.stage.deal(message.epoch, int(decoded.tags[0, 1]), decoded.samples))
 
-    def finish_epoch(self, server_id: str) -> None:
+    def finish_epoch(self) -> None:
         """Every message of the epoch was dealt: pad or drop its last, partial round."""
-        self._queue(self.dealer.finish_epoch(self.epoch), server_id)
+        self._queue(self.stage.finish_epoch(self.epoch))
 
-    def _queue(self, shares: list[RankShare], server_id: str) -> None:
-        for share in shares:
-            if share.items:
-                frames = encode(Data(share.tags, share.items, server_id))
-                self.queues[share.rank].append((frames, len(share.items), int(share.tags[0, 0])))
+    def _queue(self, messages: Iterable[RankMessage]) -> None:
+        for frames, samples, epoch, rank in messages:
+            self.queues[rank].append((frames, samples, epoch))
 
     @property
     def backlogged(self) -> bool:
@@ -116,12 +117,13 @@ class _RankedGroup:
 class GroupFanout:
     """Sends one sampled stream to every consumer group of a server.
 
-    Its sends and its waits (serving control) go through ``outbox``;
-    ``stopping()`` says whether the server is shutting down; ``deliver(sends)``
-    sends control messages (a given-up group's errors).
+    Its sends go through ``dealer`` (each group an audience), its waits (serving
+    control) through the dealer's outbox; ``stopping()`` says whether the server
+    is shutting down; ``deliver(sends)`` sends control messages (a given-up
+    group's errors).
     """
 
-    def __init__(self, config: ServerConfig, outbox: Outbox, core: ControlCore,
+    def __init__(self, config: ServerConfig, dealer: Dealer, core: ControlCore,
                  stopping: Callable[[], bool], deliver: Callable[[Sends], None]) -> None:
         self.buffer = GroupBuffer(*config.group_limits, config.join, config.group_timeout)
         # Started mid-run: the stream goes on, and the free trainers served so far with it.
@@ -131,7 +133,7 @@ class GroupFanout:
             trainer.group == DEFAULT_GROUP for trainer in core.trainers.values()) else None
         if (off := disabled(config.asks | {"groups"}, "shm")) is not None:
             log.info("consumer groups get their messages over the sockets: %s", off)
-        self.outbox = outbox
+        self.dealer = dealer
         self.core = core
         self.stopping = stopping
         self.deliver = deliver
@@ -139,6 +141,9 @@ class GroupFanout:
         self.uneven = config.uneven
         self.server_id = config.server_id
         self._ranked: dict[str, _RankedGroup] = {}
+        #: Each group of free trainers as the dealer's audience, and its live members.
+        self._free: dict[str, FreeAudience] = {}
+        self._targets: dict[str, list[bytes]] = {}
         self._turns: dict[str, int] = {}
         self._last_lag_log = 0.0
         self._last_lagging: str | None = None
@@ -193,7 +198,7 @@ class GroupFanout:
         pending = any(self.buffer.behind(name) and group.members
                       for name, group in self.buffer.groups.items()) or not all(
             group.empty for group in self._ranked.values())
-        self.outbox.wait(Wait.BRIEF if pending else Wait.IDLE)
+        self.dealer.outbox.wait(Wait.BRIEF if pending else Wait.IDLE)
 
     # -- delivery ---------------------------------------------------------------------------
     def pump(self) -> None:
@@ -208,6 +213,7 @@ class GroupFanout:
         for name in list(buffer.groups):
             targets = members.get(name, [])
             buffer.set_members(name, len(targets), now)
+            self._targets[name] = targets
             ranks = self.core.tables.of(name)
             if ranks.ranked:
                 group = self._ranked_group(name, ranks.world_size or 0)
@@ -216,10 +222,11 @@ class GroupFanout:
                 continue
             while targets:
                 message = buffer.next_for(name)
-                if message is None or not self._deliver(name, message, targets):
+                if message is None or not self._deliver(name, message):
                     break
         for name in buffer.expire(now):
             self._ranked.pop(name, None)
+            self._targets.pop(name, None)
             self.core.tables.forget(name)  # a group that comes back starts afresh
             log.warning("group %s dropped: no member for %g s; it no longer holds the "
                         "sampler back", name, buffer.group_timeout)
@@ -227,8 +234,13 @@ class GroupFanout:
     def _ranked_group(self, name: str, world_size: int) -> _RankedGroup:
         group = self._ranked.get(name)
         if group is None:
-            sender = RankSender(self.outbox, self.core.tables.retention_of(name), self._replayed)
-            group = self._ranked[name] = _RankedGroup(world_size, self.uneven, sender)
+            tables = self.core.tables
+            audience = RankAudience(
+                functools.partial(self.core.rank_target, group=name),
+                lambda: tables.retention_of(name), lambda: list(tables.of(name).holders),
+                self.dealer.rank_sender)
+            group = self._ranked[name] = _RankedGroup(world_size, self.uneven, audience,
+                                                      self.server_id)
         return group
 
     def _given_up(self, name: str, group: _RankedGroup, targets: list[bytes],
@@ -272,7 +284,7 @@ class GroupFanout:
             message = buffer.next_for(name)
             if message is None:
                 if group.epoch and buffer.epoch_closed(group.epoch):
-                    group.finish_epoch(self.server_id)  # once: the dealer keeps nothing after
+                    group.finish_epoch()  # once: the dealer keeps nothing after
                     self._send_shares(name, group)
                 return
             group.deal(message)
@@ -280,36 +292,51 @@ class GroupFanout:
 
     def _send_shares(self, name: str, group: _RankedGroup) -> None:
         for rank, queue in enumerate(group.queues):
-            target = self.core.rank_target(rank, name) if queue else None
-            while queue and target is not None and group.sender.send(rank, target, queue[0][0]):
+            while queue and self.dealer.offer(queue[0][0], None, group.audience, rank) is None:
                 frames, n_samples, epoch = queue.popleft()
-                self.outbox.count(frames)
+                self.dealer.outbox.count(frames)
                 self.core.data_sent(n_samples, epoch)
-
-    def _replayed(self, frames: Sequence[Any]) -> None:
-        """A restarted rank was sent what its predecessor had not handed out."""
-        self.outbox.count(frames)
-        tags = read_tags(frames)
-        self.core.data_sent(len(tags), int(tags[0, 0]))
 
     def replay_taken_over(self) -> None:
         """Hand over every rank of a ranked group taken over since the last look."""
-        for name, group in self._ranked.items():
-            group.sender.replay_taken_over(list(self.core.tables.of(name).holders),
-                                           functools.partial(self.core.rank_target, group=name))
+        for group in self._ranked.values():
+            group.audience.replay_taken_over()
 
-    def _deliver(self, name: str, message: BufferedMessage, targets: list[bytes]) -> bool:
+    def redeal(self) -> None:
+        """Deal again, within each group, what its lost reliable members held (to the
+        members live now)."""
+        self._targets.update(self._members(time.monotonic()))
+        for audience in self._free.values():
+            self.dealer.redeal(audience)
+
+    def ranks_owed(self) -> int:
+        """Messages the ranked groups' ranks were sent and have not handed out yet."""
+        return sum(group.audience.ledger().held() for group in self._ranked.values())
+
+    def _audience(self, name: str) -> FreeAudience:
+        """Group ``name``'s free members as the dealer's audience (the group ``default``
+        is the server's free trainers: what they held before the groups opened is its)."""
+        audience = self._free.get(name)
+        if audience is None:
+            audience = self._free[name] = self.dealer.free_audience(
+                "" if name == DEFAULT_GROUP else name, lambda: self._in_turn(name))
+        return audience
+
+    def _in_turn(self, name: str) -> list[bytes]:
+        """Group ``name``'s live members, starting with the next in turn."""
+        targets = self._targets.get(name, [])
+        if not targets:
+            return targets
+        turn = self._turns[name] = (self._turns.get(name, -1) + 1) % len(targets)
+        return targets[turn:] + targets[:turn]
+
+    def _deliver(self, name: str, message: BufferedMessage) -> bool:
         """Send ``message`` to the next member of ``name`` with room; False if none has."""
-        turn = self._turns.get(name, 0)
-        count = len(targets)
         # Full, or not connected (yet, or any more): the next one.
-        rotated = [targets[(turn + step) % count] for step in range(count)]
-        identity = self.outbox.first(rotated, lambda _: message.frames)
-        if identity is None:
+        if self.dealer.offer(message.frames, None, self._audience(name)) is not None:
             return False
-        self._turns[name] = (rotated.index(identity) + turn + 1) % count
         self.buffer.delivered(name)
-        self.outbox.bytes_sent += message.nbytes
+        self.dealer.outbox.bytes_sent += message.nbytes
         self.core.data_sent(message.n_samples, message.epoch)
         return True
 

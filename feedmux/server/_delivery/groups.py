@@ -284,7 +284,7 @@ class GroupBuffer:
     def _trim(self) -> None:
         """Forget the messages every active group has passed (all of them if none is active)."""
         cursors = [g.cursor for g in self.groups.values() if g.cursor is not None]
-        keep_from = min(cursors, default=self.end)
-        while self._base < keep_from and self._messages:
+        oldest_needed = min(cursors, default=self.end)
+        while self._base < oldest_needed and self._messages:
             self._bytes -= self._messages.popleft().nbytes
             self._base += 1

@@ -59,8 +59,8 @@ def rest_after(frames: list[Any], mark: tuple[int, int]) -> tuple[np.ndarray, li
     message = decode(frames)
     assert isinstance(message, Data)
     samples = list(message.samples)
-    kept = tags[rows].copy()
-    return kept, list(encode(Data(kept, [samples[i] for i in rows], message.server_id)))
+    rest = tags[rows].copy()
+    return rest, list(encode(Data(rest, [samples[i] for i in rows], message.server_id)))
 
 
 class Recovery(enum.Enum):
@@ -82,7 +82,7 @@ class Entry:
     seq: int = 0
     nbytes: int = 0
     #: The last (epoch, position) of it its trainer said it handed out, if any.
-    handed: tuple[int, int] | None = None
+    mark: tuple[int, int] | None = None
 
     @property
     def tags(self) -> np.ndarray:
@@ -121,7 +121,7 @@ class Ledger:
     >>> frames = list(encode(Data(np.array([[1, 0], [1, 2], [1, 4]]), ["a", "b", "c"])))
     >>> ledger.record(0, b"old", frames)
     1
-    >>> ledger.handed(0, b"old", (1, 2))
+    >>> ledger.record_mark(0, b"old", (1, 2))
     >>> ledger.owed(0, b"new")
     True
     >>> [entry.tags.tolist() for entry in ledger.take_over(0, b"new")]
@@ -176,8 +176,8 @@ class Ledger:
             if entry is not None:
                 self.nbytes -= entry.nbytes
 
-    def handed(self, lane: Hashable, target: bytes, mark: tuple[int, int],
-               seqs: Iterable[int] | None = None) -> None:
+    def record_mark(self, lane: Hashable, target: bytes, mark: tuple[int, int],
+                    seqs: Iterable[int] | None = None) -> None:
         """``target`` handed out ``lane``'s messages up to and including ``mark``
         (only its messages ``seqs``, when given).
 
@@ -197,8 +197,8 @@ class Ledger:
                 continue
             if entry.last <= mark:
                 done.append(seq)
-            elif entry.handed is None or mark > entry.handed:
-                entry.handed = mark
+            elif entry.mark is None or mark > entry.mark:
+                entry.mark = mark
         self.acknowledge(lane, done)
 
     # -- recovery ---------------------------------------------------------------------------
@@ -213,7 +213,7 @@ class Ledger:
         for seq in sorted(entries):
             entry = entries[seq]
             self.nbytes -= entry.nbytes
-            cut = entry.rest(entry.handed)  # exactly once: only what it had not handed out
+            cut = entry.rest(entry.mark)  # exactly once: only what it had not handed out
             if cut is not None:
                 rest.append(cut)
         self.redeal.extendleft(reversed(rest))
@@ -256,9 +256,9 @@ class Ledger:
 
     def put_back(self, lane: Hashable, entries: Iterable[Entry]) -> None:
         """``entries`` (taken by :meth:`take_over`) were not sent: kept, still owed."""
-        kept = self._lanes.setdefault(lane, {})
+        lane_entries = self._lanes.setdefault(lane, {})
         for entry in entries:
-            kept[entry.seq] = entry
+            lane_entries[entry.seq] = entry
             self.nbytes += entry.nbytes
 
     # -- state ------------------------------------------------------------------------------
@@ -285,12 +285,13 @@ class Ledger:
         runs = []
         for entry in [*self.entries(), *list(self.redeal)]:
             tags = entry.tags
-            if entry.handed is not None:
-                tags = tags[[tuple(row) > entry.handed for row in tags.tolist()]]
+            if entry.mark is not None:
+                tags = tags[[tuple(row) > entry.mark for row in tags.tolist()]]
             runs += position_runs(tags)
         return sorted(runs)
 
     def mark(self, lane: Hashable) -> tuple[int, int] | None:
+        """``lane``'s latest hand-out mark (None: none yet)."""
         return self._marks.get(lane)
 
     def lanes(self) -> list[Hashable]:

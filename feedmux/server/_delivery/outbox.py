@@ -18,7 +18,7 @@ While nobody can take a message the sender calls :meth:`Outbox.wait`: it serves
 the control socket meanwhile (and, in reliable mode, the credit and
 acknowledgements arriving on the data socket), and every second spent in it
 counts in one ``blocked_seconds``. The outbox never decides who gets a message
-(the dealers, the ledger and the control core do) and keeps no message once it
+(the dealer, the ledger and the control core do) and keeps no message once it
 left.
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 import errno
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
@@ -97,18 +97,6 @@ class Outbox:
                 raise
             return GONE
         return SENT
-
-    def first(self, targets: Iterable[bytes], parts: Callable[[bytes], Sequence[Any] | None],
-              ) -> bytes | None:
-        """Send to the first of ``targets`` that takes it; who took it, or None.
-
-        ``parts(target)`` is what goes to that target (None: skip it for now).
-        """
-        for target in targets:
-            message = parts(target)
-            if message is not None and self.send(target, message) is SENT:
-                return target
-        return None
 
     def deliver(self, attempt: Callable[[], Wait | None], halted: Callable[[], bool]) -> bool:
         """The data path's one back-pressure loop: ``attempt()`` until it sent (it returns

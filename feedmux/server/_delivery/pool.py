@@ -7,8 +7,9 @@ trainer: the data ROUTER picks each message's trainer, so trainers on other
 hosts get the same message over the socket), the fall-back to sockets where
 ``/dev/shm`` cannot hold it, and the back-pressure of a full pool (the sampler
 waits, serving control; every stall counts in the ``shm_stalls`` statistic, and
-one that lasts is logged). It never overwrites a run in use and never sends
-data itself: the shell sends what :func:`place_or_wait` returns.
+one that lasts is logged; the wait is the outbox's, so its time counts as blocked).
+It never overwrites a run in use and never sends data itself: the senders send
+what :func:`pooled` returns.
 
 Ranked trainers get references too, placed in place: the server keeps the
 message's frames (its owned copies, runs of the pool) for a successor, and a
@@ -17,8 +18,13 @@ release says (it is pinned, :mod:`feedmux._plumbing.shmruns`): a restarted rank
 gets its predecessor's rest over the socket, from those frames, with no second
 copy. With ``--workers N`` the workers write large arrays into their regions of
 the pool and forward references; they go on to trainers that map the pool as
-they are, and are copied out (one copy) for those that do not. Consumer groups
-get their messages over the sockets (a group's buffer is read by every group).
+they are, and are copied out (one copy) for those that do not. A worker's message
+the forwarder decodes (to deal it to ranks, or to cut batches) is read in place
+(:class:`~feedmux._plumbing.shm.ForwardedRuns`), and a rank's share of whole
+samples goes on as references to the worker's runs, kept for a successor while the
+server's frames live. Consumer groups get their messages over the sockets (a
+group's buffer is read by every group). How a message goes to one trainer is a
+:class:`Via`.
 Reliable trainers get references too, while the ledger keeps the message's
 bytes to deal them again (a dead trainer's claimed runs are taken back as soon
 as its pid is gone, so only whole bytes, never references, are dealt again).
@@ -26,32 +32,25 @@ as its pid is gone, so only whole bytes, never references, are dealt again).
 
 from __future__ import annotations
 
+import enum
 import gc
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from feedmux._plumbing.shm import Placement, ShmPool, activate, has_refs
+from feedmux._plumbing.shm import Placement, ShmPool, has_refs
 from feedmux.server._control.core import ControlCore, shm_trainers
+from feedmux.server._delivery.outbox import Outbox, Wait
 from feedmux.server.config import ServerConfig, disabled
 
-__all__ = ["close_pool", "open_pool", "place_or_wait", "pooled", "settled", "through_pool"]
+__all__ = ["Via", "close_pool", "open_pool", "place_or_wait", "pooled", "settled", "via"]
 
 log = logging.getLogger("feedmux.server")
 
-#: Seconds between two looks at the slot table while the pool is full: the first
-#: looks come quickly (a run is usually released within a sample's time), then
-#: they back off to the longest.
-STALL_POLL_FIRST = 0.0002
-STALL_POLL_LONGEST = 0.02
 #: A stall longer than this is logged (a trainer holding its views); shorter ones,
 #: ordinary back-pressure of a fast sampler, only count in ``shm_stalls``.
 STALL_WARNING = 1.0
-
-
-class StopFlag(Protocol):
-    def __bool__(self) -> bool: ...
 
 
 def open_pool(config: ServerConfig) -> ShmPool | None:
@@ -64,20 +63,29 @@ def open_pool(config: ServerConfig) -> ShmPool | None:
         return None
     pool = ShmPool.create(config.shm_size)
     if pool is not None:
-        activate(pool)
         log.info("shared-memory pool of %d MiB at %s", config.shm_size >> 20, pool.path)
     return pool
 
 
 def close_pool(pool: ShmPool | None) -> None:
     if pool is not None:
-        activate(None)
         pool.close()
 
 
-def pooled(pool: ShmPool, core: ControlCore, frames: Sequence[Any],
-           serve_control: Callable[[float], bool],
-           stopping: StopFlag) -> tuple[Sequence[Any], Placement | None]:
+class Via(enum.Enum):
+    """How one message goes to one trainer (:func:`via`)."""
+
+    #: As references to the pool (the trainer maps it).
+    POOL = "as references to the pool"
+    #: As it is, over the socket (no placement, or a trainer that does not map the pool).
+    AS_IS = "as it is"
+    #: Not now: too many of its references are on their way to the trainer, or it does
+    #: not map the pool and the message holds a worker's references only.
+    WAIT = "not now"
+
+
+def pooled(pool: ShmPool, core: ControlCore, frames: Sequence[Any], outbox: Outbox,
+           halted: Callable[[], bool]) -> tuple[Sequence[Any], Placement | None]:
     """What goes on a socket, and ``frames`` placed in the pool for the trainers that map
     it (waiting while it is full) or None: no such trainer, nothing large, or the server
     stops.
@@ -88,23 +96,23 @@ def pooled(pool: ShmPool, core: ControlCore, frames: Sequence[Any],
     makes a drawn array the server's own (in the server or a worker) write it
     there directly. A message a sampling worker forwarded as references is
     copied out for the socket only when a trainer that does not map the pool may
-    take it (:func:`through_pool` keeps it from the others otherwise, and gives it
+    take it (:func:`via` keeps it from the others otherwise, and gives it
     to a trainer that mapped the pool while it waited), and freed
     at once when it goes to none that does. A rank's message is placed in place
     too: the retention keeps its frames for a successor, and the pool does not
-    reuse a run whose memory the server still holds (a pinned run).
+    reuse a run whose memory the server still holds (a pinned or kept run).
     """
     trainers = shm_trainers(core)
     pool.wanted = bool(trainers)
     placed = None
     if trainers and len(frames) > 2:
-        placed = place_or_wait(pool, frames, serve_control, stopping)
+        placed = place_or_wait(pool, frames, outbox, halted)
     if not has_refs(frames):
         if placed is not None:
             placed.trainers = frozenset(trainers)
         return frames, placed
     if placed is None:  # whole, for the socket: its runs are free once copied
-        whole = pool.copied_out(frames)
+        whole = pool.forwarded.copied_out(frames)
         pool.drop(frames)
         return whole, None
     placed.trainers = frozenset(trainers)
@@ -112,7 +120,7 @@ def pooled(pool: ShmPool, core: ControlCore, frames: Sequence[Any],
         placed.refs_only = True
         placed.maps = lambda identity: identity in shm_trainers(core)
         return frames, placed
-    return pool.copied_out(frames), placed
+    return pool.forwarded.copied_out(frames), placed
 
 
 def settled(pool: ShmPool | None, placed: Placement | None, frames: Sequence[Any],
@@ -124,51 +132,49 @@ def settled(pool: ShmPool | None, placed: Placement | None, frames: Sequence[Any
     if pool is None or placed is None:
         return frames
     if not sent:
-        frames = pool.copied_out(frames)
+        frames = pool.forwarded.copied_out(frames)
     pool.cancel(placed)
     return frames
 
 
-def through_pool(pool: ShmPool | None, placed: Placement | None, target: bytes,
-                 cap: int) -> bool | None:
-    """Whether ``target`` gets the message as placed in the pool (True) or as it is
-    (False), or must wait (None): ``cap`` of its references are still on their way, or it
-    does not map the pool and the message is a worker's references only."""
+def via(pool: ShmPool | None, placed: Placement | None, target: bytes, cap: int) -> Via:
+    """How ``target`` gets the message: as placed in the pool, as it is, or not now
+    (``cap`` of its references are still on their way, or it does not map the pool and
+    the message is a worker's references only)."""
     if pool is None or placed is None:
-        return False
+        return Via.AS_IS
     if target not in placed.trainers:
         if not placed.refs_only:
-            return False
+            return Via.AS_IS
         if placed.maps is None or not placed.maps(target):
-            return None
+            return Via.WAIT
         placed.trainers |= {target}  # it mapped the pool while the message waited
-    return None if pool.in_transit(target) >= cap else True
+    return Via.WAIT if pool.in_transit(target) >= cap else Via.POOL
 
 
-def place_or_wait(
-    pool: ShmPool, frames: Sequence[Any], serve_control: Callable[[float], bool],
-    stopping: StopFlag,
-) -> Placement | None:
-    """``frames`` placed in the pool, waiting while it is full; None if the server stops."""
+def place_or_wait(pool: ShmPool, frames: Sequence[Any], outbox: Outbox,
+                  halted: Callable[[], bool]) -> Placement | None:
+    """``frames`` placed in the pool; while it is full, the outbox's back-pressure wait
+    (control served, the time counted as blocked) between two looks at the slot table
+    for released runs. None if the server stops meanwhile."""
     placed = pool.place(frames)
     if placed is not None:
         return placed
     pool.stalls += 1
-    started = time.monotonic()
-    pause, warned = STALL_POLL_FIRST, False
-    while not stopping:
-        if pause < 0.001:
-            time.sleep(pause)
-        serve_control(0 if pause < 0.001 else pause)
+    started, warned = time.monotonic(), False
+
+    def attempt() -> Wait | None:
+        nonlocal placed, warned
         pool.reclaim(pool.owners_due())
         placed = pool.place(frames)
         if placed is not None:
-            return placed
-        pause = min(pause * 2, STALL_POLL_LONGEST)
+            return None
         if not warned and time.monotonic() - started > STALL_WARNING:
             warned = True
             gc.collect()  # a pinned run held only by a reference cycle comes back now
             log.warning("shared-memory pool full (%d MiB in use) for %.0f s: the sampler waits "
                         "for the trainers to drop their views",
                         pool.stats()["shm_bytes_in_use"] >> 20, STALL_WARNING)
-    return None
+        return Wait.BRIEF  # a release is a store into the slot table: nothing to poll for
+
+    return placed if outbox.deliver(attempt, halted) else None

@@ -7,10 +7,12 @@ message only to a trainer with credit left and keeps it until it is
 acknowledged. When a trainer goes away (its connection drops, seen by a send
 that fails under ``ROUTER_MANDATORY``; ZMTP heartbeats turn a frozen trainer
 into a dropped connection), its unacknowledged messages go back to the front
-of the queue for the others. So nothing is lost and every sample of an epoch
-reaches a live trainer. A trainer also acknowledges, every few ms from a
-thread over the control socket, how far it handed out the message it is in
-(:meth:`Credits.handed`): only the rest of that message is sent again,
+of its audience's re-deal queue, for the audience's other trainers (the
+server's free trainers, or the other members of its consumer group). So
+nothing is lost and every sample of an epoch reaches a live trainer (of each
+group). A trainer also acknowledges, every few ms from a thread over the
+control socket, how far it handed out the message it is in
+(:meth:`Credits.record_mark`): only the rest of that message is sent again,
 so every sample is handed out once across the trainers, counting a dead one's
 (up to the last few ms before it died; the loader drops a sample it already
 handed out, should one come twice). A trainer acknowledges the messages it
@@ -25,13 +27,17 @@ ZMTP heartbeats safe on this data socket (see ``make_socket``).
 Every message on the reliable data socket, server to trainer, starts with the
 envelope of :mod:`feedmux.protocol` (:func:`~feedmux.protocol.pack_envelope`):
 the message's sequence number, 0 for messages that need no acknowledgement
-(heartbeats, end of stream).
+(heartbeats, end of stream, a rank's data).
 
-The bookkeeping is pure: :class:`Credits` (who has credit) over the server's
-:class:`~feedmux.server._delivery.ledger.Ledger` of unacknowledged messages
-(recovery: re-deal to the others, the re-deal queue included);
-:class:`ReliableDispatch` is the socket edge around them, sends through the
-outbox, and must hold no delivery state of its own.
+The bookkeeping is pure: :class:`Credits` (who has credit, the sequence
+numbers) over one :class:`~feedmux.server._delivery.ledger.Ledger` of
+unacknowledged messages per free audience (recovery: re-deal to the others,
+the re-deal queue included). :class:`ReliableFree` is the recovery policy the
+dealer (:mod:`feedmux.server._delivery.dealer`) applies to a free audience;
+:class:`ReliableLink` is the socket edge (credit and acknowledgements read on
+the data socket, heartbeats that find lost trainers, the wait for the last
+acknowledgements) and sends through the outbox. Neither sends a data message
+of its own: the dealer does.
 """
 
 from __future__ import annotations
@@ -44,7 +50,6 @@ from typing import Any
 
 import zmq
 
-from feedmux._plumbing.shm import Placement
 from feedmux._plumbing.sockets import HEARTBEAT_INTERVAL, readable
 from feedmux._ratelog import RateLimitedLog
 from feedmux.errors import ProtocolError
@@ -60,12 +65,11 @@ from feedmux.protocol import (
     read_tags,
 )
 from feedmux.server._control.meters import ControlMeter
-from feedmux.server._delivery.carrier import Carrier
 from feedmux.server._delivery.ledger import Entry, Ledger, Recovery, handed_below
-from feedmux.server._delivery.outbox import FULL, GONE, SENT, Outbox, Wait
+from feedmux.server._delivery.outbox import GONE, Outbox, Wait
 
 __all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "NO_ACK", "SUMMARY_INTERVAL", "Credits",
-           "HandOutSummary", "ReliableDispatch"]
+           "HandOutSummary", "ReliableFree", "ReliableLink"]
 
 log = logging.getLogger("feedmux.server")
 peer_log = RateLimitedLog(log)
@@ -78,8 +82,8 @@ MAX_CREDIT = 256
 MAX_UNACKED_BYTES = 512 * 1024 * 1024
 
 #: Most seconds between two summaries of the hand-outs sent to the trainers (while the
-#: summary changes): what a trainer that left in the last one held may be lost if the
-#: server dies too.
+#: summary changes): what a trainer that left or died held, dealt after the last summary
+#: the others read, is lost if the server dies then too (docs/resume.md).
 SUMMARY_INTERVAL = 0.25
 
 #: The envelope of messages that want no acknowledgement by sequence number (heartbeats,
@@ -94,8 +98,10 @@ class _Peer:
 
 
 class Credits:
-    """Who has credit, over the :class:`~feedmux.server._delivery.ledger.Ledger` of what
-    each trainer holds unacknowledged (a lane per trainer; recovery: re-deal to the others).
+    """Who has credit, the sequence numbers, and the
+    :class:`~feedmux.server._delivery.ledger.Ledger` of what each trainer holds
+    unacknowledged, one per free audience (``""``: the server's free trainers, else a
+    consumer group's; a lane per trainer; recovery: re-deal to the audience's others).
 
     Pure bookkeeping: no socket, no clock (``now`` is passed in).
     """
@@ -105,14 +111,31 @@ class Credits:
         #: one: its sequence numbers mean nothing here) are ignored.
         self.server_id = server_id
         self.peers: dict[bytes, _Peer] = {}
-        self.ledger = Ledger(Recovery.REDEAL)
+        #: Each free audience's unacknowledged messages (a trainer is in one audience).
+        self.ledgers: dict[str, Ledger] = {}
+        #: The server's free trainers' ledger.
+        self.ledger = self.ledger_of("")
+        #: The next message's sequence number (one numbering across the audiences: a
+        #: trainer acknowledges by it whichever audience it is in).
+        self.next_seq = 1
         self.lost_trainers = 0
-        self._last_probe = float("-inf")
+        self._last_beat = float("-inf")
+
+    def ledger_of(self, audience: str) -> Ledger:
+        """The ledger of ``audience`` (created empty when first asked for)."""
+        ledger = self.ledgers.get(audience)
+        if ledger is None:
+            ledger = self.ledgers[audience] = Ledger(Recovery.REDEAL)
+        return ledger
+
+    def count(self, identity: bytes) -> int:
+        """Messages ``identity`` holds unacknowledged."""
+        return sum(ledger.count(identity) for ledger in list(self.ledgers.values()))
 
     def credit(self, identity: bytes) -> int:
         """How many more messages ``identity`` will hold (0: unknown)."""
         peer = self.peers.get(identity)
-        return 0 if peer is None else peer.capacity - self.ledger.count(identity)
+        return 0 if peer is None else peer.capacity - self.count(identity)
 
     def takes(self, identity: bytes, held: int) -> bool:
         """Whether ``identity`` granted credit for more than the ``held`` messages it has
@@ -131,12 +154,13 @@ class Credits:
             peer.capacity = min(MAX_CREDIT, max(0, message.credits))
         elif isinstance(message, Ack):
             if identity in self.peers:
-                self.ledger.acknowledge(identity, message.seqs)
+                for ledger in list(self.ledgers.values()):
+                    ledger.acknowledge(identity, message.seqs)
         else:
             peer_log.log(logging.WARNING, "unexpected", "unexpected %s on the reliable data socket",
                          type(message).__name__)
 
-    def handed(self, message: Ack) -> None:
+    def record_mark(self, message: Ack) -> None:
         """A trainer handed out its message ``message.seqs`` up to ``(epoch, position)``,
         or (position -1) its messages ``message.seqs`` whole.
 
@@ -152,63 +176,129 @@ class Credits:
         for identity, peer in list(self.peers.items()):
             if peer.client_id != message.client_id:
                 continue
-            if message.position < 0:
-                self.ledger.acknowledge(identity, message.seqs)
-            else:
-                self.ledger.handed(identity, identity, (message.epoch, message.position),
-                                   message.seqs)
+            for ledger in list(self.ledgers.values()):
+                if message.position < 0:
+                    ledger.acknowledge(identity, message.seqs)
+                else:
+                    ledger.record_mark(identity, identity, (message.epoch, message.position),
+                                       message.seqs)
 
-    def pick(self, skip: Collection[bytes] = ()) -> bytes | None:
-        """The trainer with the most credit left (spreads load across trainers), or None;
-        none of ``skip`` (their queues are full).
+    def candidates(self, members: Collection[bytes] | None = None,
+                   skip: Collection[bytes] = ()) -> list[tuple[bytes, bytes]]:
+        """``(data identity, client id)`` of the trainers with credit left, the most first
+        (spreads load across trainers), among ``members`` (client ids; None: all), none
+        of ``skip``.
 
-        None also while :data:`MAX_UNACKED_BYTES` are held for acknowledgement.
+        None at all while :data:`MAX_UNACKED_BYTES` are held for acknowledgement.
         """
-        if self.ledger.nbytes >= MAX_UNACKED_BYTES:
-            return None
-        best, best_credit = None, 0
-        for identity in self.peers:
+        if self.nbytes >= MAX_UNACKED_BYTES:
+            return []
+        found = []
+        for identity, peer in list(self.peers.items()):
+            trainer = peer.client_id.encode()
+            if identity in skip or (members is not None and trainer not in members):
+                continue
             credit = self.credit(identity)
-            if credit > best_credit and identity not in skip:
-                best, best_credit = identity, credit
-        return best
+            if credit > 0:
+                found.append((credit, identity, trainer))
+        found.sort(key=lambda item: -item[0])  # stable: the first granted first among equals
+        return [(identity, trainer) for _, identity, trainer in found]
+
+    def sent(self, audience: str, identity: bytes, frames: list[Any],
+             resent: Entry | None = None) -> int:
+        """``frames`` went to ``identity`` of ``audience`` as the next sequence number
+        (``resent``: a lost trainer's message dealt again); returns that number."""
+        seq, self.next_seq = self.next_seq, self.next_seq + 1
+        ledger = self.ledger_of(audience)
+        if resent is not None:
+            ledger.resent(identity, resent, identity, seq)
+        else:
+            ledger.record(identity, identity, frames, seq)
+        return seq
 
     def lose(self, identity: bytes) -> None:
-        """``identity`` is gone: what it held goes to the front of the re-deal queue."""
+        """``identity`` is gone: what it held goes to the front of its audience's re-deal
+        queue."""
         peer = self.peers.pop(identity, None)
         if peer is None:
             return
         self.lost_trainers += 1
-        held = self.ledger.lose(identity)
+        held = sum(ledger.lose(identity) for ledger in list(self.ledgers.values()))
         log.warning("trainer %s went away holding %d unacknowledged message(s); "
                     "sending them to the others", peer.client_id, held)
 
-    def probe_due(self, now: float, force: bool = False) -> bool:
-        """Whether a heartbeat interval has passed since the last probe (and start one)."""
-        if not force and now - self._last_probe < HEARTBEAT_INTERVAL:
+    def beat_due(self, now: float, force: bool = False) -> bool:
+        """Whether a heartbeat interval has passed since the last heartbeat (and start one)."""
+        if not force and now - self._last_beat < HEARTBEAT_INTERVAL:
             return False
-        self._last_probe = now
+        self._last_beat = now
         return True
 
     @property
+    def nbytes(self) -> int:
+        """Bytes held for acknowledgement, every audience's."""
+        return sum(ledger.nbytes for ledger in list(self.ledgers.values()))
+
+    @property
     def unacknowledged(self) -> int:
-        return self.ledger.held()
+        """Messages not acknowledged yet, the re-deal queues' included."""
+        return sum(ledger.held() for ledger in list(self.ledgers.values()))
 
     def stats(self) -> dict[str, int]:
         return {
             "reliable_trainers": len(self.peers),
             "unacknowledged_messages": self.unacknowledged,
-            "resent_messages": self.ledger.resent_messages,
+            "resent_messages": sum(ledger.resent_messages
+                                   for ledger in list(self.ledgers.values())),
             "lost_trainers": self.lost_trainers,
         }
 
 
-class ReliableDispatch:
-    """Hands data messages to trainers with credit and re-sends what a lost trainer held.
+class ReliableFree:
+    """The reliable recovery policy of one free audience (``audience``: "" or a group's
+    name), for the dealer: trainers with credit, the most first; a sequence number in
+    every envelope; each message kept in the audience's ledger until acknowledged, a
+    lost trainer's rest dealt again to the audience's others first."""
 
-    It reads the credit and acknowledgements on ``socket`` and sends through
-    ``outbox`` (which calls :meth:`serve` when they arrive during its wait).
-    """
+    keeps = True
+
+    def __init__(self, link: ReliableLink, audience: str) -> None:
+        self.link = link
+        self.credits = link.credits
+        self.audience = audience
+        self.ledger = link.credits.ledger_of(audience)
+
+    def turn(self) -> None:
+        self.link.turn()
+
+    def candidates(self, members: list[bytes] | None) -> list[tuple[bytes, bytes]]:
+        return self.credits.candidates(None if members is None else set(members))
+
+    def envelope(self) -> list[bytes]:
+        return [pack_envelope(self.credits.next_seq)]
+
+    def sent(self, identity: bytes, frames: Sequence[Any], resent: Entry | None) -> None:
+        self.credits.sent(self.audience, identity, list(frames), resent)
+        if resent is None and not self.audience:
+            self.link.summary.newest = frames
+
+    def gone(self, identity: bytes) -> None:
+        self.link.lose(identity)
+
+    def next_redeal(self) -> Entry | None:
+        return self.ledger.next_redeal()
+
+    def redeal_later(self, entry: Entry) -> None:
+        self.ledger.redeal_later(entry)
+
+    def wait(self, capped: bool) -> Wait:
+        return Wait.CREDIT
+
+
+class ReliableLink:
+    """The reliable data socket's edge: reads the credit and acknowledgements on
+    ``socket`` (the outbox calls :meth:`serve` when they arrive during its wait), finds
+    lost trainers with heartbeats, and waits for the last acknowledgements."""
 
     def __init__(self, socket: zmq.Socket[Any], outbox: Outbox, server_id: str,
                  read_marks: Callable[[], object] = lambda: None,
@@ -219,16 +309,13 @@ class ReliableDispatch:
         self.meter = meter or ControlMeter()
         self.server_id = server_id
         self.credits = Credits(server_id)
-        self.ledger = self.credits.ledger
         #: Reads the control socket: a trainer's last hand-out marks, sent just before it
         #: died, must count before its messages are cut for the others.
         self.read_marks = read_marks
-        #: How each message travels (socket or shared-memory pool); None: by socket.
-        self.carrier: Carrier | None = None
-        #: What tells the trainers what all of them handed out (for a restarted server).
+        #: What tells the free trainers what all of them handed out (for a restarted server).
         self.summary = HandOutSummary()
 
-    def _lose(self, identity: bytes) -> None:
+    def lose(self, identity: bytes) -> None:
         if identity in self.credits.peers:
             self.read_marks()
         self.credits.lose(identity)
@@ -253,114 +340,51 @@ class ReliableDispatch:
             self.credits.take(parts[0].bytes, message)
         self.meter.add(received, time.thread_time() - cpu_started)
 
-    def send(self, frames: list[Any], n_samples: int, epoch: int,
-             halted: Callable[[], bool]) -> bool:
-        """Deliver one new message (after any waiting re-sends); False once ``halted()``."""
-        # The ledger keeps the frames (bytes the server holds) to deal them again.
-        placed = None
-        if self.carrier is not None:
-            wire, placed = self.carrier.place(frames, kept=True)
-            frames = list(wire)
-        pending = Entry(b"", frames)
+    def turn(self) -> None:
+        """Take in credit and acknowledgements, find lost trainers when it is time, and
+        sum up the hand-outs for the trainers when that is due."""
+        self.serve()
+        self.beat()
+        self.summarize()
 
-        def attempt() -> Wait | None:
-            self._turn()
-            if not self.ledger.redeal and self._deliver_any(pending, placed):
-                return None
-            return Wait.CREDIT
-
-        sent = False
-        try:
-            sent = self.outbox.deliver(attempt, halted)
-        finally:
-            if self.carrier is not None:
-                self.carrier.settle(placed, frames, sent)  # its runs back unless delivered
-        if sent:
-            self.summary.newest = frames
-        return sent
-
-    def finish(self, deadline: float, halted: Callable[[], bool],
+    def finish(self, deadline: float, halted: Callable[[], bool], redeal: Callable[[], object],
                owed: Callable[[], int] = lambda: 0) -> None:
         """Wait (until ``deadline`` on the monotonic clock) for every message to be
-        acknowledged, re-sending what lost trainers held (``owed()``: more messages
-        not handed out yet, the ranks')."""
+        acknowledged, ``redeal()`` dealing again what lost trainers held (``owed()``: more
+        messages not handed out yet, the ranks')."""
         credits = self.credits
 
         def left() -> int:
             return credits.unacknowledged + owed()
 
         def attempt() -> Wait | None:
-            self._turn()
+            self.turn()
+            redeal()
             return Wait.CREDIT if left() and time.monotonic() < deadline else None
 
         self.outbox.deliver(attempt, halted)
         if left():
             log.warning("ending the stream with %d message(s) unacknowledged", left())
-        log.info("%d data message(s) re-sent", self.ledger.resent_messages)
+        log.info("%d data message(s) re-sent", credits.stats()["resent_messages"])
 
-    def _turn(self) -> None:
-        """Take in credit and acknowledgements, probe the trainers, re-send what is due."""
-        self.serve()
-        self.probe()
-        self.flush_resend()
-        self.summarize()
-
-    def _deliver_any(self, entry: Entry, placed: Placement | None = None,
-                     again: bool = False) -> bool:
-        """Send ``entry`` to the trainer with the most credit that takes it (as ``placed``
-        in the shared-memory pool for a trainer that maps it; ``again``: a lost trainer's
-        message dealt again, by socket)."""
-        skip: set[bytes] = set()
-        while (identity := self.credits.pick(skip)) is not None:
-            wire: Sequence[Any] | None = entry.frames
-            # The pool knows a trainer by its client id (a reliable data socket's identity
-            # is libzmq's own).
-            trainer = self.credits.peers[identity].client_id.encode()
-            if self.carrier is not None:
-                wire = self.carrier.wire(trainer, entry.frames, placed)
-            seq = self.ledger.next_seq
-            sent = FULL if wire is None else self.outbox.send(
-                identity, [pack_envelope(seq), *wire])
-            if sent is SENT:
-                if again:
-                    self.ledger.resent(identity, entry, identity, seq)
-                else:
-                    self.ledger.record(identity, identity, entry.frames, seq)
-                if self.carrier is not None and wire is not None:
-                    self.carrier.delivered(trainer, wire, placed)
-                return True
-            if sent is GONE:
-                self._lose(identity)  # it left the credits
-            else:
-                skip.add(identity)  # its queue is full, or its pool references
-        return False
-
-    def flush_resend(self) -> None:
-        """Re-send what lost trainers held, as far as credit goes."""
-        ledger = self.ledger
-        while (entry := ledger.next_redeal()) is not None:
-            if not self._deliver_any(entry, again=True):
-                ledger.redeal_later(entry)
-                return
-
-    def probe(self, force: bool = False) -> None:
+    def beat(self, force: bool = False) -> None:
         """Every heartbeat interval, find out which trainers are gone (a send fails)."""
-        if not self.credits.probe_due(time.monotonic(), force):
+        if not self.credits.beat_due(time.monotonic(), force):
             return
         beat = [NO_ACK, *encode(Heartbeat(sender_id=self.server_id))]
         for identity in list(self.credits.peers):
             if self.outbox.send(identity, beat) is GONE:  # full: alive, just busy
-                self._lose(identity)
+                self.lose(identity)
 
     def summarize(self) -> None:
-        """Every :data:`SUMMARY_INTERVAL`, tell every trainer what all of them handed out
-        (:func:`~feedmux.server._delivery.ledger.handed_below`), when it changed."""
-        beat = self.summary.due(time.monotonic(), self.ledger, self.server_id)
+        """Every :data:`SUMMARY_INTERVAL`, tell every trainer what all the free trainers
+        handed out (:func:`~feedmux.server._delivery.ledger.handed_below`), when it changed."""
+        beat = self.summary.due(time.monotonic(), self.credits.ledger, self.server_id)
         if beat is None:
             return
         for identity in list(self.credits.peers):
             if self.outbox.send(identity, beat) is GONE:
-                self._lose(identity)
+                self.lose(identity)
 
     def broadcast(self, message: Message) -> None:
         frames = [NO_ACK, *encode(message)]
@@ -381,7 +405,7 @@ class HandOutSummary:
     """
 
     def __init__(self) -> None:
-        self.newest: list[Any] | None = None
+        self.newest: Sequence[Any] | None = None
         self._last = float("-inf")
         self._said: tuple[int, ...] = ()
 

@@ -4,11 +4,11 @@ This module owns the server process's side of its sampling workers: it reads
 each worker's socket, merges their messages (in the fixed order of
 :class:`~feedmux.server._sources.merge.Merge` for a seeded run, else as they come),
 numbers positions per epoch across the shards, deals them to the ranks of a
-ranked job (the workers do not know the rounds across shards: each rank's
-rows are sliced out of the workers' decoded batches, no sample built, and
-while more messages wait, ``world_size`` of them are dealt together so that a
-rank's message is as full as a worker's) and hands every message to the
-shell. A ranked job that
+ranked job through the ranked stage (the workers do not know the rounds
+across shards: each rank's rows are sliced out of the workers' decoded
+batches, no sample built, and while more messages wait, ``world_size`` of them
+are held and dealt together so that a rank's message is as full as a
+worker's) and hands every message to the shell. A ranked job that
 resumes from a checkpoint while the server runs starts a new *run*: the
 workers are told to sample again from the resumed epoch (a new generation),
 and what they sent for the previous run is dropped until each worker's marker
@@ -19,7 +19,7 @@ gets what (the dealer and the control core do).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -28,13 +28,21 @@ import zmq
 from feedmux._plumbing.shm import ShmPool, carried_bytes, has_refs
 from feedmux._plumbing.sockets import make_socket, mapped_zmq_errors
 from feedmux.errors import FeedmuxError
-from feedmux.protocol import Data, EndOfEpoch, Error, decode, encode, read_tags, replace_tags
-from feedmux.server._control.resume import ResumeCut
+from feedmux.protocol import (
+    Data,
+    EndOfEpoch,
+    Error,
+    Resolver,
+    decode,
+    encode,
+    read_tags,
+    replace_tags,
+)
 from feedmux.server._delivery.batches import Batch
-from feedmux.server._delivery.dealing import RankDealer, RankShare
+from feedmux.server._delivery.dealing import RankDealer
+from feedmux.server._delivery.ranking import RankedStage, RankMessage
 from feedmux.server._shell import SocketShell, StopFlag
 from feedmux.server._sources.merge import Merge
-from feedmux.server._sources.producer import batched_shares
 from feedmux.server._sources.workers import WorkerPool
 from feedmux.server.config import EXIT_FAILED, EXIT_OK, ServerConfig
 
@@ -45,27 +53,30 @@ log = logging.getLogger("feedmux.server")
 
 
 class _Run:
-    """The state of one run of the job: merge order, positions, dealing (and the workers'
-    samples held to be dealt together), the resume cut."""
+    """The state of one run of the job: merge order, positions, the ranked stage (which
+    holds the workers' samples to deal them together and cuts a resumed epoch)."""
 
     def __init__(self, pool: WorkerPool, shell: SocketShell, config: ServerConfig,
                  block: int | None, generation: int) -> None:
         self.merge: Merge[Any] = Merge(config.workers, block)
         self.positions: dict[int, int] = {}
         start = shell.core.start_at  # a resumed job: the workers skip the epochs before
-        self.dealer = ranked_dealer(shell, config)
-        self.cut = (None if start is None or self.dealer is None
-                    else ResumeCut(*start, self.dealer.world_size - 1))
         #: Free trainers that outlived their server: where to resume, what they had.
         self.start, self.handed = start, shell.core.handed
-        #: Samples of workers' messages of epoch ``held_epoch`` not dealt yet.
-        self.held: list[Sequence[Any]] = []
-        self.held_epoch = 0
         #: Workers whose messages of an earlier run may still come (until their marker).
         self.behind = set(range(config.workers)) if generation else set()
         #: The trainers' batches (None: they asked for none): cut here, from the merged stream.
         self.batches = shell.core.tables.batches.assemblers()
+        dealer = ranked_dealer(shell, config)
+        #: A ranked job's dealing (None: free trainers).
+        self.ranked = None if dealer is None else RankedStage(
+            dealer, config.server_id, batches=self.batches, start=start)
         pool.begin(start[0] if start else 1, generation)
+
+    @property
+    def holding(self) -> bool:
+        """Whether samples are held for the ranks, waiting for more to deal them with."""
+        return self.ranked is not None and self.ranked.holding
 
     def number(self, frames: Any) -> np.ndarray:
         """The tags of a worker's message with positions numbered across the shards."""
@@ -111,7 +122,7 @@ def forward(pool: WorkerPool, shell: SocketShell, config: ServerConfig, stop: St
             # The ranked job resumed from a checkpoint: a new run, from where it says.
             generation += 1
             pool.rewind(generation)
-            shell.core.restarting = False
+            shell.core.restarted()
     except Exception as error:
         log.error("server failed: %s", error)
         shell.fail(error)
@@ -137,7 +148,7 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, shell: SocketS
             for worker in set(readable) - set(polled):
                 poller.register(sockets[worker], zmq.POLLIN)
             polled = readable
-        events = dict(poller.poll(0 if run.held else 100))  # held samples wait for no one
+        events = dict(poller.poll(0 if run.holding else 100))  # held samples wait for no one
         if shell.control in events:
             shell.serve_control(timeout=0)
         failure = pool.failure()
@@ -146,7 +157,7 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, shell: SocketS
             raise FeedmuxError(failure)
         ready = [worker for worker in polled if sockets[worker] in events]
         if not ready:
-            if not _deal_held(run, shell, config.server_id):
+            if run.ranked is not None and not _send_ranked(run.ranked.flush(), shell):
                 return None if shell.core.restarting else EXIT_OK
             shell.tick()
             continue
@@ -185,17 +196,15 @@ def _catch_up(run: _Run, worker: int, frames: Any, pool: WorkerPool,
 def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
                  config: ServerConfig) -> int | None:
     """Send what is next in merge order; an exit code when the stream ends or stops."""
-    dealer, positions = run.dealer, run.positions
+    ranked, positions = run.ranked, run.positions
     while (taken := run.merge.next()) is not None:
         item, epoch_over = taken
         if isinstance(item, EndOfEpoch):
             if epoch_over:
-                if dealer is not None and not (
-                        _deal_held(run, shell, config.server_id)
-                        and _send_shares(dealer.finish_epoch(item.epoch), shell,
-                                         config.server_id, run, last=True)):
+                if ranked is not None and not _send_ranked(ranked.finish_epoch(item.epoch),
+                                                           shell):
                     return EXIT_OK
-                if dealer is None and run.batches is not None and not _send_batches(
+                if ranked is None and run.batches is not None and not _send_batches(
                         run.batches.of(-1).finish_epoch(), shell, config.server_id):
                     return EXIT_OK
                 shell.epoch_done(item.epoch, positions.get(item.epoch, 0))
@@ -205,15 +214,20 @@ def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
                 pool.release(item.epoch + 1)
             continue
         tags = run.number(item)
-        if dealer is not None or run.batches is not None or shell.fanout is not None:
-            item = _whole(shell.pool, item)  # decoded here, or sent whole to every group
-        if dealer is not None:
-            if not _deal_forwarded(item, tags, run, shell, config.server_id):
+        if shell.fanout is not None:
+            item = _whole(shell.pool, item)  # sent whole to every group
+        if ranked is not None:
+            # Its header decoded (a batch's samples stay stacked, its arrays read from the
+            # workers' runs in place), its rows held and dealt.
+            message = decode(item, resolve=_reader(shell.pool))
+            assert isinstance(message, Data)
+            if not _send_ranked(ranked.hold(int(tags[0, 0]), int(tags[0, 1]), message.samples),
+                                shell):
                 return EXIT_OK
             continue
         frames = _free_rows(run, item, tags, config.server_id, shell.pool)
         if frames is not None and run.batches is not None:
-            message = decode(frames)
+            message = decode(frames, resolve=_reader(shell.pool))
             assert isinstance(message, Data)
             if not _send_batches(run.batches.of(-1).add(message.tags, message.samples),
                                  shell, config.server_id):
@@ -236,9 +250,21 @@ def _whole(shm: ShmPool | None, frames: Any) -> Any:
     their runs freed (one copy: as many as a message that came whole), or ``frames``."""
     if shm is None or not has_refs(frames):
         return frames
-    whole = shm.copied_out(frames)
+    whole = shm.forwarded.copied_out(frames)
     shm.drop(frames)
     return whole
+
+
+def _reader(shm: ShmPool | None) -> Resolver | None:
+    """The resolver that decodes a worker's references as views of its runs, in place (no
+    copy: :meth:`~feedmux._plumbing.shm.ForwardedRuns.view`), or None without a pool.
+
+    An array of such a view that the server encodes again from its first byte (a
+    rank's share of whole samples, a batch of one) is sent on as a reference to the
+    same run; what the server builds from several (a batch of many samples) is a
+    new array, placed as any other.
+    """
+    return None if shm is None else shm.forwarded.view
 
 
 def _free_rows(run: _Run, frames: Any, tags: np.ndarray, server_id: str,
@@ -247,17 +273,18 @@ def _free_rows(run: _Run, frames: Any, tags: np.ndarray, server_id: str,
     it goes out: a resumed run drops what comes before its start and what the trainers
     that outlived their server had (decoding and re-encoding only such messages)."""
     epoch = int(tags[0, 0])
-    kept = run.handed.keep(epoch, tags[:, 1])
+    kept = run.handed.fresh(epoch, tags[:, 1])
     if run.start is not None and epoch == run.start[0]:
         after = tags[:, 1] >= run.start[1]
         kept = after if kept is None else kept & after
     if kept is None or kept.all():
         return replace_tags(frames, tags)
     rows = np.flatnonzero(kept).tolist()
-    frames = _whole(shm, frames)
     if not rows:
+        if shm is not None and has_refs(frames):
+            shm.drop(frames)
         return None
-    message = decode(frames)
+    message = decode(frames, resolve=_reader(shm))
     assert isinstance(message, Data)
     return encode(Data(tags[rows], [message.samples[row] for row in rows], server_id))
 
@@ -267,60 +294,14 @@ def ranked_dealer(shell: SocketShell, config: ServerConfig) -> RankDealer | None
     world_size = shell.core.ranks.world_size
     if not world_size:
         return None
-    dealer = RankDealer(world_size, config.uneven)
-    dealer.ahead = dict(shell.core.ranks_ahead)  # live ranks that outlived a server
-    return dealer
+    # Live ranks that outlived a server are ahead: nothing they had is dealt to them again.
+    return RankDealer(world_size, config.uneven, ahead=shell.core.ranks_ahead)
 
 
-def _deal_forwarded(frames: list[Any], tags: np.ndarray, run: _Run, shell: SocketShell,
-                    server_id: str) -> bool:
-    """Ranked ``--workers``: deal a worker's message (renumbered ``tags``) to the ranks.
-
-    The workers do not know the ranks' round boundaries across shards, so the
-    message is dealt here: decoded (its header only, for a batch: the samples
-    stay stacked) and held until ``world_size`` messages' worth of samples are
-    (:func:`_deal_held`), so that each rank's message, its rows sliced out of
-    them, is as full as a worker's; a message never spans two epochs. In a
-    resumed job's first epoch, what comes before the resume position is
-    dropped (``run.cut``).
-    """
-    message = decode(frames)
-    assert isinstance(message, Data) and run.dealer is not None
-    epoch, samples, cut = int(tags[0, 0]), message.samples, run.cut
-    if epoch != run.held_epoch and not _deal_held(run, shell, server_id):
-        return False
-    if cut is not None and epoch == cut.epoch and not cut.done:
-        samples = cut.cut(tags[:, 1], samples)
-        if not samples:  # all before the resume position
-            return True
-        run.dealer.resume(epoch, cut.position, cut.head)
-    run.held.append(samples)
-    run.held_epoch = epoch
-    if sum(map(len, run.held)) < run.dealer.world_size * max(map(len, run.held)):
-        return True
-    return _deal_held(run, shell, server_id)
-
-
-def _deal_held(run: _Run, shell: SocketShell, server_id: str) -> bool:
-    """Deal the samples held (if any) to the ranks; False when the server is stopping."""
-    if not run.held or run.dealer is None:
-        return True
-    held, run.held = run.held, []
-    return _send_shares(run.dealer.deal(run.held_epoch, *held), shell, server_id, run)
-
-
-def _send_shares(shares: list[RankShare], shell: SocketShell, server_id: str, run: _Run,
-                 last: bool = False) -> bool:
-    """Encode and send each rank's share (cut into the trainers' batches, if they asked;
-    ``last``: the epoch's last shares); False when the server is stopping (or restarting)."""
-    if run.batches is not None:
-        shares = batched_shares(run.batches, shares, last)
-    for share in shares:
-        if share.items and not shell.send_data(
-                encode(Data(share.tags, share.items, server_id)), len(share.items),
-                int(share.tags[0, 0]), share.rank):
-            return False
-    return True
+def _send_ranked(messages: Iterable[RankMessage], shell: SocketShell) -> bool:
+    """Send each rank its messages; False when the server is stopping (or restarting)."""
+    return all(shell.send_data(message.frames, message.samples, message.epoch, message.rank)
+               for message in messages)
 
 
 def _send_batches(batches: list[Batch], shell: SocketShell, server_id: str) -> bool:

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from feedmux._plumbing.shm import owned_copy
+from feedmux._plumbing.shm import ShmPool, owned_copy
 from feedmux.protocol import SampleBatch, StackedLeaf, stack_scalars
 
 __all__ = ["STACK_AS_DRAWN_BYTES", "DrawnItems", "own"]
@@ -59,8 +59,9 @@ _PLAIN_LEAF_TYPES = frozenset({str, bytes, int, float, bool, type(None)})
 _TYPE_FIXES_DTYPE = frozenset("biufc")
 
 
-def own(item: Any) -> Any:
-    """``item`` with its arrays copied and its containers rebuilt (the rest shared).
+def own(item: Any, pool: ShmPool | None = None) -> Any:
+    """``item`` with its arrays copied (into ``pool``, while the server sends through it:
+    :func:`~feedmux._plumbing.shm.owned_copy`) and its containers rebuilt (the rest shared).
 
     Examples
     --------
@@ -72,11 +73,11 @@ def own(item: Any) -> Any:
     """
     kind = type(item)
     if kind is np.ndarray:
-        return owned_copy(item)
+        return owned_copy(item, pool)
     if kind is dict:
-        return {key: own(value) for key, value in item.items()}
+        return {key: own(value, pool) for key, value in item.items()}
     if kind is tuple or kind is list:
-        return kind(own(value) for value in item)
+        return kind(own(value, pool) for value in item)
     return item
 
 
@@ -256,7 +257,8 @@ class DrawnItems:
     ``prepare``); the hook returns what stands for the item in the chunk, and
     :meth:`samples` turns the chunk's items into the samples to encode: a
     :class:`~feedmux.protocol.SampleBatch` over the rows stacked as drawn when
-    every item of the chunk was, else a list of samples the server owns.
+    every item of the chunk was, else a list of samples the server owns (their
+    large arrays copied into ``pool``, the server's shared-memory pool, when given).
 
     Examples
     --------
@@ -272,7 +274,8 @@ class DrawnItems:
     ('SampleBatch', [([0.0, 0.0], 0), ([1.0, 1.0], 1), ([2.0, 2.0], 2)])
     """
 
-    def __init__(self) -> None:
+    def __init__(self, pool: ShmPool | None = None) -> None:
+        self.pool = pool
         #: The rows of the chunk (kept for the next while samples keep their shape).
         self._rows: _FlatRows | None = None
 
@@ -287,10 +290,10 @@ class DrawnItems:
             try:
                 rows = self._rows = _FlatRows(item, self._other)
             except _NotFlat:
-                return own(item)
+                return own(item, self.pool)
         if rows is not None and rows.accept(item):
             return STACKED
-        return own(item)
+        return own(item, self.pool)
 
     def samples(self, items: list[Any]) -> Sequence[Any]:
         """The samples of the chunk begun by :meth:`start`, from ``items`` as the hook gave them."""

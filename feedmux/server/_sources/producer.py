@@ -9,6 +9,7 @@ whether the server is still running.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import traceback
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from feedmux._plumbing.shm import ShmPool, drawing_into
 from feedmux._ratelog import RateLimitedLog
 from feedmux.errors import ProtocolError
 from feedmux.protocol import Data, Error, encode
@@ -25,13 +27,13 @@ from feedmux.sampling.epochs import Chunk, EpochIterator
 from feedmux.sampling.streamer import StreamErrorHook
 from feedmux.server._control.meters import SamplerMeter
 from feedmux.server._delivery.batches import Batches
-from feedmux.server._delivery.dealing import RankDealer, RankShare
+from feedmux.server._delivery.dealing import RankDealer
+from feedmux.server._delivery.ranking import RankedStage
 from feedmux.server._sources.owning import DrawnItems, own
 from feedmux.server._sources.policy import TARGET_MESSAGE_BYTES, BatchPolicy, payload_bytes
 
 __all__ = [
     "Frames",
-    "batched_shares",
     "error_message",
     "produce",
 ]
@@ -41,8 +43,9 @@ log = logging.getLogger("feedmux.server")
 error_log = RateLimitedLog(log)
 
 Frames = Sequence[Any]
-#: ``keep(epoch, positions) -> mask or None``: which samples still go out (a resumed run).
-Keep = Callable[[int, np.ndarray], "np.ndarray | None"]
+#: ``fresh(epoch, positions) -> mask or None``: which samples nobody handed out yet (a
+#: resumed run of free trainers); only those go out.
+Fresh = Callable[[int, np.ndarray], "np.ndarray | None"]
 
 #: A ranked chunk (one message per rank) may take up to this many times ``max_delay`` to
 #: sample (320 ms at the default): up to this many ranks (8 hosts x 8 GPUs), each rank's
@@ -164,8 +167,9 @@ def produce(
     meter: SamplerMeter | None = None,
     align: int | None = None,
     start: tuple[int, int] | None = None,
-    keep: Keep | None = None,
+    fresh: Fresh | None = None,
     batches: Batches | None = None,
+    shm: ShmPool | None = None,
 ) -> int:
     """Take chunks of items, encode each as a data message and ``send`` it.
 
@@ -182,9 +186,10 @@ def produce(
     abandons the rest of its epoch. Otherwise the exception propagates, after
     the samples drawn before it have been sent.
 
-    With a ``dealer`` (ranked trainers) each chunk is dealt to the ranks before
-    it is encoded, one message per rank, and ``send`` gets the rank as a fourth
-    argument.
+    With a ``dealer`` (ranked trainers) each chunk goes through the ranked
+    stage (:class:`~feedmux.server._delivery.ranking.RankedStage`: dealt to the
+    ranks, then encoded, one message per rank), and ``send`` gets the rank as a
+    fourth argument.
 
     With ``align``, no message crosses a multiple of ``align`` samples of its
     epoch (counting the samples sent), so a server merging several workers in
@@ -195,7 +200,7 @@ def produce(
 
     ``start`` resumes a run at ``(epoch, position)``: what comes before is
     sampled again and discarded (``EpochIterator.resume_at``), and the dealer
-    deals that epoch from ``position`` on. ``keep(epoch, positions)`` (free
+    deals that epoch from ``position`` on. ``fresh(epoch, positions)`` (free
     trainers that outlived their server) says which samples of a chunk nobody
     had yet (None: all of them); the others are not sent.
 
@@ -205,6 +210,10 @@ def produce(
     rank after the dealing, is cut by its
     :class:`~feedmux.server._delivery.batches.BatchAssembler`, and a sample the codec
     refuses fails the run (skipping it would make a batch short).
+
+    ``shm`` is the server's shared-memory pool (its region of it, in a worker):
+    the drawn large arrays are copied into it, and :func:`shared_empty` allocates
+    there while the streamer is drawn from (:func:`drawing_into`).
     """
     meter = SamplerMeter() if meter is None else meter
     log_skipped = None
@@ -216,14 +225,15 @@ def produce(
                           type(error).__name__, error, exc_info=error)
 
     # The muxes get the hook from the epochs, which hand it down at each activation.
-    drawn = _Draw(DrawnItems() if policy.copy_arrays else None, log_skipped)
+    drawn = _Draw(DrawnItems(shm) if policy.copy_arrays else None, log_skipped, shm)
     if start is not None:
         epochs.resume_at(*start, keep=0 if dealer is None else dealer.world_size - 1)
     if dealer is not None:
-        return _produce_ranked(epochs, drawn, send, policy, server_id, skip_errors, epoch_done,
-                               meter, dealer, start, batches)
+        stage = RankedStage(dealer, server_id, batches=batches, start=start)
+        return _produce_ranked(epochs, drawn, send, policy, skip_errors, epoch_done, meter,
+                               stage, start)
     return _produce(epochs, drawn, send, policy, server_id, skip_errors, epoch_done, meter, align,
-                    start, keep, batches)
+                    start, fresh, batches)
 
 
 @dataclass(frozen=True)
@@ -233,18 +243,21 @@ class _Draw:
 
     owned: DrawnItems | None
     on_stream_error: StreamErrorHook | None
+    #: The pool :func:`shared_empty` allocates from while the streamer is drawn from.
+    shm: ShmPool | None = None
 
     def take(self, epochs: EpochIterator[Any], limit: int) -> tuple[Chunk, Sequence[Any]]:
         """The next chunk and its samples."""
-        if self.owned is None:
-            chunk = epochs.take(limit, on_stream_error=self.on_stream_error)
-            return chunk, chunk.items
-        try:
-            chunk = epochs.take(limit, prepare=self.owned.start(),
-                                on_stream_error=self.on_stream_error)
-        except BaseException:
-            self.owned.abandon()
-            raise
+        with drawing_into(self.shm):
+            if self.owned is None:
+                chunk = epochs.take(limit, on_stream_error=self.on_stream_error)
+                return chunk, chunk.items
+            try:
+                chunk = epochs.take(limit, prepare=self.owned.start(),
+                                    on_stream_error=self.on_stream_error)
+            except BaseException:
+                self.owned.abandon()
+                raise
         return chunk, self.owned.samples(chunk.items)
 
 
@@ -259,7 +272,7 @@ def _produce(
     meter: SamplerMeter,
     align: int | None,
     start: tuple[int, int] | None = None,
-    keep: Keep | None = None,
+    fresh: Fresh | None = None,
     batches: Batches | None = None,
 ) -> int:
     clock = time.perf_counter
@@ -291,8 +304,8 @@ def _produce(
             tags = np.empty((len(items), 2), dtype=np.int64)
             tags[:, 0] = chunk.epoch
             tags[:, 1] = np.arange(chunk.start, chunk.start + len(items))
-            if keep is not None and (kept := keep(chunk.epoch, tags[:, 1])) is not None:
-                rows = np.flatnonzero(kept).tolist()
+            if fresh is not None and (unhad := fresh(chunk.epoch, tags[:, 1])) is not None:
+                rows = np.flatnonzero(unhad).tolist()
                 epoch_count += len(items) - len(rows)  # had by a trainer, not sent again
                 tags, items = tags[rows], [items[row] for row in rows]
         if batches is not None:
@@ -338,15 +351,13 @@ def _produce_ranked(
     drawn: _Draw,
     send: Callable[..., bool],
     policy: BatchPolicy,
-    server_id: str,
     skip_errors: bool,
     epoch_done: Callable[[int, int], bool],
     meter: SamplerMeter,
-    dealer: RankDealer,
+    stage: RankedStage,
     start: tuple[int, int] | None = None,
-    batches: Batches | None = None,
 ) -> int:
-    """:func:`produce` for ranked trainers: each chunk dealt to the ranks, then encoded.
+    """:func:`produce` for ranked trainers: each chunk through the ranked stage.
 
     A chunk holds about ``world_size`` messages' worth of samples, so each rank's
     message is as full as a free trainer's would be (up to
@@ -354,64 +365,48 @@ def _produce_ranked(
     ``max_delay`` to sample). A sample the codec refuses
     fails the run here (skipping it would unbalance the ranks); a top-level
     streamer that raises with ``skip_errors`` ends its epoch where it stopped
-    (the dealer pads or drops the last round, so the ranks stay even).
+    (the stage pads or drops the last round, so the ranks stay even).
     """
     clock = time.perf_counter
     pacer = _Pacer(policy)
     sent = epoch_count = 0
-    n = dealer.world_size
+    n = stage.world_size
+    batch_size = 0 if stage.batches is None else stage.batches.batch_size
     while True:
         started = clock()
         try:
-            chunk, items = drawn.take(epochs,
-                                      pacer.limit(0 if batches is None else batches.batch_size) * n)
+            chunk, items = drawn.take(epochs, pacer.limit(batch_size) * n)
         except StopIteration:
             return sent
         except Exception as error:
             _skip_epoch(error, skip_errors, meter)
             epoch, last = epochs.epoch, bool(epoch_count)  # nothing taken: nothing to finish
-            shares = dealer.finish_epoch(epoch)
+            messages = stage.finish_epoch(epoch)
         else:
             epoch, last = chunk.epoch, chunk.last
             if start is not None:
                 if epoch == start[0]:  # the resumed epoch: dealt from where the job stood
                     head = epochs.resumed_head  # drawn while skipping: made ours here
                     if drawn.owned is not None:
-                        head = [own(item) for item in head]
-                    dealer.resume(epoch, chunk.start, head)
+                        head = [own(item, drawn.shm) for item in head]
+                    stage.skipped(epoch, head)
                     epoch_count = chunk.start  # the epoch's size counts what came before
                 start = None
             # Time per rank message: sampling one item of each rank's message (n items),
             # spread over up to RANK_CHUNK_DELAYS times max_delay.
             pacer.observe(items, (clock() - started) * n / min(n, RANK_CHUNK_DELAYS))
             epoch_count += len(items)
-            shares = dealer.deal(epoch, items) if items else []
+            messages = stage.deal(epoch, chunk.start, items)
             if last:
-                shares += dealer.finish_epoch(epoch)
-        if batches is not None:
-            shares = batched_shares(batches, shares, last)
-        for share in shares:
-            if not share.items:
-                continue
-            frames = list(encode(Data(share.tags, share.items, server_id)))
+                messages = itertools.chain(messages, stage.finish_epoch(epoch))
+        for message in messages:  # encoded as it comes: busy until it is sent
             meter.add_busy(clock() - started)  # sampling, dealing and encoding, not sending
-            if not send(frames, len(share.items), epoch, share.rank):
+            if not send(message.frames, message.samples, epoch, message.rank):
                 return sent
             started = clock()
-            sent += len(share.items)
+            sent += message.samples
         meter.add_busy(clock() - started)
         if last:
             if not epoch_done(epoch, epoch_count):
                 return sent
             epoch_count = 0
-
-
-def batched_shares(batches: Batches, shares: list[RankShare], last: bool) -> list[RankShare]:
-    """The ranks' shares cut into training batches, one share per batch (``last``: the
-    epoch ended with these shares, its last partial batches too)."""
-    out = [RankShare(share.rank, batch.tags, batch.items) for share in shares if share.items
-           for batch in batches.of(share.rank).add(share.tags, share.items)]
-    if last:
-        out += [RankShare(rank, batch.tags, batch.items)
-                for rank, batch in batches.finish_epoch()]
-    return out

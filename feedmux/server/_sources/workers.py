@@ -232,7 +232,7 @@ def _worker_main(
     def send(frames: Frames, n_samples: int = 0, epoch: int = 0) -> bool:
         # Large arrays go as references to this worker's runs of the pool, if it can.
         placed = None if shm is None else shm.forward(frames)
-        wire = frames if placed is None else placed
+        wire = frames if placed is None else placed.frames
         sent = False
         try:
             while not (sent or rewound()):
@@ -277,7 +277,7 @@ def _worker_main(
             produce(
                 items, send, policy=config.policy, server_id=config.server_id,
                 skip_errors=config.on_error == "skip", epoch_done=epoch_done, meter=meter,
-                align=align, start=(first.value, 0) if first.value > 1 else None,
+                align=align, start=(first.value, 0) if first.value > 1 else None, shm=shm,
             )
             while not (stopping() or rewound()):  # the run is over: wait for another
                 time.sleep(0.01)
