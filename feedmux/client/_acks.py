@@ -51,8 +51,7 @@ from feedmux._plumbing.sockets import (
 from feedmux.client._data import take_all
 from feedmux.client._handout import HandOut
 from feedmux.client._moves import reconnect
-from feedmux.client._resume import position_runs
-from feedmux.protocol import Ack, take_rows
+from feedmux.protocol import Ack, position_runs, take_rows
 
 log = logging.getLogger("feedmux.client")
 

@@ -29,6 +29,7 @@ from feedmux.protocol import (
     Credit,
     Data,
     EndOfStream,
+    Heartbeat,
     Message,
     ShmAttach,
     decode,
@@ -164,6 +165,8 @@ class DataSockets:
                     return message
                 if isinstance(message, EndOfStream):
                     links.data_end_of_stream(index, message.server_id)
+                elif isinstance(message, Heartbeat) and message.handed_below:
+                    links.summarized(index, message.handed_below)
         return None
 
     def _receive_plain(self) -> Data | None:

@@ -257,7 +257,7 @@ class ServerLinks:
     >>> links.data("s1", first_epoch=1, now=0.0)
     ()
     >>> links.control(0, Drain(sent_messages=1, server_id="s1"))
-    [Send(link=0, message=Heartbeat(sender_id='t', received_messages=1, group=''))]
+    [Send(link=0, message=Heartbeat(sender_id='t', received_messages=1, group='', handed_below=()))]
     >>> links.control(0, EndOfStream("s1"))
     []
     >>> links.finished, len(links.links), links.epoch_size
@@ -310,6 +310,10 @@ class ServerLinks:
         #: ``handed(link) -> (epoch, start, end, ...)``: what a free reliable trainer handed
         #: out lately, said to a restarted server (the loader sets it; docs/resume.md).
         self.handed: Callable[[int], tuple[int, ...]] = lambda index: ()
+        #: ``handed_below(link) -> Hello.handed_below`` and ``summarized(link, values)``: the
+        #: server's summary of every trainer's hand-outs, kept and said to a restarted server.
+        self.handed_below: Callable[[int], tuple[int, ...]] = lambda index: ()
+        self.summarized: Callable[[int, tuple[int, ...]], None] = lambda index, values: None
         #: ``views_held() -> (views, bytes, pool bytes)``: the shared-memory views this trainer
         #: holds (the loader sets it), said when it waits for data.
         self.views_held: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
@@ -332,6 +336,7 @@ class ServerLinks:
         return Hello(client_id=self.client_id, world_size=self.world_size, rank=self.rank,
                      group=self.group, resume=self.position(index) if self.rank >= 0 else (),
                      handed=self.handed(index) if self.links[index].stale else (),
+                     handed_below=self.handed_below(index) if self.links[index].stale else (),
                      batch_size=self.batch_size, drop_last=self.drop_last)
 
     def control(self, index: int, message: Message) -> list[Action]:

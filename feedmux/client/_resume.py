@@ -13,16 +13,15 @@ pure: the loader tells it what was handed out; it never touches a socket.
 
 from __future__ import annotations
 
+import bisect
 import collections
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from feedmux.errors import StreamValueError
-from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE
+from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE, position_runs
 
-__all__ = ["CHECKPOINT", "HANDED_RANGES", "LIVE", "HandedRanges", "RankPositions", "position_runs"]
+__all__ = ["CHECKPOINT", "HANDED_RANGES", "LIVE", "HandedRanges", "Outstanding", "RankPositions"]
 
 CHECKPOINT, LIVE = RESUME_CHECKPOINT, RESUME_LIVE
 
@@ -124,27 +123,55 @@ class HandedRanges:
 
     What it says in its hello to a restarted server (``Hello.handed``): the
     ranges of its last :data:`HANDED_RANGES` messages (the current one up to
-    what was handed out), so that the new process deals none of them again.
-    Older positions are behind every trainer's frontier (a server deals in
-    position order). One numpy pass per message, nothing per sample.
+    what was handed out), so that the new process deals none of them again;
+    and (``Hello.handed_below``) the last summary the old process sent of what
+    every trainer had handed out, less what this trainer handed out since
+    (:class:`Outstanding`): so the new process also deals again what was in
+    flight, or held by a trainer that left, below this trainer's frontier.
+    One numpy pass per message, nothing per sample.
 
     Examples
     --------
     >>> import numpy as np
     >>> handed = HandedRanges(1, current=lambda: None)
+    >>> handed.summarized(0, (2, 16, 2, 0, 4, 2, 8, 12))  # before 2:16, 0..3 and 8..11 not
     >>> handed.handed(0, np.array([[2, 8], [2, 9], [2, 11]]))
-    >>> handed.announce(0)
-    (2, 8, 10, 2, 11, 12)
+    >>> handed.announce(0), handed.below(0)
+    ((2, 8, 10, 2, 11, 12), (2, 16, 2, 0, 4, 2, 10, 11))
     """
 
     def __init__(self, links: int, *, current: Current) -> None:
         self._current = current
         self._ranges: list[collections.deque[tuple[int, int, int]]] = [
             collections.deque(maxlen=HANDED_RANGES) for _ in range(links)]
+        #: Per link: the server's last summary of the hand-outs, less this trainer's since.
+        self._below: list[Outstanding | None] = [None] * links
 
     def handed(self, link: int, tags: Any) -> None:
         """The trainer handed out the samples tagged ``tags`` (rows of epoch, position)."""
-        self._ranges[link].extend(position_runs(tags))
+        runs = position_runs(tags)
+        self._ranges[link].extend(runs)
+        below = self._below[link]
+        if below is not None:
+            below.remove(runs)
+
+    def summarized(self, link: int, values: Sequence[int]) -> None:
+        """``link``'s server summed up its trainers' hand-outs (``Heartbeat.handed_below``)."""
+        if len(values) >= 2 and len(values) % 3 == 2:
+            self._below[link] = Outstanding((int(values[0]), int(values[1])), [
+                (int(values[i]), int(values[i + 1]), int(values[i + 2]))
+                for i in range(2, len(values), 3)])
+
+    def below(self, link: int) -> tuple[int, ...]:
+        """``Hello.handed_below`` for a restarted server: the last summary from ``link``'s
+        server less what this trainer handed out since (the current message's part too)."""
+        below = self._below[link]
+        if below is None:
+            return ()
+        current = self._current()
+        if current is not None and current[0] == link:
+            below.remove(position_runs(current[1][: current[2]]))
+        return below.values()
 
     def next_message(self, fresh: bool) -> bool:
         """The loader is about to make a new message current: note the one before;
@@ -164,14 +191,36 @@ class HandedRanges:
         return tuple(value for triple in ranges for value in triple)
 
 
-def position_runs(tags: Any) -> list[tuple[int, int, int]]:
-    """``(epoch, start, end)`` of each run of consecutive positions in ``tags`` (one epoch)."""
-    if not len(tags):
-        return []
-    epoch, positions = int(tags[0, 0]), tags[:, 1]
-    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
-    if not len(breaks):  # the usual message: one run (np.split costs ~40 µs a message)
-        return [(epoch, int(positions[0]), int(positions[-1]) + 1)]
-    starts = positions[np.concatenate(([0], breaks))].tolist()
-    lasts = positions[np.concatenate((breaks - 1, [len(positions) - 1]))].tolist()
-    return [(epoch, start, last + 1) for start, last in zip(starts, lasts, strict=True)]
+class Outstanding:
+    """A server's summary of the hand-outs: every sample before ``newest`` handed out but
+    the ``runs`` ``(epoch, start, end)``; :meth:`remove` takes out positions handed out
+    since (per message: a bisection, not a scan).
+
+    Examples
+    --------
+    >>> below = Outstanding((3, 40), [(2, 90, 100), (3, 8, 16)])
+    >>> below.remove([(3, 10, 12), (2, 90, 100)])
+    >>> below.values()
+    (3, 40, 3, 8, 10, 3, 12, 16)
+    """
+
+    def __init__(self, newest: tuple[int, int], runs: Sequence[tuple[int, int, int]]) -> None:
+        self.newest = newest
+        self.runs = sorted(runs)
+        #: (epoch, end) of each run: sorted too, since the runs are disjoint.
+        self._ends = [(epoch, end) for epoch, _, end in self.runs]
+
+    def remove(self, handed: Sequence[tuple[int, int, int]]) -> None:
+        for epoch, start, end in handed:
+            index = bisect.bisect_right(self._ends, (epoch, start))
+            while index < len(self.runs):
+                run_epoch, run_start, run_end = self.runs[index]
+                if run_epoch != epoch or run_start >= end:
+                    break
+                pieces = [(epoch, a, b) for a, b in ((run_start, start), (end, run_end)) if a < b]
+                self.runs[index:index + 1] = pieces
+                self._ends[index:index + 1] = [(piece[0], piece[2]) for piece in pieces]
+                index += len(pieces)
+
+    def values(self) -> tuple[int, ...]:
+        return (*self.newest, *(value for run in self.runs for value in run))

@@ -557,6 +557,7 @@ def _trackers(links: ServerLinks, out: HandOut, rank: int | None, world_size: in
     if reliable:
         recent = HandedRanges(count, current=out.progress)
         links.handed = recent.announce
+        links.handed_below, links.summarized = recent.below, recent.summarized
         return None, recent
     return None, None
 

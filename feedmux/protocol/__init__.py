@@ -54,7 +54,7 @@ from feedmux.protocol._messages import (
     stats_order,
 )
 from feedmux.protocol._stacking import stacked_tree, take_rows, training_batch
-from feedmux.protocol._tags import TAG_DTYPE, read_tags, replace_tags
+from feedmux.protocol._tags import TAG_DTYPE, position_runs, read_tags, replace_tags
 
 __all__ = [
     "CONTROL_LIMITS",
@@ -90,6 +90,7 @@ __all__ = [
     "decode",
     "encode",
     "pack_envelope",
+    "position_runs",
     "read_tags",
     "replace_tags",
     "stack_scalars",

@@ -210,7 +210,9 @@ class ControlSpec:
 _CONTROL_SPECS = [
     ControlSpec(Kind.HELLO, Hello, client_id=STR, role=STR, world_size=INT, rank=INT,
                 group=STR, resume=_INTS, handed=_INTS, batch_size=INT, drop_last=_BOOL,
-                omit_default=("rank", "group", "resume", "handed", "batch_size", "drop_last")),
+                handed_below=_INTS,
+                omit_default=("rank", "group", "resume", "handed", "batch_size", "drop_last",
+                              "handed_below")),
     ControlSpec(
         Kind.WELCOME,
         Welcome,
@@ -227,7 +229,7 @@ _CONTROL_SPECS = [
         omit_default=("world_size", "uneven", "unknown"),
     ),
     ControlSpec(Kind.HEARTBEAT, Heartbeat, sender_id=STR, received_messages=INT, group=STR,
-                omit_default=("group",)),
+                handed_below=_INTS, omit_default=("group", "handed_below")),
     ControlSpec(Kind.ERROR, Error, type=STR, message=STR, traceback=STR, server_id=STR),
     ControlSpec(Kind.STATS_REQUEST, StatsRequest, client_id=STR, after=STR,
                 omit_default=("after",)),

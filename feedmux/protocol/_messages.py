@@ -122,7 +122,8 @@ class Hello:
     ``handed`` is empty, or what a free reliable trainer that outlived its
     server handed out lately: ``(epoch, start, end, ...)`` triples, positions
     ``start .. end - 1`` of ``epoch``, so that the restarted server deals none
-    of them again.
+    of them again. ``handed_below`` is empty, or the last summary that server
+    sent it of what every trainer had handed out (see :class:`Heartbeat`).
 
     ``batch_size`` is 0, or the number of samples of one training step the
     trainer asks the server to stack into each data message (every trainer of
@@ -138,6 +139,7 @@ class Hello:
     resume: tuple[int, ...] = ()
     handed: tuple[int, ...] = ()
     batch_size: int = 0
+    handed_below: tuple[int, ...] = ()
     drop_last: bool = False
 
 
@@ -169,11 +171,19 @@ class Heartbeat:
 
     ``group`` repeats the trainer's consumer group ("" : the default group), so
     a server that lost track of the trainer puts it back in the right group.
+
+    ``handed_below`` is empty, or (a reliable server to its free trainers) what
+    all its trainers had handed out: ``(epoch, position, e, start, end, ...)``,
+    every sample of the stream before ``(epoch, position)`` was handed out by
+    some trainer except positions ``start .. end - 1`` of epoch ``e`` of each
+    triple after. A trainer that outlives the server repeats it in its hello to
+    the restarted one (docs/resume.md).
     """
 
     sender_id: str
     received_messages: int = 0
     group: str = ""
+    handed_below: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

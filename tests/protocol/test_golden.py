@@ -157,6 +157,33 @@ GOLDEN: list[tuple[str, Any, dict[str, Any], list[bytes]]] = [
         ),
     ),
     (
+        "hello-handed-below",
+        Hello(client_id="t5", handed=(2, 40, 48), handed_below=(2, 40, 2, 8, 16)),
+        {},
+        frames_of(
+            # {"v": 1, "k": 2, "client_id": "t5", "role": "trainer", "world_size": 1,
+            #  "handed": (2, 40, 48), "handed_below": (2, 40, 2, 8, 16)}: handed_below is
+            #  written only when it is not empty, so older hellos keep their bytes
+            "87 a1 76 01 a1 6b 02 a9 63 6c 69 65 6e 74 5f 69 64 a2 74 35"
+            " a4 72 6f 6c 65 a7 74 72 61 69 6e 65 72 aa 77 6f 72 6c 64 5f 73 69 7a 65 01"
+            " a6 68 61 6e 64 65 64 94 c7 00 04 02 28 30"
+            " ac 68 61 6e 64 65 64 5f 62 65 6c 6f 77 96 c7 00 04 02 28 02 08 10",
+        ),
+    ),
+    (
+        "heartbeat-handed-below",
+        Heartbeat(sender_id="s1", handed_below=(2, 40, 2, 8, 16)),
+        {},
+        frames_of(
+            # {"v": 1, "k": 4, "sender_id": "s1", "received_messages": 0,
+            #  "handed_below": (2, 40, 2, 8, 16)}: before epoch 2, position 40 everything
+            #  was handed out but positions 8 .. 15 of epoch 2 (written only when not empty)
+            "85 a1 76 01 a1 6b 04 a9 73 65 6e 64 65 72 5f 69 64 a2 73 31 b1 72 65 63 65 69"
+            " 76 65 64 5f 6d 65 73 73 61 67 65 73 00"
+            " ac 68 61 6e 64 65 64 5f 62 65 6c 6f 77 96 c7 00 04 02 28 02 08 10",
+        ),
+    ),
+    (
         "hello-batches",
         Hello(client_id="t4", batch_size=256, drop_last=True),
         {},

@@ -146,3 +146,22 @@ def test_free_reliable_trainers_resume_at_the_first_position_nobody_handed_out()
     kept = core.handed.fresh(2, np.arange(24, 42))
     assert kept is not None and np.flatnonzero(~kept).tolist() == [0, *range(6, 16)]
     assert core.handed.fresh(3, np.arange(6)).tolist() == [False] * 4 + [True] * 2
+
+
+def test_a_restarted_reliable_server_deals_again_what_the_summaries_list_below_the_start() -> None:
+    # a and b outlived the server; a trainer gone before the crash held 2:8-16 (the
+    # old server's summary lists it, up to 2:40: everything else before was handed out).
+    # b handed out 2:12-14 of it since (re-dealt to it): b's copy of the summary lacks it.
+    core = make_core(reliable=True, min_trainers=2)
+    core.begin()
+    gather(core, [(A, Hello(client_id="a", handed=(2, 32, 40),
+                            handed_below=(2, 40, 2, 8, 16, 2, 36, 40))),
+                  (B, Hello(client_id="b", handed=(2, 12, 14, 2, 40, 44),
+                            handed_below=(2, 40, 2, 8, 12, 2, 14, 16)))], now=0.0)
+    assert core.phase is Phase.SAMPLING and core.start_at == (2, 8)
+    positions = np.arange(0, 48)
+    kept = core.handed.fresh(2, positions)
+    assert kept is not None
+    # 36-40: a handed it out (its report) although a's summary still lists it.
+    assert positions[kept].tolist() == [8, 9, 10, 11, 14, 15, 44, 45, 46, 47]
+    assert core.handed.fresh(3, np.arange(4)) is None

@@ -107,8 +107,12 @@ class _Trainer:
     group: str = DEFAULT_GROUP
     #: What a free reliable trainer that outlived its server handed out lately (its hello).
     handed: tuple[int, ...] = ()
+    #: The old server's last summary of every trainer's hand-outs that it read (its hello).
+    handed_below: tuple[int, ...] = ()
     #: It mapped this server's shared-memory pool (proved by the pool's token).
     shm: bool = False
+    #: When a drain last sent it a heartbeat to see whether it is still there.
+    probed: float = float("-inf")
 
 
 class Questions:
@@ -315,7 +319,8 @@ class ControlCore:
         group = message.group or DEFAULT_GROUP
         # A free reliable trainer that outlived its server: what it had is not dealt again.
         self.trainers[identity] = _Trainer(message.client_id, now, rank=message.rank, group=group,
-                                           handed=self.handed.heard(message, self.config.reliable))
+                                           handed=self.handed.heard(message, self.config.reliable),
+                                           handed_below=message.handed_below)
         if not known:
             rank = f" as rank {message.rank} of {message.world_size}" if message.rank >= 0 else ""
             where = f" in group {group}" if self.tables.grouped else ""
@@ -498,7 +503,22 @@ class ControlCore:
         # Ask at a steady pace: answering each reply with a new question would make a
         # drained trainer and the server ping-pong without end.
         self._next_drain = now + DRAIN_INTERVAL
-        return self.questions.ask(self.trainers, Drain(self.messages_sent, self.config.server_id))
+        drain = Drain(self.messages_sent, self.config.server_id)
+        return [*self.questions.ask(self.trainers, drain), *self._probe_silent(now)]
+
+    def _probe_silent(self, now: float) -> Sends:
+        """A heartbeat, once per :data:`TRAINER_TIMEOUT`, to each trainer silent that long.
+
+        A trainer asked a question it never answered is asked nothing more, so no send
+        would find a SIGKILLed one gone (ROUTER_MANDATORY) and the drain waited its whole
+        timeout for it; a live trainer busy in a long step finds one small message every
+        few seconds in its queue, and ignores it.
+        """
+        silent = [(identity, trainer) for identity, trainer in self.trainers.items()
+                  if now - max(trainer.last_seen, trainer.probed) > TRAINER_TIMEOUT]
+        for _, trainer in silent:
+            trainer.probed = now
+        return [(identity, Heartbeat(sender_id=self.config.server_id)) for identity, _ in silent]
 
     def _all_answering(self, now: float) -> bool:
         """Whether every trainer was heard lately: each is waiting for data, none reading."""
@@ -556,7 +576,9 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
     if wait.ready(core.ranks, core.connected_trainers(now), config.min_trainers, now):
         start, problem = agreed_start(core.ranks.resumes, core.ranks.world_size or 0)
         if not (core.ranks.ranked or core.tables.grouped) and core.config.reliable:
-            core.handed = Handed(t.handed for t in core.trainers.values() if t.handed)
+            free = [t for t in core.trainers.values() if t.rank < 0]
+            core.handed = Handed((t.handed for t in free if t.handed),
+                                 (t.handed_below for t in free if t.handed_below))
             start = Start(core.handed.start, {})
         if start is None:
             log.error("%s", problem)

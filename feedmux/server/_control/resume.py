@@ -159,22 +159,26 @@ class ResumeCut:
 
 
 class Handed:
-    """What free reliable trainers that outlived their server handed out lately.
+    """What free reliable trainers that outlived their server say was handed out.
 
-    Built from their hellos' ``handed`` triples, each trainer's in the order it
-    handed them out (its latest last). :attr:`start` is where the restarted
-    server resumes: the first position, at or after the earliest of the
-    trainers' latest hand-outs, that nobody reported. What a live trainer had
-    not handed out (the rest of its current message, the messages queued for
-    it, which it drops) was dealt after its latest hand-out, since a server
-    deals in position order; so nothing before the earliest latest hand-out
-    waits to be handed out, while each trainer's report reaches back over its
-    last 32 messages, far beyond it when several trainers share the stream
-    (resuming at its lowest range dealt again everything the others, and the
-    trainers that left, had handed out since). The reported ranges above the
-    start are not dealt again (:meth:`fresh`); ranges reported later (a trainer
-    whose hello came after the start, :meth:`add`) are kept out too, as far as
-    dealing has not passed them.
+    Built from their hellos: ``handed``, each trainer's own latest hand-outs
+    (``(epoch, start, end)`` triples in the order it handed them out, its
+    latest last), and ``handed_below``, the old server's last summary that
+    trainer read of what every trainer had handed out (every sample before
+    ``(epoch, position)`` but some runs), less what it handed out since.
+
+    :attr:`start` is where the restarted server resumes and :meth:`fresh` says
+    which positions from there it deals again. A position is not dealt again
+    when a trainer reported it, or when a summary covers it and does not list
+    it. Positions past every summary and before the earliest of the trainers'
+    latest hand-outs count as handed out (a server deals in position order:
+    what a live trainer had not handed out was dealt after its latest sample).
+    So what is dealt again is what the summaries list and nobody reported (in
+    flight when the server died, or held by a trainer that left: positions
+    below the live trainers' latest hand-outs that nobody else reports), and
+    what comes after the earliest latest hand-out that nobody reported.
+    Ranges reported later (a trainer whose hello came after the start,
+    :meth:`add`) are kept out too, as far as dealing has not passed them.
 
     Examples
     --------
@@ -188,9 +192,15 @@ class Handed:
     ([False, False, False, False, True, True], True)
     >>> Handed([(5, 0, 40, 6, 0, 10), (6, 10, 20)]).start  # the latest of each: 6:10, 6:20
     (6, 20)
+    >>> # 4 .. 7 were held by a trainer that left: the summary lists them, nobody reports them
+    >>> handed = Handed([(2, 12, 16), (2, 16, 20)], [(2, 16, 2, 4, 8, 2, 12, 16)])
+    >>> positions = np.arange(2, 24)
+    >>> handed.start, positions[handed.fresh(2, positions)].tolist()
+    ((2, 4), [4, 5, 6, 7, 20, 21, 22, 23])
     """
 
-    def __init__(self, reports: Iterable[Sequence[int]]) -> None:
+    def __init__(self, reports: Iterable[Sequence[int]],
+                 summaries: Iterable[Sequence[int]] = ()) -> None:
         self.ranges: dict[int, list[tuple[int, int]]] = {}
         self._count = 0
         latest: list[tuple[int, int]] = []
@@ -199,13 +209,34 @@ class Handed:
             if triples:
                 epoch, _, end = triples[-1]
                 latest.append((epoch, end))
+        #: Each summary: (epoch, position) it covers up to, and its runs not handed out.
+        self.summaries: list[tuple[tuple[int, int], list[tuple[int, int, int]]]] = []
+        for summary in summaries:
+            self._add_summary(summary)
         self.start: tuple[int, int] | None = None
+        #: Before this, only what a summary lists is dealt again.
+        self._after: tuple[int, int] | None = None
         if latest:
             epoch, position = min(latest)
             for start, end in sorted(self.ranges[epoch]):
                 if start <= position < end:
                     position = end
-            self.start = (epoch, position)
+            self._after = (epoch, position)
+        elif self.summaries:
+            self._after = max(covered for covered, _ in self.summaries)
+        listed = [(epoch, start) for _, runs in self.summaries for epoch, start, _ in runs]
+        if self._after is not None:
+            self.start = min([self._after, *listed])
+
+    def _add_summary(self, summary: Sequence[int]) -> None:
+        if len(summary) < 2 or len(summary) % 3 != 2:
+            return
+        runs = [(int(summary[index]), int(summary[index + 1]), int(summary[index + 2]))
+                for index in range(2, len(summary), 3)]
+        if self._count + len(runs) + 1 > MAX_HANDED_RANGES:
+            return
+        self._count += len(runs) + 1
+        self.summaries.append(((int(summary[0]), int(summary[1])), runs))
 
     def add(self, report: Sequence[int]) -> list[tuple[int, int, int]]:
         """Take one trainer's ``(epoch, start, end, ...)`` triples; returns them.
@@ -228,8 +259,9 @@ class Handed:
         dealing started); returns them (``hello.handed``).
 
         Before dealing starts this object is replaced by one built from every
-        trainer's report, so only late hellos matter. A ranked trainer's or a
-        plain server's hello adds nothing (anyone can reach the control port).
+        trainer's report, so only late hellos matter (their summaries are not
+        taken: dealing went on). A ranked trainer's or a plain server's hello
+        adds nothing (anyone can reach the control port).
         """
         if hello.handed and reliable and hello.rank < 0:
             self.add(hello.handed)
@@ -238,9 +270,31 @@ class Handed:
     def fresh(self, epoch: int, positions: np.ndarray) -> np.ndarray | None:
         """Which of ``positions`` (of ``epoch``) nobody handed out; None: all of them."""
         ranges = self.ranges.get(epoch)
-        if not ranges:
+        after = self._after
+        first = (epoch, int(positions[0]) if len(positions) else 0)
+        covering = [(covered, runs) for covered, runs in self.summaries if first < covered]
+        if not ranges and not covering and (not self.summaries or after is None
+                                             or first >= after):
             return None
         kept = np.ones(len(positions), dtype=bool)
-        for start, end in list(ranges):
+        for start, end in list(ranges or ()):
             kept &= (positions < start) | (positions >= end)
+        if self.summaries and after is not None and epoch <= after[0]:
+            # before the earliest latest hand-out: dealt again only where a summary lists it
+            kept &= positions >= (after[1] if epoch == after[0] else np.iinfo(np.int64).max)
+        listed = np.zeros(len(positions), dtype=bool)
+        said = np.zeros(len(positions), dtype=bool)  # covered by a summary that does not list it
+        for covered, runs in covering:
+            inside = (np.ones(len(positions), dtype=bool) if epoch < covered[0]
+                      else positions < covered[1])
+            mine = np.zeros(len(positions), dtype=bool)
+            for run_epoch, start, end in runs:
+                if run_epoch == epoch:
+                    mine |= (positions >= start) & (positions < end)
+            listed |= inside & mine
+            said |= inside & ~mine
+        if covering:
+            kept = (kept | listed) & ~said
+            for start, end in list(ranges or ()):
+                kept &= (positions < start) | (positions >= end)
         return kept

@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from feedmux.protocol import Data, decode, encode, read_tags
+from feedmux.protocol import Data, decode, encode, position_runs, read_tags
 
-__all__ = ["Entry", "Ledger", "Recovery", "rest_after"]
+__all__ = ["MAX_SUMMARY_RUNS", "Entry", "Ledger", "Recovery", "handed_below", "rest_after"]
 
 
 def rest_after(frames: list[Any], mark: tuple[int, int]) -> tuple[np.ndarray, list[Any]] | None:
@@ -278,12 +278,62 @@ class Ledger:
         """Messages kept in ``lane``."""
         return len(self._lanes.get(lane, ()))
 
+    def outstanding(self) -> list[tuple[int, int, int]]:
+        """``(epoch, start, end)`` runs of the positions sent and not handed out: the
+        kept messages after their marks and the re-deal queue (what a summary of the
+        hand-outs leaves out, see :func:`handed_below`)."""
+        runs = []
+        for entry in [*self.entries(), *list(self.redeal)]:
+            tags = entry.tags
+            if entry.mark is not None:
+                tags = tags[[tuple(row) > entry.mark for row in tags.tolist()]]
+            runs += position_runs(tags)
+        return sorted(runs)
+
     def mark(self, lane: Hashable) -> tuple[int, int] | None:
         """``lane``'s latest hand-out mark (None: none yet)."""
         return self._marks.get(lane)
 
     def lanes(self) -> list[Hashable]:
         return [lane for lane, entries in list(self._lanes.items()) if entries]
+
+
+#: Most outstanding runs a summary of the hand-outs lists (past that, neighbours merge).
+MAX_SUMMARY_RUNS = 1024
+
+
+def handed_below(newest: tuple[int, int] | None,
+                 outstanding: list[tuple[int, int, int]]) -> tuple[int, ...]:
+    """The summary a reliable server tells its trainers (``Heartbeat.handed_below``):
+    ``(epoch, position, e, start, end, ...)``, every sample before ``newest`` (the
+    position after the newest one sent) handed out but the ``outstanding`` runs.
+
+    Past :data:`MAX_SUMMARY_RUNS` runs, neighbours of an epoch merge (the positions
+    between count as not handed out: a restarted server deals them again rather
+    than lose one). Empty before anything was sent.
+
+    >>> handed_below((2, 40), [(2, 8, 16), (2, 24, 32)])
+    (2, 40, 2, 8, 16, 2, 24, 32)
+    >>> handed_below(None, [])
+    ()
+    """
+    if newest is None:
+        return ()
+    runs = sorted(outstanding)
+    while len(runs) > MAX_SUMMARY_RUNS:
+        merged: list[tuple[int, int, int]] = []
+        fresh = False  # whether merged[-1] is a run of this pass, not a merge
+        for run in runs:
+            if fresh and merged[-1][0] == run[0]:
+                merged[-1] = (run[0], merged[-1][1], run[2])
+                fresh = False
+            else:
+                merged.append(run)
+                fresh = True
+        if len(merged) == len(runs):  # one run per epoch left: nothing to merge
+            break
+        runs = merged
+    return (*newest, *(value for run in runs for value in run))
 
 
 def _size(frames: list[Any]) -> int:

@@ -62,12 +62,14 @@ from feedmux.protocol import (
     decode,
     encode,
     pack_envelope,
+    read_tags,
 )
 from feedmux.server._control.meters import ControlMeter
-from feedmux.server._delivery.ledger import Entry, Ledger, Recovery
+from feedmux.server._delivery.ledger import Entry, Ledger, Recovery, handed_below
 from feedmux.server._delivery.outbox import GONE, Outbox, Wait
 
-__all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "NO_ACK", "Credits", "ReliableFree", "ReliableLink"]
+__all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "NO_ACK", "SUMMARY_INTERVAL", "Credits",
+           "HandOutSummary", "ReliableFree", "ReliableLink"]
 
 log = logging.getLogger("feedmux.server")
 peer_log = RateLimitedLog(log)
@@ -78,6 +80,11 @@ MAX_CREDIT = 256
 #: the server waits for acknowledgements (or a lost trainer) before it sends more, so a
 #: peer that grants credit and never acknowledges pins at most this much.
 MAX_UNACKED_BYTES = 512 * 1024 * 1024
+
+#: Most seconds between two summaries of the hand-outs sent to the trainers (while the
+#: summary changes): what a trainer that left or died held, dealt after the last summary
+#: the others read, is lost if the server dies then too (docs/resume.md).
+SUMMARY_INTERVAL = 0.25
 
 #: The envelope of messages that want no acknowledgement by sequence number (heartbeats,
 #: end of stream, a rank's data: its hand-out marks release it).
@@ -272,6 +279,8 @@ class ReliableFree:
 
     def sent(self, identity: bytes, frames: Sequence[Any], resent: Entry | None) -> None:
         self.credits.sent(self.audience, identity, list(frames), resent)
+        if resent is None and not self.audience:
+            self.link.summary.newest = frames
 
     def gone(self, identity: bytes) -> None:
         self.link.lose(identity)
@@ -303,6 +312,8 @@ class ReliableLink:
         #: Reads the control socket: a trainer's last hand-out marks, sent just before it
         #: died, must count before its messages are cut for the others.
         self.read_marks = read_marks
+        #: What tells the free trainers what all of them handed out (for a restarted server).
+        self.summary = HandOutSummary()
 
     def lose(self, identity: bytes) -> None:
         if identity in self.credits.peers:
@@ -330,9 +341,11 @@ class ReliableLink:
         self.meter.add(received, time.thread_time() - cpu_started)
 
     def turn(self) -> None:
-        """Take in credit and acknowledgements, and find lost trainers when it is time."""
+        """Take in credit and acknowledgements, find lost trainers when it is time, and
+        sum up the hand-outs for the trainers when that is due."""
         self.serve()
         self.beat()
+        self.summarize()
 
     def finish(self, deadline: float, halted: Callable[[], bool], redeal: Callable[[], object],
                owed: Callable[[], int] = lambda: 0) -> None:
@@ -363,7 +376,48 @@ class ReliableLink:
             if self.outbox.send(identity, beat) is GONE:  # full: alive, just busy
                 self.lose(identity)
 
+    def summarize(self) -> None:
+        """Every :data:`SUMMARY_INTERVAL`, tell every trainer what all the free trainers
+        handed out (:func:`~feedmux.server._delivery.ledger.handed_below`), when it changed."""
+        beat = self.summary.due(time.monotonic(), self.credits.ledger, self.server_id)
+        if beat is None:
+            return
+        for identity in list(self.credits.peers):
+            if self.outbox.send(identity, beat) is GONE:
+                self.lose(identity)
+
     def broadcast(self, message: Message) -> None:
         frames = [NO_ACK, *encode(message)]
         for identity in list(self.credits.peers):
             self.outbox.send(identity, frames)
+
+
+class HandOutSummary:
+    """When a reliable server tells its trainers the summary of what they handed out.
+
+    A trainer that outlives the server gives the last one it read to the
+    restarted process, which deals again exactly what it lists as not handed
+    out: what was in flight to a live trainer, or held by one that left,
+    below the live trainers' latest hand-outs (docs/resume.md). ``newest`` is
+    the newest message dealt (its frames: their tags are read only here).
+    Pure: ``now`` is passed in; at most one summary every
+    :data:`SUMMARY_INTERVAL`, and none that says what the last one said.
+    """
+
+    def __init__(self) -> None:
+        self.newest: Sequence[Any] | None = None
+        self._last = float("-inf")
+        self._said: tuple[int, ...] = ()
+
+    def due(self, now: float, ledger: Ledger, server_id: str) -> list[Any] | None:
+        """The heartbeat frames to send every trainer now, or None."""
+        if self.newest is None or now - self._last < SUMMARY_INTERVAL:
+            return None
+        self._last = now
+        tags = read_tags(self.newest)
+        newest = (int(tags[-1, 0]), int(tags[-1, 1]) + 1) if len(tags) else None
+        summary = handed_below(newest, ledger.outstanding())
+        if not summary or summary == self._said:
+            return None
+        self._said = summary
+        return [NO_ACK, *encode(Heartbeat(sender_id=server_id, handed_below=summary))]
