@@ -47,6 +47,9 @@ class RankSender:
         self.on_replayed = on_replayed
         self.envelope = list(envelope)
         self.room = room
+        #: Per rank being handed over: the mark its predecessor's rest was cut at (a
+        #: hand-over that takes several turns sees the new holder's own marks meanwhile).
+        self._cut_at: dict[int, tuple[int, int] | None] = {}
 
     def send(self, rank: int, target: bytes, frames: Sequence[Any],
              wire: Sequence[Any] | None = None) -> bool:
@@ -71,6 +74,7 @@ class RankSender:
     def replay(self, rank: int, target: bytes) -> bool:
         """Send ``rank``'s new holder what its predecessor did not hand out; True when done."""
         ledger = self.retention
+        cut_at = self._cut_at.setdefault(rank, ledger.mark(rank))
         rest = ledger.take_over(rank, target)
         for index, entry in enumerate(rest):
             if not self._takes(target, index) or self.outbox.send(
@@ -79,9 +83,10 @@ class RankSender:
                 return False
             ledger.resent(rank, entry, target)
             self.on_replayed(entry.frames)
+        del self._cut_at[rank]
         if rest:
             log.info("rank %d taken over: re-sent %d message(s) from after %s", rank,
-                     len(rest), ledger.mark(rank) or (0, -1))
+                     len(rest), cut_at or (0, -1))
         return True
 
     def _takes(self, target: bytes, held: int) -> bool:
