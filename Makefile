@@ -10,20 +10,25 @@ RAY    := ray[train]==2.60.*
 
 .PHONY: demo test test-matrix test-ray lint bench soak soak-ci container-test clean
 
-$(VENV)/.base: pyproject.toml
+$(VENV)/.python: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	touch $@
+
+$(VENV)/.base: $(VENV)/.python
 	$(PY) -m pip install -q -e .
 	touch $@
 
-# torch pinned again in the test extra's resolve: lightning must not pull another build.
-$(VENV)/.test: $(VENV)/.base
-	$(PY) -m pip install -q $(TORCH)
+# One resolve for feedmux, the test extra and torch, pinned in it (lightning must not pull
+# another build); it holds everything .base installs, so .base is marked done with it.
+$(VENV)/.test: $(VENV)/.python
 	$(PY) -m pip install -q -e '.[test]' $(TORCH)
-	touch $@
+	touch $(VENV)/.base $@
 
+# Ray only (the pin is within the ray extra's range): feedmux is installed, editable,
+# already, and torch stays the pinned build.
 $(VENV)/.ray: $(VENV)/.test
-	$(PY) -m pip install -q -e '.[ray]' '$(RAY)' $(TORCH)
+	$(PY) -m pip install -q '$(RAY)' $(TORCH)
 	touch $@
 
 $(VENV)/.bench: $(VENV)/.test

@@ -1,5 +1,20 @@
-"""Suite-wide checks: no shared-memory segment of feedmux outlives its server, and no
-test leaves a signal handler or a blocked signal behind it."""
+"""Suite-wide checks and order: no shared-memory segment of feedmux outlives its server,
+no test leaves a signal handler or a blocked signal behind it, hypothesis judges no
+example by its time, and the long tests start first.
+
+Hypothesis's default deadline (200 ms an example) is a speed assertion: on a
+loaded machine it fails examples that are slow, not wrong. The suite's profile
+drops it (speed is measured by ``benchmarks/``); every other setting stays
+hypothesis's own or the test's.
+
+The order matters to a parallel run (``pytest -n``): xdist hands out the tests
+in collection order, so a long test collected last runs alone at the end while
+the other processes sit idle. Longest first, as far as a test says: those
+marked ``slow``, then by the timeout a test declares (its bound: the longer,
+the earlier), then those that start real processes (``tests/integration``) or
+run many examples (hypothesis), then the rest, each group in its collected
+order, so that the short tests fill the tail.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from feedmux._plumbing.shm import SHM_DIR, orphaned_segments
+
+settings.register_profile("feedmux", deadline=None)
+settings.load_profile("feedmux")
+
+#: Where the tests that start real processes live (the second group of the order).
+INTEGRATION = Path(__file__).resolve().parent / "integration"
 
 #: Seconds the reapers get to remove the segments of the suite's last killed servers.
 REAPER_GRACE = 10.0
@@ -82,3 +104,16 @@ def restores_signal_handlers() -> Iterator[None]:
     if changes:
         restore_signal_state(before)
         pytest.fail(f"the test left signal handling changed: {'; '.join(changes)}")
+
+
+def start_rank(item: pytest.Item) -> tuple[int, float, int]:
+    """The sort key of ``item``'s place in the run (see the module docstring)."""
+    declared = item.get_closest_marker("timeout")
+    bound = float(declared.args[0]) if declared is not None and declared.args else 0.0
+    many = (INTEGRATION in item.path.parents
+            or getattr(getattr(item, "obj", None), "is_hypothesis_test", False))
+    return (item.get_closest_marker("slow") is None, -bound, not many)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=start_rank)  # (stable: each group keeps its collected order)

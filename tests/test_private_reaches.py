@@ -1,10 +1,11 @@
-"""No function of the trainer's side reads another object's private fields.
+"""No function of the trainer's side or of the server's sources reads private fields of others.
 
 A function given an object (a module function's parameter, or a method's
 parameter other than ``self``) uses that object's public names only: what it
 needs of the object's private state is a method of that object or an argument
 (docs/architecture.md). The check reads the source of the client package, the
-audit log and its checker, and the torch bridge.
+audit log and its checker, the torch bridge, and the server's sources (the
+producer, the forwarder and the other modules of ``server/_sources``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "feedmux"
 CHECKED = sorted([*(PACKAGE / "client").glob("*.py"), PACKAGE / "_auditlog.py",
-                  PACKAGE / "apps" / "audit.py", PACKAGE / "torch.py"])
+                  PACKAGE / "apps" / "audit.py", PACKAGE / "torch.py",
+                  *(PACKAGE / "server" / "_sources").glob("*.py")])
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef
 

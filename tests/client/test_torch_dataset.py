@@ -79,6 +79,7 @@ def test_a_ranked_loader_iterated_by_several_workers_is_refused_clearly() -> Non
         next(iter(DataLoader(loader, batch_size=None, num_workers=2)))
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch
 def test_a_loader_made_before_torch_was_loaded_says_what_to_use() -> None:
     code = ("import feedmux; loader = feedmux.RemoteLoader('tcp://127.0.0.1:9'); "
             "import torch.utils.data as d; print(isinstance(loader, d.IterableDataset)); "

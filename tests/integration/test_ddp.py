@@ -15,6 +15,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,25 +34,43 @@ EPOCH = 50
 EPOCHS = 3
 
 
-def run_rank(rank: int, world_size: int, address: str, control: str, folder: str) -> None:
-    """One spawned rank: join the gloo group, train EPOCHS epochs, write the ids seen."""
+#: (world_size, workers, uneven) of the gloo jobs, run one after the other by the same
+#: rank processes (sub-groups of one gloo group: three torch imports, not ten).
+CASES = [(2, 1, "pad"), (3, 2, "pad"), (3, 1, "drop"), (2, 2, "drop")]
+PROCESSES = max(world_size for world_size, _, _ in CASES)
+
+
+def run_ranks(rank: int, endpoints: list[tuple[str, str]], folder: str) -> None:
+    """One spawned process: rank ``rank`` of every case it takes part in, in turn."""
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank,
-                            world_size=world_size)
+                            world_size=PROCESSES)
     try:
-        seen = []
-        with RemoteLoader(address, control=control, rank=rank, world_size=world_size,
-                          timeout=30) as loader:
-            steps = len(loader)  # known before the first sample: the size is declared
-            for _ in range(EPOCHS):
-                ids = []
-                for sample in loader.iter_epoch():
-                    step = torch.ones(1)
-                    dist.all_reduce(step)
-                    ids.append(int(sample["id"]))
-                seen.append(ids)
-        Path(folder, f"rank{rank}.json").write_text(json.dumps({"len": steps, "epochs": seen}))
+        for case, (world_size, _, _) in enumerate(CASES):
+            group = dist.new_group(list(range(world_size)))  # (every process makes each)
+            if rank < world_size:
+                address, control = endpoints[case]
+                run_rank(rank, world_size, address, control, group, Path(folder, str(case)))
     finally:
         dist.destroy_process_group()
+
+
+def run_rank(rank: int, world_size: int, address: str, control: str, group: Any,
+             folder: Path) -> None:
+    """Train EPOCHS epochs as rank ``rank`` of ``group``, one all_reduce a step; write the
+    ids seen."""
+    seen = []
+    with RemoteLoader(address, control=control, rank=rank, world_size=world_size,
+                      timeout=30) as loader:
+        steps = len(loader)  # known before the first sample: the size is declared
+        for _ in range(EPOCHS):
+            ids = []
+            for sample in loader.iter_epoch():
+                step = torch.ones(1)
+                dist.all_reduce(step, group=group)
+                ids.append(int(sample["id"]))
+            seen.append(ids)
+    folder.mkdir(exist_ok=True)
+    (folder / f"rank{rank}.json").write_text(json.dumps({"len": steps, "epochs": seen}))
 
 
 def ranked_server(workers: int, uneven: str) -> Server:
@@ -76,22 +95,24 @@ def check_coverage(folder: Path, world_size: int, uneven: str) -> None:
             assert len(counts) == sum(counts.values()) == world_size * (EPOCH // world_size)
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize(("world_size", "workers", "uneven"),
-                         [(2, 1, "pad"), (3, 2, "pad"), (3, 1, "drop"), (2, 2, "drop")])
-def test_gloo_ranks_take_equal_steps_and_cover_each_epoch(
-    tmp_path: Path, world_size: int, workers: int, uneven: str
-) -> None:
-    server = ranked_server(workers, uneven)
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_gloo_ranks_take_equal_steps_and_cover_each_epoch(tmp_path: Path) -> None:
+    """Every case of CASES: 2 or 3 ranks, 1 or 2 workers, padded or dropped remainders."""
+    servers = [ranked_server(workers, uneven) for _, workers, uneven in CASES]
     try:
-        torch_mp.spawn(run_rank, args=(world_size, server.data_address, server.control_address,
-                                       str(tmp_path)), nprocs=world_size, join=True)
-        assert server.join(timeout=30) == 0
+        endpoints = [(server.data_address, server.control_address) for server in servers]
+        torch_mp.spawn(run_ranks, args=(endpoints, str(tmp_path)), nprocs=PROCESSES,
+                       join=True)
+        assert [server.join(timeout=30) for server in servers] == [0] * len(CASES)
     finally:
-        server.stop()
-    check_coverage(tmp_path, world_size, uneven)
+        for server in servers:
+            server.stop()
+    for case, (world_size, _, uneven) in enumerate(CASES):
+        check_coverage(tmp_path / str(case), world_size, uneven)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_torchrun_runs_the_ddp_example(tmp_path: Path) -> None:
     server = ranked_server(workers=1, uneven="pad")

@@ -195,15 +195,21 @@ def test_ranked_dataloader_workers_keep_the_ranks_order_equal_steps_and_resume(
     all_reduce). The run with workers checkpoints after 30 steps (from the samples the
     training loop was handed) and resumes on a fresh server with fresh workers: the
     rest of each rank's sequence, exactly."""
-    alone = run_ranks(serve(f"{SAMPLER}:numbered", "--epochs", "2"), tmp_path / "alone", 0)
+    first, fresh = serve(f"{SAMPLER}:numbered", "--epochs", "2"), serve(
+        f"{SAMPLER}:numbered", "--epochs", "2")
+    (tmp_path / "alone").mkdir()
+    # One pair of rank processes does both runs: first with no worker, then with 2.
+    workers = run_ranks(serve(f"{SAMPLER}:numbered", "--epochs", "2"), tmp_path / "workers", 2,
+                        "--stop-after", "30", "--resume-on", fresh.data, fresh.control,
+                        "--first-alone", first.data, first.control,
+                        str(tmp_path / "alone" / "rank{rank}.json"))
+    alone = [json.loads((tmp_path / "alone" / f"rank{rank}.json").read_text())
+             for rank in range(2)]
     for epoch in range(2):
         per_rank = [rank["epochs"][epoch] for rank in alone]
         assert len(per_rank[0]) == len(per_rank[1]) == IDS // 2
         assert sorted(per_rank[0] + per_rank[1]) == list(range(IDS))
     assert all(rank["steps"] == [IDS // 2, IDS // 2] for rank in alone)
-    fresh = serve(f"{SAMPLER}:numbered", "--epochs", "2")
-    workers = run_ranks(serve(f"{SAMPLER}:numbered", "--epochs", "2"), tmp_path / "workers", 2,
-                        "--stop-after", "30", "--resume-on", fresh.data, fresh.control)
     for rank in range(2):
         assert workers[rank]["steps"] == [30, IDS // 2 - 30, IDS // 2]
         assert [len(ids) for ids in workers[rank]["epochs"]] == [30, IDS // 2 - 30, IDS // 2]

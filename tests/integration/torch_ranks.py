@@ -8,7 +8,9 @@ stops after S steps of the first epoch, checkpoints the dataset's state (rank
 0 saves it, every rank loads it, as a restarted job would), and goes on with
 fresh DataLoader workers against the server at DATA (a fresh server with the
 same seed). It writes the ids it got per pass, and the steps of each pass
-(the largest over the ranks), as JSON.
+(the largest over the ranks), as JSON. With ``--first-alone DATA CONTROL OUT``
+it first reads two epochs of the server at DATA with no DataLoader worker and
+writes those to OUT (one process, and one torch import, for both runs).
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ def passes(dataset: RemoteDataset, workers: int, count: int, stop_after: int = 0
     return done
 
 
+def write(path: str, done: list[Any]) -> None:
+    """The ids of each pass and its steps, as JSON."""
+    with open(path, "w") as out:
+        json.dump({"epochs": [ids for ids, _ in done], "steps": [n for _, n in done]}, out)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     for name in ("data", "control", "rank", "world_size", "workers", "out", "rendezvous"):
@@ -51,11 +59,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--stop-after", type=int, default=0, help="steps, then checkpoint")
     parser.add_argument("--resume-on", nargs=2, metavar=("DATA", "CONTROL"),
                         help="the server to resume on from the checkpoint")
+    parser.add_argument("--first-alone", nargs=3, metavar=("DATA", "CONTROL", "OUT"),
+                        help="first two epochs of this server with no worker, written to "
+                        "OUT ({rank}: the rank)")
     args = parser.parse_args(argv)
     rank, world_size, workers = int(args.rank), int(args.world_size), int(args.workers)
     dist.init_process_group("gloo", init_method=f"file://{args.rendezvous}", rank=rank,
                             world_size=world_size, timeout=datetime.timedelta(seconds=120))
     options = {"rank": rank, "world_size": world_size, "timeout": 60}
+    if args.first_alone:
+        data, control, out = args.first_alone
+        write(out.format(rank=rank), passes(RemoteDataset(data, control=control, **options),
+                                            0, 2))
     dataset = RemoteDataset(args.data, control=args.control, **options)
     if not args.stop_after:
         done = passes(dataset, workers, 2)
@@ -67,8 +82,7 @@ def main(argv: list[str]) -> int:
         resumed = RemoteDataset(data, control=control, **options)
         resumed.load_state_dict(json.loads(json.dumps(checkpoint[0])))
         done += passes(resumed, workers, 2)
-    with open(args.out, "w") as out:
-        json.dump({"epochs": [ids for ids, _ in done], "steps": [n for _, n in done]}, out)
+    write(args.out, done)
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -91,14 +91,14 @@ def _core(**options: Any) -> ControlCore:
 
 
 def plain_dealer(outbox: FakeOutbox, core: ControlCore) -> Dealer:
-    carrier = Carrier(None, core, 8, lambda timeout: False, lambda: False)
+    carrier = Carrier(None, core, 8, outbox, lambda: False)  # type: ignore[arg-type]
     return Dealer(outbox, core, carrier, lambda: False,  # type: ignore[arg-type]
                   lambda name: PlainFree(core.questions.sent_to))
 
 
 def reliable_dealer(outbox: FakeOutbox, core: ControlCore) -> tuple[Dealer, ReliableLink]:
     link = ReliableLink(NoSocket(), outbox, "s")  # type: ignore[arg-type]
-    carrier = Carrier(None, core, 8, lambda timeout: False, lambda: False)
+    carrier = Carrier(None, core, 8, outbox, lambda: False)  # type: ignore[arg-type]
     dealer = Dealer(outbox, core, carrier, lambda: False,  # type: ignore[arg-type]
                     lambda name: ReliableFree(link, name), [NO_ACK], link.credits.takes)
     return dealer, link

@@ -84,7 +84,8 @@ class RankedStage:
 
     def skipped(self, epoch: int, head: Sequence[Any]) -> None:
         """The source skipped the rows of the resumed ``epoch`` before its position itself;
-        ``head`` is its first rows (at least ``world_size - 1``, or all of them)."""
+        ``head`` is its first rows, as many as the padding may repeat (``world_size - 1``,
+        or all of them when the position comes before)."""
         if self._cut is not None and epoch == self._cut.epoch:
             self._cut.cut(np.arange(len(head)), head)
 
