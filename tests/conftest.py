@@ -1,5 +1,6 @@
 """Suite-wide checks and order: no shared-memory segment of feedmux outlives its server,
-hypothesis judges no example by its time, and the long tests start first.
+no test leaves a signal handler or a blocked signal behind it, hypothesis judges no
+example by its time, and the long tests start first.
 
 Hypothesis's default deadline (200 ms an example) is a speed assertion: on a
 loaded machine it fails examples that are slow, not wrong. The suite's profile
@@ -17,9 +18,12 @@ order, so that the short tests fill the tail.
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -58,6 +62,48 @@ def no_leaked_shared_memory() -> Iterator[None]:
             break
         time.sleep(0.1)
     assert not leaked, f"shared-memory segments of servers that are gone: {leaked}"
+
+
+#: The signals whose handling a test must leave as it found it (a handler left installed
+#: made a Ctrl-C reach a stopped test's handler, not pytest's: the run went on).
+GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def signal_state() -> tuple[dict[int, Any], frozenset[int]]:
+    """The handlers of :data:`GUARDED_SIGNALS` and the signals this thread blocks."""
+    handlers = {int(signum): signal.getsignal(signum) for signum in GUARDED_SIGNALS}
+    return handlers, frozenset(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, ()))
+
+
+def signal_changes(before: tuple[Mapping[int, Any], frozenset[int]],
+                   after: tuple[Mapping[int, Any], frozenset[int]]) -> list[str]:
+    """What differs between two :func:`signal_state` readings, in words."""
+    changes = [f"{signal.Signals(signum).name} handler {before[0][signum]!r} -> {handler!r}"
+               for signum, handler in after[0].items() if handler is not before[0][signum]]
+    if after[1] != before[1]:
+        changes.append(f"blocked signals {sorted(before[1])} -> {sorted(after[1])}")
+    return changes
+
+
+def restore_signal_state(state: tuple[Mapping[int, Any], frozenset[int]]) -> None:
+    for signum, handler in state[0].items():
+        signal.signal(signum, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, state[1])
+
+
+@pytest.fixture(autouse=True)
+def restores_signal_handlers() -> Iterator[None]:
+    """Every test leaves SIGINT's and SIGTERM's handlers and the signal mask as it found
+    them: restored after it, and the test fails naming what it left."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal_state()
+    yield
+    changes = signal_changes(before, signal_state())
+    if changes:
+        restore_signal_state(before)
+        pytest.fail(f"the test left signal handling changed: {'; '.join(changes)}")
 
 
 def start_rank(item: pytest.Item) -> tuple[int, float, int]:

@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_BIND",
     "DEFAULT_HWM",
     "HEARTBEAT_INTERVAL",
+    "UNLIMITED",
     "check_port",
     "bind",
     "bound_address",
@@ -45,6 +46,8 @@ DEFAULT_BIND = "tcp://127.0.0.1:5555"
 #: Messages queued per peer on each side. With transport batching one message holds
 #: up to a few MiB, so this bounds the memory a stalled trainer can pin on the server.
 DEFAULT_HWM = 8
+#: A receive limit of none (libzmq's 0): for sockets whose peer bounds what it sends.
+UNLIMITED = 0
 #: Seconds between application heartbeats (trainer -> server) and between ZMTP pings.
 HEARTBEAT_INTERVAL = 1.0
 
@@ -148,6 +151,7 @@ def make_socket(
     kind: int,
     *,
     hwm: int = DEFAULT_HWM,
+    rcvhwm: int | None = None,
     max_message_bytes: int = -1,
     heartbeats: bool = True,
     security: Any = None,
@@ -156,12 +160,16 @@ def make_socket(
 
     ``heartbeats`` turns on ZMTP heartbeats, which make a frozen peer (e.g.
     SIGSTOP) visible as a dropped connection instead of a silent stall. Use
-    them on control sockets only: on a socket whose receive queue fills up
-    (a data socket under back-pressure) libzmq 4.3 stops reading the
-    connection, misses the peer's pings, drops a healthy connection with its
-    queued messages, and can then abort on an assertion (``_input_stopped``,
-    libzmq issue 3937). Every socket gets TCP keepalive instead, which the
-    kernel answers whatever the queues hold. ``max_message_bytes`` caps what a
+    them only where the receive queue cannot fill: on a socket whose receive
+    queue fills up (a data socket under back-pressure, a trainer in a long
+    step that reads nothing) libzmq 4.3 stops reading the connection, misses
+    the peer's pings, drops a healthy connection with its queued messages, and
+    can then abort on an assertion (``_input_stopped``, libzmq issue 3937).
+    A trainer's sockets with heartbeats therefore take ``rcvhwm=UNLIMITED``
+    (the default is ``hwm``), each bounded instead by what its server sends
+    unasked (credit, answers, a heartbeat a second). Every socket gets TCP
+    keepalive too, which the kernel answers whatever the queues hold.
+    ``max_message_bytes`` caps what a
     receiving socket accepts before any of it reaches Python. ``security`` (a
     ``ServerCurve`` or ``ClientCurve``) turns on CURVE before the socket binds
     or connects.
@@ -169,7 +177,7 @@ def make_socket(
     socket: zmq.Socket[Any] = context.socket(kind)
     socket.linger = 0
     socket.sndhwm = hwm
-    socket.rcvhwm = hwm
+    socket.rcvhwm = hwm if rcvhwm is None else rcvhwm
     if max_message_bytes > 0:
         socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     if heartbeats:

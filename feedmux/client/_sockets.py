@@ -15,7 +15,7 @@ from typing import Any
 import zmq
 
 from feedmux._plumbing.curve import ClientCurve
-from feedmux._plumbing.sockets import CONTROL_FRAME_BYTES, make_socket
+from feedmux._plumbing.sockets import CONTROL_FRAME_BYTES, UNLIMITED, make_socket
 from feedmux.client._link import ServerLinks
 
 __all__ = ["close_sockets", "open_sockets"]
@@ -38,10 +38,11 @@ def open_sockets(
     reliable mode (its holder gets the rank's messages).
     """
     if reliable:
-        # Credit keeps these queues below their limit, so heartbeats are safe here.
+        # With ZMTP heartbeats a receive queue must never fill (see make_socket): no limit
+        # here, credit bounds the data and the server what it sends besides.
         targets = [
-            make_socket(context, zmq.DEALER, hwm=hwm + 16, max_message_bytes=max_message_bytes,
-                        security=security)
+            make_socket(context, zmq.DEALER, hwm=hwm + 16, rcvhwm=UNLIMITED,
+                        max_message_bytes=max_message_bytes, security=security)
             for _ in links.links
         ]
         if links.rank >= 0:
@@ -55,8 +56,8 @@ def open_sockets(
             socket.setsockopt(zmq.ROUTING_ID, client_id.encode())
             targets.append(socket)
     control = [
-        make_socket(context, zmq.DEALER, hwm=100, max_message_bytes=CONTROL_FRAME_BYTES,
-                    security=security)
+        make_socket(context, zmq.DEALER, hwm=100, rcvhwm=UNLIMITED,
+                    max_message_bytes=CONTROL_FRAME_BYTES, security=security)
         for _ in links.links
     ]
     for target, control_socket, link in zip(targets, control, links.links, strict=True):

@@ -34,7 +34,7 @@ from feedmux._plumbing.sockets import (
     send_message,
 )
 from feedmux.errors import ProtocolError
-from feedmux.protocol import CONTROL_LIMITS, Ack, Error, decode
+from feedmux.protocol import CONTROL_LIMITS, Ack, Error, Heartbeat, decode
 from feedmux.server._control.core import ControlCore, Phase, Sends, Stat
 from feedmux.server._control.meters import ControlMeter, SamplerMeter, sampler_stats
 from feedmux.server._control.metrics import MetricsEndpoint
@@ -243,6 +243,8 @@ class SocketShell:
                 if self.reliable is not None:  # a free trainer's hand-out mark: no answer
                     self.reliable.credits.record_mark(message)
                 continue
+            if isinstance(message, Heartbeat) and self.reliable is not None:
+                self.reliable.reading(message.sender_id)  # its loader reads: summaries again
             self.deliver(core.receive(identity, message, time.monotonic()))
         self.control_meter.add(received, time.thread_time() - cpu_started)
         if self.fanout is None and core.tables.grouped:

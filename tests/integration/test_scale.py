@@ -92,7 +92,8 @@ def test_256_free_reliable_trainers_hand_out_every_sample_once_per_epoch(
                           streams=8, per_stream=epoch // 8)
     job = Job(server.data_address, server.control_address, trainers, ranked=False,
               reliable=True, epochs=EPOCHS, timeout=120, folder=str(tmp_path))
-    records = run_to_the_end(server, job)
+    # feedmux stats (every page) and top's view with 256 trainers connected, while they read.
+    records = run_to_the_end(server, job, lambda: stats_at_scale(job.control, trainers, False))
     for number in range(1, EPOCHS + 1):
         handed = [i for record in records for i in record.epochs.get(number, [])]
         assert sorted(handed) == list(range(epoch)), f"epoch {number}: not every sample once"

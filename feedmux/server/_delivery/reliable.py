@@ -21,8 +21,20 @@ that thread acknowledges the rest of them within a few ms (an ``Ack`` with no
 position): one acknowledgement per message would wake both ends' I/O threads
 for every message.
 
-With credit, a trainer's receive queue never fills up, which is what makes
-ZMTP heartbeats safe on this data socket (see ``make_socket``).
+The server also sends outside credit on this socket: a heartbeat every
+:data:`~feedmux._plumbing.sockets.HEARTBEAT_INTERVAL` (its send finds a trainer
+whose connection dropped) and a summary of the hand-outs up to every
+:data:`SUMMARY_INTERVAL`. A trainer in a long step reads none of them, so they
+must never fill its receive queue: a full queue with ZMTP heartbeats makes
+libzmq stop reading the connection, drop it, and can abort the trainer (see
+``make_socket``). The trainer's reliable data socket therefore has no receive
+limit (credit bounds the data), and the server bounds what it sends outside
+credit to a trainer that shows no sign of reading: at most
+:data:`SUMMARY_BACKLOG` summaries since its last credit, acknowledgement or
+control heartbeat (the summaries it misses meanwhile are worth nothing: it gets
+the newest one once it reads again), and one heartbeat a second, which keeps
+finding it if it dies (under 100 bytes each: a trainer that reads nothing for
+an hour holds well under 1 MiB of them).
 
 Every message on the reliable data socket, server to trainer, starts with the
 envelope of :mod:`feedmux.protocol` (:func:`~feedmux.protocol.pack_envelope`):
@@ -68,7 +80,8 @@ from feedmux.server._control.meters import ControlMeter
 from feedmux.server._delivery.ledger import Entry, Ledger, Recovery, handed_below
 from feedmux.server._delivery.outbox import GONE, Outbox, Wait
 
-__all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "NO_ACK", "SUMMARY_INTERVAL", "Credits",
+__all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "NO_ACK", "SUMMARY_BACKLOG", "SUMMARY_INTERVAL",
+           "Credits",
            "HandOutSummary", "ReliableFree", "ReliableLink"]
 
 log = logging.getLogger("feedmux.server")
@@ -85,6 +98,12 @@ MAX_UNACKED_BYTES = 512 * 1024 * 1024
 #: summary changes): what a trainer that left or died held, dealt after the last summary
 #: the others read, is lost if the server dies then too (docs/resume.md).
 SUMMARY_INTERVAL = 0.25
+#: Most summaries sent to a trainer since it last showed it reads (a credit or an
+#: acknowledgement on the data socket, a heartbeat from its loader over control): a
+#: reading trainer shows it every second or so (four summaries at most meanwhile), one
+#: in a long step is sent no more until it reads again. Each is a few hundred bytes
+#: (up to ~25 KiB with ``MAX_SUMMARY_RUNS`` runs): what a paused trainer holds of them.
+SUMMARY_BACKLOG = 16
 
 #: The envelope of messages that want no acknowledgement by sequence number (heartbeats,
 #: end of stream, a rank's data: its hand-out marks release it).
@@ -319,6 +338,14 @@ class ReliableLink:
         if identity in self.credits.peers:
             self.read_marks()
         self.credits.lose(identity)
+        self.summary.forget(identity)
+
+    def reading(self, client_id: str) -> None:
+        """The loader of trainer ``client_id`` is reading (its heartbeat over control came):
+        it may be sent summaries again."""
+        for identity, peer in list(self.credits.peers.items()):
+            if peer.client_id == client_id:
+                self.summary.read(identity)
 
     def serve(self) -> None:
         """Take in every credit and acknowledgement waiting on the socket."""
@@ -337,7 +364,9 @@ class ReliableLink:
                 peer_log.log(logging.WARNING, "malformed",
                              "malformed message on the reliable data socket: %s", error)
                 continue
-            self.credits.take(parts[0].bytes, message)
+            identity = parts[0].bytes
+            self.credits.take(identity, message)
+            self.summary.read(identity)
         self.meter.add(received, time.thread_time() - cpu_started)
 
     def turn(self) -> None:
@@ -377,14 +406,20 @@ class ReliableLink:
                 self.lose(identity)
 
     def summarize(self) -> None:
-        """Every :data:`SUMMARY_INTERVAL`, tell every trainer what all the free trainers
-        handed out (:func:`~feedmux.server._delivery.ledger.handed_below`), when it changed."""
-        beat = self.summary.due(time.monotonic(), self.credits.ledger, self.server_id)
-        if beat is None:
+        """Every :data:`SUMMARY_INTERVAL`, tell each trainer what all the free trainers
+        handed out (:func:`~feedmux.server._delivery.ledger.handed_below`) when it has not
+        been told that yet and is not :data:`SUMMARY_BACKLOG` summaries behind."""
+        summary = self.summary
+        frames = summary.due(time.monotonic(), self.credits.ledger, self.server_id)
+        if frames is None:
             return
         for identity in list(self.credits.peers):
-            if self.outbox.send(identity, beat) is GONE:
+            if not summary.wants(identity):
+                continue
+            if self.outbox.send(identity, frames) is GONE:
                 self.lose(identity)
+            else:
+                summary.sent(identity)
 
     def broadcast(self, message: Message) -> None:
         frames = [NO_ACK, *encode(message)]
@@ -393,31 +428,69 @@ class ReliableLink:
 
 
 class HandOutSummary:
-    """When a reliable server tells its trainers the summary of what they handed out.
+    """When a reliable server tells each of its trainers the summary of what they
+    handed out.
 
     A trainer that outlives the server gives the last one it read to the
     restarted process, which deals again exactly what it lists as not handed
     out: what was in flight to a live trainer, or held by one that left,
     below the live trainers' latest hand-outs (docs/resume.md). ``newest`` is
     the newest message dealt (its frames: their tags are read only here).
-    Pure: ``now`` is passed in; at most one summary every
-    :data:`SUMMARY_INTERVAL`, and none that says what the last one said.
+    Pure: ``now`` is passed in. At most one summary every
+    :data:`SUMMARY_INTERVAL`; a trainer is not told what it was told last, nor
+    anything once it is :data:`SUMMARY_BACKLOG` summaries behind (it has not
+    shown it reads since), until it reads: then it gets the newest one, so every
+    live trainer ends up with the newest summary.
+
+    >>> summary = HandOutSummary()
+    >>> for _ in range(SUMMARY_BACKLOG):
+    ...     summary.sent(b"t")
+    >>> summary.current = (1, 8)
+    >>> summary.wants(b"t"), summary.wants(b"u")
+    (False, True)
+    >>> summary.read(b"t")
+    >>> summary.wants(b"t")
+    True
     """
 
     def __init__(self) -> None:
         self.newest: Sequence[Any] | None = None
+        #: The newest summary (empty before anything was dealt).
+        self.current: tuple[int, ...] = ()
         self._last = float("-inf")
-        self._said: tuple[int, ...] = ()
+        #: What each trainer was told last, and how many summaries it was sent since it
+        #: last showed it reads.
+        self._told: dict[bytes, tuple[int, ...]] = {}
+        self._unread: dict[bytes, int] = {}
 
     def due(self, now: float, ledger: Ledger, server_id: str) -> list[Any] | None:
-        """The heartbeat frames to send every trainer now, or None."""
+        """The heartbeat frames of the newest summary, to send the trainers that
+        :meth:`wants` it, or None when none is due."""
         if self.newest is None or now - self._last < SUMMARY_INTERVAL:
             return None
         self._last = now
         tags = read_tags(self.newest)
         newest = (int(tags[-1, 0]), int(tags[-1, 1]) + 1) if len(tags) else None
-        summary = handed_below(newest, ledger.outstanding())
-        if not summary or summary == self._said:
+        self.current = handed_below(newest, ledger.outstanding())
+        if not self.current:
             return None
-        self._said = summary
-        return [NO_ACK, *encode(Heartbeat(sender_id=server_id, handed_below=summary))]
+        return [NO_ACK, *encode(Heartbeat(sender_id=server_id, handed_below=self.current))]
+
+    def wants(self, identity: bytes) -> bool:
+        """Whether trainer ``identity`` is to be sent the newest summary now."""
+        return (self._told.get(identity) != self.current
+                and self._unread.get(identity, 0) < SUMMARY_BACKLOG)
+
+    def sent(self, identity: bytes) -> None:
+        """The newest summary went to ``identity``."""
+        self._told[identity] = self.current
+        self._unread[identity] = self._unread.get(identity, 0) + 1
+
+    def read(self, identity: bytes) -> None:
+        """``identity`` showed it reads: what was sent before is out of its queue."""
+        self._unread.pop(identity, None)
+
+    def forget(self, identity: bytes) -> None:
+        """``identity`` is gone."""
+        self._told.pop(identity, None)
+        self._unread.pop(identity, None)

@@ -1,0 +1,35 @@
+"""A loader's sockets: ZMTP heartbeats only where the receive queue cannot fill."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import zmq
+
+from feedmux._plumbing.sockets import UNLIMITED
+from feedmux.client._link import ServerLinks
+from feedmux.client._sockets import close_sockets, open_sockets
+
+
+def beats(socket: zmq.Socket[object]) -> bool:
+    return bool(socket.getsockopt(zmq.HEARTBEAT_IVL))
+
+
+@pytest.mark.parametrize("reliable", [False, True])
+def test_heartbeats_go_only_on_sockets_whose_receive_queue_has_no_limit(reliable: bool) -> None:
+    # Nothing listens there: a connect is asynchronous, nothing is sent.
+    links = ServerLinks(["tcp://127.0.0.1:9"], ["tcp://127.0.0.1:10"], client_id="t",
+                        world_size=1, reliable=reliable, timeout=5.0, heartbeat_interval=1.0)
+    context: zmq.Context[object] = zmq.Context()
+    data, control = open_sockets(context, links, client_id="t", reliable=reliable, hwm=4,
+                                 max_message_bytes=-1, security=None)
+    try:
+        # Plain data queues fill under back-pressure: they must not beat.
+        assert [beats(socket) for socket in data] == [reliable]
+        assert [beats(socket) for socket in control] == [True]
+        for socket in (*data, *control):
+            if beats(socket):  # a full queue stops libzmq reading: pings missed, an abort
+                assert socket.rcvhwm == UNLIMITED
+    finally:
+        close_sockets(os.getpid(), context, [*data, *control])
