@@ -21,6 +21,7 @@ from typing import Any
 import ray
 
 from feedmux.client.remote import fetch_stats
+from feedmux.errors import TransportTimeoutError
 from feedmux.sampling.epochs import shard
 from feedmux.server.factory import resolve_source
 from feedmux.server.server import Server
@@ -112,8 +113,18 @@ class SamplerServer:
             "data_address": self.data_address, "control_address": self.control_address,
             "server_id": self.server.config.server_id, "exit_code": self.exit_code,
         }
-        if self.exit_code is None:
-            values.update(fetch_stats(self.control_address, timeout=timeout))
+        if self._thread.is_alive():
+            try:
+                values.update(fetch_stats(self.control_address, timeout=timeout))
+                return values
+            except TransportTimeoutError:
+                # It may have ended (its last epoch done) while we asked: then its last
+                # figures are here; a server still serving that does not answer is an error.
+                self._thread.join(timeout)
+                if self._thread.is_alive():
+                    raise
+        values["exit_code"] = self.exit_code
+        values.update(self.server.final_stats or {})
         return values
 
     def stop(self, timeout: float = 10.0) -> int | None:

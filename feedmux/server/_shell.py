@@ -85,6 +85,8 @@ class SocketShell:
         self.meters = [SamplerMeter()]
         #: More figures for the statistics (the worker pool's liveness, the shm pool's use).
         self.extra_stats: list[Callable[[], dict[str, Stat]]] = []
+        #: The statistics taken as the sockets closed (None while they are open).
+        self.last_stats: dict[str, Stat] | None = None
         self.core = ControlCore(config, time.monotonic(), os.getpid(), self._extra_stats)
         #: The same-host shared-memory pool free trainers on this host read large arrays from.
         self.pool = shm(config)  # opened before the workers forked, if there are workers
@@ -331,6 +333,9 @@ class SocketShell:
         self.control.linger = 1000
 
     def close(self) -> None:
+        # The figures as the server stopped: whoever asks after its control socket has
+        # closed (a fleet actor, the process that ran it) still gets them.
+        self.last_stats = self.core.stats(time.monotonic())
         try:
             if self.metrics is not None:
                 self.metrics.close()

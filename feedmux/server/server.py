@@ -212,6 +212,16 @@ class Server:
         self._addresses()
         return self._metrics_address or None
 
+    @property
+    def final_stats(self) -> dict[str, Any] | None:
+        """The server's statistics as it stopped serving, in the process that ran it.
+
+        None while it serves, and when it never opened its sockets. A server that
+        ended on its own (the last epoch done) no longer answers ``fetch_stats``;
+        this is what it would have said last.
+        """
+        return None if self._endpoints is None else self._endpoints.last_stats
+
     def _addresses(self) -> tuple[str, str]:
         if self._bound is None:
             raise RuntimeError("this server has not bound its endpoints yet: start() or run() it")

@@ -10,6 +10,7 @@ import ray
 
 from feedmux import RemoteLoader
 from feedmux.ray import SamplerFleet
+from tests.integration.conftest import wait_until
 from tests.ray.conftest import exhaustive_source, read_all
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
@@ -33,6 +34,10 @@ def test_two_servers_two_ranked_trainers_three_exact_epochs(cluster: object) -> 
         loaders = [fleet.loader(rank=rank, world_size=2, with_meta=True, timeout=60)
                    for rank in range(2)]
         ranks = ray.get([read_all.remote(loader) for loader in loaders], timeout=180)
+        # The servers end on their own after the last epoch; asked after that (or while
+        # they end), each still reports its figures: the ones it had as it stopped.
+        wait_until(lambda: all(s["exit_code"] is not None for s in fleet.stats()), 60,
+                   "both fleet servers to end after their last epoch")
         stats = fleet.stats()
     # Every rank takes the same number of steps (DDP would not hang) ...
     assert len(ranks[0]) == len(ranks[1]) == EPOCHS * STREAMERS * ITEMS // 2

@@ -103,6 +103,14 @@ def test_run_in_this_process_sets_the_addresses(caplog: pytest.LogCaptureFixture
     assert not thread.is_alive()
     assert outcome == [0]
     assert f"data {data}, control {control}," in caplog.text
+    # Ended on its own, it no longer answers on its control socket; its last figures stay.
+    final = server.final_stats
+    assert final is not None and final["server_id"] == server.config.server_id
+    assert final["workers"] == 1 and final["epochs_completed"] == 1
+
+
+def test_final_stats_are_none_before_the_server_ran() -> None:
+    assert feedmux.Server(numbers(1)).final_stats is None
 
 
 def test_a_zmq_socket_reads_its_port_back() -> None:
