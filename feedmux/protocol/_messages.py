@@ -31,6 +31,7 @@ __all__ = [
     "Hello",
     "Kind",
     "Message",
+    "Scale",
     "ShmAttach",
     "ShmOffer",
     "Stats",
@@ -64,6 +65,7 @@ class Kind(enum.IntEnum):
     ACK = 12
     SHM_OFFER = 13
     SHM_ATTACH = 14
+    SCALE = 15
 
 
 @dataclass(frozen=True, eq=False, init=False)
@@ -306,6 +308,15 @@ class ShmAttach:
     client_id: str = ""
 
 
+@dataclass(frozen=True)
+class Scale:
+    """Ask a server to run ``workers`` sampling workers from now on (``feedmux scale``);
+    0 hands the count back to ``--workers auto``. Answered with :class:`Stats`."""
+
+    workers: int
+    client_id: str = ""
+
+
 Message: TypeAlias = Union[  # noqa: UP007 - a runtime alias must work on Python 3.10
     Data,
     Hello,
@@ -321,4 +332,5 @@ Message: TypeAlias = Union[  # noqa: UP007 - a runtime alias must work on Python
     Ack,
     ShmOffer,
     ShmAttach,
+    Scale,
 ]

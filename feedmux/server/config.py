@@ -22,6 +22,7 @@ from feedmux._plumbing.shm import DEFAULT_SHM_SIZE
 from feedmux._plumbing.sockets import DEFAULT_BIND, DEFAULT_HWM, control_address_for
 from feedmux.errors import ConfigurationError
 from feedmux.server._delivery.groups import DEFAULT_GROUP_BUFFER, JOIN_MODES, parse_group_buffer
+from feedmux.server._sources.autoscale import WorkerRange, parse_workers
 from feedmux.server._sources.policy import BatchPolicy
 from feedmux.server.factory import Source
 
@@ -116,7 +117,10 @@ class ServerConfig:
     factory_kwargs: Mapping[str, Any] = field(default_factory=dict)
     bind: str = DEFAULT_BIND
     control: str | None = None
-    workers: int = 1
+    # N, or "auto" / "auto:MAX" / "auto:MIN-MAX" (docs/autoscale.md).
+    workers: int | str = 1
+    # The run's shards (docs/autoscale.md); None: chosen from the source.
+    shards: int | None = None
     epochs: int | None = None
     epoch_size: int | None = None
     hwm: int = DEFAULT_HWM
@@ -147,12 +151,21 @@ class ServerConfig:
     shm: bool = True
     shm_size: int = DEFAULT_SHM_SIZE
 
+    @property
+    def worker_range(self) -> WorkerRange:
+        """The workers option parsed: a fixed count, or auto between a minimum and a maximum."""
+        return parse_workers(self.workers)
+
     def __post_init__(self) -> None:
         def require(ok: bool, what: str, value: object) -> None:
             if not ok:
                 raise ConfigurationError(f"expected {what}, got {value!r}")
 
-        require(self.workers >= 1, "workers >= 1", self.workers)
+        try:
+            parse_workers(self.workers)
+        except ValueError as error:
+            raise ConfigurationError(str(error)) from None
+        require(self.shards is None or self.shards >= 1, "shards None or >= 1", self.shards)
         require(self.epochs is None or self.epochs >= 1, "epochs None or >= 1", self.epochs)
         require(self.epoch_size is None or self.epoch_size >= 1, "epoch_size >= 1", self.epoch_size)
         require(self.hwm >= 1, "hwm >= 1", self.hwm)
