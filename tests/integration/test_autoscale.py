@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from feedmux.client._endpoints import request_scale
 from feedmux.client.remote import RemoteLoader, fetch_stats
 from feedmux.errors import TransportTimeoutError
 from tests.integration import test_resume as resume
-from tests.integration.conftest import CheckedThread
+from tests.integration.conftest import CheckedThread, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -50,10 +51,11 @@ def sequence(serve: Any, epochs: int, *args: str) -> tuple[list[Record], str]:
     return records, server.stderr
 
 
-def test_the_same_seed_gives_the_same_sequence_with_1_2_3_and_5_workers(serve: Any) -> None:
+def test_the_same_seed_gives_the_same_sequence_with_1_2_3_5_and_auto_workers(
+        serve: Any) -> None:
     one, log = sequence(serve, 3, "--workers", "1")
     assert re.search(r"6 shard\(s\) \(12 streamers, at least 2 per shard", log), log
-    for workers in (3, 2, 5):
+    for workers in ("3", "2", "5", "auto:1-6"):
         other, _ = sequence(serve, 3, "--workers", str(workers))
         assert other == one, f"--workers {workers} gave another sequence than --workers 1"
     orders = [[record[2] for record in one if record[0] == epoch] for epoch in (1, 2, 3)]
@@ -204,3 +206,35 @@ def test_a_job_checkpointed_with_3_workers_resumes_exactly_with_1(
         assert server.wait(timeout=30) == 0
     finally:
         job.close()
+
+
+def test_auto_adds_workers_to_a_sampler_that_waits_on_storage(serve: Any) -> None:
+    # 3 ms of waiting a sample, little CPU: one worker cannot keep a trainer fed.
+    server = serve(NUMBERED, "--arg", "streams=12", "--arg", "per_stream=2000", "--arg",
+                   "delay=0.003", "--workers", "auto:1-4", "--seed", "1")
+    trainer = CheckedThread(count_for, server, 60.0, lambda: grown(server))
+    text = server.wait_for_stderr(lambda log: "workers 1 -> 2: " in log, 60, "a first growth")
+    assert re.search(r"workers 1 -> 2: the data path never waited for trainers of the last "
+                     r"1 s, workers busy \d+%", text), text
+    wait_until(lambda: grown(server), 60, "a second worker in the statistics")
+    assert trainer.join(90) > 0
+    server.kill()
+
+
+def grown(server: Any) -> bool:
+    stats = fetch_stats(server.control, timeout=5)
+    return bool(stats["workers"] >= 2 and stats["worker_changes"] >= 1
+                and stats["workers_auto"] == 1)
+
+
+def count_for(server: Any, seconds: float, done: Any) -> int:
+    """Samples a trainer takes until ``done()`` (checked every 200 samples), at most
+    ``seconds``."""
+    taken = 0
+    deadline = time.monotonic() + seconds
+    with RemoteLoader(server.data, control=server.control, timeout=30) as loader:
+        for _ in loader:
+            taken += 1
+            if taken % 200 == 0 and (done() or time.monotonic() > deadline):
+                return taken
+    return taken

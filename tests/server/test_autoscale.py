@@ -56,9 +56,9 @@ def cpu_bound(cpus: int) -> Callable[[float, int], float]:
 def test_an_io_bound_sampler_grows_until_it_meets_the_trainers_and_stops() -> None:
     scaler = Autoscaler(1, 16, cpus=2)
     trace, changes = run(scaler, io_bound, demand=4000.0, seconds=60)
-    assert trace[-1][1] == 8, changes  # 8 x 500/s meets 4000/s
-    assert all(change.target > 0 for change in changes)
-    assert max(count for _, count in trace) <= 9
+    assert trace[-1][1] in (8, 9), changes  # 8 x 500/s meets 4000/s
+    assert [change.target for change in changes] == [2, 3, 4, 6, 9]  # by half the count
+    assert min(now for now, count in trace if count == 9) <= 15.0
     assert "trainers waited" in changes[0].reason and "workers busy" in changes[0].reason
 
 
@@ -111,10 +111,11 @@ def test_a_sampler_that_becomes_four_times_slower_is_followed() -> None:
         return 500.0 * count if now < 40 else 125.0 * count
 
     scaler = Autoscaler(1, 16, cpus=2)
-    trace, changes = run(scaler, slowing, demand=1000.0, seconds=40 + CEILING_SECONDS + 40)
+    trace, changes = run(scaler, slowing, demand=1000.0, seconds=40 + CEILING_SECONDS)
     at = dict(trace)
     assert at[39.0] == 2
-    assert trace[-1][1] == 8, changes
+    assert trace[-1][1] >= 8, changes
+    assert min(now for now, count in trace if now > 40 and count >= 8) <= 40 + 15.0
 
 
 def test_a_trace_of_single_windows_changes_nothing() -> None:

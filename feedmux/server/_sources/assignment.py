@@ -151,12 +151,15 @@ class ShardLedger:
         #: Where new tickets come from: one count for every run of a server, so a ticket
         #: is never given twice (an earlier run's messages may still be on their way).
         self._new_tickets = itertools.count(1) if tickets is None else tickets
+        #: Shards assigned whose new owner has sent nothing yet (it replays up to its start).
+        self.settling: set[int] = set()
 
     def assign(self, shard: int, epoch: int, position: int) -> int:
         """A new ticket for ``shard``, whose new owner starts at (``epoch``, ``position``)."""
         ticket = next(self._new_tickets)
         self.tickets[shard] = ticket
         self._epoch[shard], self._taken[shard] = epoch, position
+        self.settling.add(shard)
         return ticket
 
     def resume_point(self, shard: int) -> tuple[int, int]:
@@ -173,6 +176,7 @@ class ShardLedger:
                 f"{self._taken[shard]}, got epoch {epoch} position {start}"
             )
         self._taken[shard] += count
+        self.settling.discard(shard)
         return True
 
     def take_end(self, shard: int, ticket: int, epoch: int) -> bool:
@@ -184,4 +188,5 @@ class ShardLedger:
                                f"got the end of epoch {epoch}")
         self._epoch[shard] += 1
         self._taken[shard] = 0
+        self.settling.discard(shard)
         return True

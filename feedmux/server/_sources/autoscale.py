@@ -4,10 +4,10 @@
 measured over it: the workers' busy fraction, how long the data path waited for
 trainers, the samples it sent, the trainers' own wait fraction when they report
 it) and the time, and returns a :class:`Change` (a target count and its reason) or
-None. It grows while the sampling is the bottleneck (the workers are busy and the
-trainers wait, or the data path never waits for them), keeps the rate each count
-gave, and stops growing when one more worker did not raise the rate by
-:data:`MIN_GAIN` (then steps back and holds that ceiling for
+None. It grows (by half the count, at least one) while the sampling is the
+bottleneck (the workers are busy and the trainers wait, or the data path never
+waits for them), keeps a growth only if it raised the rate by :data:`MIN_GAIN`
+(else steps back and holds that ceiling for
 :data:`CEILING_SECONDS`, so a CPU-bound sampler never runs more workers than help
 it); it shrinks when the trainers are the bottleneck (the data path waits for
 them) and one worker fewer would still keep up. Hysteresis: a condition must hold
@@ -127,6 +127,8 @@ class Autoscaler:
     >>> flat = Signals(workers=3, busy=0.95, blocked=0.0, rate=198.0, trainer_wait=0.3)
     >>> scaler.observe(4.0, flat), scaler.observe(5.0, flat)
     (None, Change(target=2, reason='3 workers gave 198/s, 2 gave 195/s: back to 2'))
+    >>> scaler.observe(6.0, faster), scaler.observe(7.0, faster)  # 3 is the ceiling now
+    (None, None)
     """
 
     def __init__(self, minimum: int, maximum: int, cpus: int | None = None,
@@ -162,7 +164,11 @@ class Autoscaler:
         self._streak = (wish, streak)
         if not wish or streak < self.patience or now - self._last_change < self.min_interval:
             return None
-        target = max(self.minimum, min(self.maximum, count + 1 if wish == "grow" else count - 1))
+        # Growth is by half the count (1, 2, 3, 4, 6, 9, 13, ...): a sampler that waits on
+        # storage needs many workers soon; a growth that did not pay goes back whole.
+        step = {"grow": max(1, count // 2), "shrink": -1,
+                "back": (self._before[0] if self._before else count - 1) - count}[wish]
+        target = max(self.minimum, min(self.maximum, count + step))
         if target == count:
             return None
         if wish == "back":
@@ -178,11 +184,11 @@ class Autoscaler:
         count = signals.workers
         if count > self.maximum:
             return "shrink", f"{count} workers is above the maximum {self.maximum}"
-        if self._before is not None and self._before[0] == count - 1 and (
+        if self._before is not None and self._before[0] < count and (
                 self.best < self._before[1] * (1 + MIN_GAIN)):
-            below = self._before[1]
+            fewer, below = self._before
             return "back", (f"{count} workers gave {self.best:.0f}/s, "
-                            f"{count - 1} gave {below:.0f}/s: back to {count - 1}")
+                            f"{fewer} gave {below:.0f}/s: back to {fewer}")
         waited = signals.trainer_wait
         starved = signals.blocked < 0.05 and (waited is None or waited >= self.grow_wait)
         if starved and signals.busy >= self.grow_busy:

@@ -90,6 +90,9 @@ class WorkerScaling:
         """Measure the window ending at ``now``; with auto, change the count if it says so."""
         if self.autoscaler is None or self.forced is not None:
             return
+        if ledger.settling:  # moved shards still replaying: their rate is no measure yet
+            self._mark = None
+            return
         active = self.pool.active
         busy = sum(self.pool.meters[slot].busy_seconds for slot in active)
         cpu = sum(_cpu_seconds(self.pool.processes[slot].pid) for slot in active)

@@ -60,7 +60,7 @@ def choose_shards(streamer: Any, requested: int | None = None) -> tuple[list[Any
     """The shards of a run and why that many, for the log.
 
     ``requested`` (the ``shards`` option) wins. Otherwise a mux over ``K``
-    streamers that splits by streamers gets ``min(K // max(2, n_active), DEFAULT_SHARDS)``
+    streamers that splits by streamers gets ``min(K // 2, DEFAULT_SHARDS)``
     (fewer when a shard would hold only zero-weight streamers); anything else
     gets one, because it splits only by items, and every shard of such a split
     draws the whole source (asked with ``shards=N``, N processes can share it, at
@@ -84,9 +84,9 @@ def choose_shards(streamer: Any, requested: int | None = None) -> tuple[list[Any
     mux = _mux_of(streamer)
     if not isinstance(mux, BaseMux) or mux._shard(0, 1) is None:
         return [streamer], "the source splits only by items (shards=N splits it N ways)"
-    # Each shard keeps at least two streamers (and its mux's n_active), so that it still
-    # mixes its streams as the mux would; the shards themselves take turns in blocks.
-    per_shard = max(2, int(getattr(mux, "n_active", 0) or 0))
+    # Each shard keeps at least two streamers, so that it still mixes streams as the mux
+    # does (n_active clamped in each shard); the shards themselves take turns in blocks.
+    per_shard = 2
     count = max(1, min(len(mux.streamers) // per_shard, DEFAULT_SHARDS))
     why = (f"{len(mux.streamers)} streamers, at least {per_shard} per shard, at most "
            f"{DEFAULT_SHARDS} shards")

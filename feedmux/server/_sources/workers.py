@@ -54,6 +54,8 @@ __all__ = ["WorkerPool"]
 
 log = logging.getLogger("feedmux.server")
 
+#: How often a worker that runs no shard looks at the assignment (the latency of a growth).
+PARKED_POLL = 0.05
 #: How long a stopping pool waits for its workers before it kills them.
 WORKER_STOP_TIMEOUT = 2.0
 
@@ -313,7 +315,7 @@ def _worker_main(
                             (epoch, position), block, drawn)
             runner = next_runner(runners.values(), released.value)
             if runner is None:  # nothing to draw until a release or an assignment
-                time.sleep(0.002 if runners else 0.01)
+                time.sleep(0.002 if runners else PARKED_POLL)
                 continue
             runner.step(send, meter)
     except Exception as error:
