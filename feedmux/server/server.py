@@ -50,6 +50,7 @@ from feedmux.server._launch import (
     watch_parent,
 )
 from feedmux.server._shell import SocketShell
+from feedmux.server._sources.autoscale import usable_cpus
 from feedmux.server._sources.forward import forward, ranked_dealer
 from feedmux.server._sources.merge import merge_block
 from feedmux.server._sources.producer import produce
@@ -287,7 +288,10 @@ class Server:
         block = merge_block(config.samples_per_message, config.hwm)
         self.config = config = replace(config, seed=seed)
         try:
-            parts, why = choose_shards(streamer, config.shards)
+            # A source that splits only by items: a shard per worker it may run (auto: at
+            # most the usable CPUs, since every such shard draws the whole source).
+            item_split = min(workers.maximum, usable_cpus()) if workers.auto else workers.maximum
+            parts, why = choose_shards(streamer, config.shards, item_split)
         except SamplingError as error:
             problem = f"cannot shard the streamer: {error}"
             log.error("%s", problem)

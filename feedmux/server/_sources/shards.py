@@ -56,15 +56,18 @@ def _mux_of(streamer: Any) -> Any:
     return streamer
 
 
-def choose_shards(streamer: Any, requested: int | None = None) -> tuple[list[Any], str]:
+def choose_shards(streamer: Any, requested: int | None = None,
+                  item_split: int = 1) -> tuple[list[Any], str]:
     """The shards of a run and why that many, for the log.
 
     ``requested`` (the ``shards`` option) wins. Otherwise a mux over ``K``
-    streamers that splits by streamers gets ``min(K // 2, DEFAULT_SHARDS)``
+    streamers that splits by streamers gets ``min(K // 2, DEFAULT_SHARDS)``, or
+    ``min(K, item_split)`` when that is more
     (fewer when a shard would hold only zero-weight streamers); anything else
-    gets one, because it splits only by items, and every shard of such a split
-    draws the whole source (asked with ``shards=N``, N processes can share it, at
-    N times the drawing).
+    splits only by items and gets ``item_split`` shards (the server passes the
+    most workers it may run), every one of which draws the whole source and keeps
+    every ``item_split``-th item: its order then depends on that count, as with
+    ``--workers N`` before shards.
 
     Examples
     --------
@@ -83,13 +86,21 @@ def choose_shards(streamer: Any, requested: int | None = None) -> tuple[list[Any
         return [shard(streamer, index, requested) for index in range(requested)], "asked for"
     mux = _mux_of(streamer)
     if not isinstance(mux, BaseMux) or mux._shard(0, 1) is None:
-        return [streamer], "the source splits only by items (shards=N splits it N ways)"
+        if item_split == 1:
+            return [streamer], "the source splits only by items (shards=N splits it N ways)"
+        return ([shard(streamer, index, item_split) for index in range(item_split)],
+                "the source splits only by items: one shard per worker it may run, each "
+                "drawing the whole source (shards=N fixes the count)")
     # Each shard keeps at least two streamers, so that it still mixes streams as the mux
     # does (n_active clamped in each shard); the shards themselves take turns in blocks.
+    # More workers than that get a shard each (as --workers N always split a mux).
     per_shard = 2
     count = max(1, min(len(mux.streamers) // per_shard, DEFAULT_SHARDS))
     why = (f"{len(mux.streamers)} streamers, at least {per_shard} per shard, at most "
            f"{DEFAULT_SHARDS} shards")
+    if item_split > count:
+        count = min(item_split, len(mux.streamers))
+        why = f"{len(mux.streamers)} streamers: one shard per worker it may run"
     while count > 1:
         try:
             return [shard(streamer, index, count) for index in range(count)], why

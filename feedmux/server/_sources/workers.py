@@ -112,9 +112,9 @@ class WorkerPool:
             )
             process.start()
             self.processes.append(process)
-        log.info("started %d sampling worker(s) for %d shard(s), %d running shards: pids %s",
-                 len(self.processes), len(self.parts), len(self.active),
+        log.info("started %d sampling worker(s): pids %s", len(self.processes),
                  ", ".join(str(p.pid) for p in self.processes))
+        log.info("%d of them run the %d shard(s)", len(self.active), len(self.parts))
 
     def endpoint_of(self, index: int) -> str:
         """The internal endpoint worker ``index`` pushes to (one each: FIFO per worker)."""
