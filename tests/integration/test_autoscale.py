@@ -21,6 +21,7 @@ import pytest
 from feedmux.client._endpoints import request_scale
 from feedmux.client.remote import RemoteLoader, fetch_stats
 from feedmux.errors import TransportTimeoutError
+from feedmux.server.server import Server
 from tests.integration import test_resume as resume
 from tests.integration.conftest import CheckedThread, wait_until
 
@@ -238,3 +239,29 @@ def count_for(server: Any, seconds: float, done: Any) -> int:
             if taken % 200 == 0 and (done() or time.monotonic() > deadline):
                 return taken
     return taken
+
+
+def test_the_metrics_show_the_running_workers_and_count_the_changes() -> None:
+    pytest.importorskip("prometheus_client")
+    from tests.integration.test_metrics import scrape
+
+    server = Server(NUMBERED, factory_kwargs={"streams": 8, "per_stream": 5000,
+                                              "delay": 0.001},
+                    bind="tcp://127.0.0.1:0", workers="auto:1-3", seed=2,
+                    metrics_port=0).start()
+    try:
+        assert server.metrics_address is not None
+        address = server.metrics_address
+        trainer = CheckedThread(count_for, server_view(server), 60.0,
+                                lambda: scrape(address)["feedmux_worker_changes_total"] >= 1)
+        request_scale(server.control_address, 3, timeout=10)
+        wait_until(lambda: scrape(address)["feedmux_workers"] == 3, 30, "3 workers running")
+        assert scrape(address)["feedmux_worker_changes_total"] >= 1
+        assert trainer.join(90) > 0
+    finally:
+        assert server.stop() is not None
+
+
+def server_view(server: Any) -> Any:
+    """An in-process Server as count_for reads it (data, control)."""
+    return type("View", (), {"data": server.data_address, "control": server.control_address})

@@ -144,3 +144,15 @@ def test_a_bad_workers_option_says_what_was_expected(text: str | bool) -> None:
 
 def test_auto_runs_at_most_as_many_workers_as_there_are_shards_by_default() -> None:
     assert parse_workers("auto").maximum == DEFAULT_SHARDS
+
+
+def test_top_shows_the_worker_changes_and_the_last_reason() -> None:
+    from feedmux.apps.top import describe
+
+    stats = {"server_id": "s", "uptime_s": 10.0, "samples_sent": 10, "workers": 3,
+             "worker_changes": 2, "workers_auto": 1,
+             "worker_change_reason": "the data path never waited for trainers"}
+    line = describe("tcp://h:5556", stats, None)[0]
+    assert ("3 worker(s) (auto, 2 change(s), last: the data path never waited for "
+            "trainers)") in line
+
