@@ -70,10 +70,7 @@ REFUSED: dict[tuple[str, str], str] = {
 }
 
 #: Pairs that combine with the second one switched off, each with why (logged once).
-OFF: dict[tuple[str, str], str] = {
-    ("groups", "shm"): ("every group is sent the same buffered frames, and a pool "
-                        "reference is one trainer's"),
-}
+OFF: dict[tuple[str, str], str] = {}
 
 
 def refusal(asked: Collection[str]) -> str | None:
@@ -97,8 +94,6 @@ def disabled(asked: Collection[str], what: str) -> str | None:
 
     Examples
     --------
-    >>> disabled({"groups", "shm"}, "shm")[:31]
-    'every group is sent the same bu'
     >>> disabled({"shm"}, "shm") is None
     True
     """

@@ -18,9 +18,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from feedmux._plumbing.shm import Placement, ShmPool
+from feedmux._plumbing.shmtable import SHARED
 from feedmux.server._control.core import ControlCore
 from feedmux.server._delivery.outbox import Outbox
-from feedmux.server._delivery.pool import Via, pooled, settled, via
+from feedmux.server._delivery.pool import Via, placed_now, pooled, settled, via
 
 __all__ = ["Carrier"]
 
@@ -55,18 +56,35 @@ class Carrier:
             wire = self.pool.forwarded.copied_out(wire)
         return wire, placed
 
+    def share(self, frames: Sequence[Any], state: int = SHARED) -> Placement | None:
+        """``frames`` placed once for every consumer group's members that map the pool
+        (:func:`~feedmux.server._delivery.pool.placed_now`; ``state`` SENT: one ranked
+        group's share), or None; given back with :meth:`unshare` once no group will be
+        sent it (SENT: :meth:`settle`)."""
+        return None if self.pool is None else placed_now(self.pool, self.core, frames, state)
+
+    def unshare(self, placed: Placement | None) -> None:
+        if placed is not None and self.pool is not None:
+            self.pool.shared.unshare(placed)
+
     def wire(self, target: bytes, frames: Sequence[Any],
              placed: Placement | None) -> Sequence[Any] | None:
-        """What goes to ``target``: the message as placed in the pool or as it is (None:
-        not now, see :class:`~feedmux.server._delivery.pool.Via`)."""
+        """What goes to ``target``: the message as placed in the pool (a shared
+        placement's: naming a holder cell of its own) or as it is (None: not now, see
+        :class:`~feedmux.server._delivery.pool.Via`)."""
         how = via(self.pool, placed, target, self.transit_cap)
         if how is Via.WAIT:
             return None
-        return placed.frames if how is Via.POOL and placed is not None else frames
+        if how is not Via.POOL or placed is None or self.pool is None:
+            return frames
+        if placed.shared:  # every cell taken: whole
+            return self.pool.shared.hand(placed) or frames
+        return placed.frames
 
     def delivered(self, target: bytes, wire: Sequence[Any], placed: Placement | None) -> None:
         """``wire`` (from :meth:`wire`) went to ``target``."""
-        if placed is not None and wire is placed.frames and self.pool is not None:
+        if (placed is not None and self.pool is not None
+                and (wire is placed.frames or wire is placed.handed)):
             self.pool.delivered(target, placed)  # its runs are the trainer's to release
 
     def settle(self, placed: Placement | None, frames: Sequence[Any],

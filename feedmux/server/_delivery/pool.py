@@ -40,11 +40,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from feedmux._plumbing.shm import Placement, ShmPool, has_refs
+from feedmux._plumbing.shmtable import SHARED
 from feedmux.server._control.core import ControlCore, shm_trainers
 from feedmux.server._delivery.outbox import Outbox, Wait
 from feedmux.server.config import ServerConfig, disabled
 
-__all__ = ["Via", "close_pool", "open_pool", "place_or_wait", "pooled", "settled", "via"]
+__all__ = ["Via", "close_pool", "open_pool", "place_or_wait", "pooled", "placed_now",
+           "settled", "via"]
 
 log = logging.getLogger("feedmux.server")
 
@@ -121,6 +123,36 @@ def pooled(pool: ShmPool, core: ControlCore, frames: Sequence[Any], outbox: Outb
         placed.maps = lambda identity: identity in shm_trainers(core)
         return frames, placed
     return pool.forwarded.copied_out(frames), placed
+
+
+def placed_now(pool: ShmPool, core: ControlCore, frames: Sequence[Any],
+               state: int = SHARED) -> Placement | None:
+    """``frames`` placed for the consumer groups' members that map the pool, or None: no
+    such trainer, nothing large, a sampling worker's references (sent whole), or the
+    pool is full. ``state`` SHARED: once for every group (each member it goes to holds
+    a cell of its own, :class:`~feedmux._plumbing.shmtable.SharedRuns`); SENT: a ranked
+    group's share, for its rank's holder alone.
+
+    A full pool does not hold the groups back: their buffer is what bounds a
+    lagging group, and the runs the buffer holds come back only as the groups move
+    on, so waiting here could wait for the very message that waits. The message
+    goes whole, over the sockets, and counts in ``shm_stalls``.
+    """
+    trainers = shm_trainers(core)
+    pool.wanted = bool(trainers)
+    if not trainers or len(frames) <= 2 or has_refs(frames):
+        return None
+    placed = pool.place(frames, state=state)
+    if placed is None:
+        pool.reclaim(pool.owners_due())
+        placed = pool.place(frames, state=state)
+    if placed is None:
+        pool.stalls += 1
+        return None
+    if placed.first() < 0:  # nothing large: the socket carries it
+        return None
+    placed.trainers = frozenset(trainers)
+    return placed
 
 
 def settled(pool: ShmPool | None, placed: Placement | None, frames: Sequence[Any],
