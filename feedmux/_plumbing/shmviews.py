@@ -20,11 +20,14 @@ import numpy as np
 
 from feedmux._plumbing.shm import SEGMENT_PREFIX, SHM_DIR, Segment
 from feedmux._plumbing.shmtable import (
+    CLAIM_SHIFT,
     CLAIMS,
     MAGIC,
     REF,
     REF_SIZE,
     ROW_GEN,
+    ROW_OWNER,
+    ROW_STATE,
     ROW_WIDTH,
     SENT,
     cell_columns,
@@ -74,13 +77,16 @@ class ShmAttachment:
         """The memory of the run a reference names (its fields), claimed by this process
         as the claim the reference names (its granule field's high bits)."""
         segment = self.segment
-        count, claim = split_count(count)
-        if size != nbytes or not 0 <= head < segment.granules or claim > CLAIMS or (
+        if count >> CLAIM_SHIFT:  # one claim among several (consumer groups)
+            count, claim = split_count(count)
+            state, owner, _ = cell_columns(claim) if claim <= CLAIMS else (-1, -1, -1)
+        else:  # the common case, the row's own fields: no call
+            claim, state, owner = 0, ROW_STATE, ROW_OWNER
+        if size != nbytes or not 0 <= head < segment.granules or state < 0 or (
                 count * segment.granule < size or head + count > segment.granules):
             raise ValueError(f"shared-memory reference to {size} bytes at granule {head} "
                              f"(claim {claim}) does not fit an array of {nbytes} bytes in "
                              f"this pool")
-        state, owner, _ = cell_columns(claim)
         slots, row = segment.slots, head * ROW_WIDTH
         slots[row + owner] = self.pid
         if slots[row + ROW_GEN] != generation or slots[row + state] != SENT:

@@ -22,7 +22,7 @@ import time
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import zmq
@@ -47,12 +47,12 @@ from feedmux.client._moves import AddressBook, Resolve
 from feedmux.client._origin import Origin, not_a_map, register_with_torch
 from feedmux.client._resume import HandedRanges, RankPositions
 from feedmux.client._sockets import close_sockets, open_sockets
+from feedmux.client._waiting import WAITED, LoaderWaits
 from feedmux.errors import (
     ConfigurationError,
     ResumeWarning,
     StreamValueError,
     TransportClosedError,
-    TransportTimeoutError,
 )
 from feedmux.protocol import (
     CONTROL_LIMITS,
@@ -65,8 +65,6 @@ __all__ = ["BatchMeta", "RemoteLoader", "SampleMeta", "check_endpoint", "fetch_s
 
 log = logging.getLogger("feedmux.client")
 
-#: The longest ``len()`` waits for the servers' welcome before the first sample.
-WELCOME_WAIT = 5.0
 #: A data message larger than this is refused by ZeroMQ before it reaches Python.
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 
@@ -230,7 +228,7 @@ class RemoteLoader:
         self._data = DataSockets([], reliable=reliable, client_id="", addresses=(),
                                  tune_malloc=False)
         self._control: list[Any] = []  # one DEALER per server
-        self._poller: zmq.Poller | None = None
+        self._waits: LoaderWaits | None = None  # its sockets' poller, once connected
         # Closed; asked for the epoch size; said hello as a trainer (in this process).
         self._closed = self._asked = self._announced = False
         #: The current data message and the next sample of it to hand out.
@@ -297,7 +295,8 @@ class RemoteLoader:
         if self._links.epoch_size is None and not self._closed and not self._asked:
             self._asked = True  # once: a server that does not answer is not asked again
             self._connect(announce=False)
-            _await_welcome(self._poller, self._control, self._serve_control, self._links)
+            assert self._waits is not None
+            self._waits.for_welcome()
         return self._links.length()
 
     # -- what was seen --------------------------------------------------------------------
@@ -407,9 +406,8 @@ class RemoteLoader:
         if self._security is not None:  # a refused key is otherwise a silent timeout
             self._handshakes = HandshakeWatch(self._control, controls)
         sockets = [*self._handshakes.monitors, *data_sockets, *self._control]
-        self._poller = zmq.Poller()
-        for socket in sockets:
-            self._poller.register(socket, zmq.POLLIN)
+        self._waits = LoaderWaits(sockets, self._control, self._links, self._serve_control,
+                                  self._handshakes.explain)
         self._announced = announce
         self._act(self._links.hello() if announce else self._links.probe())
         self._finalizer = weakref.finalize(self, close_sockets, self._origin.pid, context,
@@ -441,9 +439,14 @@ class RemoteLoader:
         """Block until the next data message is current (or raise / end the iteration)."""
         self._audit.upto(self._out.index)  # before the servers hear of it (acknowledgements)
         self._connect()
-        assert self._poller is not None
-        links = self._links
+        waits, links = self._waits, self._links
+        assert waits is not None
         waited_from = now = time.monotonic()
+        # Wait first when the last message needed a wait (LoaderWaits.first). Not reliable:
+        # its first receive acknowledges the message just handed out.
+        polled = waits.first and not self.reliable and not links.finished
+        if polled:
+            now = waits.for_data(waited_from, now)
         while True:
             due = links.tick(now)
             if due:
@@ -454,22 +457,18 @@ class RemoteLoader:
                 self.addresses = self._data.addresses = links.data_addresses
             message = self._data.receive(links)
             if message is not None and self._take(message, now):
-                if self._diagnosis.message(time.monotonic(), waited_from, len(message.samples)):
+                # ``now`` is a moment old (taken after the last wait): close enough for the
+                # input diagnosis, and one clock read less per message.
+                if self._diagnosis.message(now, waited_from, len(message.samples)):
                     _ask_for_stats(self._control, self.client_id)
-                for index in range(len(self._control)):
-                    self._serve_control(index)
+                for index, socket in enumerate(self._control):
+                    if readable(socket):  # asked here: a method call less when idle
+                        self._serve_control(index)
+                waits.first = polled and now - waited_from > WAITED
                 return
             if links.finished:
                 raise StopIteration from None
-            try:
-                wait = links.wait(waited_from, now)
-            except TransportTimeoutError as error:
-                raise TransportTimeoutError(self._handshakes.explain(error)) from None
-            events = dict(self._poller.poll(max(1, int(wait * 1000))))
-            for index, socket in enumerate(self._control):
-                if socket in events:
-                    self._serve_control(index)
-            now = time.monotonic()
+            now, polled = waits.for_data(waited_from, now), True
 
     def _take(self, message: Data, now: float) -> bool:
         """Make ``message`` the current one; False when it is dropped (a stale server's)."""
@@ -560,19 +559,6 @@ def _trackers(links: ServerLinks, out: HandOut, rank: int | None, world_size: in
         links.handed_below, links.summarized = recent.below, recent.summarized
         return None, recent
     return None, None
-
-
-def _await_welcome(poller: zmq.Poller | None, control: Sequence[Any],
-                   serve: Callable[[int], None], links: ServerLinks) -> None:
-    """Serve the ``control`` sockets (``serve(index)``) until every server of ``links``
-    welcomed the loader, for at most the loader's timeout or :data:`WELCOME_WAIT` seconds."""
-    assert poller is not None, "expected a connected loader's poller, got None"
-    deadline = time.monotonic() + min(links.timeout or WELCOME_WAIT, WELCOME_WAIT)
-    while not all(links.server_ids) and (left := deadline - time.monotonic()) > 0:
-        events = dict(poller.poll(max(1, int(left * 1000))))
-        for index, socket in enumerate(control):
-            if socket in events:
-                serve(index)
 
 
 _RESTORED_LATE = ("expected load_state_dict before the loader's first sample (it tells "
