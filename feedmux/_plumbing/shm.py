@@ -10,14 +10,16 @@ releases, and :func:`shared_empty`. It never imports zmq and never sends anythin
 are a store into the slot table, made by a ``weakref.finalize`` when the last
 view of a run dies, so the hot path has no release messages at all.
 
-Slot table (one row of four int64 per granule; only a run's first granule's row
-is used): ``state`` (FREE, SENT, HELD by ``shared_empty`` or an owned copy,
-FORWARDED by a sampling worker to the server), ``generation``
-(bumped at each allocation, so a late release of an old use frees nothing),
-``owner`` (the pid of the trainer that received it; 0 while in flight) and the
-time it was sent. The server takes a run back when its state is FREE, when its
-owner pid no longer exists (a trainer that died), or when it stayed unclaimed
-for ``orphan_timeout`` seconds (a message lost with a dead trainer's queue).
+Slot table (a row per granule, :mod:`feedmux._plumbing.shmtable`; only a run's
+first granule's row is used): ``state`` (FREE, SENT, HELD by ``shared_empty`` or
+an owned copy, FORWARDED by a sampling worker to the server, SHARED by the
+consumer groups' buffer), ``generation`` (bumped at each allocation, so a late
+release of an old use frees nothing), ``owner`` (the pid of the trainer that
+received it; 0 while in flight), the time it was sent, then a claim cell for
+each trainer a shared message went to. The server takes a run back when its row
+and every claim are FREE; a claim whose pid no longer exists (a trainer that
+died), or that stayed unclaimed for ``orphan_timeout`` seconds (a message lost
+with a dead trainer's queue), is FREE again first.
 
 With ``--workers N`` the pool is created before the workers fork, and each
 process allocates in a region of its own (:mod:`feedmux._plumbing.shmruns`): no

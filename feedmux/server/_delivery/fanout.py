@@ -17,12 +17,16 @@ group that lags in the log. A ranked group with a rank that has had no live
 holder for ``rank_timeout`` seconds (it never came, or died and nobody took
 over) is given up, as a ranked server gives up a job whose ranks never all
 come: its trainers are told why and the group no longer holds the others back.
-A fan-out may start mid-run (the first trainer asking for a group on a server
-that had none): the free trainers served until then are the group ``default``
-and go on with the next message. Membership comes from the control core's trainer
-registry (each trainer's hello names its group and rank); this module must
-never decide anything about trainers (but that a given-up group's are gone, which
-the core then forgets) or the end of the stream, and never keeps frames beyond
+With the shared-memory pool a message's large arrays are placed once as it enters
+the buffer, for a member of each free group to hold a claim on the same runs (the
+carrier's :meth:`~feedmux.server._delivery.carrier.Carrier.share`; the buffer gives
+the placement back as the message leaves), and a ranked group's shares are placed as
+they are dealt. A fan-out may start mid-run (the first trainer asking for a group on
+a server that had none): the free trainers served until then are the group
+``default`` and go on with the next message. Membership comes from the control
+core's trainer registry (each trainer's hello names its group and rank); this module
+must never decide anything about trainers (but that a given-up group's are gone,
+which the core then forgets) or the end of the stream, and never keeps frames beyond
 what the buffer holds and a few dealt shares per rank.
 """
 

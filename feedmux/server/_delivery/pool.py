@@ -22,9 +22,12 @@ they are, and are copied out (one copy) for those that do not. A worker's messag
 the forwarder decodes (to deal it to ranks, or to cut batches) is read in place
 (:class:`~feedmux._plumbing.shm.ForwardedRuns`), and a rank's share of whole
 samples goes on as references to the worker's runs, kept for a successor while the
-server's frames live. Consumer groups get their messages over the sockets (a
-group's buffer is read by every group). How a message goes to one trainer is a
-:class:`Via`.
+server's frames live. Consumer groups' messages are placed once as they enter
+the groups' buffer (:func:`placed_now`, SHARED: each member a message goes to
+holds a claim cell of its own on the same runs, and the runs go once the buffer
+let the message go and every claim was released, or its trainer died); a ranked
+group's shares are placed as they are dealt. Neither waits for a full pool: the
+message goes whole. How a message goes to one trainer is a :class:`Via`.
 Reliable trainers get references too, while the ledger keeps the message's
 bytes to deal them again (a dead trainer's claimed runs are taken back as soon
 as its pid is gone, so only whole bytes, never references, are dealt again).
