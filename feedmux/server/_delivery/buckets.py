@@ -1,0 +1,313 @@
+"""Coordinated steps for variable-length samples: the bucketing window and its dealing rule.
+
+A data-parallel step takes as long as its slowest rank, and a rank is slow when
+its batch holds the longest samples. With ``bucket_by=`` the ranked stage does
+not deal positions ``p -> p % n``: it keeps a bounded window of the samples
+drawn and deals each *step* (``n`` batches of ``B``, one per rank) from
+samples of similar length, so every rank of a step pads to about the same
+length and none waits for another. This module owns that rule, over lengths
+and opaque rows: :class:`BucketWindow`. It is pure (no sockets, no clock, no
+encoding; a sample is whatever the caller holds) and must never read a
+sample's fields (the caller gives each row's length) nor decide who holds a
+rank.
+
+The rule, applied as if the rows came one at a time (so the steps depend on
+the order of the rows only, never on how they were chunked: a resumed run
+that samples the epoch again gets the same steps):
+
+1. With ``edges`` (ascending lengths; bucket ``i`` holds lengths in
+   ``[edges[i-1], edges[i])``), a bucket that reaches ``n * B`` rows is dealt
+   at once: its ``n * B`` oldest rows form the step.
+2. When the window holds ``window`` rows, one step is dealt: the run of
+   ``n * B`` neighbours in the window's length order that wastes the least
+   padding (``1 - mean / max`` of its lengths). Without edges this is the only
+   rule: the buckets are the runs of neighbours in the window's length order,
+   so their edges follow the data seen. A row that waited while
+   ``MAX_WAIT_WINDOWS * window`` later rows came goes out in the next such
+   step (the least wasteful run that holds it), so a rare long sample is not
+   kept to the epoch's end.
+3. At the end of the epoch the rows held are dealt in length order: whole
+   steps first, then the last, partial one (fewer than ``n * B`` rows),
+   round by round (row ``i`` to rank ``i % n``); its last partial round is
+   completed with repeats of that step's first rows (``uneven="pad"``) or
+   left out (``"drop"``), counted in :attr:`padded` / :attr:`dropped`, so
+   every rank gets the same number of samples (``ceil(E / n)`` or
+   ``E // n`` of an epoch of ``E``, as without buckets).
+
+Within a step the rows are sorted by length and rank ``perm[g]`` gets the
+``g``-th run of ``B`` of them, ``perm`` a permutation of the ranks drawn per
+step from ``(seed, epoch)`` (no rank is always the one with the longest of a
+step). The positions of a step's rows are those of the dealing without
+buckets: the ``k``-th step of an epoch holds positions ``k*n*B ..
+(k+1)*n*B - 1``, rank ``r``'s ``j``-th row position ``k*n*B + j*n + r``, so
+resume positions, acknowledgements and epoch lengths mean what they mean for
+any ranked batches (docs/resume.md): a position counts what was dealt.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from feedmux.errors import ConfigurationError
+
+__all__ = ["DEFAULT_WINDOW_STEPS", "BucketWindow", "Step", "check_edges", "window_size"]
+
+#: The default window, in steps of ``n * B`` samples (``--bucket-window 0``): what
+#: ``benchmarks/bench_buckets.py`` shows meets 1.5x lower step time and at most 10% padding
+#: on lognormal lengths (docs/ddp.md).
+DEFAULT_WINDOW_STEPS = 8
+#: A row held while ``MAX_WAIT_WINDOWS * window`` later rows arrived goes out in the next
+#: step the full window deals (the run of its neighbours that wastes the least).
+MAX_WAIT_WINDOWS = 16
+
+
+def window_size(window: int, world_size: int, batch_size: int) -> int:
+    """The window in samples: ``window`` (0: :data:`DEFAULT_WINDOW_STEPS` steps), at least
+    one step of ``world_size * batch_size``.
+
+    Examples
+    --------
+    >>> window_size(0, 4, 32), window_size(100, 4, 32), window_size(1000, 4, 32)
+    (1024, 128, 1000)
+    """
+    step = world_size * batch_size
+    if not window:
+        return DEFAULT_WINDOW_STEPS * step
+    return max(window, step)
+
+
+def check_edges(edges: Sequence[int]) -> tuple[int, ...]:
+    """``edges`` as a tuple of ascending ints >= 1, or a clear error.
+
+    Examples
+    --------
+    >>> check_edges([16, 64, 256])
+    (16, 64, 256)
+    >>> check_edges([64, 16])
+    Traceback (most recent call last):
+    ...
+    feedmux.errors.ConfigurationError: expected bucket edges strictly ascending ints >= 1, \
+got [64, 16]
+    """
+    values = list(edges)
+    if not all(type(edge) is int and edge >= 1 for edge in values) or any(
+            b <= a for a, b in itertools.pairwise(values)):
+        raise ConfigurationError(
+            f"expected bucket edges strictly ascending ints >= 1, got {values!r}")
+    return tuple(values)
+
+
+class Step(NamedTuple):
+    """One step dealt: ``ranks[r]`` is rank ``r``'s rows (its batch), the ``j``-th at
+    position ``start + j * n + r`` of ``epoch``."""
+
+    epoch: int
+    start: int
+    ranks: list[list[Any]]
+
+    def positions(self, rank: int) -> np.ndarray:
+        """The positions of ``rank``'s rows."""
+        n = len(self.ranks)
+        return self.start + rank + n * np.arange(len(self.ranks[rank]), dtype=np.int64)
+
+
+class BucketWindow:
+    """The window of rows held for ``world_size`` ranks, dealt a step of ``world_size *
+    batch_size`` rows at a time by the rules of this module.
+
+    Feed it the rows of an epoch in order with their lengths (:meth:`add`),
+    then call :meth:`finish_epoch`. It never holds more than ``window`` rows
+    (:attr:`held`). Rows are opaque: it keeps references, in slots.
+
+    Examples
+    --------
+    >>> window = BucketWindow(2, 2, window=4)
+    >>> [step.ranks for step in window.add(1, [5, 1, 9, 2], list("abcd"))]
+    [[['b', 'd'], ['a', 'c']]]
+    >>> [(step.start, step.ranks) for step in window.finish_epoch(1)]
+    []
+    >>> steps = window.add(2, [3, 4, 8], list("xyz"))
+    >>> [(step.start, step.ranks) for step in window.finish_epoch(2)], window.padded
+    ([(0, [['x', 'z'], ['y', 'x']])], 1)
+    """
+
+    def __init__(self, world_size: int, batch_size: int, window: int = 0,
+                 edges: Sequence[int] = (), uneven: str = "pad", seed: int = 0) -> None:
+        if uneven not in ("pad", "drop"):
+            raise ConfigurationError(f"expected uneven 'pad' or 'drop', got {uneven!r}")
+        self.world_size = world_size
+        self.batch_size = batch_size
+        self.step = world_size * batch_size
+        self.window = window_size(window, world_size, batch_size)
+        self.edges = np.asarray(check_edges(edges), dtype=np.int64)
+        self.uneven = uneven
+        self.seed = seed
+        #: Samples added to an epoch's last round as repeats (pad), or left out (drop).
+        self.padded = 0
+        self.dropped = 0
+        #: Steps dealt because the window was full (rule 2), and because a bucket was (rule 1).
+        self.window_steps = 0
+        self.bucket_steps = 0
+        #: Steps of rule 2 made around a row that waited :data:`MAX_WAIT_WINDOWS` windows.
+        self.late_steps = 0
+        size = self.window
+        self._rows: list[Any] = [None] * size
+        self._length = np.zeros(size, dtype=np.int64)
+        self._order = np.full(size, np.iinfo(np.int64).max, dtype=np.int64)  # arrival; max: free
+        self._bucket = np.zeros(size, dtype=np.int64)
+        self._counts = np.zeros(len(self.edges) + 1, dtype=np.int64)
+        self._arrived = 0
+        self._held = 0
+        self._epoch = 0
+        self._next = 0  # the position of the epoch's next step
+        self._rng = np.random.default_rng([seed, 0])
+
+    @property
+    def held(self) -> int:
+        """Rows held now (at most :attr:`window`)."""
+        return self._held
+
+    def add(self, epoch: int, lengths: Sequence[int] | np.ndarray,
+            rows: Sequence[Any]) -> list[Step]:
+        """The steps that ``rows`` (the next of ``epoch``, of ``lengths``) complete."""
+        if epoch != self._epoch:
+            if self._held:
+                raise ValueError(f"expected finish_epoch({self._epoch}) before rows of {epoch}")
+            self._epoch, self._next = epoch, 0
+            self._rng = np.random.default_rng([self.seed, epoch])
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if len(lengths) != len(rows):
+            raise ValueError(f"expected a length per row, got {len(lengths)} for {len(rows)}")
+        steps: list[Step] = []
+        index, count = 0, len(rows)
+        while index < count:
+            take = min(count - index, self.window - self._held)
+            buckets = np.searchsorted(self.edges, lengths[index:index + take], side="right")
+            full = self._first_full(buckets[:take]) if len(self.edges) else -1
+            if full >= 0:
+                take = full + 1
+            self._insert(lengths[index:index + take], buckets[:take], rows[index:index + take])
+            index += take
+            if full >= 0:
+                self.bucket_steps += 1
+                steps.append(self._deal(self._of_bucket(int(buckets[full]))))
+            elif self._held == self.window:
+                self.window_steps += 1
+                steps.append(self._deal(self._least_waste()))
+        return steps
+
+    def finish_epoch(self, epoch: int) -> list[Step]:
+        """``epoch`` has no more rows: every row held, in length order, whole steps then
+        the last, partial one (its last round padded or dropped)."""
+        if epoch != self._epoch or not self._held:
+            return []
+        slots = self._sorted_slots()
+        whole = len(slots) - len(slots) % self.step
+        steps = [self._deal(slots[start:start + self.step])
+                 for start in range(0, whole, self.step)]
+        rest = slots[whole:]
+        if len(rest):
+            steps += self._last(rest)
+        return [step for step in steps if any(step.ranks)]
+
+    # -- the rules ------------------------------------------------------------------------
+    def _first_full(self, buckets: np.ndarray) -> int:
+        """The index of the first of ``buckets`` (the next rows' buckets) at which its bucket
+        holds a whole step, or -1."""
+        order = np.argsort(buckets, kind="stable")
+        ordered = buckets[order]
+        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+        sizes = np.diff(np.r_[starts, len(ordered)])
+        within = np.arange(len(ordered)) - np.repeat(starts, sizes)  # rank inside its bucket
+        reached = self._counts[ordered] + within + 1 >= self.step
+        if not reached.any():
+            return -1
+        return int(order[reached].min())
+
+    def _of_bucket(self, bucket: int) -> np.ndarray:
+        """The slots of the ``n * B`` oldest rows of ``bucket``."""
+        slots = np.flatnonzero((self._bucket == bucket) & (self._order != _FREE))
+        oldest = slots[np.argsort(self._order[slots], kind="stable")[:self.step]]
+        return oldest[np.argsort(self._length[oldest], kind="stable")]
+
+    def _least_waste(self) -> np.ndarray:
+        """The slots of the run of ``n * B`` neighbours in length order that wastes the
+        least padding (``1 - mean / max`` of its lengths; the first such run), among the
+        runs that hold the oldest row if it waited :data:`MAX_WAIT_WINDOWS` windows."""
+        slots = self._sorted_slots()
+        lengths = self._length[slots]
+        m = self.step
+        first, last = 0, len(slots) - m
+        oldest = int(np.argmin(self._order))
+        if self._arrived - int(self._order[oldest]) > MAX_WAIT_WINDOWS * self.window:
+            self.late_steps += 1
+            where = int(np.flatnonzero(slots == oldest)[0])
+            first, last = max(0, where - m + 1), min(where, last)
+        sums = np.concatenate(([0], np.cumsum(lengths)))
+        tops = np.maximum(lengths[first + m - 1:last + m], 1)
+        waste = 1.0 - (sums[first + m:last + m + 1] - sums[first:last + 1]) / (m * tops)
+        start = first + int(np.argmin(waste))
+        return slots[start:start + m]
+
+    def _sorted_slots(self) -> np.ndarray:
+        """The slots held, by length, then by arrival."""
+        slots = np.flatnonzero(self._order != _FREE)
+        return slots[np.lexsort((self._order[slots], self._length[slots]))]
+
+    def _insert(self, lengths: np.ndarray, buckets: np.ndarray, rows: Sequence[Any]) -> None:
+        free = np.flatnonzero(self._order == _FREE)[:len(lengths)]
+        self._length[free] = lengths
+        self._bucket[free] = buckets
+        self._order[free] = np.arange(self._arrived, self._arrived + len(lengths))
+        np.add.at(self._counts, buckets, 1)
+        self._arrived += len(lengths)
+        self._held += len(lengths)
+        held = self._rows
+        for slot, row in zip(free.tolist(), rows, strict=True):
+            held[slot] = row
+
+    def _release(self, slots: np.ndarray) -> list[Any]:
+        """The rows of ``slots`` (in that order), no longer held."""
+        held = self._rows
+        rows = [held[slot] for slot in slots.tolist()]
+        for slot in slots.tolist():
+            held[slot] = None
+        np.subtract.at(self._counts, self._bucket[slots], 1)
+        self._order[slots] = _FREE
+        self._held -= len(slots)
+        return rows
+
+    def _deal(self, slots: np.ndarray) -> Step:
+        """A whole step of ``slots`` (sorted by length): run ``g`` of ``B`` to rank
+        ``perm[g]``."""
+        rows = self._release(slots)
+        b = self.batch_size
+        ranks: list[list[Any]] = [[] for _ in range(self.world_size)]
+        for run, rank in enumerate(self._rng.permutation(self.world_size).tolist()):
+            ranks[rank] = rows[run * b:(run + 1) * b]
+        return self._stepped(ranks)
+
+    def _last(self, slots: np.ndarray) -> list[Step]:
+        """The epoch's last, partial step: round by round, its last round evened."""
+        rows = self._release(slots)
+        n = self.world_size
+        short = -len(rows) % n
+        if short and self.uneven == "pad":
+            self.padded += short
+            rows += [rows[i % len(rows)] for i in range(short)]
+        elif short:
+            self.dropped += n - short
+            rows = rows[:len(rows) - (n - short)]
+        return [self._stepped([rows[rank::n] for rank in range(n)])]
+
+    def _stepped(self, ranks: list[list[Any]]) -> Step:
+        step = Step(self._epoch, self._next, ranks)
+        self._next += sum(map(len, ranks))
+        return step
+
+
+_FREE = np.iinfo(np.int64).max
