@@ -53,6 +53,7 @@ from feedmux.protocol._messages import (
     Welcome,
     stats_order,
 )
+from feedmux.protocol._ragged import Padded, padded_batch, ragged_tree
 from feedmux.protocol._stacking import stacked_tree, take_rows, training_batch
 from feedmux.protocol._tags import TAG_DTYPE, position_runs, read_tags, replace_tags
 
@@ -82,6 +83,7 @@ __all__ = [
     "Kind",
     "Limits",
     "Message",
+    "Padded",
     "SampleBatch",
     "StackedLeaf",
     "Stats",
@@ -90,7 +92,9 @@ __all__ = [
     "decode",
     "encode",
     "pack_envelope",
+    "padded_batch",
     "position_runs",
+    "ragged_tree",
     "read_tags",
     "replace_tags",
     "stack_scalars",

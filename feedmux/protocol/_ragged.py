@@ -1,0 +1,124 @@
+"""Training batches of variable-length arrays: padded on the way, a list or a mask at the end.
+
+A bucketed batch (``bucket_by=``, docs/ddp.md) holds samples of different
+lengths. Its *length-led* leaves, the arrays whose first dimension is the
+sample's length (``bucket_by``'s value) in every sample of the batch, travel
+as one array padded with zeros to the batch's longest, beside the lengths:
+the leaf's place in the batch tree holds ``{PADDED: values, LENGTHS:
+lengths}`` (both with a row per sample, so a batch's rows can still be cut as
+any batch's). Every other leaf is stacked as in :func:`training_batch`. The
+receiver turns each such pair into what the trainer asked for
+(:func:`ragged_tree`): a list of the samples' arrays (views), or
+:class:`Padded`, the padded array and its mask, built by numpy from the
+lengths with no Python step per sample. It never reads or writes bytes and
+never decides which samples form a batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from feedmux.protocol._batch import ARRAY, SCALAR, SampleBatch, StackedLeaf
+from feedmux.protocol._stacking import training_batch
+
+__all__ = ["LENGTHS", "PADDED", "Padded", "padded_batch", "ragged_tree"]
+
+#: The two keys of a padded leaf's place in a batch tree.
+PADDED, LENGTHS = "__feedmux_padded__", "__feedmux_lengths__"
+
+
+class Padded(NamedTuple):
+    """A batch's variable-length leaf: ``values`` padded with zeros to the batch's longest
+    (``(batch, longest, ...)``) and ``mask``, True where a value is a sample's own."""
+
+    values: np.ndarray
+    mask: np.ndarray
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Each sample's length."""
+        lengths: np.ndarray = self.mask.sum(axis=1)
+        return lengths
+
+
+def padded_batch(samples: Sequence[Any], lengths: Sequence[int] | np.ndarray) -> SampleBatch:
+    """``samples`` (of ``lengths``) as one batch, each length-led leaf padded.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> batch = padded_batch([{"x": np.arange(2), "y": 1}, {"x": np.arange(3), "y": 2}], [2, 3])
+    >>> tree = batch.stacked()
+    >>> tree["x"][PADDED].tolist(), tree["x"][LENGTHS].tolist(), tree["y"].tolist()
+    ([[0, 1, 0], [0, 1, 2]], [2, 3], [1, 2])
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return SampleBatch(_template(list(samples), lengths), len(samples))
+
+
+def _template(values: list[Any], lengths: np.ndarray) -> Any:
+    first = values[0]
+    kind = type(first)
+    if kind is dict and all(type(v) is dict and v.keys() == first.keys() for v in values):
+        return {key: _template([v[key] for v in values], lengths) for key in first}
+    if kind in (list, tuple) and all(type(v) is kind and len(v) == len(first) for v in values):
+        children = [_template([v[i] for v in values], lengths) for i in range(len(first))]
+        return children if kind is list else tuple(children)
+    if _length_led(values, lengths):
+        return {PADDED: StackedLeaf(ARRAY, _padded(values, lengths)),
+                LENGTHS: StackedLeaf(SCALAR, lengths)}
+    return training_batch(values).template
+
+
+def _length_led(values: list[Any], lengths: np.ndarray) -> bool:
+    first = values[0]
+    if not (isinstance(first, np.ndarray) and first.ndim >= 1 and not first.dtype.hasobject):
+        return False
+    dtype, rest = first.dtype, first.shape[1:]
+    return all(type(v) is np.ndarray and v.dtype == dtype and v.shape[1:] == rest
+               and v.shape[0] == length for v, length in zip(values, lengths.tolist(), strict=True))
+
+
+def _padded(values: list[np.ndarray], lengths: np.ndarray) -> np.ndarray:
+    longest = int(lengths.max()) if len(lengths) else 0
+    first = values[0]
+    out = np.zeros((len(values), longest, *first.shape[1:]), dtype=first.dtype)
+    out[np.arange(longest) < lengths[:, None]] = np.concatenate(values)
+    return out
+
+
+def ragged_tree(tree: Any, pad: bool) -> Any:
+    """``tree`` (a batch tree) with each padded leaf as :class:`Padded` (``pad``), or as a
+    list of the samples' arrays (views of the padded one).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> tree = {"x": {PADDED: np.array([[1, 0, 0], [1, 2, 0]]), LENGTHS: np.array([1, 2])}}
+    >>> ragged_tree(tree, pad=False)["x"]
+    [array([1]), array([1, 2])]
+    >>> padded = ragged_tree(tree, pad=True)["x"]
+    >>> padded.values.tolist(), padded.mask.tolist(), padded.lengths.tolist()
+    ([[1, 0], [1, 2]], [[True, False], [True, True]], [1, 2])
+    """
+    kind = type(tree)
+    if kind is dict:
+        if PADDED in tree and len(tree) == 2 and LENGTHS in tree:
+            return _unpadded(tree[PADDED], tree[LENGTHS], pad)
+        return {key: ragged_tree(value, pad) for key, value in tree.items()}
+    if kind is tuple:
+        return tuple(ragged_tree(value, pad) for value in tree)
+    if kind is list and tree and isinstance(tree[0], (list, tuple, dict)):
+        return [ragged_tree(value, pad) for value in tree]
+    return tree
+
+
+def _unpadded(values: np.ndarray, lengths: np.ndarray, pad: bool) -> Any:
+    longest = int(lengths.max()) if len(lengths) else 0
+    values = values[:, :longest]  # rows cut from a longer batch: as long as their longest
+    if pad:
+        return Padded(values, np.arange(longest) < lengths[:, None])
+    return [values[row, :length] for row, length in enumerate(lengths.tolist())]
