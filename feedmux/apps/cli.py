@@ -206,7 +206,7 @@ def _add_serve(serve: argparse.ArgumentParser) -> None:
                             "bucket_by= themselves (default: only ranks that ask)")
     ranks.add_argument("--bucket-window", type=_count, default=0, metavar="N",
                        help="with bucket_by: hold up to N drawn samples to group by length "
-                            "(default 0: 8 steps of world_size x batch_size)")
+                            "(default 0: 16 steps of world_size x batch_size)")
     ranks.add_argument("--bucket-edges", type=_edges, default=(), metavar="L1,L2,...",
                        help="with bucket_by: deal a step as soon as one bucket of lengths "
                             "[L(i-1), Li) holds one (default: none, the runs of similar "

@@ -53,7 +53,7 @@ from feedmux.protocol._messages import (
     Welcome,
     stats_order,
 )
-from feedmux.protocol._ragged import Padded, padded_batch, ragged_tree
+from feedmux.protocol._ragged import Padded, padded_batch, ragged_tree, stacked_batch
 from feedmux.protocol._stacking import stacked_tree, take_rows, training_batch
 from feedmux.protocol._tags import TAG_DTYPE, position_runs, read_tags, replace_tags
 
@@ -98,6 +98,7 @@ __all__ = [
     "read_tags",
     "replace_tags",
     "stack_scalars",
+    "stacked_batch",
     "stacked_tree",
     "stats_order",
     "take_rows",

@@ -21,10 +21,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from feedmux.errors import ProtocolError
 from feedmux.protocol._batch import ARRAY, SCALAR, SampleBatch, StackedLeaf
 from feedmux.protocol._stacking import training_batch
 
-__all__ = ["LENGTHS", "PADDED", "Padded", "padded_batch", "ragged_tree"]
+__all__ = ["LENGTHS", "PADDED", "Padded", "padded_batch", "ragged_tree", "stacked_batch"]
 
 #: The two keys of a padded leaf's place in a batch tree.
 PADDED, LENGTHS = "__feedmux_padded__", "__feedmux_lengths__"
@@ -56,7 +57,46 @@ def padded_batch(samples: Sequence[Any], lengths: Sequence[int] | np.ndarray) ->
     ([[0, 1, 0], [0, 1, 2]], [2, 3], [1, 2])
     """
     lengths = np.asarray(lengths, dtype=np.int64)
-    return SampleBatch(_template(list(samples), lengths), len(samples))
+    batch = stacked_batch(samples, lengths)
+    if batch is None:
+        return SampleBatch(_template(list(samples), lengths), len(samples))
+    return batch
+
+
+def stacked_batch(samples: Sequence[Any], lengths: np.ndarray) -> SampleBatch | None:
+    """``samples`` as one batch when they stack without padding (the usual case for small
+    samples, whose leaves are numbers; a length-led leaf of samples all equally long comes in
+    the padded form, with no padding), else None.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> stacked_batch([{"n": 1}, {"n": 2}], np.array([1, 2])).stacked()
+    {'n': array([1, 2])}
+    >>> stacked_batch([{"x": np.zeros(1)}, {"x": np.zeros(2)}], np.array([1, 2])) is None
+    True
+    """
+    try:
+        template = training_batch(samples).template
+    except ProtocolError:
+        return None
+    return SampleBatch(_length_led_stacked(template, lengths), len(samples))
+
+
+def _length_led_stacked(template: Any, lengths: np.ndarray) -> Any:
+    """A stacked template with each array leaf whose first dimension is every sample's
+    length in the padded form (no padding: the samples are equally long)."""
+    kind = type(template)
+    if kind is StackedLeaf:
+        values = template.values
+        if (template.kind == ARRAY and values.ndim >= 2 and len(lengths)
+                and (lengths == values.shape[1]).all()):
+            return {PADDED: template, LENGTHS: StackedLeaf(SCALAR, lengths)}
+        return template
+    if kind is dict:
+        return {key: _length_led_stacked(value, lengths) for key, value in template.items()}
+    children = [_length_led_stacked(value, lengths) for value in template]
+    return children if kind is list else tuple(children)
 
 
 def _template(values: list[Any], lengths: np.ndarray) -> Any:

@@ -150,7 +150,7 @@ class ServerConfig:
     shm_size: int = DEFAULT_SHM_SIZE
     # Coordinated steps for ranked batches (docs/ddp.md): the sample field that gives a
     # sample's length for trainers that name none (""), the window in samples (0: the
-    # default, 8 steps of world_size x batch_size) and the bucket edges (none: the runs of
+    # default, 16 steps of world_size x batch_size) and the bucket edges (none: the runs of
     # similar lengths in the window).
     bucket_by: str = ""
     bucket_window: int = 0

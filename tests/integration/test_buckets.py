@@ -136,8 +136,9 @@ def test_padded_batches_come_with_a_mask(servers: list[Server]) -> None:
 
 def test_a_job_resumes_mid_epoch_with_the_window_full_at_the_next_step(
         servers: list[Server]) -> None:
-    # Each rank checkpoints after 14 steps of epoch 2: 168 samples dealt of the epoch, more
-    # than the window of 8 steps (96 samples) holds, so the window was full.
+    # Each rank checkpoints after 14 steps of epoch 2 (168 samples dealt of it): nothing is
+    # dealt before the window (16 steps, 192 samples) is full, so the job stops with a full
+    # window's worth drawn and part of it still held.
     taken = math.ceil(EPOCH / WORLD / BATCH) + 14
     servers.append(server := started())
     whole = ranked_job(server)

@@ -67,8 +67,16 @@ def test_a_resumed_stage_deals_exactly_what_the_uninterrupted_one_dealt_after_th
     stage = stage_of(start=(2, position), key=key)
     assert stage.resamples_resumed_epoch
     resumed = run(stage, 2, count, chunks)
-    assert resumed == [(rank, positions, ids) for rank, positions, ids in whole
-                       if positions[0] >= position]
+
+    def by_rank(got: list[tuple[int, list[int], list[int]]]) -> list[list[tuple[int, int]]]:
+        return [[row for r, positions, ids in got if r == rank
+                 for row in zip(positions, ids, strict=True)] for rank in range(WORLD)]
+
+    assert by_rank(resumed) == [[(p, i) for p, i in rank if p >= position]
+                                for rank in by_rank(whole)]
+    # A message holds whole batches (the trainer cuts it every batch_size rows).
+    for _, positions, _ in resumed:
+        assert len(positions) % BATCH == 0 or positions[-1] >= count - WORLD * BATCH
     # Each rank's positions ascend and are those of ranked batches: k*n*B + j*n + r.
     for rank in range(WORLD):
         positions = [p for r, got, _ in whole if r == rank for p in got]

@@ -18,14 +18,15 @@ that samples the epoch again gets the same steps):
 1. With ``edges`` (ascending lengths; bucket ``i`` holds lengths in
    ``[edges[i-1], edges[i])``), a bucket that reaches ``n * B`` rows is dealt
    at once: its ``n * B`` oldest rows form the step.
-2. When the window holds ``window`` rows, one step is dealt: the run of
-   ``n * B`` neighbours in the window's length order that wastes the least
-   padding (``1 - mean / max`` of its lengths). Without edges this is the only
-   rule: the buckets are the runs of neighbours in the window's length order,
-   so their edges follow the data seen. A row that waited while
-   ``MAX_WAIT_WINDOWS * window`` later rows came goes out in the next such
-   step (the least wasteful run that holds it), so a rare long sample is not
-   kept to the epoch's end.
+2. When the window holds ``window`` rows, half of it is dealt: the
+   runs of ``n * B`` neighbours in the window's length order that waste the
+   least padding (``1 - mean / max`` of their lengths), picked one after the
+   other without overlap. Without edges this is the only rule: the buckets are
+   the runs of neighbours in the window's length order, so their edges follow
+   the data seen. A row that waited while ``MAX_WAIT_WINDOWS * window`` later
+   rows came goes out in the next such pass (in the least wasteful run that
+   holds it), so a rare long sample is not kept to the epoch's end. (Several
+   steps a pass: the window's cost is paid once for them.)
 3. At the end of the epoch the rows held are dealt in length order: whole
    steps first, then the last, partial one (fewer than ``n * B`` rows),
    round by round (row ``i`` to rank ``i % n``); its last partial round is
@@ -59,7 +60,7 @@ __all__ = ["DEFAULT_WINDOW_STEPS", "BucketWindow", "Step", "check_edges", "windo
 #: The default window, in steps of ``n * B`` samples (``--bucket-window 0``): what
 #: ``benchmarks/bench_buckets.py`` shows meets 1.5x lower step time and at most 10% padding
 #: on lognormal lengths (docs/ddp.md).
-DEFAULT_WINDOW_STEPS = 8
+DEFAULT_WINDOW_STEPS = 16
 #: A row held while ``MAX_WAIT_WINDOWS * window`` later rows arrived goes out in the next
 #: step the full window deals (the run of its neighbours that wastes the least).
 MAX_WAIT_WINDOWS = 16
@@ -72,7 +73,7 @@ def window_size(window: int, world_size: int, batch_size: int) -> int:
     Examples
     --------
     >>> window_size(0, 4, 32), window_size(100, 4, 32), window_size(1000, 4, 32)
-    (1024, 128, 1000)
+    (2048, 128, 1000)
     """
     step = world_size * batch_size
     if not window:
@@ -103,11 +104,12 @@ got [64, 16]
 
 class Step(NamedTuple):
     """One step dealt: ``ranks[r]`` is rank ``r``'s rows (its batch), the ``j``-th at
-    position ``start + j * n + r`` of ``epoch``."""
+    position ``start + j * n + r`` of ``epoch``, and ``lengths[r]`` their lengths."""
 
     epoch: int
     start: int
     ranks: list[list[Any]]
+    lengths: list[np.ndarray]
 
     def positions(self, rank: int) -> np.ndarray:
         """The positions of ``rank``'s rows."""
@@ -143,6 +145,8 @@ class BucketWindow:
         self.batch_size = batch_size
         self.step = world_size * batch_size
         self.window = window_size(window, world_size, batch_size)
+        #: Steps dealt at once when the window is full (half of what it holds).
+        self.steps_per_pass = max(1, self.window // (2 * self.step))
         self.edges = np.asarray(check_edges(edges), dtype=np.int64)
         self.uneven = uneven
         self.seed = seed
@@ -155,16 +159,22 @@ class BucketWindow:
         #: Steps of rule 2 made around a row that waited :data:`MAX_WAIT_WINDOWS` windows.
         self.late_steps = 0
         size = self.window
-        self._rows: list[Any] = [None] * size
+        self._rows = np.full(size, None, dtype=object)
         self._length = np.zeros(size, dtype=np.int64)
         self._order = np.full(size, np.iinfo(np.int64).max, dtype=np.int64)  # arrival; max: free
         self._bucket = np.zeros(size, dtype=np.int64)
         self._counts = np.zeros(len(self.edges) + 1, dtype=np.int64)
+        # The slots held in length order (then arrival), and their lengths: kept sorted as
+        # rows come and go, so that no step sorts the window.
+        self._sorted = np.zeros(0, dtype=np.int64)
+        self._sorted_lengths = np.zeros(0, dtype=np.int64)
         self._arrived = 0
         self._held = 0
         self._epoch = 0
         self._next = 0  # the position of the epoch's next step
         self._rng = np.random.default_rng([seed, 0])
+        # The ranks' turns of the next steps, drawn a block at a time; the next one's row.
+        self._turns, self._turn = np.zeros((0, world_size), dtype=np.int64), 0
 
     @property
     def held(self) -> int:
@@ -179,6 +189,7 @@ class BucketWindow:
                 raise ValueError(f"expected finish_epoch({self._epoch}) before rows of {epoch}")
             self._epoch, self._next = epoch, 0
             self._rng = np.random.default_rng([self.seed, epoch])
+            self._turns, self._turn = np.zeros((0, self.world_size), dtype=np.int64), 0
         lengths = np.asarray(lengths, dtype=np.int64)
         if len(lengths) != len(rows):
             raise ValueError(f"expected a length per row, got {len(lengths)} for {len(rows)}")
@@ -186,18 +197,23 @@ class BucketWindow:
         index, count = 0, len(rows)
         while index < count:
             take = min(count - index, self.window - self._held)
-            buckets = np.searchsorted(self.edges, lengths[index:index + take], side="right")
-            full = self._first_full(buckets[:take]) if len(self.edges) else -1
+            buckets = np.zeros(take, dtype=np.int64)
+            if len(self.edges):
+                buckets = np.searchsorted(self.edges, lengths[index:index + take], side="right")
+            full = self._first_full(buckets) if len(self.edges) else -1
             if full >= 0:
                 take = full + 1
             self._insert(lengths[index:index + take], buckets[:take], rows[index:index + take])
             index += take
             if full >= 0:
                 self.bucket_steps += 1
-                steps.append(self._deal(self._of_bucket(int(buckets[full]))))
+                steps.append(self._deal(self._removed(self._of_bucket(int(buckets[full])))))
             elif self._held == self.window:
-                self.window_steps += 1
-                steps.append(self._deal(self._least_waste()))
+                runs = self._least_waste()
+                self.window_steps += len(runs)
+                slots = self._removed(np.concatenate(runs))
+                m = self.step
+                steps += [self._deal(slots[i * m:(i + 1) * m]) for i in range(len(runs))]
         return steps
 
     def finish_epoch(self, epoch: int) -> list[Step]:
@@ -205,7 +221,7 @@ class BucketWindow:
         the last, partial one (its last round padded or dropped)."""
         if epoch != self._epoch or not self._held:
             return []
-        slots = self._sorted_slots()
+        slots = self._removed(slice(None))
         whole = len(slots) - len(slots) % self.step
         steps = [self._deal(slots[start:start + self.step])
                  for start in range(0, whole, self.step)]
@@ -229,85 +245,115 @@ class BucketWindow:
         return int(order[reached].min())
 
     def _of_bucket(self, bucket: int) -> np.ndarray:
-        """The slots of the ``n * B`` oldest rows of ``bucket``."""
+        """Where the ``n * B`` oldest rows of ``bucket`` are in the length order."""
         slots = np.flatnonzero((self._bucket == bucket) & (self._order != _FREE))
         oldest = slots[np.argsort(self._order[slots], kind="stable")[:self.step]]
-        return oldest[np.argsort(self._length[oldest], kind="stable")]
+        return np.flatnonzero(np.isin(self._sorted, oldest))
 
-    def _least_waste(self) -> np.ndarray:
-        """The slots of the run of ``n * B`` neighbours in length order that wastes the
-        least padding (``1 - mean / max`` of its lengths; the first such run), among the
-        runs that hold the oldest row if it waited :data:`MAX_WAIT_WINDOWS` windows."""
-        slots = self._sorted_slots()
-        lengths = self._length[slots]
-        m = self.step
-        first, last = 0, len(slots) - m
+    def _least_waste(self) -> list[np.ndarray]:
+        """Where the runs of ``n * B`` neighbours in length order that waste the least
+        padding (``1 - mean / max`` of their lengths) are: :attr:`steps_per_pass` runs that
+        do not overlap, the least wasteful first (the first one, among the runs that hold
+        the oldest row if it waited :data:`MAX_WAIT_WINDOWS` windows)."""
+        lengths, m = self._sorted_lengths, self.step
+        sums = np.concatenate(([0], np.cumsum(lengths)))
+        waste = 1.0 - (sums[m:] - sums[:-m]) / (m * np.maximum(lengths[m - 1:], 1))
+        runs = []
         oldest = int(np.argmin(self._order))
         if self._arrived - int(self._order[oldest]) > MAX_WAIT_WINDOWS * self.window:
             self.late_steps += 1
-            where = int(np.flatnonzero(slots == oldest)[0])
-            first, last = max(0, where - m + 1), min(where, last)
-        sums = np.concatenate(([0], np.cumsum(lengths)))
-        tops = np.maximum(lengths[first + m - 1:last + m], 1)
-        waste = 1.0 - (sums[first + m:last + m + 1] - sums[first:last + 1]) / (m * tops)
-        start = first + int(np.argmin(waste))
-        return slots[start:start + m]
+            where = int(np.flatnonzero(self._sorted == oldest)[0])
+            first = max(0, where - m + 1)
+            runs.append(first + int(np.argmin(waste[first:where + 1])))
+            waste[max(0, runs[0] - m + 1):runs[0] + m] = np.inf
+        while len(runs) < self.steps_per_pass:
+            start = int(np.argmin(waste))
+            if waste[start] == np.inf:
+                break
+            runs.append(start)
+            waste[max(0, start - m + 1):start + m] = np.inf
+        return [np.arange(start, start + m) for start in runs]
 
-    def _sorted_slots(self) -> np.ndarray:
-        """The slots held, by length, then by arrival."""
-        slots = np.flatnonzero(self._order != _FREE)
-        return slots[np.lexsort((self._order[slots], self._length[slots]))]
+    def _removed(self, where: slice | np.ndarray) -> np.ndarray:
+        """The slots at ``where`` in the length order, taken out of it."""
+        slots = self._sorted[where]
+        if type(where) is slice:  # a run: what is before it and after it
+            start, stop, _ = where.indices(len(self._sorted))
+            self._sorted = np.concatenate((self._sorted[:start], self._sorted[stop:]))
+            self._sorted_lengths = np.concatenate((self._sorted_lengths[:start],
+                                                   self._sorted_lengths[stop:]))
+        else:
+            kept = np.ones(len(self._sorted), dtype=bool)
+            kept[where] = False
+            self._sorted, self._sorted_lengths = self._sorted[kept], self._sorted_lengths[kept]
+        return slots
 
     def _insert(self, lengths: np.ndarray, buckets: np.ndarray, rows: Sequence[Any]) -> None:
         free = np.flatnonzero(self._order == _FREE)[:len(lengths)]
         self._length[free] = lengths
         self._bucket[free] = buckets
         self._order[free] = np.arange(self._arrived, self._arrived + len(lengths))
-        np.add.at(self._counts, buckets, 1)
+        if len(self.edges):
+            self._counts += np.bincount(buckets, minlength=len(self._counts))
+        # The new rows are newer than every row held: after them among equal lengths (a
+        # stable sort of the two runs, a merge).
+        joined = np.concatenate((self._sorted_lengths, lengths))
+        order = np.argsort(joined, kind="stable")
+        self._sorted = np.concatenate((self._sorted, free))[order]
+        self._sorted_lengths = joined[order]
         self._arrived += len(lengths)
         self._held += len(lengths)
-        held = self._rows
-        for slot, row in zip(free.tolist(), rows, strict=True):
-            held[slot] = row
+        # (fromiter: a row that is itself a sequence stays one object)
+        self._rows[free] = np.fromiter(rows, dtype=object, count=len(free))
 
-    def _release(self, slots: np.ndarray) -> list[Any]:
-        """The rows of ``slots`` (in that order), no longer held."""
-        held = self._rows
-        rows = [held[slot] for slot in slots.tolist()]
-        for slot in slots.tolist():
-            held[slot] = None
-        np.subtract.at(self._counts, self._bucket[slots], 1)
+    def _release(self, slots: np.ndarray) -> tuple[list[Any], np.ndarray]:
+        """The rows of ``slots`` (in that order) and their lengths, no longer held."""
+        rows: list[Any] = self._rows[slots].tolist()
+        self._rows[slots] = None
+        if len(self.edges):
+            self._counts -= np.bincount(self._bucket[slots], minlength=len(self._counts))
         self._order[slots] = _FREE
         self._held -= len(slots)
-        return rows
+        return rows, self._length[slots]
 
     def _deal(self, slots: np.ndarray) -> Step:
         """A whole step of ``slots`` (sorted by length): run ``g`` of ``B`` to rank
         ``perm[g]``."""
-        rows = self._release(slots)
+        rows, lengths = self._release(slots)
         b = self.batch_size
         ranks: list[list[Any]] = [[] for _ in range(self.world_size)]
-        for run, rank in enumerate(self._rng.permutation(self.world_size).tolist()):
-            ranks[rank] = rows[run * b:(run + 1) * b]
-        return self._stepped(ranks)
+        runs: list[np.ndarray] = [lengths[:0]] * self.world_size
+        if self._turn == len(self._turns):
+            self._turns = self._rng.permuted(
+                np.tile(np.arange(self.world_size), (_TURNS_DRAWN, 1)), axis=1)
+            self._turn = 0
+        turns, self._turn = self._turns[self._turn], self._turn + 1
+        for run, rank in enumerate(turns.tolist()):
+            ranks[rank], runs[rank] = rows[run * b:(run + 1) * b], lengths[run * b:(run + 1) * b]
+        return self._stepped(ranks, runs)
 
     def _last(self, slots: np.ndarray) -> list[Step]:
         """The epoch's last, partial step: round by round, its last round evened."""
-        rows = self._release(slots)
+        rows, lengths = self._release(slots)
         n = self.world_size
         short = -len(rows) % n
         if short and self.uneven == "pad":
             self.padded += short
-            rows += [rows[i % len(rows)] for i in range(short)]
+            repeats = np.arange(short) % len(rows)
+            rows += [rows[i] for i in repeats.tolist()]
+            lengths = np.concatenate((lengths, lengths[repeats]))
         elif short:
             self.dropped += n - short
-            rows = rows[:len(rows) - (n - short)]
-        return [self._stepped([rows[rank::n] for rank in range(n)])]
+            rows, lengths = rows[:len(rows) - (n - short)], lengths[:len(rows) - (n - short)]
+        return [self._stepped([rows[rank::n] for rank in range(n)],
+                              [lengths[rank::n] for rank in range(n)])]
 
-    def _stepped(self, ranks: list[list[Any]]) -> Step:
-        step = Step(self._epoch, self._next, ranks)
+    def _stepped(self, ranks: list[list[Any]], lengths: list[np.ndarray]) -> Step:
+        step = Step(self._epoch, self._next, ranks, lengths)
         self._next += sum(map(len, ranks))
         return step
 
 
 _FREE = np.iinfo(np.int64).max
+#: The ranks' turns drawn at once (a block of steps' permutations).
+_TURNS_DRAWN = 64

@@ -18,17 +18,49 @@ send or decide who holds a rank.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
 from feedmux.errors import ConfigurationError
-from feedmux.protocol import SampleBatch, padded_batch
+from feedmux.protocol import SampleBatch, padded_batch, stacked_batch
 from feedmux.server._delivery.batches import Batches, BucketSpec
 from feedmux.server._delivery.buckets import BucketWindow, Step
 from feedmux.server._delivery.dealing import RankShare
 
-__all__ = ["BucketStage", "sample_length"]
+__all__ = ["BucketStage", "sample_length", "sample_lengths"]
+
+_INTS = frozenset({int, np.int64, np.int32, np.int16, np.int8, np.uint64, np.uint32,
+                   np.uint16, np.uint8})
+
+
+def sample_lengths(samples: Sequence[Any], key: str) -> np.ndarray:
+    """The lengths of ``samples`` by their field ``key`` (:func:`sample_length`), read at C
+    level when every sample is a dict with an int, or an array, there.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> sample_lengths([{"n": 3}, {"n": np.int64(5)}], "n").tolist()
+    [3, 5]
+    >>> sample_lengths([{"x": np.zeros(2)}, {"x": np.zeros((4, 3))}], "x").tolist()
+    [2, 4]
+    """
+    try:
+        values = list(map(itemgetter(key), samples))
+    except (KeyError, TypeError, IndexError):
+        values = None
+    if values is not None:
+        kinds = set(map(type, values))
+        if kinds <= _INTS and kinds:
+            lengths = np.array(values, dtype=np.int64)
+            if not len(lengths) or lengths.min() >= 0:
+                return lengths
+        elif kinds == {np.ndarray} and all(value.ndim for value in values):
+            return np.fromiter(map(len, values), np.int64, len(values))
+    return np.array([sample_length(sample, key) for sample in samples], dtype=np.int64)
+
 
 
 def sample_length(sample: Any, key: str) -> int:
@@ -100,9 +132,7 @@ class BucketStage:
         """The shares of the steps that ``rows`` (the next of ``epoch``) complete."""
         if type(rows) is SampleBatch:
             rows = rows.unstacked()
-        key = self.key
-        lengths = [sample_length(row, key) for row in rows]
-        steps = self.window.add(epoch, lengths, list(zip(rows, lengths, strict=True)))
+        steps = self.window.add(epoch, sample_lengths(rows, self.key), rows)
         return self._shares(steps, last=False)
 
     def finish_epoch(self, epoch: int) -> list[RankShare]:
@@ -110,22 +140,25 @@ class BucketStage:
         return self._shares(self.window.finish_epoch(epoch), last=True)
 
     def _shares(self, steps: list[Step], last: bool) -> list[RankShare]:
-        shares = []
+        """Each rank's batches of ``steps``, a rank's run of whole batches in one message
+        when they stack without padding (small samples: what a message costs is shared by
+        its batches), else one message per batch."""
         size, drop_last = self.batches.batch_size, self.batches.drop_last
+        pieces: list[list[tuple[np.ndarray, list[Any], np.ndarray]]] = [
+            [] for _ in range(self.window.world_size)]
         for step in steps:
             for rank, rows in enumerate(step.ranks):
-                positions = step.positions(rank)
+                positions, lengths = step.positions(rank), step.lengths[rank]
                 if last and drop_last and len(rows) < size:
                     self.batches.bucket_dropped += len(rows)
                     continue
                 had = self._had(step.epoch, rank, positions)
                 if had < len(rows):
-                    rows, positions = rows[had:], positions[had:]
-                    tags = np.empty((len(rows), 2), dtype=np.int64)
-                    tags[:, 0], tags[:, 1] = step.epoch, positions
-                    batch = padded_batch([row for row, _ in rows], [n for _, n in rows])
-                    shares.append(RankShare(rank, tags, batch))
-        return shares
+                    tags = np.empty((len(rows) - had, 2), dtype=np.int64)
+                    tags[:, 0], tags[:, 1] = step.epoch, positions[had:]
+                    pieces[rank].append((tags, rows[had:] if had else rows, lengths[had:]))
+        return [share for rank, rank_pieces in enumerate(pieces)
+                for share in _joined(rank, rank_pieces, size)]
 
     def _had(self, epoch: int, rank: int, positions: np.ndarray) -> int:
         """How many of a rank's rows at ``positions`` (ascending) it had: those before the
@@ -137,3 +170,26 @@ class BucketStage:
             elif where is not None and epoch < where[0]:
                 cut = len(positions)
         return cut
+
+
+def _joined(rank: int, pieces: list[tuple[np.ndarray, list[Any], np.ndarray]],
+            size: int) -> list[RankShare]:
+    """A rank's batches (tags, rows, lengths) as shares: consecutive whole ones (and a last,
+    short one) joined when they stack without padding, the others one share each."""
+    shares, run = [], 0
+    while run < len(pieces):
+        end = run + 1
+        while end < len(pieces) and len(pieces[end - 1][1]) == size:
+            end += 1
+        batch = None
+        if end - run > 1:
+            rows = [row for _, piece, _ in pieces[run:end] for row in piece]
+            batch = stacked_batch(rows, np.concatenate([n for _, _, n in pieces[run:end]]))
+        if batch is not None:
+            shares.append(RankShare(rank, np.concatenate([t for t, _, _ in pieces[run:end]]),
+                                    batch))
+        else:
+            shares += [RankShare(rank, tags, padded_batch(rows, lengths))
+                       for tags, rows, lengths in pieces[run:end]]
+        run = end
+    return shares
