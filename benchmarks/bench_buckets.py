@@ -24,7 +24,9 @@ today / coordinated, target >= 1.5x), the padding waste (the padded tokens
 that are not a sample's own, target <= 10% coordinated against about 50% or
 more today) over the first steps of each run, and the server's rate (samples
 per second delivered to the 4 ranks in a timed window; coordinated / today,
-target >= 80%). Ratios are paired (round by round), then the median.
+target >= 80%; every rank takes the same steps in it, the job's rate is set by
+its slowest rank), and the server process's CPU per sample in that window.
+Ratios are paired (round by round), then the median.
 
 Beside it, the dealing rule alone (no processes): the same figures for
 several window sizes and two spreads of the distribution, and the dealing
@@ -69,7 +71,7 @@ def _lengths(stream: int, count: int, sigma: float) -> Iterator[dict[str, Any]]:
         yield {"n": int(length)}
 
 
-def _rank(data: str, control: str, rank: int, bucket: bool, steps: int, seconds: float,
+def _rank(data: str, control: str, rank: int, bucket: bool, steps: int, timed: int,
           barrier: Any, results: Any) -> None:
     try:
         with RemoteLoader(data, control=control, rank=rank, world_size=WORLD,
@@ -81,23 +83,26 @@ def _rank(data: str, control: str, rank: int, bucket: bool, steps: int, seconds:
                 lengths = next(batches)["n"]
                 longest[step], total[step], sizes[step] = lengths.max(), lengths.sum(), len(lengths)
             barrier.wait(TIMEOUT)  # (the parent is the barrier's last party)
+            # The same steps on every rank (a rank that stopped early, or left, would hold
+            # the others up: the ranks of a job move together).
             count, start = 0, time.perf_counter()
-            while time.perf_counter() - start < seconds:
-                for _ in range(16):
-                    count += len(next(batches)["n"])
-            results.put(("ok", rank, longest, total, sizes, count / (time.perf_counter() - start)))
+            for _ in range(timed):
+                count += len(next(batches)["n"])
+            rate = count / (time.perf_counter() - start)
+            barrier.wait(TIMEOUT)  # every rank done before any leaves
+            results.put(("ok", rank, longest, total, sizes, rate))
     except BaseException as error:
         results.put(("error", rank, repr(error), None, None, 0.0))
 
 
-def measure(configuration: str, steps: int, seconds: float) -> dict[str, float]:
+def measure(configuration: str, steps: int, timed: int) -> dict[str, float]:
     """One run of ``configuration``: its mean job step time, waste and server rate."""
     server = Server("benchmarks.bench_buckets:lognormal_lengths", bind="tcp://127.0.0.1:0",
                     control="tcp://127.0.0.1:0", seed=1).start()
     barrier, results = _FORK.Barrier(WORLD + 1), _FORK.Queue()
     ranks = [_FORK.Process(target=_rank, daemon=True, args=(
         server.data_address, server.control_address, rank, configuration == "coordinated",
-        steps, seconds, barrier, results)) for rank in range(WORLD)]
+        steps, timed, barrier, results)) for rank in range(WORLD)]
     try:
         for process in ranks:
             process.start()
@@ -108,9 +113,10 @@ def measure(configuration: str, steps: int, seconds: float) -> dict[str, float]:
             problem = results.get(timeout=1) if not results.empty() else "none reported"
             raise RuntimeError(f"{configuration}: a rank did not start: {problem}") from None
         cpu = sum(watched.cpu_times()[:2])
+        barrier.wait(2 * TIMEOUT)
+        cpu = sum(watched.cpu_times()[:2]) - cpu
         outcomes = sorted((results.get(timeout=2 * TIMEOUT) for _ in ranks),
                           key=lambda outcome: outcome[1])
-        cpu = sum(watched.cpu_times()[:2]) - cpu
     finally:
         for process in ranks:
             process.join(10)
@@ -123,16 +129,17 @@ def measure(configuration: str, steps: int, seconds: float) -> dict[str, float]:
         raise RuntimeError(f"{configuration}: a rank failed: {failed[0]}")
     padded = np.array([sizes * longest for _, _, longest, _, sizes, _ in outcomes])
     real = sum(total.sum() for _, _, _, total, _, _ in outcomes)
-    rate = sum(outcome[5] for outcome in outcomes)
+    # The job's rate: every rank took the same steps, the slowest rank's time is the job's.
+    rate = WORLD * min(outcome[5] for outcome in outcomes)
     return {"step": float(padded.max(axis=0).mean()), "waste": 1 - real / padded.sum(),
-            "rate": rate, "cpu": 1e6 * cpu / (rate * seconds)}
+            "rate": rate, "cpu": 1e6 * cpu / (WORLD * timed * BATCH)}
 
 
-def run(repeats: int, steps: int, seconds: float) -> dict[str, Any]:
+def run(repeats: int, steps: int, timed: int) -> dict[str, Any]:
     rounds: list[dict[str, dict[str, float]]] = []
     for number in range(repeats):
         order = CONFIGURATIONS if number % 2 == 0 else CONFIGURATIONS[::-1]
-        rounds.append({name: measure(name, steps, seconds) for name in order})
+        rounds.append({name: measure(name, steps, timed) for name in order})
     medians = {name: {key: statistics.median(r[name][key] for r in rounds)
                       for key in ("step", "waste", "rate", "cpu")} for name in CONFIGURATIONS}
     ratios = {"step": statistics.median(r["today"]["step"] / r["coordinated"]["step"]
@@ -204,11 +211,12 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one short round")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--timed-steps", type=int, default=4000,
+                        help="steps each rank takes in the timed window (default 4000)")
     args = parser.parse_args(argv)
-    repeats, steps, seconds, samples = ((1, 40, 0.5, 20_000) if args.quick else
-                                        (args.repeats, 400, args.seconds, 200_000))
-    print(report(run(repeats, steps, seconds), simulate(samples)))
+    repeats, steps, timed, samples = ((1, 40, 200, 20_000) if args.quick else
+                                      (args.repeats, 400, args.timed_steps, 200_000))
+    print(report(run(repeats, steps, timed), simulate(samples)))
     return 0
 
 

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from feedmux.apps.cli import build_parser
 from feedmux.errors import ConfigurationError
-from feedmux.protocol import Data, Hello, decode, ragged_tree
+from feedmux.protocol import Data, Hello, SampleBatch, decode, ragged_tree
+from feedmux.protocol._batch import stack_samples
 from feedmux.server._delivery.batches import Batches, BatchRequest, BucketSpec
 from feedmux.server._delivery.bucketstage import BucketStage, sample_length
 from feedmux.server._delivery.dealing import RankDealer
@@ -171,3 +172,30 @@ def test_the_server_options_are_checked_and_parsed() -> None:
     args = build_parser().parse_args(["serve", "m:f", "--bucket-by", "tokens",
                                       "--bucket-window", "512", "--bucket-edges", "16,128"])
     assert (args.bucket_by, args.bucket_window, args.bucket_edges) == ("tokens", 512, (16, 128))
+
+
+@pytest.mark.parametrize("key", ["n", "x"])
+def test_stacked_chunks_are_dealt_as_their_samples_are(key: str) -> None:
+    def chunk(start: int, stop: int, stacked: bool) -> Sequence[Any]:
+        rows = [{"id": np.int64(i), "n": 1 + (i * 7919) % 23, "x": np.full(3, i)}
+                for i in range(start, stop)]
+        return SampleBatch(stack_samples(rows), len(rows)) if stacked else rows
+
+    def dealt(stacked: bool) -> list[tuple[int, list[int], list[int]]]:
+        stage = stage_of(key=key)
+        messages = [m for start in range(0, 100, 30)
+                    for m in stage.deal(1, start, chunk(start, min(100, start + 30), stacked))]
+        got = []
+        for message in messages + list(stage.finish_epoch(1)):
+            decoded = decode([bytes(frame) for frame in message.frames])
+            assert isinstance(decoded, Data)
+            tree = ragged_tree(decoded.samples.stacked(), pad=False)
+            xs = tree["x"]  # the field bucketed by is length-led: a list of the arrays
+            assert (type(xs) is list) == (key == "x")
+            xs = [x.tolist() for x in xs] if key == "x" else xs.tolist()
+            assert xs == [[i] * 3 for i in tree["id"].tolist()]
+            got += [(message.rank, p, i) for p, i in zip(decoded.tags[:, 1].tolist(),
+                                                         tree["id"].tolist(), strict=True)]
+        return sorted(got)
+
+    assert dealt(stacked=True) == dealt(stacked=False)
