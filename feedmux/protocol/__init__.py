@@ -53,7 +53,7 @@ from feedmux.protocol._messages import (
     Welcome,
     stats_order,
 )
-from feedmux.protocol._ragged import Padded, padded_batch, ragged_tree, stacked_batch
+from feedmux.protocol._ragged import Padded, gathered, padded_batch, ragged_tree, stacked_batch
 from feedmux.protocol._stacking import stacked_tree, take_rows, training_batch
 from feedmux.protocol._tags import TAG_DTYPE, position_runs, read_tags, replace_tags
 
@@ -91,6 +91,7 @@ __all__ = [
     "Welcome",
     "decode",
     "encode",
+    "gathered",
     "pack_envelope",
     "padded_batch",
     "position_runs",

@@ -25,7 +25,8 @@ from feedmux.errors import ProtocolError
 from feedmux.protocol._batch import ARRAY, SCALAR, SampleBatch, StackedLeaf
 from feedmux.protocol._stacking import training_batch
 
-__all__ = ["LENGTHS", "PADDED", "Padded", "padded_batch", "ragged_tree", "stacked_batch"]
+__all__ = ["LENGTHS", "PADDED", "Padded", "gathered", "padded_batch", "ragged_tree",
+           "stacked_batch"]
 
 #: The two keys of a padded leaf's place in a batch tree.
 PADDED, LENGTHS = "__feedmux_padded__", "__feedmux_lengths__"
@@ -81,6 +82,63 @@ def stacked_batch(samples: Sequence[Any], lengths: np.ndarray) -> SampleBatch | 
     except ProtocolError:
         return None
     return SampleBatch(_length_led_stacked(template, lengths), len(samples))
+
+
+def gathered(parts: Sequence[tuple[SampleBatch, np.ndarray]], back: np.ndarray,
+             lengths: np.ndarray) -> SampleBatch | None:
+    """The rows ``rows`` of each ``(batch, rows)`` of ``parts`` (batches of one layout, their
+    numbers stacked), joined, then taken in the order ``back``, as one batch (with
+    :func:`stacked_batch`'s padded form of length-led leaves): one numpy gather per leaf
+    and part, no sample built; None when the parts' layouts differ.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> batch = training_batch([{"x": np.full(2, i), "n": i} for i in range(4)])
+    >>> tree = gathered([(batch, np.array([3, 0])), (batch, np.array([1]))],
+    ...                 np.array([2, 0, 1]), np.array([1, 3, 0])).stacked()
+    >>> tree["x"].tolist(), tree["n"].tolist()
+    ([[1, 1], [3, 3], [0, 0]], [1, 3, 0])
+    """
+    try:
+        template = _gathered([batch.template for batch, _ in parts],
+                             [rows for _, rows in parts], back)
+    except _Mismatch:
+        return None
+    return SampleBatch(_length_led_stacked(template, lengths), len(back))
+
+
+class _Mismatch(Exception):
+    """The parts of :func:`gathered` differ in layout."""
+
+
+def _gathered(templates: list[Any], picks: list[np.ndarray], back: np.ndarray) -> Any:
+    first = templates[0]
+    kind = type(first)
+    if any(type(template) is not kind for template in templates):
+        raise _Mismatch
+    if kind is StackedLeaf:
+        leaf_kind = first.kind
+        if any(template.kind != leaf_kind for template in templates):
+            raise _Mismatch
+        if type(first.values) is list:
+            values = [v for template, rows in zip(templates, picks, strict=True)
+                      for v in [template.values[row] for row in rows.tolist()]]
+            return StackedLeaf(leaf_kind, [values[row] for row in back.tolist()])
+        arrays = [template.values[rows] for template, rows in zip(templates, picks, strict=True)]
+        if any(a.dtype != arrays[0].dtype or a.shape[1:] != arrays[0].shape[1:]
+               for a in arrays):
+            raise _Mismatch
+        joined = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+        return StackedLeaf(leaf_kind, joined[back])
+    if kind is dict:
+        if any(template.keys() != first.keys() for template in templates):
+            raise _Mismatch
+        return {key: _gathered([t[key] for t in templates], picks, back) for key in first}
+    if any(len(template) != len(first) for template in templates):
+        raise _Mismatch
+    children = [_gathered([t[i] for t in templates], picks, back) for i in range(len(first))]
+    return children if kind is list else tuple(children)
 
 
 def _length_led_stacked(template: Any, lengths: np.ndarray) -> Any:

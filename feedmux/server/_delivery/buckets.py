@@ -181,6 +181,11 @@ class BucketWindow:
         """Rows held now (at most :attr:`window`)."""
         return self._held
 
+    def rows(self) -> list[Any]:
+        """The rows held now (in no particular order)."""
+        held: list[Any] = self._rows[self._sorted].tolist()
+        return held
+
     def add(self, epoch: int, lengths: Sequence[int] | np.ndarray,
             rows: Sequence[Any]) -> list[Step]:
         """The steps that ``rows`` (the next of ``epoch``, of ``lengths``) complete."""

@@ -24,7 +24,14 @@ from typing import Any
 import numpy as np
 
 from feedmux.errors import ConfigurationError
-from feedmux.protocol import SampleBatch, padded_batch, stacked_batch
+from feedmux.protocol import (
+    SampleBatch,
+    StackedLeaf,
+    gathered,
+    padded_batch,
+    stacked_batch,
+    training_batch,
+)
 from feedmux.server._delivery.batches import Batches, BucketSpec
 from feedmux.server._delivery.buckets import BucketWindow, Step
 from feedmux.server._delivery.dealing import RankShare
@@ -127,12 +134,15 @@ class BucketStage:
                                    uneven, spec.seed)
         self.start = start
         self.ahead: dict[int, tuple[int, int]] = dict(ahead or {})
+        self.chunks = _Chunks()
 
     def deal(self, epoch: int, rows: Sequence[Any]) -> list[RankShare]:
         """The shares of the steps that ``rows`` (the next of ``epoch``) complete."""
-        if type(rows) is SampleBatch:
-            rows = rows.unstacked()
-        steps = self.window.add(epoch, sample_lengths(rows, self.key), rows)
+        if type(rows) is SampleBatch:  # its rows held as references: no sample built
+            lengths = _stacked_lengths(rows, self.key)
+            steps = self.window.add(epoch, lengths, self.chunks.refs(rows))
+        else:
+            steps = self.window.add(epoch, sample_lengths(rows, self.key), rows)
         return self._shares(steps, last=False)
 
     def finish_epoch(self, epoch: int) -> list[RankShare]:
@@ -157,8 +167,11 @@ class BucketStage:
                     tags = np.empty((len(rows) - had, 2), dtype=np.int64)
                     tags[:, 0], tags[:, 1] = step.epoch, positions[had:]
                     pieces[rank].append((tags, rows[had:] if had else rows, lengths[had:]))
-        return [share for rank, rank_pieces in enumerate(pieces)
-                for share in _joined(rank, rank_pieces, size)]
+        shares = [share for rank, rank_pieces in enumerate(pieces)
+                  for share in _joined(rank, rank_pieces, size, self.chunks)]
+        if steps:
+            self.chunks.keep(self.window.rows())
+        return shares
 
     def _had(self, epoch: int, rank: int, positions: np.ndarray) -> int:
         """How many of a rank's rows at ``positions`` (ascending) it had: those before the
@@ -172,8 +185,8 @@ class BucketStage:
         return cut
 
 
-def _joined(rank: int, pieces: list[tuple[np.ndarray, list[Any], np.ndarray]],
-            size: int) -> list[RankShare]:
+def _joined(rank: int, pieces: list[tuple[np.ndarray, list[Any], np.ndarray]], size: int,
+            chunks: _Chunks) -> list[RankShare]:
     """A rank's batches (tags, rows, lengths) as shares: consecutive whole ones (and a last,
     short one) joined when they stack without padding, the others one share each."""
     shares, run = [], 0
@@ -184,12 +197,85 @@ def _joined(rank: int, pieces: list[tuple[np.ndarray, list[Any], np.ndarray]],
         batch = None
         if end - run > 1:
             rows = [row for _, piece, _ in pieces[run:end] for row in piece]
-            batch = stacked_batch(rows, np.concatenate([n for _, _, n in pieces[run:end]]))
+            batch = chunks.stacked(rows, np.concatenate([n for _, _, n in pieces[run:end]]))
         if batch is not None:
             shares.append(RankShare(rank, np.concatenate([t for t, _, _ in pieces[run:end]]),
                                     batch))
         else:
-            shares += [RankShare(rank, tags, padded_batch(rows, lengths))
+            shares += [RankShare(rank, tags, chunks.batch(rows, lengths))
                        for tags, rows, lengths in pieces[run:end]]
         run = end
     return shares
+
+
+def _stacked_lengths(batch: SampleBatch, key: str) -> np.ndarray:
+    """The lengths of a stacked chunk's rows, from its stacked leaf ``key`` when it has one
+    (an int column, or arrays of one shape), else from its samples."""
+    template = batch.template
+    leaf = template.get(key) if type(template) is dict else None
+    if type(leaf) is StackedLeaf:
+        values = leaf.values
+        if type(values) is np.ndarray and values.ndim >= 2:
+            return np.full(len(batch), values.shape[1], dtype=np.int64)
+        if type(values) is list and set(map(type, values)) <= _INTS:
+            values = np.array(values, dtype=np.int64)  # a column of plain ints
+        if (type(values) is np.ndarray and values.ndim == 1 and values.dtype.kind in "iu"
+                and (not len(values) or values.min() >= 0)):
+            return values.astype(np.int64)
+    return sample_lengths(batch.unstacked(), key)
+
+
+class _Chunks:
+    """The stacked chunks whose rows the window holds by reference: row ``i`` of chunk ``c``
+    is the int ``c << 32 | i`` (a sample dealt by length is a dict, never an int), so a
+    step's batch is gathered from the chunks' stacked leaves, with no sample built."""
+
+    def __init__(self) -> None:
+        self._chunks: dict[int, SampleBatch] = {}
+        self._next = 0
+
+    def refs(self, batch: SampleBatch) -> list[int]:
+        serial, self._next = self._next, self._next + 1
+        self._chunks[serial] = training_batch(batch)  # its numbers as arrays, gathered at C level
+        refs: list[int] = ((serial << 32) + np.arange(len(batch), dtype=np.int64)).tolist()
+        return refs
+
+    def keep(self, held: list[Any]) -> None:
+        """Let go of the chunks no row ``held`` refers to."""
+        codes = np.array(held)
+        if codes.dtype != np.int64:  # samples too (a chunk that did not stack)
+            codes = np.array([row for row in held if type(row) is int], dtype=np.int64)
+        oldest = int(codes.min()) >> 32 if len(codes) else self._next
+        for serial in [serial for serial in self._chunks if serial < oldest]:
+            del self._chunks[serial]
+
+    def stacked(self, rows: list[Any], lengths: np.ndarray) -> SampleBatch | None:
+        """``rows`` as one batch when they stack with no padding (rows of chunks always
+        do: a chunk's rows are of one shape), else None."""
+        batch = self._gathered(rows, lengths)
+        return batch if batch is not None else stacked_batch(self._samples(rows), lengths)
+
+    def batch(self, rows: list[Any], lengths: np.ndarray) -> SampleBatch:
+        """``rows`` as one batch, padded where it must be."""
+        batch = self._gathered(rows, lengths)
+        return batch if batch is not None else padded_batch(self._samples(rows), lengths)
+
+    def _gathered(self, rows: list[Any], lengths: np.ndarray) -> SampleBatch | None:
+        """``rows`` gathered chunk by chunk and put back in their order, when every one is
+        a row of a chunk (of one layout), else None."""
+        codes = np.array(rows) if rows and type(rows[0]) is int else None
+        if codes is None or codes.dtype != np.int64:
+            return None
+        serials, indices = codes >> 32, codes & 0xFFFFFFFF
+        order = np.argsort(serials, kind="stable")
+        ordered = serials[order]
+        starts = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist()]
+        stops = [*starts[1:], len(order)]
+        parts = [(self._chunks[int(ordered[start])], indices[order[start:stop]])
+                 for start, stop in zip(starts, stops, strict=True)]
+        return gathered(parts, np.argsort(order), lengths)
+
+    def _samples(self, rows: list[Any]) -> list[Any]:
+        chunks = self._chunks
+        return [chunks[row >> 32][row & 0xFFFFFFFF] if type(row) is int else row
+                for row in rows]
