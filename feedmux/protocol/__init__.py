@@ -53,6 +53,7 @@ from feedmux.protocol._messages import (
     Welcome,
     stats_order,
 )
+from feedmux.protocol._ragged import Padded, gathered, padded_batch, ragged_tree, stacked_batch
 from feedmux.protocol._stacking import stacked_tree, take_rows, training_batch
 from feedmux.protocol._tags import TAG_DTYPE, position_runs, read_tags, replace_tags
 
@@ -82,6 +83,7 @@ __all__ = [
     "Kind",
     "Limits",
     "Message",
+    "Padded",
     "SampleBatch",
     "StackedLeaf",
     "Stats",
@@ -89,11 +91,15 @@ __all__ = [
     "Welcome",
     "decode",
     "encode",
+    "gathered",
     "pack_envelope",
+    "padded_batch",
     "position_runs",
+    "ragged_tree",
     "read_tags",
     "replace_tags",
     "stack_scalars",
+    "stacked_batch",
     "stacked_tree",
     "stats_order",
     "take_rows",

@@ -129,6 +129,11 @@ class Hello:
     trainer asks the server to stack into each data message (every trainer of
     a server asks the same); ``drop_last`` says whether an epoch's last,
     partial batch is dropped (True) or sent short (docs/stream.md).
+
+    ``bucket_by`` is empty, or the field of a sample whose value (an int, or an
+    array's first dimension) is its length: the ranked trainer asks the server
+    to deal each step's batches from samples of similar length (docs/ddp.md);
+    every rank of a job asks the same.
     """
 
     client_id: str
@@ -141,6 +146,7 @@ class Hello:
     batch_size: int = 0
     handed_below: tuple[int, ...] = ()
     drop_last: bool = False
+    bucket_by: str = ""
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ from typing import Any
 from feedmux._plumbing.shm import DEFAULT_SHM_SIZE
 from feedmux._plumbing.sockets import DEFAULT_BIND, DEFAULT_HWM, control_address_for
 from feedmux.errors import ConfigurationError
+from feedmux.server._delivery.batches import BucketSpec
+from feedmux.server._delivery.buckets import check_edges
 from feedmux.server._delivery.groups import DEFAULT_GROUP_BUFFER, JOIN_MODES, parse_group_buffer
 from feedmux.server._sources.policy import BatchPolicy
 from feedmux.server.factory import Source
@@ -141,6 +143,13 @@ class ServerConfig:
     # The same-host shared-memory pool (docs/server.md): off with --no-shm.
     shm: bool = True
     shm_size: int = DEFAULT_SHM_SIZE
+    # Coordinated steps for ranked batches (docs/ddp.md): the sample field that gives a
+    # sample's length for trainers that name none (""), the window in samples (0: the
+    # default, 16 steps of world_size x batch_size) and the bucket edges (none: the runs of
+    # similar lengths in the window).
+    bucket_by: str = ""
+    bucket_window: int = 0
+    bucket_edges: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         def require(ok: bool, what: str, value: object) -> None:
@@ -174,6 +183,10 @@ class ServerConfig:
             "seed None or an int >= 0", self.seed,
         )
         require(self.shm_size >= 1 << 20, "shm_size >= 1 MiB", self.shm_size)
+        require(type(self.bucket_by) is str, "bucket_by a field name (a str)", self.bucket_by)
+        require(type(self.bucket_window) is int and self.bucket_window >= 0,
+                "bucket_window an int >= 0 samples (0: the default)", self.bucket_window)
+        object.__setattr__(self, "bucket_edges", check_edges(self.bucket_edges))
         if (refused := refusal(self.asks)) is not None:
             raise ConfigurationError(refused)
         if self.metrics_port is not None:
@@ -212,6 +225,13 @@ class ServerConfig:
         """The groups' buffer as ``(max_messages, max_bytes)``: ``group_buffer``, or the
         default (:data:`~feedmux.server._delivery.groups.DEFAULT_GROUP_BUFFER`)."""
         return parse_group_buffer(self.group_buffer or DEFAULT_GROUP_BUFFER)
+
+    @property
+    def buckets(self) -> BucketSpec:
+        """The window, edges and seed of coordinated steps (the field: the ranks' own, or
+        ``bucket_by``)."""
+        return BucketSpec(self.bucket_by, self.bucket_window, self.bucket_edges,
+                          self.seed or 0)
 
     @property
     def policy(self) -> BatchPolicy:

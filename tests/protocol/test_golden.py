@@ -197,6 +197,20 @@ GOLDEN: list[tuple[str, Any, dict[str, Any], list[bytes]]] = [
         ),
     ),
     (
+        "hello-buckets",
+        Hello(client_id="t6", world_size=2, rank=0, batch_size=8, bucket_by="tokens"),
+        {},
+        frames_of(
+            # {"v": 1, "k": 2, "client_id": "t6", "role": "trainer", "world_size": 2,
+            #  "rank": 0, "batch_size": 8, "bucket_by": "tokens"}: bucket_by is written only
+            #  when it is not "" (no buckets), so older hellos keep their bytes
+            "88 a1 76 01 a1 6b 02 a9 63 6c 69 65 6e 74 5f 69 64 a2 74 36"
+            " a4 72 6f 6c 65 a7 74 72 61 69 6e 65 72 aa 77 6f 72 6c 64 5f 73 69 7a 65 02"
+            " a4 72 61 6e 6b 00 aa 62 61 74 63 68 5f 73 69 7a 65 08"
+            " a9 62 75 63 6b 65 74 5f 62 79 a6 74 6f 6b 65 6e 73",
+        ),
+    ),
+    (
         "heartbeat-grouped",
         Heartbeat(sender_id="t1", received_messages=5, group="eval"),
         {},

@@ -238,6 +238,7 @@ class ControlCore:
         self._final_started = self._last_heard = 0.0
         #: The rank tables: the server's own, or one per consumer group.
         self.tables = RankTables(config.grouped, 4 * config.hwm + 64, config.reliable)
+        self.tables.batches.default_bucket_by = config.bucket_by
         self.ranks = self.tables.server
         #: What each rank was sent beyond what it handed out (for a restarted rank).
         self.retention = self.tables.retention

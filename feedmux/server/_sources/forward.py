@@ -66,7 +66,7 @@ class _Run:
         #: Workers whose messages of an earlier run may still come (until their marker).
         self.behind = set(range(config.workers)) if generation else set()
         #: The trainers' batches (None: they asked for none): cut here, from the merged stream.
-        self.batches = shell.core.tables.batches.assemblers()
+        self.batches = shell.core.tables.batches.assemblers(config.buckets)
         dealer = ranked_dealer(shell, config)
         #: A ranked job's dealing (None: free trainers).
         self.ranked = None if dealer is None else RankedStage(
