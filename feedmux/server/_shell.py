@@ -158,6 +158,9 @@ class SocketShell:
         )
         self.control.rcvhwm = CONTROL_RCVHWM
         self.control.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A trainer's control DEALER keeps its identity across reconnects (a link that went
+        # down and up): the new connection takes it over from a pipe not yet seen dead.
+        self.control.setsockopt(zmq.ROUTER_HANDOVER, 1)
         #: Everything sent on the data socket leaves through it.
         self.outbox = Outbox(self.data, self.control, lambda: self.serve_control(timeout=0))
         self.reliable: ReliableLink | None = None
@@ -266,9 +269,10 @@ class SocketShell:
                     continue  # a rank busy in a long step: its holder stays (its acks tell)
                 self.core.peer_gone(identity)
             except zmq.ZMQError:
-                # The peer went away (ROUTER_MANDATORY) or cannot keep up: the core forgets
-                # it but counts what it had received for the end of stream.
-                self.core.peer_gone(identity)
+                # No connection to the peer now (ROUTER_MANDATORY): gone, or a rank whose
+                # control link is down a while (the core decides); a forgotten one's
+                # received messages still count for the end of stream.
+                self.core.unreachable(identity, time.monotonic())
 
     def run_phase(self, phase: Phase) -> None:
         """Serve control, ticking the core, until it leaves ``phase`` or the server stops."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,9 +36,10 @@ def serve_in(hosts: TwoHosts, *args: str) -> Spawned:
 
 
 def trainer_in(hosts: TwoHosts, host: str, server: Spawned, out: Path,
-               *flags: str) -> subprocess.Popen[bytes]:
+               *flags: str, **options: Any) -> subprocess.Popen[bytes]:
+    """``tests.integration.trainers`` in ``host``, recording into ``out``."""
     return hosts.python(host, "-m", "tests.integration.trainers", server.data,
-                        server.control, str(out), *flags)
+                        server.control, str(out), *flags, **options)
 
 
 def records(path: Path) -> list[tuple[int, int]]:
