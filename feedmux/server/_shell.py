@@ -35,7 +35,7 @@ from feedmux._plumbing.sockets import (
 )
 from feedmux.errors import ProtocolError
 from feedmux.protocol import CONTROL_LIMITS, Ack, Error, Heartbeat, decode
-from feedmux.server._control.core import ControlCore, Phase, Sends, Stat
+from feedmux.server._control.core import ControlCore, Phase, Sends, Stat, unreachable
 from feedmux.server._control.meters import ControlMeter, SamplerMeter, sampler_stats
 from feedmux.server._control.metrics import MetricsEndpoint
 from feedmux.server._delivery.carrier import Carrier
@@ -272,7 +272,7 @@ class SocketShell:
                 # No connection to the peer now (ROUTER_MANDATORY): gone, or a rank whose
                 # control link is down a while (the core decides); a forgotten one's
                 # received messages still count for the end of stream.
-                self.core.unreachable(identity, time.monotonic())
+                unreachable(self.core, identity, time.monotonic())
 
     def run_phase(self, phase: Phase) -> None:
         """Serve control, ticking the core, until it leaves ``phase`` or the server stops."""

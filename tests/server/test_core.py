@@ -35,6 +35,7 @@ from feedmux.server._control.core import (
     ControlCore,
     Phase,
     Sends,
+    unreachable,
 )
 from feedmux.server.config import ServerConfig
 
@@ -282,11 +283,11 @@ def test_a_rank_whose_control_link_is_down_keeps_its_rank_within_the_grace() -> 
     core.tick(0.2)
     core.tick(0.3)
     assert core.phase is Phase.SAMPLING
-    core.unreachable(A, now=5.0)
+    unreachable(core, A, now=5.0)
     assert A in core.trainers and core.rank_target(0) == b"t0"
     assert (core.departed, core.stats(5.0)["unreachable_sends"]) == (0, 1)
     # Not heard for longer than the grace: gone, and its rank free for a successor.
-    core.unreachable(A, now=CONTROL_GRACE + 0.5)
+    unreachable(core, A, now=CONTROL_GRACE + 0.5)
     assert A not in core.trainers and core.rank_target(0) is None
     assert core.departed == 1
 
@@ -297,7 +298,7 @@ def test_a_free_trainer_whose_control_send_fails_is_forgotten_at_once() -> None:
     core.receive(A, hello(), now=0.0)
     core.tick(0.2)
     core.tick(0.3)
-    core.unreachable(A, now=0.4)
+    unreachable(core, A, now=0.4)
     assert A not in core.trainers and core.departed == 1
 
 

@@ -61,6 +61,7 @@ __all__ = [
     "FINAL_GRACE",
     "NO_SENDS",
     "shm_trainers",
+    "unreachable",
     "TRAINER_TIMEOUT",
     "ControlCore",
     "Phase",
@@ -196,6 +197,24 @@ def _unknown_welcome(core: ControlCore, group: str) -> Welcome:
     before this one, killed before it read it (it may never say it again otherwise)."""
     welcome = core.welcome(group)
     return dataclasses.replace(welcome, unknown=True) if core.phase is Phase.WAITING else welcome
+
+
+def unreachable(core: ControlCore, identity: bytes, now: float) -> None:
+    """A control send to ``identity`` failed (no connection to it now): forget it
+    (:meth:`ControlCore.peer_gone`), unless it is a ranked trainer heard within
+    :data:`CONTROL_GRACE` while sampling. A rank's holder whose control link is down
+    for a while keeps its rank: its data connection has no heartbeats and outlives
+    the outage, and its control connection comes back under the same identity, so
+    forgetting it would leave its rank to a successor that never comes. The message
+    that failed is lost; each heartbeat asks for a fresh welcome. A holder that really
+    died is still replaced: a contender is admitted once the holder has not been heard
+    for :data:`TRAINER_TIMEOUT`, and a failed data send forgets it at once."""
+    trainer = core.trainers.get(identity)
+    if (trainer is None or trainer.rank < 0 or core.phase is not Phase.SAMPLING
+            or now - trainer.last_seen > CONTROL_GRACE):
+        core.peer_gone(identity)
+    else:
+        core.unreachable_sends += 1
 
 
 def _group_of(trainers: Mapping[bytes, _Trainer], client_id: str) -> str | None:
@@ -373,23 +392,6 @@ class ControlCore:
         peer_log.log(logging.WARNING, "malformed", "malformed control message from %r: %s",
                      identity[:16], error)
         return [(identity, malformed_reply(error, self.config.server_id))]
-
-    def unreachable(self, identity: bytes, now: float) -> None:
-        """A control send to ``identity`` failed (no connection to it now): forget it
-        (:meth:`peer_gone`), unless it is a ranked trainer heard within
-        :data:`CONTROL_GRACE` while sampling. A rank's holder whose control link is down
-        for a while keeps its rank: its data connection has no heartbeats and outlives
-        the outage, and its control connection comes back under the same identity, so
-        forgetting it would leave its rank to a successor that never comes. The message
-        that failed is lost; each heartbeat asks for a fresh welcome. A holder that really
-        died is still replaced: a contender is admitted once the holder has not been heard
-        for :data:`TRAINER_TIMEOUT`, and a failed data send forgets it at once."""
-        trainer = self.trainers.get(identity)
-        if (trainer is not None and trainer.rank >= 0 and self.phase is Phase.SAMPLING
-                and now - trainer.last_seen <= CONTROL_GRACE):
-            self.unreachable_sends += 1
-            return
-        self.peer_gone(identity)
 
     def peer_gone(self, identity: bytes) -> None:
         """A send to ``identity`` failed: forget it, keep what it had received for the count."""
