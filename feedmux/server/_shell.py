@@ -34,11 +34,19 @@ from feedmux._plumbing.sockets import (
     send_message,
 )
 from feedmux.errors import ProtocolError
-from feedmux.protocol import CONTROL_LIMITS, Ack, Error, Heartbeat, decode
-from feedmux.server._control.core import ControlCore, Phase, Sends, Stat, unreachable
+from feedmux.protocol import CONTROL_LIMITS, Ack, Error, Heartbeat, decode, parse_compress
+from feedmux.server._control.core import (
+    ControlCore,
+    Phase,
+    Sends,
+    Stat,
+    shm_trainers,
+    unreachable,
+)
 from feedmux.server._control.meters import ControlMeter, SamplerMeter, sampler_stats
 from feedmux.server._control.metrics import MetricsEndpoint
 from feedmux.server._delivery.carrier import Carrier
+from feedmux.server._delivery.compression import LinkCompression
 from feedmux.server._delivery.dealer import Dealer, PlainFree, RankAudience
 from feedmux.server._delivery.fanout import GroupFanout
 from feedmux.server._delivery.outbox import Outbox
@@ -95,7 +103,12 @@ class SocketShell:
             self.extra_stats.append(lambda: dict(self.pool.stats()) if self.pool else {})
         # References to the pool on their way to one trainer (not yet received) at most:
         # what its socket queues would hold of messages sent whole (--hwm, both ends).
-        carrier = Carrier(self.pool, self.core, 2 * config.hwm, self.outbox, self._halted)
+        self.compression = LinkCompression(
+            parse_compress(config.compress),
+            lambda target: target in shm_trainers(self.core) if self.pool is not None else False)
+        self.extra_stats.append(self.compression.stats)
+        carrier = Carrier(self.pool, self.core, 2 * config.hwm, self.outbox, self._halted,
+                          self.compression)
         # The one choice of the free trainers' recovery policy: none, or (reliable) credit
         # and a re-deal within their audience. Ranks on a reliable server: their messages
         # need no sequence number (the ranks' hand-out marks release them), so they go

@@ -21,6 +21,7 @@ from typing import Any
 from feedmux._plumbing.shm import DEFAULT_SHM_SIZE
 from feedmux._plumbing.sockets import DEFAULT_BIND, DEFAULT_HWM, control_address_for
 from feedmux.errors import ConfigurationError
+from feedmux.protocol import parse_compress
 from feedmux.server._delivery.groups import DEFAULT_GROUP_BUFFER, JOIN_MODES, parse_group_buffer
 from feedmux.server._sources.policy import BatchPolicy
 from feedmux.server.factory import Source
@@ -146,6 +147,9 @@ class ServerConfig:
     # The same-host shared-memory pool (docs/server.md): off with --no-shm.
     shm: bool = True
     shm_size: int = DEFAULT_SHM_SIZE
+    # Compression of the trainers' socket links (docs/scale-out.md "Across hosts"):
+    # auto, off, lz4, zstd or zstd:LEVEL.
+    compress: str = "auto"
 
     def __post_init__(self) -> None:
         def require(ok: bool, what: str, value: object) -> None:
@@ -153,6 +157,10 @@ class ServerConfig:
                 raise ConfigurationError(f"expected {what}, got {value!r}")
 
         require(self.workers >= 1, "workers >= 1", self.workers)
+        try:
+            parse_compress(self.compress)
+        except ValueError as error:
+            raise ConfigurationError(f"compress: {error}") from None
         require(self.epochs is None or self.epochs >= 1, "epochs None or >= 1", self.epochs)
         require(self.epoch_size is None or self.epoch_size >= 1, "epoch_size >= 1", self.epoch_size)
         require(self.hwm >= 1, "hwm >= 1", self.hwm)
