@@ -14,13 +14,14 @@ B, the same bytes per message, ``copy=False`` for large frames) is measured over
 link in the same run. The links: the veth pair unshaped, and shaped to 1 Gbit/s with ``tc``'s
 token bucket (``tbf``; ``netem``'s delay is not available on the machine this was written on).
 
-Payloads: ``small`` (``{'X': float32[16], 'y': int64}``, 256 samples a message), ``large``
-(one float32 array of 1 MiB a sample, 4 a message) and ``images`` (a batch of 16 RGB
-224x224 crops of scikit-image's bundled photographs a sample, 2.4 MB; random noise without
-scikit-image, said in the output). Modes: ``plain``, ``reliable`` (credit and
-acknowledgements), ``ranked`` (one DDP job of 1 or 8 ranks). ``--compress`` picks the
-trainers' links' compression (feedmux's ``--compress``), so ``off`` and ``auto`` can be
-compared in one run (``--compress off,auto``).
+Payloads: ``small`` (``{'X': float32[16], 'y': int64}``, 256 samples a message),
+``large`` (a float32 ramp of 1 MiB a sample, 4 a message), ``floats`` (1 MiB of random
+float32 a sample, incompressible, 4 a message) and ``images`` (a batch of 10 RGB 224x224
+tiles of scikit-image's bundled photographs a sample, 1.5 MB, no tile twice in a batch;
+random noise without scikit-image, said in the output). Modes: ``plain``, ``reliable``
+(credit and acknowledgements), ``ranked`` (one DDP job of 1 or 8 ranks). ``--compress``
+lists the compressions (feedmux's ``--compress``) compared on plain delivery (default
+``off,auto``); ``auto`` is measured after a warm-up of 3.5 s, past its first trial.
 
 Every figure is printed, with the ratio of feedmux's bytes/s to raw pyzmq's on the same
 link and payload and the issue's targets, met or not.
@@ -40,11 +41,11 @@ from typing import Any
 
 import numpy as np
 
-PAYLOADS = ("small", "large", "images")
+PAYLOADS = ("small", "large", "images", "floats")
 MODES = ("plain", "reliable", "ranked")
 LINKS = {"veth": None, "1gbit": "1gbit"}
 #: Samples a message, per payload.
-PER_MESSAGE = {"small": 256, "large": 4, "images": 1}
+PER_MESSAGE = {"small": 256, "large": 4, "images": 1, "floats": 4}
 #: The target: feedmux off at least this share of raw pyzmq's bytes/s (plain and reliable).
 RAW_TARGET = 0.90
 
@@ -59,20 +60,17 @@ def _photos() -> tuple[list[np.ndarray], str]:
     return [data.astronaut(), data.coffee(), data.chelsea(), data.rocket()], "photographs"
 
 
-def image_batches(count: int = 8, batch: int = 16, size: int = 224) -> list[np.ndarray]:
-    """``count`` batches of ``batch`` crops of ``size`` x ``size`` from the photographs."""
+def image_batches(count: int = 4, batch: int = 16, size: int = 224) -> list[np.ndarray]:
+    """``count`` batches of ``batch`` crops of ``size`` x ``size``: distinct tiles of the
+    photographs (no tile twice in a batch, so a batch holds no repeat to compress away),
+    shuffled per batch."""
     photos, _ = _photos()
+    tiles = [photo[y:y + size, x:x + size, :3] for photo in photos
+             for y in range(0, photo.shape[0] - size + 1, size)
+             for x in range(0, photo.shape[1] - size + 1, size)]
     rng = np.random.default_rng(1)
-    batches = []
-    for _ in range(count):
-        crops = []
-        for _ in range(batch):
-            photo = photos[int(rng.integers(len(photos)))]
-            y = int(rng.integers(photo.shape[0] - size + 1))
-            x = int(rng.integers(photo.shape[1] - size + 1))
-            crops.append(photo[y:y + size, x:x + size, :3])
-        batches.append(np.ascontiguousarray(np.stack(crops)))
-    return batches
+    return [np.ascontiguousarray(np.stack([tiles[i] for i in rng.permutation(len(tiles))[:batch]]))
+            for _ in range(count)]
 
 
 def samples(kind: str) -> list[dict[str, Any]]:
@@ -81,8 +79,9 @@ def samples(kind: str) -> list[dict[str, Any]]:
     rng = np.random.default_rng(0)
     if kind == "small":
         return [{"X": rng.random(16, dtype=np.float32), "y": np.int64(i)} for i in range(64)]
-    if kind == "large":
-        return [{"X": rng.random(1 << 18, dtype=np.float32), "y": np.int64(i)} for i in range(8)]
+    if kind == "large":  # 1 MiB of float32 that compress (a ramp)
+        ramp = np.arange(1 << 18, dtype=np.float32)
+        return [{"X": ramp + i, "y": np.int64(i)} for i in range(8)]
     if kind == "images":
         return [{"X": images, "y": np.int64(i)} for i, images in enumerate(image_batches())]
     if kind == "floats":  # incompressible
@@ -101,9 +100,10 @@ def _repeat(kind: str, count: int) -> Iterator[dict[str, Any]]:
         yield made[i % len(made)]
 
 
-def source(kind: str = "small", epoch: int = 4096) -> Any:
+def source(kind: str = "small", epoch: int = 1 << 20) -> Any:
     """What the server serves: ``epoch`` samples of ``kind`` an epoch (``feedmux serve
-    benchmarks.bench_hosts:source``)."""
+    benchmarks.bench_hosts:source``). Long epochs: the server logs each one, and its log
+    is read only up to its start line (a pipe that fills would stop it)."""
     import feedmux
 
     return feedmux.Streamer(_repeat, kind, epoch)
@@ -186,6 +186,7 @@ class Cell:
     bytes_per_s: float = 0.0
     trainer_cpu: float = 0.0  # trainer CPU seconds per second (summed over trainers)
     error: str = ""
+    decision: str = ""  # auto: the server's decision and reason for the first trainer
 
 
 def _read_json(process: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
@@ -231,6 +232,8 @@ def _measure(hosts: Any, cell: Cell, warmup: float, seconds: float) -> None:
         cell.samples_per_s = sum(r["items"] / r["seconds"] for r in results)
         cell.bytes_per_s = sum(r["bytes"] / r["seconds"] for r in results)
         cell.trainer_cpu = sum(r["cpu"] / r["seconds"] for r in results)
+        if cell.compress == "auto":
+            cell.decision = _decision(hosts, control)
     except (RuntimeError, subprocess.TimeoutExpired, ValueError, IndexError) as error:
         cell.error = str(error).strip().splitlines()[-1][:200] if str(error) else repr(error)
     finally:
@@ -240,6 +243,19 @@ def _measure(hosts: Any, cell: Cell, warmup: float, seconds: float) -> None:
             process.wait(timeout=10)
 
 
+def _decision(hosts: Any, control: str) -> str:
+    """What ``auto`` decided for a trainer, and why (the server's statistics)."""
+    done = hosts.run("a", [sys.executable, "-m", "feedmux", "stats", control, "--timeout", "5"])
+    try:
+        stats = json.loads(done.stdout)
+    except ValueError:
+        return "no statistics"
+    for key in sorted(stats):
+        if key.endswith(".compress"):
+            return f"{stats[key]}: {stats.get(key + '_reason', '')}"
+    return "no decision"
+
+
 def _cells(args: argparse.Namespace) -> list[Cell]:
     cells = []
     for link in args.links:
@@ -247,7 +263,8 @@ def _cells(args: argparse.Namespace) -> list[Cell]:
             for trainers in args.trainers:
                 cells.append(Cell(link, kind, "raw", trainers))
                 for mode in args.modes:
-                    for compress in args.compress:
+                    # The compressions are compared on plain delivery only (one run's time).
+                    for compress in args.compress if mode == "plain" else ["off"]:
                         cells.append(Cell(link, kind, mode, trainers, compress))
     return cells
 
@@ -266,6 +283,8 @@ def _report(cells: list[Cell], images: str) -> None:
                    f"{c.trainer_cpu:11.2f}") if not c.error else f"  failed: {c.error}"
         print(f"{c.link:6} {c.kind:7} {c.mode:8} {c.trainers:8d} "
               f"{c.compress if c.mode != 'raw' else '':8} {figures}")
+        if c.decision:
+            print(f"{'':41}auto: {c.decision}")
     print(f"\ntarget: feedmux plain and reliable (compress off) >= {RAW_TARGET:.0%} of raw "
           "pyzmq's bytes/s on the 1 Gbit link")
     for c in cells:
@@ -275,6 +294,69 @@ def _report(cells: list[Cell], images: str) -> None:
             share = c.bytes_per_s / base.bytes_per_s
             verdict = "met" if share >= RAW_TARGET else "NOT met"
             print(f"  {c.kind:7} {c.mode:8} {c.trainers} trainer(s): {share:.2f} {verdict}")
+
+
+def _rate(cells: list[Cell], **where: Any) -> float | None:
+    for c in cells:
+        if all(getattr(c, key) == value for key, value in where.items()) and not c.error:
+            return c.samples_per_s
+    return None
+
+
+def _judge(what: str, value: float | None, base: float | None, target: float) -> None:
+    if value is None or not base:
+        print(f"  {what}: not measured")
+        return
+    ratio = value / base
+    print(f"  {what}: {ratio:.2f} (target {target:g}) {'met' if ratio >= target else 'NOT met'}")
+
+
+def _targets(cells: list[Cell]) -> None:
+    """The issue's compression targets, plain delivery, 1 trainer, samples/s ratios."""
+    if not any(c.compress == "auto" for c in cells):
+        return
+    print("\ncompression targets (plain delivery, 1 trainer, samples/s):")
+    one = {"mode": "plain", "trainers": 1}
+    _judge("1gbit images: auto / off", _rate(cells, link="1gbit", kind="images",
+                                            compress="auto", **one),
+           _rate(cells, link="1gbit", kind="images", compress="off", **one), 1.8)
+    _judge("1gbit floats: auto / off", _rate(cells, link="1gbit", kind="floats",
+                                            compress="auto", **one),
+           _rate(cells, link="1gbit", kind="floats", compress="off", **one), 0.95)
+    for kind in sorted({c.kind for c in cells}):
+        _judge(f"veth {kind}: auto / off", _rate(cells, link="veth", kind=kind,
+                                                  compress="auto", **one),
+               _rate(cells, link="veth", kind=kind, compress="off", **one), 0.95)
+    for link in sorted({c.link for c in cells}):
+        for kind in sorted({c.kind for c in cells}):
+            _judge(f"{link} {kind}: off / raw pyzmq", _rate(cells, link=link, kind=kind,
+                                                             compress="off", **one),
+                   _rate(cells, link=link, kind=kind, mode="raw", trainers=1), 0.90)
+
+
+def _decompression_cost() -> None:
+    """Trainer CPU per byte: one decompression against the copy it replaces (a received
+    frame copied into fresh memory), per codec and payload, in this process."""
+    from feedmux.protocol import Codec, compress_frames, decode, encode
+    from feedmux.protocol import Data as DataMessage
+
+    print("\ndecompression / copy, trainer CPU per byte received (target 1.5):")
+    for kind in ("images", "floats", "large"):
+        frames = [bytes(memoryview(f).cast("B")) for f in encode(DataMessage(
+            np.array([[1, 0]]), [samples(kind)[0]]))]
+        for codec in (Codec("lz4"), Codec("zstd", 1)):
+            wire = compress_frames(frames, codec)
+            best_inflate = best_copy = float("inf")
+            for _ in range(5):
+                started = time.perf_counter()
+                decode(wire)
+                best_inflate = min(best_inflate, time.perf_counter() - started)
+                started = time.perf_counter()
+                decode([bytearray(frame) for frame in frames])
+                best_copy = min(best_copy, time.perf_counter() - started)
+            ratio = best_inflate / best_copy
+            print(f"  {kind:7} {codec.label:7}: {ratio:5.2f} "
+                  f"({'met' if ratio <= 1.5 else 'NOT met'})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -293,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--links", default=",".join(LINKS))
     parser.add_argument("--trainers", default="1,8")
-    parser.add_argument("--compress", default="off")
+    parser.add_argument("--compress", default="off,auto")
     args = parser.parse_args(argv)
     if args.role == "trainer":
         args.trainers = int(args.trainers)
@@ -324,9 +406,13 @@ def main(argv: list[str] | None = None) -> int:
         for link in args.links:
             hosts.shape(LINKS[link])
             for cell in (c for c in cells if c.link == link):
-                _measure(hosts, cell, args.warmup, args.seconds)
+                # auto decides within its first trial (two windows of a second): measure after.
+                warmup = max(args.warmup, 3.5) if cell.compress == "auto" else args.warmup
+                _measure(hosts, cell, warmup, args.seconds)
                 print(f"  {cell}", file=sys.stderr, flush=True)
     _report(cells, _photos()[1])
+    _targets(cells)
+    _decompression_cost()
     return 0 if not any(c.error for c in cells) else 1
 
 
