@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -137,9 +138,14 @@ def _trainer(args: argparse.Namespace) -> None:
         options.update(rank=args.rank, world_size=args.trainers)
     size = sample_bytes(args.kind)
     with RemoteLoader(args.data, control=args.control, timeout=60, **options) as loader:
-        result = _window((size for _ in loader), args.warmup, args.seconds)
-        result["stats"] = loader.stats() if hasattr(loader, "stats") else {}
-    print(json.dumps(result, default=str), flush=True)
+        counts = (size for _ in loader)
+        result = _window(counts, args.warmup, args.seconds)
+        print(json.dumps(result), flush=True)
+        if args.mode == "ranked":
+            # The other ranks may still be in their windows: a rank that left would hold
+            # their job back (its share waits for a successor). Read on until killed.
+            for _ in counts:
+                pass
 
 
 def _push(args: argparse.Namespace) -> None:
@@ -190,11 +196,16 @@ class Cell:
 
 
 def _read_json(process: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
-    out, err = process.communicate(timeout=timeout)
-    if process.returncode != 0:
-        raise RuntimeError(f"exit {process.returncode}: {err.decode()[-800:]}")
-    line: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
-    return line
+    """The first line a role prints (its figures), within ``timeout`` seconds."""
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    line = process.stdout.readline() if ready else b""
+    if not line:
+        process.kill()
+        _, err = process.communicate(timeout=10)
+        raise RuntimeError(f"no figures (exit {process.returncode}): {err.decode()[-800:]}")
+    figures: dict[str, Any] = json.loads(line)
+    return figures
 
 
 def _measure(hosts: Any, cell: Cell, warmup: float, seconds: float) -> None:
@@ -228,7 +239,9 @@ def _measure(hosts: Any, cell: Cell, warmup: float, seconds: float) -> None:
     trainers = [hosts.popen("b", [*me, *role, "--data", data, "--control", control, *window],
                             **pipes) for role in roles]
     try:
-        results = [_read_json(trainer, 90 + warmup + seconds) for trainer in trainers]
+        deadline = time.monotonic() + 90 + warmup + seconds
+        results = [_read_json(trainer, max(0.0, deadline - time.monotonic()))
+                   for trainer in trainers]
         cell.samples_per_s = sum(r["items"] / r["seconds"] for r in results)
         cell.bytes_per_s = sum(r["bytes"] / r["seconds"] for r in results)
         cell.trainer_cpu = sum(r["cpu"] / r["seconds"] for r in results)
@@ -395,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         args.payloads, args.modes, args.trainers, args.links = "small", "plain", "1", "veth"
+        args.compress = "off"
         args.warmup, args.seconds = 0.5, 1.0
     args.payloads = args.payloads.split(",")
     args.modes = args.modes.split(",")

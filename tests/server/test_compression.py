@@ -97,3 +97,20 @@ def test_auto_never_tries_an_incompressible_stream() -> None:
     assert not any(tried)
     assert str(compression.stats()[f"trainer.{T.decode()}.compress_reason"]).startswith(
         "incompressible")
+
+
+def test_auto_does_not_take_noise_for_a_gain() -> None:
+    # Half noise, half zeros: a ratio of about 0.5, so a full link would nearly double its
+    # rate compressed. A rise of 27% (what a loaded machine's noise gave on a fast veth
+    # link, where the CPU was the limit) is not enough.
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.integers(0, 256, 1 << 17, dtype=np.uint8),
+                        np.zeros(1 << 17, dtype=np.uint8)])
+    frames = encode(Data(np.array([[1, 0]]), [{"x": x}]))
+    clock = Clock()
+    compression = LinkCompression("auto", lambda target: False, clock)
+    run(compression, clock, frames, 3 * WINDOW, rate_off=15e6, rate_on=19e6)
+    key = f"trainer.{T.decode()}"
+    assert 0.4 < float(compression.stats()[f"{key}.compress_ratio"]) < 0.6  # type: ignore[arg-type]
+    assert compression.stats()[f"{key}.compress"] == "off"
+    assert str(compression.stats()[f"{key}.compress_reason"]).startswith("no gain")

@@ -12,8 +12,10 @@ default) decides per trainer from what it measures:
 - whether the link or the CPU is the limit, by trying: a window of
   :data:`WINDOW` seconds off, then one with the candidate whose predicted rate
   (``min(speed, rate off / ratio)``) is best; it stays on only if the raw bytes/s handed to
-  that trainer rose by :data:`GAIN`. On a link that is not the limit (a fast veth, a
-  trainer or a server busy with its CPU) compressing gains nothing, and it goes off again.
+  that trainer rose by half the gain the ratio predicts for a full link (at least
+  :data:`GAIN`, at most 2x: a loaded machine's noise is not taken for a gain). On a link
+  that is not the limit (a fast veth, a trainer or a server busy with its CPU) it goes
+  off again.
   A codec that cannot compress as fast as the link already carries is not tried at all.
 - the decision is held :data:`HOLD` seconds, then tried again (the stream or the link
   may have changed).
@@ -49,6 +51,8 @@ WORTH = 0.9
 #: The rise of raw bytes/s that keeps compression on after a trial (a loaded machine's
 #: noise is a few per cent; photographs compress ~0.8 at the fast levels: 1.25 at best).
 GAIN = 1.1
+#: Trainers whose measurements are kept (the oldest forgotten past it).
+MAX_LINKS = 4096
 #: Messages smaller than this are never compressed (nothing to gain on a header).
 MIN_MESSAGE = 16 * 1024
 
@@ -92,6 +96,8 @@ class LinkCompression:
             return self._compressed(frames, self.setting)
         link = self.links.get(target)
         if link is None:
+            if len(self.links) >= MAX_LINKS:  # ids come from peers: the oldest goes
+                del self.links[next(iter(self.links))]
             link = self.links[target] = _Link(since=self.clock())
         if self.same_host(target):
             link.codec, link.reason = None, "same host (shared memory)"
@@ -172,7 +178,12 @@ class LinkCompression:
             return
         codec = link.codec
         assert codec is not None
-        if rate >= link.rate_off * GAIN:
+        # A full link gives about the gain the ratio predicts; half of it is asked (at
+        # least GAIN, at most 2x), so that a loaded machine's noise does not pass for it.
+        ratio = link.ratio.get(codec.label, 1.0)
+        predicted = min(link.speed.get(codec.label, 0.0), link.rate_off / ratio)
+        wanted = max(GAIN, min(1 + (predicted / max(link.rate_off, 1.0) - 1) / 2, 2.0))
+        if rate >= link.rate_off * wanted:
             link.reason = (f"link is the limit: {rate / 1e6:.0f} MB/s with {codec.label}, "
                            f"{link.rate_off / 1e6:.0f} MB/s without")
         else:
