@@ -253,6 +253,11 @@ def _add_serve(serve: argparse.ArgumentParser) -> None:
     speed.add_argument("--no-shm", action="store_true",
                        help="never use shared memory with trainers on this host (default: "
                             "large arrays go through a shared-memory pool)")
+    speed.add_argument("--compress", default="auto", metavar="auto|off|lz4|zstd[:LEVEL]",
+                       help="compress the messages to trainers on other hosts: auto decides "
+                            "per trainer from the stream's ratio and whether the link or the "
+                            "CPU is the limit; never to a trainer on this host that reads "
+                            "shared memory (default auto)")
     speed.add_argument("--shm-size", type=_positive_int, default=DEFAULT_SHM_SIZE >> 20,
                        metavar="MIB", help="size of that pool, in MiB "
                        f"(default {DEFAULT_SHM_SIZE >> 20})")
@@ -339,7 +344,7 @@ def _serve(args: argparse.Namespace) -> int:
             group_timeout=args.group_timeout,
             curve_secret=args.curve_secret, curve_clients=args.curve_clients,
             metrics_port=args.metrics_port, metrics_host=args.metrics_host, seed=args.seed,
-            shm=not args.no_shm, shm_size=args.shm_size << 20,
+            shm=not args.no_shm, shm_size=args.shm_size << 20, compress=args.compress,
         )
     except (FactoryError, ConfigurationError) as error:
         print(f"feedmux serve: error: {error}", file=sys.stderr)

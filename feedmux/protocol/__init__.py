@@ -14,7 +14,7 @@ The modules, one job each: ``_messages`` (the message classes and kinds),
 ``_frames`` (the frame layout and version check), ``_tags`` (the tag frame),
 ``_encode``, ``_decode``, ``_batch`` (stacked samples), ``_stacking`` (a
 trainer's batches: every number stacked), ``_dtypes`` (dtype
-descriptions) and ``_envelope``.
+descriptions), ``_envelope`` and ``_compress`` (compressed messages, kind 15).
 
 Examples
 --------
@@ -26,6 +26,7 @@ Examples
 """
 
 from feedmux.protocol._batch import SampleBatch, StackedLeaf, stack_scalars, take_samples
+from feedmux.protocol._compress import Codec, compress_frames, parse_compress
 from feedmux.protocol._decode import CONTROL_LIMITS, DEFAULT_LIMITS, Limits, Resolver, decode
 from feedmux.protocol._encode import INLINE_THRESHOLD, encode
 from feedmux.protocol._envelope import ENVELOPE_BYTES, pack_envelope, unpack_envelope
@@ -68,6 +69,7 @@ __all__ = [
     "STATS_NEXT_PAGE",
     "TAG_DTYPE",
     "Ack",
+    "Codec",
     "Resolver",
     "ShmAttach",
     "ShmOffer",
@@ -89,11 +91,13 @@ __all__ = [
     "Stats",
     "StatsRequest",
     "Welcome",
+    "compress_frames",
     "decode",
     "encode",
     "gathered",
     "pack_envelope",
     "padded_batch",
+    "parse_compress",
     "position_runs",
     "ragged_tree",
     "read_tags",

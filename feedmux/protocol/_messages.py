@@ -64,6 +64,8 @@ class Kind(enum.IntEnum):
     ACK = 12
     SHM_OFFER = 13
     SHM_ATTACH = 14
+    #: A message's frames compressed for a slow link (feedmux.protocol._compress).
+    COMPRESSED = 15
 
 
 @dataclass(frozen=True, eq=False, init=False)

@@ -23,6 +23,7 @@ from feedmux._plumbing.sockets import DEFAULT_BIND, DEFAULT_HWM, control_address
 from feedmux.errors import ConfigurationError
 from feedmux.server._delivery.batches import BucketSpec
 from feedmux.server._delivery.buckets import check_edges
+from feedmux.protocol import parse_compress
 from feedmux.server._delivery.groups import DEFAULT_GROUP_BUFFER, JOIN_MODES, parse_group_buffer
 from feedmux.server._sources.policy import BatchPolicy
 from feedmux.server.factory import Source
@@ -150,6 +151,9 @@ class ServerConfig:
     bucket_by: str = ""
     bucket_window: int = 0
     bucket_edges: tuple[int, ...] = ()
+    # Compression of the trainers' socket links (docs/scale-out.md "Across hosts"):
+    # auto, off, lz4, zstd or zstd:LEVEL.
+    compress: str = "auto"
 
     def __post_init__(self) -> None:
         def require(ok: bool, what: str, value: object) -> None:
@@ -157,6 +161,10 @@ class ServerConfig:
                 raise ConfigurationError(f"expected {what}, got {value!r}")
 
         require(self.workers >= 1, "workers >= 1", self.workers)
+        try:
+            parse_compress(self.compress)
+        except ValueError as error:
+            raise ConfigurationError(f"compress: {error}") from None
         require(self.epochs is None or self.epochs >= 1, "epochs None or >= 1", self.epochs)
         require(self.epoch_size is None or self.epoch_size >= 1, "epoch_size >= 1", self.epoch_size)
         require(self.hwm >= 1, "hwm >= 1", self.hwm)
