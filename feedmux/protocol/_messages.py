@@ -65,7 +65,9 @@ class Kind(enum.IntEnum):
     ACK = 12
     SHM_OFFER = 13
     SHM_ATTACH = 14
-    SCALE = 15
+    #: A message's frames compressed for a slow link (feedmux.protocol._compress).
+    COMPRESSED = 15
+    SCALE = 16
 
 
 @dataclass(frozen=True, eq=False, init=False)
@@ -131,6 +133,11 @@ class Hello:
     trainer asks the server to stack into each data message (every trainer of
     a server asks the same); ``drop_last`` says whether an epoch's last,
     partial batch is dropped (True) or sent short (docs/stream.md).
+
+    ``bucket_by`` is empty, or the field of a sample whose value (an int, or an
+    array's first dimension) is its length: the ranked trainer asks the server
+    to deal each step's batches from samples of similar length (docs/ddp.md);
+    every rank of a job asks the same.
     """
 
     client_id: str
@@ -143,6 +150,7 @@ class Hello:
     batch_size: int = 0
     handed_below: tuple[int, ...] = ()
     drop_last: bool = False
+    bucket_by: str = ""
 
 
 @dataclass(frozen=True)

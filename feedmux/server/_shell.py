@@ -34,11 +34,19 @@ from feedmux._plumbing.sockets import (
     send_message,
 )
 from feedmux.errors import ProtocolError
-from feedmux.protocol import CONTROL_LIMITS, Ack, Error, Heartbeat, decode
-from feedmux.server._control.core import ControlCore, Phase, Sends, Stat
+from feedmux.protocol import CONTROL_LIMITS, Ack, Error, Heartbeat, decode, parse_compress
+from feedmux.server._control.core import (
+    ControlCore,
+    Phase,
+    Sends,
+    Stat,
+    shm_trainers,
+    unreachable,
+)
 from feedmux.server._control.meters import ControlMeter, SamplerMeter, sampler_stats
 from feedmux.server._control.metrics import MetricsEndpoint
 from feedmux.server._delivery.carrier import Carrier
+from feedmux.server._delivery.compression import LinkCompression
 from feedmux.server._delivery.dealer import Dealer, PlainFree, RankAudience
 from feedmux.server._delivery.fanout import GroupFanout
 from feedmux.server._delivery.outbox import Outbox
@@ -95,7 +103,12 @@ class SocketShell:
             self.extra_stats.append(lambda: dict(self.pool.stats()) if self.pool else {})
         # References to the pool on their way to one trainer (not yet received) at most:
         # what its socket queues would hold of messages sent whole (--hwm, both ends).
-        carrier = Carrier(self.pool, self.core, 2 * config.hwm, self.outbox, self._halted)
+        self.compression = LinkCompression(
+            parse_compress(config.compress),
+            lambda target: target in shm_trainers(self.core) if self.pool is not None else False)
+        self.extra_stats.append(self.compression.stats)
+        carrier = Carrier(self.pool, self.core, 2 * config.hwm, self.outbox, self._halted,
+                          self.compression)
         # The one choice of the free trainers' recovery policy: none, or (reliable) credit
         # and a re-deal within their audience. Ranks on a reliable server: their messages
         # need no sequence number (the ranks' hand-out marks release them), so they go
@@ -134,6 +147,7 @@ class SocketShell:
     def _extra_stats(self) -> dict[str, Stat]:
         stats: dict[str, Stat] = dict(sampler_stats(self.meters, self.outbox.blocked_seconds))
         stats["bytes_sent"] = self.outbox.bytes_sent
+        stats["stray_data_messages"] = self.outbox.stray_dropped
         stats.update(self.control_meter.stats())
         # Where it listens: a data endpoint given to `feedmux stats` is recognised by it.
         stats["data_address"], stats["control_address"] = self.data_address, self.control_address
@@ -158,6 +172,9 @@ class SocketShell:
         )
         self.control.rcvhwm = CONTROL_RCVHWM
         self.control.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A trainer's control DEALER keeps its identity across reconnects (a link that went
+        # down and up): the new connection takes it over from a pipe not yet seen dead.
+        self.control.setsockopt(zmq.ROUTER_HANDOVER, 1)
         #: Everything sent on the data socket leaves through it.
         self.outbox = Outbox(self.data, self.control, lambda: self.serve_control(timeout=0))
         self.reliable: ReliableLink | None = None
@@ -166,6 +183,8 @@ class SocketShell:
                                          lambda: self.serve_control(timeout=0),
                                          self.control_meter)
             self.outbox.serve_data = self.reliable.serve
+        else:  # nothing is expected on the data socket: its waits drop what comes
+            self.outbox.serve_data = self.outbox.drop_stray
         # What the system gave us: a real port where the configuration said 0.
         self.data_address = bind(self.data, config.bind, "data")
         self.control_address = bind(self.control, config.control_address, "control")
@@ -194,8 +213,15 @@ class SocketShell:
             return False
         if readable(self.control):
             self.serve_control(timeout=0)
+        self._drop_stray()
         core.tick(time.monotonic())  # sampling: at most a throughput log line, never a send
         return not self._halted()
+
+    def _drop_stray(self) -> None:
+        """Without reliable mode nothing is expected on the data socket: read and drop
+        what a stray peer sent there (see :meth:`Outbox.drop_stray`)."""
+        if self.reliable is None and readable(self.data):
+            self.outbox.drop_stray()
 
     def _redeal(self) -> None:
         """Deal again what lost reliable trainers held, within their audiences."""
@@ -266,9 +292,10 @@ class SocketShell:
                     continue  # a rank busy in a long step: its holder stays (its acks tell)
                 self.core.peer_gone(identity)
             except zmq.ZMQError:
-                # The peer went away (ROUTER_MANDATORY) or cannot keep up: the core forgets
-                # it but counts what it had received for the end of stream.
-                self.core.peer_gone(identity)
+                # No connection to the peer now (ROUTER_MANDATORY): gone, or a rank whose
+                # control link is down a while (the core decides); a forgotten one's
+                # received messages still count for the end of stream.
+                unreachable(self.core, identity, time.monotonic())
 
     def run_phase(self, phase: Phase) -> None:
         """Serve control, ticking the core, until it leaves ``phase`` or the server stops."""
@@ -278,6 +305,7 @@ class SocketShell:
             if core.phase is not phase:
                 return
             self.serve_control(timeout=core.wait_time(time.monotonic()))
+            self._drop_stray()
 
     # -- the run's stages -------------------------------------------------------------------
     def wait_for_trainers(self) -> bool:
@@ -297,6 +325,7 @@ class SocketShell:
 
     def tick(self) -> None:
         """Time passed with nothing to send (the forwarding loop's idle turn)."""
+        self._drop_stray()
         self.deliver(self.core.tick(time.monotonic()))
 
     def epoch_done(self, epoch: int, count: int) -> None:

@@ -368,7 +368,7 @@ class Server:
                     skip_errors=config.on_error == "skip", epoch_done=epoch_done,
                     dealer=ranked_dealer(shell, config), meter=shell.meters[0],
                     start=shell.core.start_at, fresh=shell.core.handed.fresh,
-                    batches=shell.core.tables.batches.assemblers(), shm=shell.pool,
+                    batches=shell.core.tables.batches.assemblers(config.buckets), shm=shell.pool,
                 )
                 if not (self._stop or shell.core.restarting):
                     shell.finish()

@@ -39,6 +39,10 @@ COUNTERS = {
         "send_blocked_seconds", "Seconds the data path waited because no trainer could take more.",
     ),
     "reconnects": ("reconnects", "Trainers that came back on a new connection."),
+    "stray_data_messages": (
+        "stray_data_messages", "Messages a peer sent on the data socket where none is expected "
+        "(no reliable mode), read and dropped.",
+    ),
     "errors_skipped": ("errors_skipped", "Streams skipped after an exception (on_error=skip)."),
     "epochs_completed": ("epochs_completed", "Epochs whose every sample has been sent."),
     "rank_messages_resent": (

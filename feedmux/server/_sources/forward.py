@@ -74,7 +74,7 @@ class _Run:
         #: Free trainers that outlived their server: where to resume, what they had.
         self.start, self.handed = start, shell.core.handed
         #: The trainers' batches (None: they asked for none): cut here, from the merged stream.
-        self.batches = shell.core.tables.batches.assemblers()
+        self.batches = shell.core.tables.batches.assemblers(config.buckets)
         dealer = ranked_dealer(shell, config)
         #: A ranked job's dealing (None: free trainers).
         self.ranked = None if dealer is None else RankedStage(
