@@ -2,7 +2,8 @@
 
 This module owns the options of a trainer's sockets per delivery mode (plain
 data DEALERs named by the client id, without ZMTP heartbeats; reliable ones
-with credit and heartbeats; control DEALERs with heartbeats) and their closing,
+with credit and heartbeats; control DEALERs with heartbeats, named "<client id>/control"
+on every connection) and their closing,
 which a forked child never does to its parent's sockets. It must never read or
 decide anything: the loader and its link state do.
 """
@@ -60,6 +61,11 @@ def open_sockets(
                     max_message_bytes=CONTROL_FRAME_BYTES, security=security)
         for _ in links.links
     ]
+    for socket in control:
+        # The same identity on every connection: after a link was down long enough for the
+        # ZMTP heartbeats to drop the connection, the reconnected one is still this trainer
+        # to the server (a fresh random identity was a stranger, whose rank stayed orphaned).
+        socket.setsockopt(zmq.ROUTING_ID, f"{client_id}/control".encode())
     for target, control_socket, link in zip(targets, control, links.links, strict=True):
         target.connect(link.data_address)
         control_socket.connect(link.control_address)

@@ -152,6 +152,18 @@ class RemoteLoader:
         With ``batch_size``: drop each epoch's last, partial batch (of the free
         trainers, or of each rank: every rank's is the same size) instead of
         handing it out short.
+    bucket_by : str, optional
+        A ranked trainer with ``batch_size``: have the server deal each step so
+        that the batches of every rank come from samples of similar length, read
+        from the sample's field ``bucket_by`` (an int, or an array's first
+        dimension; docs/ddp.md). Every rank of the job names the same field.
+        The arrays whose first dimension is the sample's length come as a list
+        of the samples' arrays, or padded (``pad``).
+    pad : bool
+        With ``batch_size``: hand out each variable-length leaf of a bucketed
+        batch as :class:`~feedmux.protocol.Padded` (``values`` padded with zeros
+        to the batch's longest, and ``mask``), built by numpy with no Python step
+        per sample, instead of a list.
     audit_log : str or path, optional
         Append a record of every sample handed out (server, epoch, position) to
         this file, for ``feedmux audit`` (docs/resume.md): one line per data
@@ -198,6 +210,7 @@ class RemoteLoader:
         resolve: Resolve | None = None, shm: bool = True,
         audit_log: str | os.PathLike[str] | None = None, audit_key: str | None = None,
         batch_size: int | None = None, drop_last: bool = False,
+        bucket_by: str | None = None, pad: bool = False,
     ) -> None:
         self._origin = Origin({name: value for name, value in locals().items() if name != "self"})
         register_with_torch(RemoteLoader)
@@ -208,8 +221,7 @@ class RemoteLoader:
         check_membership(world_size=world_size, rank=rank, group=group, reliable=reliable)
         self.rank, self.group, self.world_size = rank, group, world_size
         self.addresses, self.timeout, self.hwm = addresses, timeout, hwm
-        self.with_meta = with_meta
-        self.max_message_bytes = max_message_bytes
+        self.with_meta, self.max_message_bytes = with_meta, max_message_bytes
         self.reliable = reliable
         self._tune_malloc = tune_malloc
         self._handshakes = HandshakeWatch([], [])  # CURVE: what refused this loader's key
@@ -221,7 +233,7 @@ class RemoteLoader:
             addresses, controls, client_id=self.client_id, world_size=world_size,
             rank=-1 if rank is None else rank, group=group or "", reliable=reliable,
             timeout=timeout, heartbeat_interval=HEARTBEAT_INTERVAL, derived=derived,
-            batch_size=batch_size, drop_last=drop_last,
+            batch_size=batch_size, drop_last=drop_last, bucket_by=bucket_by, pad=pad,
         )
         self._diagnosis = InputDiagnosis(len(addresses), diagnose_window, diagnose_threshold)
         self._context: zmq.Context[Any] | None = None
@@ -481,7 +493,7 @@ class RemoteLoader:
         actions = self._links.data(server_id, int(tags[0, 0]) if count else 0, now=now)
         if actions:
             self._act(actions)
-        samples = unpacked(samples, self.batch_size is not None)
+        samples = unpacked(samples, self.batch_size is not None, self._links.pad)
         if self._seen is not None:  # dealt to this trainer twice (a re-send crossed its ack)?
             samples, tags = self._seen.once(server_id, tags, samples, self.batch_size is not None)
             count = len(tags)

@@ -14,7 +14,7 @@ The modules, one job each: ``_messages`` (the message classes and kinds),
 ``_frames`` (the frame layout and version check), ``_tags`` (the tag frame),
 ``_encode``, ``_decode``, ``_batch`` (stacked samples), ``_stacking`` (a
 trainer's batches: every number stacked), ``_dtypes`` (dtype
-descriptions) and ``_envelope``.
+descriptions), ``_envelope`` and ``_compress`` (compressed messages, kind 15).
 
 Examples
 --------
@@ -26,6 +26,7 @@ Examples
 """
 
 from feedmux.protocol._batch import SampleBatch, StackedLeaf, stack_scalars, take_samples
+from feedmux.protocol._compress import Codec, compress_frames, parse_compress
 from feedmux.protocol._decode import CONTROL_LIMITS, DEFAULT_LIMITS, Limits, Resolver, decode
 from feedmux.protocol._encode import INLINE_THRESHOLD, encode
 from feedmux.protocol._envelope import ENVELOPE_BYTES, pack_envelope, unpack_envelope
@@ -46,6 +47,7 @@ from feedmux.protocol._messages import (
     Hello,
     Kind,
     Message,
+    Scale,
     ShmAttach,
     ShmOffer,
     Stats,
@@ -53,6 +55,7 @@ from feedmux.protocol._messages import (
     Welcome,
     stats_order,
 )
+from feedmux.protocol._ragged import Padded, gathered, padded_batch, ragged_tree, stacked_batch
 from feedmux.protocol._stacking import stacked_tree, take_rows, training_batch
 from feedmux.protocol._tags import TAG_DTYPE, position_runs, read_tags, replace_tags
 
@@ -67,7 +70,9 @@ __all__ = [
     "STATS_NEXT_PAGE",
     "TAG_DTYPE",
     "Ack",
+    "Codec",
     "Resolver",
+    "Scale",
     "ShmAttach",
     "ShmOffer",
     "Credit",
@@ -82,18 +87,25 @@ __all__ = [
     "Kind",
     "Limits",
     "Message",
+    "Padded",
     "SampleBatch",
     "StackedLeaf",
     "Stats",
     "StatsRequest",
     "Welcome",
+    "compress_frames",
     "decode",
     "encode",
+    "gathered",
     "pack_envelope",
+    "padded_batch",
+    "parse_compress",
     "position_runs",
+    "ragged_tree",
     "read_tags",
     "replace_tags",
     "stack_scalars",
+    "stacked_batch",
     "stacked_tree",
     "stats_order",
     "take_rows",

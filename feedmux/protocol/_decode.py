@@ -21,6 +21,7 @@ import numpy as np
 
 from feedmux.errors import ProtocolError
 from feedmux.protocol._batch import ARRAY, COLUMN, SCALAR, SampleBatch, StackedLeaf
+from feedmux.protocol._compress import COMPRESSED, inflate
 from feedmux.protocol._dtypes import dtype_from_description, shape_from_description
 from feedmux.protocol._ext import (
     EXT_ARRAY_FRAME,
@@ -284,7 +285,8 @@ def decode(
         raise ProtocolError(f"malformed message: {type(exc).__name__}: {exc}") from None
 
 
-def _decode(frames: Sequence[Any], limits: Limits, resolve: Resolver | None) -> Message:
+def _decode(frames: Sequence[Any], limits: Limits, resolve: Resolver | None,
+            inner: bool = False) -> Message:
     count = len(frames)
     if count == 0:
         raise ProtocolError("empty message: no header frame")
@@ -326,6 +328,11 @@ def _decode(frames: Sequence[Any], limits: Limits, resolve: Resolver | None) -> 
     kind = header.get("k")
     if kind == _DATA and type(kind) is int:
         return _decode_data(header, views, state)
+    if kind == COMPRESSED and type(kind) is int:
+        if inner:
+            raise ProtocolError("a compressed message inside a compressed message")
+        inflated = inflate(header, frames[1:], limits.max_frames - 1, limits.max_message_bytes)
+        return _decode(inflated, limits, resolve, inner=True)
     spec = CONTROL_BY_KIND.get(kind) if type(kind) is int else None
     if spec is None:
         raise ProtocolError(f"unknown message kind {short(kind)}")

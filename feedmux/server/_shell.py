@@ -34,11 +34,19 @@ from feedmux._plumbing.sockets import (
     send_message,
 )
 from feedmux.errors import ProtocolError
-from feedmux.protocol import CONTROL_LIMITS, Ack, Error, Heartbeat, decode
-from feedmux.server._control.core import ControlCore, Phase, Sends, Stat
+from feedmux.protocol import CONTROL_LIMITS, Ack, Error, Heartbeat, decode, parse_compress
+from feedmux.server._control.core import (
+    ControlCore,
+    Phase,
+    Sends,
+    Stat,
+    shm_trainers,
+    unreachable,
+)
 from feedmux.server._control.meters import ControlMeter, SamplerMeter, sampler_stats
 from feedmux.server._control.metrics import MetricsEndpoint
 from feedmux.server._delivery.carrier import Carrier
+from feedmux.server._delivery.compression import LinkCompression
 from feedmux.server._delivery.dealer import Dealer, PlainFree, RankAudience
 from feedmux.server._delivery.fanout import GroupFanout
 from feedmux.server._delivery.outbox import Outbox
@@ -95,7 +103,12 @@ class SocketShell:
             self.extra_stats.append(lambda: dict(self.pool.stats()) if self.pool else {})
         # References to the pool on their way to one trainer (not yet received) at most:
         # what its socket queues would hold of messages sent whole (--hwm, both ends).
-        carrier = Carrier(self.pool, self.core, 2 * config.hwm, self.outbox, self._halted)
+        self.compression = LinkCompression(
+            parse_compress(config.compress),
+            lambda target: target in shm_trainers(self.core) if self.pool is not None else False)
+        self.extra_stats.append(self.compression.stats)
+        carrier = Carrier(self.pool, self.core, 2 * config.hwm, self.outbox, self._halted,
+                          self.compression)
         # The one choice of the free trainers' recovery policy: none, or (reliable) credit
         # and a re-deal within their audience. Ranks on a reliable server: their messages
         # need no sequence number (the ranks' hand-out marks release them), so they go
@@ -159,6 +172,9 @@ class SocketShell:
         )
         self.control.rcvhwm = CONTROL_RCVHWM
         self.control.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A trainer's control DEALER keeps its identity across reconnects (a link that went
+        # down and up): the new connection takes it over from a pipe not yet seen dead.
+        self.control.setsockopt(zmq.ROUTER_HANDOVER, 1)
         #: Everything sent on the data socket leaves through it.
         self.outbox = Outbox(self.data, self.control, lambda: self.serve_control(timeout=0))
         self.reliable: ReliableLink | None = None
@@ -276,9 +292,10 @@ class SocketShell:
                     continue  # a rank busy in a long step: its holder stays (its acks tell)
                 self.core.peer_gone(identity)
             except zmq.ZMQError:
-                # The peer went away (ROUTER_MANDATORY) or cannot keep up: the core forgets
-                # it but counts what it had received for the end of stream.
-                self.core.peer_gone(identity)
+                # No connection to the peer now (ROUTER_MANDATORY): gone, or a rank whose
+                # control link is down a while (the core decides); a forgotten one's
+                # received messages still count for the end of stream.
+                unreachable(self.core, identity, time.monotonic())
 
     def run_phase(self, phase: Phase) -> None:
         """Serve control, ticking the core, until it leaves ``phase`` or the server stops."""

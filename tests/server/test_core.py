@@ -28,12 +28,14 @@ from feedmux.protocol import (
     encode,
 )
 from feedmux.server._control.core import (
+    CONTROL_GRACE,
     DRAIN_INTERVAL,
     FINAL_GRACE,
     TRAINER_TIMEOUT,
     ControlCore,
     Phase,
     Sends,
+    unreachable,
 )
 from feedmux.server.config import ServerConfig
 
@@ -87,7 +89,8 @@ def test_stats_answer_with_the_counters() -> None:
 def test_unexpected_and_malformed_messages_get_an_error_back() -> None:
     core = make_core()
     [(_, error)] = core.receive(A, Drain(sent_messages=1, server_id="x"), now=0.0)
-    assert isinstance(error, Error) and "expected Hello, Heartbeat or StatsRequest" in error.message
+    assert isinstance(error, Error) and (
+        "expected Hello, Heartbeat, StatsRequest or Scale, got" in error.message)
     [(_, error)] = core.malformed(A, ProtocolError("bad header"), now=0.0)
     assert isinstance(error, Error) and error.type == "feedmux.errors.ProtocolError"
     assert not core.trainers
@@ -268,6 +271,36 @@ def test_a_dead_rank_s_unhanded_messages_hold_the_end_for_its_successor() -> Non
         tenth += 1
         core.tick(now=tenth / 10)
     assert core.phase is Phase.LAST_WORD and 10.5 < tenth / 10 <= 11.0  # finish + timeout
+
+
+def test_a_rank_whose_control_link_is_down_keeps_its_rank_within_the_grace() -> None:
+    # Issue: the link between the hosts went down for 5 s; the server's control send to
+    # the ranks (the epoch size) failed, it forgot both, and their rank's rest waited for
+    # successors that never came. A failed control send while sampling is a link that is
+    # down, not a departure, for a rank heard within CONTROL_GRACE.
+    core = make_core()
+    core.begin()
+    core.receive(A, Hello("t0", world_size=1, rank=0), now=0.0)
+    core.tick(0.2)
+    core.tick(0.3)
+    assert core.phase is Phase.SAMPLING
+    unreachable(core, A, now=5.0)
+    assert A in core.trainers and core.rank_target(0) == b"t0"
+    assert (core.departed, core.stats(5.0)["unreachable_sends"]) == (0, 1)
+    # Not heard for longer than the grace: gone, and its rank free for a successor.
+    unreachable(core, A, now=CONTROL_GRACE + 0.5)
+    assert A not in core.trainers and core.rank_target(0) is None
+    assert core.departed == 1
+
+
+def test_a_free_trainer_whose_control_send_fails_is_forgotten_at_once() -> None:
+    core = make_core()
+    core.begin()
+    core.receive(A, hello(), now=0.0)
+    core.tick(0.2)
+    core.tick(0.3)
+    unreachable(core, A, now=0.4)
+    assert A not in core.trainers and core.departed == 1
 
 
 def test_throughput_is_logged_every_log_every(caplog: pytest.LogCaptureFixture) -> None:

@@ -35,6 +35,7 @@ from feedmux.protocol import (
     Heartbeat,
     Hello,
     Message,
+    Scale,
     ShmAttach,
     ShmOffer,
     Stats,
@@ -51,6 +52,7 @@ from feedmux.server._control.resume import (
     check_announcement,
     describe,
 )
+from feedmux.server._control.scaling import ScaleRequests
 from feedmux.server._control.waiting import POLL_INTERVAL, TrainerWait
 from feedmux.server._delivery.groups import DEFAULT_GROUP
 from feedmux.server._sources.producer import error_message
@@ -61,6 +63,7 @@ __all__ = [
     "FINAL_GRACE",
     "NO_SENDS",
     "shm_trainers",
+    "unreachable",
     "TRAINER_TIMEOUT",
     "ControlCore",
     "Phase",
@@ -81,6 +84,12 @@ FINAL_GRACE = 1.0
 DRAIN_INTERVAL = 0.1
 #: A trainer heard within this long answers the drain questions (it waits for data).
 ANSWERING = 2 * HEARTBEAT_INTERVAL
+#: A ranked trainer heard within this long keeps its rank when a control send to it fails
+#: while sampling: its control connection is down (a link that went down and comes back; the
+#: trainer reconnects under the same identity), which is not a departure. Longer than the
+#: data connection's TCP keepalive detection (10 s idle + 3 probes 5 s apart): a trainer
+#: host that is really gone is forgotten by then through its failed data sends.
+CONTROL_GRACE = 30.0
 #: Trainer ids remembered to count reconnects (ids come from peers: the set is bounded).
 MAX_REMEMBERED_TRAINERS = 10_000
 
@@ -192,6 +201,24 @@ def _unknown_welcome(core: ControlCore, group: str) -> Welcome:
     return dataclasses.replace(welcome, unknown=True) if core.phase is Phase.WAITING else welcome
 
 
+def unreachable(core: ControlCore, identity: bytes, now: float) -> None:
+    """A control send to ``identity`` failed (no connection to it now): forget it
+    (:meth:`ControlCore.peer_gone`), unless it is a ranked trainer heard within
+    :data:`CONTROL_GRACE` while sampling. A rank's holder whose control link is down
+    for a while keeps its rank: its data connection has no heartbeats and outlives
+    the outage, and its control connection comes back under the same identity, so
+    forgetting it would leave its rank to a successor that never comes. The message
+    that failed is lost; each heartbeat asks for a fresh welcome. A holder that really
+    died is still replaced: a contender is admitted once the holder has not been heard
+    for :data:`TRAINER_TIMEOUT`, and a failed data send forgets it at once."""
+    trainer = core.trainers.get(identity)
+    if (trainer is None or trainer.rank < 0 or core.phase is not Phase.SAMPLING
+            or now - trainer.last_seen > CONTROL_GRACE):
+        core.peer_gone(identity)
+    else:
+        core.unreachable_sends += 1
+
+
 def _group_of(trainers: Mapping[bytes, _Trainer], client_id: str) -> str | None:
     """The group of the trainer ``client_id`` (its acknowledging socket is not its own);
     None once it is gone (its last acknowledgement can arrive after its departure)."""
@@ -224,6 +251,8 @@ class ControlCore:
         self.finished = False
         self.final_message: Error | EndOfStream | None = None
         self.departed = 0
+        #: Control sends that found a ranked trainer's control link down (it kept its rank).
+        self.unreachable_sends = 0
         self.departed_received = 0
         self._last_log = started
         self._samples_at_last_log = 0
@@ -238,6 +267,7 @@ class ControlCore:
         self._final_started = self._last_heard = 0.0
         #: The rank tables: the server's own, or one per consumer group.
         self.tables = RankTables(config.grouped, 4 * config.hwm + 64, config.reliable)
+        self.tables.batches.default_bucket_by = config.bucket_by
         self.ranks = self.tables.server
         #: What each rank was sent beyond what it handed out (for a restarted rank).
         self.retention = self.tables.retention
@@ -253,6 +283,8 @@ class ControlCore:
         self.restarting = False
         #: (path, token) of the shared-memory pool offered to trainers, if there is one.
         self.shm: tuple[str, str] | None = None
+        #: ``feedmux scale`` requests, for the sampling workers' pool.
+        self.scaling = ScaleRequests(config.server_id)
 
     # -- events: the trainers ---------------------------------------------------------------
     def receive(self, identity: bytes, message: Message, now: float) -> Sends:
@@ -292,13 +324,13 @@ class ControlCore:
             return _heartbeat_answer(self, identity, trainer)
         if isinstance(message, StatsRequest):
             return [(identity, Stats(stats_page(self.stats(now), message.after)))]
+        if isinstance(message, Scale):
+            return [(identity, self.scaling.request(message))]
         peer_log.log(logging.WARNING, "unexpected", "unexpected %s on the control socket from %r",
                      type(message).__name__, identity[:16])
-        return [(identity, Error(
-            type="feedmux.errors.ProtocolError",
-            message=f"expected Hello, Heartbeat or StatsRequest, got {type(message).__name__}",
-            server_id=self.config.server_id,
-        ))]
+        problem = f"expected Hello, Heartbeat, StatsRequest or Scale, got {type(message).__name__}"
+        return [(identity, Error(type="feedmux.errors.ProtocolError", message=problem,
+                                 server_id=self.config.server_id))]
 
     def _hello(self, identity: bytes, message: Hello, now: float) -> Sends:
         """A trainer's hello: admit it (its rank, if any) or tell it why not."""
@@ -547,7 +579,7 @@ class ControlCore:
             epoch=self.epoch,
             samples_per_message=config.samples_per_message or 0,
             finished=self.finished,
-            workers=config.workers,
+            workers=config.worker_range.maximum,
             reliable=config.reliable,
             world_size=ranks.world_size or 0,
             uneven=config.uneven if ranks.ranked else "",

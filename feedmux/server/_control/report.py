@@ -52,6 +52,7 @@ class Reporting(Protocol):
     epoch_size: int | None
     epoch_position: int
     reconnects: int
+    unreachable_sends: int
     rate: float
     finished: bool
     extra_stats: Callable[[], dict[str, Stat]] | None
@@ -79,9 +80,10 @@ def core_stats(core: Reporting, now: float, trainer_timeout: float) -> dict[str,
         "epoch_size": core.epoch_size,
         "epoch_position": core.epoch_position,
         "reconnects": core.reconnects,
+        "unreachable_sends": core.unreachable_sends,
         "samples_per_second": round(core.rate or core.samples_sent / max(uptime, 1e-9), 1),
         "connected_trainers": core.connected_trainers(now),
-        "workers": core.config.workers,
+        "workers": core.config.worker_range.maximum,
         "uptime_s": round(uptime, 3),
         "finished": int(core.finished),
         **(core.extra_stats() if core.extra_stats is not None else {}),

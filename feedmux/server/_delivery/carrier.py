@@ -7,7 +7,10 @@ pool (for a trainer that proved it maps the pool, with fewer than
 keeps — a rank's, for a successor; a reliable trainer's, to be re-dealt — keeps
 frames the server holds (a pool run whose memory the server still holds is
 pinned, never reused), so a trainer that dies holding references (its runs
-are reclaimed once its pid is gone) never takes the kept copy with it. It never
+are reclaimed once its pid is gone) never takes the kept copy with it. What the
+socket carries may go compressed (``--compress``: the choice per trainer is
+:mod:`feedmux.server._delivery.compression`'s; the ledger keeps the frames as they
+are, so a re-deal or a replay is compressed again for its new trainer). It never
 sends (the outbox does) nor decides who gets a message (the dealer and the
 ledger do).
 """
@@ -20,6 +23,7 @@ from typing import Any
 from feedmux._plumbing.shm import Placement, ShmPool
 from feedmux._plumbing.shmtable import SHARED
 from feedmux.server._control.core import ControlCore
+from feedmux.server._delivery.compression import LinkCompression
 from feedmux.server._delivery.outbox import Outbox
 from feedmux.server._delivery.pool import Via, placed_now, pooled, settled, via
 
@@ -30,11 +34,15 @@ class Carrier:
     """The shared-memory pool's side of sending (or nothing, without a pool).
 
     ``outbox`` is the data socket's, whose back-pressure wait a full pool waits in;
-    ``halted()`` says when that wait stops (the server stops or restarts).
+    ``halted()`` says when that wait stops (the server stops or restarts);
+    ``compression`` chooses, per trainer the socket carries to, whether its messages go
+    compressed (None: never).
     """
 
     def __init__(self, pool: ShmPool | None, core: ControlCore, transit_cap: int,
-                 outbox: Outbox, halted: Callable[[], bool]) -> None:
+                 outbox: Outbox, halted: Callable[[], bool],
+                 compression: LinkCompression | None = None) -> None:
+        self.compression = compression
         self.pool = pool
         self.core = core
         self.transit_cap = transit_cap
@@ -75,14 +83,18 @@ class Carrier:
         how = via(self.pool, placed, target, self.transit_cap)
         if how is Via.WAIT:
             return None
-        if how is not Via.POOL or placed is None or self.pool is None:
-            return frames
-        if placed.shared:  # every cell taken: whole
-            return self.pool.shared.hand(placed) or frames
-        return placed.frames
+        if how is Via.POOL and placed is not None and self.pool is not None:
+            if not placed.shared:
+                return placed.frames
+            handed = self.pool.shared.hand(placed)  # None: every cell taken, it goes whole
+            if handed:
+                return handed
+        return frames if self.compression is None else self.compression.wire(target, frames)
 
     def delivered(self, target: bytes, wire: Sequence[Any], placed: Placement | None) -> None:
         """``wire`` (from :meth:`wire`) went to ``target``."""
+        if self.compression is not None:
+            self.compression.delivered(target, wire)
         if (placed is not None and self.pool is not None
                 and (wire is placed.frames or wire is placed.handed)):
             self.pool.delivered(target, placed)  # its runs are the trainer's to release

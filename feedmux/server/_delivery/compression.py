@@ -1,0 +1,209 @@
+"""Compression per trainer link (``--compress auto|off|lz4|zstd[:LEVEL]``): when it pays.
+
+:class:`LinkCompression` owns the choice, per trainer that the socket carries to, between
+the message as it is and its compressed form (:func:`~feedmux.protocol.compress_frames`,
+wire kind 15). A fixed codec compresses every socket link; ``off`` none; ``auto`` (the
+default) decides per trainer from what it measures:
+
+- a trainer that maps the server's shared-memory pool (same host) is never compressed;
+- how compressible the stream is: about once a second one message is compressed with
+  each candidate (``lz4``, ``zstd:1``), which gives its ratio and speed (bytes/s of input);
+  a best ratio above :data:`WORTH` is "incompressible" and stays off;
+- whether the link or the CPU is the limit, by trying: a window of
+  :data:`WINDOW` seconds off, then one with the candidate whose predicted rate
+  (``min(speed, rate off / ratio)``) is best; it stays on only if the raw bytes/s handed to
+  that trainer rose by half the gain the ratio predicts for a full link (at least
+  :data:`GAIN`, at most 2x: a loaded machine's noise is not taken for a gain). On a link
+  that is not the limit (a fast veth, a trainer or a server busy with its CPU) it goes
+  off again.
+  A codec that cannot compress as fast as the link already carries is not tried at all.
+- the decision is held :data:`HOLD` seconds, then tried again (the stream or the link
+  may have changed).
+
+The decision and its reason per trainer are in the statistics
+(``trainer.<id>.compress``, ``.compress_reason``, ``.compress_ratio``). Compression runs in
+the server's dealing thread, once per message and codec (a message offered to several
+trainers in turn is compressed once). It never sends and never decides who gets a message.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from feedmux.protocol import Codec, compress_frames
+from feedmux.server._control.core import Stat
+
+__all__ = ["GAIN", "HOLD", "LinkCompression", "WINDOW", "WORTH"]
+
+#: Candidates of ``auto``: a fast one and one that squeezes more for the same CPU.
+CANDIDATES = (Codec("lz4"), Codec("zstd", 1))
+#: Seconds of each window of a trial (off, then on).
+WINDOW = 1.0
+#: Seconds a decision holds before it is tried again.
+HOLD = 20.0
+#: Seconds between two measurements of the stream's compressibility.
+SAMPLE_EVERY = 1.0
+#: A ratio (compressed / raw) above this is not worth a trial.
+WORTH = 0.9
+#: The rise of raw bytes/s that keeps compression on after a trial (a loaded machine's
+#: noise is a few per cent; photographs compress ~0.8 at the fast levels: 1.25 at best).
+GAIN = 1.1
+#: Trainers whose measurements are kept (the oldest forgotten past it).
+MAX_LINKS = 4096
+#: Messages smaller than this are never compressed (nothing to gain on a header).
+MIN_MESSAGE = 16 * 1024
+
+
+def _nbytes(frames: Sequence[Any]) -> int:
+    return sum(memoryview(frame).nbytes for frame in frames)
+
+
+@dataclass
+class _Link:
+    """One trainer's measurements and decision."""
+
+    codec: Codec | None = None
+    reason: str = "measuring"
+    phase: str = "off-window"  # off-window, on-window, hold
+    since: float = 0.0
+    raw: int = 0  # raw bytes handed to the socket in the current window
+    rate_off: float = 0.0
+    ratio: dict[str, float] = field(default_factory=dict)
+    speed: dict[str, float] = field(default_factory=dict)
+    sampled: float = float("-inf")
+
+
+class LinkCompression:
+    """``setting``: ``"auto"``, a :class:`~feedmux.protocol.Codec`, or None (off);
+    ``same_host(target)``: whether that trainer maps the shared-memory pool."""
+
+    def __init__(self, setting: str | Codec | None, same_host: Callable[[bytes], bool],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.setting = setting
+        self.same_host = same_host
+        self.clock = clock
+        self.links: dict[bytes, _Link] = {}
+        self._cache: tuple[Sequence[Any], Codec, list[Any], int] | None = None
+
+    def wire(self, target: bytes, frames: Sequence[Any]) -> Sequence[Any]:
+        """What the socket carries of ``frames`` to ``target``."""
+        if self.setting is None:
+            return frames
+        if isinstance(self.setting, Codec):
+            return self._compressed(frames, self.setting)
+        link = self.links.get(target)
+        if link is None:
+            if len(self.links) >= MAX_LINKS:  # ids come from peers: the oldest goes
+                del self.links[next(iter(self.links))]
+            link = self.links[target] = _Link(since=self.clock())
+        if self.same_host(target):
+            link.codec, link.reason = None, "same host (shared memory)"
+            return frames
+        now = self.clock()
+        if now - link.sampled >= SAMPLE_EVERY and _nbytes(frames) >= MIN_MESSAGE:
+            self._sample(link, frames, now)
+        self._step(link, now)
+        return frames if link.codec is None else self._compressed(frames, link.codec)
+
+    def delivered(self, target: bytes, wire: Sequence[Any]) -> None:
+        """``wire`` (from :meth:`wire`) went to ``target``: count its raw bytes."""
+        link = self.links.get(target)
+        if link is None:
+            return
+        cache = self._cache
+        link.raw += cache[3] if cache is not None and wire is cache[2] else _nbytes(wire)
+
+    def _compressed(self, frames: Sequence[Any], codec: Codec) -> Sequence[Any]:
+        cache = self._cache
+        if cache is not None and cache[0] is frames and cache[1] == codec:
+            return cache[2]
+        raw = _nbytes(frames)
+        if raw < MIN_MESSAGE:
+            return frames
+        wire = compress_frames(frames, codec)
+        self._cache = (frames, codec, wire, raw)
+        return wire
+
+    def _sample(self, link: _Link, frames: Sequence[Any], now: float) -> None:
+        """Compress one message with each candidate: its ratio and speed."""
+        link.sampled = now
+        raw = _nbytes(frames)
+        for codec in CANDIDATES:
+            started = time.perf_counter()
+            size = _nbytes(compress_frames(frames, codec))
+            seconds = max(time.perf_counter() - started, 1e-9)
+            link.ratio[codec.label] = size / raw
+            link.speed[codec.label] = raw / seconds
+
+    def _best(self, link: _Link) -> tuple[Codec | None, str]:
+        """The candidate with the best predicted rate, or None and why none."""
+        if not link.ratio:
+            return None, "measuring"
+        rate = max(link.rate_off, 1.0)
+
+        def predicted(codec: Codec) -> float:
+            return min(link.speed[codec.label], rate / link.ratio[codec.label])
+
+        best = max(CANDIDATES, key=predicted)
+        ratio = link.ratio[best.label]
+        if ratio > WORTH:
+            return None, f"incompressible (ratio {ratio:.2f})"
+        if link.speed[best.label] < rate * GAIN:
+            return None, (f"CPU is the limit: {best.label} compresses "
+                          f"{link.speed[best.label] / 1e6:.0f} MB/s, the link carries "
+                          f"{rate / 1e6:.0f} MB/s")
+        return best, ""
+
+    def _step(self, link: _Link, now: float) -> None:
+        """Move the trial on once its window has passed."""
+        elapsed = now - link.since
+        if link.phase == "hold":
+            if elapsed >= HOLD:
+                link.codec, link.phase, link.since, link.raw = None, "off-window", now, 0
+            return
+        if elapsed < WINDOW:
+            return
+        rate = link.raw / elapsed
+        link.since, link.raw = now, 0
+        if link.phase == "off-window":
+            link.rate_off = rate
+            codec, reason = self._best(link)
+            if codec is None:
+                link.codec, link.reason, link.phase = None, reason, "hold"
+            else:
+                link.codec, link.phase = codec, "on-window"
+            return
+        codec = link.codec
+        assert codec is not None
+        # A full link gives about the gain the ratio predicts; half of it is asked (at
+        # least GAIN, at most 2x), so that a loaded machine's noise does not pass for it.
+        ratio = link.ratio.get(codec.label, 1.0)
+        predicted = min(link.speed.get(codec.label, 0.0), link.rate_off / ratio)
+        wanted = max(GAIN, min(1 + (predicted / max(link.rate_off, 1.0) - 1) / 2, 2.0))
+        if rate >= link.rate_off * wanted:
+            link.reason = (f"link is the limit: {rate / 1e6:.0f} MB/s with {codec.label}, "
+                           f"{link.rate_off / 1e6:.0f} MB/s without")
+        else:
+            link.codec = None
+            link.reason = (f"no gain: {rate / 1e6:.0f} MB/s with {codec.label}, "
+                           f"{link.rate_off / 1e6:.0f} MB/s without")
+        link.phase = "hold"
+
+    def stats(self) -> dict[str, Stat]:
+        """Per trainer: the codec (or off), why, and the stream's best measured ratio."""
+        if self.setting is None or isinstance(self.setting, Codec):
+            return {"compress": "off" if self.setting is None else self.setting.label}
+        figures: dict[str, Stat] = {"compress": "auto"}
+        for target, link in list(self.links.items()):
+            name = target.decode(errors="replace")
+            figures[f"trainer.{name}.compress"] = "off" if link.codec is None else link.codec.label
+            figures[f"trainer.{name}.compress_reason"] = link.reason
+            if link.ratio:
+                figures[f"trainer.{name}.compress_ratio"] = round(min(link.ratio.values()), 3)
+        return figures
+
+    def forget(self, target: bytes) -> None:
+        self.links.pop(target, None)

@@ -1,0 +1,72 @@
+"""Compressed links between the hosts: exact samples, and ``auto`` turning itself on where the
+link (shaped with tbf) is the limit and the stream compresses, and staying off otherwise."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.multihost.hosts import TwoHosts
+from tests.multihost.test_two_hosts import records, serve_in, trainer_in
+
+pytestmark = pytest.mark.timeout(180)
+
+EPOCH = 64
+
+
+def stats_in_a(hosts: TwoHosts, control: str) -> dict[str, object]:
+    """The server's statistics, asked from host A (``feedmux stats`` prints JSON)."""
+    done = hosts.run("a", [sys.executable, "-m", "feedmux", "stats", control, "--timeout", "5"])
+    if done.returncode != 0:
+        return {}
+    stats: dict[str, object] = json.loads(done.stdout)
+    return stats
+
+
+def exact(path: Path, epochs: int) -> None:
+    got = records(path)
+    assert len(got) == EPOCH * epochs
+    for epoch in range(1, epochs + 1):
+        ids = Counter(i for e, i in got if e == epoch)
+        assert sorted(ids) == list(range(EPOCH)) and set(ids.values()) == {1}
+
+
+@pytest.mark.parametrize("compress", ["lz4", "zstd:3"])
+def test_a_fixed_codec_carries_exact_epochs_to_the_other_host(
+        hosts: TwoHosts, tmp_path: Path, compress: str) -> None:
+    server = serve_in(hosts, "--arg", "streams=4", "--arg", "per_stream=16", "--arg",
+                      "width=8192", "--epochs", "2", "--samples-per-message", "16",
+                      "--shm-size", "64", "--compress", compress)
+    trainer = trainer_in(hosts, "b", server, tmp_path / "b")
+    assert trainer.wait(timeout=60) == 0
+    assert server.wait(timeout=30) == 0, server.stderr
+    exact(tmp_path / "b", 2)
+
+
+def test_auto_compresses_a_compressible_stream_on_a_slow_link_and_says_why(
+        hosts: TwoHosts, tmp_path: Path) -> None:
+    hosts.shape("100mbit")
+    # 16 samples of 32 KiB a message, each array one value: compresses about 1000 to 1.
+    server = serve_in(hosts, "--arg", "streams=4", "--arg", "per_stream=16", "--arg",
+                      "width=8192", "--epochs", "400", "--samples-per-message", "16",
+                      "--shm-size", "64")
+    trainer = trainer_in(hosts, "b", server, tmp_path / "b")
+    deadline = time.monotonic() + 60
+    decision: dict[str, str] = {}
+    while time.monotonic() < deadline and trainer.poll() is None:
+        stats = stats_in_a(hosts, server.control)
+        decision = {key: str(value) for key, value in stats.items() if ".compress" in key}
+        if any(value.startswith("link is the limit") for value in decision.values()):
+            break
+        time.sleep(0.2)  # the poll interval of a bounded wait for the decision
+    assert any(key.endswith(".compress") and value in ("lz4", "zstd:1")
+               for key, value in decision.items()), decision
+    assert any(value.startswith("link is the limit") for value in decision.values()), decision
+    assert trainer.wait(timeout=120) == 0
+    assert server.wait(timeout=30) == 0, server.stderr
+    exact(tmp_path / "b", 400)
