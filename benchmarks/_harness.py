@@ -217,7 +217,9 @@ def _several_trainers(
 ) -> dict[str, Any]:
     """Several trainer processes on one producer, timed over the same window."""
     barrier = _FORK.Barrier(contender.trainers + 1)
-    lockstep = _Lockstep(contender.trainers, budget.timeout) if contender.ranked else None
+    # Ranks, and groups (their buffer holds the others back), never stop reading alone.
+    together = contender.ranked or contender.groups
+    lockstep = _Lockstep(contender.trainers, budget.timeout) if together else None
     processes, connections = [], []
     for index in range(contender.trainers):
         receiver, sender = _FORK.Pipe(duplex=False)

@@ -12,7 +12,9 @@ pool (the workers write each array into their region of it; the trainer gets
 views), the same with ``--no-shm`` (every array crosses the sockets), one
 sampling process through the pool, and 2 ranked trainers through the pool
 against ``--no-shm``, with one sampling process and with 2 workers (the forwarder
-deals the workers' messages to the ranks, reading them in place). Beside
+deals the workers' messages to the ranks, reading them in place), and 2 consumer
+groups of one trainer each (every group gets every sample: a message placed once,
+each group's trainer holding a claim on the same runs) against ``--no-shm``. Beside
 them, raw pyzmq's CPU to receive one 56-byte message (a reference's size) over
 tcp in the same run: the floor of what a trainer pays per message, back to
 back (the target's base) and paced at the rate the pool's trainer got its
@@ -59,12 +61,15 @@ CONTENDERS: dict[str, Contender] = {
                                                       workers=2, show_workers=True),
     "--no-shm, 2 ranked trainers, --workers 2": Contender(
         "feedmux", "tcp", trainers=2, ranked=True, workers=2, show_workers=True, mode="noshm"),
+    "pool, 2 groups": Contender("feedmux", "tcp", trainers=2, groups=True),
+    "--no-shm, 2 groups": Contender("feedmux", "tcp", trainers=2, groups=True, mode="noshm"),
 }
 #: (contender, the one it is divided by, the target ratio) of the issue.
 RATIOS = (("pool, --workers 2", "--no-shm, --workers 2", None),
           ("pool, 2 ranked trainers", "--no-shm, 2 ranked trainers", 1.8),
           ("pool, 2 ranked trainers, --workers 2", "--no-shm, 2 ranked trainers, --workers 2",
-           1.8))
+           1.8),
+          ("pool, 2 groups", "--no-shm, 2 groups", None))
 #: Trainer CPU per 16 MiB sample through the pool with 2 workers, at most (µs).
 TRAINER_CPU_TARGET = 300.0
 #: A view's trainer CPU per sample, at most this many times raw pyzmq's per small message.

@@ -148,6 +148,9 @@ def _start_feedmux(contender: Contender, kind: str, endpoints: Endpoints) -> Pro
         reliable=mode == "reliable",
         curve_secret=_curve_secret(keys) if keys else None,
         shm=mode != "noshm",
+        # Groups: every one from the first message (a group joining later waits for the
+        # next epoch, and the large scenario's never ends).
+        min_trainers=contender.trainers if contender.groups else 0,
     )
     return started_server(
         server, after=(lambda: shutil.rmtree(keys, ignore_errors=True)) if keys else None)
@@ -251,12 +254,14 @@ def connect(
     }
     if contender.ranked:
         return _connect_feedmux(contender, kind, endpoints, timeout, trainers, rank=index)
+    if contender.groups:
+        return _connect_feedmux(contender, kind, endpoints, timeout, 1, group=f"g{index}")
     return openers[contender.peer](contender, kind, endpoints, timeout, trainers)
 
 
 def _connect_feedmux(
     contender: Contender, kind: str, endpoints: Endpoints, timeout: float, trainers: int,
-    rank: int | None = None,
+    rank: int | None = None, group: str | None = None,
 ) -> Consumer:
     import feedmux
 
@@ -265,7 +270,7 @@ def _connect_feedmux(
         endpoints.data, control=endpoints.control, timeout=timeout, world_size=trainers,
         rank=rank, reliable=mode == "reliable",
         curve_server_key=_curve_public_key[0] if mode == "curve" else None,
-        shm=mode != "noshm", batch_size=contender.batch_size or None,
+        shm=mode != "noshm", batch_size=contender.batch_size or None, group=group,
     )
     return Consumer(samples=iter(loader), close=loader.close)
 

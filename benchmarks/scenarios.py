@@ -159,6 +159,8 @@ class Contender:
     seed: int | None = None  # feedmux --seed: a repeatable run (workers merged in a fixed order)
     zero_copy: bool = False  # feedmux: arrays sent as views (the streamer promises no reuse)
     ranked: bool = False  # feedmux: the trainers are the ranks of one job (rank=, world_size=)
+    #: feedmux: each trainer is a consumer group of its own (group=): each gets every sample.
+    groups: bool = False
     mode: str = ""  # feedmux only: one of MODES ("" is the default server and loader)
     #: Samples per step the trainer takes as one batch (feedmux: ``RemoteLoader(batch_size=)``,
     #: stacked by the server; torch: ``DataLoader(batch_size=)``, collated by its workers);
@@ -178,7 +180,8 @@ class Contender:
         if self.show_workers or self.peer == "torch":
             parts.append(f"{self.workers} worker{'s' if self.workers != 1 else ''}")
         if self.trainers != 1:
-            parts.append(f"{self.trainers} {'ranked ' if self.ranked else ''}trainers")
+            kind = "ranked trainers" if self.ranked else "groups" if self.groups else "trainers"
+            parts.append(f"{self.trainers} {kind}")
         if self.seed is not None:
             parts.append("seeded")
         if self.zero_copy:
@@ -193,6 +196,7 @@ class Contender:
     def key(self) -> str:
         key = f"{self.peer}/{self.transport}/w{self.workers}/t{self.trainers}"
         key += "/ranked" if self.ranked else ""
+        key += "/groups" if self.groups else ""
         key += "" if self.seed is None else "/seeded"
         key += "/zc" if self.zero_copy else ""
         key += f"/b{self.batch_size}" if self.batch_size else ""

@@ -78,7 +78,7 @@ class Carrier:
     def wire(self, target: bytes, frames: Sequence[Any],
              placed: Placement | None) -> Sequence[Any] | None:
         """What goes to ``target``: the message as placed in the pool (a shared
-        placement's: naming a holder cell of its own) or as it is (None: not now, see
+        placement's: naming a claim cell of its own) or as it is (None: not now, see
         :class:`~feedmux.server._delivery.pool.Via`)."""
         how = via(self.pool, placed, target, self.transit_cap)
         if how is Via.WAIT:
