@@ -21,9 +21,9 @@ from typing import Any
 from feedmux._plumbing.shm import DEFAULT_SHM_SIZE
 from feedmux._plumbing.sockets import DEFAULT_BIND, DEFAULT_HWM, control_address_for
 from feedmux.errors import ConfigurationError
+from feedmux.protocol import parse_compress
 from feedmux.server._delivery.batches import BucketSpec
 from feedmux.server._delivery.buckets import check_edges
-from feedmux.protocol import parse_compress
 from feedmux.server._delivery.groups import DEFAULT_GROUP_BUFFER, JOIN_MODES, parse_group_buffer
 from feedmux.server._sources.policy import BatchPolicy
 from feedmux.server.factory import Source
