@@ -199,3 +199,23 @@ def test_ranks_asking_for_different_bucket_settings_are_refused_clearly(
         r"trainers \(the first trainer asked for them\): expected the same from trainer \S+, "
         r"got batch_size=4, drop_last=False(, bucket_by='tokens')?", text)]
     assert len(refused) == 1, said
+
+
+def test_samples_without_the_length_field_fail_the_run_with_a_clear_error(
+        servers: list[Server]) -> None:
+    servers.append(server := started())
+
+    def rank(index: int) -> str:
+        loader = loader_of(server, index, bucket_by="length")
+        try:
+            next(loader)
+        except FeedmuxError as error:
+            return str(error)
+        finally:
+            loader.close()
+        return "no error"
+
+    said = [thread.join(60) for thread in [CheckedThread(rank, index) for index in range(WORLD)]]
+    assert all("bucket_by='length': expected each sample a dict whose 'length' is its length "
+               "(an int >= 0, or an array: its first dimension), got a dict with keys "
+               "['id', 'tokens']" in text for text in said), said
