@@ -31,6 +31,7 @@ __all__ = [
     "Hello",
     "Kind",
     "Message",
+    "Scale",
     "ShmAttach",
     "ShmOffer",
     "Stats",
@@ -66,6 +67,7 @@ class Kind(enum.IntEnum):
     SHM_ATTACH = 14
     #: A message's frames compressed for a slow link (feedmux.protocol._compress).
     COMPRESSED = 15
+    SCALE = 16
 
 
 @dataclass(frozen=True, eq=False, init=False)
@@ -314,6 +316,15 @@ class ShmAttach:
     client_id: str = ""
 
 
+@dataclass(frozen=True)
+class Scale:
+    """Ask a server to run ``workers`` sampling workers from now on (``feedmux scale``);
+    0 hands the count back to ``--workers auto``. Answered with :class:`Stats`."""
+
+    workers: int
+    client_id: str = ""
+
+
 Message: TypeAlias = Union[  # noqa: UP007 - a runtime alias must work on Python 3.10
     Data,
     Hello,
@@ -329,4 +340,5 @@ Message: TypeAlias = Union[  # noqa: UP007 - a runtime alias must work on Python
     Ack,
     ShmOffer,
     ShmAttach,
+    Scale,
 ]

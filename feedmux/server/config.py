@@ -25,6 +25,7 @@ from feedmux.protocol import parse_compress
 from feedmux.server._delivery.batches import BucketSpec
 from feedmux.server._delivery.buckets import check_edges
 from feedmux.server._delivery.groups import DEFAULT_GROUP_BUFFER, JOIN_MODES, parse_group_buffer
+from feedmux.server._sources.autoscale import WorkerRange, parse_workers
 from feedmux.server._sources.policy import BatchPolicy
 from feedmux.server.factory import Source
 
@@ -114,7 +115,10 @@ class ServerConfig:
     factory_kwargs: Mapping[str, Any] = field(default_factory=dict)
     bind: str = DEFAULT_BIND
     control: str | None = None
-    workers: int = 1
+    # N, or "auto" / "auto:MAX" / "auto:MIN-MAX" (docs/autoscale.md).
+    workers: int | str = 1
+    # The run's shards (docs/autoscale.md); None: chosen from the source.
+    shards: int | None = None
     epochs: int | None = None
     epoch_size: int | None = None
     hwm: int = DEFAULT_HWM
@@ -155,12 +159,21 @@ class ServerConfig:
     # auto, off, lz4, zstd or zstd:LEVEL.
     compress: str = "auto"
 
+    @property
+    def worker_range(self) -> WorkerRange:
+        """The workers option parsed: a fixed count, or auto between a minimum and a maximum."""
+        return parse_workers(self.workers)
+
     def __post_init__(self) -> None:
         def require(ok: bool, what: str, value: object) -> None:
             if not ok:
                 raise ConfigurationError(f"expected {what}, got {value!r}")
 
-        require(self.workers >= 1, "workers >= 1", self.workers)
+        try:
+            parse_workers(self.workers)
+        except ValueError as error:
+            raise ConfigurationError(str(error)) from None
+        require(self.shards is None or self.shards >= 1, "shards None or >= 1", self.shards)
         try:
             parse_compress(self.compress)
         except ValueError as error:

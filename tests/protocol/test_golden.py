@@ -26,6 +26,7 @@ from feedmux.protocol import (
     Hello,
     Kind,
     SampleBatch,
+    Scale,
     ShmAttach,
     ShmOffer,
     Stats,
@@ -63,6 +64,15 @@ GOLDEN: list[tuple[str, Any, dict[str, Any], list[bytes]]] = [
         frames_of(
             # {"v": 1, "k": 14, "token": "ab", "client_id": "c"}
             "84 a1 76 01 a1 6b 0e a5 74 6f 6b 65 6e a2 61 62 a9 63 6c 69 65 6e 74 5f 69 64 a1 63",
+        ),
+    ),
+    (
+        "scale",
+        Scale(workers=3, client_id="c"),
+        {},
+        frames_of(
+            # {"v": 1, "k": 16, "workers": 3, "client_id": "c"}
+            "84 a1 76 01 a1 6b 10 a7 77 6f 72 6b 65 72 73 03 a9 63 6c 69 65 6e 74 5f 69 64 a1 63",
         ),
     ),
     (
@@ -461,6 +471,7 @@ def test_kind_numbers_are_fixed() -> None:
         "SHM_OFFER": 13,
         "SHM_ATTACH": 14,
         "COMPRESSED": 15,
+        "SCALE": 16,
     }
     assert PROTOCOL_VERSION == 1
 
