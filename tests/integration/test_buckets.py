@@ -68,6 +68,17 @@ def ranked_job(server: Server, epochs: int = EPOCHS, **options: Any) -> list[Any
     return [thread.join(90) for thread in threads]
 
 
+def first_error(loader: RemoteLoader) -> str:
+    """What the loader's first sample raised ("no error" if it came); the loader closed."""
+    try:
+        next(loader)
+    except FeedmuxError as error:
+        return str(error)
+    finally:
+        loader.close()
+    return "no error"
+
+
 def waste(batches: list[list[int]]) -> float:
     """Padding to each batch's longest, as a share of the padded tokens."""
     lengths = [[length_of(i) for i in batch] for batch in batches if batch]
@@ -181,15 +192,9 @@ def test_ranks_asking_for_different_bucket_settings_are_refused_clearly(
     servers.append(server := started(rank_timeout=5))
 
     def rank(index: int, bucket_by: str | None) -> str:
-        loader = RemoteLoader(server.data_address, control=server.control_address, rank=index,
-                              world_size=2, batch_size=BATCH, bucket_by=bucket_by, timeout=30)
-        try:
-            next(loader)
-        except FeedmuxError as error:
-            return str(error)
-        finally:
-            loader.close()
-        return "no error"
+        return first_error(RemoteLoader(
+            server.data_address, control=server.control_address, rank=index, world_size=2,
+            batch_size=BATCH, bucket_by=bucket_by, timeout=30))
 
     # Whichever hello comes first fixes the server's batches; the other rank is refused.
     said = [thread.join(60) for thread in
@@ -199,3 +204,16 @@ def test_ranks_asking_for_different_bucket_settings_are_refused_clearly(
         r"trainers \(the first trainer asked for them\): expected the same from trainer \S+, "
         r"got batch_size=4, drop_last=False(, bucket_by='tokens')?", text)]
     assert len(refused) == 1, said
+
+
+def test_samples_without_the_length_field_fail_the_run_with_a_clear_error(
+        servers: list[Server]) -> None:
+    servers.append(server := started())
+
+    def rank(index: int) -> str:
+        return first_error(loader_of(server, index, bucket_by="length"))
+
+    said = [thread.join(60) for thread in [CheckedThread(rank, index) for index in range(WORLD)]]
+    assert all("bucket_by='length': expected each sample a dict whose 'length' is its length "
+               "(an int >= 0, or an array: its first dimension), got a dict with keys "
+               "['id', 'tokens']" in text for text in said), said

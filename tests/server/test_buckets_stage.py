@@ -199,3 +199,17 @@ def test_stacked_chunks_are_dealt_as_their_samples_are(key: str) -> None:
         return sorted(got)
 
     assert dealt(stacked=True) == dealt(stacked=False)
+
+
+def test_the_servers_stats_count_what_the_window_did() -> None:
+    request = BatchRequest()
+    assert request.admit(Hello("a", world_size=WORLD, rank=0, batch_size=BATCH,
+                               bucket_by="tokens")) is None
+    batches = request.assemblers(BucketSpec("", window=36))
+    assert batches is not None and request.bucket_stats() == {}  # no stage yet
+    stage = RankedStage(RankDealer(WORLD, "pad"), "srv", batches=batches)
+    run(stage, 1, 50, [9])
+    stats = request.bucket_stats()
+    assert stats["bucket_window"] == 36 and stats["bucket_held"] == 0
+    assert stats["bucket_padded"] == 1  # 50 = 4 steps of 12 and 2, padded to a round of 3
+    assert stats["bucket_window_steps"] >= 1 and stats["bucket_uneven_dropped"] == 0

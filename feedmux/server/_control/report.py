@@ -98,7 +98,7 @@ def _batch_stats(batches: BatchRequest) -> dict[str, Stat]:
     if not batches.batch_size:
         return {}
     return {"batch_size": batches.batch_size, "drop_last": int(batches.drop_last),
-            "batch_samples_dropped": batches.dropped}
+            "batch_samples_dropped": batches.dropped, **batches.bucket_stats()}
 
 
 def _rank_stats(core: Reporting) -> dict[str, Stat]:

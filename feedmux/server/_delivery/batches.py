@@ -22,7 +22,7 @@ of batches, of the same sizes, and step ``k`` of every rank holds the rounds
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -125,6 +125,10 @@ drop_last=False'
             spec = (buckets or BucketSpec(self.bucket_by))._replace(key=self.bucket_by)
         self._run = Batches(self.batch_size, self.drop_last, spec)
         return self._run
+
+    def bucket_stats(self) -> dict[str, int]:
+        """The coordinated steps' counters of the current run (none without ``bucket_by``)."""
+        return {} if self._run is None else self._run.bucket_counts()
 
     @property
     def dropped(self) -> int:
@@ -257,6 +261,9 @@ class Batches:
         self.buckets = buckets
         #: Samples of bucketed epochs' last, partial batches dropped (drop_last).
         self.bucket_dropped = 0
+        #: The coordinated steps' counters (``bucket_by``; set by the ranked stage): samples
+        #: padded or dropped by ``uneven``, steps dealt from a full window or bucket, late.
+        self.bucket_counts: Callable[[], dict[str, int]] = dict
         self._assemblers: dict[int, BatchAssembler] = {}
 
     def of(self, destination: int) -> BatchAssembler:

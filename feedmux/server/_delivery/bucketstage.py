@@ -135,6 +135,16 @@ class BucketStage:
         self.start = start
         self.ahead: dict[int, tuple[int, int]] = dict(ahead or {})
         self.chunks = _Chunks()
+        batches.bucket_counts = self.counts
+
+    def counts(self) -> dict[str, int]:
+        """What the window did so far, for the server's stats."""
+        window = self.window
+        return {"bucket_window": window.window, "bucket_held": window.held,
+                "bucket_padded": window.padded, "bucket_uneven_dropped": window.dropped,
+                "bucket_window_steps": window.window_steps,
+                "bucket_full_bucket_steps": window.bucket_steps,
+                "bucket_late_steps": window.late_steps}
 
     def deal(self, epoch: int, rows: Sequence[Any]) -> list[RankShare]:
         """The shares of the steps that ``rows`` (the next of ``epoch``) complete."""
