@@ -97,8 +97,12 @@ def test_the_runs_of_a_dead_trainer_come_back(pool: ShmPool) -> None:
         dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                               capture_output=True, text=True, check=True)
         pool.segment.table[head, 2] = int(dead.stdout)  # claimed by a process now gone
-    assert pool.reclaim() == 4
-    assert send(pool, 5.0) is not None
+    # Taken back at a look for dead trainers: the next allocation's (a few times a second,
+    # even with room left), or this one.
+    pool.reclaim()
+    assert pool.stats()["shm_bytes_in_use"] == 0
+    for value in range(4):  # the whole pool is free again
+        assert send(pool, 5.0 + value) is not None
 
 
 def test_shared_empty_lives_in_the_pool_and_travels_without_a_copy(pool: ShmPool) -> None:

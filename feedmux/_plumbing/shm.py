@@ -10,14 +10,16 @@ releases, and :func:`shared_empty`. It never imports zmq and never sends anythin
 are a store into the slot table, made by a ``weakref.finalize`` when the last
 view of a run dies, so the hot path has no release messages at all.
 
-Slot table (one row of four int64 per granule; only a run's first granule's row
-is used): ``state`` (FREE, SENT, HELD by ``shared_empty`` or an owned copy,
-FORWARDED by a sampling worker to the server), ``generation``
-(bumped at each allocation, so a late release of an old use frees nothing),
-``owner`` (the pid of the trainer that received it; 0 while in flight) and the
-time it was sent. The server takes a run back when its state is FREE, when its
-owner pid no longer exists (a trainer that died), or when it stayed unclaimed
-for ``orphan_timeout`` seconds (a message lost with a dead trainer's queue).
+Slot table (a row per granule, :mod:`feedmux._plumbing.shmtable`; only a run's
+first granule's row is used): ``state`` (FREE, SENT, HELD by ``shared_empty`` or
+an owned copy, FORWARDED by a sampling worker to the server, SHARED by the
+consumer groups' buffer), ``generation`` (bumped at each allocation, so a late
+release of an old use frees nothing), ``owner`` (the pid of the trainer that
+received it; 0 while in flight), the time it was sent, then a claim cell for
+each trainer a shared message went to. The server takes a run back when its row
+and every claim are FREE; a claim whose pid no longer exists (a trainer that
+died), or that stayed unclaimed for ``orphan_timeout`` seconds (a message lost
+with a dead trainer's queue), is FREE again first.
 
 With ``--workers N`` the pool is created before the workers fork, and each
 process allocates in a region of its own (:mod:`feedmux._plumbing.shmruns`): no
@@ -50,7 +52,6 @@ is freed when the last of them lets go.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import contextvars
 import logging
@@ -67,6 +68,29 @@ from typing import Any
 import numpy as np
 
 from feedmux._plumbing.shmruns import RunBooks
+from feedmux._plumbing.shmtable import (
+    FORWARDED,
+    FREE,
+    HELD,
+    MAGIC,
+    REF,
+    REF_SIZE,
+    ROW_GEN,
+    ROW_OWNER,
+    ROW_STAMP,
+    ROW_STATE,
+    ROW_WIDTH,
+    SENT,
+    SHARED,
+    SharedRuns,
+    Transit,
+    held,
+    idle,
+    is_ref,
+    pid_alive,
+    reclaim_dead,
+    release_run,
+)
 
 __all__ = [
     "DEFAULT_SHM_SIZE",
@@ -104,22 +128,8 @@ WORKER_PATIENCE = 1.0
 #: Seconds between two looks for dead trainers' runs while the pool is full.
 OWNER_CHECK = 0.25
 
-MAGIC = b"feedmxSM"
 _HEADER = struct.Struct("<8s16sQQQ")  # magic, token, granules, granule size, data offset
-# magic, segment id, head granule, granules, nbytes, generation, pid of the segment's creator
-REF = struct.Struct("<8sQQQQQQ")
-#: Bytes of a reference frame: what replaces an array frame that travels through the pool.
-REF_SIZE = REF.size
-#: A run's states: free, sent to a trainer, lent out by :func:`shared_empty` (or an owned
-#: copy), forwarded by a sampling worker to the server (which sends it on or frees it).
-FREE, SENT, HELD, FORWARDED = 0, 1, 2, 3
-ROW_STATE, ROW_GEN, ROW_OWNER, ROW_STAMP = 0, 1, 2, 3
 SEGMENT_PREFIX = "feedmux-"
-
-
-def is_ref(frame: Any) -> bool:
-    """Whether ``frame`` (a bytes-like of any length) is a reference frame."""
-    return len(frame) == REF_SIZE and memoryview(frame)[:8] == MAGIC
 
 
 def has_refs(frames: Sequence[Any]) -> bool:
@@ -135,18 +145,8 @@ def carried_bytes(frames: Sequence[Any]) -> int:
 def _layout(size: int, granule: int) -> tuple[int, int]:
     """(granules, data offset) of a segment of about ``size`` bytes."""
     granules = max(1, size // granule)
-    table_end = 4096 + granules * 32
+    table_end = 4096 + granules * ROW_WIDTH * 8
     return granules, -(-table_end // 4096) * 4096
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def orphaned_segments(directory: str = SHM_DIR) -> list[str]:
@@ -159,7 +159,7 @@ def orphaned_segments(directory: str = SHM_DIR) -> list[str]:
     for name in names:
         prefixed = name.startswith(SEGMENT_PREFIX)
         pid_text = name[len(SEGMENT_PREFIX):].split("-", 1)[0] if prefixed else ""
-        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+        if pid_text.isdigit() and not pid_alive(int(pid_text)):
             gone.append(name)
     return gone
 
@@ -189,14 +189,15 @@ class Segment:
         self.segment_id: int = int.from_bytes(token[:8], "little")
         self.granules, self.granule, self.offset = int(granules), int(granule), int(offset)
         whole = np.frombuffer(self.map, np.uint8)
-        self.table: np.ndarray = whole[4096 : 4096 + self.granules * 32].view(np.int64).reshape(
-            self.granules, 4)
+        table_end = 4096 + self.granules * ROW_WIDTH * 8
+        self.table: np.ndarray = whole[4096:table_end].view(np.int64).reshape(
+            self.granules, ROW_WIDTH)
         self.data: np.ndarray = whole[self.offset : self.offset + self.granules * self.granule]
         self.base = int(self.data.ctypes.data)
         self._bytes = memoryview(self.map)
-        #: The slot table again, as plain int64 items (four per granule): a trainer reads
+        #: The slot table again, as plain int64 items (a row per granule): a trainer reads
         #: and writes a row per message through it, cheaper than numpy's scalars.
-        self.slots = self._bytes[4096 : 4096 + self.granules * 32].cast("q")
+        self.slots = self._bytes[4096:table_end].cast("q")
 
     def run_memory(self, head: int, nbytes: int) -> np.ndarray:
         """``nbytes`` of the run at ``head``, as the array whose life is the run's use.
@@ -231,6 +232,11 @@ class Placement:
         self.refs_only = False
         #: Whether a trainer maps the pool now (it may have attached since the placement).
         self.maps: Callable[[bytes], bool] | None = None
+        #: A shared placement (placed SHARED: one message to several trainers): the claim
+        #: cells taken so far, and the frames of the last one handed out and not sent yet.
+        self.shared = False
+        self.claims = 0
+        self.handed: list[Any] | None = None
 
     def delivered(self) -> None:
         """Sent as references: its runs are the trainer's to release, not ours to cancel."""
@@ -313,48 +319,6 @@ class ForwardedRuns:
         return out
 
 
-class Transit:
-    """The messages sent to each trainer as references that it has not received yet."""
-
-    def __init__(self, segment: Segment) -> None:
-        self.segment = segment
-        #: Per trainer (data identity): (first run, generation) of each message sent to it
-        #: as references and not yet claimed, oldest first.
-        self._transit: dict[bytes, collections.deque[tuple[int, int]]] = {}
-
-    def delivered(self, trainer: bytes, placed: Placement) -> None:
-        """``placed`` went to ``trainer`` as references: its runs are the trainer's now,
-        and the message is in transit until the trainer claims it (:meth:`in_transit`)."""
-        head = placed.first()
-        if head >= 0:
-            queue = self._transit.setdefault(trainer, collections.deque())
-            queue.append((head, int(self.segment.table[head, ROW_GEN])))
-        placed.delivered()
-
-    def count(self, trainer: bytes) -> int:
-        """Messages sent to ``trainer`` as references that it has not received yet.
-
-        A trainer claims a run (writes its pid) when it decodes the message, so
-        what is unclaimed is still in the socket queues: bounding it keeps the
-        references in flight to what ``--hwm`` bounds for messages sent whole,
-        while the views a trainer keeps are bounded by the pool alone.
-        """
-        queue = self._transit.get(trainer)
-        if queue is None:
-            return 0
-        slots = self.segment.slots
-        while queue:
-            head, generation = queue[0]
-            row = head * 4
-            if (slots[row + ROW_GEN] == generation and slots[row + ROW_STATE] == SENT
-                    and slots[row + ROW_OWNER] == 0):
-                break  # the oldest is still on its way: so are the later ones
-            queue.popleft()
-        if not queue:
-            del self._transit[trainer]  # nothing on its way: a trainer that left leaves nothing
-        return len(queue)
-
-
 class ShmPool:
     """The server's side: creates the segment, places frames in it, takes runs back.
 
@@ -382,6 +346,8 @@ class ShmPool:
         self.stopping: Callable[[], bool] = bool
         self._owners_checked = 0.0
         self.transit = Transit(segment)
+        #: The claim cells of the messages sent to several trainers (consumer groups).
+        self.shared = SharedRuns(segment, self.transit)
         #: The workers' references: what the server reads of them, sends on or copies out.
         self.forwarded = ForwardedRuns(segment, self.books)
         #: The process that removes the segment once this server is gone (see the module).
@@ -449,6 +415,7 @@ class ShmPool:
         self.allocator = os.getpid()
         self.patience, self.stopping = WORKER_PATIENCE, stopping
         self.transit = Transit(self.segment)
+        self.shared = SharedRuns(self.segment, self.transit)
 
     def forward(self, frames: Sequence[Any]) -> Placement | None:
         """A worker's message for the server with its large arrays as references to this
@@ -479,20 +446,20 @@ class ShmPool:
         """
         segment, books = self.segment, self.books
         count = max(1, -(-nbytes // segment.granule))
-        # Released runs first (a look at the table rows of the runs out): first fit then
-        # finds the lowest, so the pages in use stay those of what is in flight.
-        self.reclaim(dead_owners=False)
+        # Released runs first (a look at the table rows of the runs out), and a few times a
+        # second dead trainers' (their holds come back even while the pool has room):
+        # first fit then finds the lowest, so the pages in use stay those of what is in
+        # flight.
+        self.reclaim(self.owners_due())
         head = books.find(count)
         if head < 0:
-            self.reclaim(self.owners_due())
-            head = books.find(count)
-            if head < 0:
-                return -1
+            return -1
         books.take(head, count)
         row = segment.table[head]
         row[ROW_GEN] += 1
         row[ROW_OWNER] = 0
         row[ROW_STAMP] = int(time.monotonic() * 1000)
+        row[ROW_STAMP + 1 :] = 0  # every claim cell free
         row[ROW_STATE] = state
         return head
 
@@ -517,26 +484,17 @@ class ShmPool:
             return 0
         table = self.segment.table
         heads = np.fromiter(runs, np.int64, len(runs))
-        states = table[heads, ROW_STATE]
+        free = idle(table, heads)
         freed = 0
-        for head in heads[states == FREE].tolist():
+        for head in heads[free].tolist():
             if not books.is_pinned(head):
                 books.free(head)
                 freed += 1
         if dead_owners:
-            now = int(time.monotonic() * 1000)
-            alive: dict[int, bool] = {}
-            for head in heads[states == SENT].tolist():
-                owner = int(table[head, ROW_OWNER])
-                orphan = owner == 0 and now - table[head, ROW_STAMP] > self.orphan_timeout * 1000
-                if owner and owner not in alive:
-                    alive[owner] = _pid_alive(owner)
-                if orphan or (owner and not alive[owner]):
-                    table[head, ROW_GEN] += 1  # a late claim or release of it now fails
-                    table[head, ROW_STATE] = FREE
-                    if not books.is_pinned(head):
-                        books.free(head)
-                        freed += 1
+            for head in reclaim_dead(table, heads[~free], self.orphan_timeout * 1000):
+                if not books.is_pinned(head):
+                    books.free(head)
+                    freed += 1
         return freed
 
     def place(self, frames: Sequence[Any], threshold: int = SHM_THRESHOLD,
@@ -587,12 +545,18 @@ class ShmPool:
             out[index] = REF.pack(MAGIC, segment.segment_id, head,
                                   int(self.books.lengths[head]), nbytes,
                                   int(table[head, ROW_GEN]), self.creator)
-        self.messages += state == SENT
+        self.messages += state in (SENT, SHARED)
+        placed.shared = state == SHARED
         return placed
 
     def delivered(self, trainer: bytes, placed: Placement) -> None:
-        """``placed`` went to ``trainer`` as references: see :meth:`Transit.delivered`."""
-        self.transit.delivered(trainer, placed)
+        """``placed`` went to ``trainer`` as references (see :meth:`Transit.delivered`): its
+        runs are the trainer's now (a shared placement's: its claim cell)."""
+        if placed.shared:
+            self.shared.delivered(trainer, placed)
+        else:
+            self.transit.delivered(trainer, placed)
+            placed.delivered()
 
     def in_transit(self, trainer: bytes) -> int:
         """References sent to ``trainer`` not received yet: see :meth:`Transit.count`."""
@@ -662,14 +626,14 @@ class ShmPool:
 
     def in_use(self) -> int:
         """Granules of the runs not free now, in every region: what trainers hold, what is
-        on its way, what a process lent out or keeps (released runs count as free at
-        once, before their allocator takes them back)."""
+        on its way, what a process lent out or keeps (released runs, and a dead trainer's
+        holds, count as free at once, before their allocator takes them back)."""
         # A copy first: the workers write their regions' books meanwhile, and numpy's
         # nonzero fails on an array whose count changes under it (the stats then crashed
         # the server). A torn copy is a figure a moment old, right for the statistics.
         lengths = self.books.lengths.copy()
         heads = np.flatnonzero(lengths)
-        busy = self.segment.table[heads, ROW_STATE] != FREE
+        busy = held(self.segment.table, heads)
         busy |= np.isin(heads, list(self.books.pinned)) | (self.books.kept[heads] > 0)
         return int(lengths[heads[busy]].sum())
 
@@ -722,7 +686,7 @@ def _let_go(pinned: set[int], slots: memoryview, head: int, generation: int) -> 
     """The last object of the allocating process that held run ``head`` is gone: it may be
     reused once released, and is released now if it was never sent."""
     pinned.discard(head)
-    release_run(slots, head * 4, generation, HELD)
+    release_run(slots, head * ROW_WIDTH, generation, HELD)
 
 
 def _unkeep(kept: np.ndarray, slots: memoryview, head: int, generation: int) -> None:
@@ -730,14 +694,7 @@ def _unkeep(kept: np.ndarray, slots: memoryview, head: int, generation: int) -> 
     reuse it once released, and it is released now if the server never sent it on."""
     kept[head] -= 1
     if not kept[head]:
-        release_run(slots, head * 4, generation, FORWARDED)
-
-
-def release_run(slots: memoryview, row: int, generation: int, state: int) -> None:
-    """Free the run of table row ``row`` if it is still in ``state`` at ``generation``
-    (the finalizer of its memory, in the server or a trainer)."""
-    if slots[row + ROW_GEN] == generation and slots[row + ROW_STATE] == state:
-        slots[row + ROW_STATE] = FREE
+        release_run(slots, head * ROW_WIDTH, generation, FORWARDED)
 
 
 #: The pool of the draw under way in this thread (see :func:`drawing_into`).

@@ -18,18 +18,21 @@ from typing import Any
 
 import numpy as np
 
-from feedmux._plumbing.shm import (
+from feedmux._plumbing.shm import SEGMENT_PREFIX, SHM_DIR, Segment
+from feedmux._plumbing.shmtable import (
+    CLAIM_SHIFT,
+    CLAIMS,
     MAGIC,
     REF,
     REF_SIZE,
     ROW_GEN,
     ROW_OWNER,
     ROW_STATE,
-    SEGMENT_PREFIX,
+    ROW_WIDTH,
     SENT,
-    SHM_DIR,
-    Segment,
+    cell_columns,
     release_run,
+    split_count,
 )
 
 __all__ = ["ShmAttachment", "ShmViews"]
@@ -49,8 +52,9 @@ class ShmAttachment:
         #: what a trainer that keeps its samples is told when the pool runs full.
         self.views = self.view_bytes = 0
         #: Per view held (by the id of the weak reference to its memory, as an array is not
-        #: hashable): that reference, the slot table row, the generation and the bytes.
-        self._watched: dict[int, tuple[weakref.ref[np.ndarray], int, int, int]] = {}
+        #: hashable): that reference, the slot table row, the generation, the bytes and the
+        #: state column of this trainer's claim cell.
+        self._watched: dict[int, tuple[weakref.ref[np.ndarray], int, int, int, int]] = {}
 
     @property
     def token(self) -> str:
@@ -58,8 +62,8 @@ class ShmAttachment:
 
     def _released(self, memory: weakref.ref[np.ndarray]) -> None:
         """The last view of a run is gone: the run is free again (if still this trainer's)."""
-        _, row, generation, nbytes = self._watched.pop(id(memory))
-        release_run(self.segment.slots, row, generation, SENT)
+        _, row, generation, nbytes, column = self._watched.pop(id(memory))
+        release_run(self.segment.slots, row, generation, SENT, column)
         self.views -= 1
         self.view_bytes -= nbytes
 
@@ -70,15 +74,22 @@ class ShmAttachment:
 
     def claim(self, head: int, count: int, size: int, generation: int,
               nbytes: int) -> np.ndarray:
-        """The memory of the run a reference names (its fields), claimed by this process."""
+        """The memory of the run a reference names (its fields), claimed by this process
+        as the claim the reference names (its granule field's high bits)."""
         segment = self.segment
-        if size != nbytes or not 0 <= head < segment.granules or (
+        if count >> CLAIM_SHIFT:  # one claim among several (consumer groups)
+            count, claim = split_count(count)
+            state, owner, _ = cell_columns(claim) if claim <= CLAIMS else (-1, -1, -1)
+        else:  # the common case, the row's own fields: no call
+            claim, state, owner = 0, ROW_STATE, ROW_OWNER
+        if size != nbytes or not 0 <= head < segment.granules or state < 0 or (
                 count * segment.granule < size or head + count > segment.granules):
-            raise ValueError(f"shared-memory reference to {size} bytes at granule {head} does "
-                             f"not fit an array of {nbytes} bytes in this pool")
-        slots, row = segment.slots, head * 4
-        slots[row + ROW_OWNER] = self.pid
-        if slots[row + ROW_GEN] != generation or slots[row + ROW_STATE] != SENT:
+            raise ValueError(f"shared-memory reference to {size} bytes at granule {head} "
+                             f"(claim {claim}) does not fit an array of {nbytes} bytes in "
+                             f"this pool")
+        slots, row = segment.slots, head * ROW_WIDTH
+        slots[row + owner] = self.pid
+        if slots[row + ROW_GEN] != generation or slots[row + state] != SENT:
             raise ValueError(f"shared-memory run {head} was taken back before it was received")
         memory = segment.run_memory(head, size)
         self.views += 1
@@ -86,7 +97,7 @@ class ShmAttachment:
         # A weak reference with a callback, not weakref.finalize: the release runs when
         # the last view goes all the same, for a third of finalize's cost per message.
         watch = weakref.ref(memory, self._released)
-        self._watched[id(watch)] = (watch, row, generation, size)
+        self._watched[id(watch)] = (watch, row, generation, size, state)
         return memory
 
 

@@ -242,9 +242,14 @@ def bound_address(socket: zmq.Socket[Any]) -> str:
     return str(socket.getsockopt_string(zmq.LAST_ENDPOINT))
 
 
+#: ``zmq.EVENTS`` and ``zmq.POLLIN`` as plain ints: asked once or more per data message,
+#: where an enum member's lookup and its ``&`` cost more than the question itself.
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+
+
 def readable(socket: zmq.Socket[Any]) -> bool:
     """Whether a message is waiting on ``socket`` (without a system call to poll)."""
-    return bool(int(socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+    return bool(socket.getsockopt(_EVENTS) & _POLLIN)  # type: ignore[operator]  # an int
 
 
 def send_message(

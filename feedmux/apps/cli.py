@@ -12,6 +12,7 @@ is accepted before or after any of them.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -46,6 +47,18 @@ def _int_at_least(minimum: int, what: str) -> Callable[[str], int]:
 
 
 _positive_int = _int_at_least(1, "a positive integer")
+_non_negative_int = _int_at_least(0, "an integer >= 0")
+
+
+def _workers(text: str) -> int | str:
+    """An argparse type: ``N``, ``auto``, ``auto:MAX`` or ``auto:MIN-MAX``."""
+    from feedmux.server._sources.autoscale import parse_workers
+
+    try:
+        parsed = parse_workers(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text if parsed.auto else parsed.minimum
 _count = _int_at_least(0, "an integer >= 0")
 
 
@@ -57,6 +70,25 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
+
+
+def _edges(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated, strictly ascending lengths >= 1.
+
+    Examples
+    --------
+    >>> _edges("16,64,256")
+    (16, 64, 256)
+    """
+    try:
+        edges = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        edges = ()
+    if not edges or any(edge < 1 for edge in edges) or any(
+            b <= a for a, b in itertools.pairwise(edges)):
+        raise argparse.ArgumentTypeError(
+            f"expected strictly ascending lengths >= 1 separated by commas, got {text!r}")
+    return edges
 
 
 def _log_level(text: str) -> str:
@@ -106,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
         commands, "serve", _serve, "run a sampler server",
         "Serve the samples of a streamer, a mux, or a factory returning one, to trainers "
         "that read them with feedmux.RemoteLoader.", log_level=False))
+    scale = _command(commands, "scale", _scale,
+                     "set the number of sampling workers of a running server")
+    _add_inspect(scale, "scale")
+    scale.add_argument("workers", type=_non_negative_int, metavar="N",
+                       help="workers to run from now on (0: back to --workers auto)")
     for name, text in (("stats", "print a server's statistics"),
                        ("ping", "exit 0 if a server answers, 1 otherwise"),
                        ("top", "a live view of one or more servers (q or Ctrl-C quits)")):
@@ -179,6 +216,18 @@ def _add_serve(serve: argparse.ArgumentParser) -> None:
                             "does not divide by the ranks, pad the last round with repeats so "
                             "every rank gets ceil(E/n) samples, or drop it so each gets E//n "
                             "(default pad)")
+    ranks.add_argument("--bucket-by", default="", metavar="KEY",
+                       help="ranked trainers with batch_size=: deal each step's batches from "
+                            "samples of similar length, read from the sample's field KEY (an "
+                            "int, or an array's first dimension), for ranks that name no "
+                            "bucket_by= themselves (default: only ranks that ask)")
+    ranks.add_argument("--bucket-window", type=_count, default=0, metavar="N",
+                       help="with bucket_by: hold up to N drawn samples to group by length "
+                            "(default 0: 16 steps of world_size x batch_size)")
+    ranks.add_argument("--bucket-edges", type=_edges, default=(), metavar="L1,L2,...",
+                       help="with bucket_by: deal a step as soon as one bucket of lengths "
+                            "[L(i-1), Li) holds one (default: none, the runs of similar "
+                            "lengths in the window)")
     ranks.add_argument("--rank-timeout", type=_positive_float, default=60.0, metavar="S",
                        help="ranked trainers: stop with an error if not every rank has "
                             "connected S seconds after the first (default 60)")
@@ -206,9 +255,15 @@ def _add_serve(serve: argparse.ArgumentParser) -> None:
                              "longer holds the others back (default 10)")
 
     speed = serve.add_argument_group("performance")
-    speed.add_argument("--workers", type=_positive_int, default=1, metavar="N",
-                       help="sampling processes; the streamers are split among them "
-                            "(default 1: sampling in the server process)")
+    speed.add_argument("--workers", type=_workers, default=1, metavar="N|auto[:[MIN-]MAX]",
+                       help="sampling processes; the source's shards are split among them "
+                            "(default 1: sampling in the server process). auto: start with "
+                            "MIN (default 1) and add or remove workers while serving, up to "
+                            "MAX (default 16); feedmux scale sets the count live")
+    speed.add_argument("--shards", type=_positive_int, metavar="N",
+                       help="split the source into N shards (default: from the source, "
+                            "logged); a seeded run's order depends on the shards only, "
+                            "never on the workers")
     speed.add_argument("--hwm", type=_positive_int, default=DEFAULT_HWM, metavar="N",
                        help="data messages queued per trainer before sampling waits for it: "
                             f"bounds the server's memory (default {DEFAULT_HWM})")
@@ -302,11 +357,13 @@ def _serve(args: argparse.Namespace) -> int:
         kwargs = parse_factory_args(args.arg)
         server = Server(
             args.source, factory_kwargs=kwargs, bind=args.bind, control=args.control,
-            workers=args.workers, epochs=args.epochs, epoch_size=args.epoch_size, hwm=args.hwm,
+            workers=args.workers, shards=args.shards, epochs=args.epochs,
+            epoch_size=args.epoch_size, hwm=args.hwm,
             samples_per_message=args.samples_per_message, on_error=args.on_error,
             log_every=args.log_every, drain_timeout=args.drain_timeout,
             min_trainers=args.min_trainers, reliable=args.reliable, zero_copy=args.zero_copy,
-            uneven=args.uneven, rank_timeout=args.rank_timeout,
+            uneven=args.uneven, rank_timeout=args.rank_timeout, bucket_by=args.bucket_by,
+            bucket_window=args.bucket_window, bucket_edges=args.bucket_edges,
             group_buffer=_group_buffer(args.group_buffer), join=args.join,
             group_timeout=args.group_timeout,
             curve_secret=args.curve_secret, curve_clients=args.curve_clients,
@@ -353,6 +410,21 @@ def _stats(args: argparse.Namespace) -> int:
         print(f"ok: server {stats.get('server_id')} at {args.address}")
     else:
         print(json.dumps(stats, indent=2, sort_keys=True))
+    return 0
+
+
+def _scale(args: argparse.Namespace) -> int:
+    from feedmux.client._endpoints import request_scale
+    from feedmux.errors import ConfigurationError, FeedmuxError
+
+    try:
+        answer = request_scale(args.address, args.workers, timeout=args.timeout,
+                               curve_server_key=args.curve_server_key,
+                               curve_certificate=args.curve_certificate)
+    except (FeedmuxError, OSError) as error:
+        print(f"feedmux scale: error: {error}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(error, ConfigurationError) else EXIT_FAILED
+    print(f"ok: {args.address} asked to run {answer.get('workers_requested')} worker(s)")
     return 0
 
 

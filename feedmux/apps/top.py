@@ -83,12 +83,15 @@ def describe(address: str, current: Stats, previous: Stats | None) -> list[str]:
     message_rate = _rate(current, previous, "messages_sent")
     byte_rate = _rate(current, previous, "bytes_sent")
     workers = max(1, int(current.get("workers") or 1))
+    changes = int(current.get("worker_changes") or 0)
+    scaled = (f" ({'auto, ' if current.get('workers_auto') else ''}{changes} change(s), "
+              f"last: {current.get('worker_change_reason')})") if changes else ""
     busy = _rate(current, previous, "sampler_busy_seconds")
     busy = None if busy is None else busy / workers
     blocked = _rate(current, previous, "send_blocked_seconds")
     lines = [
         f"server {current.get('server_id', '?')} at {address}: pid {current.get('pid', '?')}, "
-        f"up {_duration(float(current.get('uptime_s', 0)))}, {workers} worker(s), "
+        f"up {_duration(float(current.get('uptime_s', 0)))}, {workers} worker(s){scaled}, "
         f"{current.get('connected_trainers', 0)} trainer(s), "
         f"{current.get('samples_sent', 0)} samples sent"
         + (", finished" if current.get("finished") else ""),

@@ -1,8 +1,11 @@
 """What a loader that asked for batches checks and says about them.
 
 This module owns the trainer's side of ``RemoteLoader(..., batch_size=B,
-drop_last=...)`` that is not a socket: the check of the two arguments and
-:class:`BatchMeta`, where a handed-out batch came from. The batches
+drop_last=..., bucket_by=..., pad=...)`` that is not a socket: the checks of
+those arguments, :class:`BatchMeta`, where a handed-out batch came from, and
+a bucketed batch's variable-length leaves handed out as lists or padded with
+a mask (:func:`~feedmux.protocol.ragged_tree`: numpy over the lengths the
+server sent, no Python step per sample when padded). The batches
 themselves are built by the server (``feedmux.server._delivery.batches``) and taken
 from a message's stacked leaves by :func:`feedmux.protocol.stacked_tree`; this
 module must never build or look at a single sample.
@@ -15,9 +18,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from feedmux.errors import ConfigurationError
-from feedmux.protocol import SampleBatch, stacked_tree, take_rows
+from feedmux.protocol import SampleBatch, ragged_tree, stacked_tree, take_rows
 
-__all__ = ["BatchMeta", "batch_meta", "batch_step", "check_batches", "unpacked"]
+__all__ = ["BatchMeta", "batch_meta", "batch_step", "check_batches", "check_buckets",
+           "unpacked"]
 
 
 class BatchMeta(NamedTuple):
@@ -85,9 +89,40 @@ says what happens to an epoch's last, partial batch), got drop_last=True
             "last, partial batch), got drop_last=True")
 
 
-def unpacked(samples: Any, batched: bool) -> Any:
+def check_buckets(bucket_by: Any, pad: Any, batch_size: Any, rank: Any) -> None:
+    """Refuse ``bucket_by`` / ``pad`` a server could not serve to this loader.
+
+    Examples
+    --------
+    >>> check_buckets("tokens", True, 32, 0), check_buckets(None, False, None, None)
+    (None, None)
+    >>> check_buckets("tokens", False, 32, None)
+    Traceback (most recent call last):
+    ...
+    feedmux.errors.ConfigurationError: expected bucket_by with rank= and world_size= (it \
+deals the steps of a data-parallel job) and batch_size=, got bucket_by='tokens', rank=None, \
+batch_size=32
+    """
+    if bucket_by is not None and not (type(bucket_by) is str and bucket_by):
+        raise ConfigurationError(f"expected bucket_by None or a field name, got {bucket_by!r}")
+    if bucket_by is not None and (rank is None or batch_size is None):
+        raise ConfigurationError(
+            f"expected bucket_by with rank= and world_size= (it deals the steps of a "
+            f"data-parallel job) and batch_size=, got bucket_by={bucket_by!r}, rank={rank!r}, "
+            f"batch_size={batch_size!r}")
+    if type(pad) is not bool:
+        raise ConfigurationError(f"expected pad a bool, got {pad!r}")
+    if pad and batch_size is None:
+        raise ConfigurationError(
+            "expected pad=False without batch_size (it pads the variable-length leaves of a "
+            "batch), got pad=True")
+
+
+def unpacked(samples: Any, batched: bool, pad: bool = False) -> Any:
     """What a loader hands out of a decoded message's ``samples``: one batch tree
-    (``batched``: its stacked leaves, no sample built), or a list of every sample.
+    (``batched``: its stacked leaves, no sample built; a bucketed batch's padded leaves
+    as lists, or as :class:`~feedmux.protocol.Padded` with ``pad``), or a list of every
+    sample.
 
     A stacked message's samples are built at once (C-level splits of the stacked
     leaves): handing them out is then a list lookup, not a chain of Python calls
@@ -100,7 +135,7 @@ def unpacked(samples: Any, batched: bool) -> Any:
     {'y': array([1, 2])}
     """
     if batched:
-        return stacked_tree(samples)
+        return ragged_tree(stacked_tree(samples), pad)
     if type(samples) is SampleBatch:
         return samples.unstacked()
     return samples

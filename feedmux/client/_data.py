@@ -40,6 +40,8 @@ __all__ = ["LARGE_MESSAGE_BYTES", "DataSockets", "send_or_drop", "take_all"]
 
 log = logging.getLogger("feedmux.client")
 
+#: ``zmq.NOBLOCK`` as a plain int (read per data message).
+_NOBLOCK = int(zmq.NOBLOCK)
 #: A frame larger than this makes the loader tune malloc (see ``tune_malloc``).
 LARGE_MESSAGE_BYTES = 1 << 20
 
@@ -179,7 +181,7 @@ class DataSockets:
             if not readable(socket):
                 continue
             try:
-                frames = socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                frames = socket.recv_multipart(_NOBLOCK, copy=False)
             except zmq.Again:
                 continue
             if count > 1:

@@ -36,13 +36,14 @@ from feedmux.protocol import (
     CONTROL_LIMITS,
     STATS_NEXT_PAGE,
     Error,
+    Scale,
     Stats,
     StatsRequest,
     decode,
     stats_order,
 )
 
-__all__ = ["check_endpoint", "endpoints", "fetch_stats"]
+__all__ = ["check_endpoint", "endpoints", "fetch_stats", "request_scale"]
 
 
 def check_endpoint(address: object, what: str = "endpoint") -> str:
@@ -129,6 +130,36 @@ def fetch_stats(
     except TransportTimeoutError as error:
         raise TransportTimeoutError(
             f"{error}{_data_port_hint(control_address, timeout, security)}") from None
+
+
+def request_scale(control_address: str, workers: int, *, timeout: float = 2.0,
+                  curve_server_key: str | bytes | None = None,
+                  curve_certificate: str | None = None) -> dict[str, Any]:
+    """Ask the server at ``control_address`` to run ``workers`` sampling workers (0: back
+    to ``--workers auto``); its answer. Errors as :func:`fetch_stats`; a server that
+    refuses the count raises :class:`~feedmux.errors.RemoteError` saying why."""
+    check_endpoint(control_address, "control endpoint")
+    security = (None if curve_server_key is None
+                else ClientCurve.create(curve_server_key, curve_certificate))
+    context: zmq.Context[Any] = zmq.Context()
+    socket = make_socket(context, zmq.DEALER, hwm=10, max_message_bytes=CONTROL_FRAME_BYTES,
+                         security=security)
+    socket.sndtimeo = max(1, int(timeout * 1000))
+    try:
+        with mapped_zmq_errors("connect to", control_address):
+            socket.connect(control_address)
+        try:
+            send_message(socket, Scale(workers=workers, client_id=f"scale-{os.getpid()}"))
+        except zmq.Again:
+            raise TransportTimeoutError(
+                f"no connection to {control_address} within {timeout:g} s") from None
+        answer = _stats_page(socket, control_address, time.monotonic() + timeout)
+        if answer is None:
+            raise TransportTimeoutError(f"no answer from {control_address} within {timeout:g} s")
+        return answer
+    finally:
+        socket.close(linger=0)
+        context.term()
 
 
 def _data_port_hint(address: str, timeout: float, security: ClientCurve | None) -> str:

@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from feedmux.client._batches import check_batches
+from feedmux.client._batches import check_batches, check_buckets
 from feedmux.errors import (
     ConfigurationError,
     RemoteError,
@@ -279,8 +279,11 @@ class ServerLinks:
         batch_size: int | None = None,
         drop_last: bool = False,
         derived: Sequence[bool] = (),
+        bucket_by: str | None = None,
+        pad: bool = False,
     ) -> None:
         check_batches(batch_size, drop_last)
+        check_buckets(bucket_by, pad, batch_size, None if rank < 0 else rank)
         self.links = [ServerLink(data, control)
                       for data, control in zip(data_addresses, control_addresses, strict=True)]
         for link, was_derived in zip(self.links, derived, strict=False):
@@ -292,6 +295,9 @@ class ServerLinks:
         #: The batches asked of every server (0: samples, no batches).
         self.batch_size = batch_size or 0
         self.drop_last = drop_last
+        #: The sample field the ranks' steps are dealt by ("": none; docs/ddp.md), and
+        #: whether a bucketed batch's variable-length leaves are padded with a mask.
+        self.bucket_by, self.pad = bucket_by or "", pad
         self.reliable = reliable
         self.timeout = timeout
         self.heartbeat_interval = heartbeat_interval
@@ -337,7 +343,8 @@ class ServerLinks:
                      group=self.group, resume=self.position(index) if self.rank >= 0 else (),
                      handed=self.handed(index) if self.links[index].stale else (),
                      handed_below=self.handed_below(index) if self.links[index].stale else (),
-                     batch_size=self.batch_size, drop_last=self.drop_last)
+                     batch_size=self.batch_size, drop_last=self.drop_last,
+                     bucket_by=self.bucket_by)
 
     def control(self, index: int, message: Message) -> list[Action]:
         """A control message from the server of link ``index``; raises a server's error."""

@@ -22,6 +22,19 @@ from feedmux.errors import ConfigurationError
 
 __all__ = ["Origin", "not_a_map", "register_with_torch"]
 
+#: Forks on the way to this process (one more in each child of ``os.fork``, also the
+#: forks of multiprocessing and of torch's DataLoader workers). A loader asks whether it
+#: moved before every receive: comparing this count is a read, where ``os.getpid()``
+#: is a system call per data message.
+_forks = [0]
+
+
+def _forked() -> None:
+    _forks[0] += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 class Origin:
     """The arguments of a loader, its process, and the state it restored.
@@ -38,12 +51,14 @@ class Origin:
     def __init__(self, arguments: dict[str, Any]) -> None:
         self.arguments = arguments
         self.pid = os.getpid()
+        self._fork = _forks[0]
         #: What ``load_state_dict`` restored, for a copy to restore again.
         self.loaded: dict[str, Any] | None = None
 
     def moved(self) -> bool:
-        """Whether this runs in another process than the loader was made in (a fork)."""
-        return self.pid != os.getpid()
+        """Whether this runs in another process than the loader was made in (a fork of
+        the interpreter's: ``os.fork``, and what is built on it)."""
+        return self._fork != _forks[0]
 
     def fresh(self, rank: int | None) -> tuple[str, dict[str, Any]]:
         """The address and keyword arguments to make the loader again in this process.

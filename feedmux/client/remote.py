@@ -22,7 +22,7 @@ import time
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import zmq
@@ -47,12 +47,12 @@ from feedmux.client._moves import AddressBook, Resolve
 from feedmux.client._origin import Origin, not_a_map, register_with_torch
 from feedmux.client._resume import HandedRanges, RankPositions
 from feedmux.client._sockets import close_sockets, open_sockets
+from feedmux.client._waiting import WAITED, LoaderWaits
 from feedmux.errors import (
     ConfigurationError,
     ResumeWarning,
     StreamValueError,
     TransportClosedError,
-    TransportTimeoutError,
 )
 from feedmux.protocol import (
     CONTROL_LIMITS,
@@ -65,8 +65,6 @@ __all__ = ["BatchMeta", "RemoteLoader", "SampleMeta", "check_endpoint", "fetch_s
 
 log = logging.getLogger("feedmux.client")
 
-#: The longest ``len()`` waits for the servers' welcome before the first sample.
-WELCOME_WAIT = 5.0
 #: A data message larger than this is refused by ZeroMQ before it reaches Python.
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 
@@ -154,6 +152,18 @@ class RemoteLoader:
         With ``batch_size``: drop each epoch's last, partial batch (of the free
         trainers, or of each rank: every rank's is the same size) instead of
         handing it out short.
+    bucket_by : str, optional
+        A ranked trainer with ``batch_size``: have the server deal each step so
+        that the batches of every rank come from samples of similar length, read
+        from the sample's field ``bucket_by`` (an int, or an array's first
+        dimension; docs/ddp.md). Every rank of the job names the same field.
+        The arrays whose first dimension is the sample's length come as a list
+        of the samples' arrays, or padded (``pad``).
+    pad : bool
+        With ``batch_size``: hand out each variable-length leaf of a bucketed
+        batch as :class:`~feedmux.protocol.Padded` (``values`` padded with zeros
+        to the batch's longest, and ``mask``), built by numpy with no Python step
+        per sample, instead of a list.
     audit_log : str or path, optional
         Append a record of every sample handed out (server, epoch, position) to
         this file, for ``feedmux audit`` (docs/resume.md): one line per data
@@ -200,6 +210,7 @@ class RemoteLoader:
         resolve: Resolve | None = None, shm: bool = True,
         audit_log: str | os.PathLike[str] | None = None, audit_key: str | None = None,
         batch_size: int | None = None, drop_last: bool = False,
+        bucket_by: str | None = None, pad: bool = False,
     ) -> None:
         self._origin = Origin({name: value for name, value in locals().items() if name != "self"})
         register_with_torch(RemoteLoader)
@@ -210,8 +221,7 @@ class RemoteLoader:
         check_membership(world_size=world_size, rank=rank, group=group, reliable=reliable)
         self.rank, self.group, self.world_size = rank, group, world_size
         self.addresses, self.timeout, self.hwm = addresses, timeout, hwm
-        self.with_meta = with_meta
-        self.max_message_bytes = max_message_bytes
+        self.with_meta, self.max_message_bytes = with_meta, max_message_bytes
         self.reliable = reliable
         self._tune_malloc = tune_malloc
         self._handshakes = HandshakeWatch([], [])  # CURVE: what refused this loader's key
@@ -223,14 +233,14 @@ class RemoteLoader:
             addresses, controls, client_id=self.client_id, world_size=world_size,
             rank=-1 if rank is None else rank, group=group or "", reliable=reliable,
             timeout=timeout, heartbeat_interval=HEARTBEAT_INTERVAL, derived=derived,
-            batch_size=batch_size, drop_last=drop_last,
+            batch_size=batch_size, drop_last=drop_last, bucket_by=bucket_by, pad=pad,
         )
         self._diagnosis = InputDiagnosis(len(addresses), diagnose_window, diagnose_threshold)
         self._context: zmq.Context[Any] | None = None
         self._data = DataSockets([], reliable=reliable, client_id="", addresses=(),
                                  tune_malloc=False)
         self._control: list[Any] = []  # one DEALER per server
-        self._poller: zmq.Poller | None = None
+        self._waits: LoaderWaits | None = None  # its sockets' poller, once connected
         # Closed; asked for the epoch size; said hello as a trainer (in this process).
         self._closed = self._asked = self._announced = False
         #: The current data message and the next sample of it to hand out.
@@ -297,7 +307,8 @@ class RemoteLoader:
         if self._links.epoch_size is None and not self._closed and not self._asked:
             self._asked = True  # once: a server that does not answer is not asked again
             self._connect(announce=False)
-            _await_welcome(self._poller, self._control, self._serve_control, self._links)
+            assert self._waits is not None
+            self._waits.for_welcome()
         return self._links.length()
 
     # -- what was seen --------------------------------------------------------------------
@@ -407,9 +418,8 @@ class RemoteLoader:
         if self._security is not None:  # a refused key is otherwise a silent timeout
             self._handshakes = HandshakeWatch(self._control, controls)
         sockets = [*self._handshakes.monitors, *data_sockets, *self._control]
-        self._poller = zmq.Poller()
-        for socket in sockets:
-            self._poller.register(socket, zmq.POLLIN)
+        self._waits = LoaderWaits(sockets, self._control, self._links, self._serve_control,
+                                  self._handshakes.explain)
         self._announced = announce
         self._act(self._links.hello() if announce else self._links.probe())
         self._finalizer = weakref.finalize(self, close_sockets, self._origin.pid, context,
@@ -441,9 +451,14 @@ class RemoteLoader:
         """Block until the next data message is current (or raise / end the iteration)."""
         self._audit.upto(self._out.index)  # before the servers hear of it (acknowledgements)
         self._connect()
-        assert self._poller is not None
-        links = self._links
+        waits, links = self._waits, self._links
+        assert waits is not None
         waited_from = now = time.monotonic()
+        # Wait first when the last message needed a wait (LoaderWaits.first). Not reliable:
+        # its first receive acknowledges the message just handed out.
+        polled = waits.first and not self.reliable and not links.finished
+        if polled:
+            now = waits.for_data(waited_from, now)
         while True:
             due = links.tick(now)
             if due:
@@ -454,22 +469,18 @@ class RemoteLoader:
                 self.addresses = self._data.addresses = links.data_addresses
             message = self._data.receive(links)
             if message is not None and self._take(message, now):
-                if self._diagnosis.message(time.monotonic(), waited_from, len(message.samples)):
+                # ``now`` is a moment old (taken after the last wait): close enough for the
+                # input diagnosis, and one clock read less per message.
+                if self._diagnosis.message(now, waited_from, len(message.samples)):
                     _ask_for_stats(self._control, self.client_id)
-                for index in range(len(self._control)):
-                    self._serve_control(index)
+                for index, socket in enumerate(self._control):
+                    if readable(socket):  # asked here: a method call less when idle
+                        self._serve_control(index)
+                waits.first = polled and now - waited_from > WAITED
                 return
             if links.finished:
                 raise StopIteration from None
-            try:
-                wait = links.wait(waited_from, now)
-            except TransportTimeoutError as error:
-                raise TransportTimeoutError(self._handshakes.explain(error)) from None
-            events = dict(self._poller.poll(max(1, int(wait * 1000))))
-            for index, socket in enumerate(self._control):
-                if socket in events:
-                    self._serve_control(index)
-            now = time.monotonic()
+            now, polled = waits.for_data(waited_from, now), True
 
     def _take(self, message: Data, now: float) -> bool:
         """Make ``message`` the current one; False when it is dropped (a stale server's)."""
@@ -482,7 +493,7 @@ class RemoteLoader:
         actions = self._links.data(server_id, int(tags[0, 0]) if count else 0, now=now)
         if actions:
             self._act(actions)
-        samples = unpacked(samples, self.batch_size is not None)
+        samples = unpacked(samples, self.batch_size is not None, self._links.pad)
         if self._seen is not None:  # dealt to this trainer twice (a re-send crossed its ack)?
             samples, tags = self._seen.once(server_id, tags, samples, self.batch_size is not None)
             count = len(tags)
@@ -560,19 +571,6 @@ def _trackers(links: ServerLinks, out: HandOut, rank: int | None, world_size: in
         links.handed_below, links.summarized = recent.below, recent.summarized
         return None, recent
     return None, None
-
-
-def _await_welcome(poller: zmq.Poller | None, control: Sequence[Any],
-                   serve: Callable[[int], None], links: ServerLinks) -> None:
-    """Serve the ``control`` sockets (``serve(index)``) until every server of ``links``
-    welcomed the loader, for at most the loader's timeout or :data:`WELCOME_WAIT` seconds."""
-    assert poller is not None, "expected a connected loader's poller, got None"
-    deadline = time.monotonic() + min(links.timeout or WELCOME_WAIT, WELCOME_WAIT)
-    while not all(links.server_ids) and (left := deadline - time.monotonic()) > 0:
-        events = dict(poller.poll(max(1, int(left * 1000))))
-        for index, socket in enumerate(control):
-            if socket in events:
-                serve(index)
 
 
 _RESTORED_LATE = ("expected load_state_dict before the loader's first sample (it tells "

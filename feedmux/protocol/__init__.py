@@ -47,6 +47,7 @@ from feedmux.protocol._messages import (
     Hello,
     Kind,
     Message,
+    Scale,
     ShmAttach,
     ShmOffer,
     Stats,
@@ -54,6 +55,7 @@ from feedmux.protocol._messages import (
     Welcome,
     stats_order,
 )
+from feedmux.protocol._ragged import Padded, gathered, padded_batch, ragged_tree, stacked_batch
 from feedmux.protocol._stacking import stacked_tree, take_rows, training_batch
 from feedmux.protocol._tags import TAG_DTYPE, position_runs, read_tags, replace_tags
 
@@ -70,6 +72,7 @@ __all__ = [
     "Ack",
     "Codec",
     "Resolver",
+    "Scale",
     "ShmAttach",
     "ShmOffer",
     "Credit",
@@ -84,6 +87,7 @@ __all__ = [
     "Kind",
     "Limits",
     "Message",
+    "Padded",
     "SampleBatch",
     "StackedLeaf",
     "Stats",
@@ -92,12 +96,16 @@ __all__ = [
     "compress_frames",
     "decode",
     "encode",
+    "gathered",
     "pack_envelope",
+    "padded_batch",
     "parse_compress",
     "position_runs",
+    "ragged_tree",
     "read_tags",
     "replace_tags",
     "stack_scalars",
+    "stacked_batch",
     "stacked_tree",
     "stats_order",
     "take_rows",

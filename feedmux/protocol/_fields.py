@@ -30,6 +30,7 @@ from feedmux.protocol._messages import (
     Hello,
     Kind,
     Message,
+    Scale,
     ShmAttach,
     ShmOffer,
     Stats,
@@ -210,9 +211,9 @@ class ControlSpec:
 _CONTROL_SPECS = [
     ControlSpec(Kind.HELLO, Hello, client_id=STR, role=STR, world_size=INT, rank=INT,
                 group=STR, resume=_INTS, handed=_INTS, batch_size=INT, drop_last=_BOOL,
-                handed_below=_INTS,
+                handed_below=_INTS, bucket_by=STR,
                 omit_default=("rank", "group", "resume", "handed", "batch_size", "drop_last",
-                              "handed_below")),
+                              "handed_below", "bucket_by")),
     ControlSpec(
         Kind.WELCOME,
         Welcome,
@@ -242,6 +243,7 @@ _CONTROL_SPECS = [
                 position=INT, omit_default=("server_id", "rank", "epoch", "position")),
     ControlSpec(Kind.SHM_OFFER, ShmOffer, path=STR, server_id=STR),
     ControlSpec(Kind.SHM_ATTACH, ShmAttach, token=STR, client_id=STR),
+    ControlSpec(Kind.SCALE, Scale, workers=INT, client_id=STR),
 ]
 CONTROL_BY_CLASS: dict[type, ControlSpec] = {spec.cls: spec for spec in _CONTROL_SPECS}
 CONTROL_BY_KIND: dict[int, ControlSpec] = {int(spec.kind): spec for spec in _CONTROL_SPECS}

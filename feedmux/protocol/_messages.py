@@ -31,6 +31,7 @@ __all__ = [
     "Hello",
     "Kind",
     "Message",
+    "Scale",
     "ShmAttach",
     "ShmOffer",
     "Stats",
@@ -66,6 +67,7 @@ class Kind(enum.IntEnum):
     SHM_ATTACH = 14
     #: A message's frames compressed for a slow link (feedmux.protocol._compress).
     COMPRESSED = 15
+    SCALE = 16
 
 
 @dataclass(frozen=True, eq=False, init=False)
@@ -131,6 +133,11 @@ class Hello:
     trainer asks the server to stack into each data message (every trainer of
     a server asks the same); ``drop_last`` says whether an epoch's last,
     partial batch is dropped (True) or sent short (docs/stream.md).
+
+    ``bucket_by`` is empty, or the field of a sample whose value (an int, or an
+    array's first dimension) is its length: the ranked trainer asks the server
+    to deal each step's batches from samples of similar length (docs/ddp.md);
+    every rank of a job asks the same.
     """
 
     client_id: str
@@ -143,6 +150,7 @@ class Hello:
     batch_size: int = 0
     handed_below: tuple[int, ...] = ()
     drop_last: bool = False
+    bucket_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -308,6 +316,15 @@ class ShmAttach:
     client_id: str = ""
 
 
+@dataclass(frozen=True)
+class Scale:
+    """Ask a server to run ``workers`` sampling workers from now on (``feedmux scale``);
+    0 hands the count back to ``--workers auto``. Answered with :class:`Stats`."""
+
+    workers: int
+    client_id: str = ""
+
+
 Message: TypeAlias = Union[  # noqa: UP007 - a runtime alias must work on Python 3.10
     Data,
     Hello,
@@ -323,4 +340,5 @@ Message: TypeAlias = Union[  # noqa: UP007 - a runtime alias must work on Python
     Ack,
     ShmOffer,
     ShmAttach,
+    Scale,
 ]

@@ -81,8 +81,10 @@ class SamplerFleet:
         callable returning one (both pickled to the servers by Ray).
     num_servers : int
         Servers (Ray actors) in the fleet; shard ``i`` of ``num_servers`` each.
-    workers_per_server : int
+    workers_per_server : int or str
         Sampling processes per server (``--workers``): shard ``i`` is split again.
+        ``"auto"`` (``"auto:MAX"``, ``"auto:MIN-MAX"``) sizes each server's workers
+        while it serves (docs/autoscale.md).
     epochs : int, optional
         Stop each server after this many epochs of its shard (default: forever).
     num_cpus : float
@@ -111,7 +113,7 @@ class SamplerFleet:
         self,
         source: Source,
         num_servers: int = 2,
-        workers_per_server: int = 1,
+        workers_per_server: int | str = 1,
         epochs: int | None = None,
         *,
         num_cpus: float = 1.0,

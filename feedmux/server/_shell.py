@@ -147,6 +147,7 @@ class SocketShell:
     def _extra_stats(self) -> dict[str, Stat]:
         stats: dict[str, Stat] = dict(sampler_stats(self.meters, self.outbox.blocked_seconds))
         stats["bytes_sent"] = self.outbox.bytes_sent
+        stats["stray_data_messages"] = self.outbox.stray_dropped
         stats.update(self.control_meter.stats())
         # Where it listens: a data endpoint given to `feedmux stats` is recognised by it.
         stats["data_address"], stats["control_address"] = self.data_address, self.control_address
@@ -182,6 +183,8 @@ class SocketShell:
                                          lambda: self.serve_control(timeout=0),
                                          self.control_meter)
             self.outbox.serve_data = self.reliable.serve
+        else:  # nothing is expected on the data socket: its waits drop what comes
+            self.outbox.serve_data = self.outbox.drop_stray
         # What the system gave us: a real port where the configuration said 0.
         self.data_address = bind(self.data, config.bind, "data")
         self.control_address = bind(self.control, config.control_address, "control")
@@ -210,8 +213,15 @@ class SocketShell:
             return False
         if readable(self.control):
             self.serve_control(timeout=0)
+        self._drop_stray()
         core.tick(time.monotonic())  # sampling: at most a throughput log line, never a send
         return not self._halted()
+
+    def _drop_stray(self) -> None:
+        """Without reliable mode nothing is expected on the data socket: read and drop
+        what a stray peer sent there (see :meth:`Outbox.drop_stray`)."""
+        if self.reliable is None and readable(self.data):
+            self.outbox.drop_stray()
 
     def _redeal(self) -> None:
         """Deal again what lost reliable trainers held, within their audiences."""
@@ -295,6 +305,7 @@ class SocketShell:
             if core.phase is not phase:
                 return
             self.serve_control(timeout=core.wait_time(time.monotonic()))
+            self._drop_stray()
 
     # -- the run's stages -------------------------------------------------------------------
     def wait_for_trainers(self) -> bool:
@@ -314,6 +325,7 @@ class SocketShell:
 
     def tick(self) -> None:
         """Time passed with nothing to send (the forwarding loop's idle turn)."""
+        self._drop_stray()
         self.deliver(self.core.tick(time.monotonic()))
 
     def epoch_done(self, epoch: int, count: int) -> None:

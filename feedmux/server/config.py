@@ -22,7 +22,10 @@ from feedmux._plumbing.shm import DEFAULT_SHM_SIZE
 from feedmux._plumbing.sockets import DEFAULT_BIND, DEFAULT_HWM, control_address_for
 from feedmux.errors import ConfigurationError
 from feedmux.protocol import parse_compress
+from feedmux.server._delivery.batches import BucketSpec
+from feedmux.server._delivery.buckets import check_edges
 from feedmux.server._delivery.groups import DEFAULT_GROUP_BUFFER, JOIN_MODES, parse_group_buffer
+from feedmux.server._sources.autoscale import WorkerRange, parse_workers
 from feedmux.server._sources.policy import BatchPolicy
 from feedmux.server.factory import Source
 
@@ -71,10 +74,7 @@ REFUSED: dict[tuple[str, str], str] = {
 }
 
 #: Pairs that combine with the second one switched off, each with why (logged once).
-OFF: dict[tuple[str, str], str] = {
-    ("groups", "shm"): ("every group is sent the same buffered frames, and a pool "
-                        "reference is one trainer's"),
-}
+OFF: dict[tuple[str, str], str] = {}
 
 
 def refusal(asked: Collection[str]) -> str | None:
@@ -98,8 +98,6 @@ def disabled(asked: Collection[str], what: str) -> str | None:
 
     Examples
     --------
-    >>> disabled({"groups", "shm"}, "shm")[:31]
-    'every group is sent the same bu'
     >>> disabled({"shm"}, "shm") is None
     True
     """
@@ -117,7 +115,10 @@ class ServerConfig:
     factory_kwargs: Mapping[str, Any] = field(default_factory=dict)
     bind: str = DEFAULT_BIND
     control: str | None = None
-    workers: int = 1
+    # N, or "auto" / "auto:MAX" / "auto:MIN-MAX" (docs/autoscale.md).
+    workers: int | str = 1
+    # The run's shards (docs/autoscale.md); None: chosen from the source.
+    shards: int | None = None
     epochs: int | None = None
     epoch_size: int | None = None
     hwm: int = DEFAULT_HWM
@@ -147,16 +148,32 @@ class ServerConfig:
     # The same-host shared-memory pool (docs/server.md): off with --no-shm.
     shm: bool = True
     shm_size: int = DEFAULT_SHM_SIZE
+    # Coordinated steps for ranked batches (docs/ddp.md): the sample field that gives a
+    # sample's length for trainers that name none (""), the window in samples (0: the
+    # default, 16 steps of world_size x batch_size) and the bucket edges (none: the runs of
+    # similar lengths in the window).
+    bucket_by: str = ""
+    bucket_window: int = 0
+    bucket_edges: tuple[int, ...] = ()
     # Compression of the trainers' socket links (docs/scale-out.md "Across hosts"):
     # auto, off, lz4, zstd or zstd:LEVEL.
     compress: str = "auto"
+
+    @property
+    def worker_range(self) -> WorkerRange:
+        """The workers option parsed: a fixed count, or auto between a minimum and a maximum."""
+        return parse_workers(self.workers)
 
     def __post_init__(self) -> None:
         def require(ok: bool, what: str, value: object) -> None:
             if not ok:
                 raise ConfigurationError(f"expected {what}, got {value!r}")
 
-        require(self.workers >= 1, "workers >= 1", self.workers)
+        try:
+            parse_workers(self.workers)
+        except ValueError as error:
+            raise ConfigurationError(str(error)) from None
+        require(self.shards is None or self.shards >= 1, "shards None or >= 1", self.shards)
         try:
             parse_compress(self.compress)
         except ValueError as error:
@@ -187,6 +204,10 @@ class ServerConfig:
             "seed None or an int >= 0", self.seed,
         )
         require(self.shm_size >= 1 << 20, "shm_size >= 1 MiB", self.shm_size)
+        require(type(self.bucket_by) is str, "bucket_by a field name (a str)", self.bucket_by)
+        require(type(self.bucket_window) is int and self.bucket_window >= 0,
+                "bucket_window an int >= 0 samples (0: the default)", self.bucket_window)
+        object.__setattr__(self, "bucket_edges", check_edges(self.bucket_edges))
         if (refused := refusal(self.asks)) is not None:
             raise ConfigurationError(refused)
         if self.metrics_port is not None:
@@ -225,6 +246,13 @@ class ServerConfig:
         """The groups' buffer as ``(max_messages, max_bytes)``: ``group_buffer``, or the
         default (:data:`~feedmux.server._delivery.groups.DEFAULT_GROUP_BUFFER`)."""
         return parse_group_buffer(self.group_buffer or DEFAULT_GROUP_BUFFER)
+
+    @property
+    def buckets(self) -> BucketSpec:
+        """The window, edges and seed of coordinated steps (the field: the ranks' own, or
+        ``bucket_by``)."""
+        return BucketSpec(self.bucket_by, self.bucket_window, self.bucket_edges,
+                          self.seed or 0)
 
     @property
     def policy(self) -> BatchPolicy:

@@ -54,6 +54,7 @@ from feedmux.server._sources.forward import forward, ranked_dealer
 from feedmux.server._sources.merge import merge_block
 from feedmux.server._sources.producer import produce
 from feedmux.server._sources.seeding import FRESH_ENTROPY, EpochSeeder, resolve_seed
+from feedmux.server._sources.shards import MergedShards, choose_shards
 from feedmux.server._sources.workers import WorkerPool
 from feedmux.server.config import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ServerConfig
 from feedmux.server.factory import Source, resolve_source
@@ -278,17 +279,29 @@ class Server:
         seed, origin = resolve_seed(config.seed, streamer)
         # Determinism is paid for only when asked for: a fixed merge order of the workers.
         repeatable = origin != FRESH_ENTROPY
-        merged = ("" if config.workers == 1 else
+        workers = config.worker_range
+        merged = ("" if workers.maximum == 1 else
                   "; workers merged in a fixed order" if repeatable else
                   "; workers merged in arrival order: pass --seed for a repeatable order")
         log.info("seed %d (%s)%s", seed, origin, merged)
-        block = merge_block(config.samples_per_message, config.hwm) if repeatable else None
+        block = merge_block(config.samples_per_message, config.hwm)
         self.config = config = replace(config, seed=seed)
+        try:
+            parts, why = choose_shards(streamer, config.shards)
+        except SamplingError as error:
+            problem = f"cannot shard the streamer: {error}"
+            log.error("%s", problem)
+            self._tell_parent("failed", problem)
+            return EXIT_USAGE
+        if workers.maximum != 1 or repeatable:
+            log.info("%d shard(s) (%s), %d samples per shard per turn", len(parts), why, block)
         previous = _install_signal_handlers(self._stop)
         try:
-            if config.workers == 1:
-                return self._run_local(streamer)
-            return self._run_workers(streamer, block)
+            if workers.maximum == 1:
+                # A seeded run gives the sequence of any number of workers: the shards merged.
+                local = MergedShards(parts, block, seed) if repeatable and len(parts) > 1 else None
+                return self._run_local(streamer if local is None else local)
+            return self._run_workers(parts, block, repeatable)
         except _Interrupted as interrupt:
             log.warning("stopped at once by a second %s", signal.Signals(interrupt.signum).name)
             return 128 + interrupt.signum
@@ -317,7 +330,8 @@ class Server:
         # endpoints from it when they asked for port 0.
         log.info(
             "serving %s: data %s, control %s, %d worker(s), epoch size %s, server id %s",
-            source, shell.data_address, shell.control_address, config.workers,
+            source, shell.data_address, shell.control_address,
+            len(pool.active) if pool is not None else 1,
             config.epoch_size or "measured after the first epoch", config.server_id,
         )
         if shell.metrics is not None:
@@ -335,7 +349,8 @@ class Server:
             if not shell.wait_for_trainers():
                 return EXIT_FAILED if shell.failed else EXIT_OK
             assert config.seed is not None  # resolved by run()
-            seeder = EpochSeeder(config.seed, worker=0, num_workers=1)
+            seeder = (streamer.start_epoch if isinstance(streamer, MergedShards) else
+                      EpochSeeder(config.seed, worker=0, num_workers=1))
 
             def epoch_done(epoch: int, count: int) -> bool:
                 shell.epoch_done(epoch, count)
@@ -349,14 +364,16 @@ class Server:
                     skip_errors=config.on_error == "skip", epoch_done=epoch_done,
                     dealer=ranked_dealer(shell, config), meter=shell.meters[0],
                     start=shell.core.start_at, fresh=shell.core.handed.fresh,
-                    batches=shell.core.tables.batches.assemblers(), shm=shell.pool,
+                    batches=shell.core.tables.batches.assemblers(config.buckets), shm=shell.pool,
                 )
                 if not (self._stop or shell.core.restarting):
                     shell.finish()
                 if self._stop or not shell.core.restarting:
                     return EXIT_OK
                 # A ranked job resumed from a checkpoint: sample again, from where it says.
-                restart_passes(streamer)
+                for part in (streamer.streamers if isinstance(streamer, MergedShards)
+                             else [streamer]):
+                    restart_passes(part)
                 shell.core.restarted()
                 if not shell.wait_for_trainers():  # the new job's ranks
                     return EXIT_FAILED if shell.failed else EXIT_OK
@@ -368,24 +385,23 @@ class Server:
             EpochSeeder.clear()
             shell.close()
 
-    def _run_workers(self, streamer: Any, block: int | None) -> int:
+    def _run_workers(self, parts: list[Any], block: int, repeatable: bool) -> int:
         config = self.config
         with tempfile.TemporaryDirectory(prefix="feedmux-") as scratch:
-            try:
-                pool = WorkerPool(streamer, config, f"ipc://{scratch}/workers", block,
-                                  open_pool(config))
-            except SamplingError as error:
-                problem = f"cannot shard the streamer over {config.workers} workers: {error}"
-                log.error("%s", problem)
-                self._tell_parent("failed", problem)
-                return EXIT_USAGE
+            workers = config.worker_range
+            pool = WorkerPool(parts, config, f"ipc://{scratch}/workers", block,
+                              open_pool(config), slots=workers.maximum, active=workers.minimum)
+            if pool.slots < workers.maximum:
+                log.warning("%d worker(s) asked for, %d run: one shard runs in one worker at "
+                            "a time (shards=N for more)", workers.maximum, pool.slots)
             pool.start()  # fork before this process creates its ZeroMQ context
             try:
                 shell = self._open(pool)
                 if shell is None:
                     return EXIT_USAGE
                 try:
-                    return forward(pool, shell, config, self._stop, block)
+                    return forward(pool, shell, config, self._stop,
+                                   block if repeatable else None)
                 finally:
                     shell.close()
             except _Interrupted:

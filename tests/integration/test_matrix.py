@@ -46,9 +46,7 @@ REFUSED_TODAY: list[tuple[Callable[[Cell], bool], str]] = []
 
 #: Where the pool is off today although the server has one, with the start of the reason
 #: the server logs (feedmux.server.config.OFF).
-NO_SHM_TODAY: list[tuple[Callable[[Cell], bool], str]] = [
-    (lambda cell: cell.groups, "every group is sent the same buffered frames"),
-]
+NO_SHM_TODAY: list[tuple[Callable[[Cell], bool], str]] = []
 
 #: What a dead plain free trainer may take with it: its queue and the server's queue for
 #: it (``hwm`` messages each), what the kernel's buffer of an ipc connection holds (about

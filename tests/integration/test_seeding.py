@@ -45,7 +45,8 @@ def test_a_seeded_run_is_the_same_sequence_every_time(serve: Any, workers: int) 
     first, _ = run(serve, *args)
     second, _ = run(serve, *args)
     assert first == second
-    assert {record[5] for record in first} == set(range(workers))
+    # worker_info().id is the shard (4 streams, 2 active: 2 shards), whoever draws it.
+    assert {record[5] for record in first} == set(range(2))
     assert {record[7] for record in first} == {"5"}
     orders = [[record[2] for record in first if record[0] == epoch] for epoch in (1, 2)]
     assert orders[0] != orders[1], "every epoch should have its own order"

@@ -26,6 +26,7 @@ from feedmux.protocol import (
     Hello,
     Kind,
     SampleBatch,
+    Scale,
     ShmAttach,
     ShmOffer,
     Stats,
@@ -63,6 +64,15 @@ GOLDEN: list[tuple[str, Any, dict[str, Any], list[bytes]]] = [
         frames_of(
             # {"v": 1, "k": 14, "token": "ab", "client_id": "c"}
             "84 a1 76 01 a1 6b 0e a5 74 6f 6b 65 6e a2 61 62 a9 63 6c 69 65 6e 74 5f 69 64 a1 63",
+        ),
+    ),
+    (
+        "scale",
+        Scale(workers=3, client_id="c"),
+        {},
+        frames_of(
+            # {"v": 1, "k": 16, "workers": 3, "client_id": "c"}
+            "84 a1 76 01 a1 6b 10 a7 77 6f 72 6b 65 72 73 03 a9 63 6c 69 65 6e 74 5f 69 64 a1 63",
         ),
     ),
     (
@@ -195,6 +205,20 @@ GOLDEN: list[tuple[str, Any, dict[str, Any], list[bytes]]] = [
             "87 a1 76 01 a1 6b 02 a9 63 6c 69 65 6e 74 5f 69 64 a2 74 34"
             " a4 72 6f 6c 65 a7 74 72 61 69 6e 65 72 aa 77 6f 72 6c 64 5f 73 69 7a 65 01"
             " aa 62 61 74 63 68 5f 73 69 7a 65 cd 01 00 a9 64 72 6f 70 5f 6c 61 73 74 c3",
+        ),
+    ),
+    (
+        "hello-buckets",
+        Hello(client_id="t6", world_size=2, rank=0, batch_size=8, bucket_by="tokens"),
+        {},
+        frames_of(
+            # {"v": 1, "k": 2, "client_id": "t6", "role": "trainer", "world_size": 2,
+            #  "rank": 0, "batch_size": 8, "bucket_by": "tokens"}: bucket_by is written only
+            #  when it is not "" (no buckets), so older hellos keep their bytes
+            "88 a1 76 01 a1 6b 02 a9 63 6c 69 65 6e 74 5f 69 64 a2 74 36"
+            " a4 72 6f 6c 65 a7 74 72 61 69 6e 65 72 aa 77 6f 72 6c 64 5f 73 69 7a 65 02"
+            " a4 72 61 6e 6b 00 aa 62 61 74 63 68 5f 73 69 7a 65 08"
+            " a9 62 75 63 6b 65 74 5f 62 79 a6 74 6f 6b 65 6e 73",
         ),
     ),
     (
@@ -447,6 +471,7 @@ def test_kind_numbers_are_fixed() -> None:
         "SHM_OFFER": 13,
         "SHM_ATTACH": 14,
         "COMPRESSED": 15,
+        "SCALE": 16,
     }
     assert PROTOCOL_VERSION == 1
 

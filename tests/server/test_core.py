@@ -89,7 +89,8 @@ def test_stats_answer_with_the_counters() -> None:
 def test_unexpected_and_malformed_messages_get_an_error_back() -> None:
     core = make_core()
     [(_, error)] = core.receive(A, Drain(sent_messages=1, server_id="x"), now=0.0)
-    assert isinstance(error, Error) and "expected Hello, Heartbeat or StatsRequest" in error.message
+    assert isinstance(error, Error) and (
+        "expected Hello, Heartbeat, StatsRequest or Scale, got" in error.message)
     [(_, error)] = core.malformed(A, ProtocolError("bad header"), now=0.0)
     assert isinstance(error, Error) and error.type == "feedmux.errors.ProtocolError"
     assert not core.trainers

@@ -60,7 +60,7 @@ def test_arguments_parse_as_json_or_strings() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"workers": 0}, "expected workers >= 1, got 0"),
+        ({"workers": 0}, "expected workers N >= 1, 'auto'.*got 0"),
         ({"on_error": "ignore"}, "expected on_error 'raise' or 'skip', got 'ignore'"),
         ({"hwm": 0}, "expected hwm >= 1"),
         ({"epochs": 0}, "expected epochs None or >= 1"),

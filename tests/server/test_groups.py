@@ -325,7 +325,7 @@ def test_a_buffer_started_mid_epoch_keeps_the_join_rule_for_newcomers() -> None:
 
 
 def test_a_ranked_group_is_overdue_only_after_the_rank_timeout_without_a_rank() -> None:
-    group = _RankedGroup(2, "pad", audience=None)  # type: ignore[arg-type]
+    group = _RankedGroup(2, "pad", audience=None, carrier=None)  # type: ignore[arg-type]
     assert not group.overdue([1], now=10.0, timeout=1.0)  # the clock starts
     assert not group.overdue([1], now=11.0, timeout=1.0)
     assert not group.overdue([], now=11.5, timeout=1.0)  # the rank came: the clock stops

@@ -119,3 +119,27 @@ def test_a_wait_serves_control_when_it_speaks(parts: list[bytes]) -> None:
         control.close()
         peer.close()
         context.term()
+
+
+def test_strays_are_dropped_a_bounded_batch_at_a_time_and_counted(tmp_path: Any) -> None:
+    context: zmq.Context[Any] = zmq.Context()
+    try:
+        data, control = context.socket(zmq.ROUTER), context.socket(zmq.PAIR)
+        data.bind(f"ipc://{tmp_path}/data")
+        peer = context.socket(zmq.DEALER)
+        peer.connect(f"ipc://{tmp_path}/data")
+        for number in range(5):
+            peer.send_multipart([b"stray", bytes([number])])
+        box = Outbox(data, control, lambda: None)
+        assert data.poll(5000)
+        got = 0
+        deadline = 50  # messages arrive over ipc in the background: look a bounded while
+        while got < 5 and deadline:
+            got += box.drop_stray(limit=2) if data.poll(100) else 0
+            deadline -= 1
+        assert got == 5 and box.stray_dropped == 5
+        assert box.drop_stray(limit=2) == 0  # nothing left, and never a wait
+        for socket in (data, control, peer):
+            socket.close(linger=0)
+    finally:
+        context.term()

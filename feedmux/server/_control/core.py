@@ -35,6 +35,7 @@ from feedmux.protocol import (
     Heartbeat,
     Hello,
     Message,
+    Scale,
     ShmAttach,
     ShmOffer,
     Stats,
@@ -51,6 +52,7 @@ from feedmux.server._control.resume import (
     check_announcement,
     describe,
 )
+from feedmux.server._control.scaling import ScaleRequests
 from feedmux.server._control.waiting import POLL_INTERVAL, TrainerWait
 from feedmux.server._delivery.groups import DEFAULT_GROUP
 from feedmux.server._sources.producer import error_message
@@ -265,6 +267,7 @@ class ControlCore:
         self._final_started = self._last_heard = 0.0
         #: The rank tables: the server's own, or one per consumer group.
         self.tables = RankTables(config.grouped, 4 * config.hwm + 64, config.reliable)
+        self.tables.batches.default_bucket_by = config.bucket_by
         self.ranks = self.tables.server
         #: What each rank was sent beyond what it handed out (for a restarted rank).
         self.retention = self.tables.retention
@@ -280,6 +283,8 @@ class ControlCore:
         self.restarting = False
         #: (path, token) of the shared-memory pool offered to trainers, if there is one.
         self.shm: tuple[str, str] | None = None
+        #: ``feedmux scale`` requests, for the sampling workers' pool.
+        self.scaling = ScaleRequests(config.server_id)
 
     # -- events: the trainers ---------------------------------------------------------------
     def receive(self, identity: bytes, message: Message, now: float) -> Sends:
@@ -319,13 +324,13 @@ class ControlCore:
             return _heartbeat_answer(self, identity, trainer)
         if isinstance(message, StatsRequest):
             return [(identity, Stats(stats_page(self.stats(now), message.after)))]
+        if isinstance(message, Scale):
+            return [(identity, self.scaling.request(message))]
         peer_log.log(logging.WARNING, "unexpected", "unexpected %s on the control socket from %r",
                      type(message).__name__, identity[:16])
-        return [(identity, Error(
-            type="feedmux.errors.ProtocolError",
-            message=f"expected Hello, Heartbeat or StatsRequest, got {type(message).__name__}",
-            server_id=self.config.server_id,
-        ))]
+        problem = f"expected Hello, Heartbeat, StatsRequest or Scale, got {type(message).__name__}"
+        return [(identity, Error(type="feedmux.errors.ProtocolError", message=problem,
+                                 server_id=self.config.server_id))]
 
     def _hello(self, identity: bytes, message: Hello, now: float) -> Sends:
         """A trainer's hello: admit it (its rank, if any) or tell it why not."""
@@ -574,7 +579,7 @@ class ControlCore:
             epoch=self.epoch,
             samples_per_message=config.samples_per_message or 0,
             finished=self.finished,
-            workers=config.workers,
+            workers=config.worker_range.maximum,
             reliable=config.reliable,
             world_size=ranks.world_size or 0,
             uneven=config.uneven if ranks.ranked else "",

@@ -39,10 +39,17 @@ COUNTERS = {
         "send_blocked_seconds", "Seconds the data path waited because no trainer could take more.",
     ),
     "reconnects": ("reconnects", "Trainers that came back on a new connection."),
+    "stray_data_messages": (
+        "stray_data_messages", "Messages a peer sent on the data socket where none is expected "
+        "(no reliable mode), read and dropped.",
+    ),
     "errors_skipped": ("errors_skipped", "Streams skipped after an exception (on_error=skip)."),
     "epochs_completed": ("epochs_completed", "Epochs whose every sample has been sent."),
     "rank_messages_resent": (
         "rank_messages_resent", "Messages re-sent to a restarted rank (ranked trainers).",
+    ),
+    "worker_changes": (
+        "worker_changes", "Changes of the number of running sampling workers (auto or asked).",
     ),
 }
 #: Metric name (without ``feedmux_``) → statistics key, for gauges.
@@ -51,7 +58,7 @@ GAUGES = {
     "epoch_position": ("epoch_position", "Samples of the current epoch sent so far."),
     "epoch_size": ("epoch_size", "Samples per epoch, once known."),
     "trainers": ("connected_trainers", "Trainers heard from recently."),
-    "workers": ("workers", "Sampling processes configured."),
+    "workers": ("workers", "Sampling processes running shards now."),
     "uptime_seconds": ("uptime_s", "Seconds since the server started."),
     "world_size": ("world_size", "Ranks of the data-parallel job (ranked trainers)."),
     "rank_messages_kept": (

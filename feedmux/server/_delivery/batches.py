@@ -29,13 +29,26 @@ import numpy as np
 
 from feedmux.protocol import Hello, SampleBatch, take_samples, training_batch
 
-__all__ = ["MAX_BATCH_SIZE", "Batch", "BatchAssembler", "BatchRequest", "Batches"]
+__all__ = ["MAX_BATCH_SIZE", "Batch", "BatchAssembler", "BatchRequest", "Batches", "BucketSpec"]
 
 #: The error type of a refused batch shape (the same as a refused rank's).
 BATCH_REFUSED = "feedmux.errors.ConfigurationError"
 #: The largest batch a server builds: a hello names it, and anyone who can reach the
 #: control port can send one (the server holds a batch's samples until it is complete).
 MAX_BATCH_SIZE = 1 << 20
+#: The longest ``bucket_by`` field name a hello may carry.
+MAX_BUCKET_KEY = 256
+
+
+class BucketSpec(NamedTuple):
+    """Coordinated steps (``bucket_by=``, :mod:`.buckets`): the sample field that gives a
+    sample's length, the window in samples (0: the default) and the bucket edges (none:
+    the runs of similar lengths in the window), the run's seed (the ranks' turns)."""
+
+    key: str
+    window: int = 0
+    edges: tuple[int, ...] = ()
+    seed: int = 0
 
 
 class BatchRequest:
@@ -56,6 +69,11 @@ drop_last=False'
     def __init__(self) -> None:
         self.batch_size = 0
         self.drop_last = False
+        #: The sample field the ranks deal steps by (``bucket_by=``; "": none), fixed with
+        #: the shape; ``default_bucket_by`` is the server's (``--bucket-by``), taken by a
+        #: hello that names none.
+        self.bucket_by = ""
+        self.default_bucket_by = ""
         self._fixed = False
         self._run: Batches | None = None  # the assemblers of the current run
         self._dropped_before = 0  # what the runs before it dropped (a restarted job)
@@ -66,12 +84,24 @@ drop_last=False'
         if not 0 <= size <= MAX_BATCH_SIZE or (drop and not size):
             return BATCH_REFUSED, (f"expected batch_size 1 .. {MAX_BATCH_SIZE} (or 0 and "
                                   f"drop_last False), got batch_size={size}, drop_last={drop}")
-        if self._fixed and (size, drop) != (self.batch_size, self.drop_last):
+        key = self.key_of(hello)
+        if key and (refused := _bucket_refusal(hello, key)) is not None:
+            return BATCH_REFUSED, refused
+        if self._fixed and (size, drop, key) != (self.batch_size, self.drop_last,
+                                                 self.bucket_by):
+            asked = f"batch_size={size}, drop_last={drop}" + (f", bucket_by={key!r}" * bool(key))
             return BATCH_REFUSED, (
                 f"this server builds {self.describe()} for its trainers (the first trainer "
                 f"asked for them): expected the same from trainer {hello.client_id}, got "
-                f"batch_size={size}, drop_last={drop}")
+                f"{asked}")
         return None
+
+    def key_of(self, hello: Hello) -> str:
+        """The field ``hello``'s trainer has its steps dealt by: its own ``bucket_by``, or
+        the server's for a ranked trainer with batches that names none ("": no buckets)."""
+        if hello.bucket_by or hello.rank < 0 or not hello.batch_size:
+            return hello.bucket_by
+        return self.default_bucket_by
 
     def admit(self, hello: Hello) -> tuple[str, str] | None:
         """Check ``hello`` and fix the shape if it is the first; ``(error type, message)``
@@ -79,15 +109,21 @@ drop_last=False'
         refused = self.refusal(hello)
         if refused is None and not self._fixed:
             self.batch_size, self.drop_last, self._fixed = hello.batch_size, hello.drop_last, True
+            self.bucket_by = self.key_of(hello)
         return refused
 
-    def assemblers(self) -> Batches | None:
-        """A run's batch assemblers, or None when the trainers asked for no batches."""
+    def assemblers(self, buckets: BucketSpec | None = None) -> Batches | None:
+        """A run's batch assemblers, or None when the trainers asked for no batches;
+        ``buckets`` is the server's window, edges and seed for a job that deals steps by
+        length (the field is the one the ranks asked for)."""
         if not self.batch_size:
             return None
         if self._run is not None:
             self._dropped_before += self._run.dropped
-        self._run = Batches(self.batch_size, self.drop_last)
+        spec = None
+        if self.bucket_by:
+            spec = (buckets or BucketSpec(self.bucket_by))._replace(key=self.bucket_by)
+        self._run = Batches(self.batch_size, self.drop_last, spec)
         return self._run
 
     @property
@@ -98,7 +134,23 @@ drop_last=False'
     def describe(self) -> str:
         if not self.batch_size:
             return "no batches (batch_size=0)"
-        return f"batches of batch_size={self.batch_size}, drop_last={self.drop_last}"
+        buckets = f", bucket_by={self.bucket_by!r}" if self.bucket_by else ""
+        return f"batches of batch_size={self.batch_size}, drop_last={self.drop_last}{buckets}"
+
+
+def _bucket_refusal(hello: Hello, key: str) -> str | None:
+    """Why ``hello``'s trainer cannot have its steps dealt by ``key``, or None."""
+    if len(key) > MAX_BUCKET_KEY:
+        return f"expected bucket_by at most {MAX_BUCKET_KEY} characters, got {len(key)}"
+    if hello.rank < 0 or not hello.batch_size:
+        return (f"bucket_by deals the steps of a data-parallel job: expected a ranked trainer "
+                f"(rank=, world_size=) with batch_size=, got rank={hello.rank}, "
+                f"batch_size={hello.batch_size} from trainer {hello.client_id}")
+    if hello.resume and hello.resume[2] != hello.world_size:
+        return (f"a job dealt by bucket_by resumes with the world size of its checkpoint (its "
+                f"steps hold world_size x batch_size samples): expected world_size "
+                f"{hello.resume[2]}, got {hello.world_size} from rank {hello.rank}")
+    return None
 
 
 class Batch(NamedTuple):
@@ -195,11 +247,16 @@ def _batch(tags: np.ndarray, items: Sequence[Any]) -> Batch:
 
 class Batches:
     """The assemblers of one server run, one per destination (-1: the free trainers; a
-    rank), all of one shape."""
+    rank), all of one shape; with ``buckets`` the ranked stage deals whole steps by length
+    instead (:mod:`.bucketstage`) and counts what it drops in :attr:`bucket_dropped`."""
 
-    def __init__(self, batch_size: int, drop_last: bool) -> None:
+    def __init__(self, batch_size: int, drop_last: bool,
+                 buckets: BucketSpec | None = None) -> None:
         self.batch_size = batch_size
         self.drop_last = drop_last
+        self.buckets = buckets
+        #: Samples of bucketed epochs' last, partial batches dropped (drop_last).
+        self.bucket_dropped = 0
         self._assemblers: dict[int, BatchAssembler] = {}
 
     def of(self, destination: int) -> BatchAssembler:
@@ -216,4 +273,5 @@ class Batches:
 
     @property
     def dropped(self) -> int:
-        return sum(assembler.dropped for assembler in self._assemblers.values())
+        return self.bucket_dropped + sum(assembler.dropped
+                                         for assembler in self._assemblers.values())

@@ -21,10 +21,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from feedmux._plumbing.shm import Placement, ShmPool
+from feedmux._plumbing.shmtable import SHARED
 from feedmux.server._control.core import ControlCore
 from feedmux.server._delivery.compression import LinkCompression
 from feedmux.server._delivery.outbox import Outbox
-from feedmux.server._delivery.pool import Via, pooled, settled, via
+from feedmux.server._delivery.pool import Via, placed_now, pooled, settled, via
 
 __all__ = ["Carrier"]
 
@@ -63,22 +64,39 @@ class Carrier:
             wire = self.pool.forwarded.copied_out(wire)
         return wire, placed
 
+    def share(self, frames: Sequence[Any], state: int = SHARED) -> Placement | None:
+        """``frames`` placed once for every consumer group's members that map the pool
+        (:func:`~feedmux.server._delivery.pool.placed_now`; ``state`` SENT: one ranked
+        group's share), or None; given back with :meth:`unshare` once no group will be
+        sent it (SENT: :meth:`settle`)."""
+        return None if self.pool is None else placed_now(self.pool, self.core, frames, state)
+
+    def unshare(self, placed: Placement | None) -> None:
+        if placed is not None and self.pool is not None:
+            self.pool.shared.unshare(placed)
+
     def wire(self, target: bytes, frames: Sequence[Any],
              placed: Placement | None) -> Sequence[Any] | None:
-        """What goes to ``target``: the message as placed in the pool or as it is (None:
-        not now, see :class:`~feedmux.server._delivery.pool.Via`)."""
+        """What goes to ``target``: the message as placed in the pool (a shared
+        placement's: naming a holder cell of its own) or as it is (None: not now, see
+        :class:`~feedmux.server._delivery.pool.Via`)."""
         how = via(self.pool, placed, target, self.transit_cap)
         if how is Via.WAIT:
             return None
-        if how is Via.POOL and placed is not None:
-            return placed.frames
+        if how is Via.POOL and placed is not None and self.pool is not None:
+            if not placed.shared:
+                return placed.frames
+            handed = self.pool.shared.hand(placed)  # None: every cell taken, it goes whole
+            if handed:
+                return handed
         return frames if self.compression is None else self.compression.wire(target, frames)
 
     def delivered(self, target: bytes, wire: Sequence[Any], placed: Placement | None) -> None:
         """``wire`` (from :meth:`wire`) went to ``target``."""
         if self.compression is not None:
             self.compression.delivered(target, wire)
-        if placed is not None and wire is placed.frames and self.pool is not None:
+        if (placed is not None and self.pool is not None
+                and (wire is placed.frames or wire is placed.handed)):
             self.pool.delivered(target, placed)  # its runs are the trainer's to release
 
     def settle(self, placed: Placement | None, frames: Sequence[Any],

@@ -17,12 +17,16 @@ group that lags in the log. A ranked group with a rank that has had no live
 holder for ``rank_timeout`` seconds (it never came, or died and nobody took
 over) is given up, as a ranked server gives up a job whose ranks never all
 come: its trainers are told why and the group no longer holds the others back.
-A fan-out may start mid-run (the first trainer asking for a group on a server
-that had none): the free trainers served until then are the group ``default``
-and go on with the next message. Membership comes from the control core's trainer
-registry (each trainer's hello names its group and rank); this module must
-never decide anything about trainers (but that a given-up group's are gone, which
-the core then forgets) or the end of the stream, and never keeps frames beyond
+With the shared-memory pool a message's large arrays are placed once as it enters
+the buffer, for a member of each free group to hold a claim on the same runs (the
+carrier's :meth:`~feedmux.server._delivery.carrier.Carrier.share`; the buffer gives
+the placement back as the message leaves), and a ranked group's shares are placed as
+they are dealt. A fan-out may start mid-run (the first trainer asking for a group on
+a server that had none): the free trainers served until then are the group
+``default`` and go on with the next message. Membership comes from the control
+core's trainer registry (each trainer's hello names its group and rank); this module
+must never decide anything about trainers (but that a given-up group's are gone,
+which the core then forgets) or the end of the stream, and never keeps frames beyond
 what the buffer holds and a few dealt shares per rank.
 """
 
@@ -34,15 +38,18 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from feedmux._plumbing.shm import Placement
+from feedmux._plumbing.shmtable import SENT
 from feedmux.protocol import Data, Error, decode
 from feedmux.server._control.core import TRAINER_TIMEOUT, ControlCore, Sends
+from feedmux.server._delivery.carrier import Carrier
 from feedmux.server._delivery.dealer import Dealer, FreeAudience, RankAudience
 from feedmux.server._delivery.dealing import RankDealer
 from feedmux.server._delivery.groups import DEFAULT_GROUP, BufferedMessage, GroupBuffer
 from feedmux.server._delivery.outbox import Wait
 from feedmux.server._delivery.ranking import RankedStage, RankMessage
 from feedmux.server._sources.producer import Frames
-from feedmux.server.config import ServerConfig, disabled
+from feedmux.server.config import ServerConfig
 
 __all__ = ["GroupFanout"]
 
@@ -65,16 +72,22 @@ def _nbytes(frames: Frames) -> int:
 RANK_BACKLOG = 2
 
 
+#: A rank's encoded share: frames, samples, epoch, and its placement in the pool (or None).
+_Share = tuple[Frames, int, int, Placement | None]
+
+
 class _RankedGroup:
     """One ranked group's dealing: its ranked stage, and per rank the encoded messages
-    (frames, samples, epoch) its holder has yet to take."""
+    its holder has yet to take (:data:`_Share`), each placed in the pool as it is dealt
+    (``carrier``: for a rank holder that maps it; never waiting for room)."""
 
     def __init__(self, world_size: int, uneven: str, audience: RankAudience,
-                 server_id: str = "") -> None:
+                 carrier: Carrier, server_id: str = "") -> None:
         self.dealer = RankDealer(world_size, uneven)
         self.stage = RankedStage(self.dealer, server_id)
         self.audience = audience
-        self.queues: list[deque[tuple[Frames, int, int]]] = [deque() for _ in range(world_size)]
+        self.carrier = carrier
+        self.queues: list[deque[_Share]] = [deque() for _ in range(world_size)]
         self.epoch = 0  # the epoch being dealt
         #: Since when a rank has had no live holder (None: every rank has one).
         self.missing_since: float | None = None
@@ -103,7 +116,14 @@ class _RankedGroup:
 
     def _queue(self, messages: Iterable[RankMessage]) -> None:
         for frames, samples, epoch, rank in messages:
-            self.queues[rank].append((frames, samples, epoch))
+            self.queues[rank].append((frames, samples, epoch, self.carrier.share(frames, SENT)))
+
+    def close(self) -> None:
+        """The group is dealt no more: the runs of the shares it had yet to send come back."""
+        for queue in self.queues:
+            while queue:
+                frames, _, _, placed = queue.popleft()
+                self.carrier.settle(placed, frames, sent=True)
 
     @property
     def backlogged(self) -> bool:
@@ -125,14 +145,13 @@ class GroupFanout:
 
     def __init__(self, config: ServerConfig, dealer: Dealer, core: ControlCore,
                  stopping: Callable[[], bool], deliver: Callable[[Sends], None]) -> None:
-        self.buffer = GroupBuffer(*config.group_limits, config.join, config.group_timeout)
+        self.buffer = GroupBuffer(*config.group_limits, config.join, config.group_timeout,
+                                  lambda message: dealer.carrier.unshare(message.placed))
         # Started mid-run: the stream goes on, and the free trainers served so far with it.
         self.buffer.continue_stream(core.epoch, core.epoch > core.epochs_completed)
         #: The group served before the buffer existed (it joins with the next message).
         self._continuing = DEFAULT_GROUP if any(
             trainer.group == DEFAULT_GROUP for trainer in core.trainers.values()) else None
-        if (off := disabled(config.asks | {"groups"}, "shm")) is not None:
-            log.info("consumer groups get their messages over the sockets: %s", off)
         self.dealer = dealer
         self.core = core
         self.stopping = stopping
@@ -166,7 +185,11 @@ class GroupFanout:
                 return False
             self._log_lag()
             self._wait()  # counts as blocked in the outbox
-        buffer.append(frames, n_samples, epoch, _nbytes(frames))
+        # Its large arrays placed in the pool once, for a member of each free group to hold
+        # (a ranked group's shares are encoded anew, and placed as they are dealt).
+        free = any(not self.core.tables.of(name).ranked for name in buffer.groups)
+        placed = self.dealer.carrier.share(frames) if free else None
+        buffer.append(frames, n_samples, epoch, _nbytes(frames), placed)
         self.pump()
         return True
 
@@ -225,7 +248,8 @@ class GroupFanout:
                 if message is None or not self._deliver(name, message):
                     break
         for name in buffer.expire(now):
-            self._ranked.pop(name, None)
+            if (ranked := self._ranked.pop(name, None)) is not None:
+                ranked.close()
             self._targets.pop(name, None)
             self.core.tables.forget(name)  # a group that comes back starts afresh
             log.warning("group %s dropped: no member for %g s; it no longer holds the "
@@ -240,7 +264,7 @@ class GroupFanout:
                 lambda: tables.retention_of(name), lambda: list(tables.of(name).holders),
                 self.dealer.rank_sender)
             group = self._ranked[name] = _RankedGroup(world_size, self.uneven, audience,
-                                                      self.server_id)
+                                                      self.dealer.carrier, self.server_id)
         return group
 
     def _given_up(self, name: str, group: _RankedGroup, targets: list[bytes],
@@ -272,7 +296,7 @@ class GroupFanout:
         core.tables.forget(name)
         self.deliver([(identity, error) for identity in members])
         self.buffer.drop(name)
-        del self._ranked[name]
+        self._ranked.pop(name).close()
 
     def _pump_ranked(self, name: str, group: _RankedGroup) -> None:
         """Deal ranked group ``name``'s next messages and send each rank its shares."""
@@ -292,8 +316,10 @@ class GroupFanout:
 
     def _send_shares(self, name: str, group: _RankedGroup) -> None:
         for rank, queue in enumerate(group.queues):
-            while queue and self.dealer.offer(queue[0][0], None, group.audience, rank) is None:
-                frames, n_samples, epoch = queue.popleft()
+            while queue and self.dealer.offer(queue[0][0], queue[0][3], group.audience,
+                                              rank) is None:
+                frames, n_samples, epoch, placed = queue.popleft()
+                self.dealer.carrier.settle(placed, frames, sent=True)  # unless as references
                 self.dealer.outbox.count(frames)
                 self.core.data_sent(n_samples, epoch)
 
@@ -333,7 +359,7 @@ class GroupFanout:
     def _deliver(self, name: str, message: BufferedMessage) -> bool:
         """Send ``message`` to the next member of ``name`` with room; False if none has."""
         # Full, or not connected (yet, or any more): the next one.
-        if self.dealer.offer(message.frames, None, self._audience(name)) is not None:
+        if self.dealer.offer(message.frames, message.placed, self._audience(name)) is not None:
             return False
         self.buffer.delivered(name)
         self.dealer.outbox.bytes_sent += message.nbytes

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +86,9 @@ class BufferedMessage:
     n_samples: int
     epoch: int
     nbytes: int
+    #: Its large arrays placed once in the shared-memory pool for every group's member
+    #: that maps it (a shared placement, given back when the message leaves), or None.
+    placed: Any = None
 
 
 @dataclass
@@ -130,7 +133,8 @@ class GroupBuffer:
     """
 
     def __init__(self, max_messages: int = 0, max_bytes: int = 0, join: str = "epoch",
-                 group_timeout: float = 10.0) -> None:
+                 group_timeout: float = 10.0,
+                 on_leave: Callable[[BufferedMessage], None] | None = None) -> None:
         if max_messages < 1 and max_bytes < 1:
             raise ConfigurationError(
                 f"expected a limit of messages or bytes >= 1, got {max_messages} messages "
@@ -141,6 +145,8 @@ class GroupBuffer:
         self.max_bytes = max_bytes
         self.join_mode = join
         self.group_timeout = group_timeout
+        #: Called with each message as it leaves the buffer (every group passed it).
+        self.on_leave = on_leave
         self.groups: dict[str, GroupState] = {}
         self._messages: deque[BufferedMessage] = deque()
         self._base = 0  # the absolute index of _messages[0]
@@ -162,10 +168,12 @@ class GroupBuffer:
         return ((self.max_messages > 0 and len(self._messages) >= self.max_messages)
                 or (self.max_bytes > 0 and self._bytes >= self.max_bytes))
 
-    def append(self, frames: Sequence[Any], n_samples: int, epoch: int, nbytes: int) -> None:
-        """The sampler made the next message (of ``epoch``)."""
+    def append(self, frames: Sequence[Any], n_samples: int, epoch: int, nbytes: int,
+               placed: Any = None) -> None:
+        """The sampler made the next message (of ``epoch``; ``placed``: see
+        :attr:`BufferedMessage.placed`)."""
         index = self.end
-        self._messages.append(BufferedMessage(frames, n_samples, epoch, nbytes))
+        self._messages.append(BufferedMessage(frames, n_samples, epoch, nbytes, placed))
         self._bytes += nbytes
         self._last_epoch, self._epoch_open = epoch, True
         for group in self.groups.values():
@@ -286,5 +294,8 @@ class GroupBuffer:
         cursors = [g.cursor for g in self.groups.values() if g.cursor is not None]
         oldest_needed = min(cursors, default=self.end)
         while self._base < oldest_needed and self._messages:
-            self._bytes -= self._messages.popleft().nbytes
+            message = self._messages.popleft()
+            self._bytes -= message.nbytes
             self._base += 1
+            if self.on_leave is not None:
+                self.on_leave(message)

@@ -22,9 +22,12 @@ they are, and are copied out (one copy) for those that do not. A worker's messag
 the forwarder decodes (to deal it to ranks, or to cut batches) is read in place
 (:class:`~feedmux._plumbing.shm.ForwardedRuns`), and a rank's share of whole
 samples goes on as references to the worker's runs, kept for a successor while the
-server's frames live. Consumer groups get their messages over the sockets (a
-group's buffer is read by every group). How a message goes to one trainer is a
-:class:`Via`.
+server's frames live. Consumer groups' messages are placed once as they enter
+the groups' buffer (:func:`placed_now`, SHARED: each member a message goes to
+holds a claim cell of its own on the same runs, and the runs go once the buffer
+let the message go and every claim was released, or its trainer died); a ranked
+group's shares are placed as they are dealt. Neither waits for a full pool: the
+message goes whole. How a message goes to one trainer is a :class:`Via`.
 Reliable trainers get references too, while the ledger keeps the message's
 bytes to deal them again (a dead trainer's claimed runs are taken back as soon
 as its pid is gone, so only whole bytes, never references, are dealt again).
@@ -40,11 +43,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from feedmux._plumbing.shm import Placement, ShmPool, has_refs
+from feedmux._plumbing.shmtable import SHARED
 from feedmux.server._control.core import ControlCore, shm_trainers
 from feedmux.server._delivery.outbox import Outbox, Wait
 from feedmux.server.config import ServerConfig, disabled
 
-__all__ = ["Via", "close_pool", "open_pool", "place_or_wait", "pooled", "settled", "via"]
+__all__ = ["Via", "close_pool", "open_pool", "place_or_wait", "pooled", "placed_now",
+           "settled", "via"]
 
 log = logging.getLogger("feedmux.server")
 
@@ -121,6 +126,36 @@ def pooled(pool: ShmPool, core: ControlCore, frames: Sequence[Any], outbox: Outb
         placed.maps = lambda identity: identity in shm_trainers(core)
         return frames, placed
     return pool.forwarded.copied_out(frames), placed
+
+
+def placed_now(pool: ShmPool, core: ControlCore, frames: Sequence[Any],
+               state: int = SHARED) -> Placement | None:
+    """``frames`` placed for the consumer groups' members that map the pool, or None: no
+    such trainer, nothing large, a sampling worker's references (sent whole), or the
+    pool is full. ``state`` SHARED: once for every group (each member it goes to holds
+    a cell of its own, :class:`~feedmux._plumbing.shmtable.SharedRuns`); SENT: a ranked
+    group's share, for its rank's holder alone.
+
+    A full pool does not hold the groups back: their buffer is what bounds a
+    lagging group, and the runs the buffer holds come back only as the groups move
+    on, so waiting here could wait for the very message that waits. The message
+    goes whole, over the sockets, and counts in ``shm_stalls``.
+    """
+    trainers = shm_trainers(core)
+    pool.wanted = bool(trainers)
+    if not trainers or len(frames) <= 2 or has_refs(frames):
+        return None
+    placed = pool.place(frames, state=state)
+    if placed is None:
+        pool.reclaim(pool.owners_due())
+        placed = pool.place(frames, state=state)
+    if placed is None:
+        pool.stalls += 1
+        return None
+    if placed.first() < 0:  # nothing large: the socket carries it
+        return None
+    placed.trainers = frozenset(trainers)
+    return placed
 
 
 def settled(pool: ShmPool | None, placed: Placement | None, frames: Sequence[Any],

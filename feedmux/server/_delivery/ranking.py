@@ -9,9 +9,11 @@ resume cut of a job restarted from a checkpoint (the resumed epoch's rows
 before the position dropped, its first rows kept for the padding), the end of
 an epoch (pad or drop), the server-built batches per rank (:mod:`.batches`),
 the ranks that are ahead, and the encoding of each rank's share into one data
-message. It is pure: rows in, frames out, no sockets, no clock; the callers
-send what it returns, in order, each message to its rank. It must never decide
-who holds a rank nor send anything.
+message. When the ranks asked for ``bucket_by=`` (``batches.buckets``) a
+:class:`~.bucketstage.BucketStage` deals instead of the round-by-round rule,
+whole steps by length, with the same calls. It is pure: rows in, frames out,
+no sockets, no clock; the callers send what it returns, in order, each message
+to its rank. It must never decide who holds a rank nor send anything.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 from feedmux.protocol import Data, encode
 from feedmux.server._control.resume import ResumeCut
 from feedmux.server._delivery.batches import Batches
+from feedmux.server._delivery.bucketstage import BucketStage
 from feedmux.server._delivery.dealing import RankDealer, RankShare
 
 __all__ = ["RankMessage", "RankedStage", "batched_shares"]
@@ -77,6 +80,15 @@ class RankedStage:
         self._cut = None if start is None else ResumeCut(*start, dealer.world_size - 1)
         self._held: list[Sequence[Any]] = []  # rows of epoch _held_epoch not dealt yet
         self._held_epoch = 0
+        #: The coordinated steps (bucket_by=), or None: the round-by-round rule deals.
+        self.buckets = None if batches is None or batches.buckets is None else BucketStage(
+            dealer.world_size, dealer.uneven, batches, start, dealer.ahead)
+
+    @property
+    def resamples_resumed_epoch(self) -> bool:
+        """Whether a resumed epoch must be sampled again from its start (the steps dealt by
+        length depend on all of its rows): the source then skips only the epochs before."""
+        return self.buckets is not None
 
     @property
     def world_size(self) -> int:
@@ -86,17 +98,22 @@ class RankedStage:
         """The source skipped the rows of the resumed ``epoch`` before its position itself;
         ``head`` is its first rows, as many as the padding may repeat (``world_size - 1``,
         or all of them when the position comes before)."""
-        if self._cut is not None and epoch == self._cut.epoch:
+        if self._cut is not None and epoch == self._cut.epoch and self.buckets is None:
             self._cut.cut(np.arange(len(head)), head)
 
     def deal(self, epoch: int, position: int, rows: Sequence[Any]) -> Iterator[RankMessage]:
         """Deal ``rows`` (of ``epoch``, the first at ``position``) and any held before."""
+        if self.buckets is not None:
+            return self._encoded(self.buckets.deal(epoch, rows))
         shares = self._take(epoch, position, rows)
         return self._encoded(shares + self._held_shares())
 
     def hold(self, epoch: int, position: int, rows: Sequence[Any]) -> Iterator[RankMessage]:
         """Keep ``rows`` (of ``epoch``, the first at ``position``) to deal with the next ones,
-        until about ``world_size`` times as many as the largest of them are held."""
+        until about ``world_size`` times as many as the largest of them are held (by
+        length: the window holds them)."""
+        if self.buckets is not None:
+            return self.deal(epoch, position, rows)
         shares = self._take(epoch, position, rows)
         held = self._held
         if held and sum(map(len, held)) >= self.world_size * max(map(len, held)):
@@ -115,6 +132,8 @@ class RankedStage:
     def finish_epoch(self, epoch: int) -> Iterator[RankMessage]:
         """``epoch`` has no more rows: deal what is held, pad or drop its last round, and
         send each rank's last, partial batch (or drop it, ``drop_last``)."""
+        if self.buckets is not None:
+            return self._encoded(self.buckets.finish_epoch(epoch))
         shares = self._held_shares()
         shares += self._batched(self.dealer.finish_epoch(epoch), last=True)
         return self._encoded(shares)

@@ -3,7 +3,9 @@ another, in the order the seed fixes.
 
 :mod:`.producer` draws from the streamer in this process and encodes (:mod:`.owning`
 makes each drawn item the server's own, :mod:`.seeding` reseeds every epoch);
-:mod:`.workers` runs shards of the streamer in forked processes, :mod:`.merge` fixes
-the order in which their messages are taken and :mod:`.forward` passes them on. A
+:mod:`.shards` splits the source into the run's shards, :mod:`.workers` runs them in
+forked processes (:mod:`.runner`, :mod:`.assignment`: which worker runs which shard),
+:mod:`.merge` fixes the order in which their messages are taken, :mod:`.forward`
+passes them on and :mod:`.scaling` / :mod:`.autoscale` change the workers live. A
 source decides nothing about who receives a message.
 """

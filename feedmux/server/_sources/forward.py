@@ -1,27 +1,31 @@
-"""The forwarding loop of ``--workers N``: the workers' messages merged, numbered and sent on.
+"""The forwarding loop of ``--workers N``: the shards' messages merged, numbered and sent on.
 
 This module owns the server process's side of its sampling workers: it reads
-each worker's socket, merges their messages (in the fixed order of
-:class:`~feedmux.server._sources.merge.Merge` for a seeded run, else as they come),
-numbers positions per epoch across the shards, deals them to the ranks of a
-ranked job through the ranked stage (the workers do not know the rounds
-across shards: each rank's rows are sliced out of the workers' decoded
-batches, no sample built, and while more messages wait, ``world_size`` of them
-are held and dealt together so that a rank's message is as full as a
-worker's) and hands every message to the shell. A ranked job that
-resumes from a checkpoint while the server runs starts a new *run*: the
-workers are told to sample again from the resumed epoch (a new generation),
-and what they sent for the previous run is dropped until each worker's marker
-of the new generation. It must never sample (the workers do) nor decide who
-gets what (the dealer and the control core do).
+each worker's socket, takes each message of a shard only under the shard's
+current ticket (:class:`~feedmux.server._sources.assignment.ShardLedger`: what an
+earlier owner of a moved shard still had on its way is dropped, and the new
+owner starts after what was taken), merges the shards (in the fixed order of
+:class:`~feedmux.server._sources.merge.Merge` for a seeded run, else as they
+come), numbers positions per epoch across the shards, deals them to the ranks
+of a ranked job through the ranked stage (each rank's rows are sliced out of the
+workers' decoded batches, no sample built, and while more messages wait,
+``world_size`` of them are held and dealt together so that a rank's message is
+as full as a worker's) and hands every message to the shell. Between messages
+it lets :class:`~feedmux.server._sources.scaling.WorkerScaling` change the
+running workers, and hands a dead worker's shards to the others. A ranked job
+that resumes from a checkpoint while the server runs starts a new *run*: every
+shard gets a new ticket at the resumed epoch. It must never sample (the workers
+do) nor decide who gets what (the dealer and the control core do).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
+import msgpack
 import numpy as np
 import zmq
 
@@ -42,7 +46,9 @@ from feedmux.server._delivery.batches import Batch
 from feedmux.server._delivery.dealing import RankDealer
 from feedmux.server._delivery.ranking import RankedStage, RankMessage
 from feedmux.server._shell import SocketShell, StopFlag
-from feedmux.server._sources.merge import Merge
+from feedmux.server._sources.assignment import ShardLedger, unpack_shard
+from feedmux.server._sources.merge import MIN_READ_AHEAD_BYTES, READ_AHEAD_BYTES, Merge
+from feedmux.server._sources.scaling import WorkerScaling
 from feedmux.server._sources.workers import WorkerPool
 from feedmux.server.config import EXIT_FAILED, EXIT_OK, ServerConfig
 
@@ -54,45 +60,70 @@ log = logging.getLogger("feedmux.server")
 
 class _Run:
     """The state of one run of the job: merge order, positions, the ranked stage (which
-    holds the workers' samples to deal them together and cuts a resumed epoch)."""
+    holds the workers' samples to deal them together and cuts a resumed epoch), and what
+    the server took of each shard (:class:`ShardLedger`)."""
 
     def __init__(self, pool: WorkerPool, shell: SocketShell, config: ServerConfig,
-                 block: int | None, generation: int) -> None:
-        self.merge: Merge[Any] = Merge(config.workers, block)
+                 block: int | None) -> None:
+        shards = len(pool.parts)
+        self.merge: Merge[Any] = Merge(shards, block, read_ahead=max(
+            READ_AHEAD_BYTES // shards, MIN_READ_AHEAD_BYTES))
+        self.ledger = ShardLedger(shards, pool.tickets)
         self.positions: dict[int, int] = {}
         start = shell.core.start_at  # a resumed job: the workers skip the epochs before
         #: Free trainers that outlived their server: where to resume, what they had.
         self.start, self.handed = start, shell.core.handed
-        #: Workers whose messages of an earlier run may still come (until their marker).
-        self.behind = set(range(config.workers)) if generation else set()
         #: The trainers' batches (None: they asked for none): cut here, from the merged stream.
-        self.batches = shell.core.tables.batches.assemblers()
+        self.batches = shell.core.tables.batches.assemblers(config.buckets)
         dealer = ranked_dealer(shell, config)
         #: A ranked job's dealing (None: free trainers).
         self.ranked = None if dealer is None else RankedStage(
             dealer, config.server_id, batches=self.batches, start=start)
-        pool.begin(start[0] if start else 1, generation)
+        first = start[0] if start else 1
+        pool.place(self.ledger, start=(first, 0))  # new tickets: an earlier run's messages drop
+        pool.release(first)
 
     @property
     def holding(self) -> bool:
         """Whether samples are held for the ranks, waiting for more to deal them with."""
         return self.ranked is not None and self.ranked.holding
 
+    def readable(self, pool: WorkerPool) -> list[int]:
+        """The workers whose sockets to read: those that run a shard the merge may read
+        ahead (or whose turn it is), and those that run none (their last messages drop)."""
+        shards = set(self.merge.readable())
+        owners = pool.assignment.owners()
+        return [slot for slot in range(pool.slots) if slot not in pool.lost and (
+            slot not in owners or any(owners[index] == slot for index in shards))]
+
+    def take(self, frames: Any, shm: ShmPool | None) -> Error | None:
+        """Hold a worker's message in the merge, or drop it (sent under an earlier ticket of
+        its shard); a worker's Error is returned."""
+        if len(frames) > 1:  # data: header + tags frame + buffers (or references)
+            tags = read_tags(frames)
+            shard, ticket = unpack_shard(msgpack.unpackb(frames[0].buffer)["seq"])
+            if self.ledger.take_data(shard, ticket, int(tags[0, 0]), int(tags[0, 1]),
+                                     len(tags)):
+                self.merge.put(shard, frames, len(tags), carried_bytes(frames))
+            elif shm is not None and has_refs(frames):
+                shm.drop(frames)
+            return None
+        message = decode(frames)
+        if isinstance(message, Error):
+            return message
+        if isinstance(message, EndOfEpoch):
+            shard, ticket = unpack_shard(message.worker)
+            if self.ledger.take_end(shard, ticket, message.epoch):
+                self.merge.put(shard, message, None, 0)
+        return None
+
     def number(self, frames: Any) -> np.ndarray:
         """The tags of a worker's message with positions numbered across the shards."""
         tags: np.ndarray = read_tags(frames).copy()
         epoch = int(tags[0, 0])
-        if (tags[:, 0] == epoch).all():  # as the workers send them: one epoch per message
-            start = self.positions.get(epoch, 0)
-            tags[:, 1] = np.arange(start, start + len(tags))
-            self.positions[epoch] = start + len(tags)
-            return tags
-        for epoch in np.unique(tags[:, 0]):
-            rows = tags[:, 0] == epoch
-            start = self.positions.get(int(epoch), 0)
-            count = int(rows.sum())
-            tags[rows, 1] = np.arange(start, start + count)
-            self.positions[int(epoch)] = start + count
+        start = self.positions.get(epoch, 0)
+        tags[:, 1] = np.arange(start, start + len(tags))
+        self.positions[epoch] = start + len(tags)
         return tags
 
 
@@ -101,27 +132,26 @@ def forward(pool: WorkerPool, shell: SocketShell, config: ServerConfig, stop: St
     """Forward the workers' messages until the stream ends, fails or the server stops.
 
     With a ``block`` (a seeded run) in the fixed order of :class:`Merge`, reading
-    ahead of their turn from the other workers; without, in arrival order.
+    ahead of their turn from the other shards; without, in arrival order.
     Returns the server's exit code.
     """
     sockets = [make_socket(shell.context, zmq.PULL, hwm=config.hwm, heartbeats=False)
-               for _ in range(config.workers)]
+               for _ in range(pool.slots)]
+    scaling = WorkerScaling(pool, config.worker_range)
+    shell.extra_stats.append(scaling.stats)
     try:
         for index, socket in enumerate(sockets):
             with mapped_zmq_errors("bind the internal endpoint", pool.endpoint_of(index)):
                 socket.bind(pool.endpoint_of(index))
-        generation = 0
         while True:
             if not shell.wait_for_trainers():
                 return EXIT_FAILED if shell.failed else EXIT_OK
-            run = _Run(pool, shell, config, block, generation)
-            code = _forward_run(run, sockets, pool, shell, config, stop)
+            run = _Run(pool, shell, config, block)
+            code = _forward_run(run, sockets, pool, shell, config, stop, scaling)
             if code is not None:
                 return code
             _drop_read_ahead(run, shell.pool)
             # The ranked job resumed from a checkpoint: a new run, from where it says.
-            generation += 1
-            pool.rewind(generation)
             shell.core.restarted()
     except Exception as error:
         log.error("server failed: %s", error)
@@ -133,7 +163,7 @@ def forward(pool: WorkerPool, shell: SocketShell, config: ServerConfig, stop: St
 
 
 def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, shell: SocketShell,
-                 config: ServerConfig, stop: StopFlag) -> int | None:
+                 config: ServerConfig, stop: StopFlag, scaling: WorkerScaling) -> int | None:
     """One run: the exit code when the stream ends (or stops), None when the job restarts."""
     polled: list[int] = []
     poller = zmq.Poller()
@@ -141,7 +171,7 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, shell: SocketS
     while not stop:
         if shell.core.restarting:
             return None
-        readable = sorted(set(run.merge.readable()) | run.behind)
+        readable = run.readable(pool)
         if readable != polled:
             for worker in set(polled) - set(readable):
                 poller.unregister(sockets[worker])
@@ -151,10 +181,12 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, shell: SocketS
         events = dict(poller.poll(0 if run.holding else 100))  # held samples wait for no one
         if shell.control in events:
             shell.serve_control(timeout=0)
-        failure = pool.failure()
-        if failure:
-            pool.reclaim()  # what a worker forwarded goes nowhere now: its runs come back
-            raise FeedmuxError(failure)
+        _survive(pool, run)
+        requested = shell.core.scaling.take()
+        if requested is not None:
+            scaling.request(requested, run.ledger)
+        scaling.tick(time.monotonic(), shell.outbox.blocked_seconds, shell.core.samples_sent,
+                     run.ledger)
         ready = [worker for worker in polled if sockets[worker] in events]
         if not ready:
             if run.ranked is not None and not _send_ranked(run.ranked.flush(), shell):
@@ -162,35 +194,33 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, shell: SocketS
             shell.tick()
             continue
         for worker in ready:  # one message each: fair to every worker
-            frames = sockets[worker].recv_multipart(copy=False)
-            if worker in run.behind:
-                _catch_up(run, worker, frames, pool, shell.pool)
-                continue
-            if len(frames) > 1:  # data: header + tags frame + buffers (or references)
-                run.merge.put(worker, frames, len(read_tags(frames)), carried_bytes(frames))
-                continue
-            message = decode(frames)
-            if isinstance(message, Error):  # at once, whoever's turn it is
-                log.error("sampling worker failed: %s: %s", message.type, message.message)
-                shell.fail(message)
+            error = run.take(sockets[worker].recv_multipart(copy=False), shell.pool)
+            if error is not None:  # at once, whoever's turn it is
+                log.error("sampling worker failed: %s: %s", error.type, error.message)
+                shell.fail(error)
                 return EXIT_FAILED
-            if isinstance(message, EndOfEpoch):
-                run.merge.put(worker, message, None, 0)
         code = _send_merged(run, pool, shell, config)
         if code is not None:
             return None if shell.core.restarting else code
     return EXIT_OK
 
 
-def _catch_up(run: _Run, worker: int, frames: Any, pool: WorkerPool,
-              shm: ShmPool | None) -> None:
-    """A message from ``worker`` sent for an earlier run: dropped, up to its marker."""
-    if shm is not None and has_refs(frames):
-        shm.drop(frames)
-    if len(frames) == 1:
-        message = decode(frames)
-        if isinstance(message, EndOfEpoch) and pool.is_marker(message):
-            run.behind.discard(worker)
+def _survive(pool: WorkerPool, run: _Run) -> None:
+    """A worker that died: its shards go to the others (with the shared-memory pool, or
+    with none left, the run fails: what it had placed in the pool cannot be told apart)."""
+    dead = pool.casualties()
+    if not dead:
+        return
+    alive = [slot for slot in range(pool.slots) if slot not in pool.lost]
+    if pool.shm is not None or not alive:
+        failure = pool.failure(dead[0])
+        pool.reclaim()  # what a worker forwarded goes nowhere now: its runs come back
+        raise FeedmuxError(failure)
+    for slot in dead:
+        log.warning("%s; its shards %s go to the other workers", pool.failure(slot),
+                    ", ".join(map(str, pool.owned(slot))) or "(none)")
+    moved = pool.resize(len(pool.active), run.ledger)
+    log.info("workers %d: shards %s moved", len(pool.active), ", ".join(map(str, moved)))
 
 
 def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,

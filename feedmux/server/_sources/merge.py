@@ -30,7 +30,8 @@ from typing import Generic, TypeVar
 
 from feedmux.errors import FeedmuxError
 
-__all__ = ["MERGE_BLOCK", "READ_AHEAD_BYTES", "Merge", "MergeOrder", "merge_block"]
+__all__ = ["MERGE_BLOCK", "MIN_READ_AHEAD_BYTES", "READ_AHEAD_BYTES", "Merge", "MergeOrder",
+           "merge_block"]
 
 T = TypeVar("T")
 
@@ -45,6 +46,8 @@ MERGE_BLOCK = 16
 #: ``hwm`` queues), so that a worker descheduled on a busy machine does not stall the
 #: others at once. Each message counts :data:`MESSAGE_OVERHEAD` more, for its objects.
 READ_AHEAD_BYTES = 32 << 20
+#: The least read-ahead per shard when :data:`READ_AHEAD_BYTES` is shared among many.
+MIN_READ_AHEAD_BYTES = 4 << 20
 MESSAGE_OVERHEAD = 512
 
 

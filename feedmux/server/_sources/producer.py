@@ -226,10 +226,13 @@ def produce(
 
     # The muxes get the hook from the epochs, which hand it down at each activation.
     drawn = _Draw(DrawnItems(shm) if policy.copy_arrays else None, log_skipped, shm)
-    if start is not None:
+    stage = None if dealer is None else RankedStage(dealer, server_id, batches=batches,
+                                                    start=start)
+    if start is not None and stage is not None and stage.resamples_resumed_epoch:
+        epochs.resume_at(start[0], 0, keep=0)  # the stage leaves out what was dealt before
+    elif start is not None:
         epochs.resume_at(*start, keep=0 if dealer is None else dealer.world_size - 1)
-    if dealer is not None:
-        stage = RankedStage(dealer, server_id, batches=batches, start=start)
+    if stage is not None:
         return _produce_ranked(epochs, drawn, send, policy, skip_errors, epoch_done, meter,
                                stage, start)
     return _produce(epochs, drawn, send, policy, server_id, skip_errors, epoch_done, meter, align,

@@ -1,15 +1,19 @@
-"""Sampling worker processes: each runs one shard of the streamer.
+"""Sampling worker processes: each runs the shards the server assigns it.
 
-A worker pushes encoded data messages to the server process over an internal
-endpoint of its own (the server merges them, :mod:`feedmux.server._sources.merge`;
-in a seeded run the worker cuts them at the fixed merge order's turns), and,
-after each epoch of its shard, an ``EndOfEpoch`` marker; it then waits until
-the server has heard the end of that epoch from every worker, so epochs
-leave the server one after the other (no shard runs ahead). At the start of
-each epoch a worker reseeds its random state from (seed, its index, epoch)
-(a fork copies the parent's: without that every worker would draw the same
-numbers) and publishes its :func:`feedmux.worker_info`. Workers are forked before the
-server creates its ZeroMQ context, create their own, and die with their
+The pool forks its worker processes (*slots*) at start, before the server
+creates its ZeroMQ context; :attr:`WorkerPool.active` are those that run shards
+now, and a change of that set (``--workers auto``, ``feedmux scale``, a worker
+that died) moves shards, never forks (:meth:`WorkerPool.resize`). A worker reads
+its shards from the shared :class:`~feedmux.server._sources.assignment.Assignment`
+between messages, runs each through a
+:class:`~feedmux.server._sources.runner.ShardRunner` in the merge order, and pushes
+their encoded data messages and, after each epoch of a shard, an ``EndOfEpoch``
+to the server over an internal endpoint of its own (FIFO per worker; the server
+merges them, :mod:`feedmux.server._sources.merge`). A shard's next epoch waits
+until the server has heard the end of the epoch from every shard (the epoch
+gate), so epochs leave the server one after the other. Each shard reseeds the
+process-wide random state from (seed, shard, epoch) and keeps it as its own
+(:class:`~feedmux.server._sources.shards.ShardRandom`). Workers die with their
 parent (``PR_SET_PDEATHSIG`` where the kernel offers it, and a parent-pid
 check everywhere they wait), so no exit path leaves one behind; a stopping pool
 kills a worker that has not stopped in time (or at once on a second signal), and
@@ -18,13 +22,15 @@ a worker's second SIGTERM ends it wherever its streamer is stuck.
 With the shared-memory pool, the pool is opened before the fork and each worker
 allocates in a region of it (:mod:`feedmux._plumbing.shmruns`): its owned copies
 and ``shared_empty`` arrays are written there, and its messages carry 56-byte
-references instead of the arrays. When a worker dies, the server stops the others
-and takes back their runs that no trainer holds (:meth:`WorkerPool.reclaim`).
+references instead of the arrays. When a worker dies with the pool in use, the server
+stops the others and takes back their runs that no trainer holds
+(:meth:`WorkerPool.reclaim`); without the pool, its shards go to the other workers.
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
 import multiprocessing
 import os
@@ -36,86 +42,120 @@ import zmq
 
 from feedmux._plumbing.shm import ShmPool
 from feedmux._plumbing.sockets import make_socket
-from feedmux.protocol import EndOfEpoch, encode
-from feedmux.sampling.epochs import EpochIterator, shard
-from feedmux.sampling.mux import restart_passes
+from feedmux.protocol import encode
 from feedmux.server._control.meters import SamplerMeter, SharedMeters
-from feedmux.server._sources.producer import Frames, error_message, produce
-from feedmux.server._sources.seeding import EpochSeeder
+from feedmux.server._sources.assignment import Assignment, ShardLedger, plan_owners
+from feedmux.server._sources.owning import DrawnItems
+from feedmux.server._sources.producer import Frames, _Draw, error_log, error_message
+from feedmux.server._sources.runner import ShardRunner, next_runner
 from feedmux.server.config import ServerConfig
 
 __all__ = ["WorkerPool"]
 
 log = logging.getLogger("feedmux.server")
 
+#: How often a worker that runs no shard looks at the assignment (the latency of a growth).
+PARKED_POLL = 0.05
 #: How long a stopping pool waits for its workers before it kills them.
 WORKER_STOP_TIMEOUT = 2.0
 
 
 class WorkerPool:
-    """N forked sampling processes, their epoch gate and their failure reports."""
+    """Forked sampling processes (one per *slot*), the shards' assignment and the epoch gate.
 
-    def __init__(self, streamer: Any, config: ServerConfig, endpoint: str,
-                 align: int | None = None, shm: ShmPool | None = None) -> None:
+    Every slot is forked at :meth:`start` (before the server creates its ZeroMQ
+    context); :attr:`active` are the slots that run shards. A slot taken out of
+    service keeps no shard and sleeps on the assignment (no CPU); one put back in
+    gets shards within a few milliseconds. A change moves shards, never forks.
+    """
+
+    def __init__(self, parts: list[Any], config: ServerConfig, endpoint: str, block: int,
+                 shm: ShmPool | None = None, slots: int | None = None,
+                 active: int | None = None) -> None:
         if config.seed is None:
             raise ValueError("expected the run's seed resolved before the workers start, got None")
         self.config = config
         self.endpoint = endpoint
-        self.align = align  # cut messages at the fixed merge order's turns (seeded runs)
-        # Shard in this process first, so a streamer that cannot be split fails here, clearly.
-        self.shards = [shard(streamer, index, config.workers) for index in range(config.workers)]
+        self.block = block  # samples per shard per turn of the merge order
+        self.parts = parts
+        #: How many worker processes are forked (the most that can run shards).
+        if slots is None:
+            slots = config.worker_range.maximum
+        self.slots = slots = min(slots, len(parts))
+        #: The slots that run shards now.
+        self.active = list(range(min(slots, active or slots)))
         self._mp = multiprocessing.get_context("fork")
         self._released = self._mp.RawValue("q", 0)
-        self._first = self._mp.RawValue("q", 1)  # the first epoch to sample (a resumed run)
-        self._generation = self._mp.RawValue("q", 0)  # the run: a job resumed mid-run adds one
         self._stop = self._mp.Event()
+        self.assignment = Assignment(len(parts), self._mp.RawArray)
+        #: The shards' tickets, counted across the runs of the server.
+        self.tickets = itertools.count(1)
         #: Each worker's sampling time and skipped streams, readable from this process.
-        self.meters = SharedMeters(config.workers).meters
+        self.meters = SharedMeters(slots).meters
         self.processes: list[multiprocessing.process.BaseProcess] = []
+        #: Slots whose death was handled (their shards went to the others).
+        self.lost: set[int] = set()
         #: The shared-memory pool, opened before the fork: each worker gets a region of it.
         self.shm = shm
         if shm is not None:
-            shm.split(config.workers)
+            shm.split(slots)
 
     def start(self) -> None:
-        for index, part in enumerate(self.shards):
+        for index in range(self.slots):
             process = self._mp.Process(
                 target=_worker_main,
-                args=(part, self.config, index, self.endpoint_of(index), self.align,
-                      (self._released, self._first, self._generation), self._stop, os.getpid(),
+                args=(self.parts, self.config, index, self.endpoint_of(index), self.block,
+                      (self._released, self.assignment), self._stop, os.getpid(),
                       self.meters[index], self.shm),
                 name=f"feedmux-worker-{index}",
                 daemon=True,
             )
             process.start()
             self.processes.append(process)
-        log.info("started %d sampling worker(s): pids %s", len(self.processes),
+        log.info("started %d sampling worker(s) for %d shard(s), %d running shards: pids %s",
+                 len(self.processes), len(self.parts), len(self.active),
                  ", ".join(str(p.pid) for p in self.processes))
 
     def endpoint_of(self, index: int) -> str:
-        """The internal endpoint worker ``index`` pushes to (one each: merged in a fixed order)."""
+        """The internal endpoint worker ``index`` pushes to (one each: FIFO per worker)."""
         return f"{self.endpoint}-{index}"
 
     def release(self, epoch: int) -> None:
         """Let the workers start ``epoch``."""
         self._released.value = epoch
 
-    def begin(self, epoch: int, generation: int = 0) -> None:
-        """Let the workers start run ``generation`` at ``epoch`` (> 1: a resumed run; each
-        worker samples the epochs of its shard before again, and discards them)."""
-        self._first.value = epoch
-        self.release(epoch)
+    def place(self, ledger: ShardLedger, start: tuple[int, int] | None = None) -> list[int]:
+        """Give every shard an owner among :attr:`active`; returns the shards that moved.
 
-    def rewind(self, generation: int) -> None:
-        """A new run begins (a ranked job resumed from a checkpoint): every worker stops
-        the run it samples, sends a marker (:meth:`is_marker`) and waits for :meth:`begin`."""
-        self._released.value = 0
-        self._generation.value = generation
+        With ``start`` (a new run) every shard gets a new ticket and starts there;
+        otherwise only the shards whose owner changes do, from where the server's
+        ``ledger`` says they stand (their old owner's messages still on their way are
+        dropped by their ticket).
+        """
+        owners = self.assignment.owners()
+        planned = plan_owners(owners, self.active)
+        changes = {}
+        for index, owner in enumerate(planned):
+            if start is not None or owner != owners[index]:
+                point = start or ledger.resume_point(index)
+                changes[index] = (owner, ledger.assign(index, *point), *point)
+        if start is not None:
+            self._released.value = 0  # nobody runs ahead of the new run's start
+        self.assignment.write(changes)
+        return sorted(changes)
 
-    def is_marker(self, message: EndOfEpoch) -> bool:
-        """Whether ``message`` is a worker's marker of the current run's start: what it
-        sent before belongs to an earlier run."""
-        return message.epoch == 0 and message.count == self._generation.value
+    def resize(self, count: int, ledger: ShardLedger) -> list[int]:
+        """Run shards on ``count`` slots (clamped to those alive); returns the shards moved."""
+        alive = [slot for slot in range(self.slots) if slot not in self.lost]
+        count = max(1, min(count, len(alive)))
+        kept = [slot for slot in self.active if slot in alive][:count]
+        spare = [slot for slot in alive if slot not in kept]
+        self.active = sorted(kept + spare[:count - len(kept)])
+        return self.place(ledger)
+
+    def owned(self, slot: int) -> list[int]:
+        """The shards ``slot`` runs."""
+        return [index for index, owner in enumerate(self.assignment.owners()) if owner == slot]
 
     def liveness(self) -> dict[str, int | float | str | None]:
         """``worker.<index>.alive``: 1 while that worker process runs, else 0."""
@@ -127,6 +167,14 @@ class WorkerPool:
         return [index for index, process in enumerate(self.processes)
                 if process.exitcode is not None]
 
+    def casualties(self) -> list[int]:
+        """Slots that died on their own since last asked (not stopped by the pool)."""
+        if self._stop.is_set():
+            return []
+        fresh = [index for index in self.dead() if index not in self.lost]
+        self.lost.update(fresh)
+        return fresh
+
     def reclaim(self) -> None:
         """Stop every worker and take back the runs of the pool they had not handed to a
         trainer (the server fails, or a worker died): only the trainers' views stay."""
@@ -135,15 +183,11 @@ class WorkerPool:
             for index in range(len(self.processes)):
                 self.shm.adopt(index)
 
-    def failure(self) -> str:
-        """A description of the first worker that exited on its own, or ''."""
-        if self._stop.is_set():
-            return ""
-        for index, process in enumerate(self.processes):
-            if process.exitcode is not None:
-                return (f"sampling worker {index} (pid {process.pid}) exited unexpectedly "
-                        f"with code {process.exitcode}")
-        return ""
+    def failure(self, slot: int) -> str:
+        """A description of worker ``slot``'s exit."""
+        process = self.processes[slot]
+        return (f"sampling worker {slot} (pid {process.pid}) exited unexpectedly "
+                f"with code {process.exitcode}")
 
     def stop(self, timeout: float = WORKER_STOP_TIMEOUT) -> None:
         """Stop every worker: ask, wait up to ``timeout`` s, then kill; never leaves one running.
@@ -197,12 +241,12 @@ def _on_sigterm(terminated: list[bool]) -> Any:
 
 
 def _worker_main(
-    streamer: Any,
+    parts: list[Any],
     config: ServerConfig,
     index: int,
     endpoint: str,
-    align: int | None,
-    gate: tuple[Any, Any, Any],
+    block: int,
+    shared: tuple[Any, Assignment],
     stop_event: Any,
     parent_pid: int,
     meter: SamplerMeter,
@@ -210,7 +254,7 @@ def _worker_main(
 ) -> None:
     _die_with_parent()
 
-    released, first, generation = gate
+    released, assignment = shared
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us
     terminated: list[bool] = []
     signal.signal(signal.SIGTERM, _on_sigterm(terminated))
@@ -224,18 +268,13 @@ def _worker_main(
     push = make_socket(context, zmq.PUSH, hwm=config.hwm, heartbeats=False)
     push.connect(endpoint)
 
-    run = [0]  # the generation this worker samples for
-
-    def rewound() -> bool:
-        return bool(generation.value != run[0])
-
-    def send(frames: Frames, n_samples: int = 0, epoch: int = 0) -> bool:
+    def send(frames: Frames) -> bool:
         # Large arrays go as references to this worker's runs of the pool, if it can.
         placed = None if shm is None else shm.forward(frames)
         wire = frames if placed is None else placed.frames
         sent = False
         try:
-            while not (sent or rewound()):
+            while not sent:
                 try:
                     push.send_multipart(wire, flags=zmq.NOBLOCK, copy=False)
                     sent = True
@@ -251,36 +290,34 @@ def _worker_main(
                     shm.cancel(placed)
         return sent
 
-    def wait_for_release(epoch: int) -> bool:
-        while released.value < epoch or rewound():
-            if stopping() or rewound():
-                return False
-            time.sleep(0.002)
-        return True
+    log_skipped = None
+    if config.on_error == "skip":
+        def log_skipped(error: BaseException) -> None:
+            meter.skipped()
+            error_log.log(logging.WARNING, "stream",
+                          "a stream raised %s: %s; skipping the rest of it",
+                          type(error).__name__, error, exc_info=error)
 
-    def epoch_done(epoch: int, count: int) -> bool:
-        return send(encode(EndOfEpoch(epoch=epoch, count=count, worker=index))) and (
-            wait_for_release(epoch + 1)
-        )
-
+    drawn = _Draw(DrawnItems(shm) if config.policy.copy_arrays else None, log_skipped, shm)
+    runners: dict[int, ShardRunner] = {}
+    seen = -1
     try:
         while not stopping():
-            if rewound():  # a new run: say where the previous one's messages end
-                run[0] = generation.value
-                restart_passes(streamer)
-                send(encode(EndOfEpoch(epoch=0, count=run[0], worker=index)))
-            if not wait_for_release(1):
+            if assignment.version != seen:  # shards came or went
+                seen, owned = assignment.read(index)
+                for shard_index in list(runners):
+                    if owned.get(shard_index, (0,))[0] != runners[shard_index].ticket:
+                        runners.pop(shard_index).close()
+                for shard_index, (ticket, epoch, position) in owned.items():
+                    if shard_index not in runners:
+                        runners[shard_index] = ShardRunner(
+                            parts[shard_index], shard_index, len(parts), config, ticket,
+                            (epoch, position), block, drawn)
+            runner = next_runner(runners.values(), released.value)
+            if runner is None:  # nothing to draw until a release or an assignment
+                time.sleep(0.002 if runners else PARKED_POLL)
                 continue
-            assert config.seed is not None  # resolved by the server before the pool
-            seeder = EpochSeeder(config.seed, index, config.workers)
-            items = EpochIterator(streamer, max_epochs=config.epochs, on_epoch_start=seeder)
-            produce(
-                items, send, policy=config.policy, server_id=config.server_id,
-                skip_errors=config.on_error == "skip", epoch_done=epoch_done, meter=meter,
-                align=align, start=(first.value, 0) if first.value > 1 else None, shm=shm,
-            )
-            while not (stopping() or rewound()):  # the run is over: wait for another
-                time.sleep(0.01)
+            runner.step(send, meter)
     except Exception as error:
         send(encode(error_message(error, config.server_id)))
     # Stay until the server says stop, so nothing queued here is dropped by an early close.

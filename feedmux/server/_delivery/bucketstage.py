@@ -1,0 +1,281 @@
+"""The ranked stage's coordinated steps: samples in, each rank's batch of a step out.
+
+When the ranks asked for ``bucket_by=KEY`` (with ``batch_size=B``), the
+ranked stage (:mod:`.ranking`) hands every row of an epoch to a
+:class:`BucketStage` instead of the round-by-round dealer. This module owns
+what comes around the pure window of :mod:`.buckets`: each sample's length
+read from its field ``KEY`` (an int, or an array's first dimension), the
+resume of a job from a checkpoint (the window is a function of the seeded
+stream, so the resumed epoch is sampled again from its start and the steps
+dealt before the job's position are left out), the ranks that are ahead (a
+live rank of a restarted server gets nothing it had), the epoch's last,
+partial batches sent or dropped (``drop_last``, counted), and each rank's
+batch built with its length-led leaves padded
+(:func:`~feedmux.protocol.padded_batch`). It is pure and must never encode,
+send or decide who holds a rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+
+from feedmux.errors import ConfigurationError
+from feedmux.protocol import (
+    SampleBatch,
+    StackedLeaf,
+    gathered,
+    padded_batch,
+    stacked_batch,
+    training_batch,
+)
+from feedmux.server._delivery.batches import Batches, BucketSpec
+from feedmux.server._delivery.buckets import BucketWindow, Step
+from feedmux.server._delivery.dealing import RankShare
+
+__all__ = ["BucketStage", "sample_length", "sample_lengths"]
+
+_INTS = frozenset({int, np.int64, np.int32, np.int16, np.int8, np.uint64, np.uint32,
+                   np.uint16, np.uint8})
+
+
+def sample_lengths(samples: Sequence[Any], key: str) -> np.ndarray:
+    """The lengths of ``samples`` by their field ``key`` (:func:`sample_length`), read at C
+    level when every sample is a dict with an int, or an array, there.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> sample_lengths([{"n": 3}, {"n": np.int64(5)}], "n").tolist()
+    [3, 5]
+    >>> sample_lengths([{"x": np.zeros(2)}, {"x": np.zeros((4, 3))}], "x").tolist()
+    [2, 4]
+    """
+    try:
+        values = list(map(itemgetter(key), samples))
+    except (KeyError, TypeError, IndexError):
+        values = None
+    if values is not None:
+        kinds = set(map(type, values))
+        if kinds <= _INTS and kinds:
+            lengths = np.array(values, dtype=np.int64)
+            if not len(lengths) or lengths.min() >= 0:
+                return lengths
+        elif kinds == {np.ndarray} and all(value.ndim for value in values):
+            return np.fromiter(map(len, values), np.int64, len(values))
+    return np.array([sample_length(sample, key) for sample in samples], dtype=np.int64)
+
+
+
+def sample_length(sample: Any, key: str) -> int:
+    """The length of ``sample`` by its field ``key``: an int there, or an array's first
+    dimension.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> sample_length({"tokens": np.zeros(7)}, "tokens"), sample_length({"n": 3}, "n")
+    (7, 3)
+    >>> sample_length({"x": 1}, "n")
+    Traceback (most recent call last):
+    ...
+    feedmux.errors.ConfigurationError: bucket_by='n': expected each sample a dict whose 'n' \
+is its length (an int >= 0, or an array: its first dimension), got a dict with keys ['x']
+    """
+    value = sample.get(key) if type(sample) is dict else None
+    if isinstance(value, np.ndarray) and value.ndim >= 1:
+        return int(value.shape[0])
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0:
+        return int(value)
+    if type(sample) is dict and key in sample:
+        got = f"{key!r}: {type(value).__name__} {value!r:.40}"
+    elif type(sample) is dict:
+        got = f"a dict with keys {sorted(map(str, sample))[:8]}"
+    else:
+        got = f"a {type(sample).__name__}"
+    raise ConfigurationError(
+        f"bucket_by={key!r}: expected each sample a dict whose {key!r} is its length (an int "
+        f">= 0, or an array: its first dimension), got {got}")
+
+
+class BucketStage:
+    """Deals each epoch's rows to ``world_size`` ranks a coordinated step at a time.
+
+    Feed it the rows of an epoch in order (:meth:`deal`), then call
+    :meth:`finish_epoch`; each returns the shares (one batch each, its rows'
+    tags the dealt positions of :mod:`.buckets`) of the steps the rows
+    completed, rank by rank. ``start`` (a job resumed at ``(epoch,
+    position)``): the source samples that epoch again from its start, and what
+    was dealt before ``position`` is left out. ``ahead``: rank -> (epoch,
+    position) it stands at, nothing before dealt to it again.
+
+    Examples
+    --------
+    >>> from feedmux.server._delivery.batches import Batches, BucketSpec
+    >>> stage = BucketStage(2, "pad", Batches(2, False, BucketSpec("n", window=4)))
+    >>> rows = [{"n": n} for n in (5, 1, 9, 2, 4)]
+    >>> [(s.rank, s.tags[:, 1].tolist()) for s in stage.deal(1, rows)]
+    [(0, [0, 2]), (1, [1, 3])]
+    >>> [(s.rank, s.tags[:, 1].tolist(), s.items.stacked()["n"].tolist())
+    ...  for s in stage.finish_epoch(1)]
+    [(0, [4], [4]), (1, [5], [4])]
+    """
+
+    def __init__(self, world_size: int, uneven: str, batches: Batches,
+                 start: tuple[int, int] | None = None,
+                 ahead: Mapping[int, tuple[int, int]] | None = None) -> None:
+        spec = batches.buckets or BucketSpec("")
+        self.key = spec.key
+        self.batches = batches
+        self.window = BucketWindow(world_size, batches.batch_size, spec.window, spec.edges,
+                                   uneven, spec.seed)
+        self.start = start
+        self.ahead: dict[int, tuple[int, int]] = dict(ahead or {})
+        self.chunks = _Chunks()
+
+    def deal(self, epoch: int, rows: Sequence[Any]) -> list[RankShare]:
+        """The shares of the steps that ``rows`` (the next of ``epoch``) complete."""
+        if type(rows) is SampleBatch:  # its rows held as references: no sample built
+            lengths = _stacked_lengths(rows, self.key)
+            steps = self.window.add(epoch, lengths, self.chunks.refs(rows))
+        else:
+            steps = self.window.add(epoch, sample_lengths(rows, self.key), rows)
+        return self._shares(steps, last=False)
+
+    def finish_epoch(self, epoch: int) -> list[RankShare]:
+        """``epoch`` has no more rows: the rest of the window, its last batches evened."""
+        return self._shares(self.window.finish_epoch(epoch), last=True)
+
+    def _shares(self, steps: list[Step], last: bool) -> list[RankShare]:
+        """Each rank's batches of ``steps``, a rank's run of whole batches in one message
+        when they stack without padding (small samples: what a message costs is shared by
+        its batches), else one message per batch."""
+        size, drop_last = self.batches.batch_size, self.batches.drop_last
+        pieces: list[list[tuple[np.ndarray, list[Any], np.ndarray]]] = [
+            [] for _ in range(self.window.world_size)]
+        for step in steps:
+            for rank, rows in enumerate(step.ranks):
+                positions, lengths = step.positions(rank), step.lengths[rank]
+                if last and drop_last and len(rows) < size:
+                    self.batches.bucket_dropped += len(rows)
+                    continue
+                had = self._had(step.epoch, rank, positions)
+                if had < len(rows):
+                    tags = np.empty((len(rows) - had, 2), dtype=np.int64)
+                    tags[:, 0], tags[:, 1] = step.epoch, positions[had:]
+                    pieces[rank].append((tags, rows[had:] if had else rows, lengths[had:]))
+        shares = [share for rank, rank_pieces in enumerate(pieces)
+                  for share in _joined(rank, rank_pieces, size, self.chunks)]
+        if steps:
+            self.chunks.keep(self.window.rows())
+        return shares
+
+    def _had(self, epoch: int, rank: int, positions: np.ndarray) -> int:
+        """How many of a rank's rows at ``positions`` (ascending) it had: those before the
+        resume position, or before where a rank that is ahead stands."""
+        cut = 0
+        for where in (self.start, self.ahead.get(rank)):
+            if where is not None and epoch == where[0]:
+                cut = max(cut, int(np.searchsorted(positions, where[1])))
+            elif where is not None and epoch < where[0]:
+                cut = len(positions)
+        return cut
+
+
+def _joined(rank: int, pieces: list[tuple[np.ndarray, list[Any], np.ndarray]], size: int,
+            chunks: _Chunks) -> list[RankShare]:
+    """A rank's batches (tags, rows, lengths) as shares: consecutive whole ones (and a last,
+    short one) joined when they stack without padding, the others one share each."""
+    shares, run = [], 0
+    while run < len(pieces):
+        end = run + 1
+        while end < len(pieces) and len(pieces[end - 1][1]) == size:
+            end += 1
+        batch = None
+        if end - run > 1:
+            rows = [row for _, piece, _ in pieces[run:end] for row in piece]
+            batch = chunks.stacked(rows, np.concatenate([n for _, _, n in pieces[run:end]]))
+        if batch is not None:
+            shares.append(RankShare(rank, np.concatenate([t for t, _, _ in pieces[run:end]]),
+                                    batch))
+        else:
+            shares += [RankShare(rank, tags, chunks.batch(rows, lengths))
+                       for tags, rows, lengths in pieces[run:end]]
+        run = end
+    return shares
+
+
+def _stacked_lengths(batch: SampleBatch, key: str) -> np.ndarray:
+    """The lengths of a stacked chunk's rows, from its stacked leaf ``key`` when it has one
+    (an int column, or arrays of one shape), else from its samples."""
+    template = batch.template
+    leaf = template.get(key) if type(template) is dict else None
+    if type(leaf) is StackedLeaf:
+        values = leaf.values
+        if type(values) is np.ndarray and values.ndim >= 2:
+            return np.full(len(batch), values.shape[1], dtype=np.int64)
+        if type(values) is list and set(map(type, values)) <= _INTS:
+            values = np.array(values, dtype=np.int64)  # a column of plain ints
+        if (type(values) is np.ndarray and values.ndim == 1 and values.dtype.kind in "iu"
+                and (not len(values) or values.min() >= 0)):
+            return values.astype(np.int64)
+    return sample_lengths(batch.unstacked(), key)
+
+
+class _Chunks:
+    """The stacked chunks whose rows the window holds by reference: row ``i`` of chunk ``c``
+    is the int ``c << 32 | i`` (a sample dealt by length is a dict, never an int), so a
+    step's batch is gathered from the chunks' stacked leaves, with no sample built."""
+
+    def __init__(self) -> None:
+        self._chunks: dict[int, SampleBatch] = {}
+        self._next = 0
+
+    def refs(self, batch: SampleBatch) -> list[int]:
+        serial, self._next = self._next, self._next + 1
+        self._chunks[serial] = training_batch(batch)  # its numbers as arrays, gathered at C level
+        refs: list[int] = ((serial << 32) + np.arange(len(batch), dtype=np.int64)).tolist()
+        return refs
+
+    def keep(self, held: list[Any]) -> None:
+        """Let go of the chunks no row ``held`` refers to."""
+        codes = np.array(held)
+        if codes.dtype != np.int64:  # samples too (a chunk that did not stack)
+            codes = np.array([row for row in held if type(row) is int], dtype=np.int64)
+        oldest = int(codes.min()) >> 32 if len(codes) else self._next
+        for serial in [serial for serial in self._chunks if serial < oldest]:
+            del self._chunks[serial]
+
+    def stacked(self, rows: list[Any], lengths: np.ndarray) -> SampleBatch | None:
+        """``rows`` as one batch when they stack with no padding (rows of chunks always
+        do: a chunk's rows are of one shape), else None."""
+        batch = self._gathered(rows, lengths)
+        return batch if batch is not None else stacked_batch(self._samples(rows), lengths)
+
+    def batch(self, rows: list[Any], lengths: np.ndarray) -> SampleBatch:
+        """``rows`` as one batch, padded where it must be."""
+        batch = self._gathered(rows, lengths)
+        return batch if batch is not None else padded_batch(self._samples(rows), lengths)
+
+    def _gathered(self, rows: list[Any], lengths: np.ndarray) -> SampleBatch | None:
+        """``rows`` gathered chunk by chunk and put back in their order, when every one is
+        a row of a chunk (of one layout), else None."""
+        codes = np.array(rows) if rows and type(rows[0]) is int else None
+        if codes is None or codes.dtype != np.int64:
+            return None
+        serials, indices = codes >> 32, codes & 0xFFFFFFFF
+        order = np.argsort(serials, kind="stable")
+        ordered = serials[order]
+        starts = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist()]
+        stops = [*starts[1:], len(order)]
+        parts = [(self._chunks[int(ordered[start])], indices[order[start:stop]])
+                 for start, stop in zip(starts, stops, strict=True)]
+        return gathered(parts, np.argsort(order), lengths)
+
+    def _samples(self, rows: list[Any]) -> list[Any]:
+        chunks = self._chunks
+        return [chunks[row >> 32][row & 0xFFFFFFFF] if type(row) is int else row
+                for row in rows]

@@ -1,0 +1,206 @@
+"""How many sampling workers to run: the ``--workers auto`` decision, as a pure object.
+
+:class:`Autoscaler` takes one :class:`Signals` per window (what the server
+measured over it: the workers' busy fraction, how long the data path waited for
+trainers, the samples it sent, the trainers' own wait fraction when they report
+it) and the time, and returns a :class:`Change` (a target count and its reason) or
+None. It grows (by half the count, at least one) while the sampling is the
+bottleneck (the workers are busy and the trainers wait, or the data path never
+waits for them), keeps a growth only if it raised the rate by :data:`MIN_GAIN`
+(else steps back and holds that ceiling for
+:data:`CEILING_SECONDS`, so a CPU-bound sampler never runs more workers than help
+it); it shrinks when the trainers are the bottleneck (the data path waits for
+them) and one worker fewer would still keep up. Hysteresis: a condition must hold
+for ``patience`` windows in a row, and changes are ``min_interval`` seconds apart.
+It never goes below ``minimum`` nor above ``maximum``. It reads no clock, no
+socket and no process: the server feeds it (:mod:`feedmux.server._sources.scaling`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+__all__ = ["CEILING_SECONDS", "MIN_GAIN", "Autoscaler", "Change", "Signals", "WorkerRange",
+           "parse_workers", "usable_cpus"]
+
+#: Least relative rise of the rate one more worker must bring to be kept.
+MIN_GAIN = 0.08
+#: How long a count that did not pay stays the ceiling before it is tried again.
+CEILING_SECONDS = 30.0
+#: The most workers ``auto`` runs when no maximum is given (then also the shards).
+DEFAULT_AUTO_MAX = 16
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (``os.sched_getaffinity``), else the count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class WorkerRange:
+    """The workers option: a fixed count, or ``auto`` between ``minimum`` and ``maximum``."""
+
+    minimum: int
+    maximum: int
+    auto: bool
+
+
+def parse_workers(value: int | str) -> WorkerRange:
+    """``N``, ``auto``, ``auto:MAX`` or ``auto:MIN-MAX``.
+
+    Examples
+    --------
+    >>> parse_workers(3), parse_workers("auto:2-6").maximum, parse_workers("auto").maximum
+    (WorkerRange(minimum=3, maximum=3, auto=False), 6, 16)
+    >>> parse_workers("auto:0")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: expected workers N >= 1, 'auto', 'auto:MAX' or 'auto:MIN-MAX' with 1 <= ...
+    """
+    expected = ("expected workers N >= 1, 'auto', 'auto:MAX' or 'auto:MIN-MAX' with "
+                "1 <= MIN <= MAX")
+    if isinstance(value, bool):
+        raise ValueError(f"{expected}, got {value!r}")
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(f"{expected}, got {value!r}")
+        return WorkerRange(value, value, auto=False)
+    text = str(value).strip()
+    if text.isdigit():
+        return parse_workers(int(text))
+    match = re.fullmatch(r"auto(?::(?:(\d+)-)?(\d+))?", text)
+    if match is None:
+        raise ValueError(f"{expected}, got {value!r}")
+    minimum = int(match[1]) if match[1] else 1
+    maximum = int(match[2]) if match[2] else DEFAULT_AUTO_MAX
+    if not 1 <= minimum <= maximum:
+        raise ValueError(f"{expected}, got {value!r}")
+    return WorkerRange(minimum, maximum, auto=True)
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What the server measured over one window.
+
+    ``busy``: the running workers' mean fraction of the window spent sampling;
+    ``blocked``: the fraction the data path waited because no trainer could take
+    more; ``rate``: samples sent per second; ``trainer_wait``: the fraction the
+    trainers waited for data, None when they do not report it; ``cpu``: the CPUs
+    the workers used (CPU seconds per second), None when unknown.
+    """
+
+    workers: int
+    busy: float
+    blocked: float
+    rate: float
+    trainer_wait: float | None = None
+    cpu: float | None = None
+
+
+@dataclass(frozen=True)
+class Change:
+    """A new worker count and why."""
+
+    target: int
+    reason: str
+
+
+class Autoscaler:
+    """Signals in, a target count out; time passed in.
+
+    Examples
+    --------
+    >>> scaler = Autoscaler(1, 8, cpus=8, min_interval=2.0, patience=2)
+    >>> busy = Signals(workers=1, busy=0.97, blocked=0.0, rate=100.0, trainer_wait=0.4)
+    >>> scaler.observe(0.0, busy) is None  # one window is not yet a trend
+    True
+    >>> scaler.observe(1.0, busy).target
+    2
+    >>> faster = Signals(workers=2, busy=0.96, blocked=0.0, rate=195.0, trainer_wait=0.3)
+    >>> scaler.observe(2.0, faster), scaler.observe(3.0, faster).target
+    (None, 3)
+    >>> flat = Signals(workers=3, busy=0.95, blocked=0.0, rate=198.0, trainer_wait=0.3)
+    >>> scaler.observe(4.0, flat), scaler.observe(5.0, flat)
+    (None, Change(target=2, reason='3 workers gave 198/s, 2 gave 195/s: back to 2'))
+    >>> scaler.observe(6.0, faster), scaler.observe(7.0, faster)  # 3 is the ceiling now
+    (None, None)
+    """
+
+    def __init__(self, minimum: int, maximum: int, cpus: int | None = None,
+                 min_interval: float = 2.0, patience: int = 2, window: float = 1.0,
+                 grow_busy: float = 0.6, grow_wait: float = 0.05,
+                 shrink_blocked: float = 0.3, shrink_headroom: float = 0.8) -> None:
+        if not 1 <= minimum <= maximum:
+            raise ValueError(f"expected 1 <= minimum <= maximum, got {minimum} and {maximum}")
+        self.minimum, self.maximum = minimum, maximum
+        #: CPUs the workers may use: when they use 90% of them, no more are added.
+        self.cpus = usable_cpus() if cpus is None else cpus
+        self.min_interval, self.patience, self.window = min_interval, patience, window
+        self.grow_busy, self.grow_wait = grow_busy, grow_wait
+        self.shrink_blocked, self.shrink_headroom = shrink_blocked, shrink_headroom
+        #: The best rate since the last change, and (count, best rate) before the last
+        #: growth: the growth stays only if it beat that rate by MIN_GAIN.
+        self.best = 0.0
+        self._recent: list[float] = []  # the rates of the last `patience` windows
+        self._before: tuple[int, float] | None = None
+        self._last_change = -float("inf")
+        self._streak: tuple[str, int] = ("", 0)
+        self._ceiling: tuple[int, float] | None = None  # (count, until)
+
+    def observe(self, now: float, signals: Signals) -> Change | None:
+        """The change to make after a window ending at ``now``, or None."""
+        count = signals.workers
+        self.best = max(self.best, signals.rate)
+        self._recent = [*self._recent[1 - self.patience:], signals.rate]
+        if self._ceiling is not None and now >= self._ceiling[1]:
+            self._ceiling = None  # the cost may have changed: try more again
+        wish, reason = self._wish(signals)
+        streak = self._streak[1] + 1 if wish == self._streak[0] else 1
+        self._streak = (wish, streak)
+        if not wish or streak < self.patience or now - self._last_change < self.min_interval:
+            return None
+        # Growth is by half the count (1, 2, 3, 4, 6, 9, 13, ...): a sampler that waits on
+        # storage needs many workers soon; a growth that did not pay goes back whole.
+        step = {"grow": max(1, count // 2), "shrink": -1,
+                "back": (self._before[0] if self._before else count - 1) - count}[wish]
+        target = max(self.minimum, min(self.maximum, count + step))
+        if target == count:
+            return None
+        if wish == "back":
+            self._ceiling = (target, now + CEILING_SECONDS)
+        recent = sum(self._recent) / len(self._recent)
+        self._before = (count, recent) if wish == "grow" else None
+        self.best, self._recent = 0.0, []
+        self._last_change = now
+        self._streak = ("", 0)
+        return Change(target, reason)
+
+    def _wish(self, signals: Signals) -> tuple[str, str]:
+        count = signals.workers
+        if count > self.maximum:
+            return "shrink", f"{count} workers is above the maximum {self.maximum}"
+        if self._before is not None and self._before[0] < count and (
+                self.best < self._before[1] * (1 + MIN_GAIN)):
+            fewer, below = self._before
+            return "back", (f"{count} workers gave {self.best:.0f}/s, "
+                            f"{fewer} gave {below:.0f}/s: back to {fewer}")
+        waited = signals.trainer_wait
+        starved = signals.blocked < 0.05 and (waited is None or waited >= self.grow_wait)
+        if starved and signals.busy >= self.grow_busy:
+            ceiling = self._ceiling[0] if self._ceiling is not None else self.maximum
+            cpu_bound = signals.cpu is not None and signals.cpu >= 0.9 * self.cpus
+            if count < min(ceiling, self.maximum) and not cpu_bound:
+                what = "the data path never waited for trainers" if waited is None else (
+                    f"trainers waited {waited:.0%}")
+                return "grow", (f"{what} of the last {self.window:g} s, workers busy "
+                                f"{signals.busy:.0%}")
+        if count > self.minimum and signals.blocked >= self.shrink_blocked and (
+                signals.busy * count / (count - 1) < self.shrink_headroom):
+            return "shrink", (f"the data path waited for trainers {signals.blocked:.0%} of the "
+                              f"last {self.window:g} s, workers busy {signals.busy:.0%}")
+        return "", ""

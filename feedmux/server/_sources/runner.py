@@ -1,0 +1,135 @@
+"""One shard as a worker runs it: its epochs, a message at a time, from where it was handed over.
+
+A worker process runs the shards it owns through one :class:`ShardRunner` each
+and :func:`next_runner` says which draws next: the shard that comes first in the
+server's merge order among those whose epoch the server has released, so a
+worker's messages reach the server about in the order it takes them. A runner
+starts at the point of its assignment (a shard that moved mid-epoch is drawn
+again up to there and those items discarded: ``EpochIterator.resume_at``), cuts
+its messages at the merge's block boundaries of its own epoch, numbers them in
+that epoch (the server renumbers across shards) and tags each with its shard and
+ticket (:func:`~feedmux.server._sources.assignment.pack_shard`). It never
+decides what it owns (the server's assignment does) and never touches a socket
+(``send`` does).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from feedmux.protocol import EndOfEpoch, encode
+from feedmux.sampling.epochs import EpochIterator
+from feedmux.sampling.mux import restart_passes
+from feedmux.server._control.meters import SamplerMeter
+from feedmux.server._sources.assignment import pack_shard
+from feedmux.server._sources.producer import Frames, _Draw, _encode_batch, _Pacer, _skip_epoch
+from feedmux.server._sources.shards import ShardRandom
+from feedmux.server.config import ServerConfig
+
+__all__ = ["ShardRunner", "next_runner"]
+
+
+class ShardRunner:
+    """The epochs of one shard under one ticket, drawn a message at a time.
+
+    Parameters
+    ----------
+    part : Streamer
+        The shard.
+    index, shards : int
+        The shard's index and the run's number of shards.
+    ticket : int
+        The assignment this runner serves.
+    start : (epoch, position)
+        Where it starts: (1, 0) from the beginning.
+    block : int
+        The merge's samples per turn (messages never cross a multiple of it).
+    """
+
+    def __init__(self, part: Any, index: int, shards: int, config: ServerConfig, ticket: int,
+                 start: tuple[int, int], block: int, drawn: _Draw) -> None:
+        assert config.seed is not None  # resolved by the server before the pool
+        self.index = index
+        self.ticket = ticket
+        self.block = block
+        self.random = ShardRandom(config.seed, index, shards)
+        # This process may have run the shard before (it moved away and back): its muxes
+        # count passes from the start again, so that epoch e is the pass of epoch e.
+        restart_passes(part)
+        self.epochs: EpochIterator[Any] = EpochIterator(
+            part, max_epochs=config.epochs, on_epoch_start=self.random.start_epoch)
+        if start != (1, 0):
+            self.epochs.resume_at(*start)
+        #: The epoch it draws next, and how many of its samples went out.
+        self.epoch, self.count = start
+        self.done = False
+        self._config = config
+        self._drawn = drawn
+        self._pacer = _Pacer(config.policy)
+        self._seq = pack_shard(index, ticket)
+        self._pending: tuple[Any, Any] | None = None
+
+    def rank(self) -> tuple[int, int, int]:
+        """Its place in the merge order: (epoch, blocks sent in it, shard)."""
+        return self.epoch, self.count // self.block, self.index
+
+    def step(self, send: Callable[[Frames], bool], meter: SamplerMeter) -> bool:
+        """Draw and send its next message (or its end of epoch); False when ``send`` is."""
+        clock = time.perf_counter
+        started = clock()
+        self.random.enter()
+        config = self._config
+        limit = min(self._pacer.limit(), self.block - self.count % self.block)
+        if self._pending is not None:
+            (chunk, items), self._pending = self._pending, None
+        else:
+            try:
+                chunk, items = self._drawn.take(self.epochs, limit)
+            except StopIteration:
+                self.done = True
+                return True
+            except Exception as error:
+                _skip_epoch(error, config.on_error == "skip", meter)
+                return self._end(send)
+            self._pacer.observe(items, clock() - started)
+            if chunk.epoch != self.epoch:
+                # Resumed at the very end of its epoch: the server still needs that end,
+                # and the next epoch's first chunk waits for the server to release it.
+                self._pending = (chunk, items)
+                return self._end(send)
+        if items:
+            tags = np.empty((len(items), 2), dtype=np.int64)
+            tags[:, 0] = chunk.epoch
+            tags[:, 1] = np.arange(self.count, self.count + len(items))
+            frames, count = _encode_batch(tags, items, config.server_id, self._seq,
+                                          config.on_error == "skip")
+            meter.add_busy(clock() - started)
+            if frames:
+                if not send(frames):
+                    return False
+                self.count += count
+        return self._end(send) if chunk.last else True
+
+    def _end(self, send: Callable[[Frames], bool]) -> bool:
+        sent = send(encode(EndOfEpoch(epoch=self.epoch, count=self.count, worker=self._seq)))
+        self.epoch += 1
+        self.count = 0
+        return sent
+
+    def close(self) -> None:
+        """Close the shard's current activation (it moved to another worker)."""
+        self.epochs.close()
+
+
+def next_runner(runners: Iterable[ShardRunner], released: int) -> ShardRunner | None:
+    """The runner to draw from next: the first in merge order whose epoch is released.
+
+    >>> next_runner([], released=1) is None
+    True
+    """
+    ready = [runner for runner in runners if not runner.done and runner.epoch <= released]
+    return min(ready, key=ShardRunner.rank, default=None)

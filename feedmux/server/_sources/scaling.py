@@ -1,0 +1,114 @@
+"""The live worker count: measured windows in, shards moved out.
+
+:class:`WorkerScaling` runs in the forwarding loop. Once per window it measures
+what :class:`~feedmux.server._sources.autoscale.Autoscaler` needs (the running
+workers' busy fraction from their meters, their CPU use from ``/proc``, how long
+the data path waited for trainers, the samples it sent), asks it for a change
+(with ``--workers auto``), and applies a change, or a count asked for over control
+(``feedmux scale``), at once: the pool moves the shards of a worker taken out of
+service to the others from where the server stands in them, mid-epoch (no epoch
+boundary is awaited). Every change is logged with its reason and counted. It
+never samples and never reads a socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from feedmux.server._sources.assignment import ShardLedger
+from feedmux.server._sources.autoscale import Autoscaler, Change, Signals, WorkerRange
+from feedmux.server._sources.workers import WorkerPool
+
+__all__ = ["SCALE_WINDOW", "WorkerScaling"]
+
+log = logging.getLogger("feedmux.server")
+
+#: Seconds per measured window of ``--workers auto``.
+SCALE_WINDOW = 1.0
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """User and system CPU seconds of process ``pid`` (0 when it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class WorkerScaling:
+    """Changes the pool's running workers: ``--workers auto``, and ``feedmux scale`` requests."""
+
+    def __init__(self, pool: WorkerPool, workers: WorkerRange, window: float = SCALE_WINDOW
+                 ) -> None:
+        self.pool = pool
+        self.range = workers
+        top = min(workers.maximum, pool.slots)
+        self.autoscaler = Autoscaler(min(workers.minimum, top), top, window=window) if (
+            workers.auto) else None
+        self.window = window
+        #: A count asked for over control (None: auto, or the fixed count).
+        self.forced: int | None = None
+        #: Changes made, and the last one's reason.
+        self.changes = 0
+        self.last_reason = ""
+        self._mark: tuple[float, float, float, int, float] | None = None
+
+    def stats(self) -> dict[str, int | float | str | None]:
+        """``workers``, ``worker_changes`` and ``worker_change_reason`` for the statistics."""
+        return {"workers": len(self.pool.active), "worker_changes": self.changes,
+                "worker_change_reason": self.last_reason,
+                "workers_auto": int(self.autoscaler is not None and self.forced is None)}
+
+    def request(self, count: int, ledger: ShardLedger) -> None:
+        """A count asked for over control: run ``count`` workers (0: back to auto)."""
+        if count == 0:
+            self.forced = None
+            log.info("workers: back to %s", "auto" if self.autoscaler else "the fixed count")
+            return
+        self.forced = count
+        self.apply(Change(count, "asked for over control (feedmux scale)"), ledger)
+
+    def apply(self, change: Change, ledger: ShardLedger) -> None:
+        """Run ``change.target`` workers now, moving shards; logged with its reason."""
+        before = len(self.pool.active)
+        moved = self.pool.resize(change.target, ledger)
+        after = len(self.pool.active)
+        if after == before:
+            return
+        self.changes += 1
+        self.last_reason = change.reason
+        log.info("workers %d -> %d: %s (shards moved: %s)", before, after, change.reason,
+                 ", ".join(map(str, moved)) or "none")
+        self._mark = None  # the next window starts with the new count
+
+    def tick(self, now: float, blocked_seconds: float, samples_sent: int,
+             ledger: ShardLedger) -> None:
+        """Measure the window ending at ``now``; with auto, change the count if it says so."""
+        if self.autoscaler is None or self.forced is not None:
+            return
+        if ledger.settling:  # moved shards still replaying: their rate is no measure yet
+            self._mark = None
+            return
+        active = self.pool.active
+        busy = sum(self.pool.meters[slot].busy_seconds for slot in active)
+        cpu = sum(_cpu_seconds(self.pool.processes[slot].pid) for slot in active)
+        mark = (now, busy, blocked_seconds, samples_sent, cpu)
+        if self._mark is None:
+            self._mark = mark
+            return
+        elapsed = now - self._mark[0]
+        if elapsed < self.window:
+            return
+        self._mark, (_, busy0, blocked0, sent0, cpu0) = mark, self._mark
+        signals = Signals(
+            workers=len(active), busy=min(1.0, (busy - busy0) / (elapsed * len(active))),
+            blocked=min(1.0, (blocked_seconds - blocked0) / elapsed),
+            rate=(samples_sent - sent0) / elapsed, cpu=(cpu - cpu0) / elapsed)
+        change = self.autoscaler.observe(now, signals)
+        if change is not None:
+            self.apply(change, ledger)
+

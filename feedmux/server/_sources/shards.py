@@ -1,0 +1,226 @@
+"""The shards of a run: how many, their random state, and their merge in one process.
+
+A seeded run's order must not depend on how many processes sample it. So the
+source is split once per run into a fixed number of *shards* (chosen from the
+source here, logged by the server), each shard a unit of work that one process
+runs at a time and that can move to another; the server takes the shards'
+samples in the fixed rotation of :class:`~feedmux.server._sources.merge.MergeOrder`
+(a block of samples per shard per turn, a rule of the shards' own counts only).
+Every shard draws from its own mux (seeded from (seed, shard)) and, for the
+process-wide generators user code draws from (``random``, numpy's global state,
+torch's), from its own state (:class:`ShardRandom`: reseeded from (seed, shard,
+epoch) at each epoch, saved and restored when the process switches to another
+shard), so the items of (shard, epoch) are the same whichever process draws them,
+and alongside whichever other shards. :class:`MergedShards` runs every shard in
+this process in that order: a one-process server gives the sequence of any number
+of workers. This module must never touch sockets nor decide who runs a shard.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from feedmux._worker_info import WorkerInfo, set_worker_info, worker_info
+from feedmux.errors import SamplingError
+from feedmux.sampling.epochs import shard
+from feedmux.sampling.mux import BaseMux
+from feedmux.sampling.streamer import Streamer, StreamErrorHook, activate, close_stream
+from feedmux.server._sources.merge import MergeOrder
+from feedmux.server._sources.seeding import reseed_globals
+
+__all__ = ["DEFAULT_SHARDS", "MAX_SHARDS", "MergedShards", "ShardRandom", "choose_shards"]
+
+log = logging.getLogger("feedmux.server")
+
+#: Shards of a mux over more streamers than this, unless told otherwise (``shards=``):
+#: more than the cores of most sampling hosts, so that the workers can grow past them
+#: for a sampler that waits on storage, and few enough that one process running them
+#: all switches random states only once per block.
+DEFAULT_SHARDS = 16
+#: Most shards a run may have (``shards=``).
+MAX_SHARDS = 1024
+
+
+def _mux_of(streamer: Any) -> Any:
+    """The mux that ``streamer`` is (``Streamer(mux)`` is the mux), else ``streamer``."""
+    while (type(streamer) is Streamer and isinstance(streamer.source, Streamer)
+           and not streamer.args and not streamer.kwargs):
+        streamer = streamer.source
+    return streamer
+
+
+def choose_shards(streamer: Any, requested: int | None = None) -> tuple[list[Any], str]:
+    """The shards of a run and why that many, for the log.
+
+    ``requested`` (the ``shards`` option) wins. Otherwise a mux over ``K``
+    streamers that splits by streamers gets ``min(K // 2, DEFAULT_SHARDS)``
+    (fewer when a shard would hold only zero-weight streamers); anything else
+    gets one, because it splits only by items, and every shard of such a split
+    draws the whole source (asked with ``shards=N``, N processes can share it, at
+    N times the drawing).
+
+    Examples
+    --------
+    >>> from feedmux.sampling import ChainMux
+    >>> parts, why = choose_shards(ChainMux(["ab", "cd", "ef", "gh"]))
+    >>> len(parts), why
+    (2, '4 streamers, at least 2 per shard, at most 16 shards')
+    >>> len(choose_shards(Streamer("abc"))[0])
+    1
+    >>> ["".join(part) for part in choose_shards(Streamer("abcd"), 2)[0]]
+    ['ac', 'bd']
+    """
+    if requested is not None:
+        if not 1 <= requested <= MAX_SHARDS:
+            raise SamplingError(f"expected 1 <= shards <= {MAX_SHARDS}, got {requested}")
+        return [shard(streamer, index, requested) for index in range(requested)], "asked for"
+    mux = _mux_of(streamer)
+    if not isinstance(mux, BaseMux) or mux._shard(0, 1) is None:
+        return [streamer], "the source splits only by items (shards=N splits it N ways)"
+    # Each shard keeps at least two streamers, so that it still mixes streams as the mux
+    # does (n_active clamped in each shard); the shards themselves take turns in blocks.
+    per_shard = 2
+    count = max(1, min(len(mux.streamers) // per_shard, DEFAULT_SHARDS))
+    why = (f"{len(mux.streamers)} streamers, at least {per_shard} per shard, at most "
+           f"{DEFAULT_SHARDS} shards")
+    while count > 1:
+        try:
+            return [shard(streamer, index, count) for index in range(count)], why
+        except SamplingError:  # a shard of zero-weight streamers only
+            count -= 1
+            why = "fewer, so that every shard has a streamer of non-zero weight"
+    return [streamer], why
+
+
+class ShardRandom:
+    """The process-wide random state of one shard, saved and restored as a process switches.
+
+    :meth:`start_epoch` (the shard's ``on_epoch_start``) reseeds ``random``,
+    numpy's global state and torch's (if imported) from (seed, shard, epoch) and
+    publishes :func:`feedmux.worker_info` with ``id`` the shard and
+    ``num_workers`` the number of shards; :meth:`enter` makes this shard's
+    state current before it draws, saving the state of the shard that drew
+    last (only when they differ: a process with one shard pays nothing).
+
+    Examples
+    --------
+    >>> first, second = ShardRandom(5, 0, 2), ShardRandom(5, 1, 2)
+    >>> first.enter(); first.start_epoch(1); a = np.random.random()
+    >>> second.enter(); second.start_epoch(1); b = np.random.random()
+    >>> first.enter(); a2 = np.random.random()
+    >>> ShardRandom.leave_all(); ShardRandom(5, 0, 2).start_epoch(1)
+    >>> [np.random.random(), np.random.random()] == [a, a2], a != b
+    (True, True)
+    """
+
+    #: The shard whose state the process-wide generators hold now.
+    _current: ShardRandom | None = None
+
+    def __init__(self, seed: int, shard_index: int, shards: int) -> None:
+        self.seed = seed
+        self.shard = shard_index
+        self.shards = shards
+        self._saved: tuple[Any, Any, Any, WorkerInfo | None] | None = None
+
+    def start_epoch(self, epoch: int) -> None:
+        set_worker_info(WorkerInfo(self.shard, self.shards, self.seed, epoch))
+        reseed_globals(self.seed, self.shard, epoch)
+
+    def enter(self) -> None:
+        current = ShardRandom._current
+        if current is self:
+            return
+        if current is not None:
+            current._save()
+        ShardRandom._current = self
+        if self._saved is not None:
+            python, numpy, torch_state, info = self._saved
+            random.setstate(python)
+            np.random.set_state(numpy)
+            torch = sys.modules.get("torch")
+            if torch is not None and torch_state is not None:
+                torch.set_rng_state(torch_state)
+            set_worker_info(info)
+
+    def _save(self) -> None:
+        torch = sys.modules.get("torch")
+        self._saved = (random.getstate(), np.random.get_state(),
+                       None if torch is None else torch.get_rng_state(), worker_info())
+
+    @staticmethod
+    def leave_all() -> None:
+        """Forget which shard is current (the next :meth:`enter` saves nothing)."""
+        ShardRandom._current = None
+
+
+class MergedShards(Streamer[Any]):
+    """Every shard run in this process, their items in the fixed merge order.
+
+    Each activation is one epoch (:meth:`start_epoch` says which, before it):
+    each shard is activated, reseeded for the epoch, and gives ``block`` items
+    per turn in the rotation of :class:`~feedmux.server._sources.merge.MergeOrder`,
+    the same order in which a server merges the shards' messages from its worker
+    processes, so a server with one process serves the same sequence.
+
+    Examples
+    --------
+    >>> from feedmux.sampling import ChainMux
+    >>> parts, _ = choose_shards(ChainMux(["abc", "de", "f"]), 3)
+    >>> merged = MergedShards(parts, block=2, seed=1)
+    >>> merged.start_epoch(1); "".join(merged.iterate())
+    'abdefc'
+    """
+
+    def __init__(self, parts: list[Any], block: int, seed: int) -> None:
+        super().__init__(parts[0])
+        #: The shards (``restart_passes`` finds their muxes here).
+        self.streamers = parts
+        self.block = block
+        self.randoms = [ShardRandom(seed, index, len(parts)) for index in range(len(parts))]
+        self.epoch = 1
+
+    def start_epoch(self, epoch: int) -> None:
+        """The epoch the next activation is (an ``on_epoch_start`` hook)."""
+        self.epoch = epoch
+
+    def _start(self, on_stream_error: StreamErrorHook | None) -> Iterator[Any]:
+        return self._merged(on_stream_error)
+
+    def _merged(self, on_stream_error: StreamErrorHook | None) -> Iterator[Any]:
+        count, block, epoch = len(self.streamers), self.block, self.epoch
+        order = MergeOrder(count, block)
+        streams: list[Iterator[Any] | None] = [None] * count
+        taken = [0] * count
+        try:
+            for _ in range(count * 2 ** 62):  # ends when every shard has ended
+                index = order.next_worker()
+                shard_random = self.randoms[index]
+                shard_random.enter()
+                stream = streams[index]
+                if stream is None:
+                    shard_random.start_epoch(epoch)
+                    stream = streams[index] = activate(self.streamers[index], None,
+                                                       on_stream_error)
+                want = block - taken[index] % block
+                items = list(itertools.islice(stream, want))
+                taken[index] += len(items)
+                if items:
+                    order.took(index, len(items))
+                yield from items
+                if len(items) < want and order.ended(index):
+                    return
+        finally:
+            ShardRandom.leave_all()
+            for stream in streams:
+                if stream is not None:
+                    close_stream(stream)
+
+    def __repr__(self) -> str:
+        return f"MergedShards(<{len(self.streamers)} shards>, block={self.block})"

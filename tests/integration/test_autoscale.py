@@ -1,0 +1,240 @@
+"""The order of a seeded run does not depend on how many workers sample it, nor on changes.
+
+Real servers (``feedmux serve``) and trainers over loopback: the same ``--seed`` gives
+the same (epoch, position, sample) with any ``--workers``; the worker count changed
+while it serves (``feedmux scale``) keeps every epoch exact.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from feedmux.client._endpoints import request_scale
+from feedmux.client.remote import RemoteLoader, fetch_stats
+from feedmux.errors import TransportTimeoutError
+from tests.integration import test_resume as resume
+from tests.integration.conftest import CheckedThread, wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+SOURCE = "tests.integration.samplers:augmented"
+STREAMS, PER_STREAM = 12, 25  # 12 streams, 2 active: 6 shards
+IDS = STREAMS * PER_STREAM
+
+Record = tuple[int, int, int, float, float]
+
+
+def sequence(serve: Any, epochs: int, *args: str) -> tuple[list[Record], str]:
+    """Every sample of ``epochs`` epochs by (epoch, position), with its draws, and stderr."""
+    server = serve(SOURCE, "--arg", f"streams={STREAMS}", "--arg", f"per_stream={PER_STREAM}",
+                   "--epochs", str(epochs), "--seed", "11", *args)
+    records: list[Record] = []
+    with RemoteLoader(server.data, control=server.control, timeout=60,
+                      with_meta=True) as loader:
+        for meta, sample in loader:
+            records.append((meta.epoch, meta.position, int(sample["id"]),
+                            float(sample["noise"]), float(sample["py"])))
+    assert server.wait(timeout=60) == 0
+    records.sort()
+    for epoch in range(1, epochs + 1):
+        ids = [record[2] for record in records if record[0] == epoch]
+        assert sorted(ids) == list(range(IDS)), f"epoch {epoch} is not every sample once"
+    return records, server.stderr
+
+
+def test_the_same_seed_gives_the_same_sequence_with_1_2_3_5_and_auto_workers(
+        serve: Any) -> None:
+    one, log = sequence(serve, 3, "--workers", "1")
+    assert re.search(r"6 shard\(s\) \(12 streamers, at least 2 per shard", log), log
+    for workers in ("3", "2", "5", "auto:1-6"):
+        other, _ = sequence(serve, 3, "--workers", str(workers))
+        assert other == one, f"--workers {workers} gave another sequence than --workers 1"
+    orders = [[record[2] for record in one if record[0] == epoch] for epoch in (1, 2, 3)]
+    assert len({tuple(order) for order in orders}) == 3, "every epoch has its own order"
+
+
+NUMBERED = "tests.integration.samplers:numbered"
+LIVE_STREAMS, LIVE_PER_STREAM, LIVE_EPOCHS = 12, 60, 5
+Row = tuple[int, int, int]  # (epoch, position, id)
+
+
+def live_command(*args: str) -> tuple[str, ...]:
+    # 1 ms a sample: an epoch (720 samples) spans several changes every 0.5 s.
+    return (NUMBERED, "--arg", f"streams={LIVE_STREAMS}", "--arg",
+            f"per_stream={LIVE_PER_STREAM}", "--arg", "delay=0.001", "--epochs",
+            str(LIVE_EPOCHS), "--seed", "3", "--samples-per-message", "4", *args)
+
+
+def consume(server: Any, rank: int | None = None, world_size: int | None = None) -> list[Row]:
+    rows: list[Row] = []
+    ranked = {} if rank is None else {"rank": rank, "world_size": world_size}
+    with RemoteLoader(server.data, control=server.control, timeout=60, with_meta=True,
+                      **ranked) as loader:
+        for meta, sample in loader:
+            rows.append((meta.epoch, meta.position, int(sample["id"])))
+    return rows
+
+
+def trainers(server: Any, ranked: bool) -> list[Row]:
+    """Every row the trainers got: one free trainer, or two ranks of a job."""
+    if not ranked:
+        return consume(server)
+    threads = [CheckedThread(consume, server, rank, 2) for rank in range(2)]
+    return sorted(row for thread in threads for row in thread.join(180))
+
+
+def worker_pids(server: Any) -> list[int]:
+    """The server's sampling processes (its children), from /proc."""
+    path = Path(f"/proc/{server.pid}/task/{server.pid}/children")
+    return [int(pid) for pid in path.read_text().split()]
+
+
+def assert_exact(rows: list[Row]) -> None:
+    per_epoch = LIVE_STREAMS * LIVE_PER_STREAM
+    for epoch in range(1, LIVE_EPOCHS + 1):
+        got = sorted(row[2] for row in rows if row[0] == epoch and row[1] < per_epoch)
+        assert got == list(range(per_epoch)), f"epoch {epoch}: samples lost or repeated"
+
+
+class Driver:
+    """Asks the server for another worker count every 0.5 s (``feedmux scale``)."""
+
+    def __init__(self, server: Any, counts: list[int], kill_at: int | None = None) -> None:
+        self.server, self.counts, self.kill_at = server, counts, kill_at
+        self.done = threading.Event()
+        self.changes = 0
+        self.killed: int | None = None
+        self.thread = CheckedThread(self.run)
+
+    def run(self) -> None:
+        for step in itertools.count():
+            if self.done.is_set() or self.server.returncode is not None:
+                return
+            try:
+                request_scale(self.server.control, self.counts[step % len(self.counts)],
+                              timeout=5)
+            except TransportTimeoutError:
+                return  # the server has ended
+            self.changes += 1
+            if step == self.kill_at:  # a worker SIGKILLed in the middle of a change
+                pids = worker_pids(self.server)
+                self.killed = pids[1]
+                os.kill(self.killed, signal.SIGKILL)
+            self.done.wait(0.5)  # the pace of the changes, not a synchronisation
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(30)
+
+
+@pytest.mark.parametrize("ranked", [False, True], ids=["free", "ranked"])
+def test_exact_epochs_and_the_same_order_while_the_worker_count_changes_every_half_second(
+        serve: Any, ranked: bool) -> None:
+    reference = trainers(serve(*live_command("--workers", "1")), ranked)
+    server = serve(*live_command("--workers", "4"))
+    driver = Driver(server, [1, 3, 2, 4])
+    try:
+        rows = trainers(server, ranked)
+    finally:
+        driver.stop()
+    assert server.wait(timeout=60) == 0
+    assert driver.changes >= 4, "the run ended before the count changed a few times"
+    assert_exact(rows)
+    assert rows == reference, "the order changed with the worker count"
+    assert re.search(r"workers \d -> \d: asked for over control", server.stderr)
+
+
+def test_a_worker_sigkilled_during_a_change_hands_its_shards_over(serve: Any) -> None:
+    reference = consume(serve(*live_command("--workers", "1")))
+    # Without the shared-memory pool: with it, a dead worker's runs in the pool cannot be
+    # told apart from those still on their way, and its death fails the run (docs).
+    server = serve(*live_command("--workers", "4", "--no-shm"))
+    driver = Driver(server, [4, 2, 4, 3], kill_at=2)
+    try:
+        rows = consume(server)
+    finally:
+        driver.stop()
+    assert server.wait(timeout=60) == 0
+    assert driver.killed is not None
+    assert f"pid {driver.killed}) exited unexpectedly with code -9; its shards" in server.stderr
+    assert_exact(rows)
+    assert rows == reference
+
+
+def test_feedmux_scale_asks_and_refuses_clearly(serve: Any, spawn: Any) -> None:
+    server = serve(*live_command("--workers", "auto:1-3"))
+    trainer = CheckedThread(consume, server)  # the count changes while it serves
+    answer = spawn("scale", server.control, "2")
+    assert answer.wait(timeout=30) == 0
+    assert f"ok: {server.control} asked to run 2 worker(s)" in answer.stdout
+    bad = spawn("scale", server.control, "-1")
+    assert bad.wait(timeout=30) == 2
+    assert "expected an integer >= 0" in bad.stderr
+    server.wait_for_stderr(lambda text: "asked for over control" in text, 30, "the change")
+    stats = fetch_stats(server.control, timeout=5)
+    assert stats["workers"] == 2 and stats["worker_changes"] >= 1
+    assert stats["worker_change_reason"] == "asked for over control (feedmux scale)"
+    assert_exact(trainer.join(120))
+    assert server.wait(timeout=60) == 0
+
+
+def test_a_job_checkpointed_with_3_workers_resumes_exactly_with_1(
+        serve: Any, tmp_path: Path) -> None:
+    job = resume.Job(tmp_path)
+    command = (resume.SAMPLER, "--arg", f"per_stream={resume.PER_STREAM}", "--arg",
+               "streams=6", "--arg", "n_active=1", "--epochs", str(resume.EPOCHS),
+               "--samples-per-message", "8", "--shards", "6")
+    try:
+        uninterrupted = job.run(serve(*command, "--workers", "1"), "whole", 2)
+        server = serve(*command, "--workers", "3")
+        crashed = job.crash(server, "crashed", 2)
+        server.kill()
+        server = serve(*command, "--workers", "1")
+        resumed = job.run(server, "resumed", 2, "--resume", str(tmp_path / "state{rank}.json"))
+        for rank in range(2):
+            assert resume.until_checkpoint(crashed[rank]) + resumed[rank] == uninterrupted[rank], (
+                f"rank {rank}: resumed with 1 worker, not the run of 1 worker")
+        assert server.wait(timeout=30) == 0
+    finally:
+        job.close()
+
+
+def test_auto_adds_workers_to_a_sampler_that_waits_on_storage(serve: Any) -> None:
+    # 3 ms of waiting a sample, little CPU: one worker cannot keep a trainer fed.
+    server = serve(NUMBERED, "--arg", "streams=12", "--arg", "per_stream=2000", "--arg",
+                   "delay=0.003", "--workers", "auto:1-4", "--seed", "1")
+    trainer = CheckedThread(count_for, server, 60.0, lambda: grown(server))
+    text = server.wait_for_stderr(lambda log: "workers 1 -> 2: " in log, 60, "a first growth")
+    assert re.search(r"workers 1 -> 2: the data path never waited for trainers of the last "
+                     r"1 s, workers busy \d+%", text), text
+    wait_until(lambda: grown(server), 60, "a second worker in the statistics")
+    assert trainer.join(90) > 0
+    server.kill()
+
+
+def grown(server: Any) -> bool:
+    stats = fetch_stats(server.control, timeout=5)
+    return bool(stats["workers"] >= 2 and stats["worker_changes"] >= 1
+                and stats["workers_auto"] == 1)
+
+
+def count_for(server: Any, seconds: float, done: Any) -> int:
+    """Samples a trainer takes until ``done()`` (checked every 200 samples), at most
+    ``seconds``."""
+    taken = 0
+    deadline = time.monotonic() + seconds
+    with RemoteLoader(server.data, control=server.control, timeout=30) as loader:
+        for _ in loader:
+            taken += 1
+            if taken % 200 == 0 and (done() or time.monotonic() > deadline):
+                return taken
+    return taken

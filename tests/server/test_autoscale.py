@@ -1,0 +1,146 @@
+"""The ``--workers auto`` decision (a pure object), driven by synthetic and noisy traces."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable
+
+import pytest
+
+from feedmux.server._sources.autoscale import (
+    CEILING_SECONDS,
+    Autoscaler,
+    Change,
+    Signals,
+    parse_workers,
+)
+from feedmux.server._sources.shards import DEFAULT_SHARDS
+
+
+def run(scaler: Autoscaler, capacity: Callable[[float, int], float], demand: float,
+        seconds: float, start: int = 1, noise: float = 0.0, seed: int = 0,
+        cpu_per_sample: float | None = 0.0001) -> tuple[list[tuple[float, int]], list[Change]]:
+    """Feed ``scaler`` one window a second: the workers sample ``capacity(now, n)``/s, the
+    trainers take ``demand``/s. Returns the count after each window and every change."""
+    draw = random.Random(seed)
+    count, trace, changes = start, [], []
+    now = 0.0
+    while now < seconds:
+        now += 1.0
+        can = capacity(now, count) * (1 + draw.uniform(-noise, noise))
+        rate = min(can, demand)
+        busy = min(1.0, rate / can) * (1 + draw.uniform(-noise, noise) / 2)
+        blocked = 1.0 - demand / can if can > demand else 0.0
+        waited = 1.0 - can / demand if can < demand else 0.0
+        cpu = None if cpu_per_sample is None else rate * cpu_per_sample
+        change = scaler.observe(now, Signals(count, min(busy, 1.0), blocked, rate, waited, cpu))
+        if change is not None:
+            changes.append(change)
+            count = change.target
+        trace.append((now, count))
+    return trace, changes
+
+
+def io_bound(now: float, count: int) -> float:
+    """Each worker waits 2 ms a sample and uses little CPU: 500/s each, no CPU limit."""
+    return 500.0 * count
+
+
+def cpu_bound(cpus: int) -> Callable[[float, int], float]:
+    def capacity(now: float, count: int) -> float:
+        return 1000.0 * min(count, cpus)
+    return capacity
+
+
+def test_an_io_bound_sampler_grows_until_it_meets_the_trainers_and_stops() -> None:
+    scaler = Autoscaler(1, 16, cpus=2)
+    trace, changes = run(scaler, io_bound, demand=4000.0, seconds=60)
+    assert trace[-1][1] in (8, 9), changes  # 8 x 500/s meets 4000/s
+    assert [change.target for change in changes] == [2, 3, 4, 6, 9]  # by half the count
+    assert min(now for now, count in trace if count == 9) <= 15.0
+    assert "trainers waited" in changes[0].reason and "workers busy" in changes[0].reason
+
+
+@pytest.mark.parametrize("cpu_per_sample", [0.001, None])
+def test_a_cpu_bound_sampler_never_runs_more_than_the_cores_plus_one(
+        cpu_per_sample: float | None) -> None:
+    # With the workers' CPU use known, it stops at the cores; without, when one more
+    # worker did not raise the rate (it tried 3, went back to 2, holds that ceiling).
+    scaler = Autoscaler(1, 16, cpus=2)
+    trace, changes = run(scaler, cpu_bound(2), demand=10_000.0, seconds=120,
+                         cpu_per_sample=cpu_per_sample)
+    assert max(count for _, count in trace) <= 3
+    assert trace[-1][1] == 2, changes
+    if cpu_per_sample is None:
+        assert any("back to 2" in change.reason for change in changes), changes
+        assert max(count for _, count in trace) == 3
+
+
+def test_a_trainer_bound_run_shrinks_to_the_minimum() -> None:
+    scaler = Autoscaler(2, 16, cpus=8)
+    trace, changes = run(scaler, io_bound, demand=300.0, seconds=60, start=8)
+    assert trace[-1][1] == 2, changes
+    assert all("waited for trainers" in change.reason for change in changes)
+
+
+def test_the_maximum_and_the_minimum_hold() -> None:
+    scaler = Autoscaler(1, 3, cpus=64)
+    trace, _ = run(scaler, io_bound, demand=100_000.0, seconds=60)
+    assert max(count for _, count in trace) == 3
+    scaler = Autoscaler(3, 5, cpus=64)
+    trace, _ = run(scaler, io_bound, demand=10.0, seconds=60, start=5)
+    assert min(count for _, count in trace) == 3
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_noisy_signals_do_not_flap(seed: int) -> None:
+    print(f"seed {seed}")
+    scaler = Autoscaler(1, 16, cpus=2, min_interval=2.0)
+    trace, changes = run(scaler, io_bound, demand=2000.0, seconds=300, noise=0.15, seed=seed)
+    # Up to 4 workers (2000/s), then at most a few corrections in five minutes.
+    assert len(changes) <= 8, changes
+    assert all(abs(count - 4) <= 1 for _, count in trace[60:]), trace[60:]
+    times = [now for (_, before), (now, count) in itertools.pairwise(trace)
+             if count != before]
+    assert all(b - a >= 2.0 for a, b in itertools.pairwise(times)), times
+
+
+def test_a_sampler_that_becomes_four_times_slower_is_followed() -> None:
+    def slowing(now: float, count: int) -> float:
+        return 500.0 * count if now < 40 else 125.0 * count
+
+    scaler = Autoscaler(1, 16, cpus=2)
+    trace, changes = run(scaler, slowing, demand=1000.0, seconds=40 + CEILING_SECONDS)
+    at = dict(trace)
+    assert at[39.0] == 2
+    assert trace[-1][1] >= 8, changes
+    assert min(now for now, count in trace if now > 40 and count >= 8) <= 40 + 15.0
+
+
+def test_a_trace_of_single_windows_changes_nothing() -> None:
+    # Hysteresis: a condition must hold for `patience` windows in a row.
+    scaler = Autoscaler(1, 16, cpus=8, patience=2)
+    starving = Signals(1, busy=0.99, blocked=0.0, rate=100.0, trainer_wait=0.5)
+    quiet = Signals(1, busy=0.5, blocked=0.0, rate=100.0, trainer_wait=0.0)
+    for second in range(20):
+        assert scaler.observe(float(second), starving if second % 2 else quiet) is None
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("4", (4, 4, False)), ("auto", (1, 16, True)), ("auto:6", (1, 6, True)),
+    ("auto:2-5", (2, 5, True)), (2, (2, 2, False)),
+])
+def test_the_workers_option(text: str | int, expected: tuple[int, int, bool]) -> None:
+    parsed = parse_workers(text)
+    assert (parsed.minimum, parsed.maximum, parsed.auto) == expected
+
+
+@pytest.mark.parametrize("text", ["0", "auto:5-2", "auto:", "many", "auto:0-3", True])
+def test_a_bad_workers_option_says_what_was_expected(text: str | bool) -> None:
+    with pytest.raises(ValueError, match=r"expected workers N >= 1, 'auto'.*got"):
+        parse_workers(text)
+
+
+def test_auto_runs_at_most_as_many_workers_as_there_are_shards_by_default() -> None:
+    assert parse_workers("auto").maximum == DEFAULT_SHARDS
