@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from feedmux import protocol
-from feedmux.protocol import Ack, Credit, Heartbeat, Hello, ShmAttach, StatsRequest, encode
+from feedmux.protocol import Ack, Credit, Heartbeat, Hello, Scale, ShmAttach, StatsRequest, encode
 
 CLIENT = Path(protocol.__file__).parent.parent / "client"
 
@@ -29,6 +29,7 @@ EXAMPLES: dict[str, Any] = {
     "Ack": Ack(seqs=list(range(256)), client_id="t" * 1024, server_id="s" * 12, rank=3,
                epoch=9, position=12345),
     "ShmAttach": ShmAttach(token="k" * 64, client_id="t" * 1024),
+    "Scale": Scale(workers=1024, client_id="t" * 1024),
 }
 
 
