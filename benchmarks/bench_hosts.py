@@ -19,7 +19,8 @@ Payloads: ``small`` (``{'X': float32[16], 'y': int64}``, 256 samples a message),
 float32 a sample, incompressible, 4 a message) and ``images`` (a batch of 10 RGB 224x224
 tiles of scikit-image's bundled photographs a sample, 1.5 MB, no tile twice in a batch;
 random noise without scikit-image, said in the output). Modes: ``plain``, ``reliable``
-(credit and acknowledgements), ``ranked`` (one DDP job of 1 or 8 ranks). ``--compress``
+(credit and acknowledgements), ``ranked`` (one DDP job of 1 or 8 ranks), ``curve``
+(CURVE encryption, any client let in). ``--compress``
 lists the compressions (feedmux's ``--compress``) compared on plain delivery (default
 ``off,auto``); ``auto`` is measured after a warm-up of 3.5 s, past its first trial.
 
@@ -33,17 +34,20 @@ import argparse
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 PAYLOADS = ("small", "large", "images", "floats")
-MODES = ("plain", "reliable", "ranked")
+MODES = ("plain", "reliable", "ranked", "curve")
 LINKS = {"veth": None, "1gbit": "1gbit"}
 #: Samples a message, per payload.
 PER_MESSAGE = {"small": 256, "large": 4, "images": 1, "floats": 4}
@@ -136,6 +140,8 @@ def _trainer(args: argparse.Namespace) -> None:
     options: dict[str, Any] = {"reliable": args.mode == "reliable"}
     if args.mode == "ranked":
         options.update(rank=args.rank, world_size=args.trainers)
+    if args.mode == "curve":
+        options.update(curve_server_key=args.curve_key)
     size = sample_bytes(args.kind)
     with RemoteLoader(args.data, control=args.control, timeout=60, **options) as loader:
         counts = (size for _ in loader)
@@ -208,7 +214,7 @@ def _read_json(process: subprocess.Popen[bytes], timeout: float) -> dict[str, An
     return figures
 
 
-def _measure(hosts: Any, cell: Cell, warmup: float, seconds: float) -> None:
+def _measure(hosts: Any, cell: Cell, warmup: float, seconds: float, keys: Path) -> None:
     from tests.integration.conftest import Spawned
 
     me = [sys.executable, "-m", "benchmarks.bench_hosts"]
@@ -223,7 +229,8 @@ def _measure(hosts: Any, cell: Cell, warmup: float, seconds: float) -> None:
         data = control = f"tcp://{address}:{port}"
         roles = [["--role", "pull"] for _ in range(cell.trainers)]
     else:
-        mode = ["--reliable"] if cell.mode == "reliable" else []
+        mode = {"reliable": ["--reliable"],
+                "curve": ["--curve-secret", str(keys / "server.key_secret")]}.get(cell.mode, [])
         spawned = Spawned(hosts.popen("a", [
             sys.executable, "-m", "feedmux", "serve", "benchmarks.bench_hosts:source",
             "--arg", f"kind={cell.kind}", "--bind", f"tcp://{address}:0",
@@ -235,7 +242,8 @@ def _measure(hosts: Any, cell: Cell, warmup: float, seconds: float) -> None:
         server = spawned.process
         data, control = spawned.endpoints().data, spawned.endpoints().control
         roles = [["--role", "trainer", "--mode", cell.mode, "--trainers", str(cell.trainers),
-                  "--rank", str(rank)] for rank in range(cell.trainers)]
+                  "--rank", str(rank), "--curve-key", str(keys / "server.key")]
+                 for rank in range(cell.trainers)]
     trainers = [hosts.popen("b", [*me, *role, "--data", data, "--control", control, *window],
                             **pipes) for role in roles]
     try:
@@ -382,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default="")
     parser.add_argument("--control", default="")
     parser.add_argument("--address", default="")
+    parser.add_argument("--curve-key", default="")
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--payloads", default=",".join(PAYLOADS))
@@ -416,14 +425,19 @@ def main(argv: list[str] | None = None) -> int:
     args.trainers = [int(n) for n in args.trainers.split(",")]
     args.compress = args.compress.split(",")
     cells = _cells(args)
+    from feedmux._plumbing.curve import create_keys
+
+    keys = Path(tempfile.mkdtemp(prefix="feedmux-bench-hosts-keys-"))
+    create_keys(keys, "server")  # CURVE: any client let in (no --curve-clients)
     with TwoHosts() as hosts:
         for link in args.links:
             hosts.shape(LINKS[link])
             for cell in (c for c in cells if c.link == link):
                 # auto decides within its first trial (two windows of a second): measure after.
                 warmup = max(args.warmup, 3.5) if cell.compress == "auto" else args.warmup
-                _measure(hosts, cell, warmup, args.seconds)
+                _measure(hosts, cell, warmup, args.seconds, keys)
                 print(f"  {cell}", file=sys.stderr, flush=True)
+    shutil.rmtree(keys, ignore_errors=True)
     _report(cells, _photos()[1])
     _targets(cells)
     _decompression_cost()

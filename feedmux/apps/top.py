@@ -128,7 +128,16 @@ TRAINER_LINES = 8
 
 def _trainer_lines(current: Stats, previous: Stats | None) -> list[str]:
     """A line per trainer; with more than :data:`TRAINER_LINES`, the slowest ones and
-    one line for all (a server may have hundreds: the view must fit a screen)."""
+    one line for all (a server may have hundreds: the view must fit a screen). A trainer
+    whose link ``--compress`` compresses says with which codec, and why.
+
+    Examples
+    --------
+    >>> stats = {"trainer.t1.received_messages": 5, "trainer.t1.compress": "lz4",
+    ...          "trainer.t1.compress_reason": "link is the limit"}
+    >>> print(_trainer_lines(stats, None)[0])
+      trainer t1: rank -, ~- samples/s, 5 messages received, compressed lz4 (link is the limit)
+    """
     per_message = (float(current.get("samples_sent", 0)) / current["messages_sent"]
                    if current.get("messages_sent") else 0.0)
     trainers = []
@@ -146,9 +155,12 @@ def _trainer_lines(current: Stats, previous: Stats | None) -> list[str]:
     for client_id, rate in shown:
         rank = current.get(f"trainer.{client_id}.rank", "-")
         received = current[f"trainer.{client_id}.received_messages"]
+        codec = current.get(f"trainer.{client_id}.compress", "off")
+        why = current.get(f"trainer.{client_id}.compress_reason", "")
         lines.append(f"  trainer {client_id}: rank {rank}, "
                      f"~{'-' if rate is None else f'{rate:.0f}'} samples/s, "
-                     f"{received} messages received")
+                     f"{received} messages received"
+                     + ("" if codec == "off" else f", compressed {codec} ({why})"))
     if len(shown) < len(trainers):
         lines.append("  " + _trainers_summary(trainers, len(trainers) - len(shown)))
     return lines

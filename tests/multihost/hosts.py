@@ -19,7 +19,9 @@ kernel has no ``sch_netem``); :func:`netem_available` says whether it is, and
 Clean-up on every exit path: :meth:`TwoHosts.close` (a fixture finaliser, a ``with`` block,
 and an ``atexit`` hook for an interpreter that ends otherwise) SIGKILLs every process in the
 two namespaces (``ip netns pids``: only processes this harness started live there), unmounts
-the tmpfs and deletes the namespaces, which removes the veth pair with them. The machine's
+the tmpfs and deletes the namespaces, which removes the veth pair with them; what a
+SIGKILLed harness left (no code runs then) the next one removes (:func:`sweep`: names of
+this harness whose pid is gone). The machine's
 own interfaces, routes and ``/dev/shm`` are never touched. It needs root (``CAP_NET_ADMIN``,
 ``CAP_SYS_ADMIN``); :func:`unavailable` gives the reason it cannot run, or None.
 """
@@ -27,8 +29,10 @@ own interfaces, routes and ``/dev/shm`` are never touched. It needs root (``CAP_
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -64,6 +68,44 @@ def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return done
 
 
+#: The names this harness gives its namespaces: ``fmx`` a|b|p, the creating pid, a count.
+_OURS = re.compile(r"fmx[abp](\d+)x\d+")
+
+
+def sweep() -> list[str]:
+    """Delete the namespaces (and unmount the ``/dev/shm`` tmpfs) that a harness process
+    left behind when it was SIGKILLed (its pid, in their names, is gone): the exit path
+    that runs no code. Only names of this harness's pattern; returns what it deleted."""
+    listed = _run("ip", "netns", "list", check=False).stdout.split("\n")
+    gone = []
+    for name in (line.split()[0] for line in listed if line.strip()):
+        match = _OURS.fullmatch(name)
+        if match is None or Path(f"/proc/{match[1]}").exists():
+            continue
+        for pid in TwoHosts.pids_of(name):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _run("ip", "netns", "del", name, check=False)
+        gone.append(name)
+    for folder in Path(tempfile.gettempdir()).glob("feedmux-hosts-*"):
+        pid = folder.name.split("-")[2].split("x")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            for mount in folder.glob("shm-*"):
+                unmount(mount)
+            shutil.rmtree(folder, ignore_errors=True)
+    return gone
+
+
+def unmount(folder: Path) -> None:
+    """Unmount ``folder`` (bounded: lazily at last, should a user still hold it)."""
+    deadline = time.monotonic() + 10
+    while _run("umount", str(folder), check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            _run("umount", "-l", str(folder), check=False)  # lazily, at the last user
+            return
+        time.sleep(0.05)  # the poll interval of a bounded wait for the last user to go
+
+
 def unavailable() -> str | None:
     """Why two hosts cannot be made here (None: they can)."""
     if sys.platform != "linux":
@@ -79,6 +121,7 @@ def unavailable() -> str | None:
     except (HostsUnavailable, subprocess.TimeoutExpired) as error:
         return f"cannot create a network namespace: {error}"
     _run("ip", "netns", "del", probe, check=False)
+    sweep()
     return None
 
 
@@ -210,7 +253,7 @@ class TwoHosts:
                 pass
         self.processes = []
         for folder in self._mounted:
-            self._unmount(folder)
+            unmount(folder)
         self._mounted = []
         for name in self._made:
             _run("ip", "netns", "del", name, check=False)
@@ -223,15 +266,6 @@ class TwoHosts:
         """Every process in the network namespace ``name``."""
         done = _run("ip", "netns", "pids", name, check=False)
         return [int(pid) for pid in done.stdout.split()]
-
-    @staticmethod
-    def _unmount(folder: Path) -> None:
-        deadline = time.monotonic() + 10
-        while _run("umount", str(folder), check=False).returncode != 0:
-            if time.monotonic() > deadline:
-                _run("umount", "-l", str(folder), check=False)  # lazily, at the last user
-                return
-            time.sleep(0.05)  # the poll interval of a bounded wait for the last user to go
 
     def __enter__(self) -> TwoHosts:
         return self

@@ -94,3 +94,16 @@ def test_free_reliable_trainers_lose_and_repeat_nothing_across_a_5_s_link_outage
         assert sorted(ids) == list(range(EPOCH)) and set(ids.values()) == {1}, (
             f"epoch {epoch}: {EPOCH - len(ids)} lost, "
             f"{sum(c - 1 for c in ids.values())} repeated")
+
+
+def test_free_plain_trainers_continue_across_a_5_s_link_outage_repeating_nothing(
+    hosts: TwoHosts, tmp_path: Path
+) -> None:
+    # Plain delivery is at-most-once: nothing is repeated, and the outage is only a pause
+    # (the data connections have no heartbeats and outlive it): every sample arrives.
+    _, outs = run_with_outage(hosts, tmp_path, [], [[], []])
+    records = [lines(out) for out in outs]
+    for epoch in range(1, EPOCHS + 1):
+        ids = Counter(i for record in records for e, i in record if e == epoch)
+        assert set(ids.values()) == {1}, f"epoch {epoch}: samples repeated"
+        assert sorted(ids) == list(range(EPOCH)), f"epoch {epoch}: {EPOCH - len(ids)} lost"

@@ -7,7 +7,9 @@ same trainer started in host A (the control) does map it, so the test can tell t
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import Spawned
-from tests.multihost.hosts import TwoHosts
+from tests.multihost.hosts import ROOT, TwoHosts, sweep
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -81,3 +83,21 @@ def test_the_hosts_have_their_own_addresses_and_their_own_dev_shm(hosts: TwoHost
     assert not Path(f"/dev/shm/{marker}").exists()  # the machine's own is untouched
     shown = hosts.run("b", ["ip", "-o", "-4", "addr", "show"]).stdout
     assert f"{hosts.address('b')}/24" in shown and hosts.address("a") not in shown
+
+
+def test_what_a_sigkilled_harness_left_is_swept(hosts: TwoHosts, tmp_path: Path) -> None:
+    # A harness process SIGKILLed with its hosts made: nothing of it ran its clean-up.
+    script = ("import os, signal\nfrom tests.multihost.hosts import TwoHosts\n"
+              "h = TwoHosts()\nprint(' '.join(h.names.values()), flush=True)\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == -9
+    left = done.stdout.split()
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                            timeout=30).stdout
+    assert left and all(name in listed for name in left)
+    assert set(left) <= set(sweep())
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                            timeout=30).stdout
+    assert not any(name in listed for name in left)

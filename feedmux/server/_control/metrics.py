@@ -80,7 +80,16 @@ def families(stats: Stats) -> Iterator[Any]:
     """The Prometheus metric families for one statistics snapshot.
 
     Per-worker liveness comes from the ``worker.<i>.alive`` keys, per-trainer
-    messages from ``trainer.<id>.received_messages`` (as labels).
+    messages from ``trainer.<id>.received_messages`` (as labels), and each trainer's
+    compression from ``trainer.<id>.compress``.
+
+    Examples
+    --------
+    >>> stats = {"trainer.t1.compress": "lz4", "trainer.t2.compress": "off"}
+    >>> [family] = [f for f in families(stats) if f.name == "feedmux_trainer_compressed"]
+    >>> [(sample.labels["trainer"], sample.labels["codec"], sample.value)
+    ...  for sample in family.samples]
+    [('t1', 'lz4', 1), ('t2', 'off', 0)]
     """
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -98,8 +107,14 @@ def families(stats: Stats) -> Iterator[Any]:
         "feedmux_trainer_received_messages", "Data messages a trainer said it received.",
         labels=["trainer"],
     )
+    compressed = GaugeMetricFamily(
+        "feedmux_trainer_compressed",
+        "1 while a trainer's link is compressed (--compress), by codec.",
+        labels=["trainer", "codec"])
     for key, value in stats.items():
         parts = key.split(".")
+        if len(parts) >= 3 and parts[0] == "trainer" and parts[-1] == "compress":
+            compressed.add_metric([".".join(parts[1:-1]), str(value)], int(value != "off"))
         if len(parts) < 3 or not isinstance(value, (int, float)):
             continue
         if parts[0] == "worker" and parts[-1] == "alive":
@@ -110,6 +125,7 @@ def families(stats: Stats) -> Iterator[Any]:
         workers.add_metric(["0"], 1)
     yield workers
     yield trainers
+    yield compressed
 
 
 class MetricsEndpoint:
