@@ -39,11 +39,11 @@ $(VENV)/.bench: $(VENV)/.test
 demo: $(VENV)/.base
 	$(VENV)/bin/feedmux demo
 
-## test: install the test dependencies, then lint, type-check and run the whole suite (3 processes: most tests wait on sockets, not on the CPU)
+## test: install the test dependencies, then lint, type-check and run the whole suite (4 processes: most tests wait on sockets, not on the CPU: a run on 2 cores uses a third of them)
 test: $(VENV)/.test
 	$(VENV)/bin/ruff check feedmux tests benchmarks examples
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q -n 3 tests feedmux
+	$(PY) -m pytest -q -n 4 tests feedmux
 
 ## test-matrix: every combination of delivery modes end to end, one trainer SIGKILLed and restarted in each (marker matrix; not in make test)
 test-matrix: $(VENV)/.test
