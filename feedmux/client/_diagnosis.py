@@ -37,6 +37,9 @@ BLOCKED_LIMIT = 0.5
 #: Seconds into the first window after which :meth:`InputDiagnosis.stats` reports the
 #: figures so far (and the servers are asked once more, for their load).
 EARLY_FIGURES = 1.0
+#: Seconds of server uptime two statistics answers must lie apart for the load between
+#: them to count (shorter: a server that sampled in whole draws of 0.1 s looks idle).
+MIN_FIGURES_SPAN = 0.25
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,12 @@ class _LinkFigures:
             workers = max(1, int(values.get("workers") or 1))
         except (KeyError, TypeError, ValueError):
             return  # an older server without these figures: nothing to say about it
-        if self.previous is not None and uptime > self.previous[0]:
+        if self.previous is not None and uptime - self.previous[0] < MIN_FIGURES_SPAN:
+            # Two answers close together (a one-process server answers between two
+            # draws: the trainer's first ask and its early one can meet in one batch)
+            # say nothing of its load: the first stays the base of the next answer.
+            return
+        if self.previous is not None:
             elapsed = uptime - self.previous[0]
             self.load = ServerLoad(
                 busy=min(1.0, (busy - self.previous[1]) / (elapsed * workers)),

@@ -147,3 +147,19 @@ def test_figures_come_from_the_first_second_not_after_a_window() -> None:
     assert figures["samples_per_second"] == 20.0
     assert figures["wait_fraction"] == pytest.approx(0.15)
     assert figures["window_s"] == 2.0
+
+
+def test_two_answers_close_together_say_nothing_of_the_servers_load() -> None:
+    # A one-process server answers between two draws: the trainer's first ask and its
+    # early one met in one batch, 2 ms apart, and the verdict called a server that
+    # sampled all the time "neither sampling (0%) nor blocked" (seen in a CI run).
+    diagnosis = InputDiagnosis(links=1, window=1.0, threshold=0.2)
+    assert diagnosis.message(now=0.0, waited_from=0.0, samples=1)
+    diagnosis.server_stats(0, {"uptime_s": 5.000, "sampler_busy_seconds": 4.9,
+                               "send_blocked_seconds": 0.0}, now=0.1)
+    assert diagnosis.message(now=1.5, waited_from=0.0, samples=1)  # waited all the window
+    assert diagnosis.server_stats(0, {"uptime_s": 5.002, "sampler_busy_seconds": 4.9,
+                                      "send_blocked_seconds": 0.0}, now=1.5) is None
+    verdict = diagnosis.server_stats(0, {"uptime_s": 6.5, "sampler_busy_seconds": 6.38,
+                                         "send_blocked_seconds": 0.0}, now=1.6)
+    assert verdict is not None and "the server is sampling 99%" in verdict
