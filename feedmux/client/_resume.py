@@ -158,9 +158,15 @@ class HandedRanges:
     def summarized(self, link: int, values: Sequence[int]) -> None:
         """``link``'s server summed up its trainers' hand-outs (``Heartbeat.handed_below``)."""
         if len(values) >= 2 and len(values) % 3 == 2:
-            self._below[link] = Outstanding((int(values[0]), int(values[1])), [
+            below = Outstanding((int(values[0]), int(values[1])), [
                 (int(values[i]), int(values[i + 1]), int(values[i + 2]))
                 for i in range(2, len(values), 3)])
+            # The server lists what it had no acknowledgement of when it summed up: this
+            # trainer may have handed some of it out before the summary came (the
+            # acknowledgements lag the hand-outs by a few ms); what it remembers of its
+            # own hand-outs is out of the summary at once.
+            below.remove(list(self._ranges[link]))
+            self._below[link] = below
 
     def below(self, link: int) -> tuple[int, ...]:
         """``Hello.handed_below`` for a restarted server: the last summary from ``link``'s

@@ -62,3 +62,15 @@ def test_a_free_trainer_announces_its_latest_ranges_and_the_current_messages_par
     current = None  # the loader takes the next message
     assert handed.announce(0)[-6:] == (
         1, 8 * (HANDED_RANGES + 4), 8 * (HANDED_RANGES + 4) + 4, 2, 0, 2)
+
+
+def test_a_summary_that_came_after_the_trainer_handed_its_run_out_leaves_that_run_out() -> None:
+    from feedmux.client._resume import HandedRanges
+
+    # The soak's repeats: the server summed up while the trainer's acknowledgement of
+    # 5:256-500 was still on its way; the trainer had handed those out already, kept the
+    # summary as its last, and a restarted server dealt 5:256-500 again.
+    handed = HandedRanges(1, current=lambda: None)
+    handed.handed(0, np.array([[5, position] for position in range(256, 500)]))
+    handed.summarized(0, (6, 10, 5, 256, 500, 6, 4, 6))
+    assert handed.below(0) == (6, 10, 6, 4, 6)
