@@ -81,12 +81,8 @@ says what happens to an epoch's last, partial batch), got drop_last=True
     """
     if batch_size is not None and not (type(batch_size) is int and batch_size >= 1):
         raise ConfigurationError(f"expected batch_size None or an int >= 1, got {batch_size!r}")
-    if type(drop_last) is not bool:
-        raise ConfigurationError(f"expected drop_last a bool, got {drop_last!r}")
-    if drop_last and batch_size is None:
-        raise ConfigurationError(
-            "expected drop_last=False without batch_size (it says what happens to an epoch's "
-            "last, partial batch), got drop_last=True")
+    _check_batch_flag("drop_last", drop_last, batch_size,
+                      "it says what happens to an epoch's last, partial batch")
 
 
 def check_buckets(bucket_by: Any, pad: Any, batch_size: Any, rank: Any) -> None:
@@ -110,12 +106,16 @@ batch_size=32
             f"expected bucket_by with rank= and world_size= (it deals the steps of a "
             f"data-parallel job) and batch_size=, got bucket_by={bucket_by!r}, rank={rank!r}, "
             f"batch_size={batch_size!r}")
-    if type(pad) is not bool:
-        raise ConfigurationError(f"expected pad a bool, got {pad!r}")
-    if pad and batch_size is None:
+    _check_batch_flag("pad", pad, batch_size, "it pads the variable-length leaves of a batch")
+
+
+def _check_batch_flag(name: str, value: Any, batch_size: Any, meaning: str) -> None:
+    """Refuse a flag that is not a bool, or that is set without ``batch_size``."""
+    if type(value) is not bool:
+        raise ConfigurationError(f"expected {name} a bool, got {value!r}")
+    if value and batch_size is None:
         raise ConfigurationError(
-            "expected pad=False without batch_size (it pads the variable-length leaves of a "
-            "batch), got pad=True")
+            f"expected {name}=False without batch_size ({meaning}), got {name}=True")
 
 
 def unpacked(samples: Any, batched: bool, pad: bool = False) -> Any:

@@ -6,9 +6,10 @@ wire kind 15). A fixed codec compresses every socket link; ``off`` none; ``auto`
 default) decides per trainer from what it measures:
 
 - a trainer that maps the server's shared-memory pool (same host) is never compressed;
-- how compressible the stream is: about once a second one message is compressed with
-  each candidate (``lz4``, ``zstd:1``), which gives its ratio and speed (bytes/s of input);
-  a best ratio above :data:`WORTH` is "incompressible" and stays off;
+- how compressible the stream is: about once a second one message (whichever trainer it
+  goes to: the stream is the same for every link) is compressed with each candidate
+  (``lz4``, ``zstd:1``), which gives its ratio and speed (bytes/s of input); a best ratio
+  above :data:`WORTH` is "incompressible" and stays off;
 - whether the link or the CPU is the limit, by trying: a window of
   :data:`WINDOW` seconds off, then one with the candidate whose predicted rate
   (``min(speed, rate off / ratio)``) is best; it stays on only if the raw bytes/s handed to
@@ -53,6 +54,8 @@ WORTH = 0.9
 GAIN = 1.1
 #: Trainers whose measurements are kept (the oldest forgotten past it).
 MAX_LINKS = 4096
+#: Why a link that maps the pool is never compressed.
+SAME_HOST = "same host (shared memory)"
 #: Messages smaller than this are never compressed (nothing to gain on a header).
 MIN_MESSAGE = 16 * 1024
 
@@ -71,6 +74,17 @@ class _Link:
     since: float = 0.0
     raw: int = 0  # raw bytes handed to the socket in the current window
     rate_off: float = 0.0
+    #: Whether the trainer maps the pool, and when that was last asked (a trainer maps
+    #: it once, soon after its welcome, and keeps it: asked at most once a second).
+    local: bool = False
+    asked: float = float("-inf")
+
+
+@dataclass
+class _Stream:
+    """The stream's compressibility, the same for every link: per candidate, the
+    compressed / raw ratio and the input bytes/s of the last sampled message."""
+
     ratio: dict[str, float] = field(default_factory=dict)
     speed: dict[str, float] = field(default_factory=dict)
     sampled: float = float("-inf")
@@ -86,6 +100,7 @@ class LinkCompression:
         self.same_host = same_host
         self.clock = clock
         self.links: dict[bytes, _Link] = {}
+        self.stream = _Stream()
         self._cache: tuple[Sequence[Any], Codec, list[Any], int] | None = None
 
     def wire(self, target: bytes, frames: Sequence[Any]) -> Sequence[Any]:
@@ -99,12 +114,14 @@ class LinkCompression:
             if len(self.links) >= MAX_LINKS:  # ids come from peers: the oldest goes
                 del self.links[next(iter(self.links))]
             link = self.links[target] = _Link(since=self.clock())
-        if self.same_host(target):
-            link.codec, link.reason = None, "same host (shared memory)"
-            return frames
         now = self.clock()
-        if now - link.sampled >= SAMPLE_EVERY and _nbytes(frames) >= MIN_MESSAGE:
-            self._sample(link, frames, now)
+        if not link.local and now - link.asked >= SAMPLE_EVERY:
+            link.local, link.asked = self.same_host(target), now
+        if link.local:
+            link.codec, link.reason = None, SAME_HOST
+            return frames
+        if now - self.stream.sampled >= SAMPLE_EVERY and _nbytes(frames) >= MIN_MESSAGE:
+            self._sample(frames, now)
         self._step(link, now)
         return frames if link.codec is None else self._compressed(frames, link.codec)
 
@@ -127,33 +144,35 @@ class LinkCompression:
         self._cache = (frames, codec, wire, raw)
         return wire
 
-    def _sample(self, link: _Link, frames: Sequence[Any], now: float) -> None:
-        """Compress one message with each candidate: its ratio and speed."""
-        link.sampled = now
+    def _sample(self, frames: Sequence[Any], now: float) -> None:
+        """Compress one message with each candidate: the stream's ratio and speed."""
+        stream = self.stream
+        stream.sampled = now
         raw = _nbytes(frames)
         for codec in CANDIDATES:
             started = time.perf_counter()
             size = _nbytes(compress_frames(frames, codec))
             seconds = max(time.perf_counter() - started, 1e-9)
-            link.ratio[codec.label] = size / raw
-            link.speed[codec.label] = raw / seconds
+            stream.ratio[codec.label] = size / raw
+            stream.speed[codec.label] = raw / seconds
 
     def _best(self, link: _Link) -> tuple[Codec | None, str]:
         """The candidate with the best predicted rate, or None and why none."""
-        if not link.ratio:
+        stream = self.stream
+        if not stream.ratio:
             return None, "measuring"
         rate = max(link.rate_off, 1.0)
 
         def predicted(codec: Codec) -> float:
-            return min(link.speed[codec.label], rate / link.ratio[codec.label])
+            return min(stream.speed[codec.label], rate / stream.ratio[codec.label])
 
         best = max(CANDIDATES, key=predicted)
-        ratio = link.ratio[best.label]
+        ratio = stream.ratio[best.label]
         if ratio > WORTH:
             return None, f"incompressible (ratio {ratio:.2f})"
-        if link.speed[best.label] < rate * GAIN:
+        if stream.speed[best.label] < rate * GAIN:
             return None, (f"CPU is the limit: {best.label} compresses "
-                          f"{link.speed[best.label] / 1e6:.0f} MB/s, the link carries "
+                          f"{stream.speed[best.label] / 1e6:.0f} MB/s, the link carries "
                           f"{rate / 1e6:.0f} MB/s")
         return best, ""
 
@@ -180,8 +199,8 @@ class LinkCompression:
         assert codec is not None
         # A full link gives about the gain the ratio predicts; half of it is asked (at
         # least GAIN, at most 2x), so that a loaded machine's noise does not pass for it.
-        ratio = link.ratio.get(codec.label, 1.0)
-        predicted = min(link.speed.get(codec.label, 0.0), link.rate_off / ratio)
+        ratio = self.stream.ratio.get(codec.label, 1.0)
+        predicted = min(self.stream.speed.get(codec.label, 0.0), link.rate_off / ratio)
         wanted = max(GAIN, min(1 + (predicted / max(link.rate_off, 1.0) - 1) / 2, 2.0))
         if rate >= link.rate_off * wanted:
             link.reason = (f"link is the limit: {rate / 1e6:.0f} MB/s with {codec.label}, "
@@ -201,8 +220,9 @@ class LinkCompression:
             name = target.decode(errors="replace")
             figures[f"trainer.{name}.compress"] = "off" if link.codec is None else link.codec.label
             figures[f"trainer.{name}.compress_reason"] = link.reason
-            if link.ratio:
-                figures[f"trainer.{name}.compress_ratio"] = round(min(link.ratio.values()), 3)
+            if self.stream.ratio and link.reason != SAME_HOST:
+                figures[f"trainer.{name}.compress_ratio"] = round(
+                    min(self.stream.ratio.values()), 3)
         return figures
 
     def forget(self, target: bytes) -> None:
