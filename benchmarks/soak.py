@@ -186,6 +186,8 @@ class _Soak:
         self.count = 0
         self.server: feedmux.Server | None = None
         self.servers = 0
+        #: Seconds from the old server's stop to the restarted one dealing (None: no restart).
+        self.restart_took: float | None = None
         self.ranked: feedmux.Server | None = None
         #: Per rank: (resumed from step, its record file) of each of its processes.
         self.lives: list[list[tuple[int, Path]]] = [[] for _ in range(WORLD_SIZE)]
@@ -213,7 +215,21 @@ class _Soak:
         alive = sum(1 for process in self.trainers.values()
                     if process.poll() is None and str(process.pid) in dealt)
         self.server.stop()
+        stopped = time.monotonic()
         self.start_server(data, control, min_trainers=alive)
+        # The survivors must be the trainers that say hello: a trainer started while the
+        # restarted server still waits would count as one of them, and a fresh trainer
+        # tells nothing of the old run (the server would begin its epochs again). So the
+        # schedule goes on only once the server deals, however long the survivors took
+        # to notice the restart on a loaded machine (bounded).
+        deadline = stopped + START_WAIT
+        while alive and feedmux.fetch_stats(self.server.control_address,
+                                            timeout=START_WAIT)["samples_sent"] == 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the restarted server heard from fewer than {alive} "
+                                   f"trainer(s) within {START_WAIT:g} s")
+            time.sleep(0.05)
+        self.restart_took = time.monotonic() - stopped
 
     def start_trainer(self, seconds: float) -> str:
         assert self.server is not None
@@ -346,7 +362,9 @@ def run(minutes: float, seed: int, workers: int, max_slope: float) -> int:
             [[(step, parse_lines(path.read_text(), 5) if path.exists() else [])
               for step, path in lives] for lives in soak.lives], ITEMS)
     print(f"  {soak.count} free trainers ({len(soak.killed)} SIGKILLed), {soak.servers} runs "
-          f"of the reliable server")
+          f"of the reliable server"
+          + ("" if soak.restart_took is None else
+             f" (the restarted one dealt {soak.restart_took:.1f} s after the stop)"))
     steep = _report_rss(soak.rss, max_slope)
     for verdict in (free, ranked):
         print(f"  {verdict.line()}")
