@@ -90,6 +90,8 @@ def test_the_scale_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     for row in ("| 2 ranks | ", "| 4 ranks | ", "| 8 free (reliable) | "):
         assert row in table
     assert "| 0/1 |" in table and "failed:" not in table  # every run measured
+    two_ranks = next(line for line in table.splitlines() if line.startswith("| 2 ranks | "))
+    assert float(two_ranks.split("|")[4]) > 0  # the server's CPU per sample was measured
 
 
 @pytest.mark.slow
