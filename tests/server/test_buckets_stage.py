@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import tracemalloc
 from collections.abc import Sequence
 from typing import Any
@@ -90,6 +91,18 @@ def test_the_last_partial_batches_are_dropped_and_counted_with_drop_last() -> No
     assert {len(ids) for _, _, ids in got} == {BATCH}
     assert len(got) == 4 * WORLD  # 50 = 4 steps of 12, the last 2 padded to 3, dropped
     assert stage.batches is not None and stage.batches.dropped == 3
+
+
+def test_a_pass_goes_out_in_turns_across_the_ranks_so_a_stalled_rank_holds_up_one_message(
+        ) -> None:
+    # Variable-length samples do not stack: one message per batch. Dealt rank by rank, a
+    # pass put all its messages for rank 0 before any of rank 1's, and a rank 0 that
+    # stopped reading (its lane full) kept ranks 1 and 2 from their batches of that pass.
+    got = run(stage_of(), 1, 150, [150])
+    ranks = [rank for rank, _, _ in got]
+    assert len(ranks) >= 4 * WORLD
+    for before, after in itertools.pairwise(ranks):
+        assert after == (before + 1) % WORLD, ranks
 
 
 def test_a_rank_that_is_ahead_gets_nothing_it_had() -> None:

@@ -17,6 +17,7 @@ send or decide who holds a rank.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any
@@ -107,7 +108,8 @@ class BucketStage:
     Feed it the rows of an epoch in order (:meth:`deal`), then call
     :meth:`finish_epoch`; each returns the shares (one batch each, its rows'
     tags the dealt positions of :mod:`.buckets`) of the steps the rows
-    completed, rank by rank. ``start`` (a job resumed at ``(epoch,
+    completed, in turns across the ranks (each rank's first share, then each
+    one's second, ...). ``start`` (a job resumed at ``(epoch,
     position)``): the source samples that epoch again from its start, and what
     was dealt before ``position`` is left out. ``ahead``: rank -> (epoch,
     position) it stands at, nothing before dealt to it again.
@@ -177,8 +179,13 @@ class BucketStage:
                     tags = np.empty((len(rows) - had, 2), dtype=np.int64)
                     tags[:, 0], tags[:, 1] = step.epoch, positions[had:]
                     pieces[rank].append((tags, rows[had:] if had else rows, lengths[had:]))
-        shares = [share for rank, rank_pieces in enumerate(pieces)
-                  for share in _joined(rank, rank_pieces, size, self.chunks)]
+        # Step by step across the ranks, not rank by rank: a rank whose lane is full (its
+        # trainer stopped reading, or left for a successor) holds the others up by one
+        # message at most, not by a whole pass of its batches that they never get.
+        per_rank = [_joined(rank, rank_pieces, size, self.chunks)
+                    for rank, rank_pieces in enumerate(pieces)]
+        shares = [share for turn in itertools.zip_longest(*per_rank) for share in turn
+                  if share is not None]
         if steps:
             self.chunks.keep(self.window.rows())
         return shares
