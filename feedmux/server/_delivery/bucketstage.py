@@ -162,46 +162,48 @@ class BucketStage:
         return self._shares(self.window.finish_epoch(epoch), last=True)
 
     def _shares(self, steps: list[Step], last: bool) -> list[RankShare]:
-        """Each rank's batches of ``steps``, a rank's run of whole batches in one message
-        when they stack without padding (small samples: what a message costs is shared by
-        its batches), else one message per batch."""
+        """Each rank's batches of ``steps`` (all of one epoch), a rank's run of whole batches
+        in one message when they stack without padding (small samples: what a message costs
+        is shared by its batches), else one message per batch."""
         size, drop_last = self.batches.batch_size, self.batches.drop_last
-        pieces: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = [
-            [] for _ in range(self.window.world_size)]
-        for step in steps:
-            for rank, rows in enumerate(step.ranks):
-                positions, lengths = step.positions(rank), step.lengths[rank]
+        n = self.window.world_size
+        resumed = self.start is not None or bool(self.ahead)
+        shares: list[RankShare] = []
+        for rank in range(n):
+            pieces: list[tuple[int, np.ndarray, np.ndarray]] = []
+            for step in steps:
+                rows = step.ranks[rank]
                 if last and drop_last and len(rows) < size:
                     self.batches.bucket_dropped += len(rows)
                     continue
-                had = self._had(step.epoch, rank, positions)
+                had = self._had(step.epoch, rank, step.start + rank, len(rows), n) if resumed else 0
                 if had < len(rows):
-                    tags = np.empty((len(rows) - had, 2), dtype=np.int64)
-                    tags[:, 0], tags[:, 1] = step.epoch, positions[had:]
-                    pieces[rank].append((tags, rows[had:], lengths[had:]))
-        shares = [share for rank, rank_pieces in enumerate(pieces)
-                  for share in _joined(rank, rank_pieces, size, self.chunks)]
+                    first = step.start + rank + had * n
+                    pieces.append((first, rows[had:], step.lengths[rank][had:]))
+            if pieces:
+                shares += _joined(rank, steps[0].epoch, n, pieces, size, self.chunks)
         if steps:
             self.chunks.dealt([rows for step in steps for rows in step.ranks])
             self.chunks.keep(self.window.rows())
         return shares
 
-    def _had(self, epoch: int, rank: int, positions: np.ndarray) -> int:
-        """How many of a rank's rows at ``positions`` (ascending) it had: those before the
-        resume position, or before where a rank that is ahead stands."""
+    def _had(self, epoch: int, rank: int, first: int, count: int, n: int) -> int:
+        """How many of a rank's ``count`` rows at positions ``first + j * n`` it had: those
+        before the resume position, or before where a rank that is ahead stands."""
         cut = 0
         for where in (self.start, self.ahead.get(rank)):
             if where is not None and epoch == where[0]:
-                cut = max(cut, int(np.searchsorted(positions, where[1])))
+                cut = max(cut, min(count, -(-(where[1] - first) // n)))
             elif where is not None and epoch < where[0]:
-                cut = len(positions)
+                cut = count
         return cut
 
 
-def _joined(rank: int, pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]], size: int,
-            chunks: _Chunks) -> list[RankShare]:
-    """A rank's batches (tags, rows, lengths) as shares: consecutive whole ones (and a last,
-    short one) joined when they stack without padding, the others one share each."""
+def _joined(rank: int, epoch: int, n: int, pieces: list[tuple[int, np.ndarray, np.ndarray]],
+            size: int, chunks: _Chunks) -> list[RankShare]:
+    """A rank's batches (first position, rows, lengths; its rows ``n`` positions apart) as
+    shares: consecutive whole ones (and a last, short one) joined when they stack without
+    padding, the others one share each."""
     shares, run = [], 0
     while run < len(pieces):
         end = run + 1
@@ -212,13 +214,26 @@ def _joined(rank: int, pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]], 
             rows = np.concatenate([piece for _, piece, _ in pieces[run:end]])
             batch = chunks.stacked(rows, np.concatenate([n for _, _, n in pieces[run:end]]))
         if batch is not None:
-            shares.append(RankShare(rank, np.concatenate([t for t, _, _ in pieces[run:end]]),
-                                    batch))
+            shares.append(RankShare(rank, _tags(epoch, n, pieces[run:end]), batch))
         else:
-            shares += [RankShare(rank, tags, chunks.batch(rows, lengths))
-                       for tags, rows, lengths in pieces[run:end]]
+            for piece in pieces[run:end]:
+                _, rows, lengths = piece
+                shares.append(RankShare(rank, _tags(epoch, n, [piece]),
+                                        chunks.batch(rows, lengths)))
         run = end
     return shares
+
+
+def _tags(epoch: int, n: int, pieces: list[tuple[int, np.ndarray, np.ndarray]]) -> np.ndarray:
+    """The (epoch, position) rows of ``pieces``' rows: the ``j``-th of a piece at its first
+    position ``+ j * n``."""
+    counts = np.array([len(rows) for _, rows, _ in pieces], dtype=np.int64)
+    firsts = np.array([first for first, _, _ in pieces], dtype=np.int64)
+    total = int(counts.sum())
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    tags = np.empty((total, 2), dtype=np.int64)
+    tags[:, 0], tags[:, 1] = epoch, np.repeat(firsts, counts) + n * within
+    return tags
 
 
 def _stacked_lengths(batch: SampleBatch, key: str) -> np.ndarray:
