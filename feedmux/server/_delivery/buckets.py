@@ -218,13 +218,11 @@ class BucketWindow:
             index += take
             if full >= 0:
                 self.bucket_steps += 1
-                steps.append(self._deal(self._removed(self._of_bucket(int(buckets[full])))))
+                steps += self._deal(self._removed(self._of_bucket(int(buckets[full]))))
             elif self._held == self.window:
                 runs = self._least_waste()
                 self.window_steps += len(runs)
-                slots = self._removed(np.concatenate(runs))
-                m = self.step
-                steps += [self._deal(slots[i * m:(i + 1) * m]) for i in range(len(runs))]
+                steps += self._deal(self._removed(np.concatenate(runs)))
         return steps
 
     def finish_epoch(self, epoch: int) -> list[Step]:
@@ -234,8 +232,7 @@ class BucketWindow:
             return []
         slots = self._removed(slice(None))
         whole = len(slots) - len(slots) % self.step
-        steps = [self._deal(slots[start:start + self.step])
-                 for start in range(0, whole, self.step)]
+        steps = self._deal(slots[:whole]) if whole else []
         rest = slots[whole:]
         if len(rest):
             steps += self._last(rest)
@@ -333,21 +330,23 @@ class BucketWindow:
         self._held -= len(slots)
         return rows, self._length[slots]
 
-    def _deal(self, slots: np.ndarray) -> Step:
-        """A whole step of ``slots`` (sorted by length): run ``g`` of ``B`` to rank
-        ``perm[g]``."""
+    def _deal(self, slots: np.ndarray) -> list[Step]:
+        """Whole steps of ``slots`` (each run of ``n * B`` of them sorted by length): a
+        step's run ``g`` of ``B`` to rank ``perm[g]``."""
         rows, lengths = self._release(slots)
-        b = self.batch_size
-        ranks: list[Any] = [[] for _ in range(self.world_size)]
-        runs: list[np.ndarray] = [lengths[:0]] * self.world_size
-        if self._turn == len(self._turns):
-            self._turns = self._rng.permuted(
-                np.tile(np.arange(self.world_size), (_TURNS_DRAWN, 1)), axis=1)
-            self._turn = 0
-        turns, self._turn = self._turns[self._turn], self._turn + 1
-        for run, rank in enumerate(turns.tolist()):
-            ranks[rank], runs[rank] = rows[run * b:(run + 1) * b], lengths[run * b:(run + 1) * b]
-        return self._stepped(ranks, runs)
+        b, n = self.batch_size, self.world_size
+        steps = []
+        for start in range(0, len(slots), self.step):
+            if self._turn == len(self._turns):
+                self._turns = self._rng.permuted(np.tile(np.arange(n), (_TURNS_DRAWN, 1)), axis=1)
+                self._turn = 0
+            turns, self._turn = self._turns[self._turn], self._turn + 1
+            ranks: list[Any] = [None] * n
+            runs: list[np.ndarray] = [lengths[:0]] * n
+            for at, rank in zip(range(start, start + self.step, b), turns.tolist(), strict=True):
+                ranks[rank], runs[rank] = rows[at:at + b], lengths[at:at + b]
+            steps.append(self._stepped(ranks, runs))
+        return steps
 
     def _last(self, slots: np.ndarray) -> list[Step]:
         """The epoch's last, partial step: round by round, its last round evened."""
