@@ -212,7 +212,8 @@ def _joined(rank: int, epoch: int, n: int, pieces: list[tuple[int, np.ndarray, n
         batch = None
         if end - run > 1:
             rows = np.concatenate([piece for _, piece, _ in pieces[run:end]])
-            batch = chunks.stacked(rows, np.concatenate([n for _, _, n in pieces[run:end]]))
+            lengths = np.concatenate([length for _, _, length in pieces[run:end]])
+            batch = chunks.stacked(rows, lengths)
         if batch is not None:
             shares.append(RankShare(rank, _tags(epoch, n, pieces[run:end]), batch))
         else:
@@ -254,8 +255,8 @@ def _stacked_lengths(batch: SampleBatch, key: str) -> np.ndarray:
 
 
 class _Chunks:
-    """The rows the window holds, by number: row ``i`` of the ``c``-th chunk dealt is the
-    int ``c << 32 | i``. The rows of a stacked chunk stay in it (a step's batch is gathered
+    """The rows the window holds, by number: row ``i`` of the ``c``-th chunk fed is the int
+    ``c << 32 | i``. The rows of a stacked chunk stay in it (a step's batch is gathered
     from the chunks' stacked leaves, with no sample built) until no row held is of it; the
     rows of a chunk of samples are held one by one until they are dealt."""
 
