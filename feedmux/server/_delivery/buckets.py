@@ -103,12 +103,13 @@ got [64, 16]
 
 
 class Step(NamedTuple):
-    """One step dealt: ``ranks[r]`` is rank ``r``'s rows (its batch), the ``j``-th at
-    position ``start + j * n + r`` of ``epoch``, and ``lengths[r]`` their lengths."""
+    """One step dealt: ``ranks[r]`` is rank ``r``'s rows (its batch: a list, or an array of
+    a window of numbered rows), the ``j``-th at position ``start + j * n + r`` of ``epoch``,
+    and ``lengths[r]`` their lengths."""
 
     epoch: int
     start: int
-    ranks: list[list[Any]]
+    ranks: list[Any]
     lengths: list[np.ndarray]
 
     def positions(self, rank: int) -> np.ndarray:
@@ -123,7 +124,9 @@ class BucketWindow:
 
     Feed it the rows of an epoch in order with their lengths (:meth:`add`),
     then call :meth:`finish_epoch`. It never holds more than ``window`` rows
-    (:attr:`held`). Rows are opaque: it keeps references, in slots.
+    (:attr:`held`). Rows are opaque: it keeps references, in slots. With ``row_dtype`` a
+    numpy dtype (numbered rows: ints the caller resolves, say) it keeps them in an array of
+    it, takes them as an array and deals each batch as one, with no Python object per row.
 
     Examples
     --------
@@ -138,7 +141,8 @@ class BucketWindow:
     """
 
     def __init__(self, world_size: int, batch_size: int, window: int = 0,
-                 edges: Sequence[int] = (), uneven: str = "pad", seed: int = 0) -> None:
+                 edges: Sequence[int] = (), uneven: str = "pad", seed: int = 0,
+                 row_dtype: Any = object) -> None:
         if uneven not in ("pad", "drop"):
             raise ConfigurationError(f"expected uneven 'pad' or 'drop', got {uneven!r}")
         self.world_size = world_size
@@ -159,7 +163,9 @@ class BucketWindow:
         #: Steps of rule 2 made around a row that waited :data:`MAX_WAIT_WINDOWS` windows.
         self.late_steps = 0
         size = self.window
-        self._rows = np.full(size, None, dtype=object)
+        self._numbered = np.dtype(row_dtype) != np.dtype(object)
+        self._rows = np.zeros(size, dtype=row_dtype) if self._numbered else np.full(
+            size, None, dtype=object)
         self._length = np.zeros(size, dtype=np.int64)
         self._order = np.full(size, np.iinfo(np.int64).max, dtype=np.int64)  # arrival; max: free
         self._bucket = np.zeros(size, dtype=np.int64)
@@ -181,13 +187,13 @@ class BucketWindow:
         """Rows held now (at most :attr:`window`)."""
         return self._held
 
-    def rows(self) -> list[Any]:
-        """The rows held now (in no particular order)."""
-        held: list[Any] = self._rows[self._sorted].tolist()
-        return held
+    def rows(self) -> Any:
+        """The rows held now (in no particular order): a list, an array of numbered rows."""
+        held = self._rows[self._sorted]
+        return held if self._numbered else held.tolist()
 
     def add(self, epoch: int, lengths: Sequence[int] | np.ndarray,
-            rows: Sequence[Any]) -> list[Step]:
+            rows: Sequence[Any] | np.ndarray) -> list[Step]:
         """The steps that ``rows`` (the next of ``epoch``, of ``lengths``) complete."""
         if epoch != self._epoch:
             if self._held:
@@ -212,13 +218,11 @@ class BucketWindow:
             index += take
             if full >= 0:
                 self.bucket_steps += 1
-                steps.append(self._deal(self._removed(self._of_bucket(int(buckets[full])))))
+                steps += self._deal(self._removed(self._of_bucket(int(buckets[full]))))
             elif self._held == self.window:
                 runs = self._least_waste()
                 self.window_steps += len(runs)
-                slots = self._removed(np.concatenate(runs))
-                m = self.step
-                steps += [self._deal(slots[i * m:(i + 1) * m]) for i in range(len(runs))]
+                steps += self._deal(self._removed(np.concatenate(runs)))
         return steps
 
     def finish_epoch(self, epoch: int) -> list[Step]:
@@ -228,12 +232,11 @@ class BucketWindow:
             return []
         slots = self._removed(slice(None))
         whole = len(slots) - len(slots) % self.step
-        steps = [self._deal(slots[start:start + self.step])
-                 for start in range(0, whole, self.step)]
+        steps = self._deal(slots[:whole]) if whole else []
         rest = slots[whole:]
         if len(rest):
             steps += self._last(rest)
-        return [step for step in steps if any(step.ranks)]
+        return [step for step in steps if any(map(len, step.ranks))]
 
     # -- the rules ------------------------------------------------------------------------
     def _first_full(self, buckets: np.ndarray) -> int:
@@ -293,7 +296,8 @@ class BucketWindow:
             self._sorted, self._sorted_lengths = self._sorted[kept], self._sorted_lengths[kept]
         return slots
 
-    def _insert(self, lengths: np.ndarray, buckets: np.ndarray, rows: Sequence[Any]) -> None:
+    def _insert(self, lengths: np.ndarray, buckets: np.ndarray,
+                rows: Sequence[Any] | np.ndarray) -> None:
         free = np.flatnonzero(self._order == _FREE)[:len(lengths)]
         self._length[free] = lengths
         self._bucket[free] = buckets
@@ -308,34 +312,41 @@ class BucketWindow:
         self._sorted_lengths = joined[order]
         self._arrived += len(lengths)
         self._held += len(lengths)
-        # (fromiter: a row that is itself a sequence stays one object)
-        self._rows[free] = np.fromiter(rows, dtype=object, count=len(free))
+        if self._numbered:
+            self._rows[free] = rows
+        else:  # (fromiter: a row that is itself a sequence stays one object)
+            self._rows[free] = np.fromiter(rows, dtype=object, count=len(free))
 
-    def _release(self, slots: np.ndarray) -> tuple[list[Any], np.ndarray]:
-        """The rows of ``slots`` (in that order) and their lengths, no longer held."""
-        rows: list[Any] = self._rows[slots].tolist()
-        self._rows[slots] = None
+    def _release(self, slots: np.ndarray) -> tuple[Any, np.ndarray]:
+        """The rows of ``slots`` (in that order; a list, an array of numbered rows) and their
+        lengths, no longer held."""
+        rows: Any = self._rows[slots]
+        if not self._numbered:
+            rows = rows.tolist()
+            self._rows[slots] = None
         if len(self.edges):
             self._counts -= np.bincount(self._bucket[slots], minlength=len(self._counts))
         self._order[slots] = _FREE
         self._held -= len(slots)
         return rows, self._length[slots]
 
-    def _deal(self, slots: np.ndarray) -> Step:
-        """A whole step of ``slots`` (sorted by length): run ``g`` of ``B`` to rank
-        ``perm[g]``."""
+    def _deal(self, slots: np.ndarray) -> list[Step]:
+        """Whole steps of ``slots`` (each run of ``n * B`` of them sorted by length): a
+        step's run ``g`` of ``B`` to rank ``perm[g]``."""
         rows, lengths = self._release(slots)
-        b = self.batch_size
-        ranks: list[list[Any]] = [[] for _ in range(self.world_size)]
-        runs: list[np.ndarray] = [lengths[:0]] * self.world_size
-        if self._turn == len(self._turns):
-            self._turns = self._rng.permuted(
-                np.tile(np.arange(self.world_size), (_TURNS_DRAWN, 1)), axis=1)
-            self._turn = 0
-        turns, self._turn = self._turns[self._turn], self._turn + 1
-        for run, rank in enumerate(turns.tolist()):
-            ranks[rank], runs[rank] = rows[run * b:(run + 1) * b], lengths[run * b:(run + 1) * b]
-        return self._stepped(ranks, runs)
+        b, n = self.batch_size, self.world_size
+        steps = []
+        for start in range(0, len(slots), self.step):
+            if self._turn == len(self._turns):
+                self._turns = self._rng.permuted(np.tile(np.arange(n), (_TURNS_DRAWN, 1)), axis=1)
+                self._turn = 0
+            turns, self._turn = self._turns[self._turn], self._turn + 1
+            ranks: list[Any] = [None] * n
+            runs: list[np.ndarray] = [lengths[:0]] * n
+            for at, rank in zip(range(start, start + self.step, b), turns.tolist(), strict=True):
+                ranks[rank], runs[rank] = rows[at:at + b], lengths[at:at + b]
+            steps.append(self._stepped(ranks, runs))
+        return steps
 
     def _last(self, slots: np.ndarray) -> list[Step]:
         """The epoch's last, partial step: round by round, its last round evened."""
@@ -345,7 +356,10 @@ class BucketWindow:
         if short and self.uneven == "pad":
             self.padded += short
             repeats = np.arange(short) % len(rows)
-            rows += [rows[i] for i in repeats.tolist()]
+            if self._numbered:
+                rows = np.concatenate((rows, rows[repeats]))
+            else:
+                rows += [rows[i] for i in repeats.tolist()]
             lengths = np.concatenate((lengths, lengths[repeats]))
         elif short:
             self.dropped += n - short
@@ -353,7 +367,7 @@ class BucketWindow:
         return [self._stepped([rows[rank::n] for rank in range(n)],
                               [lengths[rank::n] for rank in range(n)])]
 
-    def _stepped(self, ranks: list[list[Any]], lengths: list[np.ndarray]) -> Step:
+    def _stepped(self, ranks: list[Any], lengths: list[np.ndarray]) -> Step:
         step = Step(self._epoch, self._next, ranks, lengths)
         self._next += sum(map(len, ranks))
         return step

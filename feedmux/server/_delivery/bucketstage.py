@@ -133,7 +133,7 @@ class BucketStage:
         self.key = spec.key
         self.batches = batches
         self.window = BucketWindow(world_size, batches.batch_size, spec.window, spec.edges,
-                                   uneven, spec.seed)
+                                   uneven, spec.seed, row_dtype=np.int64)
         self.start = start
         self.ahead: dict[int, tuple[int, int]] = dict(ahead or {})
         self.chunks = _Chunks()
@@ -151,10 +151,12 @@ class BucketStage:
     def deal(self, epoch: int, rows: Sequence[Any]) -> list[RankShare]:
         """The shares of the steps that ``rows`` (the next of ``epoch``) complete."""
         if type(rows) is SampleBatch:  # its rows held as references: no sample built
-            lengths = _stacked_lengths(rows, self.key)
-            steps = self.window.add(epoch, lengths, self.chunks.refs(rows))
+            chunk = training_batch(rows)  # its numbers as arrays, gathered at C level
+            steps = self.window.add(epoch, _stacked_lengths(chunk, self.key),
+                                    self.chunks.refs(chunk))
         else:
-            steps = self.window.add(epoch, sample_lengths(rows, self.key), rows)
+            steps = self.window.add(epoch, sample_lengths(rows, self.key),
+                                    self.chunks.samples(rows))
         return self._shares(steps, last=False)
 
     def finish_epoch(self, epoch: int) -> list[RankShare]:
@@ -162,50 +164,53 @@ class BucketStage:
         return self._shares(self.window.finish_epoch(epoch), last=True)
 
     def _shares(self, steps: list[Step], last: bool) -> list[RankShare]:
-        """Each rank's batches of ``steps``, a rank's run of whole batches in one message
-        when they stack without padding (small samples: what a message costs is shared by
-        its batches), else one message per batch."""
+        """Each rank's batches of ``steps`` (all of one epoch), a rank's run of whole batches
+        in one message when they stack without padding (small samples: what a message costs
+        is shared by its batches), else one message per batch."""
         size, drop_last = self.batches.batch_size, self.batches.drop_last
-        pieces: list[list[tuple[np.ndarray, list[Any], np.ndarray]]] = [
-            [] for _ in range(self.window.world_size)]
-        for step in steps:
-            for rank, rows in enumerate(step.ranks):
-                positions, lengths = step.positions(rank), step.lengths[rank]
+        n = self.window.world_size
+        resumed = self.start is not None or bool(self.ahead)
+        per_rank: list[list[RankShare]] = []
+        for rank in range(n):
+            pieces: list[tuple[int, np.ndarray, np.ndarray]] = []
+            for step in steps:
+                rows = step.ranks[rank]
                 if last and drop_last and len(rows) < size:
                     self.batches.bucket_dropped += len(rows)
                     continue
-                had = self._had(step.epoch, rank, positions)
+                had = self._had(step.epoch, rank, step.start + rank, len(rows), n) if resumed else 0
                 if had < len(rows):
-                    tags = np.empty((len(rows) - had, 2), dtype=np.int64)
-                    tags[:, 0], tags[:, 1] = step.epoch, positions[had:]
-                    pieces[rank].append((tags, rows[had:] if had else rows, lengths[had:]))
+                    first = step.start + rank + had * n
+                    pieces.append((first, rows[had:], step.lengths[rank][had:]))
+            per_rank.append(_joined(rank, steps[0].epoch, n, pieces, size, self.chunks)
+                            if pieces else [])
         # Step by step across the ranks, not rank by rank: a rank whose lane is full (its
         # trainer stopped reading, or left for a successor) holds the others up by one
         # message at most, not by a whole pass of its batches that they never get.
-        per_rank = [_joined(rank, rank_pieces, size, self.chunks)
-                    for rank, rank_pieces in enumerate(pieces)]
         shares = [share for turn in itertools.zip_longest(*per_rank) for share in turn
                   if share is not None]
         if steps:
+            self.chunks.dealt([rows for step in steps for rows in step.ranks])
             self.chunks.keep(self.window.rows())
         return shares
 
-    def _had(self, epoch: int, rank: int, positions: np.ndarray) -> int:
-        """How many of a rank's rows at ``positions`` (ascending) it had: those before the
-        resume position, or before where a rank that is ahead stands."""
+    def _had(self, epoch: int, rank: int, first: int, count: int, n: int) -> int:
+        """How many of a rank's ``count`` rows at positions ``first + j * n`` it had: those
+        before the resume position, or before where a rank that is ahead stands."""
         cut = 0
         for where in (self.start, self.ahead.get(rank)):
             if where is not None and epoch == where[0]:
-                cut = max(cut, int(np.searchsorted(positions, where[1])))
+                cut = max(cut, min(count, -(-(where[1] - first) // n)))
             elif where is not None and epoch < where[0]:
-                cut = len(positions)
+                cut = count
         return cut
 
 
-def _joined(rank: int, pieces: list[tuple[np.ndarray, list[Any], np.ndarray]], size: int,
-            chunks: _Chunks) -> list[RankShare]:
-    """A rank's batches (tags, rows, lengths) as shares: consecutive whole ones (and a last,
-    short one) joined when they stack without padding, the others one share each."""
+def _joined(rank: int, epoch: int, n: int, pieces: list[tuple[int, np.ndarray, np.ndarray]],
+            size: int, chunks: _Chunks) -> list[RankShare]:
+    """A rank's batches (first position, rows, lengths; its rows ``n`` positions apart) as
+    shares: consecutive whole ones (and a last, short one) joined when they stack without
+    padding, the others one share each."""
     shares, run = [], 0
     while run < len(pieces):
         end = run + 1
@@ -213,16 +218,30 @@ def _joined(rank: int, pieces: list[tuple[np.ndarray, list[Any], np.ndarray]], s
             end += 1
         batch = None
         if end - run > 1:
-            rows = [row for _, piece, _ in pieces[run:end] for row in piece]
-            batch = chunks.stacked(rows, np.concatenate([n for _, _, n in pieces[run:end]]))
+            rows = np.concatenate([piece for _, piece, _ in pieces[run:end]])
+            lengths = np.concatenate([length for _, _, length in pieces[run:end]])
+            batch = chunks.stacked(rows, lengths)
         if batch is not None:
-            shares.append(RankShare(rank, np.concatenate([t for t, _, _ in pieces[run:end]]),
-                                    batch))
+            shares.append(RankShare(rank, _tags(epoch, n, pieces[run:end]), batch))
         else:
-            shares += [RankShare(rank, tags, chunks.batch(rows, lengths))
-                       for tags, rows, lengths in pieces[run:end]]
+            for piece in pieces[run:end]:
+                _, rows, lengths = piece
+                shares.append(RankShare(rank, _tags(epoch, n, [piece]),
+                                        chunks.batch(rows, lengths)))
         run = end
     return shares
+
+
+def _tags(epoch: int, n: int, pieces: list[tuple[int, np.ndarray, np.ndarray]]) -> np.ndarray:
+    """The (epoch, position) rows of ``pieces``' rows: the ``j``-th of a piece at its first
+    position ``+ j * n``."""
+    counts = np.array([len(rows) for _, rows, _ in pieces], dtype=np.int64)
+    firsts = np.array([first for first, _, _ in pieces], dtype=np.int64)
+    total = int(counts.sum())
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    tags = np.empty((total, 2), dtype=np.int64)
+    tags[:, 0], tags[:, 1] = epoch, np.repeat(firsts, counts) + n * within
+    return tags
 
 
 def _stacked_lengths(batch: SampleBatch, key: str) -> np.ndarray:
@@ -243,56 +262,71 @@ def _stacked_lengths(batch: SampleBatch, key: str) -> np.ndarray:
 
 
 class _Chunks:
-    """The stacked chunks whose rows the window holds by reference: row ``i`` of chunk ``c``
-    is the int ``c << 32 | i`` (a sample dealt by length is a dict, never an int), so a
-    step's batch is gathered from the chunks' stacked leaves, with no sample built."""
+    """The rows the window holds, by number: row ``i`` of the ``c``-th chunk fed is the int
+    ``c << 32 | i``. The rows of a stacked chunk stay in it (a step's batch is gathered
+    from the chunks' stacked leaves, with no sample built) until no row held is of it; the
+    rows of a chunk of samples are held one by one until they are dealt."""
 
     def __init__(self) -> None:
         self._chunks: dict[int, SampleBatch] = {}
+        self._loose: dict[int, Any] = {}
         self._next = 0
 
-    def refs(self, batch: SampleBatch) -> list[int]:
+    def refs(self, batch: SampleBatch) -> np.ndarray:
+        """The numbers of the rows of ``batch`` (its numbers stacked as arrays)."""
         serial, self._next = self._next, self._next + 1
-        self._chunks[serial] = training_batch(batch)  # its numbers as arrays, gathered at C level
-        refs: list[int] = ((serial << 32) + np.arange(len(batch), dtype=np.int64)).tolist()
-        return refs
+        self._chunks[serial] = batch
+        return (serial << 32) + np.arange(len(batch), dtype=np.int64)
 
-    def keep(self, held: list[Any]) -> None:
-        """Let go of the chunks no row ``held`` refers to."""
-        codes = np.array(held)
-        if codes.dtype != np.int64:  # samples too (a chunk that did not stack)
-            codes = np.array([row for row in held if type(row) is int], dtype=np.int64)
-        oldest = int(codes.min()) >> 32 if len(codes) else self._next
+    def samples(self, samples: Sequence[Any]) -> np.ndarray:
+        """The numbers of ``samples``, each held until it is dealt (:meth:`dealt`)."""
+        serial, self._next = self._next, self._next + 1
+        codes = (serial << 32) + np.arange(len(samples), dtype=np.int64)
+        self._loose.update(zip(codes.tolist(), samples, strict=True))
+        return codes
+
+    def dealt(self, rows: list[np.ndarray]) -> None:
+        """Let go of the samples of ``rows`` (dealt: no longer in the window)."""
+        if self._loose:
+            loose = self._loose
+            for code in np.concatenate(rows).tolist():
+                loose.pop(code, None)
+
+    def keep(self, held: np.ndarray) -> None:
+        """Let go of the stacked chunks no row ``held`` is of."""
+        oldest = int(held.min()) >> 32 if len(held) else self._next
         for serial in [serial for serial in self._chunks if serial < oldest]:
             del self._chunks[serial]
 
-    def stacked(self, rows: list[Any], lengths: np.ndarray) -> SampleBatch | None:
+    def stacked(self, rows: np.ndarray, lengths: np.ndarray) -> SampleBatch | None:
         """``rows`` as one batch when they stack with no padding (rows of chunks always
         do: a chunk's rows are of one shape), else None."""
         batch = self._gathered(rows, lengths)
         return batch if batch is not None else stacked_batch(self._samples(rows), lengths)
 
-    def batch(self, rows: list[Any], lengths: np.ndarray) -> SampleBatch:
+    def batch(self, rows: np.ndarray, lengths: np.ndarray) -> SampleBatch:
         """``rows`` as one batch, padded where it must be."""
         batch = self._gathered(rows, lengths)
         return batch if batch is not None else padded_batch(self._samples(rows), lengths)
 
-    def _gathered(self, rows: list[Any], lengths: np.ndarray) -> SampleBatch | None:
+    def _gathered(self, rows: np.ndarray, lengths: np.ndarray) -> SampleBatch | None:
         """``rows`` gathered chunk by chunk and put back in their order, when every one is
-        a row of a chunk (of one layout), else None."""
-        codes = np.array(rows) if rows and type(rows[0]) is int else None
-        if codes is None or codes.dtype != np.int64:
+        a row of a stacked chunk (of one layout), else None."""
+        if not len(rows):
             return None
-        serials, indices = codes >> 32, codes & 0xFFFFFFFF
+        serials, indices = rows >> 32, rows & 0xFFFFFFFF
         order = np.argsort(serials, kind="stable")
         ordered = serials[order]
         starts = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist()]
         stops = [*starts[1:], len(order)]
-        parts = [(self._chunks[int(ordered[start])], indices[order[start:stop]])
+        held = self._chunks
+        if any(int(ordered[start]) not in held for start in starts):
+            return None
+        parts = [(held[int(ordered[start])], indices[order[start:stop]])
                  for start, stop in zip(starts, stops, strict=True)]
         return gathered(parts, np.argsort(order), lengths)
 
-    def _samples(self, rows: list[Any]) -> list[Any]:
-        chunks = self._chunks
-        return [chunks[row >> 32][row & 0xFFFFFFFF] if type(row) is int else row
-                for row in rows]
+    def _samples(self, rows: np.ndarray) -> list[Any]:
+        chunks, loose = self._chunks, self._loose
+        return [loose[row] if row in loose else chunks[row >> 32][row & 0xFFFFFFFF]
+                for row in rows.tolist()]
