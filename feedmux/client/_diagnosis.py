@@ -175,8 +175,10 @@ class InputDiagnosis:
             return early
         fraction = min(1.0, self._waited / elapsed)
         self._last = (fraction, self._samples / elapsed, elapsed)
-        if self._pending is not None:  # the servers never answered last time: say it without
-            self._say(*self._pending, loads=[])
+        if self._pending is not None and not self._answered():
+            self._say(*self._pending, loads=[])  # no server ever answered: say it without
+        # A verdict still waiting for a load (the answers so far came too close together)
+        # gives way to this window's: the next answer far enough apart completes it.
         self._pending = (fraction, elapsed) if fraction > self.threshold else None
         self._started, self._waited, self._samples = now, 0.0, 0
         return True
@@ -199,6 +201,10 @@ class InputDiagnosis:
             return None  # wait for every server's figures (or the next window)
         pending, self._pending = self._pending, None
         return self._say(*pending, loads=loads)
+
+    def _answered(self) -> bool:
+        """Whether any server has answered a statistics ask (its figures are a base)."""
+        return any(figures.previous is not None for figures in self._links)
 
     def _loads(self) -> list[ServerLoad]:
         return [figures.load for figures in self._links if figures.load is not None]

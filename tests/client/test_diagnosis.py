@@ -163,3 +163,32 @@ def test_two_answers_close_together_say_nothing_of_the_servers_load() -> None:
     verdict = diagnosis.server_stats(0, {"uptime_s": 6.5, "sampler_busy_seconds": 6.38,
                                          "send_blocked_seconds": 0.0}, now=1.6)
     assert verdict is not None and "the server is sampling 99%" in verdict
+
+
+def test_a_window_that_ends_before_an_answer_far_enough_apart_waits_for_one(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Seen in a CI run: the answers to the trainer's first two asks came too close together
+    # to give a load, the next window ended, and the trainer said "no statistics from the
+    # server yet" of a server that had answered twice and sampled all the time.
+    diagnosis = InputDiagnosis(links=1, window=1.0, threshold=0.2)
+    assert diagnosis.message(now=0.0, waited_from=0.0, samples=1)
+    assert diagnosis.message(now=1.5, waited_from=0.0, samples=1)  # waited all the window
+    for uptime in (5.000, 5.002):  # both answers in one batch
+        assert diagnosis.server_stats(0, {"uptime_s": uptime, "sampler_busy_seconds": 4.9,
+                                          "send_blocked_seconds": 0.0}, now=1.6) is None
+    with caplog.at_level(logging.WARNING, logger="feedmux.client"):
+        assert diagnosis.message(now=3.0, waited_from=1.5, samples=1)  # the next window
+        verdict = diagnosis.server_stats(0, {"uptime_s": 6.5, "sampler_busy_seconds": 6.38,
+                                             "send_blocked_seconds": 0.0}, now=3.1)
+    assert verdict is not None and "the server is sampling 99%" in verdict
+    assert caplog.messages == [verdict]
+
+
+def test_a_server_that_never_answers_is_named_at_the_next_window(
+        caplog: pytest.LogCaptureFixture) -> None:
+    diagnosis = InputDiagnosis(links=1, window=1.0, threshold=0.2)
+    assert diagnosis.message(now=0.0, waited_from=0.0, samples=1)
+    assert diagnosis.message(now=1.5, waited_from=0.0, samples=1)
+    with caplog.at_level(logging.WARNING, logger="feedmux.client"):
+        diagnosis.message(now=3.0, waited_from=1.5, samples=1)
+    assert len(caplog.messages) == 1 and "no statistics from the server yet" in caplog.messages[0]
