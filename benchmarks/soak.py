@@ -223,8 +223,9 @@ class _Soak:
         # schedule goes on only once the server deals, however long the survivors took
         # to notice the restart on a loaded machine (bounded).
         deadline = stopped + START_WAIT
-        while alive and feedmux.fetch_stats(self.server.control_address,
-                                            timeout=START_WAIT)["samples_sent"] == 0:
+        while alive and feedmux.fetch_stats(
+                self.server.control_address,
+                timeout=max(1.0, deadline - time.monotonic()))["samples_sent"] == 0:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the restarted server heard from fewer than {alive} "
                                    f"trainer(s) within {START_WAIT:g} s")
