@@ -195,6 +195,11 @@ def test_references_in_transit_count_until_the_trainer_receives_them(pool: ShmPo
     receive(views, sent[1].frames)  # decoded and dropped at once: released
     assert pool.in_transit(b"trainer") == 1
     assert (kept == 0).all()
+    # The statistics split what is in use: the run still on its way, and the kept view's.
+    stats = pool.stats()
+    assert stats["shm_bytes_in_transit"] == MIB and stats["shm_bytes_in_use"] == 2 * MIB
+    receive(views, sent[2].frames)
+    assert pool.stats()["shm_bytes_in_transit"] == 0
 
 
 def test_a_view_of_a_shared_empty_array_keeps_its_run(pool: ShmPool) -> None:

@@ -90,6 +90,7 @@ from feedmux._plumbing.shmtable import (
     pid_alive,
     reclaim_dead,
     release_run,
+    unclaimed,
 )
 
 __all__ = [
@@ -624,10 +625,12 @@ class ShmPool:
             return head
         return -1
 
-    def in_use(self) -> int:
+    def in_use(self, in_transit: bool = False) -> int:
         """Granules of the runs not free now, in every region: what trainers hold, what is
         on its way, what a process lent out or keeps (released runs, and a dead trainer's
-        holds, count as free at once, before their allocator takes them back)."""
+        holds, count as free at once, before their allocator takes them back).
+        ``in_transit``: only those of the runs still on their way to a trainer (sent as
+        references that no trainer has decoded yet), a part of the former."""
         # A copy first: the workers write their regions' books meanwhile, and numpy's
         # nonzero fails on an array whose count changes under it (the stats then crashed
         # the server). A torn copy is a figure a moment old, right for the statistics.
@@ -635,6 +638,8 @@ class ShmPool:
         heads = np.flatnonzero(lengths)
         busy = held(self.segment.table, heads)
         busy |= np.isin(heads, list(self.books.pinned)) | (self.books.kept[heads] > 0)
+        if in_transit:
+            busy &= unclaimed(self.segment.table, heads)
         return int(lengths[heads[busy]].sum())
 
     def stats(self) -> dict[str, int]:
@@ -643,6 +648,7 @@ class ShmPool:
             "shm_stalls": self.stalls,
             "shm_bytes_copied": self.copied,
             "shm_bytes_in_use": self.in_use() * self.segment.granule,
+            "shm_bytes_in_transit": self.in_use(in_transit=True) * self.segment.granule,
             "shm_bytes": len(self.segment.data),
         }
 

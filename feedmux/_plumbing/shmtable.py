@@ -57,6 +57,7 @@ __all__ = [
     "reclaim_dead",
     "release_run",
     "split_count",
+    "unclaimed",
 ]
 
 MAGIC = b"feedmxSM"
@@ -139,6 +140,17 @@ def held(table: np.ndarray, heads: np.ndarray) -> np.ndarray:
                 alive[pid] = pid_alive(pid)
             busy[index] |= not pid or alive[pid]
     return busy
+
+
+def unclaimed(table: np.ndarray, heads: np.ndarray) -> np.ndarray:
+    """Per run of ``heads``: whether a claim cell of it is on its way (sent, no trainer's
+    pid yet: the message is still in the socket queues). It reads and never writes."""
+    rows = table[heads]
+    waiting: np.ndarray = np.zeros(len(heads), bool)
+    for claim, column in enumerate(STATE_COLUMNS):
+        owner = cell_columns(claim)[1]
+        waiting |= (rows[:, column] == SENT) & (rows[:, owner] == 0)
+    return waiting
 
 
 def reclaim_dead(table: np.ndarray, heads: np.ndarray, orphan_ms: float) -> list[int]:
