@@ -9,9 +9,10 @@ after it; a reliable free trainer, with the sequence number of the message it
 is in, so that only the rest of that message goes to the others if it dies,
 and the messages it handed out whole that the loader has not acknowledged yet
 (it acknowledges several at once; these are the rest).
-For a rank it is repeated
-once per heartbeat interval, it is also the rank's sign of life (a trainer in a
-long step does not call its loader, but this thread runs; a killed one is silent). The thread
+It is repeated
+once per heartbeat interval: it is also the trainer's sign of life (a trainer in a
+long step does not call its loader, but this thread runs; a killed one is silent), which
+keeps a rank's holder its rank and a free reliable trainer its messages. The thread
 has its own ZeroMQ context and one DEALER per control endpoint (a ZeroMQ
 socket must never be shared between threads), reads the loader's progress
 without locking — the loader publishes the current message before resetting
@@ -217,7 +218,7 @@ class HandOutAcks:
         self._acknowledge_finished(sockets)
         now = time.monotonic()
         if current is None or current[4] <= 0:
-            if self.rank >= 0 and now - self._last_sent >= HEARTBEAT_INTERVAL:
+            if now - self._last_sent >= HEARTBEAT_INTERVAL:
                 self._last_sent = now
                 for socket in sockets:  # nothing handed out yet: a sign of life only
                     self._offer(socket, Ack(client_id=self.client_id, rank=self.rank))
@@ -226,8 +227,9 @@ class HandOutAcks:
         row = tags[min(handed, len(tags)) - 1]
         mark = (server_id, int(row[0]), int(row[1]))
         # The same mark again once per heartbeat interval: the server takes it as a sign of
-        # life of this rank's holder, however long the trainer's own steps take.
-        if mark == self.sent and (self.rank < 0 or now - self._last_sent < HEARTBEAT_INTERVAL):
+        # life of this rank's holder, or of this free reliable trainer, however long the
+        # trainer's own steps take.
+        if mark == self.sent and now - self._last_sent < HEARTBEAT_INTERVAL:
             return True
         if mark != self.sent and not final and not self._pace.mark_due(tags, now,
                                                                         self._last_sent):

@@ -39,11 +39,16 @@ def open_sockets(
     reliable mode (its holder gets the rank's messages).
     """
     if reliable:
-        # With ZMTP heartbeats a receive queue must never fill (see make_socket): no limit
-        # here, credit bounds the data and the server what it sends besides.
+        # No ZMTP heartbeats (as in plain mode): a link down for a few seconds must not
+        # drop the connection with what is queued on it (the server would deal the rest
+        # of it to the others while this trainer hands it out: repeats). The server finds
+        # a dead trainer by its closed connection, a frozen or vanished one by its silence
+        # (the acknowledging thread's signs of life). No receive limit either: credit
+        # bounds the data, and the server what it sends besides.
         targets = [
             make_socket(context, zmq.DEALER, hwm=hwm + 16, rcvhwm=UNLIMITED,
-                        max_message_bytes=max_message_bytes, security=security)
+                        max_message_bytes=max_message_bytes, heartbeats=False,
+                        security=security)
             for _ in links.links
         ]
         if links.rank >= 0:

@@ -269,7 +269,7 @@ class SocketShell:
                 continue
             if isinstance(message, Ack) and message.rank < 0:
                 if self.reliable is not None:  # a free trainer's hand-out mark: no answer
-                    self.reliable.credits.record_mark(message)
+                    self.reliable.marked(message)
                 continue
             if isinstance(message, Heartbeat) and self.reliable is not None:
                 self.reliable.reading(message.sender_id)  # its loader reads: summaries again
@@ -398,9 +398,10 @@ def _data_socket(context: zmq.Context[Any], config: ServerConfig,
     """The data ROUTER (consumer groups' fan-out sends on it too), with its limits."""
     if config.reliable:
         # Credit bounds each trainer's queue, so the socket's own limit only has to
-        # stay out of the way; with queues that never fill, ZMTP heartbeats are safe.
-        data = make_socket(context, zmq.ROUTER, hwm=100_000, security=security,
-                           max_message_bytes=DATA_INBOUND_FRAME_BYTES)
+        # stay out of the way. No ZMTP heartbeats: a short outage is a pause, and a
+        # silent trainer is found by its silence (reliable.SILENCE_GRACE).
+        data = make_socket(context, zmq.ROUTER, hwm=100_000, heartbeats=False,
+                           security=security, max_message_bytes=DATA_INBOUND_FRAME_BYTES)
     else:
         # A ROUTER, so that the core can address a message: to a rank, or to the next
         # free trainer whose queue has room (an addressed send fails instead of blocking).

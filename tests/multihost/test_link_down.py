@@ -79,11 +79,6 @@ def test_two_ranks_lose_and_repeat_nothing_across_a_5_s_link_outage(
     assert "unconfirmed" not in server.stderr, server.stderr  # the drain heard both ranks
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not fixed yet: a free reliable trainer's data socket has ZMTP heartbeats, so a 5 s "
-    "outage drops it; the server re-deals its unacknowledged messages (repeats: the marks "
-    "of its last hand-outs could not cross the link) and its data connection comes back "
-    "under a fresh identity without credit, so it gets nothing more (docs/scale-out.md)"))
 def test_free_reliable_trainers_lose_and_repeat_nothing_across_a_5_s_link_outage(
     hosts: TwoHosts, tmp_path: Path
 ) -> None:

@@ -176,6 +176,15 @@ class Ledger:
             if entry is not None:
                 self.nbytes -= entry.nbytes
 
+    def acknowledge_before(self, lane: Hashable, target: bytes, seq: int) -> None:
+        """``target`` is in its message ``seq`` of ``lane``: it handed out whole every
+        message of the lane it was sent before that one (a trainer reads its socket in
+        order, and sequence numbers grow in the order of the sends)."""
+        entries = self._lanes.get(lane)
+        if entries:
+            self.acknowledge(lane, [earlier for earlier, entry in list(entries.items())
+                                    if earlier < seq and entry.target == target])
+
     def record_mark(self, lane: Hashable, target: bytes, mark: tuple[int, int],
                     seqs: Iterable[int] | None = None) -> None:
         """``target`` handed out ``lane``'s messages up to and including ``mark``

@@ -4,9 +4,9 @@ In reliable mode the data socket is a ROUTER and each trainer a DEALER. A
 trainer grants credit (how many messages it will hold) and acknowledges each
 data message once it has handed out all of its samples; the server sends a
 message only to a trainer with credit left and keeps it until it is
-acknowledged. When a trainer goes away (its connection drops, seen by a send
-that fails under ``ROUTER_MANDATORY``; ZMTP heartbeats turn a frozen trainer
-into a dropped connection), its unacknowledged messages go back to the front
+acknowledged. When a trainer goes away (its connection closed, seen by a send
+that fails under ``ROUTER_MANDATORY``, or silent for :data:`SILENCE_GRACE`: a
+frozen trainer, a host gone), its unacknowledged messages go back to the front
 of its audience's re-deal queue, for the audience's other trainers (the
 server's free trainers, or the other members of its consumer group). So
 nothing is lost and every sample of an epoch reaches a live trainer (of each
@@ -23,12 +23,11 @@ for every message.
 
 The server also sends outside credit on this socket: a heartbeat every
 :data:`~feedmux._plumbing.sockets.HEARTBEAT_INTERVAL` (its send finds a trainer
-whose connection dropped) and a summary of the hand-outs up to every
-:data:`SUMMARY_INTERVAL`. A trainer in a long step reads none of them, so they
-must never fill its receive queue: a full queue with ZMTP heartbeats makes
-libzmq stop reading the connection, drop it, and can abort the trainer (see
-``make_socket``). The trainer's reliable data socket therefore has no receive
-limit (credit bounds the data), and the server bounds what it sends outside
+whose connection closed) and a summary of the hand-outs up to every
+:data:`SUMMARY_INTERVAL`. A trainer in a long step reads none of them. The
+data connection has no ZMTP heartbeats (a short outage must be a pause, not a
+dropped connection with what it carries), and its receive queue no limit: credit
+bounds the data, and the server bounds what it sends outside
 credit to a trainer that shows no sign of reading: at most
 :data:`SUMMARY_BACKLOG` summaries since its last credit, acknowledgement or
 control heartbeat (the summaries it misses meanwhile are worth nothing: it gets
@@ -80,7 +79,8 @@ from feedmux.server._control.meters import ControlMeter
 from feedmux.server._delivery.ledger import Entry, Ledger, Recovery, handed_below
 from feedmux.server._delivery.outbox import GONE, Outbox, Wait
 
-__all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "NO_ACK", "SUMMARY_BACKLOG", "SUMMARY_INTERVAL",
+__all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "NO_ACK", "SILENCE_GRACE", "SUMMARY_BACKLOG",
+           "SUMMARY_INTERVAL",
            "Credits",
            "HandOutSummary", "ReliableFree", "ReliableLink"]
 
@@ -104,6 +104,17 @@ SUMMARY_INTERVAL = 0.25
 #: in a long step is sent no more until it reads again. Each is a few hundred bytes
 #: (up to ~25 KiB with ``MAX_SUMMARY_RUNS`` runs): what a paused trainer holds of them.
 SUMMARY_BACKLOG = 16
+
+#: Seconds a free reliable trainer may stay silent (no credit or acknowledgement on the
+#: data socket, no heartbeat, hand-out mark or sign of life over control: its loader's
+#: thread sends one every heartbeat interval, whatever the trainer does) before it counts
+#: as lost and what it holds goes to the others. Its data connection has no ZMTP
+#: heartbeats: a link down for a few seconds is a pause (TCP carries the queued messages
+#: when it comes back), not a departure; a trainer that dies closes its connection and is
+#: lost at the next send to it (within a heartbeat interval). Silence is what is left: a
+#: frozen process, or a host gone without a word (a half-open connection). Longer than a
+#: short outage plus TCP's retransmission back-off after it (a few seconds).
+SILENCE_GRACE = 15.0
 
 #: The envelope of messages that want no acknowledgement by sequence number (heartbeats,
 #: end of stream, a rank's data: its hand-out marks release it).
@@ -198,9 +209,14 @@ class Credits:
             for ledger in list(self.ledgers.values()):
                 if message.position < 0:
                     ledger.acknowledge(identity, message.seqs)
-                else:
-                    ledger.record_mark(identity, identity, (message.epoch, message.position),
-                                       message.seqs)
+                    continue
+                # A mark in a message also says the earlier ones were handed out whole: an
+                # acknowledgement lost on the way (a control link down a while, a full
+                # queue) does not keep its message, and its credit, for ever.
+                for seq in message.seqs[:1]:
+                    ledger.acknowledge_before(identity, identity, seq)
+                ledger.record_mark(identity, identity, (message.epoch, message.position),
+                                   message.seqs)
 
     def candidates(self, members: Collection[bytes] | None = None,
                    skip: Collection[bytes] = ()) -> list[tuple[bytes, bytes]]:
@@ -321,7 +337,8 @@ class ReliableLink:
 
     def __init__(self, socket: zmq.Socket[Any], outbox: Outbox, server_id: str,
                  read_marks: Callable[[], object] = lambda: None,
-                 meter: ControlMeter | None = None) -> None:
+                 meter: ControlMeter | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.socket = socket
         self.outbox = outbox
         #: Counts the credit and acknowledgements taken in (control traffic on the data socket).
@@ -333,19 +350,37 @@ class ReliableLink:
         self.read_marks = read_marks
         #: What tells the free trainers what all of them handed out (for a restarted server).
         self.summary = HandOutSummary()
+        #: When each trainer (data identity) was last heard, on either socket, moved on by
+        #: the time the server itself did not look (see :meth:`turn`).
+        self.heard: dict[bytes, float] = {}
+        self.clock = clock
+        self._turned = clock()
 
     def lose(self, identity: bytes) -> None:
         if identity in self.credits.peers:
             self.read_marks()
         self.credits.lose(identity)
         self.summary.forget(identity)
+        self.heard.pop(identity, None)
 
     def reading(self, client_id: str) -> None:
         """The loader of trainer ``client_id`` is reading (its heartbeat over control came):
         it may be sent summaries again."""
-        for identity, peer in list(self.credits.peers.items()):
-            if peer.client_id == client_id:
-                self.summary.read(identity)
+        now = self.clock()
+        for identity in self._identities(client_id):
+            self.summary.read(identity)
+            self.heard[identity] = now
+
+    def marked(self, message: Ack) -> None:
+        """A free trainer's hand-out mark or sign of life over control (:class:`Ack`)."""
+        now = self.clock()
+        for identity in self._identities(message.client_id):
+            self.heard[identity] = now
+        self.credits.record_mark(message)
+
+    def _identities(self, client_id: str) -> list[bytes]:
+        return [identity for identity, peer in list(self.credits.peers.items())
+                if peer.client_id == client_id]
 
     def serve(self) -> None:
         """Take in every credit and acknowledgement waiting on the socket."""
@@ -367,11 +402,22 @@ class ReliableLink:
             identity = parts[0].bytes
             self.credits.take(identity, message)
             self.summary.read(identity)
+            self.heard[identity] = self.clock()
         self.meter.add(received, time.thread_time() - cpu_started)
 
     def turn(self) -> None:
         """Take in credit and acknowledgements, find lost trainers when it is time, and
-        sum up the hand-outs for the trainers when that is due."""
+        sum up the hand-outs for the trainers when that is due.
+
+        Silence counts only while the server listens: a gap between two turns longer
+        than a heartbeat interval (a draw that took long, a stopped server process)
+        moves every trainer's last-heard time on by the excess, so that what they sent
+        meanwhile, still unread in the queues, is not taken for silence."""
+        now = self.clock()
+        away, self._turned = now - self._turned - HEARTBEAT_INTERVAL, now
+        if away > 0:
+            for identity in list(self.heard):
+                self.heard[identity] += away
         self.serve()
         self.beat()
         self.summarize()
@@ -389,7 +435,7 @@ class ReliableLink:
         def attempt() -> Wait | None:
             self.turn()
             redeal()
-            return Wait.CREDIT if left() and time.monotonic() < deadline else None
+            return Wait.CREDIT if left() and self.clock() < deadline else None
 
         self.outbox.deliver(attempt, halted)
         if left():
@@ -397,12 +443,22 @@ class ReliableLink:
         log.info("%d data message(s) re-sent", credits.stats()["resent_messages"])
 
     def beat(self, force: bool = False) -> None:
-        """Every heartbeat interval, find out which trainers are gone (a send fails)."""
-        if not self.credits.beat_due(time.monotonic(), force):
+        """Every heartbeat interval, find out which trainers are gone: a send fails (its
+        connection closed), or it was silent for :data:`SILENCE_GRACE`."""
+        now = self.clock()
+        if not self.credits.beat_due(now, force):
             return
         beat = [NO_ACK, *encode(Heartbeat(sender_id=self.server_id))]
+        if any(now - self.heard.get(identity, now) > SILENCE_GRACE
+               for identity in list(self.credits.peers)):
+            self.read_marks()  # what waits unread on control is no silence
         for identity in list(self.credits.peers):
-            if self.outbox.send(identity, beat) is GONE:  # full: alive, just busy
+            silent = now - self.heard.setdefault(identity, now)
+            if silent > SILENCE_GRACE:
+                log.warning("trainer %s was not heard from for %.0f s",
+                            self.credits.peers[identity].client_id[:64], silent)
+                self.lose(identity)
+            elif self.outbox.send(identity, beat) is GONE:  # full: alive, just busy
                 self.lose(identity)
 
     def summarize(self) -> None:
@@ -410,7 +466,7 @@ class ReliableLink:
         handed out (:func:`~feedmux.server._delivery.ledger.handed_below`) when it has not
         been told that yet and is not :data:`SUMMARY_BACKLOG` summaries behind."""
         summary = self.summary
-        frames = summary.due(time.monotonic(), self.credits.ledger, self.server_id)
+        frames = summary.due(self.clock(), self.credits.ledger, self.server_id)
         if frames is None:
             return
         for identity in list(self.credits.peers):
