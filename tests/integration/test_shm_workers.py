@@ -153,6 +153,52 @@ def test_two_workers_and_two_ranks_get_the_workers_own_copies_with_exact_epochs(
         server.stop()
 
 
+def test_two_groups_get_views_of_the_workers_own_copies_with_exact_epochs() -> None:
+    # Without reliable delivery the groups' buffer shares a worker's runs as they are: a
+    # member of each group holds a claim cell of the worker's copy (no copy out of the
+    # pool in the forwarder, no copy into the server's region: the worker's is the only
+    # one). Before, a large array was copied three times with --workers N and groups.
+    server = Server(SAMPLER, bind="tcp://127.0.0.1:0", epochs=2, samples_per_message=1,
+                    shm_size=64 * MIB, workers=2, min_trainers=2).start()
+    try:
+        loaders = {group: RemoteLoader(server.data_address, control=server.control_address,
+                                       timeout=30, with_meta=True, group=group)
+                   for group in ("a", "b")}
+        try:
+            seen: dict[str, list[tuple[int, int]]] = {"a": [], "b": []}
+            copied: dict[str, int] = {"a": 0, "b": 0}
+            copied_at: dict[str, int] = {}
+
+            def train(group: str) -> None:
+                loader = loaders[group]
+                for meta, sample in loader:
+                    assert (sample["x"] == sample["id"]).all()
+                    assert in_pool(sample["x"]), "a member's large array is not a pool view"
+                    if meta.epoch == 2 and not in_a_workers_region(loader, sample["x"], 2):
+                        copied[group] += 1
+                    seen[group].append((meta.epoch, int(sample["id"])))
+                    if group == "a" and len(seen[group]) in (41, 80):
+                        stats = fetch_stats(server.control_address)
+                        copied_at["start" if len(seen[group]) == 41 else "end"] = (
+                            stats["shm_bytes_copied"])
+                    del sample
+
+            members = [CheckedThread(train, group) for group in ("a", "b")]
+            for member in members:
+                member.join(60)
+            assert copied == {"a": 0, "b": 0}, "a member's array of epoch 2 was copied"
+            assert copied_at["end"] == copied_at["start"], "the server copied into the pool"
+            for group in ("a", "b"):
+                for epoch in (1, 2):
+                    assert sorted(i for e, i in seen[group] if e == epoch) == list(range(40))
+            assert server.join(30) == 0
+        finally:
+            for loader in loaders.values():
+                loader.close()
+    finally:
+        server.stop()
+
+
 def test_two_workers_build_batches_into_the_pool_with_exact_epochs() -> None:
     server = Server(SAMPLER, bind="tcp://127.0.0.1:0", epochs=2, samples_per_message=1,
                     shm_size=64 * MIB, workers=2).start()

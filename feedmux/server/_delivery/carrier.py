@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from feedmux._plumbing.shm import Placement, ShmPool
+from feedmux._plumbing.shm import Placement, ShmPool, has_refs
 from feedmux._plumbing.shmtable import SHARED
 from feedmux.server._control.core import ControlCore
 from feedmux.server._delivery.compression import LinkCompression
@@ -71,6 +71,26 @@ class Carrier:
         sent it (SENT: :meth:`settle`)."""
         return None if self.pool is None else placed_now(self.pool, self.core, frames, state)
 
+    def share_or_whole(self, frames: Sequence[Any]) -> tuple[Sequence[Any], Placement | None]:
+        """:meth:`share` for a message that may hold a sampling worker's references: they
+        become the shared placement as they are (the worker's runs, no copy), or, when
+        the message cannot be shared (no trainer maps the pool, the pool is full), the
+        arrays they name are copied out and their runs freed: the message goes whole."""
+        placed = self.share(frames)
+        if placed is None and self.pool is not None and has_refs(frames):
+            return self.whole(frames, drop=True), None
+        return frames, placed
+
+    def whole(self, frames: Sequence[Any], drop: bool = False) -> Sequence[Any]:
+        """``frames`` with the arrays a sampling worker's references name copied out (the
+        runs freed too when ``drop``), or ``frames`` when there is none."""
+        if self.pool is None or not has_refs(frames):
+            return frames
+        whole = self.pool.forwarded.copied_out(frames)
+        if drop:
+            self.pool.drop(frames)
+        return whole
+
     def unshare(self, placed: Placement | None) -> None:
         if placed is not None and self.pool is not None:
             self.pool.shared.unshare(placed)
@@ -89,6 +109,9 @@ class Carrier:
             handed = self.pool.shared.hand(placed)  # None: every cell taken, it goes whole
             if handed:
                 return handed
+        # A groups' message kept as a worker's references (see :meth:`share_or_whole`), for
+        # a member that does not map the pool: its own copy of the bytes, for the socket.
+        frames = self.whole(frames)
         return frames if self.compression is None else self.compression.wire(target, frames)
 
     def delivered(self, target: bytes, wire: Sequence[Any], placed: Placement | None) -> None:

@@ -38,7 +38,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from feedmux._plumbing.shm import Placement
+from feedmux._plumbing.shm import Placement, carried_bytes, is_ref
 from feedmux._plumbing.shmtable import SENT
 from feedmux.protocol import Data, Error, decode
 from feedmux.server._control.core import TRAINER_TIMEOUT, ControlCore, Sends
@@ -60,8 +60,12 @@ LAG_LOG_INTERVAL = 5.0
 
 
 def _nbytes(frames: Frames) -> int:
+    """The bytes a message carries (a sampling worker's reference counts as its array)."""
     total = 0
     for frame in frames:
+        if is_ref(frame):
+            total += carried_bytes([frame])
+            continue
         size = getattr(frame, "nbytes", None)
         total += int(size) if size is not None else len(frame)
     return total
@@ -102,7 +106,7 @@ class _RankedGroup:
 
     def deal(self, message: BufferedMessage) -> None:
         """Deal the group's next buffered message (an epoch change first ends the last one)."""
-        decoded = decode(list(message.frames))
+        decoded = decode(list(self.carrier.whole(message.frames)))
         assert isinstance(decoded, Data)
         if message.epoch != self.epoch:
             self.finish_epoch()
@@ -187,8 +191,11 @@ class GroupFanout:
             self._wait()  # counts as blocked in the outbox
         # Its large arrays placed in the pool once, for a member of each free group to hold
         # (a ranked group's shares are encoded anew, and placed as they are dealt).
+        # A sampling worker's references stay as they are when every group can take them.
+        carrier = self.dealer.carrier
         free = any(not self.core.tables.of(name).ranked for name in buffer.groups)
-        placed = self.dealer.carrier.share(frames) if free else None
+        frames, placed = carrier.share_or_whole(frames) if free else (
+            carrier.whole(frames, drop=True), None)
         buffer.append(frames, n_samples, epoch, _nbytes(frames), placed)
         self.pump()
         return True

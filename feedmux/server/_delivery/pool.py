@@ -131,10 +131,11 @@ def pooled(pool: ShmPool, core: ControlCore, frames: Sequence[Any], outbox: Outb
 def placed_now(pool: ShmPool, core: ControlCore, frames: Sequence[Any],
                state: int = SHARED) -> Placement | None:
     """``frames`` placed for the consumer groups' members that map the pool, or None: no
-    such trainer, nothing large, a sampling worker's references (sent whole), or the
-    pool is full. ``state`` SHARED: once for every group (each member it goes to holds
-    a cell of its own, :class:`~feedmux._plumbing.shmtable.SharedRuns`); SENT: a ranked
-    group's share, for its rank's holder alone.
+    such trainer, nothing large, or the pool is full. ``state`` SHARED: once for every
+    group (each member it goes to holds a cell of its own,
+    :class:`~feedmux._plumbing.shmtable.SharedRuns`); a sampling worker's references
+    become shared as they are (its runs: the worker's copy is the only one); SENT: a
+    ranked group's share, for its rank's holder alone.
 
     A full pool does not hold the groups back: their buffer is what bounds a
     lagging group, and the runs the buffer holds come back only as the groups move
@@ -143,7 +144,7 @@ def placed_now(pool: ShmPool, core: ControlCore, frames: Sequence[Any],
     """
     trainers = shm_trainers(core)
     pool.wanted = bool(trainers)
-    if not trainers or len(frames) <= 2 or has_refs(frames):
+    if not trainers or len(frames) <= 2 or (state != SHARED and has_refs(frames)):
         return None
     placed = pool.place(frames, state=state)
     if placed is None:

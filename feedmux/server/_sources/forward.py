@@ -244,8 +244,11 @@ def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
                 pool.release(item.epoch + 1)
             continue
         tags = run.number(item)
-        if shell.fanout is not None:
-            item = _whole(shell.pool, item)  # sent whole to every group
+        if shell.fanout is not None and shell.reliable is not None:
+            # The reliable ledger keeps what it sends, to deal again: whole bytes. Without
+            # it, the groups share a worker's runs as they are (members that map the pool
+            # get views of the worker's copy; the fan-out copies out for the others).
+            item = _whole(shell.pool, item)
         if ranked is not None:
             # Its header decoded (a batch's samples stay stacked, its arrays read from the
             # workers' runs in place), its rows held and dealt.
