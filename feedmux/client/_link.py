@@ -256,8 +256,8 @@ class ServerLinks:
     []
     >>> links.data("s1", first_epoch=1, now=0.0)
     ()
-    >>> links.control(0, Drain(sent_messages=1, server_id="s1"))
-    [Send(link=0, message=Heartbeat(sender_id='t', received_messages=1, group='', handed_below=()))]
+    >>> links.control(0, Drain(sent_messages=1, server_id="s1"))[0].message
+    Heartbeat(sender_id='t', received_messages=1, group='', handed_below=(), wait_fraction=None)
     >>> links.control(0, EndOfStream("s1"))
     []
     >>> links.finished, len(links.links), links.epoch_size
