@@ -2,9 +2,9 @@
 
 This module owns the view: :func:`describe` turns two statistics answers of a
 server (the previous and the current one, as ``feedmux stats`` prints them)
-into lines — rates, busy and blocked fractions, epoch progress with an ETA,
-workers, trainers with their rates (the slowest few and a summary when there
-are many) — and :func:`run_top` asks every server
+into lines — rates, busy and blocked fractions, the trainers' reported wait
+for data, epoch progress with an ETA, workers, trainers with their rates and
+waits (the slowest few and a summary when there are many) — and :func:`run_top` asks every server
 once a second and redraws. On a terminal it draws full frames in the
 alternate screen and reads ``q`` without waiting for Enter; otherwise it
 prints plain lines. It must never change a server: it only sends statistics
@@ -89,6 +89,11 @@ def describe(address: str, current: Stats, previous: Stats | None) -> list[str]:
     busy = _rate(current, previous, "sampler_busy_seconds")
     busy = None if busy is None else busy / workers
     blocked = _rate(current, previous, "send_blocked_seconds")
+    waited = current.get("trainers_wait_fraction")
+    reported = "" if waited is None else (
+        f"; trainers waited {_percent(waited)} (mean of "
+        f"{current.get('trainers_reporting_wait', 0)}, most "
+        f"{_percent(current.get('trainers_wait_fraction_max'))})")
     lines = [
         f"server {current.get('server_id', '?')} at {address}: pid {current.get('pid', '?')}, "
         f"up {_duration(float(current.get('uptime_s', 0)))}, {workers} worker(s){scaled}, "
@@ -97,7 +102,7 @@ def describe(address: str, current: Stats, previous: Stats | None) -> list[str]:
         + (", finished" if current.get("finished") else ""),
         f"  {shown_rate or 0:.0f} samples/s, {message_rate or 0:.0f} messages/s, "
         f"{(byte_rate or 0) / 1e6:.1f} MB/s; sampling {_percent(busy)}"
-        f", blocked on sending {_percent(blocked)}",
+        f", blocked on sending {_percent(blocked)}{reported}",
     ]
     lines.append("  " + _epoch_line(current, shown_rate))
     alive = [key for key in current if key.startswith("worker.") and key.endswith(".alive")]
@@ -129,14 +134,18 @@ TRAINER_LINES = 8
 def _trainer_lines(current: Stats, previous: Stats | None) -> list[str]:
     """A line per trainer; with more than :data:`TRAINER_LINES`, the slowest ones and
     one line for all (a server may have hundreds: the view must fit a screen). A trainer
-    whose link ``--compress`` compresses says with which codec, and why.
+    whose link ``--compress`` compresses says with which codec, and why; one that
+    reports its wait for data, how much of its last second it waited.
 
     Examples
     --------
     >>> stats = {"trainer.t1.received_messages": 5, "trainer.t1.compress": "lz4",
-    ...          "trainer.t1.compress_reason": "link is the limit"}
-    >>> print(_trainer_lines(stats, None)[0])
+    ...          "trainer.t1.compress_reason": "link is the limit",
+    ...          "trainer.t2.received_messages": 9, "trainer.t2.wait_fraction": 0.42}
+    >>> for line in _trainer_lines(stats, None):
+    ...     print(line)
       trainer t1: rank -, ~- samples/s, 5 messages received, compressed lz4 (link is the limit)
+      trainer t2: rank -, ~- samples/s, 9 messages received, waits 42%
     """
     per_message = (float(current.get("samples_sent", 0)) / current["messages_sent"]
                    if current.get("messages_sent") else 0.0)
@@ -157,10 +166,12 @@ def _trainer_lines(current: Stats, previous: Stats | None) -> list[str]:
         received = current[f"trainer.{client_id}.received_messages"]
         codec = current.get(f"trainer.{client_id}.compress", "off")
         why = current.get(f"trainer.{client_id}.compress_reason", "")
+        waits = current.get(f"trainer.{client_id}.wait_fraction")
         lines.append(f"  trainer {client_id}: rank {rank}, "
                      f"~{'-' if rate is None else f'{rate:.0f}'} samples/s, "
                      f"{received} messages received"
-                     + ("" if codec == "off" else f", compressed {codec} ({why})"))
+                     + ("" if codec == "off" else f", compressed {codec} ({why})")
+                     + ("" if waits is None else f", waits {_percent(waits)}"))
     if len(shown) < len(trainers):
         lines.append("  " + _trainers_summary(trainers, len(trainers) - len(shown)))
     return lines

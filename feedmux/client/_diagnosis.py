@@ -2,10 +2,11 @@
 
 This module owns the trainer's input-bound diagnosis: the time the training
 loop spent waiting inside ``next()`` against the time between calls, over a
-window; the servers' busy (sampling) and blocked (waiting for trainers)
-fractions, from the difference of two statistics answers; and the verdict,
-a log line with the likely cause and the fix when the trainer waited for more
-than a threshold of the window. The loader calls it once per data message
+window (and over the span between two heartbeats: :class:`WaitShare`, the
+fraction each heartbeat tells the servers); the servers' busy (sampling) and
+blocked (waiting for trainers) fractions, from the difference of two statistics
+answers; and the verdict, a log line with the likely cause and the fix when the
+trainer waited for more than a threshold of the window. The loader calls it once per data message
 (never once per sample) with the time passed in. It never reads a clock,
 never touches a socket and never imports zmq: it only says when the servers
 should be asked for their statistics, and the loader asks.
@@ -14,6 +15,7 @@ should be asked for their statistics, and the loader asks.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +25,10 @@ from feedmux.protocol import Message, Stats
 __all__ = [
     "BLOCKED_LIMIT",
     "BUSY_LIMIT",
+    "MIN_SHARE_SPAN",
     "InputDiagnosis",
     "ServerLoad",
+    "WaitShare",
     "explain",
 ]
 
@@ -40,6 +44,9 @@ EARLY_FIGURES = 1.0
 #: Seconds of server uptime two statistics answers must lie apart for the load between
 #: them to count (shorter: a server that sampled in whole draws of 0.1 s looks idle).
 MIN_FIGURES_SPAN = 0.25
+#: Seconds a :class:`WaitShare` report must span at least (a heartbeat hurried by an epoch
+#: end right after the last one would say little): shorter, the span goes on.
+MIN_SHARE_SPAN = 0.25
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,58 @@ def explain(wait_fraction: float, window: float, loads: list[ServerLoad]) -> str
     return head + (f"the server is neither sampling ({busy:.0%}) nor blocked ({blocked:.0%}) "
                    "most of the time: it is waiting on its workers' forwarding or on other "
                    "trainers; compare the trainers' rates in `feedmux top`")
+
+
+class WaitShare:
+    """The fraction of wall time the training loop waited for data between two reports.
+
+    The loader feeds it every wait that ended in a data message (:meth:`waited`,
+    through :meth:`InputDiagnosis.message`); each heartbeat takes a report
+    (:meth:`report`), which counts a wait still under way up to its time, so a
+    trainer that has waited for the whole span says 1.0 while it still waits.
+    The wait for the first data (connecting, a server warming up) is not the
+    loop's: the first span starts at the first data.
+
+    Examples
+    --------
+    >>> share = WaitShare()
+    >>> share.report(now=0.5) is None  # no data yet
+    True
+    >>> share.waited(waited_from=0.0, now=1.0)  # the first data: the span starts
+    >>> share.waited(waited_from=1.5, now=1.75)
+    >>> share.report(now=2.0)
+    0.25
+    >>> share.report(now=3.0, waiting_from=2.5)  # waiting since 2.5, still at 3.0
+    0.5
+    >>> share.waited(waited_from=2.5, now=3.5)  # that wait ends: only 3.0 .. 3.5 is new
+    >>> share.report(now=4.0)
+    0.5
+    """
+
+    def __init__(self) -> None:
+        self._since: float | None = None  # the start of the span being measured
+        self._waited = 0.0
+        self._counted_to = -math.inf  # waits before this were in an earlier report
+
+    def waited(self, waited_from: float, now: float) -> None:
+        """The loop waited from ``waited_from`` until a data message came at ``now``."""
+        if self._since is None:
+            self._since = self._counted_to = now
+            return
+        self._waited += max(0.0, now - max(waited_from, self._counted_to))
+
+    def report(self, now: float, waiting_from: float | None = None) -> float | None:
+        """The fraction since the last report (None before the first data, or a span under
+        :data:`MIN_SHARE_SPAN`); ``waiting_from``: the start of a wait still under way."""
+        since = self._since
+        if since is None or now - since < MIN_SHARE_SPAN:
+            return None
+        waited = self._waited
+        if waiting_from is not None:
+            waited += max(0.0, now - max(waiting_from, self._counted_to))
+            self._counted_to = now
+        self._since, self._waited = now, 0.0
+        return min(1.0, waited / (now - since))
 
 
 class _LinkFigures:
@@ -149,6 +208,9 @@ class InputDiagnosis:
         self._last: tuple[float, float, float] | None = None
         self._pending: tuple[float, float] | None = None  # a verdict awaiting server figures
         self._asked_early = False
+        #: The share of the time between two heartbeats the loop waited (they carry it,
+        #: also with the diagnosis off: ``--workers auto`` servers grow on it).
+        self.share = WaitShare()
 
     def message(self, now: float, waited_from: float, samples: int) -> bool:
         """A data message of ``samples`` samples arrived at ``now``; ``next()`` waited
@@ -156,6 +218,7 @@ class InputDiagnosis:
 
         Returns True when the servers should be asked for their statistics now.
         """
+        self.share.waited(waited_from, now)
         if self.window is None:
             return False
         waited = now - waited_from

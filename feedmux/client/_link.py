@@ -256,8 +256,8 @@ class ServerLinks:
     []
     >>> links.data("s1", first_epoch=1, now=0.0)
     ()
-    >>> links.control(0, Drain(sent_messages=1, server_id="s1"))
-    [Send(link=0, message=Heartbeat(sender_id='t', received_messages=1, group='', handed_below=()))]
+    >>> links.control(0, Drain(sent_messages=1, server_id="s1"))[0].message
+    Heartbeat(sender_id='t', received_messages=1, group='', handed_below=(), wait_fraction=None)
     >>> links.control(0, EndOfStream("s1"))
     []
     >>> links.finished, len(links.links), links.epoch_size
@@ -323,6 +323,10 @@ class ServerLinks:
         #: ``views_held() -> (views, bytes, pool bytes)``: the shared-memory views this trainer
         #: holds (the loader sets it), said when it waits for data.
         self.views_held: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
+        #: ``wait_share(now, waiting_from) -> fraction or None``: the share of the time since
+        #: the last heartbeat that the training loop waited for data (the loader sets it from
+        #: its input diagnosis); every heartbeat carries it (``Heartbeat.wait_fraction``).
+        self.wait_share: Callable[[float, float | None], float | None] = lambda now, since: None
         # The wait being watched (its start), when its next notice is due, whether the
         # views were looked at.
         self._waiting: tuple[float, float, bool] = (math.nan, WAIT_NOTICE, False)
@@ -426,16 +430,22 @@ class ServerLinks:
             self._check_control_answers(now)
         return actions
 
-    def tick(self, now: float) -> Sequence[Action]:
-        """The heartbeats due at time ``now`` (each one also asks for a fresh welcome)."""
+    def tick(self, now: float, waiting_from: float | None = None) -> Sequence[Action]:
+        """The heartbeats due at time ``now`` (each one also asks for a fresh welcome),
+        while the loop waits for data since ``waiting_from`` (None: it does not wait).
+
+        Each carries the share of the time since the last one that the loop waited
+        for data: the trainer's wait as a whole, the same to every server.
+        """
         if now - self._last_heartbeat < self.heartbeat_interval:
             return ()
         self._last_heartbeat = now
+        waited = self.wait_share(now, waiting_from)
         return [
             Send(index, self._hello(index)) if index in self._refused else
             Send(index, Heartbeat(sender_id=self.client_id,
                                   received_messages=self.received.get(link.server_id, 0),
-                                  group=self.group))
+                                  group=self.group, wait_fraction=waited))
             for index, link in enumerate(self.links)
         ]
 

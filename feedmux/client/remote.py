@@ -131,7 +131,9 @@ class RemoteLoader:
         Seconds per window of the input-bound diagnosis (see :meth:`stats`):
         a window in which the training loop waited inside ``next()`` more than
         ``diagnose_threshold`` of the time logs a warning with the likely cause
-        and the fix. None turns the diagnosis off.
+        and the fix. None turns the diagnosis off (the heartbeats still tell
+        the servers the share of each second the loop waited: ``--workers
+        auto`` sizes the sampling from it).
     diagnose_threshold : float
         The wait fraction above which a window gets that warning.
     resolve : callable, optional
@@ -236,6 +238,7 @@ class RemoteLoader:
             batch_size=batch_size, drop_last=drop_last, bucket_by=bucket_by, pad=pad,
         )
         self._diagnosis = InputDiagnosis(len(addresses), diagnose_window, diagnose_threshold)
+        self._links.wait_share = self._diagnosis.share.report  # what the heartbeats carry
         self._context: zmq.Context[Any] | None = None
         self._data = DataSockets([], reliable=reliable, client_id="", addresses=(),
                                  tune_malloc=False)
@@ -460,7 +463,7 @@ class RemoteLoader:
         if polled:
             now = waits.for_data(waited_from, now)
         while True:
-            due = links.tick(now)
+            due = links.tick(now, waited_from)
             if due:
                 self._act(due)
             if self._book is not None and self._book.due(now):

@@ -97,6 +97,19 @@ def _to_optional_int(value: Any) -> Any:
     return None if value is None else _to_int(value)
 
 
+def _is_fraction(value: Any) -> bool:
+    # NaN fails both comparisons: a peer cannot send one.
+    return value is None or (type(value) is float and 0.0 <= value <= 1.0)
+
+
+def _to_fraction(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        return _INVALID
+    return float(value)
+
+
 def _is_stat_value(value: Any) -> bool:
     if type(value) is int:
         return INT_MIN <= value <= INT_MAX
@@ -145,6 +158,7 @@ _BOOL = Field("a bool", lambda value: type(value) is bool, _to_bool)
 _OPTIONAL_INT = Field("an int or None", lambda v: v is None or _is_int(v), _to_optional_int)
 _STATS = Field("a dict of str to int, float, str or None", _is_stats, _to_stats)
 _INTS = Field("a sequence of ints", _is_ints, _to_ints)
+_FRACTION = Field("a float from 0 to 1 or None", _is_fraction, _to_fraction)
 
 
 class ControlSpec:
@@ -230,7 +244,8 @@ _CONTROL_SPECS = [
         omit_default=("world_size", "uneven", "unknown"),
     ),
     ControlSpec(Kind.HEARTBEAT, Heartbeat, sender_id=STR, received_messages=INT, group=STR,
-                handed_below=_INTS, omit_default=("group", "handed_below")),
+                handed_below=_INTS, wait_fraction=_FRACTION,
+                omit_default=("group", "handed_below", "wait_fraction")),
     ControlSpec(Kind.ERROR, Error, type=STR, message=STR, traceback=STR, server_id=STR),
     ControlSpec(Kind.STATS_REQUEST, StatsRequest, client_id=STR, after=STR,
                 omit_default=("after",)),

@@ -188,12 +188,18 @@ class Heartbeat:
     some trainer except positions ``start .. end - 1`` of epoch ``e`` of each
     triple after. A trainer that outlives the server repeats it in its hello to
     the restarted one (docs/resume.md).
+
+    ``wait_fraction`` is None, or (a trainer's periodic heartbeat) the fraction of
+    the wall time since its previous report that its training loop waited for data
+    inside the loader, 0 to 1: the signal ``--workers auto`` grows on
+    (docs/autoscale.md).
     """
 
     sender_id: str
     received_messages: int = 0
     group: str = ""
     handed_below: tuple[int, ...] = ()
+    wait_fraction: float | None = None
 
 
 @dataclass(frozen=True)

@@ -192,3 +192,30 @@ def test_a_server_that_never_answers_is_named_at_the_next_window(
     with caplog.at_level(logging.WARNING, logger="feedmux.client"):
         diagnosis.message(now=3.0, waited_from=1.5, samples=1)
     assert len(caplog.messages) == 1 and "no statistics from the server yet" in caplog.messages[0]
+
+
+def test_the_heartbeats_share_counts_each_wait_once_and_a_wait_under_way() -> None:
+    diagnosis = InputDiagnosis(links=1, window=None)  # the share works with the diagnosis off
+    share = diagnosis.share
+    assert share.report(now=0.0) is None  # nothing yet: no data
+    diagnosis.message(now=5.0, waited_from=0.0, samples=1)  # connecting: not the loop's wait
+    assert share.report(now=5.1) is None  # too short a span: it goes on
+    for step in range(10):  # 0.1 s apart, each after a wait of 0.03 s
+        now = 5.1 + 0.1 * step
+        diagnosis.message(now=now, waited_from=now - 0.03, samples=1)
+    assert share.report(now=6.0) == pytest.approx(0.3)
+    # A wait under way at the report: counted up to it, and the rest after it next time.
+    assert share.report(now=7.0, waiting_from=6.5) == pytest.approx(0.5)
+    diagnosis.message(now=7.5, waited_from=6.5, samples=1)
+    assert share.report(now=8.0) == pytest.approx(0.5)
+    # A loop that computes and never waits says 0, one that only waits 1.
+    assert share.report(now=9.0) == 0.0
+    assert share.report(now=10.0, waiting_from=9.0) == 1.0
+
+
+def test_the_share_between_two_heartbeats_is_apart_from_the_diagnosis_window() -> None:
+    diagnosis = InputDiagnosis(links=1, window=10.0)
+    diagnosis.message(now=0.0, waited_from=0.0, samples=1)
+    run_window(diagnosis, 0.2, start=0.0)
+    assert diagnosis.share.report(now=10.0) == pytest.approx(0.2)
+    assert diagnosis.stats()["wait_fraction"] == pytest.approx(0.2)  # its window unchanged

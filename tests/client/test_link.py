@@ -386,3 +386,19 @@ def test_a_trainer_holding_most_of_the_pool_is_told(caplog: pytest.LogCaptureFix
     assert "RemoteLoader(shm=False)" in warning and "--shm-size" in warning
     with pytest.raises(TransportTimeoutError, match="this trainer holds 37 view"):
         links.wait(5.0, 15.0)
+
+
+def test_each_heartbeat_carries_the_loops_share_of_waiting() -> None:
+    links = make_links(2)
+    reports: list[tuple[float, float | None]] = []
+
+    def share(now: float, waiting_from: float | None) -> float | None:
+        reports.append((now, waiting_from))
+        return 0.25
+
+    links.wait_share = share
+    beats = links.tick(1.0, waiting_from=0.5)
+    assert [action.message for action in beats if isinstance(action, Send)] == [
+        Heartbeat(sender_id="trainer", received_messages=0, wait_fraction=0.25)] * 2
+    assert links.tick(1.5) == ()  # not due: the share is not taken
+    assert reports == [(1.0, 0.5)]  # one report for every server: the trainer's wait

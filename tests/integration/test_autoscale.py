@@ -13,6 +13,7 @@ import re
 import signal
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -210,14 +211,78 @@ def test_a_job_checkpointed_with_3_workers_resumes_exactly_with_1(
 
 
 def test_auto_adds_workers_to_a_sampler_that_waits_on_storage(serve: Any) -> None:
-    # 3 ms of waiting a sample, little CPU: one worker cannot keep a trainer fed.
+    # 3 ms of waiting a sample, little CPU: one worker cannot keep a trainer fed. An older
+    # trainer (its heartbeats carry no wait): the data path's waits stand in for its own.
     server = serve(NUMBERED, "--arg", "streams=12", "--arg", "per_stream=2000", "--arg",
                    "delay=0.003", "--workers", "auto:1-4", "--seed", "1")
-    trainer = CheckedThread(count_for, server, 60.0, lambda: grown(server))
+    trainer = CheckedThread(partial(count_for, reports=False), server, 60.0,
+                            lambda: grown(server))
     text = server.wait_for_stderr(lambda log: "workers 1 -> 2: " in log, 60, "a first growth")
     assert re.search(r"workers 1 -> 2: the data path never waited for trainers of the last "
                      r"1 s, workers busy \d+%", text), text
     wait_until(lambda: grown(server), 60, "a second worker in the statistics")
+    assert fetch_stats(server.control, timeout=5)["trainers_wait_fraction"] is None
+    assert trainer.join(90) > 0
+    server.kill()
+
+
+def test_the_trainers_reported_wait_is_shown_and_quoted_when_workers_are_added(
+        serve: Any, spawn: Any) -> None:
+    server = serve(NUMBERED, "--arg", "streams=12", "--arg", "per_stream=2000", "--arg",
+                   "delay=0.003", "--workers", "auto:1-3", "--seed", "1")
+    done = threading.Event()
+    trainer = CheckedThread(partial(count_for, client_id="reader"), server, 120.0,
+                            done.is_set)
+    try:
+        text = server.wait_for_stderr(lambda log: "workers 1 -> 2: " in log, 60,
+                                      "a first growth")
+        quoted = re.search(r"workers 1 -> 2: trainers waited (\d+)% of the last 1 s, "
+                           r"workers busy \d+%", text)
+        assert quoted is not None and int(quoted[1]) >= 5, text
+        print(quoted[0])
+        seen: dict[str, Any] = {}
+
+        def reported() -> bool:
+            seen.update(fetch_stats(server.control, timeout=5))
+            return (seen.get("trainer.reader.wait_fraction") or 0.0) > 0.0
+        wait_until(reported, 30, "the trainer's reported wait in the statistics")
+        print(f"reported: {seen['trainer.reader.wait_fraction']}")
+        assert seen["trainers_wait_fraction"] > 0 and seen["trainers_reporting_wait"] == 1
+        assert seen["worker_change_reason"].startswith("trainers waited")
+        top = spawn("top", server.control, "--count", "1")
+        assert top.wait(timeout=60) == 0
+        assert re.search(r"trainers waited \d+% \(mean of 1", top.stdout), top.stdout
+        assert re.search(r"trainer reader: .*, waits \d+%", top.stdout), top.stdout
+    finally:
+        done.set()
+    assert trainer.join(90) > 0
+    server.kill()
+
+
+def test_a_trainer_that_takes_its_time_reports_a_low_wait_and_gets_no_more_workers(
+        serve: Any) -> None:
+    # A sampler far faster than a trainer that spends 5 ms on each sample.
+    server = serve(NUMBERED, "--arg", "streams=12", "--arg", "per_stream=2000",
+                   "--workers", "auto:1-3", "--seed", "1")
+    done = threading.Event()
+    trainer = CheckedThread(partial(count_for, client_id="sleeper", step=0.005), server,
+                            120.0, done.is_set)
+    readings: list[tuple[float, float, int]] = []  # (uptime, its wait, workers)
+
+    def three_readings_a_second_apart() -> bool:
+        stats = fetch_stats(server.control, timeout=5)
+        wait = stats.get("trainer.sleeper.wait_fraction")
+        if wait is not None and (not readings or stats["uptime_s"] - readings[-1][0] >= 1.0):
+            readings.append((stats["uptime_s"], wait, stats["workers"]))
+        return len(readings) >= 3
+    try:
+        wait_until(three_readings_a_second_apart, 60, "three reports of the trainer's wait")
+    finally:
+        done.set()
+    print(f"the trainer's reported waits: {readings}")
+    assert sorted(wait for _, wait, _ in readings)[1] < 0.2, readings  # the median: low
+    assert all(workers == 1 for _, _, workers in readings), readings
+    assert "workers 1 -> 2" not in server.stderr, server.stderr
     assert trainer.join(90) > 0
     server.kill()
 
@@ -228,15 +293,22 @@ def grown(server: Any) -> bool:
                 and stats["workers_auto"] == 1)
 
 
-def count_for(server: Any, seconds: float, done: Any) -> int:
-    """Samples a trainer takes until ``done()`` (checked every 200 samples), at most
-    ``seconds``."""
+def count_for(server: Any, seconds: float, done: Any, *, step: float = 0.0,
+              reports: bool = True, client_id: str | None = None) -> int:
+    """Samples a trainer takes until ``done()`` (checked every 200 samples, or every 20
+    with a ``step``: seconds of work on each sample), at most ``seconds``. ``reports``
+    False: an older trainer, whose heartbeats carry no wait fraction."""
     taken = 0
     deadline = time.monotonic() + seconds
-    with RemoteLoader(server.data, control=server.control, timeout=30) as loader:
+    with RemoteLoader(server.data, control=server.control, timeout=30,
+                      client_id=client_id) as loader:
+        if not reports:
+            loader._links.wait_share = lambda now, waiting_from: None
         for _ in loader:
             taken += 1
-            if taken % 200 == 0 and (done() or time.monotonic() > deadline):
+            if step:
+                time.sleep(step)  # the trainer's work on a sample, not a synchronisation
+            if taken % (20 if step else 200) == 0 and (done() or time.monotonic() > deadline):
                 return taken
     return taken
 

@@ -232,6 +232,20 @@ GOLDEN: list[tuple[str, Any, dict[str, Any], list[bytes]]] = [
         ),
     ),
     (
+        "heartbeat-wait",
+        Heartbeat(sender_id="t1", received_messages=5, wait_fraction=0.25),
+        {},
+        frames_of(
+            # {"v": 1, "k": 4, "sender_id": "t1", "received_messages": 5,
+            #  "wait_fraction": 0.25 (float 64)}: the trainer waited for data a quarter of
+            #  the time since its last report (written only when measured, so heartbeats
+            #  without it keep their bytes)
+            "85 a1 76 01 a1 6b 04 a9 73 65 6e 64 65 72 5f 69 64 a2 74 31 b1 72 65 63 65 69"
+            " 76 65 64 5f 6d 65 73 73 61 67 65 73 05"
+            " ad 77 61 69 74 5f 66 72 61 63 74 69 6f 6e cb 3f d0 00 00 00 00 00 00",
+        ),
+    ),
+    (
         "welcome-ranked",
         Welcome(server_id="s1", epoch_size=10, world_size=2, uneven="pad"),
         {},

@@ -7,6 +7,8 @@ import dataclasses
 import msgpack
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from feedmux.errors import ProtocolError, VersionMismatchError
 from feedmux.protocol import (
@@ -95,6 +97,11 @@ def test_stats_values_from_numpy_become_plain() -> None:
         Welcome(server_id="s", finished=1),  # type: ignore[arg-type]
         Heartbeat(sender_id="x", received_messages="many"),  # type: ignore[arg-type]
         Heartbeat(sender_id="x", received_messages=True),  # type: ignore[arg-type]
+        Heartbeat(sender_id="x", wait_fraction=1.5),
+        Heartbeat(sender_id="x", wait_fraction=-0.1),
+        Heartbeat(sender_id="x", wait_fraction=float("nan")),
+        Heartbeat(sender_id="x", wait_fraction=True),  # type: ignore[arg-type]
+        Heartbeat(sender_id="x", wait_fraction="0.5"),  # type: ignore[arg-type]
         Stats(values={"a": [1, 2]}),  # type: ignore[dict-item]
         Stats(values={1: 2}),  # type: ignore[dict-item]
         Ack(seqs="123"),
@@ -173,6 +180,12 @@ def test_unknown_fields_are_ignored() -> None:
         {"k": int(Kind.WELCOME), "server_id": "s", "finished": 1},
         {"k": int(Kind.WELCOME), "server_id": "s", "epoch_size": "10"},
         {"k": int(Kind.HEARTBEAT), "sender_id": "s", "received_messages": True},
+        {"k": int(Kind.HEARTBEAT), "sender_id": "s", "wait_fraction": 2.0},
+        {"k": int(Kind.HEARTBEAT), "sender_id": "s", "wait_fraction": float("nan")},
+        {"k": int(Kind.HEARTBEAT), "sender_id": "s", "wait_fraction": float("inf")},
+        {"k": int(Kind.HEARTBEAT), "sender_id": "s", "wait_fraction": 1},
+        {"k": int(Kind.HEARTBEAT), "sender_id": "s", "wait_fraction": False},
+        {"k": int(Kind.HEARTBEAT), "sender_id": "s", "wait_fraction": "0.5"},
         {"k": int(Kind.STATS), "values": {"a": [1]}},
         {"k": int(Kind.STATS), "values": {1: 1}},
         {"k": int(Kind.STATS), "values": [1]},
@@ -185,6 +198,32 @@ def test_unknown_fields_are_ignored() -> None:
 def test_decode_refuses_wrong_field_types(fields: dict[str, object]) -> None:
     with pytest.raises(ProtocolError, match="must be"):
         decode(_header(**fields))
+
+
+def test_the_wait_fraction_of_a_heartbeat_is_optional_both_ways() -> None:
+    # An older trainer's heartbeat (no wait_fraction) decodes with None; a newer one's
+    # is one more header entry, which an older server skips as an unknown field.
+    old = decode(_header(k=int(Kind.HEARTBEAT), sender_id="t", received_messages=3))
+    assert old == Heartbeat(sender_id="t", received_messages=3, wait_fraction=None)
+    assert "wait_fraction" not in msgpack.unpackb(encode(Heartbeat(sender_id="t"))[0])
+    beat = Heartbeat(sender_id="t", wait_fraction=np.float32(0.5))  # type: ignore[arg-type]
+    decoded = decode(encode(beat))
+    assert isinstance(decoded, Heartbeat) and decoded.wait_fraction == 0.5
+    assert type(decoded.wait_fraction) is float
+    for edge in (0.0, 1.0):
+        assert decode(encode(Heartbeat(sender_id="t", wait_fraction=edge))) == Heartbeat(
+            sender_id="t", wait_fraction=edge)
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True, width=64))
+def test_a_wait_fraction_decodes_only_from_0_to_1(value: float) -> None:
+    header = _header(k=int(Kind.HEARTBEAT), sender_id="t", wait_fraction=value)
+    if 0.0 <= value <= 1.0:
+        decoded = decode(header)
+        assert isinstance(decoded, Heartbeat) and decoded.wait_fraction == value
+    else:
+        with pytest.raises(ProtocolError, match="wait_fraction must be a float from 0 to 1"):
+            decode(header)
 
 
 def test_control_message_with_extra_frames() -> None:

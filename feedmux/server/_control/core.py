@@ -122,6 +122,17 @@ class _Trainer:
     shm: bool = False
     #: When a drain last sent it a heartbeat to see whether it is still there.
     probed: float = float("-inf")
+    #: Its latest reported wait fraction and when it came (None: it reports none;
+    #: ``waitshare.py`` reads it).
+    wait: tuple[float, float] | None = None
+
+    def heard(self, beat: Heartbeat, now: float) -> None:
+        """Its heartbeat at ``now``: alive, its count, its wait when it says it (an answer
+        to a drain, or an older trainer, says none: the last report stands until stale)."""
+        self.last_seen = now
+        self.received_messages = beat.received_messages
+        if beat.wait_fraction is not None:
+            self.wait = (beat.wait_fraction, now)
 
 
 class Questions:
@@ -319,8 +330,7 @@ class ControlCore:
                 trainer = self.trainers[identity] = _Trainer(
                     message.sender_id, now, group=message.group or DEFAULT_GROUP)
                 self._count_reconnect(message.sender_id)
-            trainer.last_seen = now
-            trainer.received_messages = message.received_messages
+            trainer.heard(message, now)
             return _heartbeat_answer(self, identity, trainer)
         if isinstance(message, StatsRequest):
             return [(identity, Stats(stats_page(self.stats(now), message.after)))]

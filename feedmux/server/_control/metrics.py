@@ -59,6 +59,10 @@ GAUGES = {
     "epoch_size": ("epoch_size", "Samples per epoch, once known."),
     "trainers": ("connected_trainers", "Trainers heard from recently."),
     "workers": ("workers", "Sampling processes running shards now."),
+    "trainers_wait_fraction": (
+        "trainers_wait_fraction", "The trainers' mean reported wait for data (0-1), over those "
+        "heard in the last 3 s; absent when none reports it.",
+    ),
     "uptime_seconds": ("uptime_s", "Seconds since the server started."),
     "world_size": ("world_size", "Ranks of the data-parallel job (ranked trainers)."),
     "rank_messages_kept": (

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from feedmux.protocol import PROTOCOL_VERSION, STATS_NEXT_PAGE, stats_order
 from feedmux.server._control.ranks import RankTable, RankTables
+from feedmux.server._control.waitshare import fresh_waits, mean_wait
 from feedmux.server._delivery.batches import BatchRequest
 from feedmux.server._delivery.ledger import Ledger
 from feedmux.server.config import ServerConfig
@@ -37,6 +38,7 @@ class _TrainerFigures(Protocol):
     last_seen: float
     received_messages: int
     rank: int
+    wait: tuple[float, float] | None
 
 
 class Reporting(Protocol):
@@ -93,6 +95,17 @@ def core_stats(core: Reporting, now: float, trainer_timeout: float) -> dict[str,
     }
 
 
+def _wait_stats(waits: Mapping[str, float]) -> dict[str, Stat]:
+    """The trainers' reported wait for data: the mean of the fresh reports (what ``--workers
+    auto`` decides on), how many trainers it covers, and the most any of them waited."""
+    mean = mean_wait(waits)
+    if mean is None:
+        return {"trainers_wait_fraction": None, "trainers_reporting_wait": 0,
+                "trainers_wait_fraction_max": None}
+    return {"trainers_wait_fraction": round(mean, 4), "trainers_reporting_wait": len(waits),
+            "trainers_wait_fraction_max": round(max(waits.values()), 4)}
+
+
 def _batch_stats(batches: BatchRequest) -> dict[str, Stat]:
     """Batches built for the trainers (none when they asked for single samples)."""
     if not batches.batch_size:
@@ -114,14 +127,19 @@ def _rank_stats(core: Reporting) -> dict[str, Stat]:
 
 def _trainer_stats(core: Reporting, now: float, timeout: float) -> dict[str, Stat]:
     """Each connected trainer's figures as ``trainer.<client id>.<name>`` (stats are flat)."""
-    stats: dict[str, Stat] = {}
     # A copy (one C call under the GIL): the metrics thread reads the stats while
     # the server's thread may add or forget trainers.
-    for trainer in list(core.trainers.values()):
+    trainers = list(core.trainers.values())
+    waits = fresh_waits(trainers, now)
+    stats = _wait_stats(waits)
+    for trainer in trainers:
         if now - trainer.last_seen <= timeout:
             stats[f"trainer.{trainer.client_id}.received_messages"] = trainer.received_messages
             if trainer.rank >= 0:
                 stats[f"trainer.{trainer.client_id}.rank"] = trainer.rank
+            if trainer.client_id in waits:
+                stats[f"trainer.{trainer.client_id}.wait_fraction"] = round(
+                    waits[trainer.client_id], 4)
     return stats
 
 

@@ -5,12 +5,13 @@ measured over it: the workers' busy fraction, how long the data path waited for
 trainers, the samples it sent, the trainers' own wait fraction when they report
 it) and the time, and returns a :class:`Change` (a target count and its reason) or
 None. It grows (by half the count, at least one) while the sampling is the
-bottleneck (the workers are busy and the trainers wait, or the data path never
-waits for them), keeps a growth only if it raised the rate by :data:`MIN_GAIN`
-(else steps back and holds that ceiling for
-:data:`CEILING_SECONDS`, so a CPU-bound sampler never runs more workers than help
-it); it shrinks when the trainers are the bottleneck (the data path waits for
-them) and one worker fewer would still keep up. Hysteresis: a condition must hold
+bottleneck (the workers are busy and the trainers wait for data: as they report
+it, or, when none reports it, as the data path never waits for them), keeps a
+growth only if it raised the rate by :data:`MIN_GAIN` (else steps back and holds
+that ceiling for :data:`CEILING_SECONDS`, so a CPU-bound sampler never runs more
+workers than help it); it shrinks when the trainers are the bottleneck (they
+hardly wait, or, when none reports it, the data path waits for them) and one
+worker fewer would still keep up. Hysteresis: a condition must hold
 for ``patience`` windows in a row, and changes are ``min_interval`` seconds apart.
 It never goes below ``minimum`` nor above ``maximum``. It reads no clock, no
 socket and no process: the server feeds it (:mod:`feedmux.server._sources.scaling`).
@@ -90,8 +91,10 @@ class Signals:
     ``busy``: the running workers' mean fraction of the window spent sampling;
     ``blocked``: the fraction the data path waited because no trainer could take
     more; ``rate``: samples sent per second; ``trainer_wait``: the fraction the
-    trainers waited for data, None when they do not report it; ``cpu``: the CPUs
-    the workers used (CPU seconds per second), None when unknown.
+    trainers waited for data (the mean of their latest heartbeats' reports:
+    :func:`~feedmux.server._control.waitshare.trainers_wait`), None when none
+    reports it (older trainers: ``blocked`` stands in); ``cpu``: the CPUs the
+    workers used (CPU seconds per second), None when unknown.
     """
 
     workers: int
@@ -134,7 +137,8 @@ class Autoscaler:
     def __init__(self, minimum: int, maximum: int, cpus: int | None = None,
                  min_interval: float = 2.0, patience: int = 2, window: float = 1.0,
                  grow_busy: float = 0.6, grow_wait: float = 0.05,
-                 shrink_blocked: float = 0.3, shrink_headroom: float = 0.8) -> None:
+                 shrink_blocked: float = 0.3, shrink_headroom: float = 0.8,
+                 shrink_wait: float = 0.02) -> None:
         if not 1 <= minimum <= maximum:
             raise ValueError(f"expected 1 <= minimum <= maximum, got {minimum} and {maximum}")
         self.minimum, self.maximum = minimum, maximum
@@ -143,6 +147,8 @@ class Autoscaler:
         self.min_interval, self.patience, self.window = min_interval, patience, window
         self.grow_busy, self.grow_wait = grow_busy, grow_wait
         self.shrink_blocked, self.shrink_headroom = shrink_blocked, shrink_headroom
+        #: Trainers that report waiting less than this are fed (a worker fewer may do).
+        self.shrink_wait = shrink_wait
         #: The best rate since the last change, and (count, best rate) before the last
         #: growth: the growth stays only if it beat that rate by MIN_GAIN.
         self.best = 0.0
@@ -189,18 +195,33 @@ class Autoscaler:
             fewer, below = self._before
             return "back", (f"{count} workers gave {self.best:.0f}/s, "
                             f"{fewer} gave {below:.0f}/s: back to {fewer}")
-        waited = signals.trainer_wait
-        starved = signals.blocked < 0.05 and (waited is None or waited >= self.grow_wait)
+        starved, fed, what = self._trainers(signals)
+        tail = f" of the last {self.window:g} s, workers busy {signals.busy:.0%}"
         if starved and signals.busy >= self.grow_busy:
             ceiling = self._ceiling[0] if self._ceiling is not None else self.maximum
             cpu_bound = signals.cpu is not None and signals.cpu >= 0.9 * self.cpus
             if count < min(ceiling, self.maximum) and not cpu_bound:
-                what = "the data path never waited for trainers" if waited is None else (
-                    f"trainers waited {waited:.0%}")
-                return "grow", (f"{what} of the last {self.window:g} s, workers busy "
-                                f"{signals.busy:.0%}")
-        if count > self.minimum and signals.blocked >= self.shrink_blocked and (
+                return "grow", what + tail
+        if count > self.minimum and fed and (
                 signals.busy * count / (count - 1) < self.shrink_headroom):
-            return "shrink", (f"the data path waited for trainers {signals.blocked:.0%} of the "
-                              f"last {self.window:g} s, workers busy {signals.busy:.0%}")
+            return "shrink", what + tail
         return "", ""
+
+    def _trainers(self, signals: Signals) -> tuple[bool, bool, str]:
+        """Whether the trainers starve, whether they are fed, and what says so.
+
+        Their own reported wait when there is one; else the data path's: it never
+        waiting for them stands in for their waiting (it cannot tell a trainer
+        that waits from one that just keeps up), its waiting for them for their
+        being fed.
+        """
+        waited = signals.trainer_wait
+        if waited is None:
+            blocked = signals.blocked
+            what = ("the data path never waited for trainers" if blocked < 0.05 else
+                    f"the data path waited for trainers {blocked:.0%}")
+            return blocked < 0.05, blocked >= self.shrink_blocked, what
+        # Trainers that wait while the data path waits for them too are held by the way
+        # out (the network, one slow trainer), which more workers do not cure.
+        starved = waited >= self.grow_wait and signals.blocked < 0.05
+        return starved, waited < self.shrink_wait, f"trainers waited {waited:.0%}"

@@ -42,6 +42,7 @@ from feedmux.protocol import (
     read_tags,
     replace_tags,
 )
+from feedmux.server._control.waitshare import trainers_wait
 from feedmux.server._delivery.batches import Batch
 from feedmux.server._delivery.dealing import RankDealer
 from feedmux.server._delivery.ranking import RankedStage, RankMessage
@@ -137,7 +138,9 @@ def forward(pool: WorkerPool, shell: SocketShell, config: ServerConfig, stop: St
     """
     sockets = [make_socket(shell.context, zmq.PULL, hwm=config.hwm, heartbeats=False)
                for _ in range(pool.slots)]
-    scaling = WorkerScaling(pool, config.worker_range)
+    scaling = WorkerScaling(pool, config.worker_range,
+                            trainer_wait=lambda now: trainers_wait(shell.core.trainers.values(),
+                                                                   now))
     shell.extra_stats.append(scaling.stats)
     try:
         for index, socket in enumerate(sockets):

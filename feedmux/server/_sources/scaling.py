@@ -3,7 +3,8 @@
 :class:`WorkerScaling` runs in the forwarding loop. Once per window it measures
 what :class:`~feedmux.server._sources.autoscale.Autoscaler` needs (the running
 workers' busy fraction from their meters, their CPU use from ``/proc``, how long
-the data path waited for trainers, the samples it sent), asks it for a change
+the data path waited for trainers, the samples it sent, and the trainers' own
+wait as their heartbeats reported it), asks it for a change
 (with ``--workers auto``), and applies a change, or a count asked for over control
 (``feedmux scale``), at once: the pool moves the shards of a worker taken out of
 service to the others from where the server stands in them, mid-epoch (no epoch
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 from feedmux.server._sources.assignment import ShardLedger
 from feedmux.server._sources.autoscale import Autoscaler, Change, Signals, WorkerRange
@@ -42,10 +44,13 @@ def _cpu_seconds(pid: int | None) -> float:
 class WorkerScaling:
     """Changes the pool's running workers: ``--workers auto``, and ``feedmux scale`` requests."""
 
-    def __init__(self, pool: WorkerPool, workers: WorkerRange, window: float = SCALE_WINDOW
-                 ) -> None:
+    def __init__(self, pool: WorkerPool, workers: WorkerRange, window: float = SCALE_WINDOW,
+                 trainer_wait: Callable[[float], float | None] = lambda now: None) -> None:
         self.pool = pool
         self.range = workers
+        #: ``trainer_wait(now)``: the trainers' reported wait fraction (None: none reports),
+        #: asked once a window.
+        self.trainer_wait = trainer_wait
         top = min(workers.maximum, pool.slots)
         self.autoscaler = Autoscaler(min(workers.minimum, top), top, window=window) if (
             workers.auto) else None
@@ -107,7 +112,8 @@ class WorkerScaling:
         signals = Signals(
             workers=len(active), busy=min(1.0, (busy - busy0) / (elapsed * len(active))),
             blocked=min(1.0, (blocked_seconds - blocked0) / elapsed),
-            rate=(samples_sent - sent0) / elapsed, cpu=(cpu - cpu0) / elapsed)
+            rate=(samples_sent - sent0) / elapsed, trainer_wait=self.trainer_wait(now),
+            cpu=(cpu - cpu0) / elapsed)
         change = self.autoscaler.observe(now, signals)
         if change is not None:
             self.apply(change, ledger)
