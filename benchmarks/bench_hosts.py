@@ -23,6 +23,9 @@ random noise without scikit-image, said in the output). Modes: ``plain``, ``reli
 (CURVE encryption, any client let in). ``--compress``
 lists the compressions (feedmux's ``--compress``) compared on plain delivery (default
 ``off,auto``); ``auto`` is measured after a warm-up of 3.5 s, past its first trial.
+``--workers N`` serves with N sampling workers (the payload from N streamers); the
+``server us/msg`` column is the server process's own CPU per data message sent (its
+workers not counted).
 
 Every figure is printed, with the ratio of feedmux's bytes/s to raw pyzmq's on the same
 link and payload and the issue's targets, met or not.
@@ -105,13 +108,18 @@ def _repeat(kind: str, count: int) -> Iterator[dict[str, Any]]:
         yield made[i % len(made)]
 
 
-def source(kind: str = "small", epoch: int = 1 << 20) -> Any:
+def source(kind: str = "small", epoch: int = 1 << 20, streams: int = 1) -> Any:
     """What the server serves: ``epoch`` samples of ``kind`` an epoch (``feedmux serve
-    benchmarks.bench_hosts:source``). Long epochs: the server logs each one, and its log
-    is read only up to its start line (a pipe that fills would stop it)."""
+    benchmarks.bench_hosts:source``), from ``streams`` streamers (an exhaustive mux of
+    them: one shard each, for ``--workers``). Long epochs: the server logs each one, and
+    its log is read only up to its start line (a pipe that fills would stop it)."""
     import feedmux
 
-    return feedmux.Streamer(_repeat, kind, epoch)
+    if streams == 1:
+        return feedmux.Streamer(_repeat, kind, epoch)
+    return feedmux.StochasticMux(
+        [feedmux.Streamer(_repeat, kind, epoch // streams) for _ in range(streams)],
+        streams, rate=None, mode="exhaustive", random_state=0)
 
 
 # -- the processes in the hosts ----------------------------------------------------------------
@@ -197,6 +205,7 @@ class Cell:
     samples_per_s: float = 0.0
     bytes_per_s: float = 0.0
     trainer_cpu: float = 0.0  # trainer CPU seconds per second (summed over trainers)
+    server_cpu_per_message: float = 0.0  # the server process's (not its workers') CPU seconds
     error: str = ""
     decision: str = ""  # auto: the server's decision and reason for the first trainer
 
@@ -214,7 +223,8 @@ def _read_json(process: subprocess.Popen[bytes], timeout: float) -> dict[str, An
     return figures
 
 
-def _measure(hosts: Any, cell: Cell, warmup: float, seconds: float, keys: Path) -> None:
+def _measure(hosts: Any, cell: Cell, warmup: float, seconds: float, keys: Path,
+             workers: int = 0) -> None:
     from tests.integration.conftest import Spawned
 
     me = [sys.executable, "-m", "benchmarks.bench_hosts"]
@@ -238,6 +248,7 @@ def _measure(hosts: Any, cell: Cell, warmup: float, seconds: float, keys: Path) 
             str(PER_MESSAGE[cell.kind]), "--min-trainers", str(cell.trainers),
             "--shm-size", "16", "--log-level", "info", *mode,
             *(["--compress", cell.compress] if cell.compress != "off" else []),
+            *(["--workers", str(workers), "--arg", f"streams={workers}"] if workers else []),
         ], **pipes))
         server = spawned.process
         data, control = spawned.endpoints().data, spawned.endpoints().control
@@ -248,8 +259,12 @@ def _measure(hosts: Any, cell: Cell, warmup: float, seconds: float, keys: Path) 
                             **pipes) for role in roles]
     try:
         deadline = time.monotonic() + 90 + warmup + seconds
+        load = _server_load(hosts, control, server.pid) if cell.mode != "raw" else None
         results = [_read_json(trainer, max(0.0, deadline - time.monotonic()))
                    for trainer in trainers]
+        if load is not None:
+            cpu, messages = _server_load(hosts, control, server.pid, load)
+            cell.server_cpu_per_message = cpu / max(messages, 1)
         cell.samples_per_s = sum(r["items"] / r["seconds"] for r in results)
         cell.bytes_per_s = sum(r["bytes"] / r["seconds"] for r in results)
         cell.trainer_cpu = sum(r["cpu"] / r["seconds"] for r in results)
@@ -262,6 +277,31 @@ def _measure(hosts: Any, cell: Cell, warmup: float, seconds: float, keys: Path) 
             if process.poll() is None:
                 process.kill()
             process.wait(timeout=10)
+
+
+def _server_load(hosts: Any, control: str, pid: int,
+                 since: tuple[float, int] | None = None) -> tuple[float, int]:
+    """The server process's CPU seconds and data messages sent (since ``since``), asked once
+    the trainers have begun (the statistics say so); its workers are processes of their own."""
+    messages = 0
+    if since is None:
+        time.sleep(1.0)  # into the trainers' warm-up: the server's start is not counted
+    for _ in range(100):
+        done = hosts.run("a", [sys.executable, "-m", "feedmux", "stats", control,
+                               "--timeout", "5"])
+        try:
+            messages = int(json.loads(done.stdout).get("messages_sent", 0))
+        except ValueError:
+            messages = 0
+        if since is not None or messages > 0:
+            break
+        time.sleep(0.1)  # the trainers have not started: look again
+    with open(f"/proc/{pid}/stat", "rb") as stat:  # user + system clock ticks
+        fields = stat.read().rsplit(b")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    if since is None:
+        return cpu, messages
+    return cpu - since[0], messages - since[1]
 
 
 def _decision(hosts: Any, control: str) -> str:
@@ -295,13 +335,15 @@ def _report(cells: list[Cell], images: str) -> None:
     print(f"\nfeedmux across two hosts (image batches from {images}); bytes/s of the "
           "payload handed out, summed over the trainers")
     print(f"{'link':6} {'payload':7} {'mode':8} {'trainers':>8} {'compress':8} "
-          f"{'samples/s':>11} {'MB/s':>9} {'vs raw':>7} {'trainer CPU':>11}")
+          f"{'samples/s':>11} {'MB/s':>9} {'vs raw':>7} {'trainer CPU':>11} "
+          f"{'server us/msg':>13}")
     for c in cells:
         base = raw.get((c.link, c.kind, c.trainers))
         ratio = (f"{c.bytes_per_s / base.bytes_per_s:7.2f}"
                  if base and base.bytes_per_s and c.mode != "raw" else "")
         figures = (f"{c.samples_per_s:11.0f} {c.bytes_per_s / 1e6:9.1f} {ratio:>7} "
-                   f"{c.trainer_cpu:11.2f}") if not c.error else f"  failed: {c.error}"
+                   f"{c.trainer_cpu:11.2f} {c.server_cpu_per_message * 1e6:13.0f}"
+                   ) if not c.error else f"  failed: {c.error}"
         print(f"{c.link:6} {c.kind:7} {c.mode:8} {c.trainers:8d} "
               f"{c.compress if c.mode != 'raw' else '':8} {figures}")
         if c.decision:
@@ -398,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--links", default=",".join(LINKS))
     parser.add_argument("--trainers", default="1,8")
     parser.add_argument("--compress", default="off,auto")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="sampling worker processes of the server (0: none)")
     args = parser.parse_args(argv)
     if args.role == "trainer":
         args.trainers = int(args.trainers)
@@ -435,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
             for cell in (c for c in cells if c.link == link):
                 # auto decides within its first trial (two windows of a second): measure after.
                 warmup = max(args.warmup, 3.5) if cell.compress == "auto" else args.warmup
-                _measure(hosts, cell, warmup, args.seconds, keys)
+                _measure(hosts, cell, warmup, args.seconds, keys, args.workers)
                 print(f"  {cell}", file=sys.stderr, flush=True)
     shutil.rmtree(keys, ignore_errors=True)
     _report(cells, _photos()[1])

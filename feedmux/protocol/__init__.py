@@ -26,7 +26,13 @@ Examples
 """
 
 from feedmux.protocol._batch import SampleBatch, StackedLeaf, stack_scalars, take_samples
-from feedmux.protocol._compress import Codec, compress_frames, parse_compress
+from feedmux.protocol._compress import (
+    Codec,
+    compress_frames,
+    inflate_frames,
+    packed,
+    parse_compress,
+)
 from feedmux.protocol._decode import CONTROL_LIMITS, DEFAULT_LIMITS, Limits, Resolver, decode
 from feedmux.protocol._encode import INLINE_THRESHOLD, encode
 from feedmux.protocol._envelope import ENVELOPE_BYTES, pack_envelope, unpack_envelope
@@ -97,7 +103,9 @@ __all__ = [
     "decode",
     "encode",
     "gathered",
+    "inflate_frames",
     "pack_envelope",
+    "packed",
     "padded_batch",
     "parse_compress",
     "position_runs",

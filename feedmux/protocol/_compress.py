@@ -5,7 +5,10 @@ message is frame 0, a msgpack header ``{"v": 1, "k": 15, "c": [codec, ...], "n":
 ...]}``, then one frame per frame of the inner message (an encoded :class:`Data`, its own
 header and tags included): ``c`` names each frame's codec (0 stored as it is, 1 an LZ4
 block, 2 a zstd frame) and ``n`` its size once inflated. A frame under
-:data:`MIN_COMPRESSED_FRAME` bytes, or one that does not shrink, is stored.
+:data:`MIN_COMPRESSED_FRAME` bytes, or one that does not shrink, is stored, and so is the
+inner message's tags frame, always: a relay (the server forwarding what its sampling
+workers compressed) reads and rewrites the tags without inflating (:func:`packed`), and
+finds the inner header's ``seq`` repeated under ``s`` when the compressor was given it.
 
 Decompression bombs: every declared size is checked against the decoder's
 :class:`~feedmux.protocol.Limits` (frame count, bytes of the whole message) *before*
@@ -33,8 +36,8 @@ from feedmux.errors import ProtocolError
 from feedmux.protocol._frames import short, view
 from feedmux.protocol._messages import PROTOCOL_VERSION, Kind
 
-__all__ = ["COMPRESSED", "MIN_COMPRESSED_FRAME", "Codec", "compress_frames", "inflate",
-           "parse_compress"]
+__all__ = ["COMPRESSED", "MIN_COMPRESSED_FRAME", "STORED", "Codec", "compress_frames",
+           "inflate", "inflate_frames", "packed", "parse_compress"]
 
 COMPRESSED = int(Kind.COMPRESSED)
 STORED, LZ4, ZSTD = 0, 1, 2
@@ -42,6 +45,10 @@ STORED, LZ4, ZSTD = 0, 1, 2
 MIN_COMPRESSED_FRAME = 4096
 #: zstd levels accepted (negative levels are zstd's fast ones).
 ZSTD_LEVELS = range(-7, 23)
+#: The inner message's frame that is always stored (its tags).
+_STORED_FRAME = 1
+# What our compressor writes first: a fixmap, "v": 1, "k": 15.
+_PREFIX = b"\xa1v\x01\xa1k" + bytes((COMPRESSED,))
 
 
 @dataclass(frozen=True)
@@ -97,8 +104,9 @@ def parse_compress(text: str) -> str | Codec | None:
                      f"to {ZSTD_LEVELS.stop - 1}), got {text!r}")
 
 
-def compress_frames(frames: Sequence[Any], codec: Codec) -> list[Any]:
-    """The compressed message of an encoded message's ``frames`` (see the module).
+def compress_frames(frames: Sequence[Any], codec: Codec, seq: int | None = None) -> list[Any]:
+    """The compressed message of an encoded message's ``frames`` (see the module);
+    ``seq``, the inner header's, is repeated in the compressed header for a relay.
 
     Examples
     --------
@@ -110,19 +118,55 @@ def compress_frames(frames: Sequence[Any], codec: Codec) -> list[Any]:
     (True, 0.0)
     """
     codecs, sizes, out = [], [], []
-    for frame in frames:
+    for index, frame in enumerate(frames):
         data = view(frame)
         size = len(data)
-        packed = codec.squeeze(data) if size >= MIN_COMPRESSED_FRAME else None
-        if packed is not None and len(packed) < size:
+        squeezed = (codec.squeeze(data)
+                    if size >= MIN_COMPRESSED_FRAME and index != _STORED_FRAME else None)
+        if squeezed is not None and len(squeezed) < size:
             codecs.append(codec.number)
-            out.append(packed)
+            out.append(squeezed)
         else:
             codecs.append(STORED)
             out.append(frame)
         sizes.append(size)
-    header = msgpack.packb({"v": PROTOCOL_VERSION, "k": COMPRESSED, "c": codecs, "n": sizes})
-    return [header, *out]
+    fields: dict[str, Any] = {"v": PROTOCOL_VERSION, "k": COMPRESSED, "c": codecs, "n": sizes}
+    if seq is not None:
+        fields["s"] = seq
+    return [msgpack.packb(fields), *out]
+
+
+def packed(frames: Sequence[Any]) -> dict[str, Any] | None:
+    """The header of a compressed message as our compressor writes it (``c``, ``n``, and
+    ``s`` when it was given), or None for any other message (one look at 7 bytes).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from feedmux.protocol import Data, encode
+    >>> frames = encode(Data(np.array([[1, 0]]), [{"x": np.zeros(4096)}]))
+    >>> packed(frames), packed(compress_frames(frames, Codec("lz4"), seq=7))["s"]
+    (None, 7)
+    """
+    if not frames:
+        return None
+    head = bytes(view(frames[0])[:7])
+    if len(head) != 7 or not 0x80 <= head[0] <= 0x8F or head[1:] != _PREFIX:
+        return None
+    header = msgpack.unpackb(view(frames[0]))
+    _checked_lists(header, len(frames) - 1)
+    return dict(header)
+
+
+def inflate_frames(frames: Sequence[Any], header: dict[str, Any] | None = None) -> list[Any]:
+    """The inner message of a compressed message that this process's peers made (a
+    relay's: the limits are the decoder's defaults); ``header`` from :func:`packed`."""
+    from feedmux.protocol._decode import DEFAULT_LIMITS as limits  # it imports this module
+
+    header = packed(frames) if header is None else header
+    if header is None:
+        raise ProtocolError("not a compressed message")
+    return inflate(header, frames[1:], limits.max_frames - 1, limits.max_message_bytes)
 
 
 def _checked_lists(header: dict[Any, Any], count: int) -> tuple[list[int], list[int]]:

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from feedmux.errors import ProtocolError
+from feedmux.protocol._compress import STORED, packed
 from feedmux.protocol._ext import unpack_bounded
-from feedmux.protocol._frames import FIRST_ARRAY_FRAME, TAG_FRAME, FrameLike, check_version, view
+from feedmux.protocol._frames import TAG_FRAME, FrameLike, check_version, view
 from feedmux.protocol._messages import Kind
 
 __all__ = ["TAG_DTYPE", "encode_tags", "position_runs", "read_tags", "replace_tags",
@@ -64,6 +65,14 @@ def tags_from_frame(frame: memoryview | bytes, count: int | None) -> np.ndarray:
 _DATA_PREFIX = b"\xa1v\x01\xa1k" + bytes((Kind.DATA,))
 
 
+def _stored_tags(header: dict[str, Any]) -> int:
+    """The index of a compressed message's tags frame, which must be stored."""
+    codecs = header["c"]
+    if len(codecs) < 2 or codecs[TAG_FRAME] != STORED:
+        raise ProtocolError("compressed message whose tags frame is not stored: inflate it")
+    return TAG_FRAME + 1
+
+
 def _check_data_header(header: memoryview | bytes) -> None:
     prefix = bytes(header[:7])
     if len(prefix) == 7 and 0x80 <= prefix[0] <= 0x8F and prefix[1:] == _DATA_PREFIX:
@@ -75,7 +84,8 @@ def _check_data_header(header: memoryview | bytes) -> None:
 
 
 def read_tags(frames: Sequence[FrameLike]) -> np.ndarray:
-    """Return the ``(n, 2)`` int64 tags of a data message without decoding its samples.
+    """Return the ``(n, 2)`` int64 tags of a data message without decoding its samples (of
+    a compressed one too: its tags frame is stored).
 
     Examples
     --------
@@ -88,6 +98,9 @@ def read_tags(frames: Sequence[FrameLike]) -> np.ndarray:
     try:
         if len(frames) < 2:
             raise ProtocolError("not a data message: no tag frame")
+        header = packed(frames)
+        if header is not None:
+            return tags_from_frame(view(frames[_stored_tags(header)]), None)
         _check_data_header(view(frames[0]))
         return tags_from_frame(view(frames[TAG_FRAME]), None)
     except ProtocolError:
@@ -111,7 +124,8 @@ def replace_tags(frames: Sequence[FrameLike], tags: np.ndarray) -> list[Any]:
     """
     old = read_tags(frames)
     new = encode_tags(tags, len(old))
-    return [frames[0], new, *frames[FIRST_ARRAY_FRAME:]]
+    at = TAG_FRAME if packed(frames) is None else TAG_FRAME + 1  # the same size: n holds
+    return [*frames[:at], new, *frames[at + 1:]]
 
 
 def position_runs(tags: Any) -> list[tuple[int, int, int]]:

@@ -70,3 +70,16 @@ def test_auto_compresses_a_compressible_stream_on_a_slow_link_and_says_why(
     assert trainer.wait(timeout=120) == 0
     assert server.wait(timeout=30) == 0, server.stderr
     exact(tmp_path / "b", 400)
+
+
+def test_two_workers_compress_and_the_other_host_gets_exact_epochs(
+        hosts: TwoHosts, tmp_path: Path) -> None:
+    # The workers compress (no trainer in host A maps the pool); the server sends their
+    # frames on as they are.
+    server = serve_in(hosts, "--arg", "streams=4", "--arg", "per_stream=16", "--arg",
+                      "width=8192", "--epochs", "3", "--samples-per-message", "16",
+                      "--shm-size", "64", "--compress", "lz4", "--workers", "2")
+    trainer = trainer_in(hosts, "b", server, tmp_path / "b")
+    assert trainer.wait(timeout=90) == 0
+    assert server.wait(timeout=30) == 0, server.stderr
+    exact(tmp_path / "b", 3)

@@ -7,7 +7,19 @@ import numpy as np
 import pytest
 
 from feedmux.errors import ProtocolError
-from feedmux.protocol import Codec, Data, Kind, Limits, compress_frames, decode, encode
+from feedmux.protocol import (
+    Codec,
+    Data,
+    Kind,
+    Limits,
+    compress_frames,
+    decode,
+    encode,
+    inflate_frames,
+    packed,
+    read_tags,
+    replace_tags,
+)
 from feedmux.protocol import parse_compress as parse
 
 #: Two samples of 1024 float32 (zeros, ones), lz4: the samples are inline in the header
@@ -68,7 +80,7 @@ def header(codecs: list[int], sizes: list[int]) -> bytes:
 
 def test_a_decompression_bomb_is_refused_before_it_is_inflated() -> None:
     zeros = bytes(64 << 20)  # 64 MiB of zeros: a few KiB compressed
-    bomb = compress_frames([encode(Data(np.array([[1, 0]]), [{"y": 0}]))[0], zeros],
+    bomb = compress_frames([*encode(Data(np.array([[1, 0]]), [{"y": 0}]))[:2], zeros],
                            Codec("zstd", 3))
     assert sum(map(len, bomb)) < 64 << 10
     with pytest.raises(ProtocolError, match=r"inflate to 67108.* bytes, limit is 16777216: "
@@ -76,7 +88,7 @@ def test_a_decompression_bomb_is_refused_before_it_is_inflated() -> None:
         decode(bomb, limits=Limits(max_message_bytes=16 << 20))
     # Sizes that lie: declared far beyond what any limit allows, nothing is allocated.
     with pytest.raises(ProtocolError, match="refused before inflating"):
-        decode([header([2], [1 << 60]), bomb[2]])
+        decode([header([2], [1 << 60]), bomb[3]])
 
 
 def test_a_frame_that_inflates_past_or_short_of_its_declared_size_is_refused() -> None:
@@ -119,3 +131,28 @@ def test_the_compress_option_is_parsed_or_refused_with_what_was_expected() -> No
         with pytest.raises(ValueError, match=f"expected auto, off, lz4, zstd or zstd:LEVEL.*"
                                              f"got {wrong!r}"):
             parse(wrong)
+
+
+def test_a_relay_reads_and_rewrites_the_tags_of_a_compressed_message_without_inflating() -> None:
+    # 300 samples: a tags frame of 4800 bytes, over the smallest frame worth compressing,
+    # stored all the same; the stacked samples are compressed.
+    samples = [{"x": np.full(64, index, np.float32)} for index in range(300)]
+    tags = np.array([[3, index] for index in range(300)])
+    wire = compress_frames(encode(Data(tags, samples)), Codec("lz4"), seq=41)
+    header = packed(wire)
+    assert header is not None and header["s"] == 41 and header["c"][1:] == [0, 1]
+    assert read_tags(wire).tolist() == tags.tolist()
+    renumbered = replace_tags(wire, tags + np.array([0, 1000]))
+    assert packed(renumbered) == header  # the same sizes: the compressed header holds
+    decoded = decode(renumbered)
+    assert isinstance(decoded, Data)
+    assert decoded.tags[:, 1].tolist() == list(range(1000, 1300))
+    assert [float(sample["x"][0]) for sample in decoded.samples] == list(range(300))
+    assert decode(inflate_frames(wire)).tags.tolist() == tags.tolist()
+
+
+def test_packed_says_none_of_a_message_that_is_not_compressed() -> None:
+    frames = encode(golden_message())
+    assert packed(frames) is None
+    with pytest.raises(ProtocolError, match="not a compressed message"):
+        inflate_frames(frames)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from feedmux.protocol import Codec, Data, decode, encode
+from feedmux.protocol import Codec, Data, compress_frames, decode, encode
+from feedmux.protocol import packed as packed_header
 from feedmux.server._delivery.compression import GAIN, HOLD, WINDOW, LinkCompression
 
 T = b"trainer-1"
@@ -114,3 +115,51 @@ def test_auto_does_not_take_noise_for_a_gain() -> None:
     assert 0.4 < float(compression.stats()[f"{key}.compress_ratio"]) < 0.6  # type: ignore[arg-type]
     assert compression.stats()[f"{key}.compress"] == "off"
     assert str(compression.stats()[f"{key}.compress_reason"]).startswith("no gain")
+
+
+def test_a_workers_compressed_message_goes_as_it_is_or_inflated_per_link_under_auto() -> None:
+    # The stream as the sampling workers send it: compressed with lz4. Three links: one
+    # maps the pool, one is not the limit (no gain), one is (link is the limit).
+    clock = Clock()
+    local, fast, slow = b"local", b"fast", b"slow"
+    compression = LinkCompression("auto", lambda target: target == local, clock)
+    raw = message(True)
+    size = sum(memoryview(frame).nbytes for frame in raw)  # type: ignore[arg-type]
+    packed = compress_frames(raw, Codec("lz4"), seq=0)
+    rates = {local: (1e9, 1e9), fast: (20e6, 20e6), slow: (20e6, 200e6)}
+    owed = dict.fromkeys(rates, 0.0)
+    wires: dict[bytes, object] = {}
+    while clock.now < 3 * WINDOW:
+        for target, (rate_off, rate_on) in rates.items():
+            wire = wires[target] = compression.wire(target, packed)
+            owed[target] += (rate_on if packed_header(wire) else rate_off) * 0.01
+            while owed[target] >= size:
+                compression.delivered(target, wire)
+                owed[target] -= size
+        clock.now += 0.01
+    stats = compression.stats()
+    assert stats["trainer.local.compress_reason"] == "same host (shared memory)"
+    assert str(stats["trainer.fast.compress_reason"]).startswith("no gain"), stats
+    assert str(stats["trainer.slow.compress_reason"]).startswith("link is the limit"), stats
+    # The links that want the message raw get it inflated (once per message, whatever the
+    # number of links).
+    for target in (local, fast):
+        decoded = decode(wires[target])  # type: ignore[arg-type]
+        assert packed_header(wires[target]) is None and isinstance(decoded, Data)
+        assert (decoded.samples[0]["x"][:256] == np.arange(256)).all()
+    assert 0 < int(stats["inflated_by_server"]) <= 3 * WINDOW / 0.01  # type: ignore[arg-type]
+    # The workers are asked for the codec the compressing link uses (lz4 or zstd:1, as
+    # measured); compressed with it, the message goes to that link as it is.
+    codec = compression.worker_codec()
+    assert codec is not None and codec.label == stats["trainer.slow.compress"]
+    by_server = compression.stats()["compressed_by_server"]
+    followed = compress_frames(raw, codec, seq=1)
+    assert compression.wire(slow, followed) is followed
+    assert packed_header(compression.wire(fast, followed)) is None
+    assert compression.stats()["compressed_by_server"] == by_server
+
+
+def test_the_workers_codec_is_the_fixed_one_or_none() -> None:
+    assert LinkCompression(Codec("zstd", 3), lambda t: False).worker_codec() == Codec("zstd", 3)
+    assert LinkCompression(None, lambda t: False).worker_codec() is None
+    assert LinkCompression("auto", lambda t: False).worker_codec() is None  # none on yet

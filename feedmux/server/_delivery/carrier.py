@@ -10,9 +10,11 @@ pinned, never reused), so a trainer that dies holding references (its runs
 are reclaimed once its pid is gone) never takes the kept copy with it. What the
 socket carries may go compressed (``--compress``: the choice per trainer is
 :mod:`feedmux.server._delivery.compression`'s; the ledger keeps the frames as they
-are, so a re-deal or a replay is compressed again for its new trainer). It never
-sends (the outbox does) nor decides who gets a message (the dealer and the
-ledger do).
+are, so a re-deal or a replay is compressed again for its new trainer). A message a
+sampling worker compressed is never placed in the pool: while a trainer maps the pool
+it is inflated first (the workers compress only while none does, so that is the moment
+one starts mapping it), otherwise it goes on as it is. It never sends (the outbox does)
+nor decides who gets a message (the dealer and the ledger do).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from typing import Any
 
 from feedmux._plumbing.shm import Placement, ShmPool, has_refs
 from feedmux._plumbing.shmtable import SHARED
-from feedmux.server._control.core import ControlCore
+from feedmux.protocol import packed
+from feedmux.server._control.core import ControlCore, shm_trainers
 from feedmux.server._delivery.compression import LinkCompression
 from feedmux.server._delivery.outbox import Outbox
 from feedmux.server._delivery.pool import Via, placed_now, pooled, settled, via
@@ -58,6 +61,11 @@ class Carrier:
         memory)."""
         if self.pool is None:
             return frames, None
+        if self.compression is not None and packed(frames) is not None:
+            self.pool.wanted = bool(shm_trainers(self.core))
+            if not self.pool.wanted:
+                return frames, None
+            frames = self.compression.forms.raw(frames)
         wire, placed = pooled(self.pool, self.core, frames, self.outbox, self.halted)
         if keeps and placed is not None and placed.refs_only:
             # The ledger's bytes; the trainers get references.

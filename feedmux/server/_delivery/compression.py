@@ -22,22 +22,30 @@ default) decides per trainer from what it measures:
   may have changed).
 
 The decision and its reason per trainer are in the statistics
-(``trainer.<id>.compress``, ``.compress_reason``, ``.compress_ratio``). Compression runs in
-the server's dealing thread, once per message and codec (a message offered to several
-trainers in turn is compressed once). It never sends and never decides who gets a message.
+(``trainer.<id>.compress``, ``.compress_ratio``, ``.compress_reason``). With several
+sampling workers a message may come compressed already (the workers compress with
+:meth:`LinkCompression.worker_codec`, :mod:`feedmux.server._sources.packing`):
+:class:`MessageForms` sends that form as it is to every link that wants its codec and
+inflates it once for a link that wants the message raw (a same-host trainer, ``auto``
+off, a trial's off window). Whatever the server must compress itself is compressed in its
+dealing thread, once per message and codec (a message offered to several trainers in turn
+is compressed once). The figures ``compressed_by_workers``, ``compressed_by_server`` and
+``inflated_by_server`` count messages. It never sends and never decides who gets a message.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from feedmux.protocol import Codec, compress_frames
+from feedmux.protocol import Codec, compress_frames, inflate_frames, packed
+from feedmux.protocol._compress import STORED
 from feedmux.server._control.core import Stat
 
-__all__ = ["GAIN", "HOLD", "LinkCompression", "WINDOW", "WORTH"]
+__all__ = ["GAIN", "HOLD", "MIN_MESSAGE", "LinkCompression", "MessageForms", "WINDOW", "WORTH"]
 
 #: Candidates of ``auto``: a fast one and one that squeezes more for the same CPU.
 CANDIDATES = (Codec("lz4"), Codec("zstd", 1))
@@ -90,6 +98,78 @@ class _Stream:
     sampled: float = float("-inf")
 
 
+class MessageForms:
+    """The forms of the message being dealt: raw, and compressed per codec, each made once.
+
+    A message may come compressed (a sampling worker's): that form serves every link that
+    wants its codec as it is; a link that wants another form gets it from the message
+    inflated once. Counts what the server made itself (``compressed_by_server``,
+    ``inflated_by_server``) and what came compressed (``compressed_by_workers``, told by
+    :meth:`arrived`).
+    """
+
+    def __init__(self) -> None:
+        self.counts = {"compressed_by_workers": 0, "compressed_by_server": 0,
+                       "inflated_by_server": 0}
+        self._of: Sequence[Any] | None = None  # the message whose forms are held
+        self._forms: dict[str, Sequence[Any]] = {}  # by codec label; "" the raw form
+        self._packed: int | None = None  # the codec number it came compressed with
+        self._raw_bytes = 0
+
+    def arrived(self, frames: Sequence[Any]) -> bool:
+        """Whether a worker's message came compressed (counted)."""
+        compressed = packed(frames) is not None
+        self.counts["compressed_by_workers"] += compressed
+        return compressed
+
+    def raw(self, frames: Sequence[Any]) -> Sequence[Any]:
+        """``frames`` as encoded (inflated once if it came compressed)."""
+        if frames is not self._of and packed(frames) is None:
+            return frames  # nothing to make: not held
+        self._load(frames)
+        raw = self._forms.get("")
+        if raw is None:
+            raw = self._forms[""] = inflate_frames(frames)
+            self.counts["inflated_by_server"] += 1
+        return raw
+
+    def of(self, frames: Sequence[Any], codec: Codec | None) -> Sequence[Any]:
+        """``frames`` compressed with ``codec`` (as they came, if they came so), or raw."""
+        if codec is None:
+            return self.raw(frames)
+        self._load(frames)
+        wire = self._forms.get(codec.label)
+        if wire is None:
+            if self._packed is not None and self._packed in (STORED, codec.number):
+                wire = frames
+            elif self._raw_bytes < MIN_MESSAGE:
+                wire = self.raw(frames)
+            else:
+                wire = compress_frames(self.raw(frames), codec)
+                self.counts["compressed_by_server"] += 1
+            self._forms[codec.label] = wire
+        return wire
+
+    def raw_bytes(self, wire: Sequence[Any]) -> int:
+        """The bytes ``wire`` carries once inflated."""
+        if wire is self._of or any(wire is form for form in self._forms.values()):
+            return self._raw_bytes
+        return _nbytes(wire)
+
+    def _load(self, frames: Sequence[Any]) -> None:
+        if frames is self._of:
+            return
+        header = packed(frames)
+        self._of, self._forms = frames, {}
+        if header is None:
+            self._packed, self._raw_bytes = None, _nbytes(frames)
+            self._forms[""] = frames
+        else:
+            shrunk = [codec for codec in header["c"] if codec != STORED]
+            self._packed = shrunk[0] if shrunk else STORED
+            self._raw_bytes = sum(header["n"])
+
+
 class LinkCompression:
     """``setting``: ``"auto"``, a :class:`~feedmux.protocol.Codec`, or None (off);
     ``same_host(target)``: whether that trainer maps the shared-memory pool."""
@@ -101,14 +181,23 @@ class LinkCompression:
         self.clock = clock
         self.links: dict[bytes, _Link] = {}
         self.stream = _Stream()
-        self._cache: tuple[Sequence[Any], Codec, list[Any], int] | None = None
+        self.forms = MessageForms()
+
+    def worker_codec(self) -> Codec | None:
+        """The codec the sampling workers should compress with: the fixed one, or the one
+        most of ``auto``'s compressing links use (None: no link compresses)."""
+        if self.setting is None or isinstance(self.setting, Codec):
+            return self.setting
+        votes = Counter(link.codec for link in self.links.values() if link.codec is not None)
+        return max(votes, key=votes.__getitem__) if votes else None
 
     def wire(self, target: bytes, frames: Sequence[Any]) -> Sequence[Any]:
-        """What the socket carries of ``frames`` to ``target``."""
+        """What the socket carries of ``frames`` (raw, or compressed by a worker) to
+        ``target``."""
         if self.setting is None:
-            return frames
+            return frames if packed(frames) is None else self.forms.raw(frames)
         if isinstance(self.setting, Codec):
-            return self._compressed(frames, self.setting)
+            return self.forms.of(frames, self.setting)
         link = self.links.get(target)
         if link is None:
             if len(self.links) >= MAX_LINKS:  # ids come from peers: the oldest goes
@@ -119,30 +208,19 @@ class LinkCompression:
             link.local, link.asked = self.same_host(target), now
         if link.local:
             link.codec, link.reason = None, SAME_HOST
-            return frames
-        if now - self.stream.sampled >= SAMPLE_EVERY and _nbytes(frames) >= MIN_MESSAGE:
-            self._sample(frames, now)
+            return self.forms.raw(frames)
+        if now - self.stream.sampled >= SAMPLE_EVERY:
+            raw = self.forms.raw(frames)
+            if _nbytes(raw) >= MIN_MESSAGE:
+                self._sample(raw, now)
         self._step(link, now)
-        return frames if link.codec is None else self._compressed(frames, link.codec)
+        return self.forms.of(frames, link.codec)
 
     def delivered(self, target: bytes, wire: Sequence[Any]) -> None:
         """``wire`` (from :meth:`wire`) went to ``target``: count its raw bytes."""
         link = self.links.get(target)
-        if link is None:
-            return
-        cache = self._cache
-        link.raw += cache[3] if cache is not None and wire is cache[2] else _nbytes(wire)
-
-    def _compressed(self, frames: Sequence[Any], codec: Codec) -> Sequence[Any]:
-        cache = self._cache
-        if cache is not None and cache[0] is frames and cache[1] == codec:
-            return cache[2]
-        raw = _nbytes(frames)
-        if raw < MIN_MESSAGE:
-            return frames
-        wire = compress_frames(frames, codec)
-        self._cache = (frames, codec, wire, raw)
-        return wire
+        if link is not None:
+            link.raw += self.forms.raw_bytes(wire)
 
     def _sample(self, frames: Sequence[Any], now: float) -> None:
         """Compress one message with each candidate: the stream's ratio and speed."""
@@ -213,9 +291,11 @@ class LinkCompression:
 
     def stats(self) -> dict[str, Stat]:
         """Per trainer: the codec (or off), why, and the stream's best measured ratio."""
+        figures: dict[str, Stat] = dict(self.forms.counts)
         if self.setting is None or isinstance(self.setting, Codec):
-            return {"compress": "off" if self.setting is None else self.setting.label}
-        figures: dict[str, Stat] = {"compress": "auto"}
+            figures["compress"] = "off" if self.setting is None else self.setting.label
+            return figures
+        figures["compress"] = "auto"
         for target, link in list(self.links.items()):
             name = target.decode(errors="replace")
             figures[f"trainer.{name}.compress"] = "off" if link.codec is None else link.codec.label

@@ -14,8 +14,12 @@ as full as a worker's) and hands every message to the shell. Between messages
 it lets :class:`~feedmux.server._sources.scaling.WorkerScaling` change the
 running workers, and hands a dead worker's shards to the others. A ranked job
 that resumes from a checkpoint while the server runs starts a new *run*: every
-shard gets a new ticket at the resumed epoch. It must never sample (the workers
-do) nor decide who gets what (the dealer and the control core do).
+shard gets a new ticket at the resumed epoch. It publishes to the workers the codec to
+compress with (:mod:`feedmux.server._sources.packing`: only while it sends their
+messages on as they are); a message that came compressed is merged and renumbered as it
+is, and inflated first where the server must decode it (ranks, batches, groups, a
+resumed run's cut). It must never sample (the workers do) nor decide who gets what (the
+dealer and the control core do).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from feedmux.protocol import (
     Resolver,
     decode,
     encode,
+    packed,
     read_tags,
     replace_tags,
 )
@@ -49,6 +54,7 @@ from feedmux.server._delivery.ranking import RankedStage, RankMessage
 from feedmux.server._shell import SocketShell, StopFlag
 from feedmux.server._sources.assignment import ShardLedger, unpack_shard
 from feedmux.server._sources.merge import MIN_READ_AHEAD_BYTES, READ_AHEAD_BYTES, Merge
+from feedmux.server._sources.packing import passes_through
 from feedmux.server._sources.scaling import WorkerScaling
 from feedmux.server._sources.workers import WorkerPool
 from feedmux.server.config import EXIT_FAILED, EXIT_OK, ServerConfig
@@ -81,6 +87,7 @@ class _Run:
         self.ranked = None if dealer is None else RankedStage(
             dealer, config.server_id, batches=self.batches, start=start)
         first = start[0] if start else 1
+        self.publish(pool, shell)  # before the release: the first messages compressed too
         pool.place(self.ledger, start=(first, 0))  # new tickets: an earlier run's messages drop
         pool.release(first)
 
@@ -97,12 +104,24 @@ class _Run:
         return [slot for slot in range(pool.slots) if slot not in pool.lost and (
             slot not in owners or any(owners[index] == slot for index in shards))]
 
+    def passes_through(self, shell: SocketShell) -> bool:
+        """Whether the workers' messages go on as they are (so the workers may compress)."""
+        return passes_through(self.ranked is not None, self.batches is not None,
+                              shell.fanout is not None)
+
+    def publish(self, pool: WorkerPool, shell: SocketShell) -> None:
+        """Tell the workers the codec to compress with (none unless messages pass through)."""
+        pool.codec.publish(shell.compression.worker_codec() if self.passes_through(shell)
+                           else None)
+
     def take(self, frames: Any, shm: ShmPool | None) -> Error | None:
         """Hold a worker's message in the merge, or drop it (sent under an earlier ticket of
         its shard); a worker's Error is returned."""
         if len(frames) > 1:  # data: header + tags frame + buffers (or references)
             tags = read_tags(frames)
-            shard, ticket = unpack_shard(msgpack.unpackb(frames[0].buffer)["seq"])
+            head = packed(frames)  # a compressed message repeats its seq
+            seq = msgpack.unpackb(frames[0].buffer)["seq"] if head is None else head["s"]
+            shard, ticket = unpack_shard(seq)
             if self.ledger.take_data(shard, ticket, int(tags[0, 0]), int(tags[0, 1]),
                                      len(tags)):
                 self.merge.put(shard, frames, len(tags), carried_bytes(frames))
@@ -196,8 +215,11 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, shell: SocketS
                 return None if shell.core.restarting else EXIT_OK
             shell.tick()
             continue
+        run.publish(pool, shell)
         for worker in ready:  # one message each: fair to every worker
-            error = run.take(sockets[worker].recv_multipart(copy=False), shell.pool)
+            frames = sockets[worker].recv_multipart(copy=False)
+            shell.compression.forms.arrived(frames)
+            error = run.take(frames, shell.pool)
             if error is not None:  # at once, whoever's turn it is
                 log.error("sampling worker failed: %s: %s", error.type, error.message)
                 shell.fail(error)
@@ -247,6 +269,8 @@ def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
                 pool.release(item.epoch + 1)
             continue
         tags = run.number(item)
+        if not run.passes_through(shell):
+            item = shell.compression.forms.raw(item)  # came compressed before the change
         if shell.fanout is not None and shell.reliable is not None:
             # The reliable ledger keeps what it sends, to deal again: whole bytes. Without
             # it, the groups share a worker's runs as they are (members that map the pool
@@ -261,7 +285,7 @@ def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
                                 shell):
                 return EXIT_OK
             continue
-        frames = _free_rows(run, item, tags, config.server_id, shell.pool)
+        frames = _free_rows(run, item, tags, config.server_id, shell)
         if frames is not None and run.batches is not None:
             message = decode(frames, resolve=_reader(shell.pool))
             assert isinstance(message, Data)
@@ -304,7 +328,7 @@ def _reader(shm: ShmPool | None) -> Resolver | None:
 
 
 def _free_rows(run: _Run, frames: Any, tags: np.ndarray, server_id: str,
-               shm: ShmPool | None) -> Any:
+               shell: SocketShell) -> Any:
     """A worker's message for free trainers (renumbered ``tags``), or None when nothing of
     it goes out: a resumed run drops what comes before its start and what the trainers
     that outlived their server had (decoding and re-encoding only such messages)."""
@@ -316,11 +340,12 @@ def _free_rows(run: _Run, frames: Any, tags: np.ndarray, server_id: str,
     if kept is None or kept.all():
         return replace_tags(frames, tags)
     rows = np.flatnonzero(kept).tolist()
+    shm = shell.pool
     if not rows:
         if shm is not None and has_refs(frames):
             shm.drop(frames)
         return None
-    message = decode(frames, resolve=_reader(shm))
+    message = decode(shell.compression.forms.raw(frames), resolve=_reader(shm))
     assert isinstance(message, Data)
     return encode(Data(tags[rows], [message.samples[row] for row in rows], server_id))
 

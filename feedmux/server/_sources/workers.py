@@ -25,6 +25,10 @@ and ``shared_empty`` arrays are written there, and its messages carry 56-byte
 references instead of the arrays. When a worker dies with the pool in use, the server
 stops the others and takes back their runs that no trainer holds
 (:meth:`WorkerPool.reclaim`); without the pool, its shards go to the other workers.
+
+A worker compresses the data messages it forwards with the codec the server publishes
+in :attr:`WorkerPool.codec` (:mod:`feedmux.server._sources.packing`), except while a
+trainer maps the pool.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import zmq
@@ -46,6 +51,7 @@ from feedmux.protocol import encode
 from feedmux.server._control.meters import SamplerMeter, SharedMeters
 from feedmux.server._sources.assignment import Assignment, ShardLedger, plan_owners
 from feedmux.server._sources.owning import DrawnItems
+from feedmux.server._sources.packing import SharedCodec, pack
 from feedmux.server._sources.producer import Frames, _Draw, error_log, error_message
 from feedmux.server._sources.runner import ShardRunner, next_runner
 from feedmux.server.config import ServerConfig
@@ -88,6 +94,8 @@ class WorkerPool:
         self._released = self._mp.RawValue("q", 0)
         self._stop = self._mp.Event()
         self.assignment = Assignment(len(parts), self._mp.RawArray)
+        #: The codec the workers compress the messages they forward with (none at first).
+        self.codec = SharedCodec(self._mp.RawValue)
         #: The shards' tickets, counted across the runs of the server.
         self.tickets = itertools.count(1)
         #: Each worker's sampling time and skipped streams, readable from this process.
@@ -105,7 +113,7 @@ class WorkerPool:
             process = self._mp.Process(
                 target=_worker_main,
                 args=(self.parts, self.config, index, self.endpoint_of(index), self.block,
-                      (self._released, self.assignment), self._stop, os.getpid(),
+                      (self._released, self.assignment, self.codec), self._stop, os.getpid(),
                       self.meters[index], self.shm),
                 name=f"feedmux-worker-{index}",
                 daemon=True,
@@ -246,7 +254,7 @@ def _worker_main(
     index: int,
     endpoint: str,
     block: int,
-    shared: tuple[Any, Assignment],
+    shared: tuple[Any, Assignment, SharedCodec],
     stop_event: Any,
     parent_pid: int,
     meter: SamplerMeter,
@@ -254,7 +262,7 @@ def _worker_main(
 ) -> None:
     _die_with_parent()
 
-    released, assignment = shared
+    released, assignment, codec = shared
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us
     terminated: list[bool] = []
     signal.signal(signal.SIGTERM, _on_sigterm(terminated))
@@ -271,7 +279,13 @@ def _worker_main(
     def send(frames: Frames) -> bool:
         # Large arrays go as references to this worker's runs of the pool, if it can.
         placed = None if shm is None else shm.forward(frames)
-        wire = frames if placed is None else placed.frames
+        wire: Sequence[Any]
+        if placed is not None:
+            wire = placed.frames
+        elif shm is not None and shm.wanted:  # the server compresses for the others
+            wire = frames
+        else:
+            wire = pack(frames, codec.read())
         sent = False
         try:
             while not sent:
