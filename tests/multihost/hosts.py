@@ -11,10 +11,13 @@ So two processes of one host share memory as on one machine, and a trainer in ho
 map a segment the server made in host A: the same-host handshake truly sees another host.
 
 The link is shaped with ``tc``'s token bucket (``tbf``) on both ends (:meth:`TwoHosts.shape`),
-and taken down and up (:meth:`TwoHosts.link`). ``tc ... netem`` (delay, loss) is not
-available on the machine these tests were written on ("Specified qdisc kind is unknown": the
-kernel has no ``sch_netem``); :func:`netem_available` says whether it is, and
-:meth:`TwoHosts.delay` uses it when it is, or raises :class:`HostsUnavailable`.
+and taken down and up (:meth:`TwoHosts.link`); a host crashes whole (:meth:`TwoHosts.kill`:
+every process in it SIGKILLed) and the kernel's TCP buffers in it can be capped
+(:meth:`TwoHosts.tcp_buffers`, the namespace's own ``tcp_wmem`` / ``tcp_rmem``).
+``tc ... netem`` (delay, loss) is not available on the machine these tests were written on
+("Specified qdisc kind is unknown": the kernel has no ``sch_netem``); :func:`netem_available`
+says whether it is, and :meth:`TwoHosts.delay` uses it when it is, or raises
+:class:`HostsUnavailable`.
 
 Clean-up on every exit path: :meth:`TwoHosts.close` (a fixture finaliser, a ``with`` block,
 and an ``atexit`` hook for an interpreter that ends otherwise) SIGKILLs every process in the
