@@ -11,10 +11,13 @@ So two processes of one host share memory as on one machine, and a trainer in ho
 map a segment the server made in host A: the same-host handshake truly sees another host.
 
 The link is shaped with ``tc``'s token bucket (``tbf``) on both ends (:meth:`TwoHosts.shape`),
-and taken down and up (:meth:`TwoHosts.link`). ``tc ... netem`` (delay, loss) is not
-available on the machine these tests were written on ("Specified qdisc kind is unknown": the
-kernel has no ``sch_netem``); :func:`netem_available` says whether it is, and
-:meth:`TwoHosts.delay` uses it when it is, or raises :class:`HostsUnavailable`.
+and taken down and up (:meth:`TwoHosts.link`); a host crashes whole (:meth:`TwoHosts.kill`:
+every process in it SIGKILLed) and the kernel's TCP buffers in it can be capped
+(:meth:`TwoHosts.tcp_buffers`, the namespace's own ``tcp_wmem`` / ``tcp_rmem``).
+``tc ... netem`` (delay, loss) is not available on the machine these tests were written on
+("Specified qdisc kind is unknown": the kernel has no ``sch_netem``); :func:`netem_available`
+says whether it is, and :meth:`TwoHosts.delay` uses it when it is, or raises
+:class:`HostsUnavailable`.
 
 Clean-up on every exit path: :meth:`TwoHosts.close` (a fixture finaliser, a ``with`` block,
 and an ``atexit`` hook for an interpreter that ends otherwise) SIGKILLs every process in the
@@ -226,6 +229,13 @@ class TwoHosts:
             _run("tc", "-n", name, "qdisc", "replace", "dev", self.links[host], "root",
                  "netem", "delay", f"{milliseconds}ms")
 
+    def tcp_buffers(self, host: str, most: int) -> None:
+        """Cap what the kernel buffers of one TCP connection in ``host`` may hold, each way
+        (``net.ipv4.tcp_wmem`` / ``tcp_rmem``, the namespace's own), at ``most`` bytes."""
+        for knob in ("tcp_wmem", "tcp_rmem"):
+            _run("ip", "netns", "exec", self.names[host], "sysctl", "-q", "-w",
+                 f"net.ipv4.{knob}=4096 {min(most, 65536)} {most}")
+
     def link(self, up: bool) -> None:
         """Take the link down (both ends: no carrier, every packet dropped) or up again."""
         for host, name in self.names.items():
@@ -234,6 +244,26 @@ class TwoHosts:
     def pids(self, host: str) -> list[int]:
         """Every process in ``host``'s network namespace."""
         return self.pids_of(self.names[host])
+
+    def kill(self, host: str, timeout: float = COMMAND_TIMEOUT) -> list[int]:
+        """SIGKILL every process in ``host`` (a host that crashes: nothing of it runs its
+        clean-up) and wait until none is left (bounded); the pids killed. What this harness
+        started there is reaped; the others (a server's sampling workers) are not its
+        children."""
+        killed = self.pids(host)
+        for pid in killed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout
+        for process in self.processes:
+            if process.pid in killed:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        while self.pids(host):
+            if time.monotonic() > deadline:
+                raise HostsUnavailable(f"processes of host {host} outlived SIGKILL for "
+                                       f"{timeout:g} s: {self.pids(host)}")
+            time.sleep(0.05)  # the poll interval of a bounded wait for the kernel to end them
+        return killed
 
     def close(self) -> None:
         """Kill every process in the two hosts, unmount their /dev/shm, delete both
