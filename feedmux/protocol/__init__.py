@@ -25,7 +25,13 @@ Examples
 ([0, 1], (2, 2))
 """
 
-from feedmux.protocol._batch import SampleBatch, StackedLeaf, stack_scalars, take_samples
+from feedmux.protocol._batch import (
+    SampleBatch,
+    StackedLeaf,
+    stack_scalars,
+    stacking_into,
+    take_samples,
+)
 from feedmux.protocol._compress import (
     Codec,
     compress_frames,
@@ -115,6 +121,7 @@ __all__ = [
     "stack_scalars",
     "stacked_batch",
     "stacked_tree",
+    "stacking_into",
     "stats_order",
     "take_rows",
     "take_samples",

@@ -9,10 +9,17 @@ views into those stacked arrays. A process that passes samples on (a server
 dealing a worker's message to ranks) takes rows of a batch as a batch
 (:func:`take_samples`): stacked arrays sliced, never a sample built and
 stacked again. Nothing here reads or writes bytes.
+
+Where a stacked leaf is made is the caller's to say: within :func:`stacking_into`, a
+leaf of at least :data:`STACK_INTO_BYTES` is stacked into memory the given allocator
+returns (a server: its shared-memory pool, so the batch it builds is sent with no
+further copy) instead of memory numpy allocates.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
@@ -23,11 +30,13 @@ from feedmux.errors import ProtocolError
 
 __all__ = [
     "MAX_TEMPLATE_DEPTH",
+    "STACK_INTO_BYTES",
     "SampleBatch",
     "StackedLeaf",
     "compile_template",
     "stack_samples",
     "stack_scalars",
+    "stacking_into",
     "take_samples",
 ]
 
@@ -123,7 +132,48 @@ def stack_scalars(values: list[Any], dtype: np.dtype[Any]) -> Any:
     return np.array(values, dtype=dtype)
 
 
+#: The least bytes of a stacked leaf that :func:`stacking_into`'s allocator is asked for.
+STACK_INTO_BYTES = 256 * 1024
+
+#: ``(shape, dtype) -> array`` that stacked leaves go into, or None when it has no room
+#: (numpy's memory then; see :func:`stacking_into`).
+Allocator = Callable[[tuple[int, ...], np.dtype[Any]], "np.ndarray | None"]
+_stacking: contextvars.ContextVar[Allocator | None] = contextvars.ContextVar(
+    "feedmux_stacking", default=None)
+
+
+@contextlib.contextmanager
+def stacking_into(allocate: Allocator | None) -> Iterator[None]:
+    """Within the block, a stacked leaf of :data:`STACK_INTO_BYTES` or more (a batch's
+    array, rows of batches joined) is written into ``allocate(shape, dtype)`` (None:
+    numpy's memory, as outside the block).
+
+    >>> big = [np.ones(1 << 16, np.float32)] * 2
+    >>> with stacking_into(lambda shape, dtype: np.full(shape, 7, dtype)):
+    ...     SampleBatch(stack_samples(big), 2).stacked().sum()
+    np.float32(131072.0)
+    """
+    token = _stacking.set(allocate)
+    try:
+        yield
+    finally:
+        _stacking.reset(token)
+
+
+def _allocated(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray | None:
+    """Memory for a stacked leaf from :func:`stacking_into`'s allocator, or None."""
+    allocate = _stacking.get()
+    if (allocate is None or dtype.hasobject or not dtype.isnative
+            or int(np.prod(shape)) * dtype.itemsize < STACK_INTO_BYTES):
+        return None
+    return allocate(shape, dtype)
+
+
 def _stack_arrays(values: list[Any], dtype: np.dtype[Any], shape: tuple[int, ...]) -> Any:
+    into = _allocated((len(values), *shape), dtype)
+    if into is not None:
+        np.stack(values, out=into)
+        return into
     if not dtype.hasobject and dtype.itemsize:  # (an object array's buffer holds pointers)
         try:
             # C-contiguous arrays (the usual case) are joined from their buffers: a third
@@ -422,7 +472,9 @@ def _join(batches: list[SampleBatch]) -> SampleBatch | None:
         if leaves[0].kind == COLUMN:
             joined.append([value for leaf in leaves for value in leaf.values])
             continue
-        values = np.concatenate([leaf.values for leaf in leaves])
+        parts = [leaf.values for leaf in leaves]
+        into = _allocated((sum(map(len, parts)), *parts[0].shape[1:]), parts[0].dtype)
+        values = np.concatenate(parts) if into is None else np.concatenate(parts, out=into)
         if values.dtype != leaves[0].values.dtype:
             return None  # numpy allocated another byte order ('>m8' as '<m8'): not the same bytes
         joined.append(values)

@@ -204,6 +204,7 @@ def test_two_workers_build_batches_into_the_pool_with_exact_epochs() -> None:
                     shm_size=64 * MIB, workers=2).start()
     try:
         seen: list[tuple[int, int]] = []
+        copied_at: dict[int, int] = {}
         with RemoteLoader(server.data_address, control=server.control_address, timeout=30,
                           batch_size=4, with_meta=True) as loader:
             for meta, batch in loader:
@@ -211,9 +212,15 @@ def test_two_workers_build_batches_into_the_pool_with_exact_epochs() -> None:
                 assert (batch["x"] == batch["id"][:, None]).all()
                 assert in_pool(batch["x"]), "a batch that is not a view of the pool"
                 seen += [(meta.epoch, int(i)) for i in batch["id"]]
+                if len(seen) in (44, 80):  # the first and the last batch of epoch 2
+                    copied_at[len(seen)] = fetch_stats(server.control_address)[
+                        "shm_bytes_copied"]
                 del batch
         for epoch in (1, 2):
             assert sorted(i for e, i in seen if e == epoch) == list(range(40))
+        # The server stacks each batch straight into the pool (the stacking is the batch's
+        # one copy, its arrays sent as references to it): it copied nothing into the pool.
+        assert copied_at[80] == copied_at[44], "the server copied batches into the pool"
         assert server.join(30) == 0
     finally:
         server.stop()

@@ -24,6 +24,7 @@ dealer and the control core do).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -46,6 +47,7 @@ from feedmux.protocol import (
     packed,
     read_tags,
     replace_tags,
+    stacking_into,
 )
 from feedmux.server._control.waitshare import trainers_wait
 from feedmux.server._delivery.batches import Batch
@@ -281,16 +283,20 @@ def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
             # workers' runs in place), its rows held and dealt.
             message = decode(item, resolve=_reader(shell.pool))
             assert isinstance(message, Data)
-            if not _send_ranked(ranked.hold(int(tags[0, 0]), int(tags[0, 1]), message.samples),
-                                shell):
+            with _stacked_in_pool(shell.pool):  # a rank's rows of several messages, joined
+                held = _send_ranked(ranked.hold(int(tags[0, 0]), int(tags[0, 1]),
+                                                message.samples), shell)
+            if not held:
                 return EXIT_OK
             continue
         frames = _free_rows(run, item, tags, config.server_id, shell)
         if frames is not None and run.batches is not None:
             message = decode(frames, resolve=_reader(shell.pool))
             assert isinstance(message, Data)
-            if not _send_batches(run.batches.of(-1).add(message.tags, message.samples),
-                                 shell, config.server_id):
+            with _stacked_in_pool(shell.pool):  # the batch's arrays: in the pool at once
+                sent = _send_batches(run.batches.of(-1).add(message.tags, message.samples),
+                                     shell, config.server_id)
+            if not sent:
                 return EXIT_OK
         elif frames is not None and not shell.send_data(frames, len(read_tags(frames)),
                                                             int(tags[-1, 0])):
@@ -313,6 +319,14 @@ def _whole(shm: ShmPool | None, frames: Any) -> Any:
     whole = shm.forwarded.copied_out(frames)
     shm.drop(frames)
     return whole
+
+
+def _stacked_in_pool(shm: ShmPool | None) -> contextlib.AbstractContextManager[None]:
+    """While a trainer maps the pool, the arrays the server stacks from the workers' runs
+    (a batch, a rank's rows of several messages) are made in the server's region of the
+    pool (:meth:`~feedmux._plumbing.shm.ShmPool.empty`; plain memory when it is full): the
+    stacking is their one copy, and they are sent on as references to it."""
+    return stacking_into(shm.empty if shm is not None and shm.wanted else None)
 
 
 def _reader(shm: ShmPool | None) -> Resolver | None:
