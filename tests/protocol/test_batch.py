@@ -17,7 +17,10 @@ from feedmux.protocol import (
     encode,
     read_tags,
     replace_tags,
+    stacking_into,
+    take_samples,
 )
+from feedmux.protocol._batch import stack_samples
 from tests.protocol.trees import assert_same
 
 
@@ -305,3 +308,25 @@ def test_tags_and_sample_count_must_agree_on_decode() -> None:
     frames = encode(Data(tags_for(2), ["a", "b"]))
     with pytest.raises(ProtocolError, match="tags"):
         decode([frames[0], tags_for(3).tobytes()])
+
+
+def test_stacked_leaves_go_into_the_memory_the_caller_gives_when_large_enough() -> None:
+    made: list[np.ndarray] = []
+
+    def allocate(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+        made.append(np.empty(shape, dtype))
+        return made[-1]
+
+    large = [{"x": np.full(1 << 16, i, np.float32), "y": i} for i in range(4)]  # 256 KiB each
+    small = [{"x": np.full(4, i, np.float32)} for i in range(4)]
+    with stacking_into(allocate):
+        batch = SampleBatch(stack_samples(large), 4)
+        assert batch.stacked()["x"] is made[0] and (made[0][:, 0] == [0, 1, 2, 3]).all()
+        SampleBatch(stack_samples(small), 4)  # under the threshold: numpy's memory
+        assert len(made) == 1
+        # Rows of two batches joined (a rank's rows of two messages) go there too.
+        joined = take_samples([(batch, slice(0, 2)), (batch, slice(3, 4))])
+        assert isinstance(joined, SampleBatch) and joined.stacked()["x"] is made[1]
+        assert (made[1][:, 0] == [0, 1, 3]).all()
+    SampleBatch(stack_samples(large), 4)  # outside the block: numpy's memory again
+    assert len(made) == 2
