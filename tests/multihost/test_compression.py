@@ -19,9 +19,11 @@ pytestmark = pytest.mark.timeout(180)
 EPOCH = 64
 
 
-def stats_in_a(hosts: TwoHosts, control: str) -> dict[str, object]:
-    """The server's statistics, asked from host A (``feedmux stats`` prints JSON)."""
-    done = hosts.run("a", [sys.executable, "-m", "feedmux", "stats", control, "--timeout", "5"])
+def stats_in_a(hosts: TwoHosts, control: str, timeout: float = 5.0) -> dict[str, object]:
+    """The server's statistics, asked from host A (``feedmux stats`` prints JSON; {} if it
+    did not answer within ``timeout`` s)."""
+    done = hosts.run("a", [sys.executable, "-m", "feedmux", "stats", control, "--timeout",
+                           f"{timeout:g}"])
     if done.returncode != 0:
         return {}
     stats: dict[str, object] = json.loads(done.stdout)

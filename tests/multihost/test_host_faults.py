@@ -34,9 +34,7 @@ mode promises:
 from __future__ import annotations
 
 import datetime
-import json
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -48,6 +46,7 @@ from feedmux.server._control.core import TRAINER_TIMEOUT
 from feedmux.server._delivery.reliable import SILENCE_GRACE
 from tests.integration.conftest import Spawned, wait_until
 from tests.multihost.hosts import TwoHosts
+from tests.multihost.test_compression import stats_in_a
 from tests.multihost.test_two_hosts import SAMPLER, trainer_in
 
 PER_STREAM = 60
@@ -95,15 +94,6 @@ def read(path: Path) -> list[Row]:
     if not path.exists():
         return []
     return [tuple(int(field) for field in line.split()) for line in path.read_text().splitlines()]
-
-
-def stats_in_a(hosts: TwoHosts, control: str) -> dict[str, object]:
-    """The server's statistics, asked from host A ({} if it did not answer)."""
-    done = hosts.run("a", [sys.executable, "-m", "feedmux", "stats", control, "--timeout", "2"])
-    if done.returncode != 0:
-        return {}
-    stats: dict[str, object] = json.loads(done.stdout)
-    return stats
 
 
 def finished(trainers: list[subprocess.Popen[bytes]]) -> None:
@@ -244,13 +234,13 @@ def test_a_trainer_host_gone_for_good_is_forgotten_and_the_other_trainer_finishe
     except AssertionError as error:
         raise AssertionError(f"{error}: {len(read(near))} and {len(read(far))}; server:\n"
                              f"{server.stderr[-3000:]}") from None
-    wait_until(lambda: stats_in_a(hosts, server.control).get("connected_trainers") == 2, 30,
+    wait_until(lambda: stats_in_a(hosts, server.control, 2).get("connected_trainers") == 2, 30,
                "both trainers connected in the statistics")
     hosts.link(up=False)  # for good: the server's connections to host B are half-open
     down, down_at = time.monotonic(), time.time()
     hosts.kill("b")
     assert doomed.poll() is not None
-    wait_until(lambda: stats_in_a(hosts, server.control).get("connected_trainers") == 1,
+    wait_until(lambda: stats_in_a(hosts, server.control, 2).get("connected_trainers") == 1,
                CONNECTED_BOUND + STATS_MARGIN, "the gone trainer no longer counted as connected")
     uncounted = time.monotonic() - down
     forgotten = 0.0
