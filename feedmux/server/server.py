@@ -335,7 +335,7 @@ class Server:
         log.info(
             "serving %s: data %s, control %s, %d worker(s), epoch size %s, server id %s",
             source, shell.data_address, shell.control_address,
-            len(pool.active) if pool is not None else 1,
+            pool.running if pool is not None else 1,
             config.epoch_size or "measured after the first epoch", config.server_id,
         )
         if shell.metrics is not None:

@@ -172,6 +172,32 @@ def test_a_worker_sigkilled_during_a_change_hands_its_shards_over(serve: Any) ->
     assert rows == reference
 
 
+def test_a_change_of_the_count_takes_effect_mid_epoch_and_moves_no_shard(serve: Any) -> None:
+    # An epoch of 24,000 samples at 3 ms each (72 s of one worker's waiting): each change
+    # must show within seconds, far from the epoch's end, as workers drawing at once.
+    server = serve(NUMBERED, "--arg", "streams=12", "--arg", "per_stream=2000", "--arg",
+                   "delay=0.003", "--workers", "4", "--seed", "1", "--no-shm")
+    done = threading.Event()
+    trainer = CheckedThread(count_for, server, 120.0, done.is_set)
+
+    def drawing(count: int) -> bool:
+        stats = fetch_stats(server.control, timeout=5)
+        return bool(stats["workers"] == count and stats["workers_sampling_now"] == count)
+
+    try:
+        for count in (1, 3, 2, 4, 1):
+            request_scale(server.control, count, timeout=10)
+            wait_until(partial(drawing, count), 15, f"{count} worker(s) drawing at once")
+        stats = fetch_stats(server.control, timeout=5)
+        assert stats["epoch"] == 1, "the epoch ended before the changes: the test is too slow"
+        assert stats["shards_moved"] == 0, stats
+        assert stats["worker_changes"] == 5
+    finally:
+        done.set()
+    assert trainer.join(90) > 0
+    server.kill()
+
+
 def test_feedmux_scale_asks_and_refuses_clearly(serve: Any, spawn: Any) -> None:
     server = serve(*live_command("--workers", "auto:1-3"))
     trainer = CheckedThread(consume, server)  # the count changes while it serves

@@ -208,7 +208,7 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, shell: SocketS
         _survive(pool, run)
         requested = shell.core.scaling.take()
         if requested is not None:
-            scaling.request(requested, run.ledger)
+            scaling.request(requested)
         scaling.tick(time.monotonic(), shell.outbox.blocked_seconds, shell.core.samples_sent,
                      run.ledger)
         ready = [worker for worker in polled if sockets[worker] in events]
@@ -246,7 +246,7 @@ def _survive(pool: WorkerPool, run: _Run) -> None:
     for slot in dead:
         log.warning("%s; its shards %s go to the other workers", pool.failure(slot),
                     ", ".join(map(str, pool.owned(slot))) or "(none)")
-    moved = pool.resize(len(pool.active), run.ledger)
+    moved = pool.rehome(run.ledger)
     log.info("workers %d: shards %s moved", len(pool.active), ", ".join(map(str, moved)))
 
 

@@ -6,10 +6,10 @@ workers' busy fraction from their meters, their CPU use from ``/proc``, how long
 the data path waited for trainers, the samples it sent, and the trainers' own
 wait as their heartbeats reported it), asks it for a change
 (with ``--workers auto``), and applies a change, or a count asked for over control
-(``feedmux scale``), at once: the pool moves the shards of a worker taken out of
-service to the others from where the server stands in them, mid-epoch (no epoch
-boundary is awaited). Every change is logged with its reason and counted. It
-never samples and never reads a socket.
+(``feedmux scale``), at once: the pool changes how many workers draw at a time
+(:mod:`feedmux.server._sources.turns`), which takes effect when the running draws
+end their current message, mid-epoch, and moves no shard. Every change is logged
+with its reason and counted. It never samples and never reads a socket.
 """
 
 from __future__ import annotations
@@ -64,30 +64,29 @@ class WorkerScaling:
 
     def stats(self) -> dict[str, int | float | str | None]:
         """``workers``, ``worker_changes`` and ``worker_change_reason`` for the statistics."""
-        return {"workers": len(self.pool.active), "worker_changes": self.changes,
+        return {"workers": self.pool.running, "worker_changes": self.changes,
                 "worker_change_reason": self.last_reason,
                 "workers_auto": int(self.autoscaler is not None and self.forced is None)}
 
-    def request(self, count: int, ledger: ShardLedger) -> None:
+    def request(self, count: int) -> None:
         """A count asked for over control: run ``count`` workers (0: back to auto)."""
         if count == 0:
             self.forced = None
             log.info("workers: back to %s", "auto" if self.autoscaler else "the fixed count")
             return
         self.forced = count
-        self.apply(Change(count, "asked for over control (feedmux scale)"), ledger)
+        self.apply(Change(count, "asked for over control (feedmux scale)"))
 
-    def apply(self, change: Change, ledger: ShardLedger) -> None:
-        """Run ``change.target`` workers now, moving shards; logged with its reason."""
-        before = len(self.pool.active)
-        moved = self.pool.resize(change.target, ledger)
-        after = len(self.pool.active)
+    def apply(self, change: Change) -> None:
+        """Let ``change.target`` workers draw at once from now; logged with its reason."""
+        before = self.pool.running
+        self.pool.resize(change.target)
+        after = self.pool.running
         if after == before:
             return
         self.changes += 1
         self.last_reason = change.reason
-        log.info("workers %d -> %d: %s (shards moved: %s)", before, after, change.reason,
-                 ", ".join(map(str, moved)) or "none")
+        log.info("workers %d -> %d: %s", before, after, change.reason)
         self._mark = None  # the next window starts with the new count
 
     def tick(self, now: float, blocked_seconds: float, samples_sent: int,
@@ -98,6 +97,10 @@ class WorkerScaling:
         if ledger.settling:  # moved shards still replaying: their rate is no measure yet
             self._mark = None
             return
+        if self._mark is not None and now - self._mark[0] < self.window:
+            return  # called on every turn of the loop: the figures are read once a window
+        # Every slot alive draws now and then (turns pass round): all count, over the
+        # turns that were given.
         active = self.pool.active
         busy = sum(self.pool.meters[slot].busy_seconds for slot in active)
         cpu = sum(_cpu_seconds(self.pool.processes[slot].pid) for slot in active)
@@ -106,15 +109,14 @@ class WorkerScaling:
             self._mark = mark
             return
         elapsed = now - self._mark[0]
-        if elapsed < self.window:
-            return
         self._mark, (_, busy0, blocked0, sent0, cpu0) = mark, self._mark
+        running = self.pool.running
         signals = Signals(
-            workers=len(active), busy=min(1.0, (busy - busy0) / (elapsed * len(active))),
+            workers=running, busy=min(1.0, (busy - busy0) / (elapsed * running)),
             blocked=min(1.0, (blocked_seconds - blocked0) / elapsed),
             rate=(samples_sent - sent0) / elapsed, trainer_wait=self.trainer_wait(now),
             cpu=(cpu - cpu0) / elapsed)
         change = self.autoscaler.observe(now, signals)
         if change is not None:
-            self.apply(change, ledger)
+            self.apply(change)
 

@@ -1,17 +1,21 @@
 """Sampling worker processes: each runs the shards the server assigns it.
 
 The pool forks its worker processes (*slots*) at start, before the server
-creates its ZeroMQ context; :attr:`WorkerPool.active` are those that run shards
-now, and a change of that set (``--workers auto``, ``feedmux scale``, a worker
-that died) moves shards, never forks (:meth:`WorkerPool.resize`). A worker reads
-its shards from the shared :class:`~feedmux.server._sources.assignment.Assignment`
-between messages, runs each through a
-:class:`~feedmux.server._sources.runner.ShardRunner` in the merge order, and pushes
-their encoded data messages and, after each epoch of a shard, an ``EndOfEpoch``
-to the server over an internal endpoint of its own (FIFO per worker; the server
-merges them, :mod:`feedmux.server._sources.merge`). A shard's next epoch waits
-until the server has heard the end of the epoch from every shard (the epoch
-gate), so epochs leave the server one after the other. Each shard reseeds the
+creates its ZeroMQ context, and spreads the shards over them once
+(:attr:`WorkerPool.active`: the slots alive). A shard stays with its slot for the
+run; only a worker's death moves its shards to the others
+(:meth:`WorkerPool.rehome`). The number of workers that sample
+(:attr:`WorkerPool.running`: ``--workers auto``, ``feedmux scale``) is a number
+of turns to draw (:mod:`feedmux.server._sources.turns`), so a change never moves
+a shard and takes effect within one message. A worker reads its shards from the
+shared :class:`~feedmux.server._sources.assignment.Assignment` between messages,
+runs each through a :class:`~feedmux.server._sources.runner.ShardRunner` in the
+merge order while it holds a turn, and pushes their encoded data messages and,
+after each epoch of a shard, an ``EndOfEpoch`` to the server over an internal
+endpoint of its own (FIFO per worker; the server merges them,
+:mod:`feedmux.server._sources.merge`). A shard's next epoch waits until the
+server has heard the end of the epoch from every shard (the epoch gate), so
+epochs leave the server one after the other. Each shard reseeds the
 process-wide random state from (seed, shard, epoch) and keeps it as its own
 (:class:`~feedmux.server._sources.shards.ShardRandom`). Workers die with their
 parent (``PR_SET_PDEATHSIG`` where the kernel offers it, and a parent-pid
@@ -54,25 +58,26 @@ from feedmux.server._sources.owning import DrawnItems
 from feedmux.server._sources.packing import SharedCodec, pack
 from feedmux.server._sources.producer import Frames, _Draw, error_log, error_message
 from feedmux.server._sources.runner import ShardRunner, next_runner
+from feedmux.server._sources.turns import SamplingTurns
 from feedmux.server.config import ServerConfig
 
 __all__ = ["WorkerPool"]
 
 log = logging.getLogger("feedmux.server")
 
-#: How often a worker that runs no shard looks at the assignment (the latency of a growth).
-PARKED_POLL = 0.05
 #: How long a stopping pool waits for its workers before it kills them.
 WORKER_STOP_TIMEOUT = 2.0
 
 
 class WorkerPool:
-    """Forked sampling processes (one per *slot*), the shards' assignment and the epoch gate.
+    """Forked sampling processes (one per *slot*), the shards' assignment, the turns to
+    draw and the epoch gate.
 
     Every slot is forked at :meth:`start` (before the server creates its ZeroMQ
-    context); :attr:`active` are the slots that run shards. A slot taken out of
-    service keeps no shard and sleeps on the assignment (no CPU); one put back in
-    gets shards within a few milliseconds. A change moves shards, never forks.
+    context) and runs its shards for the run; :attr:`active` are the slots alive
+    (a dead one's shards go to them), :attr:`running` how many of them draw at
+    once (``active`` at first: the rest wait for a turn, with no CPU). A change of
+    the count moves no shard and never forks.
     """
 
     def __init__(self, parts: list[Any], config: ServerConfig, endpoint: str, block: int,
@@ -88,9 +93,11 @@ class WorkerPool:
         if slots is None:
             slots = config.worker_range.maximum
         self.slots = slots = min(slots, len(parts))
-        #: The slots that run shards now.
-        self.active = list(range(min(slots, active or slots)))
+        #: The slots that run shards: every one alive.
+        self.active = list(range(slots))
         self._mp = multiprocessing.get_context("fork")
+        #: How many of them draw at once (``active``: every slot at first).
+        self.turns = SamplingTurns(slots, min(slots, active or slots), self._mp)
         self._released = self._mp.RawValue("q", 0)
         self._stop = self._mp.Event()
         self.assignment = Assignment(len(parts), self._mp.RawArray)
@@ -101,6 +108,8 @@ class WorkerPool:
         #: Each worker's sampling time and skipped streams, readable from this process.
         self.meters = SharedMeters(slots).meters
         self.processes: list[multiprocessing.process.BaseProcess] = []
+        #: Shards given to another worker since a run began (a worker's death).
+        self.shards_moved = 0
         #: Slots whose death was handled (their shards went to the others).
         self.lost: set[int] = set()
         #: The shared-memory pool, opened before the fork: each worker gets a region of it.
@@ -113,7 +122,8 @@ class WorkerPool:
             process = self._mp.Process(
                 target=_worker_main,
                 args=(self.parts, self.config, index, self.endpoint_of(index), self.block,
-                      (self._released, self.assignment, self.codec), self._stop, os.getpid(),
+                      (self._released, self.assignment, self.codec, self.turns), self._stop,
+                      os.getpid(),
                       self.meters[index], self.shm),
                 name=f"feedmux-worker-{index}",
                 daemon=True,
@@ -122,7 +132,8 @@ class WorkerPool:
             self.processes.append(process)
         log.info("started %d sampling worker(s): pids %s", len(self.processes),
                  ", ".join(str(p.pid) for p in self.processes))
-        log.info("%d of them run the %d shard(s)", len(self.active), len(self.parts))
+        log.info("%d of them sample at once, the %d shard(s) spread over all", self.running,
+                 len(self.parts))
 
     def endpoint_of(self, index: int) -> str:
         """The internal endpoint worker ``index`` pushes to (one each: FIFO per worker)."""
@@ -131,6 +142,7 @@ class WorkerPool:
     def release(self, epoch: int) -> None:
         """Let the workers start ``epoch``."""
         self._released.value = epoch
+        self.turns.wake_all()
 
     def place(self, ledger: ShardLedger, start: tuple[int, int] | None = None) -> list[int]:
         """Give every shard an owner among :attr:`active`; returns the shards that moved.
@@ -149,16 +161,26 @@ class WorkerPool:
                 changes[index] = (owner, ledger.assign(index, *point), *point)
         if start is not None:
             self._released.value = 0  # nobody runs ahead of the new run's start
+        else:
+            self.shards_moved += len(changes)
         self.assignment.write(changes)
+        self.turns.wake_all()
         return sorted(changes)
 
-    def resize(self, count: int, ledger: ShardLedger) -> list[int]:
-        """Run shards on ``count`` slots (clamped to those alive); returns the shards moved."""
-        alive = [slot for slot in range(self.slots) if slot not in self.lost]
-        count = max(1, min(count, len(alive)))
-        kept = [slot for slot in self.active if slot in alive][:count]
-        spare = [slot for slot in alive if slot not in kept]
-        self.active = sorted(kept + spare[:count - len(kept)])
+    @property
+    def running(self) -> int:
+        """How many workers draw at once: the turns, at most the workers alive."""
+        return min(self.turns.limit, len(self.active))
+
+    def resize(self, count: int) -> None:
+        """Let ``count`` workers draw at once (clamped to those alive); no shard moves."""
+        self.turns.set_limit(max(1, min(count, len(self.active))))
+
+    def rehome(self, ledger: ShardLedger) -> list[int]:
+        """The dead slots' shards go to those alive; returns the shards moved."""
+        for slot in self.lost:
+            self.turns.forget(slot)
+        self.active = [slot for slot in range(self.slots) if slot not in self.lost]
         return self.place(ledger)
 
     def owned(self, slot: int) -> list[int]:
@@ -166,9 +188,16 @@ class WorkerPool:
         return [index for index, owner in enumerate(self.assignment.owners()) if owner == slot]
 
     def liveness(self) -> dict[str, int | float | str | None]:
-        """``worker.<index>.alive``: 1 while that worker process runs, else 0."""
-        return {f"worker.{index}.alive": int(process.exitcode is None)
-                for index, process in enumerate(self.processes)}
+        """``worker.<index>.alive`` (1 while that worker process runs, else 0),
+        ``workers_sampling_now`` (those holding a turn to draw this instant) and
+        ``shards_moved`` (shards given to another worker since the run began)."""
+        figures: dict[str, int | float | str | None] = {
+            f"worker.{index}.alive": int(process.exitcode is None)
+            for index, process in enumerate(self.processes)}
+        figures["workers_sampling_now"] = (len(self.active) if self.turns.free()
+                                           else len(self.turns.holders()))
+        figures["shards_moved"] = self.shards_moved
+        return figures
 
     def dead(self) -> list[int]:
         """The indices of the workers that are not running."""
@@ -205,6 +234,7 @@ class WorkerPool:
         looks at the request, and nothing else would stop it.
         """
         self._stop.set()
+        self.turns.wake_all()
         deadline = time.monotonic() + timeout
         try:
             for process in self.processes:
@@ -254,7 +284,7 @@ def _worker_main(
     index: int,
     endpoint: str,
     block: int,
-    shared: tuple[Any, Assignment, SharedCodec],
+    shared: tuple[Any, Assignment, SharedCodec, SamplingTurns],
     stop_event: Any,
     parent_pid: int,
     meter: SamplerMeter,
@@ -262,7 +292,7 @@ def _worker_main(
 ) -> None:
     _die_with_parent()
 
-    released, assignment, codec = shared
+    released, assignment, codec, turns = shared
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us
     terminated: list[bool] = []
     signal.signal(signal.SIGTERM, _on_sigterm(terminated))
@@ -295,6 +325,7 @@ def _worker_main(
                 except zmq.Again:
                     if stopping():
                         break
+                    turns.release(index)  # a worker that cannot send does not draw
                     push.poll(100, zmq.POLLOUT)
         finally:
             if placed is not None and shm is not None:
@@ -329,11 +360,17 @@ def _worker_main(
                             (epoch, position), block, drawn)
             runner = next_runner(runners.values(), released.value)
             if runner is None:  # nothing to draw until a release or an assignment
-                time.sleep(0.002 if runners else PARKED_POLL)
+                turns.release(index)
+                turns.rest(index)  # woken by a release, an assignment or a stop
+                continue
+            epoch, blocks, _ = runner.rank()
+            if not turns.hold(index, epoch * 1e9 + blocks, stopping):
                 continue
             runner.step(send, meter)
+            turns.passing(index)
     except Exception as error:
         send(encode(error_message(error, config.server_id)))
+    turns.release(index)
     # Stay until the server says stop, so nothing queued here is dropped by an early close.
     while not stopping():
         time.sleep(0.01)
