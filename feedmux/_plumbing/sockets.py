@@ -28,6 +28,7 @@ __all__ = [
     "DATA_RCVHWM",
     "DEFAULT_BIND",
     "DEFAULT_HWM",
+    "HALF_OPEN_TIMEOUT",
     "HEARTBEAT_INTERVAL",
     "UNLIMITED",
     "check_port",
@@ -50,6 +51,16 @@ DEFAULT_HWM = 8
 UNLIMITED = 0
 #: Seconds between application heartbeats (trainer -> server) and between ZMTP pings.
 HEARTBEAT_INTERVAL = 1.0
+#: Seconds a TCP connection may hold data its peer has not acknowledged before the kernel
+#: closes it (``TCP_USER_TIMEOUT``, libzmq's ``ZMQ_TCP_MAXRT``). A peer host that vanished
+#: (crashed, or behind a link that went down for good) sends no FIN or RST: without a bound
+#: the kernel retransmits for about 15 minutes (``net.ipv4.tcp_retries2``), and TCP
+#: keepalive does not help, it waits for an idle connection. Longer than a short outage
+#: plus the retransmission back-off after it (on a fast link retries go 0.2, 0.6, 1.4, 3,
+#: 6.2 and 12.6 s after the first send: an outage of up to about 12 s stays a pause). The
+#: reliable server's ``SILENCE_GRACE`` is this same time: a silent trainer and a half-open
+#: connection are given as long.
+HALF_OPEN_TIMEOUT = 15.0
 
 #: Largest frame a loader's control socket accepts (libzmq's ``MAXMSGSIZE`` is per
 #: frame and drops the connection of a peer that exceeds it before anything reaches
@@ -154,6 +165,7 @@ def make_socket(
     rcvhwm: int | None = None,
     max_message_bytes: int = -1,
     heartbeats: bool = True,
+    half_open_bound: bool = True,
     security: Any = None,
 ) -> zmq.Socket[Any]:
     """A socket with feedmux's options: bounded queues, linger 0, dead-peer detection.
@@ -168,11 +180,38 @@ def make_socket(
     A trainer's sockets with heartbeats therefore take ``rcvhwm=UNLIMITED``
     (the default is ``hwm``), each bounded instead by what its server sends
     unasked (credit, answers, a heartbeat a second). Every socket gets TCP
-    keepalive too, which the kernel answers whatever the queues hold.
-    ``max_message_bytes`` caps what a
-    receiving socket accepts before any of it reaches Python. ``security`` (a
-    ``ServerCurve`` or ``ClientCurve``) turns on CURVE before the socket binds
-    or connects.
+    keepalive too, which the kernel answers whatever the queues hold: an idle
+    connection whose peer is gone is closed after 10 s and 3 probes 5 s apart
+    (25 s), or at the first probe past :data:`HALF_OPEN_TIMEOUT` (15 s) with
+    ``half_open_bound``.
+
+    ``half_open_bound`` closes a connection whose data has gone unacknowledged
+    for :data:`HALF_OPEN_TIMEOUT` (``TCP_USER_TIMEOUT``; libzmq passes it on
+    Linux and Windows, elsewhere the kernel's own limit stays): what a peer
+    host that vanished leaves, a half-open connection that keepalive never
+    probes because it is not idle. Linux applies the same bound to a receive
+    window that stays closed (tcp(7)): a peer alive but reading nothing at the
+    TCP level for that long is cut off too. So the bound goes only where the
+    peer's libzmq keeps reading (a receive queue without limit, or a reader
+    that never pauses for long), not on the plain server's data socket: a
+    plain trainer's full queue closes its window by design (plain mode's
+    back-pressure), and a trainer in a long step would lose its connection
+    and what was queued for it.
+
+    What a user sees when a trainer's host vanishes: in both modes the
+    statistics stop counting it after ``TRAINER_TIMEOUT`` (3 s without its
+    heartbeats). A reliable server deals what it held to the others within
+    ``SILENCE_GRACE`` and a heartbeat (16 s), and its kernel closes every
+    connection to it within about as long. A plain server deals around it once its
+    queue is full and forgets it when a control send to it fails (at the end
+    of an epoch or of the stream); its control connection is gone within
+    16 s too, but its data connection, with the messages queued for it and
+    the socket's send buffer, stays until the kernel gives up (about 15
+    minutes).
+
+    ``max_message_bytes`` caps what a receiving socket accepts before any of
+    it reaches Python. ``security`` (a ``ServerCurve`` or ``ClientCurve``)
+    turns on CURVE before the socket binds or connects.
     """
     socket: zmq.Socket[Any] = context.socket(kind)
     socket.linger = 0
@@ -189,6 +228,8 @@ def make_socket(
     socket.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 10)
     socket.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 5)
     socket.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
+    if half_open_bound:
+        socket.setsockopt(zmq.TCP_MAXRT, int(HALF_OPEN_TIMEOUT * 1000))
     socket.setsockopt(zmq.RECONNECT_IVL, 100)
     socket.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
     if security is not None:

@@ -399,15 +399,21 @@ def _data_socket(context: zmq.Context[Any], config: ServerConfig,
     if config.reliable:
         # Credit bounds each trainer's queue, so the socket's own limit only has to
         # stay out of the way. No ZMTP heartbeats: a short outage is a pause, and a
-        # silent trainer is found by its silence (reliable.SILENCE_GRACE).
+        # silent trainer is found by its silence (reliable.SILENCE_GRACE). Half-open
+        # connections are bounded: a reliable trainer's libzmq reads whatever comes (no
+        # receive limit), so its window stays open unless the whole process is frozen.
         data = make_socket(context, zmq.ROUTER, hwm=100_000, heartbeats=False,
                            security=security, max_message_bytes=DATA_INBOUND_FRAME_BYTES)
     else:
         # A ROUTER, so that the core can address a message: to a rank, or to the next
         # free trainer whose queue has room (an addressed send fails instead of blocking).
-        # Trainers send nothing here: what a peer sends waits unread, bounded below.
+        # Trainers send nothing here: what a peer sends waits unread, bounded below. No
+        # bound on half-open connections: a trainer's full queue closes its receive window
+        # (the back-pressure), and the kernel would cut a trainer in a long step off with
+        # it (see make_socket).
         data = make_socket(context, zmq.ROUTER, hwm=config.hwm, heartbeats=False,
-                           security=security, max_message_bytes=DATA_INBOUND_FRAME_BYTES)
+                           half_open_bound=False, security=security,
+                           max_message_bytes=DATA_INBOUND_FRAME_BYTES)
     data.setsockopt(zmq.ROUTER_MANDATORY, 1)
     data.rcvhwm = DATA_RCVHWM
     return data

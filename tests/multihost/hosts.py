@@ -13,7 +13,13 @@ map a segment the server made in host A: the same-host handshake truly sees anot
 The link is shaped with ``tc``'s token bucket (``tbf``) on both ends (:meth:`TwoHosts.shape`),
 and taken down and up (:meth:`TwoHosts.link`); a host crashes whole (:meth:`TwoHosts.kill`:
 every process in it SIGKILLed) and the kernel's TCP buffers in it can be capped
-(:meth:`TwoHosts.tcp_buffers`, the namespace's own ``tcp_wmem`` / ``tcp_rmem``).
+(:meth:`TwoHosts.tcp_buffers`, the namespace's own ``tcp_wmem`` / ``tcp_rmem``). One
+process's connections can be made half-open while the rest of the link goes on: it
+connects to another address of the peer host (:meth:`TwoHosts.alias`), and its host then
+drops, without a word, whatever it sends there (:meth:`TwoHosts.cut`, a blackhole route:
+the machine these tests were written on has no ``iptables`` or ``nft`` and no ``tc``
+filters);
+:meth:`TwoHosts.connections` lists a host's TCP connections to an address (``ss``).
 ``tc ... netem`` (delay, loss) is not available on the machine these tests were written on
 ("Specified qdisc kind is unknown": the kernel has no ``sch_netem``); :func:`netem_available`
 says whether it is, and :meth:`TwoHosts.delay` uses it when it is, or raises
@@ -115,7 +121,7 @@ def unavailable() -> str | None:
         return f"network namespaces need Linux, this is {sys.platform}"
     if os.geteuid() != 0:
         return "network namespaces and tc need root (run as root, as .ci/run does)"
-    for tool in ("ip", "tc", "mount", "umount"):
+    for tool in ("ip", "tc", "ss", "mount", "umount"):
         if shutil.which(tool) is None:
             return f"the {tool!r} command is missing (iproute2 / util-linux)"
     probe = f"fmxp{os.getpid()}x{next(_pairs)}"
@@ -156,6 +162,7 @@ class TwoHosts:
         subnet = (os.getpid() * 64 + n) % (250 * 256)
         self.prefix = f"10.{subnet // 256 + 1}.{subnet % 256}"
         self.addresses = {"a": f"{self.prefix}.1", "b": f"{self.prefix}.2"}
+        self._aliases = itertools.count(3)
         self._folder = Path(tempfile.mkdtemp(prefix=f"feedmux-hosts-{tag}-"))
         self.shm = {host: self._folder / f"shm-{host}" for host in self.names}
         self._mounted: list[Path] = []
@@ -240,6 +247,30 @@ class TwoHosts:
         """Take the link down (both ends: no carrier, every packet dropped) or up again."""
         for host, name in self.names.items():
             _run("ip", "-n", name, "link", "set", self.links[host], "up" if up else "down")
+
+    def alias(self, host: str) -> str:
+        """Give ``host`` one more address on the link (``.3``, then ``.4``, ...) and return it."""
+        address = f"{self.prefix}.{next(self._aliases)}"
+        _run("ip", "-n", self.names[host], "addr", "add", f"{address}/24", "dev",
+             self.links[host])
+        return address
+
+    def cut(self, host: str, address: str) -> None:
+        """Drop everything ``host`` sends to ``address`` (of the other host), silently: a
+        blackhole route. Its connections there go half-open: what the other end sends still
+        arrives, but no acknowledgement, FIN or RST ever goes back (a process of ``host``
+        SIGKILLed then vanishes without a word). The rest of the link goes on."""
+        _run("ip", "-n", self.names[host], "route", "add", "blackhole", f"{address}/32")
+
+    def connections(self, host: str, address: str) -> list[str]:
+        """``host``'s TCP connections (any state but listening) with ``address`` at either
+        end, one ``ss`` line each: state, bytes unread, bytes unacknowledged or unsent, the
+        two ends."""
+        done = self.run(host, ["ss", "-Htn", "state", "connected",
+                               f"( src {address} or dst {address} )"])
+        if done.returncode != 0:
+            raise HostsUnavailable(f"ss failed in host {host}: {done.stderr.strip()}")
+        return [line for line in done.stdout.splitlines() if line.strip()]
 
     def pids(self, host: str) -> list[int]:
         """Every process in ``host``'s network namespace."""

@@ -86,9 +86,12 @@ DRAIN_INTERVAL = 0.1
 ANSWERING = 2 * HEARTBEAT_INTERVAL
 #: A ranked trainer heard within this long keeps its rank when a control send to it fails
 #: while sampling: its control connection is down (a link that went down and comes back; the
-#: trainer reconnects under the same identity), which is not a departure. Longer than the
-#: data connection's TCP keepalive detection (10 s idle + 3 probes 5 s apart): a trainer
-#: host that is really gone is forgotten by then through its failed data sends.
+#: trainer reconnects under the same identity), which is not a departure. Longer than a
+#: data connection to a host that is really gone takes to close when idle (TCP keepalive:
+#: 10 s + 3 probes 5 s apart) or, on a reliable server, holding data unacknowledged
+#: (``HALF_OPEN_TIMEOUT``, 15 s). A plain server's data connection with data in flight has
+#: no such bound (see ``make_socket``): there a holder that really died is replaced by a
+#: contender, admitted once the holder has not been heard for ``TRAINER_TIMEOUT``.
 CONTROL_GRACE = 30.0
 #: Trainer ids remembered to count reconnects (ids come from peers: the set is bounded).
 MAX_REMEMBERED_TRAINERS = 10_000

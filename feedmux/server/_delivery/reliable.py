@@ -61,7 +61,7 @@ from typing import Any
 
 import zmq
 
-from feedmux._plumbing.sockets import HEARTBEAT_INTERVAL, readable
+from feedmux._plumbing.sockets import HALF_OPEN_TIMEOUT, HEARTBEAT_INTERVAL, readable
 from feedmux._ratelog import RateLimitedLog
 from feedmux.errors import ProtocolError
 from feedmux.protocol import (
@@ -113,8 +113,10 @@ SUMMARY_BACKLOG = 16
 #: when it comes back), not a departure; a trainer that dies closes its connection and is
 #: lost at the next send to it (within a heartbeat interval). Silence is what is left: a
 #: frozen process, or a host gone without a word (a half-open connection). Longer than a
-#: short outage plus TCP's retransmission back-off after it (a few seconds).
-SILENCE_GRACE = 15.0
+#: short outage plus TCP's retransmission back-off after it (a few seconds), and the time
+#: the kernel gives a half-open connection (``HALF_OPEN_TIMEOUT``): the data connection to
+#: a vanished host closes about when its trainer counts as silent, whichever tells first.
+SILENCE_GRACE = HALF_OPEN_TIMEOUT
 
 #: The envelope of messages that want no acknowledgement by sequence number (heartbeats,
 #: end of stream, a rank's data: its hand-out marks release it).
