@@ -10,7 +10,17 @@ import pytest
 import torch
 
 from feedmux import worker_info
+from feedmux._worker_info import set_worker_info
 from feedmux.server._sources.shards import ShardRandom
+
+
+@pytest.fixture(autouse=True)
+def _leave_no_sampling_state() -> Iterator[None]:
+    """A shard's epoch publishes worker_info() process-wide: later tests in this process
+    (the doctest of worker_info among them) must see none."""
+    yield
+    ShardRandom.leave_all()
+    set_worker_info(None)
 
 SEED = 21
 SHARDS = 3
