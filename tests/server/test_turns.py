@@ -155,11 +155,17 @@ def test_processes_never_draw_more_at_once_than_the_count_and_each_gets_turns() 
     until = time.monotonic() + 3.0
     workers = [FORK.Process(target=_draw_on_turns, args=(turns, slot, spans, until),
                             daemon=True) for slot in range(slots)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(30)
-        assert worker.exitcode == 0
+    try:
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(30)
+            assert worker.exitcode == 0
+    finally:
+        for worker in workers:  # none outlives the test, whatever failed
+            if worker.is_alive():
+                worker.kill()
+                worker.join(5)
     events = []
     for slot in range(slots):
         draws = [(spans[slot * 400 + 2 * i], spans[slot * 400 + 2 * i + 1])

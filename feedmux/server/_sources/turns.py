@@ -53,7 +53,7 @@ class SamplingTurns:
 
     Examples
     --------
-    >>> import multiprocessing, time
+    >>> import multiprocessing
     >>> turns = SamplingTurns(3, 1, multiprocessing.get_context("fork"))
     >>> turns.hold(0, 0.0, lambda: False), turns.holders()
     (True, [0])
@@ -180,7 +180,6 @@ class SamplingTurns:
 
     def _first_waiting(self, besides: int) -> int | None:
         waiting = self._waiting
-        first = min((slot for slot in range(self.slots) if slot != besides
-                     and waiting[slot] != _IDLE and not self._holding[slot]),
-                    key=lambda slot: (waiting[slot], slot), default=None)
-        return first
+        return min((slot for slot in range(self.slots) if slot != besides
+                    and waiting[slot] != _IDLE and not self._holding[slot]),
+                   key=lambda slot: (waiting[slot], slot), default=None)
