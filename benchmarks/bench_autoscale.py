@@ -4,6 +4,7 @@ Run from the repository root (``make bench`` runs it after the suite)::
 
     python -m benchmarks.bench_autoscale            # the four cases, about 4 minutes
     python -m benchmarks.bench_autoscale --quick    # a few seconds each, for a smoke test
+    python -m benchmarks.bench_autoscale --cases 1,3  # some of the cases
 
 Each case starts a seeded feedmux server (``Server.start()``: its own process,
 tcp on 127.0.0.1) and one trainer in this process that reads as fast as it can
@@ -181,8 +182,13 @@ def reached(counts: list[tuple[float, int]], target: float, after: float = 0.0,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few seconds a run")
+    parser.add_argument("--cases", default="1,2,3,4",
+                        help="the cases to run, comma-separated (default: all four)")
     args = parser.parse_args(argv)
     quick = args.quick
+    cases = {case.strip() for case in args.cases.split(",")}
+    if not cases <= {"1", "2", "3", "4"}:
+        parser.error(f"expected --cases among 1,2,3,4, got {args.cases!r}")
     fixed_s, auto_s = (2.0, 4.0) if quick else (6.0, 25.0)
     warm = 1.0
     io, cpu = "benchmarks.bench_autoscale:io_bound", "benchmarks.bench_autoscale:cpu_bound"
@@ -190,75 +196,79 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[str] = []
     report: dict[str, Any] = {"usable_cpus": cores}
 
-    # 1. I/O-bound.
-    fixed = {n: rate_between(serve_and_read(io, n, fixed_s, {})["counts"], warm, fixed_s)
-             for n in ((1, 4, 16) if quick else (1, 2, 4, 8, 12, 16))}
-    best_n = max(fixed, key=fixed.__getitem__)
-    auto = serve_and_read(io, "auto", auto_s, {})
-    when = reached(auto["counts"], 0.9 * fixed[best_n])
-    final = rate_between(auto["counts"], auto_s - 5.0, auto_s)
-    report["io"] = {"fixed": fixed, "auto_final": final, "reached_90_s": when,
-                    "auto_workers": auto["workers"], "changes": auto["changes"]}
-    rows.append(f"| 1. I/O-bound (2 ms wait) | best fixed {fixed[best_n]:.0f}/s (N={best_n}); "
-                + ", ".join(f"N={n}: {r:.0f}" for n, r in fixed.items())
-                + f" | auto {final:.0f}/s = {final / fixed[best_n]:.2f}x, {auto['workers']} "
-                f"workers | 90 % reached after {when if when is None else f'{when:.1f} s'} "
-                "(target <= 15 s) |")
+    if "1" in cases:
+        # 1. I/O-bound.
+        fixed = {n: rate_between(serve_and_read(io, n, fixed_s, {})["counts"], warm, fixed_s)
+                 for n in ((1, 4, 16) if quick else (1, 2, 4, 8, 12, 16))}
+        best_n = max(fixed, key=fixed.__getitem__)
+        auto = serve_and_read(io, "auto", auto_s, {})
+        when = reached(auto["counts"], 0.9 * fixed[best_n])
+        final = rate_between(auto["counts"], auto_s - 5.0, auto_s)
+        report["io"] = {"fixed": fixed, "auto_final": final, "reached_90_s": when,
+                        "auto_workers": auto["workers"], "changes": auto["changes"]}
+        rows.append(f"| 1. I/O-bound (2 ms wait) | best fixed {fixed[best_n]:.0f}/s (N={best_n}); "
+                    + ", ".join(f"N={n}: {r:.0f}" for n, r in fixed.items())
+                    + f" | auto {final:.0f}/s = {final / fixed[best_n]:.2f}x, {auto['workers']} "
+                    f"workers | 90 % reached after {when if when is None else f'{when:.1f} s'} "
+                    "(target <= 15 s) |")
 
-    # 2. CPU-bound.
-    fixed = {n: rate_between(serve_and_read(cpu, n, fixed_s, {})["counts"], warm, fixed_s)
-             for n in (1, 2, 3)}
-    best_n = max(fixed, key=fixed.__getitem__)
-    auto = serve_and_read(cpu, "auto", auto_s, {})
-    final = rate_between(auto["counts"], auto_s - 5.0, auto_s)
-    report["cpu"] = {"fixed": fixed, "auto_final": final, "most_workers": auto["most_workers"]}
-    rows.append(f"| 2. CPU-bound (scenario 4) | best fixed {fixed[best_n]:.0f}/s (N={best_n}); "
-                + ", ".join(f"N={n}: {r:.0f}" for n, r in fixed.items())
-                + f" | auto {final:.0f}/s = {final / fixed[best_n]:.2f}x (target >= 0.9) | "
-                f"most workers {auto['most_workers']} (target <= {cores + 1}) |")
+    if "2" in cases:
+        # 2. CPU-bound.
+        fixed = {n: rate_between(serve_and_read(cpu, n, fixed_s, {})["counts"], warm, fixed_s)
+                 for n in (1, 2, 3)}
+        best_n = max(fixed, key=fixed.__getitem__)
+        auto = serve_and_read(cpu, "auto", auto_s, {})
+        final = rate_between(auto["counts"], auto_s - 5.0, auto_s)
+        report["cpu"] = {"fixed": fixed, "auto_final": final, "most_workers": auto["most_workers"]}
+        rows.append(f"| 2. CPU-bound (scenario 4) | best fixed {fixed[best_n]:.0f}/s (N={best_n}); "
+                    + ", ".join(f"N={n}: {r:.0f}" for n, r in fixed.items())
+                    + f" | auto {final:.0f}/s = {final / fixed[best_n]:.2f}x (target >= 0.9) | "
+                    f"most workers {auto['most_workers']} (target <= {cores + 1}) |")
 
-    # 3. Trainer-bound.
-    fast = {"wait": 0.0}  # a sampler far faster than the trainer
-    # The trainer's queues take tens of seconds of its samples: the server first fills them
-    # as fast as it can (not trainer-bound yet), then waits for the trainer. Both phases
-    # are reported; the CPU of the whole run is the target's figure.
-    long_s = auto_s / 2 if quick else 40.0
-    one = serve_and_read(io, 1, long_s, fast, step=0.001)
-    auto = serve_and_read(io, "auto", long_s, fast, step=0.001)
-    ratio = auto["cpu"] / max(one["cpu"], 1e-9)
-    one_phases, auto_phases = phases(one["load"]), phases(auto["load"])
-    report["trainer"] = {"cpu_one": one["cpu"], "cpu_auto": auto["cpu"],
-                         "auto_workers": auto["workers"], "seconds": long_s,
-                         "phases_one": one_phases, "phases_auto": auto_phases}
+    if "3" in cases:
+        # 3. Trainer-bound.
+        fast = {"wait": 0.0}  # a sampler far faster than the trainer
+        # The trainer's queues take tens of seconds of its samples: the server first fills them
+        # as fast as it can (not trainer-bound yet), then waits for the trainer. Both phases
+        # are reported; the CPU of the whole run is the target's figure.
+        long_s = auto_s / 2 if quick else 40.0
+        one = serve_and_read(io, 1, long_s, fast, step=0.001)
+        auto = serve_and_read(io, "auto", long_s, fast, step=0.001)
+        ratio = auto["cpu"] / max(one["cpu"], 1e-9)
+        one_phases, auto_phases = phases(one["load"]), phases(auto["load"])
+        report["trainer"] = {"cpu_one": one["cpu"], "cpu_auto": auto["cpu"],
+                             "auto_workers": auto["workers"], "seconds": long_s,
+                             "phases_one": one_phases, "phases_auto": auto_phases}
 
-    def shown(value: float | None, unit: str) -> str:
-        return "-" if value is None else f"{value:.3f} {unit}"
-    rows.append(f"| 3. Trainer-bound (1 ms a sample, {long_s:g} s) | --workers 1: "
-                f"{one['cpu']:.2f} CPU s (fill {shown(one_phases['fill_us_per_sample'], 'µs')}"
-                f" a sample sent; waiting {shown(one_phases['waiting_cores'], 'cores')}) | "
-                f"auto: {auto['cpu']:.2f} CPU s = {ratio:.2f}x (target <= 1.2; fill "
-                f"{shown(auto_phases['fill_us_per_sample'], 'µs')} a sample, waiting "
-                f"{shown(auto_phases['waiting_cores'], 'cores')}), ends with "
-                f"{auto['workers']} worker(s) (target 1) | |")
+        def shown(value: float | None, unit: str) -> str:
+            return "-" if value is None else f"{value:.3f} {unit}"
+        rows.append(f"| 3. Trainer-bound (1 ms a sample, {long_s:g} s) | --workers 1: "
+                    f"{one['cpu']:.2f} CPU s (fill {shown(one_phases['fill_us_per_sample'], 'µs')}"
+                    f" a sample sent; waiting {shown(one_phases['waiting_cores'], 'cores')}) | "
+                    f"auto: {auto['cpu']:.2f} CPU s = {ratio:.2f}x (target <= 1.2; fill "
+                    f"{shown(auto_phases['fill_us_per_sample'], 'µs')} a sample, waiting "
+                    f"{shown(auto_phases['waiting_cores'], 'cores')}), ends with "
+                    f"{auto['workers']} worker(s) (target 1) | |")
 
-    # 4. 4x slower after 20 s.
-    change_at = 4.0 if quick else 20.0
-    slow = {"wait": 0.002, "slow_at": 0.0}
-    fixed = {n: rate_between(serve_and_read(io, n, fixed_s, slow)["counts"], warm, fixed_s)
-             for n in ((4, 16) if quick else (4, 8, 16))}
-    best_n = max(fixed, key=fixed.__getitem__)
-    started = time.time()
-    auto = serve_and_read(io, "auto", change_at + (8.0 if quick else 20.0),
-                          {"wait": 0.002, "slow_at": started + change_at})
-    # The server's first sample came a little after `started`: the change is at least
-    # that much earlier in the trainer's clock; counted from the change as the sampler saw it.
-    offset = auto["counts"][0][0] if auto["counts"] else 0.0
-    when = reached(auto["counts"], 0.8 * fixed[best_n], after=change_at - offset)
-    back = None if when is None else when - (change_at - offset)
-    report["slowdown"] = {"fixed_new_cost": fixed, "back_after_s": back}
-    rows.append(f"| 4. 4x slower after {change_at:g} s | best fixed at the new cost "
-                f"{fixed[best_n]:.0f}/s (N={best_n}) | auto back to 80 % after "
-                f"{back if back is None else f'{back:.1f} s'} (target <= 15 s) | |")
+    if "4" in cases:
+        # 4. 4x slower after 20 s.
+        change_at = 4.0 if quick else 20.0
+        slow = {"wait": 0.002, "slow_at": 0.0}
+        fixed = {n: rate_between(serve_and_read(io, n, fixed_s, slow)["counts"], warm, fixed_s)
+                 for n in ((4, 16) if quick else (4, 8, 16))}
+        best_n = max(fixed, key=fixed.__getitem__)
+        started = time.time()
+        auto = serve_and_read(io, "auto", change_at + (8.0 if quick else 20.0),
+                              {"wait": 0.002, "slow_at": started + change_at})
+        # The server's first sample came a little after `started`: the change is at least
+        # that much earlier in the trainer's clock; counted from the change as the sampler saw it.
+        offset = auto["counts"][0][0] if auto["counts"] else 0.0
+        when = reached(auto["counts"], 0.8 * fixed[best_n], after=change_at - offset)
+        back = None if when is None else when - (change_at - offset)
+        report["slowdown"] = {"fixed_new_cost": fixed, "back_after_s": back}
+        rows.append(f"| 4. 4x slower after {change_at:g} s | best fixed at the new cost "
+                    f"{fixed[best_n]:.0f}/s (N={best_n}) | auto back to 80 % after "
+                    f"{back if back is None else f'{back:.1f} s'} (target <= 15 s) | |")
 
     print(f"usable CPUs: {cores}\n")
     print("| case | fixed --workers | --workers auto | target |")

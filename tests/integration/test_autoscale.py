@@ -260,9 +260,10 @@ def test_the_trainers_reported_wait_is_shown_and_quoted_when_workers_are_added(
     trainer = CheckedThread(partial(count_for, client_id="reader"), server, 120.0,
                             done.is_set)
     try:
-        text = server.wait_for_stderr(lambda log: "workers 1 -> 2: " in log, 60,
+        text = server.wait_for_stderr(lambda log: bool(re.search("workers 1 -> [23]: ", log)),
+                                      60,
                                       "a first growth")
-        quoted = re.search(r"workers 1 -> 2: trainers waited (\d+)% of the last 1 s, "
+        quoted = re.search(r"workers 1 -> [23]: trainers waited (\d+)% of the last 1 s, "
                            r"workers busy \d+%", text)
         assert quoted is not None and int(quoted[1]) >= 5, text
         print(quoted[0])
@@ -308,7 +309,7 @@ def test_a_trainer_that_takes_its_time_reports_a_low_wait_and_gets_no_more_worke
     print(f"the trainer's reported waits: {readings}")
     assert sorted(wait for _, wait, _ in readings)[1] < 0.2, readings  # the median: low
     assert all(workers == 1 for _, _, workers in readings), readings
-    assert "workers 1 -> 2" not in server.stderr, server.stderr
+    assert "workers 1 -> " not in server.stderr, server.stderr
     assert trainer.join(90) > 0
     server.kill()
 

@@ -4,9 +4,10 @@
 measured over it: the workers' busy fraction, how long the data path waited for
 trainers, the samples it sent, the trainers' own wait fraction when they report
 it) and the time, and returns a :class:`Change` (a target count and its reason) or
-None. It grows (by half the count, at least one) while the sampling is the
-bottleneck (the workers are busy and the trainers wait for data: as they report
-it, or, when none reports it, as the data path never waits for them), keeps a
+None. It grows while the sampling is the bottleneck (the workers are busy and the
+trainers wait for data: as they report it, or, when none reports it, as the data
+path never waits for them), by as many workers as the trainers' wait asks for and
+the CPU budget holds (:meth:`Autoscaler.grown`), and keeps a
 growth only if it raised the rate by :data:`MIN_GAIN` (else steps back and holds
 that ceiling for :data:`CEILING_SECONDS`, so a CPU-bound sampler never runs more
 workers than help it); it shrinks when the trainers are the bottleneck (they
@@ -19,12 +20,13 @@ socket and no process: the server feeds it (:mod:`feedmux.server._sources.scalin
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
 
-__all__ = ["CEILING_SECONDS", "MIN_GAIN", "Autoscaler", "Change", "Signals", "WorkerRange",
-           "parse_workers", "usable_cpus"]
+__all__ = ["CEILING_SECONDS", "CPU_BUDGET", "GROWTH_FACTOR", "MIN_GAIN", "Autoscaler",
+           "Change", "Signals", "WorkerRange", "parse_workers", "usable_cpus"]
 
 #: Least relative rise of the rate one more worker must bring to be kept.
 MIN_GAIN = 0.08
@@ -32,6 +34,12 @@ MIN_GAIN = 0.08
 CEILING_SECONDS = 30.0
 #: The most workers ``auto`` runs when no maximum is given (then also the shards).
 DEFAULT_AUTO_MAX = 16
+#: The most one growth multiplies the count by: the trainers' wait and the workers' CPU
+#: are estimates from one count, and a sampler's rate need not grow in proportion.
+GROWTH_FACTOR = 4
+#: The share of the usable CPUs the workers may use: past it no worker is added, and a
+#: growth adds no more workers than fit in it at the CPU each uses now.
+CPU_BUDGET = 0.9
 
 
 def usable_cpus() -> int:
@@ -94,7 +102,9 @@ class Signals:
     trainers waited for data (the mean of their latest heartbeats' reports:
     :func:`~feedmux.server._control.waitshare.trainers_wait`), None when none
     reports it (older trainers: ``blocked`` stands in); ``cpu``: the CPUs the
-    workers used (CPU seconds per second), None when unknown.
+    workers used (CPU seconds per second), None when unknown; ``server_cpu``: the
+    CPUs the server's own process used (its forwarding and dealing threads), which
+    the workers' CPU budget leaves to it.
     """
 
     workers: int
@@ -103,6 +113,7 @@ class Signals:
     rate: float
     trainer_wait: float | None = None
     cpu: float | None = None
+    server_cpu: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -142,7 +153,8 @@ class Autoscaler:
         if not 1 <= minimum <= maximum:
             raise ValueError(f"expected 1 <= minimum <= maximum, got {minimum} and {maximum}")
         self.minimum, self.maximum = minimum, maximum
-        #: CPUs the workers may use: when they use 90% of them, no more are added.
+        #: CPUs this run may use: when the workers and the server use 90% of them
+        #: (:data:`CPU_BUDGET`), no workers are added.
         self.cpus = usable_cpus() if cpus is None else cpus
         self.min_interval, self.patience, self.window = min_interval, patience, window
         self.grow_busy, self.grow_wait = grow_busy, grow_wait
@@ -170,9 +182,8 @@ class Autoscaler:
         self._streak = (wish, streak)
         if not wish or streak < self.patience or now - self._last_change < self.min_interval:
             return None
-        # Growth is by half the count (1, 2, 3, 4, 6, 9, 13, ...): a sampler that waits on
-        # storage needs many workers soon; a growth that did not pay goes back whole.
-        step = {"grow": max(1, count // 2), "shrink": -1,
+        # A growth that did not pay goes back whole; a shrink is by one.
+        step = {"grow": self.grown(signals) - count, "shrink": -1,
                 "back": (self._before[0] if self._before else count - 1) - count}[wish]
         target = max(self.minimum, min(self.maximum, count + step))
         if target == count:
@@ -185,6 +196,46 @@ class Autoscaler:
         self._last_change = now
         self._streak = ("", 0)
         return Change(target, reason)
+
+    def grown(self, signals: Signals) -> int:
+        """The count a growth goes to: what the trainers ask for, within the CPU budget.
+
+        The trainers took the window's samples in the ``1 - wait`` share of their time
+        they did not wait, so to stop waiting they need about ``1 / (1 - wait)`` times
+        the rate: as many times the workers, if the rate grows with them (an I/O-bound
+        sampler's does). At most :data:`GROWTH_FACTOR` times the count, and no more
+        workers than :data:`CPU_BUDGET` of the usable CPUs holds, less what the server's
+        own process uses, at the CPU each worker uses now (a CPU-bound sampler's worker
+        uses a whole CPU: it grows by one, and the budget or the rate rule decides on
+        the next). At least one more: :meth:`observe` grows only while the workers and
+        the server together use less than the budget. Without the trainers'
+        report it doubles; without the workers' CPU it grows by half (1, 2, 3, 4, 6,
+        9, ...), the rate rule its only guard then.
+
+        Examples
+        --------
+        >>> scaler = Autoscaler(1, 16, cpus=2)
+        >>> io = Signals(workers=2, busy=0.97, blocked=0.0, rate=900.0, trainer_wait=0.8,
+        ...              cpu=0.1)
+        >>> scaler.grown(io)  # 5x the rate asked for, 4x at most, the CPU holds 36
+        8
+        >>> scaler.grown(Signals(2, 0.97, 0.0, 900.0, trainer_wait=0.8, cpu=1.2))
+        3
+        >>> scaler.grown(Signals(2, 0.97, 0.0, 900.0, trainer_wait=0.8, cpu=None))
+        3
+        """
+        count = signals.workers
+        if signals.cpu is None:
+            return count + max(1, count // 2)
+        if signals.trainer_wait is None:
+            wanted = 2 * count
+        else:
+            wanted = math.ceil(count / max(1.0 - signals.trainer_wait, 1 / GROWTH_FACTOR))
+        wanted = min(wanted, GROWTH_FACTOR * count)
+        if signals.cpu > 0:
+            budget = CPU_BUDGET * self.cpus - signals.server_cpu
+            wanted = min(wanted, int(budget * count / signals.cpu))
+        return max(count + 1, wanted)
 
     def _wish(self, signals: Signals) -> tuple[str, str]:
         count = signals.workers
@@ -199,7 +250,8 @@ class Autoscaler:
         tail = f" of the last {self.window:g} s, workers busy {signals.busy:.0%}"
         if starved and signals.busy >= self.grow_busy:
             ceiling = self._ceiling[0] if self._ceiling is not None else self.maximum
-            cpu_bound = signals.cpu is not None and signals.cpu >= 0.9 * self.cpus
+            cpu_bound = signals.cpu is not None and (
+                signals.cpu + signals.server_cpu >= CPU_BUDGET * self.cpus)
             if count < min(ceiling, self.maximum) and not cpu_bound:
                 return "grow", what + tail
         if count > self.minimum and fed and (

@@ -31,14 +31,20 @@ SCALE_WINDOW = 1.0
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _cpu_seconds(pid: int | None) -> float:
-    """User and system CPU seconds of process ``pid`` (0 when it cannot be read)."""
+def _cpu_seconds(pid: int | None) -> float | None:
+    """User and system CPU seconds of process ``pid`` (None when it cannot be read)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             fields = stat.read().rsplit(b")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / _TICKS
     except (OSError, IndexError, ValueError):
-        return 0.0
+        return None
+
+
+def _own_cpu_seconds() -> float:
+    """User and system CPU seconds of this process, all its threads."""
+    times = os.times()
+    return times.user + times.system
 
 
 class WorkerScaling:
@@ -60,7 +66,9 @@ class WorkerScaling:
         #: Changes made, and the last one's reason.
         self.changes = 0
         self.last_reason = ""
-        self._mark: tuple[float, float, float, int, float] | None = None
+        #: The window's start: (time, busy seconds, blocked seconds, samples sent, the
+        #: workers' CPU seconds or None, the server's own CPU seconds).
+        self._mark: tuple[float, float, float, int, float | None, float] | None = None
 
     def stats(self) -> dict[str, int | float | str | None]:
         """``workers``, ``worker_changes`` and ``worker_change_reason`` for the statistics."""
@@ -103,19 +111,21 @@ class WorkerScaling:
         # turns that were given.
         active = self.pool.active
         busy = sum(self.pool.meters[slot].busy_seconds for slot in active)
-        cpu = sum(_cpu_seconds(self.pool.processes[slot].pid) for slot in active)
-        mark = (now, busy, blocked_seconds, samples_sent, cpu)
+        each = [_cpu_seconds(self.pool.processes[slot].pid) for slot in active]
+        cpu = None if None in each else sum(seconds or 0.0 for seconds in each)
+        mark = (now, busy, blocked_seconds, samples_sent, cpu, _own_cpu_seconds())
         if self._mark is None:
             self._mark = mark
             return
         elapsed = now - self._mark[0]
-        self._mark, (_, busy0, blocked0, sent0, cpu0) = mark, self._mark
+        self._mark, (_, busy0, blocked0, sent0, cpu0, own0) = mark, self._mark
         running = self.pool.running
         signals = Signals(
             workers=running, busy=min(1.0, (busy - busy0) / (elapsed * running)),
             blocked=min(1.0, (blocked_seconds - blocked0) / elapsed),
             rate=(samples_sent - sent0) / elapsed, trainer_wait=self.trainer_wait(now),
-            cpu=(cpu - cpu0) / elapsed)
+            cpu=None if cpu is None or cpu0 is None else (cpu - cpu0) / elapsed,
+            server_cpu=(mark[5] - own0) / elapsed)
         change = self.autoscaler.observe(now, signals)
         if change is not None:
             self.apply(change)
