@@ -185,6 +185,10 @@ def test_a_change_of_the_count_takes_effect_mid_epoch_and_moves_no_shard(serve: 
         return bool(stats["workers"] == count and stats["workers_sampling_now"] == count)
 
     try:
+        # Mid-epoch: the changes start once samples flow (before that the statistics'
+        # epoch is 0, and a change would not be mid-epoch).
+        wait_until(lambda: fetch_stats(server.control, timeout=5)["samples_sent"] > 0, 30,
+                   "the first samples sent")
         for count in (1, 3, 2, 4, 1):
             request_scale(server.control, count, timeout=10)
             wait_until(partial(drawing, count), 15, f"{count} worker(s) drawing at once")
