@@ -19,7 +19,10 @@ import random
 import sys
 from typing import Any
 
+# numpy 2 loads numpy.random at its first use: here, before the workers fork, or each
+# would import it again at its first epoch (about 40 ms of CPU a worker).
 import numpy as np
+import numpy.random
 
 from feedmux._worker_info import WorkerInfo, set_worker_info
 from feedmux.sampling.mux import BaseMux
