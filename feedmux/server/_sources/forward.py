@@ -61,6 +61,11 @@ from feedmux.server._sources.scaling import WorkerScaling
 from feedmux.server._sources.workers import WorkerPool
 from feedmux.server.config import EXIT_FAILED, EXIT_OK, ServerConfig
 
+#: The most messages the forwarder reads from one worker per look at the sockets: each
+#: look (a poll of every worker's socket, the merge's readable set) costs tens of µs, so
+#: reading what is there at once spreads it over several messages.
+DRAIN = 16
+
 __all__ = ["forward", "ranked_dealer"]
 
 log = logging.getLogger("feedmux.server")
@@ -101,10 +106,15 @@ class _Run:
     def readable(self, pool: WorkerPool) -> list[int]:
         """The workers whose sockets to read: those that run a shard the merge may read
         ahead (or whose turn it is), and those that run none (their last messages drop)."""
-        shards = set(self.merge.readable())
         owners = pool.assignment.owners()
+        wanted = {owners[index] for index in self.merge.readable()}
+        running = set(owners)
         return [slot for slot in range(pool.slots) if slot not in pool.lost and (
-            slot not in owners or any(owners[index] == slot for index in shards))]
+            slot in wanted or slot not in running)]
+
+    def reads_ahead(self, slot: int, pool: WorkerPool) -> bool:
+        """Whether ``slot``'s socket may still be read now (:meth:`readable`, for one)."""
+        return slot in self.readable(pool) if self.merge.order is not None else True
 
     def passes_through(self, shell: SocketShell) -> bool:
         """Whether the workers' messages go on as they are (so the workers may compress)."""
@@ -218,14 +228,20 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, shell: SocketS
             shell.tick()
             continue
         run.publish(pool, shell)
-        for worker in ready:  # one message each: fair to every worker
-            frames = sockets[worker].recv_multipart(copy=False)
-            shell.compression.forms.arrived(frames)
-            error = run.take(frames, shell.pool)
-            if error is not None:  # at once, whoever's turn it is
-                log.error("sampling worker failed: %s: %s", error.type, error.message)
-                shell.fail(error)
-                return EXIT_FAILED
+        for worker in ready:  # a few messages each: fair to every worker
+            for _ in range(DRAIN):
+                try:
+                    frames = sockets[worker].recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                shell.compression.forms.arrived(frames)
+                error = run.take(frames, shell.pool)
+                if error is not None:  # at once, whoever's turn it is
+                    log.error("sampling worker failed: %s: %s", error.type, error.message)
+                    shell.fail(error)
+                    return EXIT_FAILED
+                if not run.reads_ahead(worker, pool):
+                    break  # its read-ahead is full: the others' turns first
         code = _send_merged(run, pool, shell, config)
         if code is not None:
             return None if shell.core.restarting else code
