@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import os
 import random
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,7 @@ from feedmux.server._sources.autoscale import (
     Signals,
     parse_workers,
 )
+from feedmux.server._sources.scaling import idle_cpu_seconds
 from feedmux.server._sources.shards import DEFAULT_SHARDS
 
 
@@ -64,33 +67,52 @@ def test_an_io_bound_sampler_grows_until_it_meets_the_trainers_and_stops() -> No
     assert "trainers waited" in changes[0].reason and "workers busy" in changes[0].reason
 
 
-def test_a_growth_is_held_to_the_cpu_budget() -> None:
-    # Each worker uses 0.3 of a CPU (300/s at 1 ms of CPU a sample): 2 CPUs at 90% hold
-    # six of them, whatever the trainers ask for; then the budget stops the growth.
-    def half_cpu(now: float, count: int) -> float:
-        return 300.0 * min(count, 6)
+def test_a_growth_is_held_to_the_idle_cpus() -> None:
+    # Each worker uses 0.3 of a CPU (300/s at 1 ms of CPU a sample): 2 CPUs hold 6.7 of
+    # them, whatever the trainers ask for. 1 -> 4 (4x at most), then 4 -> 7 (the idle 0.8
+    # CPU holds 2.7 more); at 7 the CPUs are used up and the growth stops.
+    def third_cpu(now: float, count: int) -> float:
+        return 300.0 * min(count, 20 / 3)
 
     scaler = Autoscaler(1, 16, cpus=2)
-    trace, changes = run(scaler, half_cpu, demand=100_000.0, seconds=60,
+    trace, changes = run(scaler, third_cpu, demand=100_000.0, seconds=60,
                          cpu_per_sample=0.001)
-    assert [change.target for change in changes][:2] == [4, 6], changes
-    assert max(count for _, count in trace) == 6
+    assert [change.target for change in changes] == [4, 7], changes
+    assert max(count for _, count in trace) == 7
 
 
-def test_the_servers_own_cpu_counts_against_the_budget() -> None:
-    # Two CPU-bound workers on 2 CPUs get 0.8 each, the server's forwarding takes 0.3:
-    # the workers alone are under 90% of the CPUs, but the run is not, so none is added
-    # (before the server's share counted, this went to 3 and, on a noisy rate, to 4).
+def test_what_else_uses_the_cpus_leaves_fewer_workers() -> None:
+    # Two CPU-bound workers on 2 CPUs get 0.75 each; the server's threads and a trainer
+    # on this host take the rest: nothing idle, so no third is added (counting only the
+    # workers' own CPU, this went to 3, and back to 2 when it did not pay).
     scaler = Autoscaler(1, 16, cpus=2)
-    starving = Signals(2, busy=0.98, blocked=0.0, rate=1600.0, trainer_wait=0.5, cpu=1.6,
-                       server_cpu=0.3)
+    starving = Signals(2, busy=0.98, blocked=0.0, rate=1500.0, trainer_wait=0.5, cpu=1.5,
+                       idle=0.1)
     assert all(scaler.observe(float(second), starving) is None for second in range(10))
-    # Its share also bounds how many fit: 1.8 - 0.6 leaves 1.2 CPUs, 0.1 each.
-    light = Signals(2, busy=0.98, blocked=0.0, rate=900.0, trainer_wait=0.9, cpu=0.2,
-                    server_cpu=0.6)
-    assert Autoscaler(1, 16, cpus=2).grown(light) == 8  # 4x at most
+    # The idle CPUs bound how many fit: 1.2 idle at 0.1 a worker is 12 more; 4x at most.
     assert Autoscaler(1, 16, cpus=2).grown(
-        Signals(2, 0.98, 0.0, 900.0, trainer_wait=0.9, cpu=0.5, server_cpu=0.6)) == 4
+        Signals(2, 0.98, 0.0, 900.0, trainer_wait=0.9, cpu=0.2, idle=1.2)) == 8
+    # 0.25 a worker: 0.9 idle holds 3.6 more: 4.
+    assert Autoscaler(1, 16, cpus=2).grown(
+        Signals(2, 0.98, 0.0, 900.0, trainer_wait=0.9, cpu=0.5, idle=0.9)) == 6
+    # A CPU-bound pair that leaves 0.15 CPU idle (a fifth of a worker's share): no third.
+    assert Autoscaler(1, 16, cpus=2).grown(
+        Signals(2, 0.98, 0.0, 1600.0, trainer_wait=0.5, cpu=1.5, idle=0.15)) == 2
+    # A CPU-bound worker next to a trainer and the server: 0.3 idle is enough for one more.
+    assert Autoscaler(1, 16, cpus=2).grown(
+        Signals(1, 0.98, 0.0, 900.0, trainer_wait=0.5, cpu=1.0, idle=0.3)) == 2
+
+
+def test_the_idle_cpus_are_read_for_the_usable_cpus_only(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  10 0 10 1000 50 0 0 0 0 0\n"
+                    "cpu0 5 0 5 600 20 0 0 0 0 0\n"
+                    "cpu1 5 0 5 400 30 0 0 0 0 0\n"
+                    "intr 12345\n")
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert idle_cpu_seconds({1}, str(stat)) == pytest.approx(430 / ticks)
+    assert idle_cpu_seconds({0, 1}, str(stat)) == pytest.approx(1050 / ticks)
+    assert idle_cpu_seconds({0}, str(tmp_path / "missing")) is None
 
 
 def test_without_the_workers_cpu_it_grows_by_half() -> None:

@@ -25,7 +25,7 @@ import os
 import re
 from dataclasses import dataclass
 
-__all__ = ["CEILING_SECONDS", "CPU_BUDGET", "GROWTH_FACTOR", "MIN_GAIN", "Autoscaler",
+__all__ = ["CEILING_SECONDS", "GROWTH_FACTOR", "MIN_GAIN", "Autoscaler",
            "Change", "Signals", "WorkerRange", "parse_workers", "usable_cpus"]
 
 #: Least relative rise of the rate one more worker must bring to be kept.
@@ -37,9 +37,6 @@ DEFAULT_AUTO_MAX = 16
 #: The most one growth multiplies the count by: the trainers' wait and the workers' CPU
 #: are estimates from one count, and a sampler's rate need not grow in proportion.
 GROWTH_FACTOR = 4
-#: The share of the usable CPUs the workers may use: past it no worker is added, and a
-#: growth adds no more workers than fit in it at the CPU each uses now.
-CPU_BUDGET = 0.9
 
 
 def usable_cpus() -> int:
@@ -102,9 +99,10 @@ class Signals:
     trainers waited for data (the mean of their latest heartbeats' reports:
     :func:`~feedmux.server._control.waitshare.trainers_wait`), None when none
     reports it (older trainers: ``blocked`` stands in); ``cpu``: the CPUs the
-    workers used (CPU seconds per second), None when unknown; ``server_cpu``: the
-    CPUs the server's own process used (its forwarding and dealing threads), which
-    the workers' CPU budget leaves to it.
+    workers used (CPU seconds per second), None when unknown; ``idle``: how many of
+    the CPUs this process may run on were idle, whatever else runs on the host (the
+    server's own threads, trainers on the same host, other jobs), None when unknown
+    (then the usable CPUs less the workers' stand in).
     """
 
     workers: int
@@ -113,7 +111,7 @@ class Signals:
     rate: float
     trainer_wait: float | None = None
     cpu: float | None = None
-    server_cpu: float = 0.0
+    idle: float | None = None
 
 
 @dataclass(frozen=True)
@@ -153,8 +151,8 @@ class Autoscaler:
         if not 1 <= minimum <= maximum:
             raise ValueError(f"expected 1 <= minimum <= maximum, got {minimum} and {maximum}")
         self.minimum, self.maximum = minimum, maximum
-        #: CPUs this run may use: when the workers and the server use 90% of them
-        #: (:data:`CPU_BUDGET`), no workers are added.
+        #: CPUs this run may use (when the host's idle CPUs are not measured, what the
+        #: workers leave of them stands in).
         self.cpus = usable_cpus() if cpus is None else cpus
         self.min_interval, self.patience, self.window = min_interval, patience, window
         self.grow_busy, self.grow_wait = grow_busy, grow_wait
@@ -198,29 +196,31 @@ class Autoscaler:
         return Change(target, reason)
 
     def grown(self, signals: Signals) -> int:
-        """The count a growth goes to: what the trainers ask for, within the CPU budget.
+        """The count a growth goes to: what the trainers ask for, as far as idle CPUs hold.
 
         The trainers took the window's samples in the ``1 - wait`` share of their time
         they did not wait, so to stop waiting they need about ``1 / (1 - wait)`` times
         the rate: as many times the workers, if the rate grows with them (an I/O-bound
         sampler's does). At most :data:`GROWTH_FACTOR` times the count, and no more
-        workers than :data:`CPU_BUDGET` of the usable CPUs holds, less what the server's
-        own process uses, at the CPU each worker uses now (a CPU-bound sampler's worker
-        uses a whole CPU: it grows by one, and the budget or the rate rule decides on
-        the next). At least one more: :meth:`observe` grows only while the workers and
-        the server together use less than the budget. Without the trainers'
-        report it doubles; without the workers' CPU it grows by half (1, 2, 3, 4, 6,
-        9, ...), the rate rule its only guard then.
+        workers than the idle CPUs hold at the CPU each worker uses now, rounded: one
+        more wherever a quarter of a worker's share is idle (a CPU-bound sampler's worker uses
+        a whole CPU, so on two CPUs it goes to 2 and stops there; trainers or other
+        jobs on the host leave fewer CPUs idle, and so fewer workers). The count itself
+        when none fits: then there is no growth. Without the trainers' report it
+        doubles; without the workers' CPU it grows by half (1, 2, 3, 4, 6, 9, ...),
+        the rate rule its only guard then.
 
         Examples
         --------
         >>> scaler = Autoscaler(1, 16, cpus=2)
         >>> io = Signals(workers=2, busy=0.97, blocked=0.0, rate=900.0, trainer_wait=0.8,
         ...              cpu=0.1)
-        >>> scaler.grown(io)  # 5x the rate asked for, 4x at most, the CPU holds 36
+        >>> scaler.grown(io)  # 5x the rate asked for, 4x at most, the idle CPU holds 38 more
         8
-        >>> scaler.grown(Signals(2, 0.97, 0.0, 900.0, trainer_wait=0.8, cpu=1.2))
-        3
+        >>> scaler.grown(Signals(2, 0.97, 0.0, 900.0, trainer_wait=0.8, cpu=1.2))  # 1.33 more
+        4
+        >>> scaler.grown(Signals(2, 0.97, 0.0, 900.0, trainer_wait=0.8, cpu=1.2, idle=0.1))
+        2
         >>> scaler.grown(Signals(2, 0.97, 0.0, 900.0, trainer_wait=0.8, cpu=None))
         3
         """
@@ -233,9 +233,13 @@ class Autoscaler:
             wanted = math.ceil(count / max(1.0 - signals.trainer_wait, 1 / GROWTH_FACTOR))
         wanted = min(wanted, GROWTH_FACTOR * count)
         if signals.cpu > 0:
-            budget = CPU_BUDGET * self.cpus - signals.server_cpu
-            wanted = min(wanted, int(budget * count / signals.cpu))
-        return max(count + 1, wanted)
+            # As many more as the idle CPUs hold at the CPU each worker uses now, rounded
+            # up from a quarter: one more wherever a quarter of a worker's share is idle
+            # (a worker more still gets its share from the scheduler, partly at the cost
+            # of threads that were waiting: the rate rule judges it).
+            idle = self.cpus - signals.cpu if signals.idle is None else signals.idle
+            wanted = min(wanted, count + max(0, math.floor(idle * count / signals.cpu + 0.75)))
+        return max(count, wanted)
 
     def _wish(self, signals: Signals) -> tuple[str, str]:
         count = signals.workers
@@ -250,8 +254,7 @@ class Autoscaler:
         tail = f" of the last {self.window:g} s, workers busy {signals.busy:.0%}"
         if starved and signals.busy >= self.grow_busy:
             ceiling = self._ceiling[0] if self._ceiling is not None else self.maximum
-            cpu_bound = signals.cpu is not None and (
-                signals.cpu + signals.server_cpu >= CPU_BUDGET * self.cpus)
+            cpu_bound = signals.cpu is not None and self.grown(signals) <= count
             if count < min(ceiling, self.maximum) and not cpu_bound:
                 return "grow", what + tail
         if count > self.minimum and fed and (

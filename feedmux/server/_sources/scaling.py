@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from feedmux.server._sources.assignment import ShardLedger
 from feedmux.server._sources.autoscale import Autoscaler, Change, Signals, WorkerRange
 from feedmux.server._sources.workers import WorkerPool
 
-__all__ = ["SCALE_WINDOW", "WorkerScaling"]
+__all__ = ["SCALE_WINDOW", "WorkerScaling", "idle_cpu_seconds"]
 
 log = logging.getLogger("feedmux.server")
 
@@ -41,10 +41,32 @@ def _cpu_seconds(pid: int | None) -> float | None:
         return None
 
 
-def _own_cpu_seconds() -> float:
-    """User and system CPU seconds of this process, all its threads."""
-    times = os.times()
-    return times.user + times.system
+def idle_cpu_seconds(cpus: Collection[int], stat: str = "/proc/stat") -> float | None:
+    """Seconds the CPUs ``cpus`` have been idle since boot, summed (``/proc/stat``:
+    idle and iowait); None when it cannot be read.
+
+    What the workers may still use is what nobody uses: the server's own threads,
+    trainers on this host and other jobs all leave less idle.
+    """
+    try:
+        with open(stat, "rb") as lines:
+            total = 0
+            for line in lines:
+                name, _, rest = line.partition(b" ")
+                if name[:3] == b"cpu" and name[3:].isdigit() and int(name[3:]) in cpus:
+                    fields = rest.split()
+                    total += int(fields[3]) + int(fields[4])
+        return total / _TICKS
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _affinity() -> set[int]:
+    """The CPUs this process may run on."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux: no /proc/stat either
+        return set()
 
 
 class WorkerScaling:
@@ -67,8 +89,9 @@ class WorkerScaling:
         self.changes = 0
         self.last_reason = ""
         #: The window's start: (time, busy seconds, blocked seconds, samples sent, the
-        #: workers' CPU seconds or None, the server's own CPU seconds).
-        self._mark: tuple[float, float, float, int, float | None, float] | None = None
+        #: workers' CPU seconds and the usable CPUs' idle seconds, each None if unknown).
+        self._mark: tuple[float, float, float, int, float | None, float | None] | None = None
+        self._cpus = _affinity()
 
     def stats(self) -> dict[str, int | float | str | None]:
         """``workers``, ``worker_changes`` and ``worker_change_reason`` for the statistics."""
@@ -113,19 +136,20 @@ class WorkerScaling:
         busy = sum(self.pool.meters[slot].busy_seconds for slot in active)
         each = [_cpu_seconds(self.pool.processes[slot].pid) for slot in active]
         cpu = None if None in each else sum(seconds or 0.0 for seconds in each)
-        mark = (now, busy, blocked_seconds, samples_sent, cpu, _own_cpu_seconds())
+        mark = (now, busy, blocked_seconds, samples_sent, cpu, idle_cpu_seconds(self._cpus))
         if self._mark is None:
             self._mark = mark
             return
         elapsed = now - self._mark[0]
-        self._mark, (_, busy0, blocked0, sent0, cpu0, own0) = mark, self._mark
+        self._mark, (_, busy0, blocked0, sent0, cpu0, idle0) = mark, self._mark
+        idle = mark[5]
         running = self.pool.running
         signals = Signals(
             workers=running, busy=min(1.0, (busy - busy0) / (elapsed * running)),
             blocked=min(1.0, (blocked_seconds - blocked0) / elapsed),
             rate=(samples_sent - sent0) / elapsed, trainer_wait=self.trainer_wait(now),
             cpu=None if cpu is None or cpu0 is None else (cpu - cpu0) / elapsed,
-            server_cpu=(mark[5] - own0) / elapsed)
+            idle=None if idle is None or idle0 is None else (idle - idle0) / elapsed)
         change = self.autoscaler.observe(now, signals)
         if change is not None:
             self.apply(change)
