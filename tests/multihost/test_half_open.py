@@ -29,6 +29,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -76,24 +77,36 @@ def unacknowledged(line: str) -> int:
     return int(line.split()[2])
 
 
-@pytest.mark.timeout(180)
-def test_a_vanished_reliable_trainers_connections_close_within_the_bound(
-    hosts: TwoHosts, tmp_path: Path
-) -> None:
+@dataclass
+class Cut:
+    """Two trainers in host B, one of them vanished (cut off, then SIGKILLed)."""
+
+    server: Spawned
+    survivor: subprocess.Popen[bytes]
+    near: Path
+    far: Path
+    #: Seconds from the cut to the first look that found no connection to it.
+    let_go: float
+    #: The most bytes any of its connections held unacknowledged or unsent.
+    in_flight: int
+
+
+def vanish_one_of_two(hosts: TwoHosts, tmp_path: Path, connections: int, *mode: str) -> Cut:
+    """Serve in host A to two trainers in host B (``mode``: the server's and the trainers'
+    flags); once both have 200 samples and host A sees the ``connections`` of one of them,
+    make that one vanish and wait (bounded) until host A holds no connection to it."""
     doomed_address = hosts.alias("a")
     server = serve_at(
         hosts, ANYWHERE, ANYWHERE, "--arg", f"per_stream={PER_STREAM}", "--arg", "width=1024",
         "--epochs", str(EPOCHS), "--samples-per-message", str(SAMPLES_PER_MESSAGE), "--hwm",
-        "4", "--min-trainers", "2", "--reliable", "--compress", "off")
+        "4", "--min-trainers", "2", "--compress", "off", *mode)
     near, far = tmp_path / "survivor", tmp_path / "doomed"
-    survivor = trainer_at(hosts, server, hosts.address("a"), near, "--reliable", "--step-ms",
-                          STEP_MS)
-    doomed = trainer_at(hosts, server, doomed_address, far, "--reliable", "--step-ms", STEP_MS)
+    survivor = trainer_at(hosts, server, hosts.address("a"), near, *mode, "--step-ms", STEP_MS)
+    doomed = trainer_at(hosts, server, doomed_address, far, *mode, "--step-ms", STEP_MS)
     wait_until(lambda: len(read(near)) >= 200 and len(read(far)) >= 200, 60,
                "both trainers at 200 samples")
-    # Its data, control and acknowledging connections, each seen by the server's end.
-    wait_until(lambda: len(hosts.connections("a", doomed_address)) >= 3, 10,
-               "the doomed trainer's three connections")
+    wait_until(lambda: len(hosts.connections("a", doomed_address)) >= connections, 10,
+               "the doomed trainer's connections")
     hosts.cut("b", doomed_address)
     cut = time.monotonic()
     doomed.kill()
@@ -118,13 +131,22 @@ def test_a_vanished_reliable_trainers_connections_close_within_the_bound(
     assert in_flight > 0, "no data was in flight to the vanished trainer: not the case tested"
     counted = stats_in_a(hosts, at(server.control, hosts.address("a")), 5)
     assert counted.get("connected_trainers") == 1, counted
-    handed_on = len(read(near))
-    finished([survivor])
-    assert server.wait(timeout=60) == 0, server.stderr
-    gone, rest = read(far), read(near)
+    return Cut(server, survivor, near, far, let_go, in_flight)
+
+
+@pytest.mark.timeout(180)
+def test_a_vanished_reliable_trainers_connections_close_within_the_bound(
+    hosts: TwoHosts, tmp_path: Path
+) -> None:
+    # Its data, control and acknowledging connections, each seen by the server's end.
+    cut = vanish_one_of_two(hosts, tmp_path, 3, "--reliable")
+    handed_on = len(read(cut.near))
+    finished([cut.survivor])
+    assert cut.server.wait(timeout=60) == 0, cut.server.stderr
+    gone, rest = read(cut.far), read(cut.near)
     assert len(rest) > handed_on, "the other trainer got nothing after the cut"
-    print(f"closed {let_go:.1f} s after the cut ({in_flight} bytes were unacknowledged); "
-          f"the gone trainer handed out {len(gone)}, the other {len(rest)}")
+    print(f"closed {cut.let_go:.1f} s after the cut ({cut.in_flight} bytes were "
+          f"unacknowledged); the gone trainer handed out {len(gone)}, the other {len(rest)}")
     for epoch in range(1, EPOCHS + 1):
         ids = Counter(row[1] for row in gone + rest if row[0] == epoch)
         assert sorted(ids) == list(range(EPOCH)), f"epoch {epoch}: samples lost"
@@ -132,6 +154,23 @@ def test_a_vanished_reliable_trainers_connections_close_within_the_bound(
     repeated = set(gone) & set(rest)
     last = set(gone[-(TRAINER_HWM + 1) * SAMPLES_PER_MESSAGE:])
     assert repeated <= last, f"repeats not among the gone trainer's last: {repeated - last}"
+
+
+@pytest.mark.timeout(180)
+def test_a_vanished_plain_trainers_data_connection_closes_within_the_bound(
+    hosts: TwoHosts, tmp_path: Path
+) -> None:
+    # Its data and control connections (a plain free trainer acknowledges nothing).
+    cut = vanish_one_of_two(hosts, tmp_path, 2)
+    handed_on = len(read(cut.near))
+    finished([cut.survivor])
+    assert cut.server.wait(timeout=60) == 0, cut.server.stderr
+    gone, rest = read(cut.far), read(cut.near)
+    assert len(rest) > handed_on, "the other trainer got nothing after the cut"
+    print(f"closed {cut.let_go:.1f} s after the cut ({cut.in_flight} bytes were "
+          f"unacknowledged); the gone trainer handed out {len(gone)}, the other {len(rest)}")
+    # Plain delivery is at most once: what was queued for the gone trainer is lost.
+    assert len(set(gone + rest)) == len(gone + rest), "a sample was handed out twice"
 
 
 #: Seconds the plain trainer reads nothing: past the bound, so that a kernel applying it to
