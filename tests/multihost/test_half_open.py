@@ -17,11 +17,24 @@ other trainer goes on to the end, with every sample of each epoch handed out onc
 the two (the gone trainer's last hand-outs, whose acknowledgements could not cross, may
 come again to the other: its last ``hwm`` messages).
 
+**A plain trainer vanishes.** The same with two plain trainers: the server's data
+connection to the gone one has no ``TCP_USER_TIMEOUT`` (below), so the server keeps the
+bound itself (:mod:`feedmux._plumbing.halfopen`) and must have closed it within as long,
+while the other trainer goes on (at most once: what was queued for the gone one is lost).
+Without it the data connection was still established, 1.6 MB unacknowledged, when the
+test gave up 19 s after the cut (the kernel would have retransmitted for 15 minutes).
+
 **A plain trainer stops reading.** Linux applies ``TCP_USER_TIMEOUT`` to a receive window
 that stays closed as well (tcp(7)), and a plain trainer's full queue closes its window:
 that is plain mode's back-pressure. So a plain trainer that reads nothing for longer than
 the bound (a long step, a validation pass) must keep its data connection and every sample
-queued for it: the plain server's data socket goes without the bound.
+queued for it: the plain server's data socket goes without the kernel's bound, and the
+server's own must tell the answered window probes of a live trainer from silence.
+
+**A plain trainer cut off past the bound comes back.** The link goes down for longer
+than the bound: the server closes the data connection, and once the link is back the
+trainer connects again and receives the rest of the stream (without what was queued for
+it when its connection went: at most once).
 """
 
 from __future__ import annotations
@@ -174,8 +187,11 @@ def test_a_vanished_plain_trainers_data_connection_closes_within_the_bound(
 
 
 #: Seconds the plain trainer reads nothing: past the bound, so that a kernel applying it to
-#: the closed window would have cut the connection off.
-PAUSE = HALF_OPEN_TIMEOUT + 5.0
+#: the closed window would have cut the connection off, and long enough for the server's
+#: window probes, answered but backed off (0.2 s doubled each time), to come more than the
+#: bound apart (from 25 s after the window closed: 25.6 s to the next): the server's own
+#: bound must not take the time since an answer for silence.
+PAUSE = 3 * HALF_OPEN_TIMEOUT + 5.0
 #: Samples of 16 KiB, 8 a message: what the paused trainer's queue, its kernel's buffer and
 #: the server's hold is a small part of the stream, so the server has more for it and its
 #: window closes.
@@ -184,7 +200,7 @@ PAUSE_EPOCH = 4 * PAUSE_PER_STREAM
 PAUSE_EPOCHS = 2
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(200)
 def test_a_plain_trainer_that_reads_nothing_past_the_bound_keeps_its_connection(
     hosts: TwoHosts, tmp_path: Path
 ) -> None:
@@ -194,6 +210,7 @@ def test_a_plain_trainer_that_reads_nothing_past_the_bound_keeps_its_connection(
         str(SAMPLES_PER_MESSAGE), "--hwm", "4", "--compress", "off")
     out, go = tmp_path / "paused", tmp_path / "go"
     trainer = trainer_in(hosts, "b", server, out, "--hold-after", "40", "--go-file", str(go),
+                         "--go-wait", str(PAUSE + 60),
                          stderr=subprocess.PIPE)
     wait_until(lambda: len(read(out)) >= 40, 60, "the trainer's first 40 samples")
     data_port = server.data.rsplit(":", 1)[1]
@@ -217,3 +234,58 @@ def test_a_plain_trainer_that_reads_nothing_past_the_bound_keeps_its_connection(
         ids = Counter(row[1] for row in rows if row[0] == epoch)
         lost = sorted(set(range(PAUSE_EPOCH)) - set(ids))
         assert not lost and set(ids.values()) == {1}, f"epoch {epoch}: lost {lost[:20]}"
+
+
+#: Seconds the link stays down in the comeback test: past the bound (plus the look that
+#: finds it), so that the server has closed the trainer's data connection before the link
+#: is back.
+OUTAGE = CLOSED_BOUND + MARGIN + 2.0
+#: Seconds a trainer cut off past the bound may take to receive again once the link is
+#: back: its control socket reconnects within a second or so (ZMTP heartbeats), its data
+#: socket learns that its connection is gone from the reset the server's kernel answers
+#: to the first segment it sends, a keepalive probe at the latest (10 s idle, then 5 s
+#: apart), and connects again under its routing id.
+COMEBACK_BOUND = 25.0 + MARGIN
+
+
+@pytest.mark.timeout(240)
+def test_a_plain_trainer_cut_off_past_the_bound_comes_back(
+    hosts: TwoHosts, tmp_path: Path
+) -> None:
+    server = serve_at(
+        hosts, *any_port(hosts), "--arg", f"per_stream={PER_STREAM}", "--arg", "width=1024",
+        "--epochs", str(EPOCHS), "--samples-per-message", str(SAMPLES_PER_MESSAGE), "--hwm",
+        "4", "--compress", "off")
+    out = tmp_path / "comes-back"
+    trainer = trainer_in(hosts, "b", server, out, "--step-ms", STEP_MS, stderr=subprocess.PIPE)
+    wait_until(lambda: len(read(out)) >= 200, 60, "the trainer's first 200 samples")
+    data_port = server.data.rsplit(":", 1)[1]
+
+    def data_connections() -> list[str]:
+        return [line for line in hosts.connections("a", hosts.address("b"))
+                if line.split()[3].endswith(f":{data_port}")]
+
+    before = [line.split()[3:5] for line in data_connections()]
+    assert len(before) == 1, before
+    hosts.link(up=False)
+    down = time.monotonic()
+    wait_until(lambda: not data_connections(), CLOSED_BOUND + MARGIN,
+               "the server to close the data connection to the trainer cut off")
+    closed = time.monotonic() - down
+    wait_until(lambda: time.monotonic() - down >= OUTAGE, OUTAGE + 5, "the outage to pass")
+    handed = len(read(out))
+    hosts.link(up=True)
+    up = time.monotonic()
+    wait_until(lambda: len(read(out)) > handed, COMEBACK_BOUND,
+               "the trainer to receive again once the link is back")
+    back = time.monotonic() - up
+    after = [line.split()[3:5] for line in data_connections()]
+    assert len(after) == 1 and after != before, (before, after)
+    finished([trainer])
+    assert server.wait(timeout=60) == 0, server.stderr
+    rows = read(out)
+    print(f"closed {closed:.1f} s after the link went down; receiving again {back:.1f} s "
+          f"after it came back; {len(rows)} of {EPOCHS * EPOCH} samples")
+    # At most once: what was queued for the trainer when its connection went is lost.
+    assert len(set(rows)) == len(rows), "a sample was handed out twice"
+    assert len(rows) > handed
