@@ -12,16 +12,16 @@ so keepalive never probes it.
 
 :class:`HalfOpenSweep` keeps the bound that tells the two apart. Once a heartbeat it
 looks at the connections accepted on the data endpoint and asks the kernel
-(``TCP_INFO``) how long each peer has left unanswered what it owes an answer to: data
-sent and not acknowledged, or window or keepalive probes (:func:`unanswered`). A trainer
+(``TCP_INFO``) how long each peer has left unanswered what it owes an answer to: a
+retransmission of data, or window or keepalive probes (:func:`unanswered`). A trainer
 that only stops reading answers every probe (its kernel does, whatever the process
 does); a host that is gone answers nothing. A connection whose peer has answered
 nothing for the bound is aborted: ``SO_LINGER`` zero, then ``shutdown``, on a duplicate
 of libzmq's descriptor. libzmq reads the end of its input, drops the connection with its
 queue and closes its descriptor, and the kernel, closing with a linger of zero, resets
-the connection and frees its buffers at once. The sweep never closes libzmq's descriptor itself; a
-``TCP_USER_TIMEOUT`` of a second, set with the rest, makes the kernel abort it at its
-next retransmission should libzmq not look.
+the connection and frees its buffers at once. The sweep never closes libzmq's
+descriptor itself; a ``TCP_USER_TIMEOUT`` of a second, set with the rest, makes the
+kernel abort the connection at its next retransmission should libzmq not look.
 
 Why not when the control plane forgets the trainer? That needs to know which data
 connection is the trainer's, and libzmq does not say: a plain trainer sends nothing on
@@ -67,8 +67,6 @@ log = logging.getLogger("feedmux.server")
 _TCP_INFO = struct.Struct("=8B14I")
 _STATE, _RETRANSMITS, _PROBES, _LAST_ACK_RECV = 0, 2, 3, 20
 _ESTABLISHED = 1
-#: ``TCP_USER_TIMEOUT`` (linux/tcp.h), which Python's socket module names from 3.12 only.
-_TCP_USER_TIMEOUT = getattr(socket, "TCP_USER_TIMEOUT", 18)
 #: Every local address of a wildcard bind.
 _WILDCARDS = {"0.0.0.0", "::", "*"}
 
@@ -81,11 +79,12 @@ def unanswered(connection: socket.socket) -> float:
     counted while a retransmission of data is unanswered (``tcpi_retransmits``) or two
     probes in a row, window or keepalive, are (``tcpi_probes``); any acknowledgement
     resets both. The time since the last acknowledgement alone does not tell: a live peer
-    whose window is closed holds the kernel's window probe (one segment, unacknowledged,
-    ``tcpi_unacked`` 1) and answers each probe, which the kernel backs off to 2 minutes
-    apart while the window stays closed, so that time grows past any bound between two
-    answered probes. One probe out is only its round trip. An idle connection owes
-    nothing, however long it has been quiet.
+    whose window is closed may hold the kernel's window probe (one segment,
+    unacknowledged: ``tcpi_unacked`` 1) and answers each probe, which the kernel backs
+    off to 2 minutes apart while the window stays closed, so that time grows past any
+    bound between two answered probes (53 s after 150 s of a closed window on loopback,
+    with retransmits and probes 0 throughout). One probe out is only its round trip. An
+    idle connection owes nothing, however long it has been quiet.
     """
     info = _TCP_INFO.unpack(connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO,
                                                   _TCP_INFO.size))
@@ -98,7 +97,7 @@ def _abort(connection: socket.socket) -> None:
     """Make the kernel reset ``connection`` when its last descriptor closes, and make
     libzmq close its own (see the module docstring)."""
     connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    connection.setsockopt(socket.IPPROTO_TCP, _TCP_USER_TIMEOUT, 1000)
+    connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 1000)
     connection.shutdown(socket.SHUT_RDWR)
 
 
