@@ -256,6 +256,16 @@ def test_trainers_that_wait_behind_a_blocked_data_path_get_no_more_workers() -> 
     assert decide(Autoscaler(1, 8, cpus=8), reported(0.95, 0.4, 0.5)) is None
 
 
+def test_trainers_that_wait_between_bursts_still_get_more_workers() -> None:
+    # Measured at 13 of 16 workers on an I/O-bound sampler: the trainer waited 40 % of
+    # each second, the data path 5-15 % (the merge's bursts filled the trainer's queue
+    # for moments). Before, any wait of the data path over 5 % held the count there.
+    change = decide(Autoscaler(1, 16, cpus=2),
+                    Signals(13, busy=0.95, blocked=0.12, rate=3500.0, trainer_wait=0.4,
+                            cpu=0.4, idle=1.0))
+    assert change is not None and change.target == 16
+
+
 def test_fed_trainers_shrink_the_workers_by_their_report() -> None:
     change = decide(Autoscaler(1, 8, cpus=8), reported(0.3, 0.0, 0.01, workers=4))
     assert change is not None and change.target == 3
