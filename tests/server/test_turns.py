@@ -69,6 +69,8 @@ def test_a_turn_held_past_its_slice_goes_to_the_waiting_slot_furthest_behind(
     behind.start()
     wait_until(lambda: sorted(s for s in range(3) if turns._waiting[s] != float("inf"))
                == [1, 2], 5, "both slots waiting")
+    turns.passing(0, boundary=False)  # mid-block: the merge needs the rest of it first
+    assert turns.holders() == [0] and order == []
     turns.passing(0)  # the slice is over and two wait: the one at 3.0 comes first
     wait_until(lambda: order == [2], 5, "slot 2 drawing")
     assert turns.holders() == [2]

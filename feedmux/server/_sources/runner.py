@@ -77,6 +77,10 @@ class ShardRunner:
         """Its place in the merge order: (epoch, blocks sent in it, shard)."""
         return self.epoch, self.count // self.block, self.index
 
+    def at_boundary(self) -> bool:
+        """Whether its next draw starts a merge block (a turn may pass on here)."""
+        return self.count % self.block == 0
+
     def step(self, send: Callable[[Frames], bool], meter: SamplerMeter) -> bool:
         """Draw and send its next message (or its end of epoch); False when ``send`` is."""
         clock = time.perf_counter

@@ -367,7 +367,7 @@ def _worker_main(
             if not turns.hold(index, epoch * 1e9 + blocks, stopping):
                 continue
             runner.step(send, meter)
-            turns.passing(index)
+            turns.passing(index, boundary=runner.at_boundary())
     except Exception as error:
         send(encode(error_message(error, config.server_id)))
     turns.release(index)
