@@ -15,8 +15,9 @@ the epoch.
 holds a turn, the place in the merge order each waiting slot would draw next,
 and one semaphore per slot to wake it. A slot that wants to draw takes a free
 turn (:meth:`SamplingTurns.hold`); one that has held its turn for
-:data:`TURN_SLICE` while others wait hands it to the waiting slot furthest behind
-in the merge order (the merge waits for that one), so no shard starves; a slot
+:data:`TURN_SLICE` while others wait hands it, at the end of a merge block, to the
+waiting slot furthest behind in the merge order (the merge waits for that one), so
+no shard starves; a slot
 that would block (its queue to the server full, its epoch not released) gives
 its turn back. With at least as many turns as slots, nothing is shared or
 waited on: ``--workers N`` pays nothing. No lock is held across processes (a
