@@ -115,6 +115,29 @@ def test_the_idle_cpus_are_read_for_the_usable_cpus_only(tmp_path: Path) -> None
     assert idle_cpu_seconds({0}, str(tmp_path / "missing")) is None
 
 
+def test_a_jump_stops_at_the_ceiling_of_a_growth_that_did_not_pay() -> None:
+    # 3 -> 12 did not pay: back to 3, which is the ceiling for CEILING_SECONDS. Fed
+    # trainers take it down to 2; starving again, they ask for 8, but the jump stops at 3.
+    scaler = Autoscaler(1, 16, cpus=8)
+    now = 0.0
+
+    def until_change(signals: Signals) -> Change:
+        nonlocal now
+        for _ in range(10):
+            now += 1.0
+            change = scaler.observe(now, signals)
+            if change is not None:
+                return change
+        raise AssertionError(f"no change in 10 windows of {signals}")
+
+    assert until_change(Signals(3, 0.97, 0.0, 1000.0, trainer_wait=0.8, cpu=0.3)).target == 12
+    back = until_change(Signals(12, 0.97, 0.0, 1010.0, trainer_wait=0.8, cpu=1.2))
+    assert back.target == 3 and "back to 3" in back.reason
+    assert until_change(Signals(3, 0.3, 0.0, 1000.0, trainer_wait=0.0, cpu=0.1)).target == 2
+    jump = until_change(Signals(2, 0.97, 0.0, 1000.0, trainer_wait=0.8, cpu=0.2))
+    assert jump.target == 3 and now < CEILING_SECONDS, (jump, now)
+
+
 def test_without_the_workers_cpu_it_grows_by_half() -> None:
     # Without the workers' CPU use (no /proc) nothing bounds a jump but the rate rule:
     # it grows by half the count, as before the budget.

@@ -7,7 +7,7 @@ it) and the time, and returns a :class:`Change` (a target count and its reason) 
 None. It grows while the sampling is the bottleneck (the workers are busy and the
 trainers wait for data: as they report it, or, when none reports it, as the data
 path never waits for them), by as many workers as the trainers' wait asks for and
-the CPU budget holds (:meth:`Autoscaler.grown`), and keeps a
+the host's idle CPUs hold (:meth:`Autoscaler.grown`), and keeps a
 growth only if it raised the rate by :data:`MIN_GAIN` (else steps back and holds
 that ceiling for :data:`CEILING_SECONDS`, so a CPU-bound sampler never runs more
 workers than help it); it shrinks when the trainers are the bottleneck (they
@@ -187,6 +187,8 @@ class Autoscaler:
         step = {"grow": self.grown(signals) - count, "shrink": -1,
                 "back": (self._before[0] if self._before else count - 1) - count}[wish]
         target = max(self.minimum, min(self.maximum, count + step))
+        if wish == "grow" and self._ceiling is not None:
+            target = min(target, self._ceiling[0])  # a jump stops at a count that did not pay
         if target == count:
             return None
         if wish == "back":
@@ -206,9 +208,9 @@ class Autoscaler:
         the rate: as many times the workers, if the rate grows with them (an I/O-bound
         sampler's does). At most :data:`GROWTH_FACTOR` times the count, and no more
         workers than the idle CPUs hold at the CPU each worker uses now, rounded: one
-        more wherever a quarter of a worker's share is idle (a CPU-bound sampler's worker uses
-        a whole CPU, so on two CPUs it goes to 2 and stops there; trainers or other
-        jobs on the host leave fewer CPUs idle, and so fewer workers). The count itself
+        more wherever a quarter of a worker's share is idle (a CPU-bound sampler's
+        worker uses a whole CPU, so on two CPUs it goes to 2 and stops there; trainers
+        or other jobs on the host leave fewer CPUs idle, and so fewer workers). The count itself
         when none fits: then there is no growth. Without the trainers' report it
         doubles; without the workers' CPU it grows by half (1, 2, 3, 4, 6, 9, ...),
         the rate rule its only guard then.
