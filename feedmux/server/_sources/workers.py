@@ -67,6 +67,11 @@ log = logging.getLogger("feedmux.server")
 
 #: How long a stopping pool waits for its workers before it kills them.
 WORKER_STOP_TIMEOUT = 2.0
+#: How long (ms) a worker whose queue to the server is full waits, keeping its turn,
+#: before it gives the turn back: a server that is only busy (it forwards a message in
+#: tens of µs) makes room within that, and handing the turn on at every full queue
+#: made the workers pass it back and forth about once a message.
+SEND_GRACE_MS = 2
 
 
 class WorkerPool:
@@ -325,6 +330,8 @@ def _worker_main(
                 except zmq.Again:
                     if stopping():
                         break
+                    if push.poll(SEND_GRACE_MS, zmq.POLLOUT):
+                        continue  # the server was only busy: keep the turn
                     turns.release(index)  # a worker that cannot send does not draw
                     push.poll(100, zmq.POLLOUT)
         finally:
