@@ -15,6 +15,8 @@ link in the same run. The links: the veth pair unshaped, and shaped to 1 Gbit/s 
 token bucket (``tbf``; ``netem``'s delay is not available on the machine this was written on).
 
 Payloads: ``small`` (``{'X': float32[16], 'y': int64}``, 256 samples a message),
+``batches`` (the same samples, the trainers asking the server for batches of 256:
+``RemoteLoader(batch_size=256)``, each a dict of two stacked arrays),
 ``large`` (a float32 ramp of 1 MiB a sample, 4 a message), ``floats`` (1 MiB of random
 float32 a sample, incompressible, 4 a message) and ``images`` (a batch of 10 RGB 224x224
 tiles of scikit-image's bundled photographs a sample, 1.5 MB, no tile twice in a batch;
@@ -49,11 +51,11 @@ from typing import Any
 
 import numpy as np
 
-PAYLOADS = ("small", "large", "images", "floats")
+PAYLOADS = ("small", "batches", "large", "images", "floats")
 MODES = ("plain", "reliable", "ranked", "curve")
 LINKS = {"veth": None, "1gbit": "1gbit"}
 #: Samples a message, per payload.
-PER_MESSAGE = {"small": 256, "large": 4, "images": 1, "floats": 4}
+PER_MESSAGE = {"small": 256, "batches": 256, "large": 4, "images": 1, "floats": 4}
 #: The target: feedmux off at least this share of raw pyzmq's bytes/s (plain and reliable).
 RAW_TARGET = 0.90
 
@@ -85,7 +87,7 @@ def samples(kind: str) -> list[dict[str, Any]]:
     """A few samples of ``kind``, yielded again and again (made once: sampling is not what
     this measures)."""
     rng = np.random.default_rng(0)
-    if kind == "small":
+    if kind in ("small", "batches"):
         return [{"X": rng.random(16, dtype=np.float32), "y": np.int64(i)} for i in range(64)]
     if kind == "large":  # 1 MiB of float32 that compress (a ramp)
         ramp = np.arange(1 << 18, dtype=np.float32)
@@ -151,9 +153,13 @@ def _trainer(args: argparse.Namespace) -> None:
     if args.mode == "curve":
         options.update(curve_server_key=args.curve_key)
     size = sample_bytes(args.kind)
+    batch = 1
+    if args.kind == "batches":  # the server stacks them: one array a field a message
+        batch = options["batch_size"] = PER_MESSAGE["batches"]
     with RemoteLoader(args.data, control=args.control, timeout=60, **options) as loader:
-        counts = (size for _ in loader)
+        counts = (size * batch for _ in loader)
         result = _window(counts, args.warmup, args.seconds)
+        result["items"] *= batch  # samples, as the other trainers count them
         print(json.dumps(result), flush=True)
         if args.mode == "ranked":
             # The other ranks may still be in their windows: a rank that left would hold
