@@ -233,7 +233,9 @@ def test_a_plain_trainer_that_reads_nothing_past_the_bound_keeps_its_connection(
     for epoch in range(1, PAUSE_EPOCHS + 1):
         ids = Counter(row[1] for row in rows if row[0] == epoch)
         lost = sorted(set(range(PAUSE_EPOCH)) - set(ids))
-        assert not lost and set(ids.values()) == {1}, f"epoch {epoch}: lost {lost[:20]}"
+        assert not lost and set(ids.values()) == {1}, (
+            f"epoch {epoch}: lost {len(lost)} {lost[:20]}, first rows {rows[:48]}; "
+            f"server:\n{server.stderr}")
 
 
 #: Seconds the link stays down in the comeback test: past the bound (plus the look that
