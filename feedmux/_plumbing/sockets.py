@@ -196,9 +196,7 @@ def make_socket(
     that never pauses for long), not on the plain server's data socket: a
     plain trainer's full queue closes its window by design (plain mode's
     back-pressure), and a trainer in a long step would lose its connection
-    and what was queued for it. The plain server keeps a bound of its own on
-    that socket instead, which tells a peer that answers its window probes
-    from one that answers nothing (:mod:`feedmux._plumbing.halfopen`).
+    and what was queued for it.
 
     What a user sees when a trainer's host vanishes: in both modes the
     statistics stop counting it after ``TRAINER_TIMEOUT`` (3 s without its
@@ -207,9 +205,9 @@ def make_socket(
     connection to it within about as long. A plain server deals around it once its
     queue is full and forgets it when a control send to it fails (at the end
     of an epoch or of the stream); its control connection is gone within
-    16 s too, and so is its data connection, with the messages queued for it
-    and the socket's send buffer (the server's own bound, at its next look
-    once a second).
+    16 s too, but its data connection, with the messages queued for it and
+    the socket's send buffer, stays until the kernel gives up (about 15
+    minutes).
 
     ``max_message_bytes`` caps what a receiving socket accepts before any of
     it reaches Python. ``security`` (a ``ServerCurve`` or ``ClientCurve``)

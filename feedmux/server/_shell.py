@@ -21,7 +21,6 @@ from typing import Any, Protocol
 import zmq
 
 from feedmux._plumbing.curve import ServerCurve
-from feedmux._plumbing.halfopen import HalfOpenSweep
 from feedmux._plumbing.handshakes import HandshakeLogger
 from feedmux._plumbing.shm import ShmPool, carried_bytes
 from feedmux._plumbing.sockets import (
@@ -149,8 +148,6 @@ class SocketShell:
         stats: dict[str, Stat] = dict(sampler_stats(self.meters, self.outbox.blocked_seconds))
         stats["bytes_sent"] = self.outbox.bytes_sent
         stats["stray_data_messages"] = self.outbox.stray_dropped
-        if self.half_open is not None:
-            stats["half_open_closed"] = self.half_open.aborted
         stats.update(self.control_meter.stats())
         # Where it listens: a data endpoint given to `feedmux stats` is recognised by it.
         stats["data_address"], stats["control_address"] = self.data_address, self.control_address
@@ -191,13 +188,6 @@ class SocketShell:
         # What the system gave us: a real port where the configuration said 0.
         self.data_address = bind(self.data, config.bind, "data")
         self.control_address = bind(self.control, config.control_address, "control")
-        #: The plain data socket's half-open bound, kept by this process (the kernel's,
-        #: ``TCP_USER_TIMEOUT``, would cut off a trainer that only stops reading); a
-        #: reliable data socket has the kernel's.
-        self.half_open: HalfOpenSweep | None = None
-        if self.reliable is None:
-            self.half_open = HalfOpenSweep(self.data_address)
-            self.outbox.after_wait = self._tend_data
         if security is not None:  # log the peers CURVE refuses (libzmq drops them silently)
             self.handshakes = HandshakeLogger(
                 [self.data, self.control], [self.data_address, self.control_address]).start()
@@ -223,21 +213,15 @@ class SocketShell:
             return False
         if readable(self.control):
             self.serve_control(timeout=0)
-        self._tend_data()
+        self._drop_stray()
         core.tick(time.monotonic())  # sampling: at most a throughput log line, never a send
         return not self._halted()
 
-    def _tend_data(self) -> None:
+    def _drop_stray(self) -> None:
         """Without reliable mode nothing is expected on the data socket: read and drop
-        what a stray peer sent there (see :meth:`Outbox.drop_stray`), and once a second
-        abort the data connections whose peer has answered nothing for the half-open
-        bound (see :mod:`feedmux._plumbing.halfopen`). Also after every wait of the data
-        path: a server whose trainers all stopped reading waits there for as long."""
-        if self.reliable is None:
-            if readable(self.data):
-                self.outbox.drop_stray()
-            if self.half_open is not None:
-                self.half_open.sweep(time.monotonic())
+        what a stray peer sent there (see :meth:`Outbox.drop_stray`)."""
+        if self.reliable is None and readable(self.data):
+            self.outbox.drop_stray()
 
     def _redeal(self) -> None:
         """Deal again what lost reliable trainers held, within their audiences."""
@@ -321,7 +305,7 @@ class SocketShell:
             if core.phase is not phase:
                 return
             self.serve_control(timeout=core.wait_time(time.monotonic()))
-            self._tend_data()
+            self._drop_stray()
 
     # -- the run's stages -------------------------------------------------------------------
     def wait_for_trainers(self) -> bool:
@@ -341,7 +325,7 @@ class SocketShell:
 
     def tick(self) -> None:
         """Time passed with nothing to send (the forwarding loop's idle turn)."""
-        self._tend_data()
+        self._drop_stray()
         self.deliver(self.core.tick(time.monotonic()))
 
     def epoch_done(self, epoch: int, count: int) -> None:
@@ -424,9 +408,9 @@ def _data_socket(context: zmq.Context[Any], config: ServerConfig,
         # A ROUTER, so that the core can address a message: to a rank, or to the next
         # free trainer whose queue has room (an addressed send fails instead of blocking).
         # Trainers send nothing here: what a peer sends waits unread, bounded below. No
-        # kernel bound on half-open connections: a trainer's full queue closes its receive
-        # window (the back-pressure), and the kernel would cut a trainer in a long step off
-        # with it (see make_socket); the shell keeps its own (HalfOpenSweep).
+        # bound on half-open connections: a trainer's full queue closes its receive window
+        # (the back-pressure), and the kernel would cut a trainer in a long step off with
+        # it (see make_socket).
         data = make_socket(context, zmq.ROUTER, hwm=config.hwm, heartbeats=False,
                            half_open_bound=False, security=security,
                            max_message_bytes=DATA_INBOUND_FRAME_BYTES)

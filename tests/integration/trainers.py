@@ -43,8 +43,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--hold-after", type=int, default=0,
                         help="after this many samples, wait for --go-file (bounded) and go on")
     parser.add_argument("--go-file", help="the file --hold-after waits for")
-    parser.add_argument("--go-wait", type=float, default=60.0,
-                        help="seconds --hold-after waits for --go-file at most")
     parser.add_argument("--views-out",
                         help="at the end, write here how many samples came as shared-memory views")
     parser.add_argument("--abrupt", action="store_true",
@@ -69,7 +67,7 @@ def main(argv: list[str]) -> int:
             out.write(f"{meta.epoch} {int(sample['id'])}{position}\n")
             if args.views_out and "x" in sample:
                 views.count(sample["x"])
-            if count == args.hold_after and not _wait_for_file(args.go_file, args.go_wait):
+            if count == args.hold_after and not _wait_for_file(args.go_file):
                 return 3
             if args.step_ms:
                 time.sleep(args.step_ms / 1000)
@@ -95,9 +93,9 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _wait_for_file(path: str, timeout: float = 60.0) -> bool:
-    """Wait (``timeout`` seconds at most) until ``path`` exists: the test's go."""
-    deadline = time.monotonic() + timeout
+def _wait_for_file(path: str) -> bool:
+    """Wait (60 s at most) until ``path`` exists: the test's go."""
+    deadline = time.monotonic() + 60
     while not os.path.exists(path):
         if time.monotonic() > deadline:
             return False

@@ -88,10 +88,10 @@ ANSWERING = 2 * HEARTBEAT_INTERVAL
 #: while sampling: its control connection is down (a link that went down and comes back; the
 #: trainer reconnects under the same identity), which is not a departure. Longer than a
 #: data connection to a host that is really gone takes to close when idle (TCP keepalive:
-#: 10 s + 3 probes 5 s apart) or holding data unacknowledged (``HALF_OPEN_TIMEOUT``, 15 s:
-#: the kernel's bound, or on a plain server's data connections the server's own, see
-#: ``feedmux._plumbing.halfopen``). A holder that really died is replaced by a contender
-#: too, admitted once the holder has not been heard for ``TRAINER_TIMEOUT``.
+#: 10 s + 3 probes 5 s apart) or, on a reliable server, holding data unacknowledged
+#: (``HALF_OPEN_TIMEOUT``, 15 s). A plain server's data connection with data in flight has
+#: no such bound (see ``make_socket``): there a holder that really died is replaced by a
+#: contender, admitted once the holder has not been heard for ``TRAINER_TIMEOUT``.
 CONTROL_GRACE = 30.0
 #: Trainer ids remembered to count reconnects (ids come from peers: the set is bounded).
 MAX_REMEMBERED_TRAINERS = 10_000

@@ -43,10 +43,6 @@ COUNTERS = {
         "stray_data_messages", "Messages a peer sent on the data socket where none is expected "
         "(no reliable mode), read and dropped.",
     ),
-    "half_open_closed": (
-        "half_open_closed", "Data connections closed because their peer answered nothing for "
-        "the half-open bound (a trainer's host gone; no reliable mode).",
-    ),
     "errors_skipped": ("errors_skipped", "Streams skipped after an exception (on_error=skip)."),
     "epochs_completed": ("epochs_completed", "Epochs whose every sample has been sent."),
     "rank_messages_resent": (

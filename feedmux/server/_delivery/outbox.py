@@ -91,9 +91,6 @@ class Outbox:
         #: Messages that arrived on the data socket where nothing is expected there (no
         #: reliable mode), read and dropped by :meth:`drop_stray`.
         self.stray_dropped = 0
-        #: Called after every wait (the plain server tends its data connections there: a
-        #: sender whose trainers all stopped reading can wait for as long as they do).
-        self.after_wait: Callable[[], object] | None = None
         self._poller = zmq.Poller()
         self._poller.register(control, zmq.POLLIN)
 
@@ -163,8 +160,6 @@ class Outbox:
         if self.serve_data is not None and events.get(self.socket, 0) & zmq.POLLIN:
             self.serve_data()
         self.blocked_seconds += time.perf_counter() - started
-        if self.after_wait is not None:
-            self.after_wait()
 
 
 def _nbytes(frame: Any) -> int:
