@@ -379,7 +379,12 @@ class SocketShell:
         finally:
             close_pool(self.pool)  # also when a second signal cuts the closing short
             self._stop_authenticator()
-        self.context.term()
+        # Not term(): it waits for every socket of the context, and a loop whose own
+        # closing a second signal cut short (forward's sockets to the workers) leaves
+        # one open, so term() would never return and the server, stuck there with its
+        # workers, would ignore every later signal. The sockets closed above keep their
+        # linger; any left open are closed at once.
+        self.context.destroy(linger=0)
 
     def _stop_authenticator(self) -> None:
         if self.handshakes is not None:
