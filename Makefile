@@ -39,15 +39,15 @@ $(VENV)/.bench: $(VENV)/.test
 demo: $(VENV)/.base
 	$(VENV)/bin/feedmux demo
 
-## test: install the test dependencies, then lint, type-check and run the whole suite (4 processes: most tests wait on sockets, not on the CPU: a run on 2 cores uses a third of them)
+## test: install the test dependencies, then lint, type-check and run the whole suite (4 processes: most tests wait on sockets, not on the CPU: a run on 2 cores uses a third of them; idle processes steal queued tests, so the long tests left at the end do not wait behind one busy process: 13:38 -> 7:19 on 2 cores)
 test: $(VENV)/.test
 	$(VENV)/bin/ruff check feedmux tests benchmarks examples
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q -n 4 tests feedmux
+	$(PY) -m pytest -q -n 4 --dist worksteal tests feedmux
 
 ## test-matrix: every combination of delivery modes end to end, one trainer SIGKILLed and restarted in each (marker matrix; not in make test)
 test-matrix: $(VENV)/.test
-	$(PY) -m pytest -q -m matrix -n 3 tests/integration/test_matrix.py
+	$(PY) -m pytest -q -m matrix -n 3 --dist worksteal tests/integration/test_matrix.py
 
 ## test-ray: install Ray, then the fleet tests on a two-node local Ray cluster (marker ray)
 test-ray: $(VENV)/.ray
