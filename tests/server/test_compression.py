@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import multiprocessing
+
 import numpy as np
 
 from feedmux.protocol import Codec, Data, compress_frames, decode, encode
 from feedmux.protocol import packed as packed_header
 from feedmux.server._delivery.compression import GAIN, HOLD, WINDOW, LinkCompression
+from feedmux.server._sources.packing import SharedCodec
 
 T = b"trainer-1"
 
@@ -163,3 +166,69 @@ def test_the_workers_codec_is_the_fixed_one_or_none() -> None:
     assert LinkCompression(Codec("zstd", 3), lambda t: False).worker_codec() == Codec("zstd", 3)
     assert LinkCompression(None, lambda t: False).worker_codec() is None
     assert LinkCompression("auto", lambda t: False).worker_codec() is None  # none on yet
+
+
+def photographs() -> list[object]:
+    """A batch of smooth RGB images with a little noise: what the delta filter is for
+    (zstd alone keeps most of the noisy bytes, after the filter about half)."""
+    rng = np.random.default_rng(2)
+    ramp = np.indices((8, 64, 96, 3)).sum(axis=0) * 3
+    images = (ramp + rng.integers(0, 8, ramp.shape)).astype(np.uint8)
+    return encode(Data(np.array([[1, 0]]), [{"images": images}]))
+
+
+def test_auto_measures_the_delta_filter_on_images_and_picks_it_when_the_link_is_the_limit() -> None:
+    clock = Clock()
+    compression = LinkCompression("auto", lambda target: False, clock)
+    run(compression, clock, photographs(), 3 * WINDOW, rate_off=20e6, rate_on=60e6)
+    ratios = compression.stream.ratio
+    assert ratios["zstd:1+delta"] < 0.8 * ratios["zstd:1"], ratios
+    key = f"trainer.{T.decode()}"
+    stats = compression.stats()
+    assert stats[f"{key}.compress"] == "zstd:1+delta", stats
+    assert str(stats[f"{key}.compress_reason"]).startswith("link is the limit"), stats
+    assert "with zstd:1+delta" in str(stats[f"{key}.compress_reason"])
+    wire = compression.wire(T, photographs())
+    header = packed_header(wire)
+    assert header is not None and header["f"][2] == [3, 288]
+    assert compression.worker_codec() == Codec("zstd", 1, delta=True)
+
+
+def test_auto_does_not_measure_the_filter_on_a_stream_without_images() -> None:
+    clock = Clock()
+    compression = LinkCompression("auto", lambda target: False, clock)
+    run(compression, clock, message(True), 3 * WINDOW, rate_off=20e6, rate_on=200e6)
+    assert set(compression.stream.ratio) == {"lz4", "zstd:1"}
+    assert compression.stats()[f"trainer.{T.decode()}.compress"] in ("lz4", "zstd:1")
+
+
+def test_a_workers_filtered_message_goes_as_it_is_only_to_a_link_that_wants_the_filter() -> None:
+    raw = photographs()
+    filtered = compress_frames(raw, Codec("zstd", 1, delta=True), seq=0)
+    assert packed_header(filtered)["c"][2] == 3  # type: ignore[index]
+    with_filter = LinkCompression(Codec("zstd", 1, delta=True), lambda target: False)
+    assert with_filter.wire(T, filtered) is filtered
+    # A link under plain zstd gets zstd's own form: older trainers know no filter.
+    without = LinkCompression(Codec("zstd", 1), lambda target: False)
+    wire = without.wire(T, filtered)
+    header = packed_header(wire)
+    assert header is not None and 3 not in header["c"] and "f" not in header
+    assert without.stats()["inflated_by_server"] == 1
+    assert without.stats()["compressed_by_server"] == 1
+    for form in (filtered, wire):
+        decoded = decode(form)  # type: ignore[arg-type]
+        assert isinstance(decoded, Data)
+        original = decode(raw).samples[0]["images"]  # type: ignore[union-attr]
+        assert np.array_equal(decoded.samples[0]["images"], original)
+    # A plain zstd form (no frame filtered) serves a link that wants the filter as it is.
+    plain = compress_frames(raw, Codec("zstd", 1), seq=0)
+    assert with_filter.wire(T, plain) is plain
+
+
+def test_the_workers_are_told_the_filter_through_the_shared_codec() -> None:
+    shared = SharedCodec(multiprocessing.get_context("fork").RawValue)
+    for codec in (Codec("lz4"), Codec("zstd", -7), Codec("zstd", 22),
+                  Codec("zstd", -7, delta=True), Codec("zstd", 1, delta=True),
+                  Codec("zstd", 22, delta=True), None):
+        shared.publish(codec)
+        assert shared.read() == codec

@@ -8,8 +8,12 @@ default) decides per trainer from what it measures:
 - a trainer that maps the server's shared-memory pool (same host) is never compressed;
 - how compressible the stream is: about once a second one message (whichever trainer it
   goes to: the stream is the same for every link) is compressed with each candidate
-  (``lz4``, ``zstd:1``), which gives its ratio and speed (bytes/s of input); a best ratio
-  above :data:`WORTH` is "incompressible" and stays off;
+  (``lz4``, ``zstd:1``, and ``zstd:1+delta`` when the message has array frames that suit
+  the delta filter: integer images or rows), which gives its ratio and speed (bytes/s of
+  input); a best ratio above :data:`WORTH` is "incompressible" and stays off. The filter
+  is measured, not assumed: on photographs it keeps 0.54 of the bytes where zstd alone
+  keeps 0.79, on labels or token ids it may keep more, and the candidate with the best
+  predicted rate wins;
 - whether the link or the CPU is the limit, by trying: a window of
   :data:`WINDOW` seconds off, then one with the candidate whose predicted rate
   (``min(speed, rate off / ratio)``) is best; it stays on only if the raw bytes/s handed to
@@ -43,12 +47,14 @@ from typing import Any
 
 from feedmux.protocol import Codec, compress_frames, inflate_frames, packed
 from feedmux.protocol._compress import STORED
+from feedmux.protocol._delta import frame_strides
 from feedmux.server._control.core import Stat
 
 __all__ = ["GAIN", "HOLD", "MIN_MESSAGE", "LinkCompression", "MessageForms", "WINDOW", "WORTH"]
 
-#: Candidates of ``auto``: a fast one and one that squeezes more for the same CPU.
-CANDIDATES = (Codec("lz4"), Codec("zstd", 1))
+#: Candidates of ``auto``: a fast one, one that squeezes more for the same CPU, and the
+#: same after the delta filter (measured only on a message with frames that suit it).
+CANDIDATES = (Codec("lz4"), Codec("zstd", 1), Codec("zstd", 1, delta=True))
 #: Seconds of each window of a trial (off, then on).
 WINDOW = 1.0
 #: Seconds a decision holds before it is tried again.
@@ -58,7 +64,8 @@ SAMPLE_EVERY = 1.0
 #: A ratio (compressed / raw) above this is not worth a trial.
 WORTH = 0.9
 #: The rise of raw bytes/s that keeps compression on after a trial (a loaded machine's
-#: noise is a few per cent; photographs compress ~0.8 at the fast levels: 1.25 at best).
+#: noise is a few per cent; photographs compress ~0.8 at the fast levels, 1.25x at best,
+#: ~0.54 after the delta filter, 1.85x at best).
 GAIN = 1.1
 #: Trainers whose measurements are kept (the oldest forgotten past it).
 MAX_LINKS = 4096
@@ -113,7 +120,8 @@ class MessageForms:
                        "inflated_by_server": 0}
         self._of: Sequence[Any] | None = None  # the message whose forms are held
         self._forms: dict[str, Sequence[Any]] = {}  # by codec label; "" the raw form
-        self._packed: int | None = None  # the codec number it came compressed with
+        #: The codecs of the frames it came compressed with (None: it came raw).
+        self._packed: frozenset[int] | None = None
         self._raw_bytes = 0
 
     def arrived(self, frames: Sequence[Any]) -> bool:
@@ -140,7 +148,7 @@ class MessageForms:
         self._load(frames)
         wire = self._forms.get(codec.label)
         if wire is None:
-            if self._packed is not None and self._packed in (STORED, codec.number):
+            if self._packed is not None and self._packed <= codec.numbers:
                 wire = frames
             elif self._raw_bytes < MIN_MESSAGE:
                 wire = self.raw(frames)
@@ -165,8 +173,7 @@ class MessageForms:
             self._packed, self._raw_bytes = None, _nbytes(frames)
             self._forms[""] = frames
         else:
-            shrunk = [codec for codec in header["c"] if codec != STORED]
-            self._packed = shrunk[0] if shrunk else STORED
+            self._packed = frozenset(header["c"]) - {STORED}
             self._raw_bytes = sum(header["n"])
 
 
@@ -223,11 +230,15 @@ class LinkCompression:
             link.raw += self.forms.raw_bytes(wire)
 
     def _sample(self, frames: Sequence[Any], now: float) -> None:
-        """Compress one message with each candidate: the stream's ratio and speed."""
+        """Compress one message with each candidate: the stream's ratio and speed (the
+        filtered one only when a frame suits the filter: else it is zstd's own form)."""
         stream = self.stream
-        stream.sampled = now
+        stream.sampled, stream.ratio, stream.speed = now, {}, {}
         raw = _nbytes(frames)
+        filterable = bool(frame_strides(frames[0]))
         for codec in CANDIDATES:
+            if codec.delta and not filterable:
+                continue
             started = time.perf_counter()
             size = _nbytes(compress_frames(frames, codec))
             seconds = max(time.perf_counter() - started, 1e-9)
@@ -244,7 +255,8 @@ class LinkCompression:
         def predicted(codec: Codec) -> float:
             return min(stream.speed[codec.label], rate / stream.ratio[codec.label])
 
-        best = max(CANDIDATES, key=predicted)
+        best = max((codec for codec in CANDIDATES if codec.label in stream.ratio),
+                   key=predicted)
         ratio = stream.ratio[best.label]
         if ratio > WORTH:
             return None, f"incompressible (ratio {ratio:.2f})"
