@@ -253,7 +253,7 @@ def _measure(hosts: Any, cell: Cell, warmup: float, seconds: float, keys: Path,
             "--control", f"tcp://{address}:0", "--samples-per-message",
             str(PER_MESSAGE[cell.kind]), "--min-trainers", str(cell.trainers),
             "--shm-size", "16", "--log-level", "info", *mode,
-            *(["--compress", cell.compress] if cell.compress != "off" else []),
+            "--compress", cell.compress,  # off said: the server's default is auto
             *(["--workers", str(workers), "--arg", f"streams={workers}"] if workers else []),
         ], **pipes))
         server = spawned.process
