@@ -13,9 +13,8 @@ for the other links itself). The compressed form keeps the tags frame stored and
 the header's ``seq``, so the server merges and renumbers it without inflating; with
 ``zstd:LEVEL+delta`` it is the form the server would make itself (the same
 :func:`~feedmux.protocol.compress_frames`, the filter's strides chosen from the message's
-own header). It never
-decides which codec a link gets (the server's :mod:`~feedmux.server._delivery.compression`
-does) and never sends.
+own header). It never decides which codec a link gets (the server's
+:mod:`~feedmux.server._delivery.compression` does) and never sends.
 """
 
 from __future__ import annotations
@@ -71,7 +70,7 @@ class SharedCodec:
             return None
         if code == LZ4:
             return Codec("lz4")
-        delta = code > DELTA_BASE + ZSTD_LEVELS.start - 1
+        delta = code >= DELTA_BASE + ZSTD_LEVELS.start
         return Codec("zstd", code - (DELTA_BASE if delta else ZSTD_BASE), delta=delta)
 
 
