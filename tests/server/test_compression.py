@@ -8,7 +8,13 @@ import numpy as np
 
 from feedmux.protocol import Codec, Data, compress_frames, decode, encode
 from feedmux.protocol import packed as packed_header
-from feedmux.server._delivery.compression import GAIN, HOLD, WINDOW, LinkCompression
+from feedmux.server._delivery.compression import (
+    GAIN,
+    HOLD,
+    SETTLE,
+    WINDOW,
+    LinkCompression,
+)
 from feedmux.server._sources.packing import SharedCodec
 
 T = b"trainer-1"
@@ -72,6 +78,32 @@ def test_auto_turns_on_when_the_link_is_the_limit_and_compressing_pays() -> None
     assert stats[f"trainer.{T.decode()}.compress"] in ("lz4", "zstd:1"), stats
     assert str(stats[f"trainer.{T.decode()}.compress_reason"]).startswith("link is the limit")
     assert float(stats[f"trainer.{T.decode()}.compress_ratio"]) < 0.1  # type: ignore[arg-type]
+
+
+def test_a_trial_does_not_count_what_was_queued_before_the_switch() -> None:
+    # The link leaves each message 0.2 s after it was handed over (a full queue): after the
+    # switch, the raw messages queued still go at the raw rate for 0.2 s. The stream
+    # compresses ~1000x, so 2x the raw rate is asked; the link gives 2.2x once the queue
+    # holds compressed messages, 1.96x over a window that would count the queue's drain.
+    lag = 0.2
+    assert lag < SETTLE
+    clock = Clock()
+    compression = LinkCompression("auto", lambda target: False, clock)
+    frames = message(True)
+    raw = sum(memoryview(frame).nbytes for frame in frames)  # type: ignore[arg-type]
+    handed: list[bool] = []  # per 10 ms step, whether the message handed over was compressed
+    owed = 0.0
+    while clock.now < 3 * WINDOW:
+        wire = compression.wire(T, frames)
+        handed.append(wire is not frames)
+        leaving = handed[max(0, len(handed) - 1 - round(lag / 0.01))]
+        owed += (44e6 if leaving else 20e6) * 0.01
+        while owed >= raw:
+            compression.delivered(T, wire)
+            owed -= raw
+        clock.now += 0.01
+    reason = str(compression.stats()[f"trainer.{T.decode()}.compress_reason"])
+    assert reason.startswith("link is the limit"), reason
 
 
 def test_auto_goes_off_again_when_compressing_gains_nothing_and_tries_again_later() -> None:

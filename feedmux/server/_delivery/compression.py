@@ -15,7 +15,8 @@ default) decides per trainer from what it measures:
   keeps 0.79, on labels or token ids it may keep more, and the candidate with the best
   predicted rate wins;
 - whether the link or the CPU is the limit, by trying: a window of
-  :data:`WINDOW` seconds off, then one with the candidate whose predicted rate
+  :data:`WINDOW` seconds off, then (:data:`SETTLE` seconds after the switch, once what was
+  queued raw has left) one with the candidate whose predicted rate
   (``min(speed, rate off / ratio)``) is best; it stays on only if the raw bytes/s handed to
   that trainer rose by half the gain the ratio predicts for a full link (at least
   :data:`GAIN`, at most 2x: a loaded machine's noise is not taken for a gain). On a link
@@ -50,13 +51,18 @@ from feedmux.protocol._compress import STORED
 from feedmux.protocol._delta import frame_strides
 from feedmux.server._control.core import Stat
 
-__all__ = ["GAIN", "HOLD", "MIN_MESSAGE", "LinkCompression", "MessageForms", "WINDOW", "WORTH"]
+__all__ = ["GAIN", "HOLD", "MIN_MESSAGE", "SETTLE", "LinkCompression", "MessageForms", "WINDOW",
+           "WORTH"]
 
 #: Candidates of ``auto``: a fast one, one that squeezes more for the same CPU, and the
 #: same after the delta filter (measured only on a message with frames that suit it).
 CANDIDATES = (Codec("lz4"), Codec("zstd", 1), Codec("zstd", 1, delta=True))
 #: Seconds of each window of a trial (off, then on).
 WINDOW = 1.0
+#: Seconds after a switch (off to on, on to off) before a window counts: the messages
+#: queued before it (the socket's high-water mark, the kernel's buffers: ~0.1-0.2 s of
+#: 1.5 MB images on 1 Gbit) still leave at the old rate, which a window would count.
+SETTLE = 0.25
 #: Seconds a decision holds before it is tried again.
 HOLD = 20.0
 #: Seconds between two measurements of the stream's compressibility.
@@ -268,11 +274,15 @@ class LinkCompression:
 
     def _step(self, link: _Link, now: float) -> None:
         """Move the trial on once its window has passed."""
-        elapsed = now - link.since
         if link.phase == "hold":
-            if elapsed >= HOLD:
-                link.codec, link.phase, link.since, link.raw = None, "off-window", now, 0
+            if now - link.since >= HOLD:
+                settle = 0.0 if link.codec is None else SETTLE
+                link.codec, link.phase, link.since, link.raw = None, "off-window", now + settle, 0
             return
+        if now < link.since:  # settling after a switch: what was queued before drains
+            link.raw = 0
+            return
+        elapsed = now - link.since
         if elapsed < WINDOW:
             return
         rate = link.raw / elapsed
@@ -283,7 +293,7 @@ class LinkCompression:
             if codec is None:
                 link.codec, link.reason, link.phase = None, reason, "hold"
             else:
-                link.codec, link.phase = codec, "on-window"
+                link.codec, link.phase, link.since = codec, "on-window", now + SETTLE
             return
         codec = link.codec
         assert codec is not None
