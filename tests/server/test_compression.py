@@ -5,13 +5,16 @@ from __future__ import annotations
 import multiprocessing
 
 import numpy as np
+import pytest
 
 from feedmux.protocol import Codec, Data, compress_frames, decode, encode
 from feedmux.protocol import packed as packed_header
+from feedmux.server._delivery import compression as compression_module
 from feedmux.server._delivery.compression import (
     GAIN,
     HOLD,
     SETTLE,
+    SPEEDS_KEPT,
     WINDOW,
     LinkCompression,
 )
@@ -268,3 +271,29 @@ def test_the_workers_are_told_the_filter_through_the_shared_codec() -> None:
                   Codec("zstd", 22, delta=True), None):
         shared.publish(codec)
         assert shared.read() == codec
+
+
+def test_a_preempted_speed_measurement_does_not_count_against_a_codec(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each candidate's compression is timed; the scripted clock makes zstd:1+delta take
+    # 1 ms in the first sample and 1 s in the next ones (the thread preempted).
+    compression = LinkCompression("auto", lambda target: False, Clock())
+    frames = photographs()
+    durations = iter([0.001, 0.001, 0.001] + [0.001, 0.001, 1.0] * (SPEEDS_KEPT - 1)
+                     + [0.001, 0.001, 1.0])
+    ticks: list[float] = []
+
+    def perf_counter() -> float:
+        if len(ticks) % 2:  # the end of a timing: its start plus the scripted duration
+            ticks.append(ticks[-1] + next(durations))
+        else:
+            ticks.append(float(len(ticks)))
+        return ticks[-1]
+
+    monkeypatch.setattr(compression_module.time, "perf_counter", perf_counter)
+    raw = sum(memoryview(frame).nbytes for frame in frames)  # type: ignore[arg-type]
+    for sample in range(SPEEDS_KEPT):
+        compression._sample(frames, float(sample))
+    assert compression.stream.speed["zstd:1+delta"] == pytest.approx(raw / 0.001)
+    compression._sample(frames, float(SPEEDS_KEPT))  # the fast one is forgotten now
+    assert compression.stream.speed["zstd:1+delta"] == pytest.approx(raw / 1.0)

@@ -10,7 +10,8 @@ default) decides per trainer from what it measures:
   goes to: the stream is the same for every link) is compressed with each candidate
   (``lz4``, ``zstd:1``, and ``zstd:1+delta`` when the message has array frames that suit
   the delta filter: integer images or rows), which gives its ratio and speed (bytes/s of
-  input); a best ratio above :data:`WORTH` is "incompressible" and stays off. The filter
+  input, the best of the last few samples); a best ratio above :data:`WORTH` is
+  "incompressible" and stays off. The filter
   is measured, not assumed: on photographs it keeps 0.54 of the bytes where zstd alone
   keeps 0.79, on labels or token ids it may keep more, and the candidate with the best
   predicted rate wins;
@@ -41,7 +42,7 @@ is compressed once). The figures ``compressed_by_workers``, ``compressed_by_serv
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +68,10 @@ SETTLE = 0.25
 HOLD = 20.0
 #: Seconds between two measurements of the stream's compressibility.
 SAMPLE_EVERY = 1.0
+#: Samples whose speeds are kept per candidate; the best counts. One compression of a few
+#: ms timed on a busy machine may be preempted: it then measures the scheduler, not the
+#: codec, and once made zstd:1 look faster than zstd:1+delta on photographs.
+SPEEDS_KEPT = 5
 #: A ratio (compressed / raw) above this is not worth a trial.
 WORTH = 0.9
 #: The rise of raw bytes/s that keeps compression on after a trial (a loaded machine's
@@ -104,10 +109,12 @@ class _Link:
 @dataclass
 class _Stream:
     """The stream's compressibility, the same for every link: per candidate, the
-    compressed / raw ratio and the input bytes/s of the last sampled message."""
+    compressed / raw ratio of the last sampled message and the input bytes/s, the best of
+    the last :data:`SPEEDS_KEPT` samples."""
 
     ratio: dict[str, float] = field(default_factory=dict)
     speed: dict[str, float] = field(default_factory=dict)
+    recent: dict[str, deque[float]] = field(default_factory=dict)
     sampled: float = float("-inf")
 
 
@@ -239,7 +246,7 @@ class LinkCompression:
         """Compress one message with each candidate: the stream's ratio and speed (the
         filtered one only when a frame suits the filter: else it is zstd's own form)."""
         stream = self.stream
-        stream.sampled, stream.ratio, stream.speed = now, {}, {}
+        stream.sampled, stream.ratio = now, {}
         raw = _nbytes(frames)
         filterable = bool(frame_strides(frames[0]))
         for codec in CANDIDATES:
@@ -249,7 +256,9 @@ class LinkCompression:
             size = _nbytes(compress_frames(frames, codec))
             seconds = max(time.perf_counter() - started, 1e-9)
             stream.ratio[codec.label] = size / raw
-            stream.speed[codec.label] = raw / seconds
+            recent = stream.recent.setdefault(codec.label, deque(maxlen=SPEEDS_KEPT))
+            recent.append(raw / seconds)
+            stream.speed[codec.label] = max(recent)
 
     def _best(self, link: _Link) -> tuple[Codec | None, str]:
         """The candidate with the best predicted rate, or None and why none."""
