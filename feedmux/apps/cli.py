@@ -276,11 +276,13 @@ def _add_serve(serve: argparse.ArgumentParser) -> None:
     speed.add_argument("--no-shm", action="store_true",
                        help="never use shared memory with trainers on this host (default: "
                             "large arrays go through a shared-memory pool)")
-    speed.add_argument("--compress", default="auto", metavar="auto|off|lz4|zstd[:LEVEL]",
+    speed.add_argument("--compress", default="auto",
+                       metavar="auto|off|lz4|zstd[:LEVEL][+delta]",
                        help="compress the messages to trainers on other hosts: auto decides "
                             "per trainer from the stream's ratio and whether the link or the "
                             "CPU is the limit; never to a trainer on this host that reads "
-                            "shared memory (default auto)")
+                            "shared memory; +delta filters integer images before zstd "
+                            "(default auto)")
     speed.add_argument("--shm-size", type=_positive_int, default=DEFAULT_SHM_SIZE >> 20,
                        metavar="MIB", help="size of that pool, in MiB "
                        f"(default {DEFAULT_SHM_SIZE >> 20})")

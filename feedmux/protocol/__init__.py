@@ -14,7 +14,8 @@ The modules, one job each: ``_messages`` (the message classes and kinds),
 ``_frames`` (the frame layout and version check), ``_tags`` (the tag frame),
 ``_encode``, ``_decode``, ``_batch`` (stacked samples), ``_stacking`` (a
 trainer's batches: every number stacked), ``_dtypes`` (dtype
-descriptions), ``_envelope`` and ``_compress`` (compressed messages, kind 15).
+descriptions), ``_envelope``, ``_compress`` (compressed messages, kind 15) and
+``_delta`` (the delta filter of compressed frames).
 
 Examples
 --------

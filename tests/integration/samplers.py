@@ -114,3 +114,24 @@ def shaped(streams: int = 3, per_stream: int = 20, seed: int = 0) -> feedmux.Sto
         [feedmux.Streamer(_shaped, s * per_stream, per_stream) for s in range(streams)],
         2, rate=None, mode="exhaustive", random_state=seed,
     )
+
+
+def photo(index: int, height: int = 64, width: int = 96) -> np.ndarray:
+    """Sample ``index``'s RGB uint8 image: a smooth gradient with a little noise (what the
+    delta filter of ``--compress zstd:1+delta`` is for), the same every time it is made."""
+    ramp = np.indices((height, width, 3)).sum(axis=0) * 2 + index
+    noise = np.random.default_rng(index).integers(0, 6, ramp.shape)
+    return (ramp + noise).astype(np.uint8)
+
+
+def _photos(start: int, count: int) -> Iterator[dict[str, Any]]:
+    for i in range(start, start + count):
+        yield {"id": np.int64(i), "image": photo(i)}
+
+
+def photos(streams: int = 4, per_stream: int = 16, seed: int = 0) -> feedmux.StochasticMux:
+    """An exhaustive mux of :func:`photo` images with ids 0 .. streams*per_stream-1."""
+    return feedmux.StochasticMux(
+        [feedmux.Streamer(_photos, s * per_stream, per_stream) for s in range(streams)],
+        2, rate=None, mode="exhaustive", random_state=seed,
+    )

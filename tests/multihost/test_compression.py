@@ -54,9 +54,14 @@ def test_auto_compresses_a_compressible_stream_on_a_slow_link_and_says_why(
         hosts: TwoHosts, tmp_path: Path) -> None:
     hosts.shape("100mbit")
     # 16 samples of 32 KiB a message, each array one value: compresses about 1000 to 1.
+    # The stream must last past auto's trial (a window off, a quarter second settling, a
+    # window on): unpaced, 400 epochs took about a second once lz4 was on and the trainer
+    # was often done before the trial. Paced at 0.2 ms a sample (at most ~160 MB/s, 13x
+    # the link's 12.5 MB/s), the rest of the stream takes 5 s or more.
+    epochs = 400
     server = serve_in(hosts, "--arg", "streams=4", "--arg", "per_stream=16", "--arg",
-                      "width=8192", "--epochs", "400", "--samples-per-message", "16",
-                      "--shm-size", "64")
+                      "width=8192", "--arg", "delay=0.0002", "--epochs", str(epochs),
+                      "--samples-per-message", "16", "--shm-size", "64")
     trainer = trainer_in(hosts, "b", server, tmp_path / "b")
     deadline = time.monotonic() + 60
     decision: dict[str, str] = {}
@@ -71,7 +76,7 @@ def test_auto_compresses_a_compressible_stream_on_a_slow_link_and_says_why(
     assert any(value.startswith("link is the limit") for value in decision.values()), decision
     assert trainer.wait(timeout=120) == 0
     assert server.wait(timeout=30) == 0, server.stderr
-    exact(tmp_path / "b", 400)
+    exact(tmp_path / "b", epochs)
 
 
 def test_two_workers_compress_and_the_other_host_gets_exact_epochs(

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import multiprocessing
+
 import numpy as np
+import pytest
 
 from feedmux.protocol import Codec, Data, compress_frames, decode, encode
 from feedmux.protocol import packed as packed_header
-from feedmux.server._delivery.compression import GAIN, HOLD, WINDOW, LinkCompression
+from feedmux.server._delivery import compression as compression_module
+from feedmux.server._delivery.compression import (
+    GAIN,
+    HOLD,
+    SETTLE,
+    SPEEDS_KEPT,
+    WINDOW,
+    LinkCompression,
+)
+from feedmux.server._sources.packing import SharedCodec
 
 T = b"trainer-1"
 
@@ -69,6 +81,32 @@ def test_auto_turns_on_when_the_link_is_the_limit_and_compressing_pays() -> None
     assert stats[f"trainer.{T.decode()}.compress"] in ("lz4", "zstd:1"), stats
     assert str(stats[f"trainer.{T.decode()}.compress_reason"]).startswith("link is the limit")
     assert float(stats[f"trainer.{T.decode()}.compress_ratio"]) < 0.1  # type: ignore[arg-type]
+
+
+def test_a_trial_does_not_count_what_was_queued_before_the_switch() -> None:
+    # The link leaves each message 0.2 s after it was handed over (a full queue): after the
+    # switch, the raw messages queued still go at the raw rate for 0.2 s. The stream
+    # compresses ~1000x, so 2x the raw rate is asked; the link gives 2.2x once the queue
+    # holds compressed messages, 1.96x over a window that would count the queue's drain.
+    lag = 0.2
+    assert lag < SETTLE
+    clock = Clock()
+    compression = LinkCompression("auto", lambda target: False, clock)
+    frames = message(True)
+    raw = sum(memoryview(frame).nbytes for frame in frames)  # type: ignore[arg-type]
+    handed: list[bool] = []  # per 10 ms step, whether the message handed over was compressed
+    owed = 0.0
+    while clock.now < 3 * WINDOW:
+        wire = compression.wire(T, frames)
+        handed.append(wire is not frames)
+        leaving = handed[max(0, len(handed) - 1 - round(lag / 0.01))]
+        owed += (44e6 if leaving else 20e6) * 0.01
+        while owed >= raw:
+            compression.delivered(T, wire)
+            owed -= raw
+        clock.now += 0.01
+    reason = str(compression.stats()[f"trainer.{T.decode()}.compress_reason"])
+    assert reason.startswith("link is the limit"), reason
 
 
 def test_auto_goes_off_again_when_compressing_gains_nothing_and_tries_again_later() -> None:
@@ -163,3 +201,99 @@ def test_the_workers_codec_is_the_fixed_one_or_none() -> None:
     assert LinkCompression(Codec("zstd", 3), lambda t: False).worker_codec() == Codec("zstd", 3)
     assert LinkCompression(None, lambda t: False).worker_codec() is None
     assert LinkCompression("auto", lambda t: False).worker_codec() is None  # none on yet
+
+
+def photographs() -> list[object]:
+    """A batch of smooth RGB images with a little noise: what the delta filter is for
+    (zstd alone keeps most of the noisy bytes, after the filter about half)."""
+    rng = np.random.default_rng(2)
+    ramp = np.indices((8, 64, 96, 3)).sum(axis=0) * 3
+    images = (ramp + rng.integers(0, 8, ramp.shape)).astype(np.uint8)
+    return encode(Data(np.array([[1, 0]]), [{"images": images}]))
+
+
+def test_auto_measures_the_delta_filter_on_images_and_picks_it_when_the_link_is_the_limit() -> None:
+    clock = Clock()
+    compression = LinkCompression("auto", lambda target: False, clock)
+    run(compression, clock, photographs(), 3 * WINDOW, rate_off=20e6, rate_on=60e6)
+    ratios = compression.stream.ratio
+    assert ratios["zstd:1+delta"] < 0.8 * ratios["zstd:1"], ratios
+    key = f"trainer.{T.decode()}"
+    stats = compression.stats()
+    assert stats[f"{key}.compress"] == "zstd:1+delta", stats
+    assert str(stats[f"{key}.compress_reason"]).startswith("link is the limit"), stats
+    assert "with zstd:1+delta" in str(stats[f"{key}.compress_reason"])
+    wire = compression.wire(T, photographs())
+    header = packed_header(wire)
+    assert header is not None and header["f"][2] == [3, 288]
+    assert compression.worker_codec() == Codec("zstd", 1, delta=True)
+
+
+def test_auto_measures_the_filter_only_while_the_stream_has_images() -> None:
+    clock = Clock()
+    compression = LinkCompression("auto", lambda target: False, clock)
+    run(compression, clock, photographs(), 2 * WINDOW, rate_off=20e6, rate_on=60e6)
+    assert set(compression.stream.ratio) == {"lz4", "zstd:1", "zstd:1+delta"}
+    # The stream turns to one-dimensional arrays (no frame the filter suits): its
+    # measurement is forgotten, the next decision is between lz4 and zstd alone.
+    run(compression, clock, message(True), HOLD + 3 * WINDOW, rate_off=20e6, rate_on=200e6)
+    assert set(compression.stream.ratio) == {"lz4", "zstd:1"}
+    assert compression.stats()[f"trainer.{T.decode()}.compress"] in ("lz4", "zstd:1")
+
+
+def test_a_workers_filtered_message_goes_as_it_is_only_to_a_link_that_wants_the_filter() -> None:
+    raw = photographs()
+    filtered = compress_frames(raw, Codec("zstd", 1, delta=True), seq=0)
+    assert packed_header(filtered)["c"][2] == 3  # type: ignore[index]
+    with_filter = LinkCompression(Codec("zstd", 1, delta=True), lambda target: False)
+    assert with_filter.wire(T, filtered) is filtered
+    # A link under plain zstd gets zstd's own form: older trainers know no filter.
+    without = LinkCompression(Codec("zstd", 1), lambda target: False)
+    wire = without.wire(T, filtered)
+    header = packed_header(wire)
+    assert header is not None and 3 not in header["c"] and "f" not in header
+    assert without.stats()["inflated_by_server"] == 1
+    assert without.stats()["compressed_by_server"] == 1
+    for form in (filtered, wire):
+        decoded = decode(form)  # type: ignore[arg-type]
+        assert isinstance(decoded, Data)
+        original = decode(raw).samples[0]["images"]  # type: ignore[union-attr]
+        assert np.array_equal(decoded.samples[0]["images"], original)
+    # A plain zstd form (no frame filtered) serves a link that wants the filter as it is.
+    plain = compress_frames(raw, Codec("zstd", 1), seq=0)
+    assert with_filter.wire(T, plain) is plain
+
+
+def test_the_workers_are_told_the_filter_through_the_shared_codec() -> None:
+    shared = SharedCodec(multiprocessing.get_context("fork").RawValue)
+    for codec in (Codec("lz4"), Codec("zstd", -7), Codec("zstd", 22),
+                  Codec("zstd", -7, delta=True), Codec("zstd", 1, delta=True),
+                  Codec("zstd", 22, delta=True), None):
+        shared.publish(codec)
+        assert shared.read() == codec
+
+
+def test_a_preempted_speed_measurement_does_not_count_against_a_codec(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each candidate's compression is timed; the scripted clock makes zstd:1+delta take
+    # 1 ms in the first sample and 1 s in the next ones (the thread preempted).
+    compression = LinkCompression("auto", lambda target: False, Clock())
+    frames = photographs()
+    durations = iter([0.001, 0.001, 0.001] + [0.001, 0.001, 1.0] * (SPEEDS_KEPT - 1)
+                     + [0.001, 0.001, 1.0])
+    ticks: list[float] = []
+
+    def perf_counter() -> float:
+        if len(ticks) % 2:  # the end of a timing: its start plus the scripted duration
+            ticks.append(ticks[-1] + next(durations))
+        else:
+            ticks.append(float(len(ticks)))
+        return ticks[-1]
+
+    monkeypatch.setattr(compression_module.time, "perf_counter", perf_counter)
+    raw = sum(memoryview(frame).nbytes for frame in frames)  # type: ignore[arg-type]
+    for sample in range(SPEEDS_KEPT):
+        compression._sample(frames, float(sample))
+    assert compression.stream.speed["zstd:1+delta"] == pytest.approx(raw / 0.001)
+    compression._sample(frames, float(SPEEDS_KEPT))  # the fast one is forgotten now
+    assert compression.stream.speed["zstd:1+delta"] == pytest.approx(raw / 1.0)

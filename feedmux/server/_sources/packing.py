@@ -10,9 +10,11 @@ otherwise. A worker compresses each data message it forwards with that codec
 (:func:`pack`) unless the message is small (under ``MIN_MESSAGE``) or a trainer maps
 the shared-memory pool (its large arrays go as references then; the server compresses
 for the other links itself). The compressed form keeps the tags frame stored and repeats
-the header's ``seq``, so the server merges and renumbers it without inflating. It never
-decides which codec a link gets (the server's :mod:`~feedmux.server._delivery.compression`
-does) and never sends.
+the header's ``seq``, so the server merges and renumbers it without inflating; with
+``zstd:LEVEL+delta`` it is the form the server would make itself (the same
+:func:`~feedmux.protocol.compress_frames`, the filter's strides chosen from the message's
+own header). It never decides which codec a link gets (the server's
+:mod:`~feedmux.server._delivery.compression` does) and never sends.
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ from typing import Any
 import msgpack
 
 from feedmux.protocol import Codec, compress_frames
-from feedmux.protocol._compress import LZ4
+from feedmux.protocol._compress import LZ4, ZSTD_LEVELS
 from feedmux.server._delivery.compression import MIN_MESSAGE
 
 __all__ = ["SharedCodec", "pack", "passes_through"]
 
-#: The shared integer of zstd at level L is ZSTD_BASE + L (levels -7 to 22); 0 is none.
+#: The shared integer of zstd at level L is ZSTD_BASE + L (levels -7 to 22), of zstd with
+#: the delta filter DELTA_BASE + L; 0 is none.
 ZSTD_BASE = 100
+DELTA_BASE = 200
 
 
 class SharedCodec:
@@ -43,15 +47,20 @@ class SharedCodec:
     --------
     >>> import multiprocessing
     >>> shared = SharedCodec(multiprocessing.get_context("fork").RawValue)
-    >>> shared.read(), shared.publish(Codec("zstd", 3)), shared.read()
-    (None, None, Codec(name='zstd', level=3))
+    >>> shared.read(), shared.publish(Codec("zstd", 3)), shared.read().label
+    (None, None, 'zstd:3')
+    >>> shared.publish(Codec("zstd", -2, delta=True)); shared.read().label
+    'zstd:-2+delta'
     """
 
     def __init__(self, raw_value: Callable[..., Any]) -> None:
         self._value = raw_value("i", 0)
 
     def publish(self, codec: Codec | None) -> None:
-        code = 0 if codec is None else LZ4 if codec.name == "lz4" else ZSTD_BASE + codec.level
+        if codec is None or codec.name == "lz4":
+            code = 0 if codec is None else LZ4
+        else:
+            code = (DELTA_BASE if codec.delta else ZSTD_BASE) + codec.level
         if self._value.value != code:
             self._value.value = code
 
@@ -59,7 +68,10 @@ class SharedCodec:
         code = self._value.value
         if code == 0:
             return None
-        return Codec("lz4") if code == LZ4 else Codec("zstd", code - ZSTD_BASE)
+        if code == LZ4:
+            return Codec("lz4")
+        delta = code >= DELTA_BASE + ZSTD_LEVELS.start
+        return Codec("zstd", code - (DELTA_BASE if delta else ZSTD_BASE), delta=delta)
 
 
 def passes_through(ranked: bool, batches: bool, groups: bool) -> bool:
