@@ -90,3 +90,41 @@ def test_two_workers_compress_and_the_other_host_gets_exact_epochs(
     assert trainer.wait(timeout=90) == 0
     assert server.wait(timeout=30) == 0, server.stderr
     exact(tmp_path / "b", 3)
+
+
+def _exact_between(paths: list[Path], epochs: int) -> None:
+    """Every sample of every epoch once among the trainers that recorded into ``paths``."""
+    got = [record for path in paths for record in records(path)]
+    assert len(got) == EPOCH * epochs
+    for epoch in range(1, epochs + 1):
+        ids = Counter(i for e, i in got if e == epoch)
+        assert sorted(ids) == list(range(EPOCH)) and set(ids.values()) == {1}, epoch
+
+
+@pytest.mark.parametrize("mode", ["reliable", "ranked", "groups"])
+def test_reliable_ranked_and_grouped_trainers_get_exact_epochs_compressed_across_the_link(
+        hosts: TwoHosts, tmp_path: Path, mode: str) -> None:
+    # The delivery modes other than free plain trainers, each through a compressed link:
+    # the reliable ledger keeps compressed frames, a rank's share is cut from the message
+    # before it is compressed, each group gets its own copy.
+    # Sampling starts once both trainers are there (a group that comes later starts at
+    # the next epoch, and this stream has two).
+    serve_flags = ["--min-trainers", "2", *(["--reliable"] if mode == "reliable" else [])]
+    trainer_flags = {"reliable": [["--reliable"], ["--reliable"]],
+                     "ranked": [["--rank", "0", "--world-size", "2"],
+                                ["--rank", "1", "--world-size", "2"]],
+                     "groups": [["--group", "one"], ["--group", "two"]]}[mode]
+    server = serve_in(hosts, "--arg", "streams=4", "--arg", "per_stream=16", "--arg",
+                      "width=8192", "--epochs", "2", "--samples-per-message", "16",
+                      "--shm-size", "64", "--compress", "zstd:1", *serve_flags)
+    outs = [tmp_path / f"b{index}" for index in range(2)]
+    trainers = [trainer_in(hosts, "b", server, out, *flags)
+                for out, flags in zip(outs, trainer_flags, strict=True)]
+    for trainer in trainers:
+        assert trainer.wait(timeout=90) == 0
+    assert server.wait(timeout=30) == 0, server.stderr
+    if mode == "groups":  # every group the whole stream
+        for out in outs:
+            exact(out, 2)
+    else:
+        _exact_between(outs, 2)
