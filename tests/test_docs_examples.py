@@ -48,12 +48,10 @@ import json
 import os
 import random
 import re
-import select
 import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -435,15 +433,12 @@ class Session:
 
     def _answer(self, kernel: Spawned, name: str) -> dict[str, str | None]:
         """The kernel's next answer line (it answers each request once, in order)."""
-        assert kernel.process.stdout is not None and kernel.process.stderr is not None
-        fds = [kernel.process.stdout.fileno(), kernel.process.stderr.fileno()]
-        deadline = time.monotonic() + BLOCK_TIMEOUT
-        while kernel.stdout.count("\n") <= self.answered:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or kernel.returncode is not None:
-                raise AssertionError(f"{name} did not finish within {BLOCK_TIMEOUT} s "
-                                     f"(exit code {kernel.returncode})\n{self.log()}")
-            select.select(fds, [], [], min(remaining, 1.0))
+        try:
+            kernel.wait_for_stdout(lambda text: text.count("\n") > self.answered,
+                                   BLOCK_TIMEOUT, f"the answer to {name}")
+        except AssertionError:
+            raise AssertionError(f"{name} did not finish within {BLOCK_TIMEOUT} s "
+                                 f"(exit code {kernel.returncode})\n{self.log()}") from None
         answer: dict[str, str | None] = json.loads(kernel.stdout.split("\n")[self.answered])
         self.answered += 1
         return answer

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -60,20 +59,36 @@ class Endpoints:
 class Spawned:
     """A ``python -m feedmux ...`` process whose output is read as it comes, never blocking.
 
-    Its pipes are read with ``select`` and a deadline, so a wait for a log line is
-    bounded and a process that dies is noticed (its stderr goes into the failure).
+    A thread per pipe reads it to its end whether or not the test is looking: a pipe
+    holds 64 KiB, and a process whose pipe nobody reads blocks in its next write (a
+    server logging a line per epoch stopped serving after 864 short epochs while the
+    test waited on a trainer). Waits for a line are bounded and notice a process that
+    dies (its stderr goes into the failure).
     """
 
     def __init__(self, process: subprocess.Popen[bytes]) -> None:
         assert process.stdout is not None and process.stderr is not None
         self.process = process
-        self._stdout_fd = process.stdout.fileno()
-        self._stderr_fd = process.stderr.fileno()
-        self._output = {self._stdout_fd: bytearray(), self._stderr_fd: bytearray()}
+        self._output = {"stdout": bytearray(), "stderr": bytearray()}
         self._open = set(self._output)
-        for fd in self._open:
-            os.set_blocking(fd, False)
+        self._written = threading.Condition()
+        self._readers = [
+            threading.Thread(target=self._drain, args=(name, pipe.fileno()), daemon=True,
+                             name=f"spawned-{process.pid}-{name}")
+            for name, pipe in (("stdout", process.stdout), ("stderr", process.stderr))]
+        for reader in self._readers:
+            reader.start()
         self._endpoints: Endpoints | None = None
+
+    def _drain(self, name: str, fd: int) -> None:
+        """Read one pipe to its end (the process and its children all gone)."""
+        while chunk := os.read(fd, 1 << 16):
+            with self._written:
+                self._output[name] += chunk
+                self._written.notify_all()
+        with self._written:
+            self._open.discard(name)
+            self._written.notify_all()
 
     @property
     def pid(self) -> int:
@@ -89,41 +104,41 @@ class Spawned:
     @property
     def stdout(self) -> str:
         """What the process wrote on stdout so far."""
-        self._read(0)
-        return self._output[self._stdout_fd].decode(errors="replace")
+        with self._written:
+            return self._output["stdout"].decode(errors="replace")
 
     @property
     def stderr(self) -> str:
         """What the process wrote on stderr so far."""
-        self._read(0)
-        return self._output[self._stderr_fd].decode(errors="replace")
+        with self._written:
+            return self._output["stderr"].decode(errors="replace")
 
-    def _read(self, timeout: float) -> None:
-        """Read what is written within ``timeout`` s (returning at the first output)."""
-        if not self._open:
-            return
-        ready, _, _ = select.select(sorted(self._open), [], [], max(0.0, timeout))
-        for fd in ready:
-            chunk = os.read(fd, 1 << 16)
-            if chunk:
-                self._output[fd] += chunk
+    def _wait_for(self, name: str, condition: Callable[[str], bool], timeout: float,
+                  what: str) -> str:
+        deadline = time.monotonic() + timeout
+        with self._written:
+            while not condition(text := self._output[name].decode(errors="replace")):
+                if name not in self._open:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"timed out after {timeout} s waiting for {what}; "
+                                         f"stderr:\n{self.stderr}")
+                self._written.wait(remaining)
             else:
-                self._open.discard(fd)
+                return text
+        raise AssertionError(f"the process exited (code {self.process.wait(10)}) "
+                             f"before {what}; stderr:\n{self.stderr}")
 
     def wait_for_stderr(self, condition: Callable[[str], bool], timeout: float,
                         what: str) -> str:
-        """Read stderr until ``condition(stderr)`` holds; fail after ``timeout`` s or at exit."""
-        deadline = time.monotonic() + timeout
-        while not condition(self.stderr):
-            if self._stderr_fd not in self._open:
-                raise AssertionError(f"the process exited (code {self.process.wait(10)}) "
-                                     f"before {what}; stderr:\n{self.stderr}")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError(f"timed out after {timeout} s waiting for {what}; "
-                                     f"stderr:\n{self.stderr}")
-            self._read(remaining)
-        return self.stderr
+        """Wait until ``condition(stderr)`` holds; fail after ``timeout`` s or at exit."""
+        return self._wait_for("stderr", condition, timeout, what)
+
+    def wait_for_stdout(self, condition: Callable[[str], bool], timeout: float,
+                        what: str) -> str:
+        """Wait until ``condition(stdout)`` holds; fail after ``timeout`` s or at exit."""
+        return self._wait_for("stdout", condition, timeout, what)
 
     def endpoints(self, timeout: float = START_TIMEOUT) -> Endpoints:
         """The endpoints a ``feedmux serve`` process bound, from its start line."""
@@ -144,11 +159,15 @@ class Spawned:
         return self.endpoints().control
 
     def wait(self, timeout: float) -> int:
-        """Read the output to its end and wait for the exit code, all within ``timeout`` s."""
+        """Wait for the output's end and the exit code, all within ``timeout`` s."""
         deadline = time.monotonic() + timeout
-        while self._open and time.monotonic() < deadline:
-            self._read(deadline - time.monotonic())
-        return self.process.wait(max(0.0, deadline - time.monotonic()))
+        with self._written:
+            while self._open and time.monotonic() < deadline:
+                self._written.wait(deadline - time.monotonic())
+        code = self.process.wait(max(0.0, deadline - time.monotonic()))
+        for reader in self._readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+        return code
 
     def kill(self) -> None:
         """SIGKILL the process and its children (sampling workers), if still running."""
