@@ -2,8 +2,8 @@
 
 Real server (and sampling worker) processes and a trainer on 127.0.0.1 that does not map
 the shared-memory pool (``shm=False``: a socket link, as a trainer on another host). The
-images arrive equal to the ones sampled, exact epochs, and the filtered stream is smaller
-the trainer inflates (its decoder watched) has its image frames filtered (codec 3); with
+images arrive equal to the ones sampled, in exact epochs, and every message the trainer
+inflates (its decoder watched) has its image frame filtered (codec 3); with
 ``--workers 2`` the workers make the filtered form and the server sends it on as it is.
 """
 

@@ -57,10 +57,8 @@ class SharedCodec:
         self._value = raw_value("i", 0)
 
     def publish(self, codec: Codec | None) -> None:
-        if codec is None or codec.name == "lz4":
-            code = 0 if codec is None else LZ4
-        else:
-            code = (DELTA_BASE if codec.delta else ZSTD_BASE) + codec.level
+        code = (0 if codec is None else LZ4 if codec.name == "lz4" else
+                (DELTA_BASE if codec.delta else ZSTD_BASE) + codec.level)
         if self._value.value != code:
             self._value.value = code
 
