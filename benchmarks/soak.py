@@ -356,12 +356,11 @@ def run(minutes: float, seed: int, workers: int, max_slope: float) -> int:
             _drive(soak, schedule)
         finally:
             soak.stop_all()
-        received = scratch / "received.txt"
-        free = check_free(parse_lines(received.read_text(), 6), soak.killed, ITEMS,
-                          soak.stopped)
+        with (scratch / "received.txt").open() as received:  # read as it is checked
+            free = check_free(parse_lines(received, 6), soak.killed, ITEMS, soak.stopped)
         ranked = check_ranked(
-            [[(step, parse_lines(path.read_text(), 5) if path.exists() else [])
-              for step, path in lives] for lives in soak.lives], ITEMS)
+            [[(step, list(parse_lines(path.read_text().splitlines(), 5)) if path.exists()
+               else []) for step, path in lives] for lives in soak.lives], ITEMS)
     print(f"  {soak.count} free trainers ({len(soak.killed)} SIGKILLed), {soak.servers} runs "
           f"of the reliable server"
           + ("" if soak.restart_took is None else
