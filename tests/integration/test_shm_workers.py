@@ -66,12 +66,21 @@ def test_a_sigkilled_worker_fails_the_run_and_its_runs_come_back() -> None:
         with RemoteLoader(server.data_address, control=server.control_address,
                           timeout=30) as loader:
             with pytest.raises(RemoteError, match=r"sampling worker .* exited unexpectedly"):
+                after_kill = None
                 for sample in loader:
                     assert (sample["x"] == sample["id"]).all()
-                    if len(held) < 3:
+                    # Samples drawn before the trainer attached to the pool came whole:
+                    # only views of the pool are held (a sample that came whole first
+                    # used to keep the kill from ever happening: 100,000 samples later
+                    # the test's time was up).
+                    if len(held) < 3 and in_pool(sample["x"]):
                         held.append(sample["x"])
-                    if len(held) == 3 and in_pool(held[0]) and sample["id"] == 10:
+                    if len(held) == 3 and after_kill is None:
                         os.kill(child_pids(server.pid)[0], signal.SIGKILL)
+                        after_kill = 0
+                    elif after_kill is not None:
+                        after_kill += 1
+                        assert after_kill < 5000, "the worker's death never reached the trainer"
                     del sample
             # The server stopped its other worker and took back every run no trainer holds:
             # what is in use is what this trainer's live views hold (the 3 kept here and
