@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
 
 from feedmux._plumbing.shm import DEFAULT_SHM_SIZE
 from feedmux._plumbing.sockets import DEFAULT_BIND, DEFAULT_HWM
+from feedmux._stderrlog import install as install_logging
 from feedmux._version import __version__
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
@@ -328,8 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``feedmux`` command; return its exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    install_logging(args.log_level)
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from feedmux._stderrlog import install as install_logging
 from feedmux.server.config import EXIT_FAILED, ServerConfig
 
 __all__ = [
@@ -321,13 +322,13 @@ def child_main(config_fd: int, report_fd: int, serve: Serve) -> None:
     try:
         config, level, parent = pickle.loads(payload)  # imports the source's modules
     except BaseException as error:
-        logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        install_logging()
         log.error("cannot read the server's configuration: %s: %s", type(error).__name__,
                   error, exc_info=error)
         report.send("failed", f"cannot read the configuration in the new process: "
                               f"{type(error).__name__}: {error}")
         raise SystemExit(EXIT_FAILED) from None
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    install_logging(level)
     raise SystemExit(_guarded(serve, config, report, parent))
 
 

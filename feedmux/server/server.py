@@ -23,7 +23,6 @@ from __future__ import annotations
 import atexit
 import logging
 import multiprocessing.util  # noqa: F401  (registers its exit handler first)
-import os
 import signal
 import tempfile
 import weakref
@@ -32,6 +31,7 @@ from types import FrameType
 from typing import Any
 
 from feedmux._plumbing.sockets import keep_freed_memory
+from feedmux._stderrlog import write_stderr
 from feedmux.errors import (
     ConfigurationError,
     FactoryError,
@@ -109,8 +109,7 @@ class _StopFlag:
             raise _Interrupted(signum)
         self.signum = signum
         name = signal.Signals(signum).name
-        os.write(2, f"feedmux: {name} received, stopping (another {name} stops at once)\n"
-                 .encode())
+        write_stderr(f"feedmux: {name} received, stopping (another {name} stops at once)\n")
 
 
 class Server:

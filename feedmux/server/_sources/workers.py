@@ -51,6 +51,7 @@ import zmq
 
 from feedmux._plumbing.shm import ShmPool
 from feedmux._plumbing.sockets import make_socket
+from feedmux._stderrlog import flush_logs
 from feedmux.protocol import encode
 from feedmux.server._control.meters import SamplerMeter, SharedMeters
 from feedmux.server._sources.assignment import Assignment, ShardLedger, plan_owners
@@ -383,3 +384,4 @@ def _worker_main(
         time.sleep(0.01)
     push.close(linger=0)
     context.term()
+    flush_logs()  # the process ends with os._exit: no exit handler writes what is held
