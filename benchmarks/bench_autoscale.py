@@ -21,7 +21,7 @@ brackets):
    3 and ``auto``: its rate over the last window against the best fixed one
    [>= 90 %] and the most workers it ran [<= usable cores + 1].
 3. **Trainer-bound** (the trainer sleeps 1 ms a sample, the I/O sampler without
-   its wait), 40 s each:
+   its wait), 40 s each (``--trainer-seconds``):
    ``--workers 1`` and ``auto``: the workers it ends with [MIN] and the CPU of the
    server's processes (``/proc``: the server and its children) over the run against
    ``--workers 1`` [<= 1.2x]; apart, its two phases: the fill (the server sends as
@@ -184,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few seconds a run")
     parser.add_argument("--cases", default="1,2,3,4",
                         help="the cases to run, comma-separated (default: all four)")
+    parser.add_argument("--trainer-seconds", type=float, default=40.0,
+                        help="how long each run of case 3 lasts (default 40 s; the fill is "
+                             "paid once, so a longer run shows what a training run pays)")
     args = parser.parse_args(argv)
     quick = args.quick
     cases = {case.strip() for case in args.cases.split(",")}
@@ -231,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         # The trainer's queues take tens of seconds of its samples: the server first fills them
         # as fast as it can (not trainer-bound yet), then waits for the trainer. Both phases
         # are reported; the CPU of the whole run is the target's figure.
-        long_s = auto_s / 2 if quick else 40.0
+        long_s = auto_s / 2 if quick else args.trainer_seconds
         one = serve_and_read(io, 1, long_s, fast, step=0.001)
         auto = serve_and_read(io, "auto", long_s, fast, step=0.001)
         ratio = auto["cpu"] / max(one["cpu"], 1e-9)
