@@ -185,8 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default="1,2,3,4",
                         help="the cases to run, comma-separated (default: all four)")
     parser.add_argument("--trainer-seconds", type=float, default=40.0,
-                        help="how long each run of case 3 lasts (default 40 s; the fill is "
-                             "paid once, so a longer run shows what a training run pays)")
+                        help="how long each run of case 3 lasts (default 40 s: mostly the "
+                             "fill; a longer run also counts the refills as the trainer "
+                             "drains its queues)")
     args = parser.parse_args(argv)
     quick = args.quick
     cases = {case.strip() for case in args.cases.split(",")}
