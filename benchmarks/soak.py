@@ -210,8 +210,8 @@ class _Soak:
         assert self.server is not None
         data, control = self.server.data_address, self.server.control_address
         # The trainers the old server had dealt to (one still starting up may die unheard).
-        dealt = {line.rsplit(" ", 1)[-1] for line in
-                 (self.scratch / "received.txt").read_text().splitlines()}
+        with (self.scratch / "received.txt").open() as received:  # millions of lines
+            dealt = {line.rsplit(" ", 1)[-1].strip() for line in received}
         alive = sum(1 for process in self.trainers.values()
                     if process.poll() is None and str(process.pid) in dealt)
         self.server.stop()

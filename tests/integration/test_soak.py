@@ -7,7 +7,20 @@ a SIGKILL's documented edge, and that a seed gives one scenario.
 
 from __future__ import annotations
 
-from benchmarks._soakcheck import check_free, check_ranked
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from benchmarks._soakcheck import (
+    KILL_WINDOW,
+    FreeVerdict,
+    _example,
+    _ids_twice,
+    check_free,
+    check_ranked,
+)
 from benchmarks.soak import Schedule
 
 ITEMS = 8
@@ -95,3 +108,85 @@ def test_with_several_workers_a_position_keeps_its_sample() -> None:
     rows.append(["s", "2", "1", "5", "1", "4"])  # position 1 again, with another sample
     verdict = check_free(rows, killed=[], items=ITEMS)
     assert (verdict.repeated, verdict.wrong) == (1, 1)
+
+
+# -- the typed-array check against the plain one --------------------------------------------
+def reference_check_free(records: Iterable[Sequence[str]], killed: Iterable[str], items: int,
+               stopped: Iterable[str] = ()) -> FreeVerdict:
+    """The soak's check as it was before its records went into typed arrays (a
+    dict and lists per record): the reference the arrays must agree with."""
+    killed = set(killed)
+    ids: dict[tuple[int, int], str] = {}  # a seeded run: one sample per (epoch, position)
+    copies: dict[tuple[int, int], list[tuple[str, int]]] = defaultdict(list)
+    tail: dict[str, list[tuple[int, int]]] = defaultdict(list)  # pid -> its (epoch, position)s
+    verdict = FreeVerdict()
+    last_epoch = 0
+    pids: dict[str, str] = {}  # one string per trainer, not one per record
+    for _, epoch_text, position_text, id_text, ok, pid_text in records:
+        pid = pids.setdefault(pid_text, pid_text)
+        key = (int(epoch_text), int(position_text))
+        epoch = key[0]
+        index = len(tail[pid])
+        tail[pid].append(key)
+        copies[key].append((pid, index))
+        last_epoch = max(last_epoch, epoch)
+        if ok != "1" or ids.setdefault(key, id_text) != id_text:
+            verdict.wrong += 1
+    ends = [tail[pid][-1][0] for pid in stopped if tail[pid]]
+    complete = range(1, min([last_epoch - 1, *ends]))
+    edges = {(epoch, position + 1) for pid in killed for epoch, position in tail[pid][-1:]}
+    verdict.epochs = len(complete)
+    twice = _ids_twice({key: value for key, value in ids.items() if key[0] in complete})
+    verdict.wrong += sum(twice.values())
+    for epoch in complete:
+        for position in range(items):
+            found = copies.get((epoch, position), [])
+            verdict.samples += len(found)
+            if not found:
+                if (epoch, position) in edges:
+                    verdict.missing_at_kills += 1
+                else:
+                    verdict.missing += 1
+                    _example(verdict, f"epoch {epoch} position {position} missing")
+                continue
+            extra = len(found) - 1
+            if not extra:
+                continue
+            at_kill = sum(1 for pid, index in found
+                          if pid in killed and index >= len(tail[pid]) - KILL_WINDOW)
+            explained = min(extra, at_kill)
+            verdict.repeated_at_kills += explained
+            verdict.repeated += extra - explained
+            if extra > explained:
+                _example(verdict, f"epoch {epoch} position {position} handed out "
+                                  f"{len(found)} times (pids {[pid for pid, _ in found]})")
+    return verdict
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_the_array_check_agrees_with_the_plain_one(data: st.DataObject) -> None:
+    epochs = data.draw(st.integers(1, 6))
+    rows = free_rows(epochs)
+    for row in rows:  # a few trainers share the work
+        row[5] = str(data.draw(st.integers(1, 3)))
+    edits = data.draw(st.lists(st.tuples(st.sampled_from(["drop", "copy", "id", "bad", "pid"]),
+                                         st.integers(0, 10_000)), max_size=12))
+    for edit, at in edits:
+        if not rows:
+            break
+        row = rows[at % len(rows)]
+        if edit == "drop":
+            rows.remove(row)
+        elif edit == "copy":
+            rows.insert(at % (len(rows) + 1), [*row[:5], str(1 + at % 4)])
+        elif edit == "id":
+            rows.insert(at % (len(rows) + 1), [*row[:3], str(at % ITEMS), *row[4:]])
+        elif edit == "bad":
+            row[4] = "0"
+        else:
+            row[5] = "4"
+    killed = data.draw(st.lists(st.sampled_from(["1", "2", "3", "4", "9"]), max_size=2))
+    stopped = data.draw(st.lists(st.sampled_from(["1", "2", "3", "4"]), max_size=2))
+    assert check_free(rows, killed, ITEMS, stopped) == reference_check_free(rows, killed, ITEMS,
+                                                                             stopped)
