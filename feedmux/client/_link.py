@@ -29,6 +29,7 @@ from feedmux.errors import (
     VersionMismatchError,
 )
 from feedmux.protocol import (
+    INFLATES,
     Drain,
     EndOfStream,
     Error,
@@ -250,7 +251,7 @@ class ServerLinks:
     --------
     >>> links = ServerLinks(["tcp://h:1"], ["tcp://h:2"], client_id="t", world_size=1,
     ...                     reliable=False, timeout=None, heartbeat_interval=1.0)
-    >>> [action.message for action in links.hello()] == [Hello(client_id="t")]
+    >>> [action.message for action in links.hello()] == [Hello(client_id="t", codecs=INFLATES)]
     True
     >>> links.control(0, Welcome("s1", epoch_size=4))
     []
@@ -263,6 +264,10 @@ class ServerLinks:
     >>> links.finished, len(links.links), links.epoch_size
     (True, 1, 4)
     """
+
+    #: The codecs of compressed frames this trainer inflates, told in each hello: its
+    #: servers compress its messages with those only.
+    codecs: tuple[int, ...] = INFLATES
 
     def __init__(
         self,
@@ -348,7 +353,7 @@ class ServerLinks:
                      handed=self.handed(index) if self.links[index].stale else (),
                      handed_below=self.handed_below(index) if self.links[index].stale else (),
                      batch_size=self.batch_size, drop_last=self.drop_last,
-                     bucket_by=self.bucket_by)
+                     bucket_by=self.bucket_by, codecs=self.codecs)
 
     def control(self, index: int, message: Message) -> list[Action]:
         """A control message from the server of link ``index``; raises a server's error."""

@@ -34,6 +34,7 @@ from feedmux.protocol._batch import (
     take_samples,
 )
 from feedmux.protocol._compress import (
+    INFLATES,
     Codec,
     compress_frames,
     inflate_frames,
@@ -76,6 +77,7 @@ __all__ = [
     "CONTROL_LIMITS",
     "DEFAULT_LIMITS",
     "ENVELOPE_BYTES",
+    "INFLATES",
     "INLINE_THRESHOLD",
     "PROTOCOL_VERSION",
     "RESUME_CHECKPOINT",

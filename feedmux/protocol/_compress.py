@@ -55,11 +55,15 @@ from feedmux.protocol._delta import MAX_FILTERS, MAX_STRIDE, filtered, frame_str
 from feedmux.protocol._frames import short, view
 from feedmux.protocol._messages import PROTOCOL_VERSION, Kind
 
-__all__ = ["COMPRESSED", "MIN_COMPRESSED_FRAME", "STORED", "Codec", "compress_frames",
+__all__ = ["COMPRESSED", "INFLATES", "MIN_COMPRESSED_FRAME", "STORED", "Codec", "compress_frames",
            "inflate", "inflate_frames", "packed", "parse_compress"]
 
 COMPRESSED = int(Kind.COMPRESSED)
 STORED, LZ4, ZSTD, ZSTD_FILTERED = 0, 1, 2, 3
+#: The codecs this decoder inflates, which a trainer tells its server in its hello
+#: (:attr:`~feedmux.protocol.Hello.codecs`): a server compresses a trainer's messages only
+#: with codecs it named.
+INFLATES = (LZ4, ZSTD, ZSTD_FILTERED)
 #: Frames shorter than this are stored: a header or tags gain nothing worth the time.
 MIN_COMPRESSED_FRAME = 4096
 #: zstd levels accepted (negative levels are zstd's fast ones).

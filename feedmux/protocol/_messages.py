@@ -138,6 +138,10 @@ class Hello:
     array's first dimension) is its length: the ranked trainer asks the server
     to deal each step's batches from samples of similar length (docs/ddp.md);
     every rank of a job asks the same.
+
+    ``codecs`` are the codecs of compressed frames (``c`` of kind 15) the trainer
+    inflates; the server compresses its messages with those only. Empty: a trainer
+    older than the field, which is sent raw (docs/protocol.md).
     """
 
     client_id: str
@@ -151,6 +155,7 @@ class Hello:
     handed_below: tuple[int, ...] = ()
     drop_last: bool = False
     bucket_by: str = ""
+    codecs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from feedmux.server._control.core import (
     Sends,
     Stat,
     shm_trainers,
+    trainer_codecs,
     unreachable,
 )
 from feedmux.server._control.meters import ControlMeter, SamplerMeter, sampler_stats
@@ -105,7 +106,8 @@ class SocketShell:
         # what its socket queues would hold of messages sent whole (--hwm, both ends).
         self.compression = LinkCompression(
             parse_compress(config.compress),
-            lambda target: target in shm_trainers(self.core) if self.pool is not None else False)
+            lambda target: target in shm_trainers(self.core) if self.pool is not None else False,
+            inflates=lambda target: trainer_codecs(self.core, target))
         self.extra_stats.append(self.compression.stats)
         carrier = Carrier(self.pool, self.core, 2 * config.hwm, self.outbox, self._halted,
                           self.compression)

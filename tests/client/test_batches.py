@@ -9,7 +9,7 @@ import pytest
 from feedmux import RemoteLoader
 from feedmux.client._link import ServerLinks
 from feedmux.errors import ConfigurationError
-from feedmux.protocol import Hello, Welcome
+from feedmux.protocol import INFLATES, Hello, Welcome
 
 ADDRESS = "tcp://127.0.0.1:1"
 
@@ -39,8 +39,8 @@ def links(**options: Any) -> ServerLinks:
 
 def test_the_hello_asks_for_the_batches() -> None:
     hellos = [action.message for action in links(batch_size=32, drop_last=True).hello()]
-    assert hellos == [Hello("t", batch_size=32, drop_last=True)] * 2
-    assert [action.message for action in links().hello()] == [Hello("t")] * 2
+    assert hellos == [Hello("t", batch_size=32, drop_last=True, codecs=INFLATES)] * 2
+    assert [action.message for action in links().hello()] == [Hello("t", codecs=INFLATES)] * 2
 
 
 @pytest.mark.parametrize(("options", "steps"), [

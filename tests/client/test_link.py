@@ -22,6 +22,7 @@ from feedmux.errors import (
     VersionMismatchError,
 )
 from feedmux.protocol import (
+    INFLATES,
     RESUME_LIVE,
     Drain,
     EndOfStream,
@@ -58,7 +59,7 @@ def test_the_examples_run() -> None:
 
 def test_hello_goes_to_every_server() -> None:
     assert make_links(2, world_size=4).hello() == [
-        Send(index, Hello(client_id="trainer", world_size=4)) for index in (0, 1)
+        Send(index, Hello(client_id="trainer", world_size=4, codecs=INFLATES)) for index in (0, 1)
     ]
 
 
@@ -86,7 +87,7 @@ def test_a_new_server_id_on_a_link_is_a_restart(
 ) -> None:
     links = make_links(reliable=reliable)
     # The new process knows the trainer by its hello only: it says hello again.
-    actions = [*resync, Send(0, Hello(client_id=links.client_id))]
+    actions = [*resync, Send(0, Hello(client_id=links.client_id, codecs=INFLATES))]
     assert links.control(0, Welcome("a", reliable=reliable)) == []
     assert links.control(0, Welcome("a", epoch_size=3, reliable=reliable)) == []  # not a restart
     links.control(0, EndOfStream("a"))
@@ -270,7 +271,7 @@ def test_sequences_of_welcomes_restarts_drains_and_ends(
             actions = links.control(link, Welcome(event.server_id, epoch_size=event.epoch_size,
                                                   reliable=reliable))
             restarted = server_ids[link] not in ("", event.server_id)
-            hello = [Send(link, Hello(client_id=links.client_id))]
+            hello = [Send(link, Hello(client_id=links.client_id, codecs=INFLATES))]
             assert actions == (([Resync(link)] if reliable else []) + hello if restarted else [])
             if restarted:
                 finished[link] = False
@@ -328,7 +329,7 @@ def test_a_rank_tells_a_restarted_server_where_it_stands() -> None:
     assert links.control(0, Welcome("b", world_size=2)) == [
         Resync(0),  # the rest of the old process's message is dropped: it will come again
         Send(0, Hello(client_id=links.client_id, world_size=2, rank=1,
-                      resume=(2, 40, 2, RESUME_LIVE))),
+                      resume=(2, 40, 2, RESUME_LIVE), codecs=INFLATES)),
     ]
 
 

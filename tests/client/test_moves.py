@@ -16,7 +16,7 @@ import pytest
 from feedmux.client._link import ServerLinks
 from feedmux.client._moves import AddressBook
 from feedmux.client.remote import RemoteLoader
-from feedmux.protocol import Hello
+from feedmux.protocol import INFLATES, Hello
 from tests.client.test_remote import ids_stream, server
 
 pytestmark = pytest.mark.timeout(60)
@@ -50,7 +50,7 @@ def test_the_link_state_moves_a_link_and_says_hello_there() -> None:
                         reliable=False, timeout=None, heartbeat_interval=1.0, rank=1)
     actions = links.move(1, "tcp://g:5", "tcp://g:6")
     assert [(a.link, a.message) for a in actions] == [
-        (1, Hello(client_id="t", world_size=2, rank=1))]
+        (1, Hello(client_id="t", world_size=2, rank=1, codecs=INFLATES))]
     assert links.data_addresses == ["tcp://h:1", "tcp://g:5"]
     assert links.links[1].control_address == "tcp://g:6"
 

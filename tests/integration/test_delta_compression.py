@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from feedmux import RemoteLoader, Server, fetch_stats
+from feedmux.client._link import ServerLinks
 from feedmux.protocol import _decode
 from tests.integration.samplers import photo
 
@@ -79,3 +80,22 @@ def test_the_workers_make_the_filtered_form_and_the_server_sends_it_on(
     assert stats["compressed_by_workers"] == MESSAGES, stats
     assert stats["compressed_by_server"] == 0 and stats["inflated_by_server"] == 0, stats
     assert codecs[3] == MESSAGES, codecs
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_trainer_gets_only_the_codecs_it_inflates(monkeypatch: pytest.MonkeyPatch,
+                                                    workers: int) -> None:
+    # A trainer that cannot undo the filter (it says so in its hello) gets zstd alone; one
+    # older than compression (it names no codec) gets raw messages. With 2 workers the
+    # filtered form they made is inflated and compressed again for it, or sent raw.
+    monkeypatch.setattr(ServerLinks, "codecs", (1, 2))
+    stats, codecs = run("zstd:1+delta", monkeypatch, workers=workers)
+    assert codecs[3] == 0 and sum(codecs.values()) == 3 * MESSAGES, codecs
+    name = next(key for key in stats if key.endswith(".compress_reason")).rsplit(".", 1)[0]
+    assert stats[f"{name}.compress"] == "zstd:1", stats
+    assert stats[f"{name}.compress_reason"] == (
+        "the trainer inflates codecs [1, 2], not zstd:1+delta")
+    monkeypatch.setattr(ServerLinks, "codecs", ())
+    stats, codecs = run("zstd:1+delta", monkeypatch, workers=workers)
+    assert not codecs, codecs  # nothing to inflate: every message came raw
+    assert any(value == "off" for key, value in stats.items() if key.endswith(".compress"))

@@ -222,6 +222,19 @@ GOLDEN: list[tuple[str, Any, dict[str, Any], list[bytes]]] = [
         ),
     ),
     (
+        "hello-codecs",
+        Hello(client_id="t7", codecs=(1, 2, 3)),
+        {},
+        frames_of(
+            # {"v": 1, "k": 2, "client_id": "t7", "role": "trainer", "world_size": 1,
+            #  "codecs": (1, 2, 3)}: the codecs of compressed frames the trainer inflates,
+            #  written only when it names some (a tuple: our tuple marker, ext 4, first)
+            "86 a1 76 01 a1 6b 02 a9 63 6c 69 65 6e 74 5f 69 64 a2 74 37"
+            " a4 72 6f 6c 65 a7 74 72 61 69 6e 65 72 aa 77 6f 72 6c 64 5f 73 69 7a 65 01"
+            " a6 63 6f 64 65 63 73 94 c7 00 04 01 02 03",
+        ),
+    ),
+    (
         "heartbeat-grouped",
         Heartbeat(sender_id="t1", received_messages=5, group="eval"),
         {},

@@ -304,3 +304,46 @@ def test_a_preempted_speed_measurement_does_not_count_against_a_codec() -> None:
     assert compression.stream.speed["zstd:1+delta"] == pytest.approx(raw / 0.001)
     compression._sample(frames, float(SPEEDS_KEPT))  # the fast one is forgotten now
     assert compression.stream.speed["zstd:1+delta"] == pytest.approx(raw / 1.0)
+
+
+def test_a_trainer_gets_only_the_codecs_it_says_it_inflates() -> None:
+    # A trainer tells its codecs in its hello: one that cannot undo the filter gets zstd
+    # alone of a fixed zstd:1+delta, one older than compression (it names none) gets raw.
+    raw = photographs()
+    for inflates, expected in ((frozenset({1, 2, 3}), "filtered"), (frozenset({1, 2}), "zstd"),
+                               (frozenset(), None)):
+        compression = LinkCompression(Codec("zstd", 1, delta=True), lambda target: False,
+                                      inflates=lambda target, inflates=inflates: inflates)
+        wire = compression.wire(T, raw)
+        header = packed_header(wire)
+        form = None if header is None else "filtered" if 3 in header["c"] else "zstd"
+        assert form == expected, (inflates, header)
+        decoded = decode(wire)  # type: ignore[arg-type]
+        assert isinstance(decoded, Data)
+        original = decode(raw).samples[0]["images"]  # type: ignore[union-attr]
+        assert np.array_equal(decoded.samples[0]["images"], original)
+        stats = compression.stats()
+        if expected == "filtered":
+            assert f"trainer.{T.decode()}.compress" not in stats, stats
+        else:
+            assert stats[f"trainer.{T.decode()}.compress"] == ("zstd:1" if expected else "off")
+            assert stats[f"trainer.{T.decode()}.compress_reason"] == (
+                f"the trainer inflates codecs {sorted(inflates)}, not zstd:1+delta")
+
+
+def test_auto_picks_among_the_codecs_the_trainer_inflates() -> None:
+    for inflates in (frozenset({1, 2}), frozenset()):
+        clock = Clock()
+        compression = LinkCompression("auto", lambda target: False, clock, fast_cpu(),
+                                      inflates=lambda target, inflates=inflates: inflates)
+        run(compression, clock, photographs(), 3 * WINDOW, rate_off=20e6, rate_on=60e6)
+        stats = compression.stats()
+        chosen = stats[f"trainer.{T.decode()}.compress"]
+        reason = str(stats[f"trainer.{T.decode()}.compress_reason"])
+        assert chosen == "off", stats
+        assert packed_header(compression.wire(T, photographs())) is None
+        if inflates:  # the filter would halve them (the test above); without it they stay
+            assert reason == "incompressible (ratio 1.00)", stats
+            assert stats[f"trainer.{T.decode()}.compress_ratio"] == 1.0, stats
+        else:
+            assert "inflates none of auto's codecs" in reason, stats

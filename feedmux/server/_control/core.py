@@ -123,6 +123,8 @@ class _Trainer:
     handed_below: tuple[int, ...] = ()
     #: It mapped this server's shared-memory pool (proved by the pool's token).
     shm: bool = False
+    #: The codecs of compressed frames it inflates (its hello; none: an older trainer).
+    codecs: frozenset[int] = frozenset()
     #: When a drain last sent it a heartbeat to see whether it is still there.
     probed: float = float("-inf")
     #: Its latest reported wait fraction and when it came (None: it reports none;
@@ -365,7 +367,8 @@ class ControlCore:
         # A free reliable trainer that outlived its server: what it had is not dealt again.
         self.trainers[identity] = _Trainer(message.client_id, now, rank=message.rank, group=group,
                                            handed=self.handed.heard(message, self.config.reliable),
-                                           handed_below=message.handed_below)
+                                           handed_below=message.handed_below,
+                                           codecs=frozenset(message.codecs))
         if not known:
             rank = f" as rank {message.rank} of {message.world_size}" if message.rank >= 0 else ""
             where = f" in group {group}" if self.tables.grouped else ""
@@ -658,6 +661,15 @@ def shm_trainers(core: ControlCore) -> set[bytes]:
     """The data-socket identities of the trainers that mapped the pool."""
     return {trainer.client_id.encode() for trainer in list(core.trainers.values())
             if trainer.shm}
+
+
+def trainer_codecs(core: ControlCore, target: bytes) -> frozenset[int]:
+    """The codecs the trainer of data-socket identity ``target`` inflates (none when it
+    is not known by a hello)."""
+    for trainer in list(core.trainers.values()):
+        if trainer.client_id.encode() == target:
+            return trainer.codecs
+    return frozenset()
 
 
 def _shm_offer(core: ControlCore, identity: bytes) -> list[Send]:

@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from feedmux.protocol import Codec, compress_frames, inflate_frames, packed
+from feedmux.protocol import INFLATES, Codec, compress_frames, inflate_frames, packed
 from feedmux.protocol._compress import STORED
 from feedmux.protocol._delta import frame_strides
 from feedmux.server._control.core import Stat
@@ -58,6 +58,7 @@ __all__ = ["GAIN", "HOLD", "MIN_MESSAGE", "SETTLE", "LinkCompression", "MessageF
 #: Candidates of ``auto``: a fast one, one that squeezes more for the same CPU, and the
 #: same after the delta filter (measured only on a message with frames that suit it).
 CANDIDATES = (Codec("lz4"), Codec("zstd", 1), Codec("zstd", 1, delta=True))
+_CANDIDATE = {codec.label: codec for codec in CANDIDATES}
 #: Seconds of each window of a trial (off, then on).
 WINDOW = 1.0
 #: Seconds after a switch (off to on, on to off) before a window counts: the messages
@@ -82,8 +83,29 @@ GAIN = 1.1
 MAX_LINKS = 4096
 #: Why a link that maps the pool is never compressed.
 SAME_HOST = "same host (shared memory)"
+#: The codecs a trainer of this version inflates (the default of ``inflates``).
+EVERY_CODEC = frozenset(INFLATES)
+#: Why a trainer that names no codec of ``auto``'s is sent raw.
+_NO_CODEC = "the trainer inflates none of auto's codecs (a trainer older than compression)"
 #: Messages smaller than this are never compressed (nothing to gain on a header).
 MIN_MESSAGE = 16 * 1024
+
+
+def _taken(codec: Codec, inflates: frozenset[int]) -> tuple[Codec | None, str]:
+    """What a trainer that inflates ``inflates`` gets of the fixed ``codec``, and why
+    ("" when it is ``codec``): zstd without the filter, or raw.
+
+    >>> codec, why = _taken(Codec("zstd", 3, delta=True), frozenset({1, 2}))
+    >>> codec.label, why
+    ('zstd:3', 'the trainer inflates codecs [1, 2], not zstd:3+delta')
+    >>> _taken(Codec("lz4"), frozenset())[0] is None
+    True
+    """
+    if codec.numbers <= inflates:
+        return codec, ""
+    why = f"the trainer inflates codecs {sorted(inflates)}, not {codec.label}"
+    plain = Codec(codec.name, codec.level)
+    return (plain if codec.delta and plain.numbers <= inflates else None), why
 
 
 def _nbytes(frames: Sequence[Any]) -> int:
@@ -100,9 +122,11 @@ class _Link:
     since: float = 0.0
     raw: int = 0  # raw bytes handed to the socket in the current window
     rate_off: float = 0.0
-    #: Whether the trainer maps the pool, and when that was last asked (a trainer maps
-    #: it once, soon after its welcome, and keeps it: asked at most once a second).
+    #: Whether the trainer maps the pool, the codecs it inflates, and when they were last
+    #: asked (a trainer maps it once, soon after its welcome, and keeps it; its codecs
+    #: come with its hello: asked at most once a second).
     local: bool = False
+    inflates: frozenset[int] = frozenset()
     asked: float = float("-inf")
 
 
@@ -192,15 +216,20 @@ class MessageForms:
 
 class LinkCompression:
     """``setting``: ``"auto"``, a :class:`~feedmux.protocol.Codec`, or None (off);
-    ``same_host(target)``: whether that trainer maps the shared-memory pool; ``clock``
+    ``same_host(target)``: whether that trainer maps the shared-memory pool;
+    ``inflates(target)``: the codecs that trainer said it inflates (a trainer that named
+    none is sent raw; one that cannot inflate the filter gets plain zstd); ``clock``
     the time of the windows and ``timer`` the one that times each candidate's compression
     (a test gives both, so that a loaded machine's CPU does not decide for it)."""
 
     def __init__(self, setting: str | Codec | None, same_host: Callable[[bytes], bool],
                  clock: Callable[[], float] = time.monotonic,
-                 timer: Callable[[], float] = time.perf_counter) -> None:
+                 timer: Callable[[], float] = time.perf_counter,
+                 inflates: Callable[[bytes], frozenset[int]] = lambda target: EVERY_CODEC,
+                 ) -> None:
         self.setting = setting
         self.same_host = same_host
+        self.inflates = inflates
         self.clock = clock
         self.timer = timer
         self.links: dict[bytes, _Link] = {}
@@ -220,8 +249,6 @@ class LinkCompression:
         ``target``."""
         if self.setting is None:
             return frames if packed(frames) is None else self.forms.raw(frames)
-        if isinstance(self.setting, Codec):
-            return self.forms.of(frames, self.setting)
         link = self.links.get(target)
         if link is None:
             if len(self.links) >= MAX_LINKS:  # ids come from peers: the oldest goes
@@ -229,7 +256,11 @@ class LinkCompression:
             link = self.links[target] = _Link(since=self.clock())
         now = self.clock()
         if not link.local and now - link.asked >= SAMPLE_EVERY:
-            link.local, link.asked = self.same_host(target), now
+            link.local, link.inflates, link.asked = (self.same_host(target),
+                                                     self.inflates(target), now)
+        if isinstance(self.setting, Codec):
+            link.codec, link.reason = _taken(self.setting, link.inflates)
+            return self.forms.of(frames, link.codec)
         if link.local:
             link.codec, link.reason = None, SAME_HOST
             return self.forms.raw(frames)
@@ -274,8 +305,11 @@ class LinkCompression:
         def predicted(codec: Codec) -> float:
             return min(stream.speed[codec.label], rate / stream.ratio[codec.label])
 
-        best = max((codec for codec in CANDIDATES if codec.label in stream.ratio),
-                   key=predicted)
+        taken = [codec for codec in CANDIDATES
+                 if codec.label in stream.ratio and codec.numbers <= link.inflates]
+        if not taken:
+            return None, _NO_CODEC
+        best = max(taken, key=predicted)
         ratio = stream.ratio[best.label]
         if ratio > WORTH:
             return None, f"incompressible (ratio {ratio:.2f})"
@@ -329,15 +363,22 @@ class LinkCompression:
         figures: dict[str, Stat] = dict(self.forms.counts)
         if self.setting is None or isinstance(self.setting, Codec):
             figures["compress"] = "off" if self.setting is None else self.setting.label
+            for target, link in list(self.links.items()):
+                if link.reason:  # a trainer that cannot inflate the codec asked for
+                    name = target.decode(errors="replace")
+                    figures[f"trainer.{name}.compress"] = (
+                        "off" if link.codec is None else link.codec.label)
+                    figures[f"trainer.{name}.compress_reason"] = link.reason
             return figures
         figures["compress"] = "auto"
         for target, link in list(self.links.items()):
             name = target.decode(errors="replace")
             figures[f"trainer.{name}.compress"] = "off" if link.codec is None else link.codec.label
             figures[f"trainer.{name}.compress_reason"] = link.reason
-            if self.stream.ratio and link.reason != SAME_HOST:
-                figures[f"trainer.{name}.compress_ratio"] = round(
-                    min(self.stream.ratio.values()), 3)
+            ratios = [ratio for label, ratio in self.stream.ratio.items()
+                      if _CANDIDATE[label].numbers <= link.inflates]
+            if ratios and link.reason != SAME_HOST:
+                figures[f"trainer.{name}.compress_ratio"] = round(min(ratios), 3)
         return figures
 
     def forget(self, target: bytes) -> None:
