@@ -324,7 +324,8 @@ def test_a_trainer_gets_only_the_codecs_it_says_it_inflates() -> None:
         assert np.array_equal(decoded.samples[0]["images"], original)
         stats = compression.stats()
         if expected == "filtered":
-            assert f"trainer.{T.decode()}.compress" not in stats, stats
+            assert stats[f"trainer.{T.decode()}.compress"] == "zstd:1+delta", stats
+            assert stats[f"trainer.{T.decode()}.compress_reason"] == "set by --compress"
         else:
             assert stats[f"trainer.{T.decode()}.compress"] == ("zstd:1" if expected else "off")
             assert stats[f"trainer.{T.decode()}.compress_reason"] == (

@@ -81,6 +81,8 @@ WORTH = 0.9
 GAIN = 1.1
 #: Trainers whose measurements are kept (the oldest forgotten past it).
 MAX_LINKS = 4096
+#: Why a trainer gets the codec of a fixed ``--compress``.
+FIXED = "set by --compress"
 #: Why a link that maps the pool is never compressed.
 SAME_HOST = "same host (shared memory)"
 #: The codecs a trainer of this version inflates (the default of ``inflates``).
@@ -363,12 +365,11 @@ class LinkCompression:
         figures: dict[str, Stat] = dict(self.forms.counts)
         if self.setting is None or isinstance(self.setting, Codec):
             figures["compress"] = "off" if self.setting is None else self.setting.label
-            for target, link in list(self.links.items()):
-                if link.reason:  # a trainer that cannot inflate the codec asked for
-                    name = target.decode(errors="replace")
-                    figures[f"trainer.{name}.compress"] = (
-                        "off" if link.codec is None else link.codec.label)
-                    figures[f"trainer.{name}.compress_reason"] = link.reason
+            for target, link in list(self.links.items()):  # what each trainer gets
+                name = target.decode(errors="replace")
+                figures[f"trainer.{name}.compress"] = (
+                    "off" if link.codec is None else link.codec.label)
+                figures[f"trainer.{name}.compress_reason"] = link.reason or FIXED
             return figures
         figures["compress"] = "auto"
         for target, link in list(self.links.items()):
