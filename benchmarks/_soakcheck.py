@@ -85,8 +85,9 @@ def check_free(records: Iterable[Sequence[str]], killed: Iterable[str], items: i
     stopped at the end (what was dealt to one and not handed out lies after its
     last sample, and its server stopped with it) and before the last two epochs.
 
-    The records are read once into typed arrays (about 28 bytes a record: a
-    10-minute soak hands out ~90 M samples) and judged with numpy.
+    The records are read once into typed arrays (21 bytes a record) and judged
+    with numpy: ``make soak`` (10 minutes, 2 workers) handed out 22 M samples and
+    peaked at 2.7 GB; the dicts and lists before took about 0.5 KB a record.
 
     >>> rows = [["s", "1", str(i), str(i), "1", "7"] for i in range(4)] * 2
     >>> rows += [["s", str(e), "0", "0", "1", "7"] for e in (2, 3)]
