@@ -27,12 +27,19 @@ from tests.integration.test_shm import in_pool
 pytestmark = pytest.mark.timeout(120)
 
 MIB = 1 << 20
+#: The pool of the tests that count the server's copies into it. A worker whose region is
+#: full waits 1 s for room (WORKER_PATIENCE), then sends its sample whole and the server
+#: copies it in: with 64 MiB (21 MiB a region) a loaded machine's stall of the trainer
+#: did that in CI (8 MiB copied in epoch 2 of the batches test). A region of 85 MiB is
+#: more than the runs in flight can take (the queues both ways, 16 messages of 1 MiB,
+#: a batch being stacked, what is on its way to the trainer: 20-32 MiB).
+POOL = 256 * MIB
 SAMPLER = "tests.integration.samplers:large"  # 1 MiB samples whose values are their id
 
 
 def test_two_workers_write_into_the_pool_and_the_trainer_gets_views_for_two_epochs() -> None:
     server = Server(SAMPLER, bind="tcp://127.0.0.1:0", epochs=2, samples_per_message=1,
-                    shm_size=64 * MIB, workers=2).start()
+                    shm_size=POOL, workers=2).start()
     try:
         seen: list[tuple[int, int]] = []
         copied_at: dict[str, int] = {}
@@ -115,7 +122,7 @@ def test_two_workers_and_two_ranks_get_the_workers_own_copies_with_exact_epochs(
     # copy out of the pool), and a rank's share of whole samples goes on as references to
     # the runs the workers wrote (no copy into the pool either).
     server = Server(SAMPLER, bind="tcp://127.0.0.1:0", epochs=2, samples_per_message=1,
-                    shm_size=64 * MIB, workers=2, min_trainers=2).start()
+                    shm_size=POOL, workers=2, min_trainers=2).start()
     try:
         loaders = [RemoteLoader(server.data_address, control=server.control_address,
                                 timeout=30, with_meta=True, rank=rank, world_size=2)
@@ -170,7 +177,7 @@ def test_two_groups_get_views_of_the_workers_own_copies_with_exact_epochs() -> N
     # pool in the forwarder, no copy into the server's region: the worker's is the only
     # one). Before, a large array was copied three times with --workers N and groups.
     server = Server(SAMPLER, bind="tcp://127.0.0.1:0", epochs=2, samples_per_message=1,
-                    shm_size=64 * MIB, workers=2, min_trainers=2).start()
+                    shm_size=POOL, workers=2, min_trainers=2).start()
     try:
         loaders = {group: RemoteLoader(server.data_address, control=server.control_address,
                                        timeout=30, with_meta=True, group=group)
@@ -212,7 +219,7 @@ def test_two_groups_get_views_of_the_workers_own_copies_with_exact_epochs() -> N
 
 def test_two_workers_build_batches_into_the_pool_with_exact_epochs() -> None:
     server = Server(SAMPLER, bind="tcp://127.0.0.1:0", epochs=2, samples_per_message=1,
-                    shm_size=64 * MIB, workers=2).start()
+                    shm_size=POOL, workers=2).start()
     try:
         seen: list[tuple[int, int]] = []
         copied_at: dict[int, int] = {}
