@@ -103,6 +103,22 @@ def test_what_else_uses_the_cpus_leaves_fewer_workers() -> None:
         Signals(1, 0.98, 0.0, 900.0, trainer_wait=0.5, cpu=1.0, idle=0.3)) == 2
 
 
+def test_workers_that_mostly_wait_grow_by_one_on_a_host_with_nothing_idle() -> None:
+    # An I/O-bound sampler (3 ms of waiting a sample, a few percent of a CPU a worker)
+    # on a host whose CPUs other jobs keep busy: the idle CPUs hold no worker, but one
+    # more costs little, so it is tried and the rate judges it (a loaded test run saw
+    # 1 worker at 250 samples/s for 60 s, never grown). CPU-bound workers do not.
+    scaler = Autoscaler(1, 16, cpus=2)
+    waiting = Signals(1, busy=0.98, blocked=0.0, rate=250.0, trainer_wait=0.6, cpu=0.04,
+                      idle=0.0)
+    assert scaler.grown(waiting) == 2
+    first = next(change for second in range(4)
+                 if (change := scaler.observe(float(second), waiting)) is not None)
+    assert first.target == 2 and first.reason.startswith("trainers waited 60%"), first
+    assert Autoscaler(1, 16, cpus=2).grown(
+        Signals(2, 0.98, 0.0, 900.0, trainer_wait=0.5, cpu=0.6, idle=0.0)) == 2
+
+
 def test_the_idle_cpus_are_read_for_the_usable_cpus_only(tmp_path: Path) -> None:
     stat = tmp_path / "stat"
     stat.write_text("cpu  10 0 10 1000 50 0 0 0 0 0\n"

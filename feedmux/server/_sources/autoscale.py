@@ -25,8 +25,8 @@ import os
 import re
 from dataclasses import dataclass
 
-__all__ = ["CEILING_SECONDS", "GROWTH_FACTOR", "MIN_GAIN", "WAY_OUT_BLOCKED", "Autoscaler",
-           "Change", "Signals", "WorkerRange", "parse_workers", "usable_cpus"]
+__all__ = ["CEILING_SECONDS", "GROWTH_FACTOR", "LIGHT_WORKER", "MIN_GAIN", "WAY_OUT_BLOCKED",
+           "Autoscaler", "Change", "Signals", "WorkerRange", "parse_workers", "usable_cpus"]
 
 #: Least relative rise of the rate one more worker must bring to be kept.
 MIN_GAIN = 0.08
@@ -37,6 +37,8 @@ DEFAULT_AUTO_MAX = 16
 #: The most one growth multiplies the count by: the trainers' wait and the workers' CPU
 #: are estimates from one count, and a sampler's rate need not grow in proportion.
 GROWTH_FACTOR = 4
+#: CPU per worker below which a growth tries one more worker even with no CPU idle.
+LIGHT_WORKER = 0.25
 #: The share of a window the data path may wait for trainers that also report waiting,
 #: and still have them count as starved by the sampling (more: the way out holds them).
 WAY_OUT_BLOCKED = 0.25
@@ -211,7 +213,9 @@ class Autoscaler:
         more wherever a quarter of a worker's share is idle (a CPU-bound sampler's
         worker uses a whole CPU, so on two CPUs it goes to 2 and stops there; trainers
         or other jobs on the host leave fewer CPUs idle, and so fewer workers). The count itself
-        when none fits: then there is no growth. Without the trainers' report it
+        when none fits: then there is no growth, unless each worker uses less than
+        :data:`LIGHT_WORKER` of a CPU: then one more (an I/O-bound sampler on a host
+        whose CPUs other work keeps busy). Without the trainers' report it
         doubles; without the workers' CPU it grows by half (1, 2, 3, 4, 6, 9, ...),
         the rate rule its only guard then.
 
@@ -228,6 +232,8 @@ class Autoscaler:
         2
         >>> scaler.grown(Signals(2, 0.97, 0.0, 900.0, trainer_wait=0.8, cpu=None))
         3
+        >>> scaler.grown(Signals(2, 0.97, 0.0, 900.0, trainer_wait=0.8, cpu=0.1, idle=0.0))
+        3
         """
         count = signals.workers
         if signals.cpu is None:
@@ -243,7 +249,13 @@ class Autoscaler:
             # (a worker more still gets its share from the scheduler, partly at the cost
             # of threads that were waiting: the rate rule judges it).
             idle = self.cpus - signals.cpu if signals.idle is None else signals.idle
-            wanted = min(wanted, count + max(0, math.floor(idle * count / signals.cpu + 0.75)))
+            room = max(0, math.floor(idle * count / signals.cpu + 0.75))
+            if not room and signals.cpu < LIGHT_WORKER * count:
+                # Workers that mostly wait (I/O) on a host whose CPUs other jobs keep
+                # busy: one more costs a few percent of a CPU, so try it and let the rate
+                # rule judge (idle CPUs alone never let an I/O-bound sampler grow there).
+                room = 1
+            wanted = min(wanted, count + room)
         return max(count, wanted)
 
     def _wish(self, signals: Signals) -> tuple[str, str]:
