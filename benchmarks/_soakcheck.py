@@ -167,9 +167,6 @@ def _wrong(epochs: np.ndarray, positions: np.ndarray, ids: np.ndarray, ok: np.nd
         low, span = int(first_ids.min()), int(first_ids.max() - first_ids.min()) + 1
         pairs = key_epochs[inside].astype(np.int64) * span + (first_ids[inside] - low)
         wrong += len(pairs) - len(np.unique(pairs))
-        del pairs
-    del key_epochs, first_ids, inside, starts, order
-
     return wrong
 
 

@@ -43,21 +43,23 @@ _handlers: weakref.WeakSet[NonBlockingStderrHandler] = weakref.WeakSet()
 _writers: dict[tuple[int, int, int], int] = {}
 
 
-def _writer(fd: int) -> int | None:
-    """A descriptor that writes where ``fd`` does without blocking, ``fd`` itself when
-    it cannot block for long, or None when ``fd`` is closed.
+def _writer(fd: int) -> tuple[int, bool] | None:
+    """A descriptor that writes where ``fd`` does, and whether a write to it may block
+    (a pipe or a socket), or None when ``fd`` is closed.
 
     For a pipe, a new open file description of it (``/proc/self/fd``) with
     ``O_NONBLOCK``: the caller's own, so that the flag reaches no other program. A
     socket (or a pipe where ``/proc`` cannot reopen it) is written only when ``poll``
-    says it takes a write; a file or a terminal gets ``fd``.
+    says it takes a write; a file or a terminal is ``fd``, written as it is.
     """
     try:
         status = os.fstat(fd)
     except OSError:
         return None
+    if stat.S_ISSOCK(status.st_mode):
+        return fd, True
     if not stat.S_ISFIFO(status.st_mode):
-        return fd
+        return fd, False
     key = (fd, status.st_dev, status.st_ino)
     if key not in _writers:
         try:
@@ -65,21 +67,13 @@ def _writer(fd: int) -> int | None:
                                     os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             _writers[key] = fd
-    return _writers[key]
+    return _writers[key], True
 
 
-def _blocks(fd: int) -> bool:
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError:
-        return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
-
-
-def _write(fd: int, data: bytes | bytearray, wait: float) -> int:
+def _write(fd: int, data: bytes | bytearray, wait: float, may_block: bool) -> int:
     """Bytes of ``data`` written to ``fd`` within ``wait`` seconds (0: what goes without
     waiting); -1 when ``fd`` is gone (its reader closed it, or it was closed)."""
-    if not _blocks(fd):
+    if not may_block:
         try:
             return os.write(fd, data)
         except OSError:
@@ -105,11 +99,11 @@ def _write(fd: int, data: bytes | bytearray, wait: float) -> int:
 
 
 def write_stderr(text: str) -> None:
-    """Write ``text`` to stderr now if the reader takes it, else drop it (safe in a
-    signal handler: no lock, no allocation beyond the bytes)."""
+    """Write ``text`` to stderr now if the reader takes it, else drop it (it takes no
+    lock: a signal handler may call it while a log line is being written)."""
     writer = _writer(2)
     if writer is not None:
-        _write(writer, text.encode("utf-8", "replace"), 0.0)
+        _write(writer[0], text.encode("utf-8", "replace"), 0.0, writer[1])
 
 
 class NonBlockingStderrHandler(logging.Handler):
@@ -181,7 +175,7 @@ class NonBlockingStderrHandler(logging.Handler):
         if not self._pending or self._gone:
             return
         writer = _writer(self.fd)
-        written = -1 if writer is None else _write(writer, self._pending, wait)
+        written = -1 if writer is None else _write(writer[0], self._pending, wait, writer[1])
         if written < 0:
             self._gone = True
             self._pending.clear()

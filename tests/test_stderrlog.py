@@ -5,7 +5,9 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import signal
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -178,12 +180,17 @@ def test_a_forked_child_writes_its_own_lines_not_its_parents_held_ones(
         finally:
             os._exit(code)
     text = ""
+    deadline = time.monotonic() + 30
     while True:  # read until the child is gone and the pipe is empty
         text += read_all(read)
         finished, status = os.waitpid(pid, os.WNOHANG)
         if finished:
             text += read_all(read)
             break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError("the forked child did not end within 30 s")
     assert os.waitstatus_to_exitcode(status) == 0
     handler.flush()
     text += read_all(read)

@@ -94,8 +94,8 @@ MIN_MESSAGE = 16 * 1024
 
 
 def _taken(codec: Codec, inflates: frozenset[int]) -> tuple[Codec | None, str]:
-    """What a trainer that inflates ``inflates`` gets of the fixed ``codec``, and why
-    ("" when it is ``codec``): zstd without the filter, or raw.
+    """What a trainer that inflates ``inflates`` gets of the fixed ``codec`` (it, zstd
+    without the filter, or raw), and why.
 
     >>> codec, why = _taken(Codec("zstd", 3, delta=True), frozenset({1, 2}))
     >>> codec.label, why
@@ -104,7 +104,7 @@ def _taken(codec: Codec, inflates: frozenset[int]) -> tuple[Codec | None, str]:
     True
     """
     if codec.numbers <= inflates:
-        return codec, ""
+        return codec, FIXED
     why = f"the trainer inflates codecs {sorted(inflates)}, not {codec.label}"
     plain = Codec(codec.name, codec.level)
     return (plain if codec.delta and plain.numbers <= inflates else None), why
@@ -260,8 +260,9 @@ class LinkCompression:
         if not link.local and now - link.asked >= SAMPLE_EVERY:
             link.local, link.inflates, link.asked = (self.same_host(target),
                                                      self.inflates(target), now)
+            if isinstance(self.setting, Codec):  # decided again when the codecs are read
+                link.codec, link.reason = _taken(self.setting, link.inflates)
         if isinstance(self.setting, Codec):
-            link.codec, link.reason = _taken(self.setting, link.inflates)
             return self.forms.of(frames, link.codec)
         if link.local:
             link.codec, link.reason = None, SAME_HOST
@@ -363,22 +364,17 @@ class LinkCompression:
     def stats(self) -> dict[str, Stat]:
         """Per trainer: the codec (or off), why, and the stream's best measured ratio."""
         figures: dict[str, Stat] = dict(self.forms.counts)
-        if self.setting is None or isinstance(self.setting, Codec):
-            figures["compress"] = "off" if self.setting is None else self.setting.label
-            for target, link in list(self.links.items()):  # what each trainer gets
-                name = target.decode(errors="replace")
-                figures[f"trainer.{name}.compress"] = (
-                    "off" if link.codec is None else link.codec.label)
-                figures[f"trainer.{name}.compress_reason"] = link.reason or FIXED
-            return figures
-        figures["compress"] = "auto"
-        for target, link in list(self.links.items()):
+        setting = self.setting
+        auto = not (setting is None or isinstance(setting, Codec))
+        figures["compress"] = (setting.label if isinstance(setting, Codec)
+                               else "off" if setting is None else "auto")
+        for target, link in list(self.links.items()):  # what each trainer gets, and why
             name = target.decode(errors="replace")
             figures[f"trainer.{name}.compress"] = "off" if link.codec is None else link.codec.label
             figures[f"trainer.{name}.compress_reason"] = link.reason
             ratios = [ratio for label, ratio in self.stream.ratio.items()
                       if _CANDIDATE[label].numbers <= link.inflates]
-            if ratios and link.reason != SAME_HOST:
+            if auto and ratios and link.reason != SAME_HOST:
                 figures[f"trainer.{name}.compress_ratio"] = round(min(ratios), 3)
         return figures
 
