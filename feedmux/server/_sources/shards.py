@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Generator, Iterator
-from typing import Any
+from typing import Any, cast
 
 from feedmux._worker_info import WorkerInfo, set_worker_info, worker_info
 from feedmux.errors import SamplingError
@@ -185,7 +185,7 @@ class _Blocks(itertools.chain):  # type: ignore[type-arg]
 
     @classmethod
     def of(cls, blocks: Generator[list[Any], None, None]) -> _Blocks:
-        chained = cls.from_iterable(blocks)
+        chained = cast(_Blocks, cls.from_iterable(blocks))  # a classmethod: an instance of cls
         chained.blocks = blocks
         return chained
 
