@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from feedmux.errors import FeedmuxError
 from feedmux.protocol import Data, decode
@@ -155,3 +157,25 @@ def test_produce_never_lets_a_message_cross_a_block_boundary() -> None:
     pairs = zip(starts, sizes, strict=True)
     assert all(start // 10 == (start + size - 1) // 10 for start, size in pairs)
     assert sizes[:3] == [7, 3, 7]
+
+
+@given(workers=st.integers(1, 6), block=st.integers(1, 5),
+       steps=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 7)), max_size=60))
+@settings(max_examples=200, deadline=None)
+def test_the_next_worker_follows_the_rule_whatever_was_taken(
+        workers: int, block: int, steps: list[tuple[int, int]]) -> None:
+    """next_worker (worked out once per change) is the live worker with the fewest blocks."""
+    order = MergeOrder(workers, block)
+    counts, ended = [0] * workers, [False] * workers
+    for end_it, samples in steps:
+        live = [index for index in range(workers) if not ended[index]]
+        expected = min(live, key=lambda index: (counts[index] // block, index))
+        assert order.next_worker() == expected
+        assert order.next_worker() == expected  # asked again: the same answer
+        if end_it == 0:
+            ended[expected] = True
+            if order.ended(expected):
+                counts, ended = [0] * workers, [False] * workers
+        else:
+            order.took(expected, samples)
+            counts[expected] += samples

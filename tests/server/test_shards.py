@@ -93,3 +93,24 @@ def test_one_shard_in_a_process_never_saves() -> None:
     only.enter()
     assert only._saved is None
     ShardRandom.leave_all()
+
+
+def test_closing_a_merged_activation_closes_every_shard_it_opened() -> None:
+    """The merge hands its blocks out through a C chain: closing it still closes the shards."""
+    from feedmux.sampling import Streamer
+    from feedmux.server._sources.shards import MergedShards
+
+    closed: list[int] = []
+
+    def numbers(first: int) -> Iterator[int]:
+        try:
+            yield from range(first, first + 100)
+        finally:
+            closed.append(first)
+
+    merged = MergedShards([Streamer(numbers, 0), Streamer(numbers, 1000)], block=4, seed=SEED)
+    merged.start_epoch(1)
+    stream = merged.iterate()
+    assert [next(stream) for _ in range(6)] == [0, 1, 2, 3, 1000, 1001]
+    stream.close()  # type: ignore[attr-defined]
+    assert sorted(closed) == [0, 1000]

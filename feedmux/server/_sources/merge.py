@@ -106,22 +106,35 @@ class MergeOrder:
         self.block = block
         self._counts = [0] * workers
         self._ended = [False] * workers
+        # The answer of next_worker until took() or ended() changes it: asked once per
+        # turn by the merge and once by the turn's check, it is worked out once.
+        self._next: int | None = None
 
     def next_worker(self) -> int:
         """The worker whose next message must be forwarded now."""
-        block = self.block
-        live = [index for index in range(self.workers) if not self._ended[index]]
-        return min(live, key=lambda index: (self._counts[index] // block, index))
+        found = self._next
+        if found is None:
+            block, counts, ended = self.block, self._counts, self._ended
+            found, fewest = -1, 0
+            for index in range(self.workers):
+                if not ended[index]:
+                    turns = counts[index] // block
+                    if found < 0 or turns < fewest:
+                        found, fewest = index, turns
+            self._next = found
+        return found
 
     def took(self, worker: int, samples: int) -> None:
         """Record that ``samples`` samples of ``worker`` were forwarded."""
         self._check_turn(worker, "sent data")
         self._counts[worker] += samples
+        self._next = None
 
     def ended(self, worker: int) -> bool:
         """Record that ``worker`` ended the epoch; True when every worker has (then reset)."""
         self._check_turn(worker, "ended the epoch")
         self._ended[worker] = True
+        self._next = None
         if not all(self._ended):
             return False
         self._counts = [0] * self.workers
