@@ -371,7 +371,7 @@ def shard(streamer: Streamer[T], index: int, count: int) -> Streamer[T]:
     if count == 1:
         return streamer
     if isinstance(streamer, BaseMux):
-        part = streamer._shard(index, count)
+        part = streamer.split(index, count)
         if part is not None:
             return part
     elif (

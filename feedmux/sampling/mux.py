@@ -131,6 +131,20 @@ class BaseMux(Streamer[T]):
         """Build the state of pass ``pass_number`` (1-based)."""
         raise NotImplementedError
 
+    def split(self, index: int, count: int) -> Streamer[T] | None:
+        """The mux over ``streamers[index::count]``, or None if this mux cannot split so.
+
+        What the epoch loop's :func:`~feedmux.sampling.epochs.shard` and a server's
+        choice of shards ask; subclasses say how in :meth:`_shard`.
+
+        Examples
+        --------
+        >>> from feedmux.sampling import ChainMux
+        >>> ["".join(ChainMux(["ab", "cd", "ef"]).split(index, 2).iterate()) for index in (0, 1)]
+        ['abef', 'cd']
+        """
+        return self._shard(index, count)
+
     def _shard(self, index: int, count: int) -> Streamer[T] | None:
         """The mux over ``streamers[index::count]``, or None if it cannot split so."""
         return None

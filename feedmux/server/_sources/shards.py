@@ -82,7 +82,7 @@ def choose_shards(streamer: Any, requested: int | None = None,
             raise SamplingError(f"expected 1 <= shards <= {MAX_SHARDS}, got {requested}")
         return [shard(streamer, index, requested) for index in range(requested)], "asked for"
     mux = _mux_of(streamer)
-    if not isinstance(mux, BaseMux) or mux._shard(0, 1) is None:
+    if not isinstance(mux, BaseMux) or mux.split(0, 1) is None:
         if item_split == 1:
             return [streamer], "the source splits only by items (shards=N splits it N ways)"
         return ([shard(streamer, index, item_split) for index in range(item_split)],
