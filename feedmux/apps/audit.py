@@ -17,8 +17,8 @@ samples it could not tell the server about, which the server then dealt
 again: repeats within the last ``hwm`` messages of a session that did not
 close are reported as re-dealt, not as problems. An epoch of which nothing at
 all was handed out is missing whole: between the first and the last epoch
-handed out, and, when the caller says how many epochs the server served
-(``epochs=``), after the last one too. Every rank of a job must take the same
+handed out, and, when the caller says the server served N epochs and the job
+is over (``epochs=``), up to N, each of them complete. Every rank of a job must take the same
 number of steps in each epoch (a DDP job with unequal steps hangs). It is pure
 (sessions in, a report out) and never opens a socket.
 """
@@ -374,17 +374,19 @@ def _epochs(name: str, steps: list[Step], facts: tuple[int | None, int, str],
             closed: Any, tails: Counter[tuple[int, int]],
             served: int | None = None) -> list[EpochReport]:
     """Per epoch of the stream: what was handed out and what was wrong. An epoch of
-    which nothing came (between the first and the last handed out, or up to ``served``
-    once the stream ended) is there too, every position missing."""
+    which nothing came (between the first and the last handed out, or up to ``served``:
+    the server served that many and the job is over) is there too, every position
+    missing; epochs up to ``served`` are complete."""
     size, world_size, uneven = facts
     by_epoch: dict[int, list[int]] = defaultdict(list)
     for epoch, position, _ in steps:
         by_epoch[epoch].append(position)
+    if served is not None:
+        for epoch in range(1, served + 1):
+            by_epoch.setdefault(epoch, [])
+        closed = lambda epoch, later=closed: epoch <= served or later(epoch)  # noqa: E731
     if by_epoch:
-        last = max(by_epoch)
-        if served is not None and any(closed(epoch) for epoch in range(last + 1, served + 1)):
-            last = max(last, served)  # the stream ended (else nothing is closed after it)
-        for epoch in range(min(by_epoch), last + 1):
+        for epoch in range(min(by_epoch), max(by_epoch) + 1):
             by_epoch.setdefault(epoch, [])
     reports = []
     for epoch in sorted(by_epoch):
@@ -419,8 +421,8 @@ def audit(sessions: Sequence[Session], reference: Sequence[Session] = (), *,
           epochs: int | None = None) -> AuditReport:
     """Check ``sessions`` (a job's logs, restarts included); with ``reference`` (the logs
     of an uninterrupted run of the same seeded job), also each rank's effective sequence;
-    with ``epochs`` (the server served that many: ``--epochs N``), a stream that ended must
-    have every one of them."""
+    with ``epochs`` (the server served that many, ``--epochs N``, and the job is over),
+    every one of them must be there, whole."""
     report = AuditReport(sessions=len(sessions), torn=sum(s.torn for s in sessions))
     for name, parts in sorted(_streams(sessions).items()):
         facts = _server_facts(parts)

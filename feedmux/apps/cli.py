@@ -158,8 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the logs of an uninterrupted run of the same seeded job: each "
                             "rank must have handed out the same sequence")
     audit.add_argument("--epochs", type=_positive_int, metavar="N",
-                       help="the server served N epochs (serve --epochs N): a stream that "
-                            "ended must have handed out every one (default: the epochs "
+                       help="the server served N epochs (serve --epochs N) and the job is over: "
+                            "each must have been handed out whole (default: the epochs "
                             "seen, and any gap between them)")
     audit.add_argument("--json", action="store_true", help="print the report as JSON")
     keygen = _command(commands, "keygen", _keygen,
