@@ -58,7 +58,9 @@ EVENTS = {
                   "then resumed from that checkpoint",
     "server": "a server is SIGTERMed or SIGKILLed and restarted with the same command "
               "(how: SIGNAL-continue: its trainers live on and it continues its run; "
-              "SIGNAL-new-run: a new trainer comes first and it begins a new run)",
+              "SIGNAL-new-run: its free trainers are frozen meanwhile, a new trainer says "
+              "hello first and the server begins a new run, then the survivors go on and "
+              "cross into it)",
     "kill-worker": "a sampling worker of the ranked server is SIGKILLed",
 }
 

@@ -145,6 +145,7 @@ class _Chaos:
     dataloader: subprocess.Popen[bytes] | None = None
     generation: int = 0
     finished: bool = False  # the ranked job ran to its end (--epochs)
+    ended: bool = False  # the ranked server ended its stream (--epochs)
     pause_at: dict[int, int] = field(default_factory=dict)  # rank -> step to stop at
     applied: Counter[str] = field(default_factory=Counter)
     job_restarts: int = 0
@@ -261,8 +262,9 @@ class _Chaos:
 
     def recovered(self) -> bool:
         """Everything runs again and made progress since the last event."""
-        if any(server is not None and not server.alive()
-               for server in (self.ranked, self.free_server)):
+        if self.free_server is not None and not self.free_server.alive():
+            return False
+        if self.ranked is not None and not (self.ranked.alive() or self.ended):
             return False
         if self.ranked is not None and not self.finished:
             if any(process is None or process.poll() is not None for process in self.ranks):
@@ -280,14 +282,24 @@ class _Chaos:
     def supervise(self, stopping: bool = False) -> None:
         """Restart whatever died that no event asked for, as a supervisor would."""
         for server in (self.ranked, self.free_server):
-            if server is not None and not server.alive():
-                self.errors.append(f"{server.name} exited with code "
-                                   f"{server.process.poll() if server.process else None}")
-                server.start()
+            if server is None or server.alive() or (server is self.ranked and self.ended):
+                continue
+            assert server.process is not None
+            if server is self.ranked and self.setup.scenario.ranked_epochs \
+                    and server.process.poll() == 0:
+                self.ended = True  # it served its epochs: the end of the stream
+                self.say(f"{server.name} ended its stream")
+                continue
+            self.errors.append(f"{server.name} exited with code {server.process.poll()}")
+            server.start()
         if self.ranked is not None and not self.finished:
             codes = [None if p is None else p.poll() for p in self.ranks]
-            if self.setup.scenario.ranked_epochs and all(code == 0 for code in codes):
+            if self.setup.scenario.ranked_epochs and (
+                    all(code == 0 for code in codes)
+                    or (self.ended and all(code is not None for code in codes))):
                 self.finished = True
+                for rank, code in enumerate(codes):
+                    self._exited(f"rank {rank}", code)
             elif any(code not in (None, 0) for code in codes) or (
                     not stopping and not self.setup.scenario.ranked_epochs
                     and any(code is not None for code in codes)):
@@ -416,6 +428,9 @@ class _Chaos:
         server = self.ranked if event.server == "ranked" else self.free_server
         assert server is not None and server.process is not None
         how, _, run = event.how.partition("-")
+        survivors = list(self.free.values()) if run == "new-run" else []
+        for process in survivors:  # slow to notice the restart (a loaded host)
+            _signal(process, signal.SIGSTOP)
         _signal(server.process, signal.SIGTERM if how == "TERM" else signal.SIGKILL)
         try:
             server.process.wait(30)
@@ -424,8 +439,15 @@ class _Chaos:
             server.process.wait(15)
         if server is self.free_server and run == "new-run":
             server.start("--min-trainers", "1")
-            index = self.start_free()  # it says hello before the survivors notice
-            self.say(f"  {server.name} restarted, free trainer {index} joined at once")
+            index = self.start_free()  # its hello comes first: the server begins a new run
+            log = self.scratch / f"free{index}.log"
+            deadline = time.monotonic() + START_TIMEOUT
+            while time.monotonic() < deadline and not _handed_out(log):
+                time.sleep(0.05)  # the poll interval of a bounded wait
+            for process in survivors:
+                _signal(process, signal.SIGCONT)
+            self.say(f"  {server.name} restarted, free trainer {index} joined first and "
+                     f"handed out, then the {len(survivors)} survivors went on")
         elif server is self.free_server:
             live = sum(process.poll() is None for process in self.free.values())
             server.start("--min-trainers", str(max(1, live)))
@@ -453,7 +475,7 @@ class _Chaos:
         deadline = time.monotonic() + END_TIMEOUT
         while self.ranked is not None and time.monotonic() < deadline:
             self.supervise(stopping=True)
-            if all(p is not None and p.poll() == 0 for p in self.ranks):
+            if self.finished or all(p is not None and p.poll() == 0 for p in self.ranks):
                 break
             time.sleep(0.1)  # the poll interval of a bounded wait
         else:
@@ -483,6 +505,14 @@ class _Chaos:
         for server in (self.ranked, self.free_server, self.torch_server):
             if server is not None:
                 _terminate(server.process)
+
+
+def _handed_out(log: Path) -> bool:
+    """Whether the audit log ``log`` holds a hand-out record yet."""
+    try:
+        return b"\nH " in log.read_bytes()
+    except OSError:
+        return False
 
 
 def _last_line(path: Path) -> str:
