@@ -221,20 +221,26 @@ def _server_order(parts: Sequence[_Part]) -> list[str]:
 
 
 def _runs(name: str, parts: list[_Part]) -> dict[str, list[_Part]]:
-    """A free stream split into runs: a server that began its epochs again (its earliest
-    epoch more than one below the latest epoch of the server before it) starts a new
-    run, whose epochs are not those of the run before (``NAME run 2``, ...)."""
-    epochs: dict[str, list[int]] = defaultdict(list)
+    """A free stream split into runs: a server that began its epochs again starts a new
+    run, whose epochs are not those of the run before (``NAME run 2``, ...). It began
+    again when it handed out epoch 1 and most of what it handed out in the epochs the
+    run had reached was handed out there already (a server that continues the run deals
+    in them only what nobody handed out: samples in flight when its predecessor died)."""
+    handed: dict[str, set[tuple[int, int]]] = defaultdict(set)
     for part in parts:
         for handout in part.handouts:
-            epochs[handout.server_id].append(handout.epoch)
+            handed[handout.server_id].update(
+                (handout.epoch, position) for position in handout.positions.tolist())
     run_of: dict[str, int] = {}
-    run, latest = 1, 0
+    run, seen = 1, set[tuple[int, int]]()
     for server in _server_order(parts):
-        if latest and min(epochs[server]) < latest - 1:
-            run, latest = run + 1, 0
+        latest = max((epoch for epoch, _ in seen), default=0)
+        again = [step for step in handed[server] if step[0] <= latest]
+        if (seen and min(handed[server])[0] == 1
+                and 2 * len(seen.intersection(again)) > len(again)):
+            run, seen = run + 1, set()
         run_of[server] = run
-        latest = max(latest, *epochs[server])
+        seen |= handed[server]
     if run == 1:
         return {name: parts}
     runs: dict[str, list[_Part]] = defaultdict(list)
