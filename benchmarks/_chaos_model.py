@@ -53,7 +53,7 @@ EVENTS = {
     "stop-free": "a free trainer is SIGSTOPped, then continued",
     "kill-rank": "a rank is SIGKILLed (how: job = torchrun restarts every rank from the "
                  "last checkpoint; alone = the rank alone restarts without a checkpoint, "
-                 "at step N if step > 0: it stops reading there first)",
+                 "at step N if step > 0: it stops reading there first, for a while)",
     "resume-job": "the ranked job is SIGKILLed while a rank is past its last checkpoint, "
                   "then resumed from that checkpoint",
     "server": "a server is SIGTERMed or SIGKILLed and restarted with the same command "
@@ -75,6 +75,7 @@ class Event:
     target: int = 0  # which trainer or rank (an index into the live ones, modulo)
     how: str = ""
     step: int = 0  # kill-rank alone: the rank stops at this step (0: wherever it is)
+    hold: float = 0.0  # ... and stays there, not reading, this many seconds before the kill
     server: str = ""  # server: "ranked" or "free"
 
     def describe(self) -> str:
@@ -86,7 +87,8 @@ class Event:
         if self.how:
             words.append(self.how)
         if self.step:
-            words.append(f"at step {self.step}")
+            words.append(f"at step {self.step}" + (f", held {self.hold:g} s" if self.hold
+                                                   else ""))
         return " ".join(words)
 
 
@@ -208,13 +210,13 @@ def draw(seed: int, scenario: Scenario, minutes: float) -> Setup:
             events.append(Event(pause, kind, target, f"{rng.uniform(0.5, 3.0):.1f} s"))
         elif kind == "kill-rank":
             how = rng.choice(("job", "alone")) if scenario.ranked_epochs is None else "alone"
-            step = 0
+            step, hold = 0, 0.0
             if scenario.ranked_epochs is not None:  # a step of any epoch (not its last)
                 per_epoch = -(-EPOCH[scenario.source] // ranks)
                 epoch = rng.randrange(scenario.ranked_epochs)
                 step = epoch * per_epoch + rng.randrange(1, per_epoch - 1)
-                pause = 0.0
-            events.append(Event(pause, kind, target % ranks, how, step))
+                pause, hold = 0.0, rng.choice((0.0, 0.5, 2.0, 5.0))
+            events.append(Event(pause, kind, target % ranks, how, step, hold))
         elif kind == "server":
             servers = [name for name, there in (("ranked", ranks), ("free", scenario.free))
                        if there]

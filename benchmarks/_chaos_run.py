@@ -394,6 +394,7 @@ class _Chaos:
                 self.failures.append(f"rank {rank} ended (code {process.poll()}) before "
                                      f"step {event.step}")
                 return
+            time.sleep(event.hold)  # how long it stays without reading: the event
         _kill(process)
         if event.how == "job":  # the supervisor's next look restarts the whole job
             return
