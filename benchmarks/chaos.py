@@ -237,8 +237,9 @@ def _dataloader(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.chaos", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--focus", choices=sorted(FOCUS), default="mix",
-                        help="the scenario (default mix: every event)")
+    parser.add_argument("--focus", choices=[*sorted(FOCUS), "all"], default=["mix"],
+                        nargs="+", help="the scenario(s), each run with every seed (default "
+                                        "mix: every event; all: every scenario)")
     parser.add_argument("--minutes", type=float, default=2.0,
                         help="how long the schedule of each run lasts, roughly (the focus "
                              "scenarios with a fixed number of events end sooner)")
@@ -248,7 +249,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--step-ms", type=float, default=1.0,
                         help="a trainer's time per sample (its training step)")
     parser.add_argument("--keep", metavar="DIR",
-                        help="write each run's logs into DIR/SEED (new folders) and keep them")
+                        help="write each run's logs into DIR/FOCUS-SEED (new folders) and "
+                             "keep them")
     parser.add_argument("--list", action="store_true", help="list the scenarios and events")
     return parser
 
@@ -304,14 +306,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {kind}: {text}")
         return 0
     seeds = args.seed or [random.SystemRandom().randrange(1 << 20)]
+    focus = list(FOCUS) if "all" in args.focus else args.focus
     failed = []
-    for seed in seeds:
-        keep = None if args.keep is None else str(Path(args.keep) / str(seed))
-        if _chaos_run.run(FOCUS[args.focus], seed, args.minutes, args.step_ms, keep):
-            failed.append(seed)
-    if len(seeds) > 1:
-        print(f"{len(seeds)} runs of focus {args.focus}: "
-              + (f"problems with seed(s) {' '.join(map(str, failed))}" if failed else "all ok"))
+    for name in focus:
+        for seed in seeds:
+            keep = None if args.keep is None else str(Path(args.keep) / f"{name}-{seed}")
+            if _chaos_run.run(FOCUS[name], seed, args.minutes, args.step_ms, keep):
+                failed.append(f"--focus {name} --seed {seed}")
+    runs = len(focus) * len(seeds)
+    if runs > 1:
+        print(f"{runs} chaos runs: "
+              + (f"problems in {len(failed)}: {'; '.join(failed)}" if failed else "all ok"))
     return 1 if failed else 0
 
 
