@@ -109,6 +109,7 @@ class Scenario:
     hwm: tuple[int, ...] = (4,)  # the ranked server's --hwm, drawn
     workers: tuple[int, ...] = (2,)  # the ranked server's --workers, drawn
     epoch_size: tuple[bool, ...] = (False,)  # declare --epoch-size to the ranked server?
+    rank_restarts: tuple[str, ...] = ("job", "alone")  # how a killed rank comes back
     events_per_run: int | None = None  # None: as many as the minutes allow
 
 
@@ -119,13 +120,15 @@ FOCUS: dict[str, Scenario] = {scenario.name: scenario for scenario in (
              events={"join": 1, "leave": 1, "kill-free": 1, "stop-free": 1, "kill-rank": 2,
                      "resume-job": 2, "server": 2, "kill-worker": 1}),
     Scenario("checkpoint", "a ranked job of 2 or 3 ranks, small --hwm, killed after a "
-             "checkpoint and resumed from it, again and again",
+             "checkpoint and resumed from it, again and again (a killed rank: the job "
+             "restarts from its checkpoint)",
              ranks=(2, 3), events={"resume-job": 4, "kill-rank": 1}, hwm=(2, 3, 4),
-             workers=(1, 2)),
+             workers=(1, 2), rank_restarts=("job",)),
     Scenario("rank-restart", "2 ranks over 7 x 13 ids (epochs of 91), --epochs 3, default "
              "samples per message: a rank stops at a step of any epoch, is SIGKILLed and "
              "restarted alone without a checkpoint",
              ranks=(2,), events={"kill-rank": 1}, source=SMALL_SOURCE, ranked_epochs=3,
+             rank_restarts=("alone",),
              hwm=(8,), workers=(1, 2), epoch_size=(False, True), events_per_run=1),
     Scenario("server-restart", "free trainers joining, leaving, killed and frozen while "
              "their server is SIGTERMed or SIGKILLed and restarted, continuing its run or "
@@ -209,7 +212,7 @@ def draw(seed: int, scenario: Scenario, minutes: float) -> Setup:
         elif kind == "stop-free":
             events.append(Event(pause, kind, target, f"{rng.uniform(0.5, 3.0):.1f} s"))
         elif kind == "kill-rank":
-            how = rng.choice(("job", "alone")) if scenario.ranked_epochs is None else "alone"
+            how = rng.choice(scenario.rank_restarts)
             step, hold = 0, 0.0
             if scenario.ranked_epochs is not None:  # a step of any epoch (not its last)
                 per_epoch = -(-EPOCH[scenario.source] // ranks)
