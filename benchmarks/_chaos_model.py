@@ -212,7 +212,9 @@ def draw(seed: int, scenario: Scenario, minutes: float) -> Setup:
         elif kind == "stop-free":
             events.append(Event(pause, kind, target, f"{rng.uniform(0.5, 3.0):.1f} s"))
         elif kind == "kill-rank":
-            how = rng.choice(scenario.rank_restarts)
+            how = scenario.rank_restarts[0]
+            if len(scenario.rank_restarts) > 1:
+                how = rng.choice(scenario.rank_restarts)
             step, hold = 0, 0.0
             if scenario.ranked_epochs is not None:  # a step of any epoch (not its last)
                 per_epoch = -(-EPOCH[scenario.source] // ranks)
