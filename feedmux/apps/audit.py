@@ -163,6 +163,9 @@ class _Part:
     #: False for a session's part in a run that a later run of the same server followed:
     #: how the session ended says nothing of that run
     last_run: bool = True
+    #: True for every part of a run that a new run of its server followed: what was in
+    #: flight when it was cut (every trainer's credit) was never to be handed out
+    superseded: bool = False
 
     def steps(self) -> list[Step]:
         steps: list[Step] = []
@@ -224,8 +227,9 @@ def _runs(name: str, parts: list[_Part]) -> dict[str, list[_Part]]:
     """A free stream split into runs: a server that began its epochs again starts a new
     run, whose epochs are not those of the run before (``NAME run 2``, ...). It began
     again when it handed out epoch 1 and most of what it handed out in the epochs the
-    run had reached was handed out there already (a server that continues the run deals
-    in them only what nobody handed out: samples in flight when its predecessor died)."""
+    run had reached was handed out there already, or most of what the run had handed out
+    there (a run cut after a message or two); a server that continues the run deals in
+    them only what nobody handed out (samples in flight when its predecessor died)."""
     handed: dict[str, set[tuple[int, int]]] = defaultdict(set)
     for part in parts:
         for handout in part.handouts:
@@ -236,8 +240,9 @@ def _runs(name: str, parts: list[_Part]) -> dict[str, list[_Part]]:
     for server in _server_order(parts):
         latest = max((epoch for epoch, _ in seen), default=0)
         again = [step for step in handed[server] if step[0] <= latest]
+        before = sum(step[0] <= latest for step in seen)
         if (seen and min(handed[server])[0] == 1
-                and 2 * len(seen.intersection(again)) > len(again)):
+                and 2 * len(seen.intersection(again)) > min(len(again), before)):
             run, seen = run + 1, set()
         run_of[server] = run
         seen |= handed[server]
@@ -250,7 +255,7 @@ def _runs(name: str, parts: list[_Part]) -> dict[str, list[_Part]]:
             by_run[run_of[handout.server_id]].append(handout)
         for number, handouts in by_run.items():
             runs[name if number == 1 else f"{name} run {number}"].append(
-                _Part(part.session, part.link, handouts, number == max(by_run)))
+                _Part(part.session, part.link, handouts, number == max(by_run), number < run))
     return runs
 
 
@@ -333,10 +338,12 @@ def _closed_ranked(parts: list[_Part], epoch: int) -> bool:
 # -- free streams ------------------------------------------------------------------------------
 def _in_flight(parts: list[_Part]) -> int:
     """At most how many samples the trainers that closed held without handing them out
-    (their credit: ``hwm`` messages each, as large as the largest they handed out)."""
+    (their credit: ``hwm`` messages each, as large as the largest they handed out); in a
+    run a new run followed, every trainer's (the run was cut while they held them)."""
     bound = 0
+    cut = any(part.superseded for part in parts)
     for part in parts:
-        if part.session.closed and part.last_run:
+        if cut or (part.session.closed and part.last_run):
             sizes = Counter[int]()
             for handout in part.handouts:
                 sizes[handout.message] += len(handout.positions)
