@@ -110,6 +110,9 @@ class Scenario:
     workers: tuple[int, ...] = (2,)  # the ranked server's --workers, drawn
     epoch_size: tuple[bool, ...] = (False,)  # declare --epoch-size to the ranked server?
     rank_restarts: tuple[str, ...] = ("job", "alone")  # how a killed rank comes back
+    #: more options of the ranked server (the mix: --no-shm, so that a sampling worker's
+    #: death hands its shards over; with the pool it fails the run, as documented)
+    ranked_extra: tuple[str, ...] = ()
     events_per_run: int | None = None  # None: as many as the minutes allow
 
 
@@ -118,7 +121,8 @@ FOCUS: dict[str, Scenario] = {scenario.name: scenario for scenario in (
              "trainers, a torch DataLoader",
              ranks=(2, 3), free=3, dataloader=True,
              events={"join": 1, "leave": 1, "kill-free": 1, "stop-free": 1, "kill-rank": 2,
-                     "resume-job": 2, "server": 2, "kill-worker": 1}),
+                     "resume-job": 2, "server": 2, "kill-worker": 1},
+             ranked_extra=("--no-shm",)),
     Scenario("checkpoint", "a ranked job of 2 or 3 ranks, small --hwm, killed after a "
              "checkpoint and resumed from it, again and again (a killed rank: the job "
              "restarts from its checkpoint)",
@@ -164,7 +168,7 @@ class Setup:
         if self.ranks:
             epochs = self.scenario.ranked_epochs
             parts.append(f"ranked job: {self.ranks} ranks, --hwm {self.hwm}, --workers "
-                         f"{self.workers}, "
+                         f"{self.workers}, {' '.join(self.scenario.ranked_extra)} "
                          + (f"--epochs {epochs}" if epochs else "to a last step")
                          + (f", --epoch-size {EPOCH[self.scenario.source]}"
                             if self.epoch_size else ""))

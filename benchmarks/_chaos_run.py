@@ -175,7 +175,7 @@ class _Chaos:
     def ranked_options(self) -> list[str]:
         setup = self.setup
         options = ["--seed", str(setup.seed), "--hwm", str(setup.hwm), "--workers",
-                   str(setup.workers)]
+                   str(setup.workers), *setup.scenario.ranked_extra]
         if setup.scenario.ranked_epochs:
             options += ["--epochs", str(setup.scenario.ranked_epochs)]
         if setup.epoch_size:
