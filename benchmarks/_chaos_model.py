@@ -169,7 +169,7 @@ class Setup:
             epochs = self.scenario.ranked_epochs
             parts.append(f"ranked job: {self.ranks} ranks, --hwm {self.hwm}, --workers "
                          f"{self.workers}, "
-                         + "".join(f"{extra} " for extra in self.scenario.ranked_extra)
+                         + "".join(f"{extra}, " for extra in self.scenario.ranked_extra)
                          + (f"--epochs {epochs}" if epochs else "to a last step")
                          + (f", --epoch-size {EPOCH[self.scenario.source]}"
                             if self.epoch_size else ""))
