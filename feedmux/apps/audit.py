@@ -3,9 +3,10 @@
 This module owns the judgement over audit logs (:mod:`feedmux._auditlog`
 reads them): which hand-outs count, and what was missing or repeated in each
 epoch of each server. A server is named by its address as the loaders were
-given it (a restarted server that continues its epochs is the same stream;
-one whose free trainers' epochs start again below those of the server before
-it began a new *run*, audited as a stream of its own, ``ADDRESS run N``).
+given it (a restarted server that continues its epochs is the same stream; one
+that began its epochs again for its free trainers — epoch 1 again, positions
+the run had handed out already — began a new *run*, audited as a stream of its
+own, ``ADDRESS run N``).
 For the ranks of a job, each rank's sessions (one per process) are taken in
 order; a session followed by one that resumed from a checkpoint
 (``load_state_dict``) counts only up to that checkpoint's position: what it
@@ -18,9 +19,9 @@ again: repeats within the last ``hwm`` messages of a session that did not
 close are reported as re-dealt, not as problems. An epoch of which nothing at
 all was handed out is missing whole: between the first and the last epoch
 handed out, and, when the caller says the server served N epochs and the job
-is over (``epochs=``), up to N, each of them complete. Every rank of a job must take the same
-number of steps in each epoch (a DDP job with unequal steps hangs). It is pure
-(sessions in, a report out) and never opens a socket.
+is over (``epochs=``), up to N, each of them complete. Every rank of a job
+must take the same number of steps in each epoch (a DDP job with unequal steps
+hangs). It is pure (sessions in, a report out) and never opens a socket.
 """
 
 from __future__ import annotations
