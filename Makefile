@@ -8,7 +8,7 @@ TORCH  := torch==2.13.0
 # Ray for feedmux.ray (the feedmux[ray] extra), pinned like torch.
 RAY    := ray[train]==2.60.*
 
-.PHONY: demo test test-matrix test-ray lint bench soak soak-ci container-test clean
+.PHONY: demo test test-matrix test-ray lint bench soak soak-ci chaos container-test clean
 
 $(VENV)/.python: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -76,6 +76,15 @@ soak: $(VENV)/.test
 ## soak-ci: the same for 1 minute (in .ci/run), one sampling process per server; RSS slopes shown, judged only by the 10-minute soak
 soak-ci: $(VENV)/.test
 	$(PY) -m benchmarks.soak --minutes 1
+
+## chaos: the model-based chaos test, long form (docs/chaos.md): 20 seeds of every event for 2 minutes each, then each focused scenario (a ranked job resumed from checkpoints, ranks restarted without one, free servers restarted, a DataLoader with non-persistent workers); every run is audited, and the target fails if any run found a problem
+chaos: $(VENV)/.test
+	status=0; \
+	$(PY) -m benchmarks.chaos --focus mix --minutes 2 --seed $$(seq 1 20) || status=1; \
+	$(PY) -m benchmarks.chaos --focus checkpoint server-restart --minutes 2 --seed $$(seq 1 5) || status=1; \
+	$(PY) -m benchmarks.chaos --focus rank-restart --seed $$(seq 1 20) || status=1; \
+	$(PY) -m benchmarks.chaos --focus dataloader --seed 1 2 || status=1; \
+	exit $$status
 
 container-test:
 	scripts/container-test.sh

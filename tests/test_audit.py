@@ -407,3 +407,69 @@ def test_the_loader_option_needs_a_path_for_its_key() -> None:
     with pytest.raises(FeedmuxError, match="audit_key only with audit_log"):
         RemoteLoader("tcp://127.0.0.1:9", audit_key="id")
     assert os.environ.get("FEEDMUX_NEVER_SET") is None
+
+
+# -- runs, whole epochs, equal steps (the checks the chaos model needs) ---------------------------
+def test_a_server_that_begins_its_epochs_again_is_a_new_run_of_its_own(tmp_path: Path) -> None:
+    survivor, newcomer = Log(tmp_path / "a.log"), Log(tmp_path / "b.log")
+    survivor.session(reliable=True, server="old")
+    for epoch in (1, 2, 3):
+        survivor.hand(epoch, list(range(10)))
+    survivor.hand(4, [0, 1, 2])  # the server restarts here and begins a new run at epoch 1
+    survivor._write("S 0 new 10 0 -")
+    newcomer.session(reliable=True, server="new", start=survivor._started + 5)
+    for epoch in (1, 2, 3, 4):
+        survivor.hand(epoch, [0, 1, 2, 3, 4])
+        newcomer.hand(epoch, [5, 6, 7, 8, 9])
+    survivor.close()
+    newcomer.close()
+    report = _report(survivor.path, newcomer.path)
+    assert report.ok, report.text()
+    assert {e.stream for e in report.epochs} == {ADDRESS, f"{ADDRESS} run 2"}
+    # the old run's last epoch was cut by the restart: open, not missing
+    assert [(e.epoch, e.open) for e in report.epochs if e.stream == ADDRESS][-1] == (4, True)
+    # The new run loses a sample in epoch 2: found in the new run, not hidden by the old one.
+    newcomer.session(reliable=True, server="new")
+    lossy = Log(tmp_path / "lossy.log").session(reliable=True, server="old")
+    for epoch in (1, 2, 3):
+        lossy.hand(epoch, list(range(10)))
+    lossy._write("S 0 new 10 0 -")
+    lossy.hand(1, list(range(10))).hand(2, list(range(9))).hand(3, list(range(10)))
+    lossy.hand(4, list(range(10))).close()
+    report = _report(lossy.path)
+    assert [(e.stream, e.epoch, e.missing) for e in report.epochs if e.missing] == [
+        (f"{ADDRESS} run 2", 2, [9])], report.text()
+
+
+def test_an_epoch_of_which_nothing_came_is_missing_whole(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    log = Log(tmp_path / "a.log").session(size=4)
+    log.hand(1, [0, 1, 2, 3]).hand(3, [0, 1, 2, 3]).hand(4, [0]).close()
+    report = _report(log.path)
+    assert [(e.epoch, e.hand_outs, e.missing) for e in report.epochs][:2] == [
+        (1, 4, []), (2, 0, [0, 1, 2, 3])]
+    assert not report.ok
+    # The server served 3 epochs and the job is over: the ones never seen are missing too.
+    only = Log(tmp_path / "b.log").session(size=4).hand(1, [0, 1, 2, 3])  # no close: killed
+    assert _report(only.path).ok
+    assert cli.main(["audit", "--epochs", "3", str(only.path)]) == 1
+    out = capsys.readouterr().out
+    assert "epoch 2 (4 samples): 0 handed out, 4 missing [0, 1, 2, 3]: PROBLEM" in out
+    assert "epoch 3 (4 samples): 0 handed out" in out
+
+
+def test_ranks_that_took_different_steps_in_an_epoch_are_a_problem(tmp_path: Path) -> None:
+    zero = Log(tmp_path / "rank0.log").session(rank=0, world_size=2, size=6)
+    zero.hand(1, [0, 2, 4]).hand(2, [0, 2, 4]).close(ended=True)
+    one = Log(tmp_path / "rank1.log").session(rank=1, world_size=2, size=6)
+    one.hand(1, [1, 3, 5]).hand(2, [1, 3])  # killed
+    one.session(rank=1, world_size=2, size=6).hand(2, [5]).close(ended=True)  # its successor
+    assert _report(zero.path, one.path).ok
+    again = Log(tmp_path / "again.log").session(rank=1, world_size=2, size=6)
+    again.hand(1, [1, 3, 5]).hand(2, [1])
+    again.session(rank=1, world_size=2, size=6).hand(1, [1, 3, 5]).hand(2, [1, 3, 5])
+    again.close(ended=True)  # the successor got the whole stream again
+    report = _report(zero.path, again.path)
+    assert any("epoch 1: the ranks took different numbers of steps (rank 0 3, rank 1 6)"
+               in problem for problem in report.problems), report.text()

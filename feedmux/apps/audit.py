@@ -3,7 +3,10 @@
 This module owns the judgement over audit logs (:mod:`feedmux._auditlog`
 reads them): which hand-outs count, and what was missing or repeated in each
 epoch of each server. A server is named by its address as the loaders were
-given it (a restarted server that continues its epochs is the same stream).
+given it (a restarted server that continues its epochs is the same stream; one
+that began its epochs again for its free trainers — epoch 1 again, positions
+the run had handed out already — began a new *run*, audited as a stream of its
+own, ``ADDRESS run N``).
 For the ranks of a job, each rank's sessions (one per process) are taken in
 order; a session followed by one that resumed from a checkpoint
 (``load_state_dict``) counts only up to that checkpoint's position: what it
@@ -13,12 +16,17 @@ compared with that of an uninterrupted run (``--reference``). Free trainers'
 hand-outs count as they are; a reliable trainer that died may have handed out
 samples it could not tell the server about, which the server then dealt
 again: repeats within the last ``hwm`` messages of a session that did not
-close are reported as re-dealt, not as problems. It is pure (sessions in, a
-report out) and never opens a socket.
+close are reported as re-dealt, not as problems. An epoch of which nothing at
+all was handed out is missing whole: between the first and the last epoch
+handed out, and, when the caller says the server served N epochs and the job
+is over (``epochs=``), up to N, each of them complete. Every rank of a job
+must take the same number of steps in each epoch (a DDP job with unequal steps
+hangs). It is pure (sessions in, a report out) and never opens a socket.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -153,6 +161,12 @@ class _Part:
     session: Session
     link: int
     handouts: list[HandOutRecord]
+    #: False for a session's part in a run that a later run of the same server followed:
+    #: how the session ended says nothing of that run
+    last_run: bool = True
+    #: True for every part of a run that a new run of its server followed: what was in
+    #: flight when it was cut (every trainer's credit) was never to be handed out
+    superseded: bool = False
 
     def steps(self) -> list[Step]:
         steps: list[Step] = []
@@ -181,7 +195,69 @@ def _streams(sessions: Sequence[Session]) -> dict[str, list[_Part]]:
         if len({part.session.rank is None for part in parts}) > 1:
             raise AuditLogError(f"stream {name}: expected the logs of one kind of trainer, "
                                 f"got ranked and free trainers on the same server")
-    return streams
+    split: dict[str, list[_Part]] = {}
+    for name, parts in streams.items():
+        split.update(_runs(name, parts) if parts[0].session.rank is None else {name: parts})
+    return split
+
+
+def _server_order(parts: Sequence[_Part]) -> list[str]:
+    """The server ids of a stream in the order they served: each session saw its servers
+    one after the other; sessions that share none are ordered by when they started."""
+    follows: dict[str, set[str]] = defaultdict(set)
+    first: dict[str, float] = {}
+    for part in sorted(parts, key=lambda part: part.session.started):
+        seen: list[str] = []
+        for handout in part.handouts:
+            if handout.server_id not in seen:
+                seen.append(handout.server_id)
+                first.setdefault(handout.server_id, part.session.started)
+        for before, after in itertools.pairwise(seen):
+            follows[after].add(before)
+    order: list[str] = []
+    waiting = sorted(first, key=lambda server: first[server])
+    while waiting:
+        ready = next((server for server in waiting if follows[server] <= set(order)),
+                     waiting[0])  # a cycle (clock skew): the earliest
+        order.append(ready)
+        waiting.remove(ready)
+    return order
+
+
+def _runs(name: str, parts: list[_Part]) -> dict[str, list[_Part]]:
+    """A free stream split into runs: a server that began its epochs again starts a new
+    run, whose epochs are not those of the run before (``NAME run 2``, ...). It began
+    again when it handed out epoch 1 and most of what it handed out in the epochs the
+    run had reached was handed out there already, or most of what the run had handed out
+    there (a run cut after a message or two); a server that continues the run deals in
+    them only what nobody handed out (samples in flight when its predecessor died)."""
+    handed: dict[str, set[tuple[int, int]]] = defaultdict(set)
+    for part in parts:
+        for handout in part.handouts:
+            handed[handout.server_id].update(
+                (handout.epoch, position) for position in handout.positions.tolist())
+    run_of: dict[str, int] = {}
+    run, seen = 1, set[tuple[int, int]]()
+    for server in _server_order(parts):
+        latest = max((epoch for epoch, _ in seen), default=0)
+        again = [step for step in handed[server] if step[0] <= latest]
+        before = sum(step[0] <= latest for step in seen)
+        if (seen and min(handed[server])[0] == 1
+                and 2 * len(seen.intersection(again)) > min(len(again), before)):
+            run, seen = run + 1, set()
+        run_of[server] = run
+        seen |= handed[server]
+    if run == 1:
+        return {name: parts}
+    runs: dict[str, list[_Part]] = defaultdict(list)
+    for part in parts:
+        by_run: dict[int, list[HandOutRecord]] = defaultdict(list)
+        for handout in part.handouts:
+            by_run[run_of[handout.server_id]].append(handout)
+        for number, handouts in by_run.items():
+            runs[name if number == 1 else f"{name} run {number}"].append(
+                _Part(part.session, part.link, handouts, number == max(by_run), number < run))
+    return runs
 
 
 def _server_facts(parts: Sequence[_Part]) -> tuple[int | None, int, str]:
@@ -263,10 +339,12 @@ def _closed_ranked(parts: list[_Part], epoch: int) -> bool:
 # -- free streams ------------------------------------------------------------------------------
 def _in_flight(parts: list[_Part]) -> int:
     """At most how many samples the trainers that closed held without handing them out
-    (their credit: ``hwm`` messages each, as large as the largest they handed out)."""
+    (their credit: ``hwm`` messages each, as large as the largest they handed out); in a
+    run a new run followed, every trainer's (the run was cut while they held them)."""
     bound = 0
+    cut = any(part.superseded for part in parts)
     for part in parts:
-        if part.session.closed:
+        if cut or (part.session.closed and part.last_run):
             sizes = Counter[int]()
             for handout in part.handouts:
                 sizes[handout.message] += len(handout.positions)
@@ -277,7 +355,7 @@ def _in_flight(parts: list[_Part]) -> int:
 def _closed_free(parts: list[_Part], steps: list[Step], size: int | None) -> Any:
     """Whether epoch ``e`` of a free stream is over: the stream ended, or every position
     of it lies before the samples the last trainers may have held when they closed."""
-    if any(part.session.ended for part in parts):
+    if any(part.session.ended and part.last_run for part in parts):
         return lambda epoch: True
     last = max((step[0] for step in steps), default=0)
     if size is None or not steps:
@@ -295,7 +373,7 @@ def _free(parts: list[_Part]) -> tuple[list[Step], Counter[tuple[int, int]]]:
     for part in parts:
         steps += part.steps()
         session = part.session
-        if session.closed or not session.header.get("reliable"):
+        if session.closed or not session.header.get("reliable") or not part.last_run:
             continue
         messages = sorted({handout.message for handout in part.handouts})
         tail = set(messages[-int(session.header.get("hwm", 1)):])
@@ -307,16 +385,30 @@ def _free(parts: list[_Part]) -> tuple[list[Step], Counter[tuple[int, int]]]:
 
 # -- the epochs --------------------------------------------------------------------------------
 def _epochs(name: str, steps: list[Step], facts: tuple[int | None, int, str],
-            closed: Any, tails: Counter[tuple[int, int]]) -> list[EpochReport]:
+            closed: Any, tails: Counter[tuple[int, int]],
+            served: int | None = None) -> list[EpochReport]:
+    """Per epoch of the stream: what was handed out and what was wrong. An epoch of
+    which nothing came (between the first and the last handed out, or up to ``served``:
+    the server served that many and the job is over) is there too, every position
+    missing; epochs up to ``served`` are complete."""
     size, world_size, uneven = facts
     by_epoch: dict[int, list[int]] = defaultdict(list)
-    keys: dict[tuple[int, int], Any] = {}
-    for epoch, position, key in steps:
+    for epoch, position, _ in steps:
         by_epoch[epoch].append(position)
-        if key is not None:
-            keys.setdefault((epoch, position), key)
+    if served is not None:
+        for epoch in range(1, served + 1):
+            by_epoch.setdefault(epoch, [])
+        closed = lambda epoch, later=closed: epoch <= served or later(epoch)  # noqa: E731
+    if by_epoch:
+        for epoch in range(min(by_epoch), max(by_epoch) + 1):
+            by_epoch.setdefault(epoch, [])
     reports = []
     for epoch in sorted(by_epoch):
+        if not by_epoch[epoch]:
+            report = EpochReport(name, epoch, size, open=not closed(epoch) or size is None)
+            report.missing = [] if size is None else list(range(size))
+            reports.append(report)
+            continue
         counts = Counter(by_epoch[epoch])
         report = EpochReport(name, epoch, size, hand_outs=len(by_epoch[epoch]))
         report.open = not closed(epoch) or size is None
@@ -339,24 +431,44 @@ def _epochs(name: str, steps: list[Step], facts: tuple[int | None, int, str],
     return reports
 
 
-def audit(sessions: Sequence[Session], reference: Sequence[Session] = ()) -> AuditReport:
+def audit(sessions: Sequence[Session], reference: Sequence[Session] = (), *,
+          epochs: int | None = None) -> AuditReport:
     """Check ``sessions`` (a job's logs, restarts included); with ``reference`` (the logs
-    of an uninterrupted run of the same seeded job), also each rank's effective sequence."""
+    of an uninterrupted run of the same seeded job), also each rank's effective sequence;
+    with ``epochs`` (the server served that many, ``--epochs N``, and the job is over),
+    every one of them must be there, whole."""
     report = AuditReport(sessions=len(sessions), torn=sum(s.torn for s in sessions))
     for name, parts in sorted(_streams(sessions).items()):
         facts = _server_facts(parts)
         if parts[0].session.rank is not None:
             steps = _ranked(name, parts, report)
-            epochs = _epochs(name, steps, facts, lambda e, p=parts: _closed_ranked(p, e),
-                             Counter())
+            closed = lambda e, p=parts: _closed_ranked(p, e)  # noqa: E731
+            found = _epochs(name, steps, facts, closed, Counter(), epochs)
+            _equal_steps(name, report, [e.epoch for e in found if not e.open])
         else:
             steps, tails = _free(parts)
-            epochs = _epochs(name, steps, facts, _closed_free(parts, steps, facts[0]), tails)
-        report.epochs += epochs
+            found = _epochs(name, steps, facts, _closed_free(parts, steps, facts[0]), tails,
+                            epochs)
+        report.epochs += found
         _compare_keys(name, steps, report)
     if reference:
         _compare(report, audit(reference))
     return report
+
+
+def _equal_steps(name: str, report: AuditReport, closed: list[int]) -> None:
+    """Every rank of the job took as many steps as the others in each complete epoch."""
+    counts: dict[int, Counter[int]] = {}
+    for (stream, rank), sequence in report.sequences.items():
+        if stream == name:
+            counts[rank] = Counter(epoch for epoch, _, _ in sequence)
+    for epoch in closed:
+        steps = {rank: count[epoch] for rank, count in sorted(counts.items())}
+        if len(set(steps.values())) > 1:
+            report.problems.append(
+                f"{name}: epoch {epoch}: the ranks took different numbers of steps ("
+                + ", ".join(f"rank {rank} {n}" for rank, n in steps.items())
+                + "): expected the same for every rank (a DDP job would hang)")
 
 
 def _compare_keys(name: str, steps: list[Step], report: AuditReport) -> None:

@@ -157,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--reference", nargs="+", default=[], metavar="LOG",
                        help="the logs of an uninterrupted run of the same seeded job: each "
                             "rank must have handed out the same sequence")
+    audit.add_argument("--epochs", type=_positive_int, metavar="N",
+                       help="the server served N epochs (serve --epochs N) and the job is over: "
+                            "each must have been handed out whole (default: the epochs "
+                            "seen, and any gap between them)")
     audit.add_argument("--json", action="store_true", help="print the report as JSON")
     keygen = _command(commands, "keygen", _keygen,
                       "make a CURVE key pair (NAME.key, NAME.key_secret)")
@@ -383,7 +387,8 @@ def _audit(args: argparse.Namespace) -> int:
 
     try:
         report = audit(load_sessions(args.logs),
-                       load_sessions(args.reference) if args.reference else ())
+                       load_sessions(args.reference) if args.reference else (),
+                       epochs=args.epochs)
     except AuditLogError as error:
         print(f"feedmux audit: error: {error}", file=sys.stderr)
         return EXIT_USAGE

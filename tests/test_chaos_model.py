@@ -1,0 +1,82 @@
+"""The chaos test's model (benchmarks._chaos_model): seeded set-ups and schedules, pure.
+
+What a chaos run does is drawn from its seed alone, so that ``--seed S``
+replays it: the same seed gives the same set-up and the same events, and the
+schedule respects the model's bounds (free trainers between the least and the
+most, a rank's stop inside an epoch). The runs themselves are real processes:
+``python -m benchmarks.chaos`` (docs/chaos.md), and tests/integration/test_audit.py
+runs its ranks.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import chaos
+from benchmarks._chaos_model import (
+    EPOCH,
+    EVENTS,
+    FOCUS,
+    FREE_LOADER,
+    FREE_SERVER,
+    MAX_FREE,
+    MIN_FREE,
+    draw,
+)
+
+
+@pytest.mark.parametrize("focus", sorted(FOCUS))
+def test_a_seed_replays_its_set_up_and_schedule(focus: str) -> None:
+    assert draw(7, FOCUS[focus], 2) == draw(7, FOCUS[focus], 2)
+    assert draw(7, FOCUS[focus], 2).describe() == draw(7, FOCUS[focus], 2).describe()
+
+
+def test_seeds_draw_different_schedules_of_known_events() -> None:
+    schedules = {draw(seed, FOCUS["mix"], 2).events for seed in range(10)}
+    assert len(schedules) == 10
+    kinds = {event.kind for events in schedules for event in events}
+    assert kinds <= set(EVENTS) and len(kinds) >= 6
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_free_trainers_stay_within_the_bounds(seed: int) -> None:
+    setup = draw(seed, FOCUS["server-restart"], 3)
+    free = setup.scenario.free
+    for event in setup.events:
+        free += {"join": 1, "leave": -1, "kill-free": -1}.get(event.kind, 0)
+        assert MIN_FREE <= free <= MAX_FREE
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_rank_restart_stops_inside_an_epoch_of_the_run(seed: int) -> None:
+    setup = draw(seed, FOCUS["rank-restart"], 1)
+    (event,) = setup.events
+    per_epoch = -(-EPOCH[setup.scenario.source] // setup.ranks)
+    assert event.kind == "kill-rank" and event.how == "alone" and 0 <= event.target < 2
+    assert 1 <= event.step <= per_epoch * (setup.scenario.ranked_epochs or 0)
+    assert event.step % per_epoch not in (0, per_epoch - 1)  # neither an epoch's last step
+
+
+def test_the_checkpoint_scenario_restarts_a_killed_rank_with_its_job() -> None:
+    hows = {event.how for seed in range(20)
+            for event in draw(seed, FOCUS["checkpoint"], 2).events if event.kind == "kill-rank"}
+    assert hows == {"job"}
+
+
+def test_free_delivery_flags_are_said_in_one_place() -> None:
+    # The trainers and the servers take them from the model: when acknowledged delivery
+    # is the default, emptying these two drops the flags everywhere.
+    assert FREE_LOADER == {"reliable": True} and FREE_SERVER == ("--reliable",)
+    assert "loader reliable=True, server --reliable" in draw(1, FOCUS["mix"], 1).describe()
+
+
+def test_the_sources_have_the_epochs_the_model_counts() -> None:
+    assert sum(1 for _ in chaos.source().iterate()) == EPOCH["benchmarks.chaos:source"]
+    assert sum(1 for _ in chaos.small_source().iterate()) == EPOCH[
+        "benchmarks.chaos:small_source"]
+
+
+def test_list_names_every_scenario_and_event(capsys: pytest.CaptureFixture[str]) -> None:
+    assert chaos.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"{name}:" in out for name in FOCUS) and all(kind in out for kind in EVENTS)
