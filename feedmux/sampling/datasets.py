@@ -67,18 +67,47 @@ def stripe_positions(size: int, index: int, count: int, width: int) -> np.ndarra
     Positions are dealt in blocks of ``width``: block ``b`` (positions
     ``b * width .. (b + 1) * width - 1``) goes to shard ``b % count``. Taking
     ``width`` items from each shard in turn (the server's merge) gives the
-    positions back in order.
+    positions back in order. Built from the shard's own blocks: O(size / count).
 
     Examples
     --------
     >>> stripe_positions(10, 0, 2, 2).tolist(), stripe_positions(10, 1, 2, 2).tolist()
     ([0, 1, 4, 5, 8, 9], [2, 3, 6, 7])
     """
-    positions = np.arange(size, dtype=np.int64)
     if count == 1:
-        return positions
-    mine: np.ndarray = positions[(positions // width) % count == index]
-    return mine
+        return np.arange(size, dtype=np.int64)
+    starts = np.arange(index * width, size, count * width, dtype=np.int64)
+    positions: np.ndarray = (starts[:, None] + np.arange(width, dtype=np.int64)).ravel()
+    if len(positions) and positions[-1] >= size:
+        positions = positions[positions < size]
+    return positions
+
+
+class _Orders:
+    """The latest epochs' orders of a dataset streamer, shared by its stripes.
+
+    Every stripe needs its epoch's whole permutation to pick its positions; the
+    stripes one process runs (all of them, with one worker) draw it once.
+    """
+
+    __slots__ = ("_orders",)
+
+    #: Epochs kept: the stripes of a process run about the same epoch (the server
+    #: releases an epoch once every stripe has ended the last one).
+    KEEP = 2
+
+    def __init__(self) -> None:
+        self._orders: dict[tuple[int, int], np.ndarray] = {}
+
+    def get(self, pass_number: int, size: int, draw: Any) -> np.ndarray:
+        key = (pass_number, size)
+        order = self._orders.get(key)
+        if order is None:
+            order = draw()
+            if len(self._orders) >= self.KEEP:
+                del self._orders[min(self._orders)]
+            self._orders[key] = order
+        return order
 
 
 class DatasetStreamer(BaseMux[T]):
@@ -134,6 +163,7 @@ class DatasetStreamer(BaseMux[T]):
         super().__init__([], random_state)
         self.dataset = dataset
         self.shuffle = bool(shuffle)
+        self._orders = _Orders()
         _dataset_size(dataset)  # a len() that fails fails here, not in the first epoch
         #: (shard index, shard count, stripe width): the whole epoch by default.
         self.stripe = (0, 1, 1)
@@ -210,6 +240,8 @@ class DatasetStreamer(BaseMux[T]):
         if random_state is not None:  # a Generator is drawn from once, here
             copy._seed_plan = seed_plan(random_state)
             copy._int_seed = int(random_state) if is_integer(random_state) else None
+        if shuffle is not None or random_state is not None:
+            copy._orders = _Orders()  # other orders; a stripe shares its whole's
         return copy
 
     def epoch_indices(self, pass_number: int) -> np.ndarray:
@@ -219,10 +251,21 @@ class DatasetStreamer(BaseMux[T]):
         [1, 3]
         """
         size = _dataset_size(self.dataset)
-        order = (self._pass_rng(pass_number).permutation(size) if self.shuffle
-                 else np.arange(size, dtype=np.int64))
         index, count, width = self.stripe
-        return order if count == 1 else order[stripe_positions(size, index, count, width)]
+        if not self.shuffle:
+            return stripe_positions(size, index, count, width)
+        if self._seed_plan.entropy is None:  # numpy's global state: a new draw every time
+            return self._pick(self._pass_rng(pass_number).permutation(size))
+        order = self._orders.get(pass_number, size,
+                                 lambda: self._pass_rng(pass_number).permutation(size))
+        return self._pick(order)
+
+    def _pick(self, order: np.ndarray) -> np.ndarray:
+        index, count, width = self.stripe
+        if count == 1:
+            return order
+        picked: np.ndarray = order[stripe_positions(len(order), index, count, width)]
+        return picked
 
     def _start(self, on_stream_error: StreamErrorHook | None) -> Iterator[T]:
         self._passes += 1

@@ -189,3 +189,29 @@ def test_a_failing_len_and_too_many_stripes_are_refused() -> None:
 def test_from_dataset_is_public() -> None:
     assert feedmux.from_dataset is from_dataset
     assert "from_dataset" in feedmux.__all__
+
+
+@pytest.mark.parametrize("size", [0, 1, 5, 16, 17, 100])
+@pytest.mark.parametrize("count, width", [(1, 1), (2, 1), (3, 2), (7, 16)])
+def test_stripe_positions_are_the_blocks_dealt_in_turn(size: int, count: int, width: int) -> None:
+    positions = np.arange(size)
+    for index in range(count):
+        rule = positions[(positions // width) % count == index]  # block b to shard b % count
+        assert stripe_positions(size, index, count, width).tolist() == rule.tolist()
+
+
+def test_the_stripes_of_one_process_draw_the_permutation_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    streamer = from_dataset(list(range(SIZE)), random_state=1)
+    parts = streamer.stripes(4, 2)
+    draws: list[int] = []
+    original = DatasetStreamer._pass_rng
+
+    def counted(self: DatasetStreamer[Any], pass_number: int) -> np.random.Generator:
+        draws.append(pass_number)
+        return original(self, pass_number)
+
+    monkeypatch.setattr(DatasetStreamer, "_pass_rng", counted)
+    indices = [part.epoch_indices(1).tolist() for part in parts]
+    assert draws == [1]
+    assert sorted(index for part in indices for index in part) == list(range(SIZE))
