@@ -26,7 +26,8 @@ from feedmux.sampling._rng import seed_plan
 from feedmux.sampling.mux import BaseMux
 from feedmux.sampling.streamer import Streamer, StreamErrorHook, is_integer
 
-__all__ = ["DatasetStreamer", "from_dataset", "is_map_dataset", "stripe_positions"]
+__all__ = ["DatasetStreamer", "dataset_of", "from_dataset", "is_map_dataset",
+           "stripe_positions"]
 
 T = TypeVar("T")
 
@@ -308,6 +309,18 @@ def _dataset_size(dataset: Any) -> int:
         raise SamplingError(
             f"expected len() of the dataset to be an int >= 0, got {size!r}")
     return int(size)
+
+
+def dataset_of(streamer: Any) -> DatasetStreamer[Any] | None:
+    """The dataset streamer ``streamer`` is (``Streamer(dataset_streamer)`` is it), else None.
+
+    >>> dataset_of(Streamer(from_dataset([1]))) is not None, dataset_of(Streamer([1]))
+    (True, None)
+    """
+    while (type(streamer) is Streamer and isinstance(streamer.source, Streamer)
+           and not streamer.args and not streamer.kwargs):
+        streamer = streamer.source
+    return streamer if isinstance(streamer, DatasetStreamer) else None
 
 
 def from_dataset(dataset: Any, shuffle: bool = True,

@@ -19,9 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from feedmux.errors import FactoryError, SamplingError
-from feedmux.sampling.datasets import DatasetStreamer, from_dataset, is_map_dataset
+from feedmux.sampling.datasets import dataset_of, from_dataset, is_map_dataset
 from feedmux.sampling.epochs import is_streamer
-from feedmux.sampling.streamer import Streamer
 
 __all__ = ["Source", "parse_factory_args", "resolve_source"]
 
@@ -145,7 +144,7 @@ def resolve_source(source: Source, kwargs: Mapping[str, Any] | None = None,
             "function with feedmux.Streamer)"
         )
     if not shuffle:
-        dataset = _dataset_of(obj)
+        dataset = dataset_of(obj)
         if dataset is None:
             raise FactoryError(
                 f"--no-shuffle (shuffle=False) keeps the order of a map-style dataset, but "
@@ -153,14 +152,6 @@ def resolve_source(source: Source, kwargs: Mapping[str, Any] | None = None,
                 "random_state, or serve the dataset itself)")
         obj = dataset.ordered()
     return obj
-
-
-def _dataset_of(streamer: Any) -> DatasetStreamer[Any] | None:
-    """The dataset streamer ``streamer`` is (``Streamer(dataset_streamer)`` is it), else None."""
-    while (type(streamer) is Streamer and isinstance(streamer.source, Streamer)
-           and not streamer.args and not streamer.kwargs):
-        streamer = streamer.source
-    return streamer if isinstance(streamer, DatasetStreamer) else None
 
 
 def is_streamer_class(obj: type) -> bool:

@@ -39,6 +39,7 @@ from feedmux.errors import (
     TransportError,
 )
 from feedmux.protocol import EndOfStream, Error
+from feedmux.sampling.datasets import dataset_of
 from feedmux.sampling.epochs import EpochIterator
 from feedmux.sampling.mux import restart_passes
 from feedmux.server._delivery.pool import close_pool, open_pool
@@ -55,7 +56,7 @@ from feedmux.server._sources.forward import forward, ranked_dealer
 from feedmux.server._sources.merge import merge_block
 from feedmux.server._sources.producer import produce
 from feedmux.server._sources.seeding import FRESH_ENTROPY, EpochSeeder, resolve_seed
-from feedmux.server._sources.shards import MergedShards, choose_shards, dataset_source
+from feedmux.server._sources.shards import MergedShards, choose_shards
 from feedmux.server._sources.workers import WorkerPool
 from feedmux.server.config import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ServerConfig
 from feedmux.server.factory import Source, resolve_source
@@ -277,7 +278,7 @@ class Server:
         # freed buffers instead of faulting in new pages for each sample.
         keep_freed_memory()
         seed, origin = resolve_seed(config.seed, streamer)
-        dataset = dataset_source(streamer)
+        dataset = dataset_of(streamer)
         if dataset is not None:
             # Every process draws the epoch's permutation from the run's seed; the epoch size
             # is the dataset's (ranks know their share before the first epoch ends).

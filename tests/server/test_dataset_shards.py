@@ -16,13 +16,12 @@ import pytest
 from feedmux._worker_info import set_worker_info
 from feedmux.errors import FactoryError, SamplingError
 from feedmux.sampling import ChainMux, Streamer
-from feedmux.sampling.datasets import DatasetStreamer, from_dataset
+from feedmux.sampling.datasets import DatasetStreamer, dataset_of, from_dataset
 from feedmux.server._sources.shards import (
     DEFAULT_SHARDS,
     MergedShards,
     ShardRandom,
     choose_shards,
-    dataset_source,
 )
 from feedmux.server.factory import resolve_source
 
@@ -99,7 +98,7 @@ def test_the_factory_serves_a_list_an_array_a_class_and_a_factory() -> None:
     assert isinstance(squares, DatasetStreamer) and list(squares) == [0, 1, 4, 9]
     assert list(resolve_source(lambda: [5, 6], shuffle=False)) == [5, 6]
     wrapped = Streamer(from_dataset([1, 2]))
-    assert dataset_source(wrapped) is not None
+    assert dataset_of(wrapped) is not None
     assert list(resolve_source(wrapped, shuffle=False)) == [1, 2]
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from feedmux._worker_info import WorkerInfo, set_worker_info, worker_info
 from feedmux.errors import SamplingError
-from feedmux.sampling.datasets import DatasetStreamer
+from feedmux.sampling.datasets import DatasetStreamer, dataset_of
 from feedmux.sampling.epochs import shard
 from feedmux.sampling.mux import BaseMux
 from feedmux.sampling.streamer import Streamer, StreamErrorHook, activate, close_stream
@@ -33,8 +33,7 @@ from feedmux.server._sources.globalstate import GlobalRandomState
 from feedmux.server._sources.merge import MergeOrder
 from feedmux.server._sources.seeding import reseed_globals
 
-__all__ = ["DEFAULT_SHARDS", "MAX_SHARDS", "MergedShards", "ShardRandom", "choose_shards",
-           "dataset_source"]
+__all__ = ["DEFAULT_SHARDS", "MAX_SHARDS", "MergedShards", "ShardRandom", "choose_shards"]
 
 log = logging.getLogger("feedmux.server")
 
@@ -53,12 +52,6 @@ def _mux_of(streamer: Any) -> Any:
            and not streamer.args and not streamer.kwargs):
         streamer = streamer.source
     return streamer
-
-
-def dataset_source(streamer: Any) -> DatasetStreamer[Any] | None:
-    """The map-style dataset ``streamer`` serves (``Streamer(dataset)`` included), else None."""
-    streamer = _mux_of(streamer)
-    return streamer if isinstance(streamer, DatasetStreamer) else None
 
 
 def choose_shards(streamer: Any, requested: int | None = None,
@@ -98,7 +91,7 @@ def choose_shards(streamer: Any, requested: int | None = None,
     >>> "".join(merged)  # the dataset's order, whatever the shards
     'abcdefg'
     """
-    dataset = dataset_source(streamer)
+    dataset = dataset_of(streamer)
     if dataset is not None:
         return _dataset_shards(dataset, requested, item_split, block)
     if requested is not None:
