@@ -15,7 +15,7 @@ import pytest
 
 from feedmux._worker_info import set_worker_info
 from feedmux.errors import FactoryError, SamplingError
-from feedmux.sampling import ChainMux, Streamer
+from feedmux.sampling import ChainMux, EpochIterator, Streamer
 from feedmux.sampling.datasets import DatasetStreamer, dataset_of, from_dataset
 from feedmux.server._sources.shards import (
     DEFAULT_SHARDS,
@@ -113,3 +113,41 @@ def test_a_dict_is_not_taken_for_a_dataset() -> None:
     with pytest.raises(FactoryError, match="expected a feedmux Streamer or mux, or a map-style "
                                            "dataset"):
         resolve_source({"a": 1})
+
+
+class Counting:
+    """A list-like dataset that counts its loads."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.loads = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> int:
+        self.loads += 1
+        return index
+
+
+def test_a_resumed_one_process_run_skips_the_earlier_epochs_without_loading_them() -> None:
+    # The sequence of a seeded server with one process (every stripe, merged here).
+    def run(dataset: Counting, start: tuple[int, int] | None) -> list[Any]:
+        parts, _ = choose_shards(from_dataset(dataset).seeded(3), block=4)
+        merged = MergedShards(parts, 4, seed=3)
+        epochs = EpochIterator(merged, max_epochs=3, on_epoch_start=merged.start_epoch)
+        if start is not None:
+            epochs.resume_at(*start)
+        items = []
+        while True:
+            try:
+                items.extend(epochs.take(1000).items)
+            except StopIteration:
+                return items
+
+    whole = run(Counting(SIZE), None)
+    dataset = Counting(SIZE)
+    assert run(dataset, (3, 7)) == whole[2 * SIZE + 7:]
+    # Epochs 1 and 2 are counted, not loaded (they were: 3 * SIZE loads); epoch 3 is
+    # drawn again up to the resume point.
+    assert dataset.loads == SIZE

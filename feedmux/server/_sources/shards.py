@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from feedmux._worker_info import WorkerInfo, set_worker_info, worker_info
 from feedmux.errors import SamplingError
 from feedmux.sampling.datasets import DatasetStreamer, dataset_of
 from feedmux.sampling.epochs import shard
-from feedmux.sampling.mux import BaseMux
+from feedmux.sampling.mux import BaseMux, pass_skipper
 from feedmux.sampling.streamer import Streamer, StreamErrorHook, activate, close_stream
 from feedmux.server._sources.globalstate import GlobalRandomState
 from feedmux.server._sources.merge import MergeOrder
@@ -238,6 +238,26 @@ class MergedShards(Streamer[Any]):
     def start_epoch(self, epoch: int) -> None:
         """The epoch the next activation is (an ``on_epoch_start`` hook)."""
         self.epoch = epoch
+
+    def skipper(self) -> Callable[[], None] | None:
+        """How to skip one whole epoch without drawing it, when every shard can skip its own.
+
+        A resumed run then skips the epochs before its start as a server with workers
+        does (each worker's shards skip theirs), instead of drawing every item of them:
+        a served dataset's earlier epochs are not loaded again. Each epoch reseeds the
+        process-wide generators from (seed, shard, epoch), so nothing drawn in a skipped
+        epoch reaches the next. None when a shard must run to be skipped.
+        """
+        skippers = [pass_skipper(part) for part in self.streamers]
+        if any(skip is None for skip in skippers):
+            return None
+
+        def skip_all() -> None:
+            for skip in skippers:
+                assert skip is not None
+                skip()
+
+        return skip_all
 
     def _start(self, on_stream_error: StreamErrorHook | None) -> Iterator[Any]:
         return self._merged(on_stream_error)
