@@ -206,7 +206,8 @@ class DatasetStreamer(BaseMux[T]):
         Raises
         ------
         SamplingError
-            When a shard would get no item (fewer blocks than shards).
+            When a shard would get no item (fewer blocks than shards), or the
+            streamer shuffles without a seed (:meth:`seeded` first).
         """
         check_shard(0, count)
         if not (is_integer(width) and int(width) >= 1):
@@ -221,6 +222,11 @@ class DatasetStreamer(BaseMux[T]):
         return [self._stripe(index, count, width) for index in range(count)]
 
     def _stripe(self, index: int, count: int, width: int) -> DatasetStreamer[T]:
+        if self.shuffle and self._seed_plan.entropy is None:
+            # Each stripe would draw its own permutation from numpy's global state.
+            raise SamplingError(
+                "cannot split an unseeded, shuffled dataset streamer: its stripes must draw "
+                "the same permutation; give it a random_state (a server gives its run's seed)")
         part = self._copy()  # the same permutations as the whole
         part.stripe = (index, count, width)
         return part

@@ -102,6 +102,14 @@ def test_shard_splits_by_positions_and_each_item_comes_once() -> None:
     assert sorted(label for part in parts for label in labels(part)) == list(range(SIZE))
 
 
+def test_an_unseeded_shuffled_streamer_is_not_split() -> None:
+    # Its stripes would each draw their own permutation: items lost and repeated.
+    with pytest.raises(SamplingError, match="give it a random_state"):
+        shard(from_dataset(Recording()), 0, 2)
+    assert len(from_dataset(Recording(), shuffle=False).stripes(2)) == 2
+    assert len(from_dataset(Recording()).seeded(1).stripes(2)) == 2
+
+
 def test_a_whole_epoch_is_skipped_without_loading_it() -> None:
     dataset = Recording()
     streamer = from_dataset(dataset, random_state=4)
