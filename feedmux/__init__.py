@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from feedmux._worker_info import WorkerInfo, worker_info
     from feedmux.client.remote import BatchMeta, RemoteLoader, SampleMeta, fetch_stats
     from feedmux.client.stream import ManualStream, Stream
+    from feedmux.sampling.datasets import from_dataset
     from feedmux.sampling.maps import buffer_stream, keras_tuples, tuples
     from feedmux.sampling.mux import ChainMux, RoundRobinMux, ShuffledMux, StochasticMux
     from feedmux.sampling.streamer import Streamer, streamable
@@ -47,6 +48,7 @@ _LAZY = {
     "StochasticMux": "feedmux.sampling.mux",
     "Streamer": "feedmux.sampling.streamer",
     "buffer_stream": "feedmux.sampling.maps",
+    "from_dataset": "feedmux.sampling.datasets",
     "keras_tuples": "feedmux.sampling.maps",
     "streamable": "feedmux.sampling.streamer",
     "tuples": "feedmux.sampling.maps",
@@ -111,6 +113,7 @@ __all__ = [
     "__version__",
     "buffer_stream",
     "fetch_stats",
+    "from_dataset",
     "keras_tuples",
     "serve",
     "shared_empty",

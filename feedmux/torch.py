@@ -6,7 +6,9 @@ It owns the glue between a torch ``DataLoader`` and a
 :class:`~feedmux.client.remote.RemoteLoader`: the loader is built lazily in the
 process that iterates the dataset (the main process, or each DataLoader worker),
 each worker becomes a trainer of its own (its own client id, and with a rank a
-share of it, see :func:`worker_share`), and arrays become tensors with no copy.
+share of it, see :func:`worker_share`), and arrays become tensors with no copy
+(so the tensors a served ``Dataset`` returned, which travel as arrays, arrive as
+tensors again).
 It never decides anything about delivery, resume or the wire: the loader and the
 server do.
 """

@@ -205,6 +205,10 @@ def _add_serve(serve: argparse.ArgumentParser) -> None:
                         help="reseed every sampling process at each epoch from (seed, worker, "
                              "epoch), so that a run can be repeated (default: the mux's "
                              "integer random_state, else fresh each run, and logged)")
+    basics.add_argument("--no-shuffle", action="store_true",
+                        help="a served map-style dataset (a torch Dataset, a list, an array): "
+                             "its indices in order every epoch (default: a permutation of "
+                             "them drawn from (seed, epoch))")
     basics.add_argument("--on-error", choices=("raise", "skip"), default="raise",
                         help="a streamer that raises stops the server and the trainers get "
                              "the error (raise), or only that stream is dropped (skip) "
@@ -373,6 +377,7 @@ def _serve(args: argparse.Namespace) -> int:
             group_timeout=args.group_timeout,
             curve_secret=args.curve_secret, curve_clients=args.curve_clients,
             metrics_port=args.metrics_port, metrics_host=args.metrics_host, seed=args.seed,
+            shuffle=not args.no_shuffle,
             shm=not args.no_shm, shm_size=args.shm_size << 20, compress=args.compress,
         )
     except (FactoryError, ConfigurationError) as error:

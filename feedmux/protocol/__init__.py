@@ -72,6 +72,7 @@ from feedmux.protocol._messages import (
 from feedmux.protocol._ragged import Padded, gathered, padded_batch, ragged_tree, stacked_batch
 from feedmux.protocol._stacking import stacked_tree, take_rows, training_batch
 from feedmux.protocol._tags import TAG_DTYPE, position_runs, read_tags, replace_tags
+from feedmux.protocol._tensors import TensorError, is_tensor, tensor_array
 
 __all__ = [
     "CONTROL_LIMITS",
@@ -107,12 +108,14 @@ __all__ = [
     "StackedLeaf",
     "Stats",
     "StatsRequest",
+    "TensorError",
     "Welcome",
     "compress_frames",
     "decode",
     "encode",
     "gathered",
     "inflate_frames",
+    "is_tensor",
     "pack_envelope",
     "packed",
     "padded_batch",
@@ -128,6 +131,7 @@ __all__ = [
     "stats_order",
     "take_rows",
     "take_samples",
+    "tensor_array",
     "training_batch",
     "unpack_envelope",
 ]

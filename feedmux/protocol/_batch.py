@@ -27,6 +27,7 @@ from typing import Any, overload
 import numpy as np
 
 from feedmux.errors import ProtocolError
+from feedmux.protocol._tensors import TensorError, is_tensor, tensor_array
 
 __all__ = [
     "MAX_TEMPLATE_DEPTH",
@@ -329,8 +330,37 @@ def _template_of(
             append(other)
 
         return leaf, match_plain
+    if is_tensor(node):
+        return _tensor_template(node, leaves)
     # Subclasses, unsupported types: the per-sample path handles or refuses them.
     raise _NotStackable
+
+
+def _tensor_template(node: Any, leaves: list[tuple[StackedLeaf, Any]]) -> tuple[Any, Matcher]:
+    """A torch tensor leaf: stacked as the arrays viewing the tensors (no copy before
+    the stacking itself)."""
+    try:
+        first = tensor_array(node)
+    except TensorError:
+        raise _NotStackable from None  # the per-sample path says why
+    dtype, shape = first.dtype, first.shape
+    values = [first]
+    append = values.append
+    leaf = StackedLeaf(ARRAY, values)
+    leaves.append((leaf, (dtype, shape)))
+
+    def match_tensor(other: Any) -> None:
+        if not is_tensor(other):
+            raise _NotStackable
+        try:
+            array = tensor_array(other)
+        except TensorError:
+            raise _NotStackable from None
+        if array.shape != shape or array.dtype != dtype:
+            raise _NotStackable
+        append(array)
+
+    return leaf, match_tensor
 
 
 def compile_template(template: Any, count: int, depth: int = 0) -> Callable[[int], Any]:

@@ -3,7 +3,8 @@
 This module owns the bytes a sender writes: the msgpack header in frame 0 (ext
 values for numpy arrays, numpy scalars, tuples and stacked batch leaves), the
 tag frame of a data message, and the raw array frames after it, handed over as
-views of the arrays' own memory (a decoded :class:`SampleBatch` is encoded from
+views of the arrays' own memory (a torch CPU tensor's too: it travels as the
+array viewing it, :mod:`feedmux.protocol._tensors`) (a decoded :class:`SampleBatch` is encoded from
 its stacked leaves, as the same samples would be). It keeps reused msgpack
 packers per thread, because building a packer costs more than packing a small
 message. It never sends, never pickles, and refuses anything that cannot travel
@@ -38,6 +39,7 @@ from feedmux.protocol._fields import CONTROL_BY_CLASS, INT, INT_MAX, INT_MIN, ST
 from feedmux.protocol._frames import short
 from feedmux.protocol._messages import PROTOCOL_VERSION, Data, Kind, Message
 from feedmux.protocol._tags import encode_tags
+from feedmux.protocol._tensors import TensorError, is_tensor, tensor_array, unsupported_hint
 
 __all__ = ["INLINE_THRESHOLD", "encode"]
 
@@ -95,6 +97,11 @@ class _Encoder:
             return str(obj)
         if isinstance(obj, bytes):
             return bytes(obj)
+        if is_tensor(obj):  # a torch CPU tensor travels as the array viewing its memory
+            try:
+                return self.array_ext(tensor_array(obj))
+            except TensorError as error:
+                raise _Unsupported(str(error)) from None
         raise _Unsupported(f"unsupported type {type(obj).__qualname__}")
 
     def array_meta(self, dtype: np.dtype[Any], shape: tuple[int, ...]) -> bytes:
@@ -285,6 +292,12 @@ def _find_problem(node: Any, path: str, depth: int) -> str | None:
             if problem is not None:
                 return problem
         return None
+    if is_tensor(node):
+        try:
+            array = tensor_array(node)
+        except TensorError as exc:
+            return f"{path}: {exc}"
+        return _find_problem(array, path, depth)
     if node is None or isinstance(node, (bool, float, bytes, bytearray, memoryview)):
         return None
     if isinstance(node, int):
@@ -297,4 +310,7 @@ def _find_problem(node: Any, path: str, depth: int) -> str | None:
         except UnicodeError as exc:
             return f"{path}: str that is not valid UTF-8 ({exc})"
         return None
-    return f"{path}: unsupported type {type(node).__qualname__}"
+    hint = unsupported_hint(node)
+    return (f"{path}: unsupported type {type(node).__module__}.{type(node).__qualname__}: "
+            f"{hint + '; ' if hint else ''}a sample holds dicts, lists, tuples, str, bytes, "
+            "int, float, bool, None, numpy arrays and scalars, and torch CPU tensors")

@@ -502,7 +502,9 @@ def pass_skipper(streamer: Any) -> Callable[[], None] | None:
     and no map inside: nothing that keeps state from one pass to the next),
     counting a pass is all that running it would change. The returned
     callable does that; anything else (nested muxes, maps, custom streamers)
-    gives None and must be run to be skipped.
+    gives None and must be run to be skipped, unless it says how itself: a
+    streamer with a ``skipper()`` method (streamers over other streamers, such
+    as a server's merged shards) returns what that gives.
 
     Examples
     --------
@@ -517,6 +519,10 @@ def pass_skipper(streamer: Any) -> Callable[[], None] | None:
     if type(streamer) is Streamer and isinstance(streamer.source, BaseMux) and not (
             streamer.args or streamer.kwargs):
         streamer = streamer.source
+    own = getattr(streamer, "skipper", None)
+    if isinstance(streamer, Streamer) and callable(own):
+        skip: Callable[[], None] | None = own()
+        return skip
     if not isinstance(streamer, BaseMux) or type(streamer).iterate is not Streamer.iterate:
         return None
     children = streamer.streamers

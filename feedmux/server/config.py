@@ -145,6 +145,9 @@ class ServerConfig:
     metrics_host: str = "127.0.0.1"
     # The run's seed (reseeds every sampling process per epoch); None: the mux's, or fresh.
     seed: int | None = None
+    # A served map-style dataset: a permutation of its indices each epoch, or in order
+    # (--no-shuffle); refused for a streamer or mux, whose order is its own.
+    shuffle: bool = True
     # The same-host shared-memory pool (docs/server.md): off with --no-shm.
     shm: bool = True
     shm_size: int = DEFAULT_SHM_SIZE

@@ -2,7 +2,9 @@
 
 A source is given as a ``"package.module:attr"`` string (the command line's
 form, and the one worker processes can re-import), as a streamer or mux
-object, or as a callable returning one. Every failure is a
+object, a map-style dataset (served as it is:
+:func:`~feedmux.sampling.datasets.from_dataset`), or as a callable returning
+one of those (a torch ``Dataset`` class is one). Every failure is a
 :class:`~feedmux.errors.FactoryError` whose one-line message names what was
 looked up and why it failed. This module never touches a socket.
 """
@@ -16,13 +18,14 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from feedmux.errors import FactoryError
+from feedmux.errors import FactoryError, SamplingError
+from feedmux.sampling.datasets import dataset_of, from_dataset, is_map_dataset
 from feedmux.sampling.epochs import is_streamer
 
 __all__ = ["Source", "parse_factory_args", "resolve_source"]
 
 #: What a server can be asked to run.
-Source = Any  # a streamer/mux, a callable returning one, or "module:attr"
+Source = Any  # a streamer/mux, a dataset, a callable returning one, or "module:attr"
 
 
 def parse_factory_args(pairs: Iterable[str]) -> dict[str, Any]:
@@ -83,15 +86,24 @@ def _import_failure(module_name: str, spec: str, error: Exception) -> str:
 _SHOWN_PATHS = 6
 
 
-def resolve_source(source: Source, kwargs: Mapping[str, Any] | None = None) -> Any:
+def resolve_source(source: Source, kwargs: Mapping[str, Any] | None = None,
+                   shuffle: bool = True) -> Any:
     """Turn ``source`` into a streamer, calling it with ``kwargs`` if it is a factory.
+
+    A map-style dataset (``__len__`` and ``__getitem__``) becomes a
+    :class:`~feedmux.sampling.datasets.DatasetStreamer`: epochs are
+    permutations of its indices (in order with ``shuffle=False``).
 
     Parameters
     ----------
-    source : str, streamer or callable
-        ``"module:attr"``, a Streamer/mux, or a callable returning one.
+    source : str, streamer, dataset or callable
+        ``"module:attr"``, a Streamer/mux, a map-style dataset, or a callable
+        returning one (a torch ``Dataset`` class: called with ``kwargs``).
     kwargs : mapping, optional
         Keyword arguments for the factory. Giving them for a non-callable is an error.
+    shuffle : bool
+        False keeps a dataset's indices in order (``--no-shuffle``); refused
+        for a streamer or mux, whose order is its own.
 
     Examples
     --------
@@ -99,6 +111,8 @@ def resolve_source(source: Source, kwargs: Mapping[str, Any] | None = None) -> A
     Traceback (most recent call last):
     ...
     feedmux.errors.FactoryError: 'feedmux:Streamer' is a streamer class, not a streamer: ...
+    >>> resolve_source(lambda: list("abc"), shuffle=False)
+    DatasetStreamer(<list of 3>, shuffle=False)
     """
     label = source if isinstance(source, str) else repr(source)
     obj = _import_attr(source) if isinstance(source, str) else source
@@ -108,7 +122,7 @@ def resolve_source(source: Source, kwargs: Mapping[str, Any] | None = None) -> A
             f"{label!r} is a streamer class, not a streamer: expected an instance or a "
             "factory function returning one"
         )
-    if not is_streamer(obj) and callable(obj):
+    if not is_streamer(obj) and not is_map_dataset(obj) and callable(obj):
         factory: Callable[..., Any] = obj
         try:
             obj = factory(**kwargs)
@@ -118,11 +132,25 @@ def resolve_source(source: Source, kwargs: Mapping[str, Any] | None = None) -> A
             ) from error
     elif kwargs:
         raise FactoryError(f"{label!r} is not callable, so it takes no arguments; got {kwargs}")
+    if is_map_dataset(obj):
+        try:
+            obj = from_dataset(obj)
+        except SamplingError as error:
+            raise FactoryError(f"{label!r} gave a dataset that cannot be served: {error}") from None
     if not is_streamer(obj):
         raise FactoryError(
-            f"{label!r} gave {type(obj).__name__} {obj!r:.80}: expected a feedmux Streamer or mux "
-            "(wrap a generator function with feedmux.Streamer)"
+            f"{label!r} gave {type(obj).__name__} {obj!r:.80}: expected a feedmux Streamer or "
+            "mux, or a map-style dataset with __len__ and __getitem__ (wrap a generator "
+            "function with feedmux.Streamer)"
         )
+    if not shuffle:
+        dataset = dataset_of(obj)
+        if dataset is None:
+            raise FactoryError(
+                f"--no-shuffle (shuffle=False) keeps the order of a map-style dataset, but "
+                f"{label!r} gave {obj!r:.80}, a streamer whose order is its own (seed it with "
+                "random_state, or serve the dataset itself)")
+        obj = dataset.ordered()
     return obj
 
 

@@ -39,6 +39,7 @@ from feedmux.errors import (
     TransportError,
 )
 from feedmux.protocol import EndOfStream, Error
+from feedmux.sampling.datasets import dataset_of
 from feedmux.sampling.epochs import EpochIterator
 from feedmux.sampling.mux import restart_passes
 from feedmux.server._delivery.pool import close_pool, open_pool
@@ -266,7 +267,7 @@ class Server:
     def _serve(self) -> int:
         config = self.config
         try:
-            streamer = resolve_source(config.source, config.factory_kwargs)
+            streamer = resolve_source(config.source, config.factory_kwargs, config.shuffle)
         except FactoryError as error:
             # The traceback of what failed inside the user's code (an import, the factory).
             log.error("%s", error, exc_info=error if error.__cause__ is not None else None)
@@ -277,8 +278,15 @@ class Server:
         # freed buffers instead of faulting in new pages for each sample.
         keep_freed_memory()
         seed, origin = resolve_seed(config.seed, streamer)
-        # Determinism is paid for only when asked for: a fixed merge order of the workers.
-        repeatable = origin != FRESH_ENTROPY
+        dataset = dataset_of(streamer)
+        if dataset is not None:
+            # Every process draws the epoch's permutation from the run's seed; the epoch size
+            # is the dataset's (ranks know their share before the first epoch ends).
+            streamer = dataset.seeded(seed)
+            config = replace(config, epoch_size=config.epoch_size or len(streamer) or None)
+        # Determinism is paid for only when asked for: a fixed merge order of the workers
+        # (a dataset's indices in order, too).
+        repeatable = origin != FRESH_ENTROPY or (dataset is not None and not dataset.shuffle)
         workers = config.worker_range
         merged = ("" if workers.maximum == 1 else
                   "; workers merged in a fixed order" if repeatable else
@@ -290,7 +298,7 @@ class Server:
             # A source that splits only by items: a shard per worker it may run (auto: at
             # most the usable CPUs, since every such shard draws the whole source).
             item_split = min(workers.maximum, usable_cpus()) if workers.auto else workers.maximum
-            parts, why = choose_shards(streamer, config.shards, item_split)
+            parts, why = choose_shards(streamer, config.shards, item_split, block)
         except SamplingError as error:
             problem = f"cannot shard the streamer: {error}"
             log.error("%s", problem)

@@ -43,7 +43,14 @@ from typing import Any
 import numpy as np
 
 from feedmux._plumbing.shm import ShmPool, owned_copy
-from feedmux.protocol import SampleBatch, StackedLeaf, stack_scalars
+from feedmux.protocol import (
+    SampleBatch,
+    StackedLeaf,
+    TensorError,
+    is_tensor,
+    stack_scalars,
+    tensor_array,
+)
 
 __all__ = ["STACK_AS_DRAWN_BYTES", "DrawnItems", "own"]
 
@@ -78,6 +85,11 @@ def own(item: Any, pool: ShmPool | None = None) -> Any:
         return {key: own(value, pool) for key, value in item.items()}
     if kind is tuple or kind is list:
         return kind(own(value, pool) for value in item)
+    if is_tensor(item):  # a torch CPU tensor: copied as the array viewing it
+        try:
+            return owned_copy(tensor_array(item), pool)
+        except TensorError:
+            return item  # the codec refuses it, saying where it sits and why
     return item
 
 

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, cast
 
 from feedmux._worker_info import WorkerInfo, set_worker_info, worker_info
 from feedmux.errors import SamplingError
+from feedmux.sampling.datasets import DatasetStreamer, dataset_of
 from feedmux.sampling.epochs import shard
-from feedmux.sampling.mux import BaseMux
+from feedmux.sampling.mux import BaseMux, pass_skipper
 from feedmux.sampling.streamer import Streamer, StreamErrorHook, activate, close_stream
 from feedmux.server._sources.globalstate import GlobalRandomState
 from feedmux.server._sources.merge import MergeOrder
@@ -54,10 +55,16 @@ def _mux_of(streamer: Any) -> Any:
 
 
 def choose_shards(streamer: Any, requested: int | None = None,
-                  item_split: int = 1) -> tuple[list[Any], str]:
+                  item_split: int = 1, block: int = 1) -> tuple[list[Any], str]:
     """The shards of a run and why that many, for the log.
 
-    ``requested`` (the ``shards`` option) wins. Otherwise a mux over ``K``
+    A map-style dataset (:class:`~feedmux.sampling.datasets.DatasetStreamer`)
+    is split into stripes of its epoch's permutation, blocks of ``block``
+    positions dealt to the shards in turn (the merge's samples per turn), so
+    the merged shards give the permutation itself whatever their count: the
+    ``shards`` option, else :data:`DEFAULT_SHARDS` or ``item_split`` when that
+    is more, at most one per block of the epoch. Otherwise ``requested`` (the
+    ``shards`` option) wins. Otherwise a mux over ``K``
     streamers that splits by streamers gets ``min(K // 2, DEFAULT_SHARDS)``, or
     ``min(K, item_split)`` when that is more
     (fewer when a shard would hold only zero-weight streamers); anything else
@@ -76,7 +83,17 @@ def choose_shards(streamer: Any, requested: int | None = None,
     1
     >>> ["".join(part) for part in choose_shards(Streamer("abcd"), 2)[0]]
     ['ac', 'bd']
+    >>> from feedmux.sampling.datasets import from_dataset
+    >>> parts, why = choose_shards(from_dataset(list("abcdefg"), shuffle=False), block=2)
+    >>> ["".join(part) for part in parts], why
+    (['ab', 'cd', 'ef', 'g'], 'a dataset of 7 items: at most one shard per block of 2')
+    >>> merged = MergedShards(parts, block=2, seed=0)
+    >>> "".join(merged)  # the dataset's order, whatever the shards
+    'abcdefg'
     """
+    dataset = dataset_of(streamer)
+    if dataset is not None:
+        return _dataset_shards(dataset, requested, item_split, block)
     if requested is not None:
         if not 1 <= requested <= MAX_SHARDS:
             raise SamplingError(f"expected 1 <= shards <= {MAX_SHARDS}, got {requested}")
@@ -105,6 +122,24 @@ def choose_shards(streamer: Any, requested: int | None = None,
             count -= 1
             why = "fewer, so that every shard has a streamer of non-zero weight"
     return [streamer], why
+
+
+def _dataset_shards(dataset: DatasetStreamer[Any], requested: int | None, item_split: int,
+                    block: int) -> tuple[list[Any], str]:
+    """The stripes of a dataset's epochs, and why that many."""
+    if requested is not None:
+        if not 1 <= requested <= MAX_SHARDS:
+            raise SamplingError(f"expected 1 <= shards <= {MAX_SHARDS}, got {requested}")
+        return dataset.stripes(requested, block), "asked for"
+    size = len(dataset)
+    blocks = -(-size // block)
+    count = max(DEFAULT_SHARDS, item_split)
+    why = (f"a dataset: {DEFAULT_SHARDS} stripes of its permutation" if count == DEFAULT_SHARDS
+           else "a dataset: one stripe of its permutation per worker it may run")
+    if count >= blocks:
+        count = max(1, blocks)
+        why = f"a dataset of {size} items: at most one shard per block of {block}"
+    return dataset.stripes(count, block), why
 
 
 class ShardRandom:
@@ -222,6 +257,26 @@ class MergedShards(Streamer[Any]):
     def start_epoch(self, epoch: int) -> None:
         """The epoch the next activation is (an ``on_epoch_start`` hook)."""
         self.epoch = epoch
+
+    def skipper(self) -> Callable[[], None] | None:
+        """How to skip one whole epoch without drawing it, when every shard can skip its own.
+
+        A resumed run then skips the epochs before its start as a server with workers
+        does (each worker's shards skip theirs), instead of drawing every item of them:
+        a served dataset's earlier epochs are not loaded again. Each epoch reseeds the
+        process-wide generators from (seed, shard, epoch), so nothing drawn in a skipped
+        epoch reaches the next. None when a shard must run to be skipped.
+        """
+        skippers = [pass_skipper(part) for part in self.streamers]
+        if any(skip is None for skip in skippers):
+            return None
+
+        def skip_all() -> None:
+            for skip in skippers:
+                assert skip is not None
+                skip()
+
+        return skip_all
 
     def _start(self, on_stream_error: StreamErrorHook | None) -> Iterator[Any]:
         return _Blocks.of(self._blocks(on_stream_error))
