@@ -3,7 +3,12 @@
 The restarted trainer must receive the rest of its rank's share right after the
 last sample its predecessor handed out: together the two take exactly the
 rank's share of every epoch, the other rank is not disturbed, and every sample
-of every epoch is delivered exactly once.
+of every epoch is delivered exactly once. "Handed out" is what the server was told:
+a rank SIGKILLed within a few tens of milliseconds of its last samples may die
+before its acknowledging thread told the server (docs/ddp.md), and its successor
+then gets those samples again (never a gap). So the predecessors here die once
+their thread sent the mark of their last sample, or the tests name the mark the
+server cut at.
 """
 
 from __future__ import annotations
