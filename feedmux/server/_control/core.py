@@ -652,18 +652,11 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
 
 
 def _owed_to_a_successor(core: ControlCore) -> bool:
-    """Whether a rank has messages its holder's predecessor was sent and never handed
-    out: nobody holds the rank yet, or its new holder has not been re-sent them (its
-    successor gets them first: the stream must not end before they went)."""
-    ranks, retention = core.ranks, core.retention
-    if not ranks.ranked:
-        return False
-    for lane in retention.lanes():
-        if isinstance(lane, int):
-            target = core.rank_target(lane)
-            if target is None or retention.owed(lane, target):
-                return True
-    return False
+    """Whether a rank (of the server's job or of a ranked group) has messages its holder's
+    predecessor was sent and never handed out: nobody holds the rank yet, or its new
+    holder has not been re-sent them (its successor gets them first: the stream must not
+    end before they went)."""
+    return core.tables.owed_to_a_successor()
 
 
 def shm_trainers(core: ControlCore) -> set[bytes]:
