@@ -14,6 +14,7 @@ import numpy as np
 
 from feedmux.protocol import Data, EndOfStream, Heartbeat, Hello, encode
 from feedmux.server._control.core import ControlCore, Phase
+from feedmux.server._control.ranks import RankTables
 from feedmux.server.config import ServerConfig
 
 RANK0, DOOMED, SUCCESSOR = b"c0", b"c1", b"c2"
@@ -96,3 +97,20 @@ def test_a_hand_over_during_the_drain_is_progress_the_drain_waits_for() -> None:
         core.receive(SUCCESSOR, beat("t2", 2), now=now)
         core.tick(now)
     assert core.phase is not Phase.DRAINING and 6.7 < now < 7.5, now
+
+
+def test_a_ranked_group_s_rank_is_owed_until_its_successor_had_its_hand_over() -> None:
+    tables = RankTables(grouped=True, retention_limit=8)
+    assert tables.admit(b"c0", Hello("t0", world_size=1, rank=0, group="g"),
+                        alive=lambda identity: False) is None
+    ledger = tables.retention_of("g")
+    ledger.record(0, b"t0", message(0, 1))
+    assert not tables.owed_to_a_successor()  # its holder is alive: nothing owed
+    tables.release(b"c0")
+    assert tables.owed_to_a_successor()  # nobody holds the rank
+    assert tables.admit(b"c1", Hello("t1", world_size=1, rank=0, group="g"),
+                        alive=lambda identity: False) is None
+    assert tables.owed_to_a_successor()  # held again, not re-sent yet
+    for entry in ledger.take_over(0, b"t1"):
+        ledger.resent(0, entry, b"t1")
+    assert not tables.owed_to_a_successor()
