@@ -3,7 +3,12 @@
 The restarted trainer must receive the rest of its rank's share right after the
 last sample its predecessor handed out: together the two take exactly the
 rank's share of every epoch, the other rank is not disturbed, and every sample
-of every epoch is delivered exactly once.
+of every epoch is delivered exactly once. "Handed out" is what the server was told:
+a rank SIGKILLed within a few tens of milliseconds of its last samples may die
+before its acknowledging thread told the server (docs/ddp.md), and its successor
+then gets those samples again (never a gap). So the predecessors here die once
+their thread sent the mark of their last sample, or the tests name the mark the
+server cut at.
 """
 
 from __future__ import annotations
@@ -141,3 +146,76 @@ def test_a_rank_killed_right_after_its_first_samples_is_continued_not_replayed(
         f"the restarted rank took epoch 1 from position {first[:1]}, expected {mark[1] + 1} "
         f"on (right after the server's mark {mark})"
     )
+
+
+#: The scenario of a seeded exhaustive StochasticMux of 7 streamers x 13 items (3 active):
+#: epochs of 91 samples, dealt to 2 ranks with the default padding: 46 steps each.
+SCENARIO_EPOCH = 91
+SCENARIO_STEPS = 46  # ceil(91 / 2): rank 1's last step repeats position 0 as position 91
+SCENARIO_EPOCHS = 3
+SCENARIO_SEED = 38
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", ["1", "2"], ids=["workers1", "workers2"])
+@pytest.mark.parametrize("declared", [False, True], ids=["measured", "declared"])
+@pytest.mark.parametrize("kill_epoch", [1, 2, 3], ids=["epoch1", "epoch2", "epoch3"])
+def test_a_rank_killed_at_step_10_continues_with_default_messages(
+    serve: Any, tmp_path: Path, kill_epoch: int, declared: bool, workers: str
+) -> None:
+    # The loaders' and the server's defaults (samples per message, hwm, no --epoch-size: the
+    # epoch size is only known once the first epoch was sampled), 1 or 2 sampling workers.
+    # Rank 1 stops reading at step 10 of epoch ``kill_epoch`` and is SIGKILLed once its
+    # acknowledging thread sent the mark of that step (docs/ddp.md: what it handed out after
+    # its last mark reached the server comes again); a new process takes rank 1.
+    print(f"seed {SCENARIO_SEED}")
+    size = ["--epoch-size", str(SCENARIO_EPOCH)] if declared else []
+    server = serve(SAMPLER, "--arg", "streams=7", "--arg", "per_stream=13", "--arg",
+                   "n_active=3", "--arg", f"seed={SCENARIO_SEED}", "--seed", str(SCENARIO_SEED),
+                   "--epochs", str(SCENARIO_EPOCHS), "--workers", workers, "--log-level", "info",
+                   *size)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def trainer(rank: int, name: str, *flags: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.trainers", server.data, server.control,
+             str(tmp_path / name), "--rank", str(rank), "--world-size", "2", "--hwm", "0",
+             *flags], env=env, cwd=ROOT)
+
+    handed = (kill_epoch - 1) * SCENARIO_STEPS + 10
+    processes = [trainer(0, "rank0"), trainer(1, "doomed", "--die-after", str(handed))]
+    try:
+        assert processes[1].wait(timeout=40) == -9
+        processes.append(trainer(1, "restarted"))
+        assert processes[0].wait(timeout=40) == 0
+        assert processes[2].wait(timeout=40) == 0
+        assert server.wait(timeout=20) == 0
+    finally:
+        kill_remaining(processes)
+
+    rank0 = read_ranked(tmp_path / "rank0")
+    doomed = read_ranked(tmp_path / "doomed")
+    restarted = read_ranked(tmp_path / "restarted")
+    assert len(doomed) == handed
+    epochs = range(1, SCENARIO_EPOCHS + 1)
+    steps = range(SCENARIO_STEPS)
+    # The successor's steps continue its predecessor's: together, the uninterrupted rank 1.
+    taken = [(epoch, position) for epoch, _, position in restarted]
+    expected = [(epoch, 2 * step + 1) for epoch in epochs for step in steps]
+    assert taken == expected[handed:], (
+        f"the restarted rank 1 took {taken[:3]}...: expected {expected[handed:handed + 3]}... "
+        f"(right after its predecessor's last step, {expected[handed - 1]}); the server's "
+        f"log:\n{server.stderr}"
+    )
+    assert [(epoch, position) for epoch, _, position in rank0] == [
+        (epoch, 2 * step) for epoch in epochs for step in steps]
+    for epoch in epochs:
+        shares = [[row for row in record if row[0] == epoch] for record in (rank0,
+                                                                            doomed + restarted)]
+        assert [len(share) for share in shares] == [SCENARIO_STEPS, SCENARIO_STEPS], (
+            f"epoch {epoch}: rank 0 and rank 1 took unequal steps (DDP would hang)")
+        ids = Counter(sample_id for share in shares for _, sample_id, position in share
+                      if position < SCENARIO_EPOCH)
+        assert sorted(ids) == list(range(SCENARIO_EPOCH)) and set(ids.values()) == {1}, (
+            f"epoch {epoch}: not every sample exactly once")

@@ -45,6 +45,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--go-file", help="the file --hold-after waits for")
     parser.add_argument("--views-out",
                         help="at the end, write here how many samples came as shared-memory views")
+    parser.add_argument("--hwm", type=int, default=4,
+                        help="the loader's hwm (0: the loader's default)")
     parser.add_argument("--abrupt", action="store_true",
                         help="with --die-after: SIGKILL after the step, whatever was acknowledged")
     parser.add_argument("--acks-late-ms", type=float, default=0.0,
@@ -56,9 +58,10 @@ def main(argv: list[str]) -> int:
     if args.start_file and not _wait_for_file(args.start_file):
         return 3
     views = SharedViews()
+    hwm = {"hwm": args.hwm} if args.hwm else {}
     with open(args.out, "w", buffering=1) as out, RemoteLoader(
         args.data, control=args.control, timeout=LOADER_TIMEOUT, reliable=args.reliable,
-        with_meta=True, hwm=4, group=args.group, rank=args.rank, world_size=args.world_size,
+        with_meta=True, group=args.group, rank=args.rank, world_size=args.world_size, **hwm,
     ) as loader:
         for count, (meta, sample) in enumerate(loader, start=1):
             position = f" {meta.position}" if args.rank is not None else ""

@@ -278,7 +278,7 @@ class ControlCore:
         self.drain_deadline = 0.0
         self._next_drain = 0.0
         self.questions = Questions(free=not (config.reliable or config.grouped))
-        self._last_total = -1
+        self._last_total = (-1, -1)  # (received, sent) at the drain's last change
         self._last_change = 0.0
         self._final_started = self._last_heard = 0.0
         #: The rank tables: the server's own, or one per consumer group.
@@ -477,7 +477,7 @@ class ControlCore:
         self.finished = True
         self.phase = Phase.DRAINING
         self.drain_deadline = now + self.config.drain_timeout
-        self._last_total, self._last_change, self._next_drain = -1, now, now
+        self._last_total, self._last_change, self._next_drain = (-1, -1), now, now
         return NO_SENDS
 
     def end_stream(self, now: float, reason: str = "") -> Sends:
@@ -538,8 +538,10 @@ class ControlCore:
         total = self.received_total()
         if total >= self.messages_sent:
             return self.end_stream(now)
-        if total != self._last_total:
-            self._last_total, self._last_change = total, now
+        # Progress is a count that moved, or a message sent meanwhile (a restarted rank's
+        # hand-over: its predecessor's rest is sent during the drain, then received).
+        if (total, self.messages_sent) != self._last_total:
+            self._last_total, self._last_change = (total, self.messages_sent), now
         # Not while a dead rank's rest waits for its successor (drain_timeout bounds that).
         idle = now - self._last_change > self.config.drain_idle and not _owed_to_a_successor(self)
         stalled = idle and (not self.trainers or (self.departed and self._all_answering(now)))
@@ -650,11 +652,11 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
 
 
 def _owed_to_a_successor(core: ControlCore) -> bool:
-    """Whether a rank nobody holds has messages it was sent and never handed out (its
-    successor gets them first: the stream must not end before it came)."""
-    ranks = core.ranks
-    return ranks.ranked and any(ranks.holder(lane) is None for lane in core.retention.lanes()
-                                if isinstance(lane, int))
+    """Whether a rank (of the server's job or of a ranked group) has messages its holder's
+    predecessor was sent and never handed out: nobody holds the rank yet, or its new
+    holder has not been re-sent them (its successor gets them first: the stream must not
+    end before they went)."""
+    return core.tables.owed_to_a_successor()
 
 
 def shm_trainers(core: ControlCore) -> set[bytes]:

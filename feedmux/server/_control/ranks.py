@@ -249,6 +249,35 @@ class RankTables:
         holder = self.of(group).holder(ack.rank)
         return holder[0] if holder is not None and holder[1] == ack.client_id else None
 
+    def owed_to_a_successor(self) -> bool:
+        """Whether a rank (of the server's job or of a ranked group) has messages its
+        holder's predecessor was sent and never handed out, not yet re-sent: nobody
+        holds the rank, or its new holder has not had its hand-over (the stream must not
+        end before it went).
+
+        >>> tables = RankTables(grouped=False, retention_limit=8)
+        >>> tables.admit(b"a", Hello("a", world_size=1, rank=0), alive=lambda i: False)
+        >>> tables.retention.record(0, b"a", [b"frames"])
+        1
+        >>> tables.owed_to_a_successor()
+        False
+        >>> tables.release(b"a")
+        >>> tables.owed_to_a_successor()
+        True
+        >>> tables.admit(b"b", Hello("b", world_size=1, rank=0), alive=lambda i: False)
+        >>> tables.owed_to_a_successor()  # held again, its predecessor's rest not re-sent
+        True
+        """
+        for table, ledger in [(self.server, self.retention), *self._groups.values()]:
+            if not table.ranked:
+                continue
+            for lane in ledger.lanes():
+                if isinstance(lane, int):
+                    holder = table.holder(lane)
+                    if holder is None or ledger.owed(lane, holder[1].encode()):
+                        return True
+        return False
+
     def restart(self) -> list[bytes]:
         """A ranked job restarts from a checkpoint: forget its ranks and what they were sent.
 
