@@ -91,12 +91,17 @@ class SocketShell:
             self.context.destroy(linger=0)  # closes whichever socket was opened
             raise
         #: The sampling processes' meters (the server's own, or its workers').
-        self.meters = [SamplerMeter()]
+        self.meters = [SamplerMeter(count_field=config.count_field)]
         #: More figures for the statistics (the worker pool's liveness, the shm pool's use).
         self.extra_stats: list[Callable[[], dict[str, Stat]]] = []
         #: The statistics taken as the sockets closed (None while they are open).
         self.last_stats: dict[str, Stat] | None = None
         self.core = ControlCore(config, time.monotonic(), os.getpid(), self._extra_stats)
+        if config.count_field:
+            self.core.counted = lambda: sum(meter.counted for meter in self.meters)
+        if (reliable := self.reliable) is not None:  # the free trainers' acknowledgements
+            self.core.handout_ledgers = lambda: [*self.core.tables.ranked_ledgers(),
+                                                 *list(reliable.credits.ledgers.values())]
         #: The same-host shared-memory pool free trainers on this host read large arrays from.
         self.pool = shm(config)  # opened before the workers forked, if there are workers
         if self.pool is not None:
