@@ -183,11 +183,11 @@ class SocketShell:
         # down and up): the new connection takes it over from a pipe not yet seen dead.
         self.control.setsockopt(zmq.ROUTER_HANDOVER, 1)
         #: Everything sent on the data socket leaves through it.
-        self.outbox = Outbox(self.data, self.control, lambda: self.serve_control(timeout=0))
+        self.outbox = Outbox(self.data, self.control, self._serve_waiting)
         self.reliable: ReliableLink | None = None
         if config.reliable:
             self.reliable = ReliableLink(self.data, self.outbox, config.server_id,
-                                         lambda: self.serve_control(timeout=0),
+                                         self._serve_waiting,
                                          self.control_meter)
             self.outbox.serve_data = self.reliable.serve
         else:  # nothing is expected on the data socket: its waits drop what comes
@@ -288,6 +288,12 @@ class SocketShell:
         if self.fanout is not None:
             self.fanout.replay_taken_over()
         return True
+
+    def _serve_waiting(self) -> None:
+        """While the data path waits for a trainer: answer control, and keep the rates,
+        the trainers' liveness and the hand-outs looked at (nothing is sent meanwhile)."""
+        self.serve_control(timeout=0)
+        self.core.look(time.monotonic())
 
     def deliver(self, sends: Sends) -> None:
         """Send what the core asked for; tell it about every peer a send found gone."""

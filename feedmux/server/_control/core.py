@@ -568,7 +568,7 @@ class ControlCore:
         phase = self.phase
         if phase is Phase.SAMPLING:
             if now >= self._next_look:
-                self._look(now)
+                self.look(now)
                 if now - self._last_log >= self.config.log_every:
                     self._log_throughput(now)
             return NO_SENDS
@@ -576,7 +576,7 @@ class ControlCore:
             return _tick_waiting(self, now)
         if phase is Phase.DRAINING:
             if now >= self._next_look:
-                self._look(now)
+                self.look(now)
             return self._drain(now)
         if phase is Phase.LAST_WORD:
             if (now - self._last_heard > FINAL_GRACE
@@ -628,9 +628,12 @@ class ControlCore:
         """Whether every trainer was heard lately: each is waiting for data, none reading."""
         return all(now - t.last_seen <= ANSWERING for t in self.trainers.values())
 
-    def _look(self, now: float) -> None:
-        """Every :data:`STEP` seconds (not on each data message): the rates, the trainers
-        gone silent, the epochs handed out."""
+    def look(self, now: float) -> None:
+        """The rates, the trainers gone silent, the epochs handed out: every :data:`STEP`
+        seconds (not on each data message), from :meth:`tick` and from the shell's waits
+        for a trainer (a sampler held back by a full queue sends nothing and ticks not)."""
+        if now < self._next_look:
+            return
         self._next_look = now + STEP
         self.rates.add(now, self.samples_sent)
         self.rate = self.rates.rate()
