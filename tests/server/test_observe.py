@@ -180,3 +180,22 @@ def test_the_rate_and_eta_leave_out_the_wait_before_sampling_and_none_come_befor
         core.tick(30.5)  # the rates are looked at every rates.STEP, the log line with them
     assert re.search(r"\b(9[5-9]|10[0-5]) samples/s over the last 10 s", caplog.text), caplog.text
     assert "epoch 1 100% (1000/1000), ETA 0 s" in caplog.text, caplog.text
+
+
+def test_a_silent_rank_is_a_lost_warning_once_and_a_silent_free_trainer_none(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A rank's loader proves it lives from its own thread: its silence is a loss. A free
+    trainer in a long step is silent and well."""
+    core = make_core()
+    core.receive(b"a", Hello(client_id="r0", world_size=1, rank=0), now=0.0)
+    free = make_core()
+    free.receive(b"b", Hello(client_id="t1"), now=0.0)
+    with caplog.at_level(logging.INFO, logger="feedmux.server"):
+        for tenth in range(1, 80):
+            core.tick(tenth / 10)
+            free.tick(tenth / 10)
+    lost = [r for r in caplog.records if "lost" in r.getMessage()]
+    assert len(lost) == 1 and lost[0].levelno == logging.WARNING
+    assert lost[0].getMessage().startswith("trainer r0 (rank 0) lost (no heartbeat for 3 s)")
+    assert "kept for the next trainer of rank 0" in lost[0].getMessage()

@@ -640,7 +640,11 @@ class ControlCore:
         if self.counted is not None:
             self.count_rates.add(now, self.counted())
             self.count_rate = self.count_rates.rate()
-        for trainer in list(self.trainers.values()):
+        # A rank's loader proves it lives from a thread of its own (its hand-out marks,
+        # every second even in a long step), so its silence is a loss; a free trainer in a
+        # long step is silent and well (a reliable one is judged by the reliable link).
+        ranks = [t for t in list(self.trainers.values()) if t.rank >= 0]
+        for trainer in ranks if self.phase is Phase.SAMPLING else ():
             silent = now - trainer.last_seen > TRAINER_TIMEOUT
             if silent and not trainer.silent:
                 log.warning("%s lost (no heartbeat for %.0f s): if it does not come back, %s",
