@@ -673,7 +673,7 @@ class ControlCore:
         counted = ""
         if self.counted is not None and self.count_rate is not None:
             counted = f", {self.count_rate:.0f} {self.config.count_field}/s"
-        rate = "no rate yet" if self.rate is None else (
+        rate = "- samples/s (no rate yet)" if self.rate is None else (
             f"{self.rate:.0f} samples/s{counted} over the last {WINDOW:.0f} s")
         log.info(
             "epoch %d: %d samples sent, %s, %d trainer(s) connected%s",
