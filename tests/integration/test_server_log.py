@@ -114,8 +114,10 @@ def test_epoch_sampled_is_told_apart_from_epoch_handed_out(
     serve: Callable[..., Spawned],
 ) -> None:
     """A server logged "epoch 1 complete" while its only trainer had taken one sample."""
+    # One message an epoch, whatever the machine's load (the pacer's messages shrink on a
+    # slow machine, and a reliable trainer's credit of 8 messages then held epoch 1 back).
     server = serve(NUMBERED, "--arg", "streams=2", "--arg", "per_stream=10", "--epochs", "3",
-                   "--reliable")
+                   "--reliable", "--samples-per-message", "20")
     with RemoteLoader(server.data, control=server.control, reliable=True, timeout=30) as loader:
         samples = iter(loader)
         next(samples)
