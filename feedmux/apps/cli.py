@@ -307,6 +307,10 @@ def _add_serve(serve: argparse.ArgumentParser) -> None:
     _add_log_level(observe, None)
     observe.add_argument("--log-every", type=_positive_float, default=10.0, metavar="S",
                          help="seconds between throughput log lines (default 10)")
+    observe.add_argument("--count-field", default="", metavar="FIELD",
+                         help="also report FIELD of the samples per second (its length, "
+                              "e.g. tokens, or its value) in the log, the stats and top "
+                              "(default: samples only)")
     observe.add_argument("--metrics-port", type=int, metavar="PORT",
                          help="serve Prometheus metrics on http://HOST:PORT/metrics (needs "
                               "feedmux[metrics]; 0 picks a free port) (default: off)")
@@ -369,7 +373,8 @@ def _serve(args: argparse.Namespace) -> int:
             workers=args.workers, shards=args.shards, epochs=args.epochs,
             epoch_size=args.epoch_size, hwm=args.hwm,
             samples_per_message=args.samples_per_message, on_error=args.on_error,
-            log_every=args.log_every, drain_timeout=args.drain_timeout,
+            log_every=args.log_every, count_field=args.count_field,
+            drain_timeout=args.drain_timeout,
             min_trainers=args.min_trainers, reliable=args.reliable, zero_copy=args.zero_copy,
             uneven=args.uneven, rank_timeout=args.rank_timeout, bucket_by=args.bucket_by,
             bucket_window=args.bucket_window, bucket_edges=args.bucket_edges,

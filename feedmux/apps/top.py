@@ -67,19 +67,28 @@ def describe(address: str, current: Stats, previous: Stats | None) -> list[str]:
 
     Examples
     --------
+    The samples per second (and the ETA, and each trainer's rate) are the server's,
+    over its last seconds (``samples_per_second``, ``eta_s``): none is shown before the
+    server has one, rather than a rate averaged over its wait for trainers. The other
+    rates come from the difference with ``previous``.
+
     >>> before = {"server_id": "s", "uptime_s": 10.0, "samples_sent": 1000, "epoch": 2,
     ...           "epoch_position": 100, "epoch_size": 1000, "workers": 1, "messages_sent": 10,
     ...           "sampler_busy_seconds": 5.0, "send_blocked_seconds": 1.0, "bytes_sent": 0}
     >>> after = dict(before, uptime_s=11.0, samples_sent=1500, epoch_position=600,
-    ...              messages_sent=15, sampler_busy_seconds=5.9, send_blocked_seconds=1.0)
+    ...              messages_sent=15, sampler_busy_seconds=5.9, send_blocked_seconds=1.0,
+    ...              samples_per_second=480.0, eta_s=0.8)
     >>> for line in describe("tcp://h:5556", after, before)[:3]:
     ...     print(line)
     server s at tcp://h:5556: pid ?, up 11s, 1 worker(s), 0 trainer(s), 1500 samples sent
-      500 samples/s, 5 messages/s, 0.0 MB/s; sampling 90%, blocked on sending 0%
+      480 samples/s, 5 messages/s, 0.0 MB/s; sampling 90%, blocked on sending 0%
       epoch 2 [##################............] 60% 600/1000, ETA 0s
+    >>> print(describe("tcp://h:5556", dict(before, samples_per_second=None), None)[1])
+      - samples/s (no rate yet), - messages/s, - MB/s; sampling -, blocked on sending -
     """
-    rate = _rate(current, previous, "samples_sent")
-    shown_rate = rate if rate is not None else current.get("samples_per_second")
+    shown_rate = current.get("samples_per_second")
+    if "samples_per_second" not in current:  # an older server: the difference
+        shown_rate = _rate(current, previous, "samples_sent")
     message_rate = _rate(current, previous, "messages_sent")
     byte_rate = _rate(current, previous, "bytes_sent")
     workers = max(1, int(current.get("workers") or 1))
@@ -100,9 +109,11 @@ def describe(address: str, current: Stats, previous: Stats | None) -> list[str]:
         f"{current.get('connected_trainers', 0)} trainer(s), "
         f"{current.get('samples_sent', 0)} samples sent"
         + (", finished" if current.get("finished") else ""),
-        f"  {shown_rate or 0:.0f} samples/s, {message_rate or 0:.0f} messages/s, "
-        f"{(byte_rate or 0) / 1e6:.1f} MB/s; sampling {_percent(busy)}"
-        f", blocked on sending {_percent(blocked)}{reported}",
+        f"  {_figure(shown_rate, '{:.0f}')} samples/s"
+        + (" (no rate yet)" if shown_rate is None else "") + _counted(current)
+        + f", {_figure(message_rate, '{:.0f}')} messages/s, "
+        f"{_figure(None if byte_rate is None else byte_rate / 1e6, '{:.1f}')} MB/s; "
+        f"sampling {_percent(busy)}, blocked on sending {_percent(blocked)}{reported}",
     ]
     lines.append("  " + _epoch_line(current, shown_rate))
     alive = [key for key in current if key.startswith("worker.") and key.endswith(".alive")]
@@ -116,13 +127,36 @@ def describe(address: str, current: Stats, previous: Stats | None) -> list[str]:
     return lines
 
 
+def _figure(value: float | None, form: str) -> str:
+    return "-" if value is None else form.format(value)
+
+
+def _counted(current: Stats) -> str:
+    """The rate in the count field's unit (``--count-field``), when the server has one.
+
+    Examples
+    --------
+    >>> _counted({"count_field": "tokens", "counted_per_second": 51234.0})
+    ', 51234 tokens/s'
+    >>> _counted({"count_field": "tokens", "counted_per_second": None}), _counted({})
+    (', - tokens/s', '')
+    """
+    field = current.get("count_field")
+    if not field:
+        return ""
+    return f", {_figure(current.get('counted_per_second'), '{:.0f}')} {field}/s"
+
+
 def _epoch_line(current: Stats, rate: float | None) -> str:
     epoch, size = current.get("epoch", 0), current.get("epoch_size")
     done = int(current.get("epoch_position") or 0)
     if not size:
         return f"epoch {epoch}: {done} samples so far (epoch size known after the first epoch)"
     done = min(done, int(size))
-    eta = _duration((size - done) / rate) if rate else "unknown"
+    eta_s = current.get("eta_s")
+    if "eta_s" not in current:  # an older server
+        eta_s = (size - done) / rate if rate else None
+    eta = "-" if eta_s is None else _duration(float(eta_s))
     return (f"epoch {epoch} {progress_bar(done, int(size))} {100 * done // int(size)}% "
             f"{done}/{size}, ETA {eta}")
 
@@ -135,16 +169,19 @@ def _trainer_lines(current: Stats, previous: Stats | None) -> list[str]:
     """A line per trainer; with more than :data:`TRAINER_LINES`, the slowest ones and
     one line for all (a server may have hundreds: the view must fit a screen). A trainer
     whose link ``--compress`` compresses says with which codec, and why; one that
-    reports its wait for data, how much of its last second it waited.
+    reports its wait for data, how much of its last second it waited. A trainer's
+    rate is the server's, over its last seconds of heartbeats (``-`` before it has one).
 
     Examples
     --------
     >>> stats = {"trainer.t1.received_messages": 5, "trainer.t1.compress": "lz4",
     ...          "trainer.t1.compress_reason": "link is the limit",
-    ...          "trainer.t2.received_messages": 9, "trainer.t2.wait_fraction": 0.42}
+    ...          "trainer.t1.samples_per_second": 97.0,
+    ...          "trainer.t2.received_messages": 9, "trainer.t2.wait_fraction": 0.42,
+    ...          "trainer.t2.samples_per_second": None}
     >>> for line in _trainer_lines(stats, None):
     ...     print(line)
-      trainer t1: rank -, ~- samples/s, 5 messages received, compressed lz4 (link is the limit)
+      trainer t1: rank -, ~97 samples/s, 5 messages received, compressed lz4 (link is the limit)
       trainer t2: rank -, ~- samples/s, 9 messages received, waits 42%
     """
     per_message = (float(current.get("samples_sent", 0)) / current["messages_sent"]
@@ -154,7 +191,11 @@ def _trainer_lines(current: Stats, previous: Stats | None) -> list[str]:
         if not (key.startswith("trainer.") and key.endswith(".received_messages")):
             continue
         client_id = key[len("trainer."):-len(".received_messages")]
-        rate = _rate(current, previous, key)
+        rate_key = f"trainer.{client_id}.samples_per_second"
+        if rate_key in current:
+            trainers.append((client_id, current[rate_key]))
+            continue
+        rate = _rate(current, previous, key)  # an older server: the difference
         trainers.append((client_id, None if rate is None else rate * per_message))
     shown = trainers
     if len(trainers) > TRAINER_LINES:  # the slowest first: the ones holding a job back

@@ -34,6 +34,21 @@ log = logging.getLogger("feedmux.ray")
 _BIND_POLL = 0.01
 
 
+#: Hosts that bind every interface: a server bound there is reached at its node's address.
+WILDCARDS = ("0.0.0.0", "*", "::", "[::]")
+
+
+def _reachable(endpoint: str, node: str) -> str:
+    """``endpoint`` as loaders on other nodes reach it: a wildcard host is the node's.
+
+    >>> _reachable("tcp://0.0.0.0:5555", "10.0.0.7"), _reachable("tcp://127.0.0.1:9", "x")
+    ('tcp://10.0.0.7:5555', 'tcp://127.0.0.1:9')
+    """
+    scheme, rest = endpoint.split("://", 1)
+    host, port = rest.rsplit(":", 1)
+    return f"{scheme}://{node}:{port}" if host in WILDCARDS else endpoint
+
+
 class FleetRegistry:
     """Where each server of one fleet listens now, and how often it started."""
 
@@ -67,20 +82,25 @@ class SamplerServer:
     """
 
     def __init__(self, source_box: list[Any], index: int, count: int, registry_name: str,
-                 options: Mapping[str, Any], start_timeout: float) -> None:
+                 options: Mapping[str, Any], start_timeout: float,
+                 bind: str | None = None) -> None:
         options = dict(options)
         source = ray.get(source_box[0])  # the fleet keeps the source in the object store
         streamer = resolve_source(source, options.pop("factory_kwargs", None))
-        host = ray.util.get_node_ip_address()
+        node = ray.util.get_node_ip_address()
+        host = bind or node  # the fleet's choice (docs/scale-out.md), else the node's address
         self.index = index
-        self.node = host
-        self.server = Server(shard(streamer, index, count), bind=f"tcp://{host}:0",
-                             control=f"tcp://{host}:0", **options)
+        self.node = node
+        where = f"tcp://[{host}]:0" if ":" in host else f"tcp://{host}:0"
+        self.server = Server(shard(streamer, index, count), bind=where, control=where,
+                             **options)
         self.exit_code: int | None = None
         self._thread = threading.Thread(target=self._run, name=f"feedmux-fleet-server-{index}",
                                         daemon=True)
         self._thread.start()
-        self.data_address, self.control_address = self._await_bound(start_timeout)
+        # Bound on every interface: the loaders reach it at the node's address.
+        self.data_address, self.control_address = (
+            _reachable(address, node) for address in self._await_bound(start_timeout))
         registry = ray.get_actor(registry_name)
         self.starts = ray.get(registry.register.remote(index, self.data_address,
                                                        self.control_address))

@@ -36,6 +36,8 @@ log = logging.getLogger("feedmux.ray")
 START_TIMEOUT = 120.0
 #: Seconds a question to the registry or a server may take.
 ASK_TIMEOUT = 10.0
+#: Where a one-node cluster's servers bind by default: its trainers are on that node.
+LOOPBACK = "127.0.0.1"
 
 _ServerActor = ray.remote(SamplerServer)
 _RegistryActor = ray.remote(FleetRegistry)
@@ -71,8 +73,9 @@ class SamplerFleet:
 
     The shards split the source as ``--workers`` does (a mux by its streamers,
     anything else by items), so in exhaustive mode the servers' epochs together
-    are one epoch of the source, each sample once. Each server binds its node's
-    address on ports it picks; :attr:`addresses` gives them.
+    are one epoch of the source, each sample once. Each server binds ``bind`` (by
+    default loopback on a one-node cluster, its node's address on a larger one) on
+    ports it picks; :attr:`addresses` gives them.
 
     Parameters
     ----------
@@ -96,10 +99,18 @@ class SamplerFleet:
         ``PACK`` or ``STRICT_PACK``.
     start_timeout : float
         Seconds to wait for the placement and for every server to bind.
+    bind : str, optional
+        The interface address every server binds: ``"127.0.0.1"`` (this host only),
+        ``"0.0.0.0"`` (every interface; loaders are given the node's address) or an
+        address of the node. Default: ``127.0.0.1`` when the cluster has one node
+        (trainers on it reach loopback: nothing is exposed), each node's own address
+        when it has several. Serving unencrypted (no ``curve_secret``) on an address
+        that is not loopback is logged as a warning: anyone who reaches the port reads
+        the samples.
     **server_options
         The rest of :class:`~feedmux.server.Server`'s options (``hwm``,
         ``uneven``, ``rank_timeout``, ``epoch_size`` of each shard,
-        ``factory_kwargs``, ...); ``bind`` and ``control`` are the fleet's.
+        ``factory_kwargs``, ``curve_secret``, ...); ``control`` is the fleet's.
 
     Notes
     -----
@@ -120,14 +131,20 @@ class SamplerFleet:
         max_restarts: int = 3,
         strategy: str = "SPREAD",
         start_timeout: float = START_TIMEOUT,
+        bind: str | None = None,
         **server_options: Any,
     ) -> None:
-        _check_fleet(num_servers, num_cpus, server_options)
+        _check_fleet(num_servers, num_cpus, server_options, bind)
         self.num_servers = num_servers
         namespace = ray.get_runtime_context().namespace if ray.is_initialized() else None
         if namespace is None:
             ray.init()
             namespace = ray.get_runtime_context().namespace
+        nodes = sorted({node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]})
+        #: The interface the servers bind (None: each its node's address).
+        self.bind = bind if bind is not None else (LOOPBACK if len(nodes) <= 1 else None)
+        _warn_if_exposed([self.bind] if self.bind is not None else nodes,
+                         secured=server_options.get("curve_secret") is not None)
         self.registry_name = f"feedmux-fleet-{uuid.uuid4().hex[:12]}"
         self.namespace = namespace
         self._registry = _RegistryActor.options(name=self.registry_name, num_cpus=0).remote(
@@ -149,7 +166,7 @@ class SamplerFleet:
                     num_cpus=num_cpus, max_restarts=max_restarts, max_task_retries=1,
                     scheduling_strategy=strategy_of,
                 ).remote([self._source], index, num_servers, self.registry_name, options,
-                         start_timeout))
+                         start_timeout, self.bind))
             ray.get([server.endpoints.remote() for server in self._servers],
                     timeout=start_timeout)
         except BaseException:
@@ -223,17 +240,43 @@ class SamplerFleet:
         return f"SamplerFleet({self.registry_name!r}, num_servers={self.num_servers})"
 
 
-def _check_fleet(num_servers: int, num_cpus: float, server_options: dict[str, Any]) -> None:
+def _check_fleet(num_servers: int, num_cpus: float, server_options: dict[str, Any],
+                 bind: str | None = None) -> None:
     if not (isinstance(num_servers, int) and num_servers >= 1):
         raise ConfigurationError(f"expected num_servers an int >= 1, got {num_servers!r}")
     if not num_cpus > 0:
         raise ConfigurationError(f"expected num_cpus > 0 (a placement bundle), got {num_cpus!r}")
-    taken = sorted({"bind", "control", "workers"} & set(server_options))
+    if bind is not None and (not isinstance(bind, str) or not bind
+                             or any(c in bind for c in "/ ") or bind.count(":") == 1):
+        raise ConfigurationError(
+            f"expected bind an interface address such as '127.0.0.1' or '0.0.0.0' (each "
+            f"server picks its ports), got {bind!r}")
+    taken = sorted({"control", "workers"} & set(server_options))
     if taken:
         raise ConfigurationError(
-            f"expected no {taken} among the server options: the fleet binds each server on "
-            "its node and sets workers from workers_per_server"
+            f"expected no {taken} among the server options: the fleet binds each server's "
+            "control port beside its data port, and sets workers from workers_per_server"
         )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reached from this host only.
+
+    >>> [is_loopback(h) for h in ("127.0.0.1", "127.0.0.3", "::1", "0.0.0.0", "10.0.0.2")]
+    [True, True, True, False, False]
+    """
+    return host.startswith("127.") or host in ("::1", "localhost")
+
+
+def _warn_if_exposed(hosts: list[str], secured: bool) -> None:
+    """Warn when the servers serve unencrypted where other hosts reach them."""
+    exposed = [host for host in hosts if not is_loopback(host)]
+    if exposed and not secured:
+        log.warning(
+            "the fleet's servers serve unencrypted on %s (not loopback): anyone who reaches "
+            "these ports can read the samples and join as a trainer; pass curve_secret= and "
+            "curve_clients= (docs/security.md), or bind='127.0.0.1' on a one-node cluster",
+            ", ".join(exposed))
 
 
 def _stop_fleet(servers: list[Any], registry: Any, group: Any) -> None:

@@ -91,12 +91,17 @@ class SocketShell:
             self.context.destroy(linger=0)  # closes whichever socket was opened
             raise
         #: The sampling processes' meters (the server's own, or its workers').
-        self.meters = [SamplerMeter()]
+        self.meters = [SamplerMeter(count_field=config.count_field)]
         #: More figures for the statistics (the worker pool's liveness, the shm pool's use).
         self.extra_stats: list[Callable[[], dict[str, Stat]]] = []
         #: The statistics taken as the sockets closed (None while they are open).
         self.last_stats: dict[str, Stat] | None = None
         self.core = ControlCore(config, time.monotonic(), os.getpid(), self._extra_stats)
+        if config.count_field:
+            self.core.counted = lambda: sum(meter.counted for meter in self.meters)
+        if (reliable := self.reliable) is not None:  # the free trainers' acknowledgements
+            self.core.handout_ledgers = lambda: [*self.core.tables.ranked_ledgers(),
+                                                 *list(reliable.credits.ledgers.values())]
         #: The same-host shared-memory pool free trainers on this host read large arrays from.
         self.pool = shm(config)  # opened before the workers forked, if there are workers
         if self.pool is not None:
@@ -178,11 +183,11 @@ class SocketShell:
         # down and up): the new connection takes it over from a pipe not yet seen dead.
         self.control.setsockopt(zmq.ROUTER_HANDOVER, 1)
         #: Everything sent on the data socket leaves through it.
-        self.outbox = Outbox(self.data, self.control, lambda: self.serve_control(timeout=0))
+        self.outbox = Outbox(self.data, self.control, self._serve_waiting)
         self.reliable: ReliableLink | None = None
         if config.reliable:
             self.reliable = ReliableLink(self.data, self.outbox, config.server_id,
-                                         lambda: self.serve_control(timeout=0),
+                                         self._serve_waiting,
                                          self.control_meter)
             self.outbox.serve_data = self.reliable.serve
         else:  # nothing is expected on the data socket: its waits drop what comes
@@ -283,6 +288,12 @@ class SocketShell:
         if self.fanout is not None:
             self.fanout.replay_taken_over()
         return True
+
+    def _serve_waiting(self) -> None:
+        """While the data path waits for a trainer: answer control, and keep the rates,
+        the trainers' liveness and the hand-outs looked at (nothing is sent meanwhile)."""
+        self.serve_control(timeout=0)
+        self.core.look(time.monotonic())
 
     def deliver(self, sends: Sends) -> None:
         """Send what the core asked for; tell it about every peer a send found gone."""

@@ -126,6 +126,8 @@ class ServerConfig:
     max_delay: float = 0.005
     on_error: str = "raise"
     log_every: float = 10.0
+    # A field of the samples whose summed length or value is reported per second too.
+    count_field: str = ""
     drain_timeout: float = 30.0
     drain_idle: float = 3.0
     min_trainers: int = 0

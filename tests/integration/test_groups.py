@@ -101,7 +101,7 @@ def test_three_groups_each_see_every_sample_once_per_epoch(
     # Both trainers of group b took part: the group split the stream.
     assert trainers.seen("b0") and trainers.seen("b1")
     # Sampled once: the server's log counts 3 epochs of EPOCH samples, not one per group.
-    assert server.stderr.count(f"complete: {EPOCH} samples") == 3
+    assert server.stderr.count(f"sampled: {EPOCH} samples") == 3
 
 
 #: An odd epoch (3 streams x 33 = 99 samples), so that two ranks must pad or drop.
@@ -148,7 +148,7 @@ def test_a_ranked_group_and_a_free_group_each_get_whole_epochs(
     check_ranked_group([trainers.ranked("r0"), trainers.ranked("r1")], uneven, epochs=3)
     whole = Counter(range(ODD_EPOCH))
     assert per_epoch(trainers.seen("free")) == {1: whole, 2: whole, 3: whole}
-    assert server.stderr.count(f"complete: {ODD_EPOCH} samples") == 3  # sampled once
+    assert server.stderr.count(f"sampled: {ODD_EPOCH} samples") == 3  # sampled once
 
 
 def test_a_restarted_rank_of_a_group_continues_right_after_its_predecessor(

@@ -80,7 +80,7 @@ def test_a_worker_that_gets_nothing_does_not_stall_the_end(serve: Any, tmp_path:
     dataset = LateSecondWorker(server.data, server.control, str(go))
     running = CheckedThread(lambda: ids_of(list(DataLoader(dataset, batch_size=None,
                                                            num_workers=2))))
-    server.wait_for_stderr(lambda text: "epoch 1 complete" in text, 60, "the whole epoch sent")
+    server.wait_for_stderr(lambda text: "epoch 1 sampled" in text, 60, "the whole epoch sent")
     go.touch()  # only now may worker 1 connect: nothing is left for it
     assert sorted(running.join(timeout=60)) == list(range(20))
     server.wait(timeout=30)

@@ -83,7 +83,7 @@ def test_stats_answer_with_the_counters() -> None:
     figures = stats.values
     assert (figures["samples_sent"], figures["messages_sent"], figures["epoch"]) == (6, 2, 2)
     assert figures["pid"] == 123 and figures["uptime_s"] == 2.0
-    assert figures["samples_per_second"] == 3.0
+    assert figures["samples_per_second"] is None  # no rate before a window of sending
 
 
 def test_unexpected_and_malformed_messages_get_an_error_back() -> None:
@@ -306,11 +306,13 @@ def test_a_free_trainer_whose_control_send_fails_is_forgotten_at_once() -> None:
 def test_throughput_is_logged_every_log_every(caplog: pytest.LogCaptureFixture) -> None:
     core = make_core(log_every=1.0)
     with caplog.at_level(logging.INFO, logger="feedmux.server"):
+        core.tick(now=0.0)
         core.data_sent(50, epoch=1)
         assert core.tick(now=0.5) == ()
         assert "samples/s" not in caplog.text
         core.tick(now=2.0)
-    assert "epoch 1: 50 samples sent, 25 samples/s, 0 trainer(s) connected" in caplog.text
+    assert ("epoch 1: 50 samples sent, 25 samples/s over the last 10 s, 0 trainer(s) "
+            "connected") in caplog.text
 
 
 class CoreSequences(RuleBasedStateMachine):

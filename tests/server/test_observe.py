@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Iterator
 
@@ -135,6 +136,7 @@ def test_ranked_trainers_have_their_rank_in_the_stats_with_the_ranked_figures() 
 
 def test_epoch_position_and_the_progress_log_line(caplog: pytest.LogCaptureFixture) -> None:
     core = make_core(epoch_size=100, log_every=1.0)
+    core.tick(0.0)
     core.data_sent(10, epoch=1)
     core.data_sent(30, epoch=1)
     assert core.stats(0.5)["epoch_position"] == 40
@@ -149,7 +151,51 @@ def test_no_progress_in_the_log_before_the_epoch_size_is_known(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     core = make_core(log_every=1.0)
+    core.tick(0.0)
     core.data_sent(10, epoch=1)
     with caplog.at_level(logging.INFO, logger="feedmux.server"):
         core.tick(2.0)
     assert "samples/s" in caplog.text and "ETA" not in caplog.text
+
+
+def test_the_rate_and_eta_leave_out_the_wait_before_sampling_and_none_come_before(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A server that waited 20 s for its trainers, then sent 100 samples a second: the log
+    said 5 samples/s and an ETA 20 times too long (the mean since the start)."""
+    core = make_core(epoch_size=1000, log_every=10.0)
+    for second in range(21):
+        core.tick(float(second))  # waiting, and the first log line: no rate, no ETA
+    assert core.stats(20.0)["samples_per_second"] is None and core.stats(20.0)["eta_s"] is None
+    for tenth in range(1, 51):  # then 100 samples/s for 5 s
+        core.data_sent(10, epoch=1)
+        core.tick(20.0 + tenth / 10)
+    stats = core.stats(25.0)
+    assert stats["samples_per_second"] == pytest.approx(100.0, rel=0.06)
+    assert stats["eta_s"] == pytest.approx(5.0, rel=0.06)
+    with caplog.at_level(logging.INFO, logger="feedmux.server"):
+        for tenth in range(1, 51):
+            core.data_sent(10, epoch=1)
+            core.tick(25.0 + tenth / 10)
+        core.tick(30.5)  # the rates are looked at every rates.STEP, the log line with them
+    assert re.search(r"\b(9[5-9]|10[0-5]) samples/s over the last 10 s", caplog.text), caplog.text
+    assert "epoch 1 100% (1000/1000), ETA 0 s" in caplog.text, caplog.text
+
+
+def test_a_silent_rank_is_a_lost_warning_once_and_a_silent_free_trainer_none(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A rank's loader proves it lives from its own thread: its silence is a loss. A free
+    trainer in a long step is silent and well."""
+    core = make_core()
+    core.receive(b"a", Hello(client_id="r0", world_size=1, rank=0), now=0.0)
+    free = make_core()
+    free.receive(b"b", Hello(client_id="t1"), now=0.0)
+    with caplog.at_level(logging.INFO, logger="feedmux.server"):
+        for tenth in range(1, 80):
+            core.tick(tenth / 10)
+            free.tick(tenth / 10)
+    lost = [r for r in caplog.records if "lost" in r.getMessage()]
+    assert len(lost) == 1 and lost[0].levelno == logging.WARNING
+    assert lost[0].getMessage().startswith("trainer r0 (rank 0) lost (no heartbeat for 3 s)")
+    assert "kept for the next trainer of rank 0" in lost[0].getMessage()

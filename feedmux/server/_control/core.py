@@ -21,8 +21,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from feedmux._plumbing.sockets import HEARTBEAT_INTERVAL
 from feedmux._ratelog import RateLimitedLog
@@ -42,7 +43,9 @@ from feedmux.protocol import (
     StatsRequest,
     Welcome,
 )
+from feedmux.server._control.handouts import HandOuts
 from feedmux.server._control.ranks import RANK_REFUSED, RankTables
+from feedmux.server._control.rates import STEP, WINDOW, RateWindow
 from feedmux.server._control.report import Stat, core_stats, progress_line, stats_page
 from feedmux.server._control.resume import (
     CHECKPOINT,
@@ -55,6 +58,7 @@ from feedmux.server._control.resume import (
 from feedmux.server._control.scaling import ScaleRequests
 from feedmux.server._control.waiting import POLL_INTERVAL, TrainerWait
 from feedmux.server._delivery.groups import DEFAULT_GROUP
+from feedmux.server._delivery.ledger import Ledger
 from feedmux.server._sources.producer import error_message
 from feedmux.server.config import ServerConfig
 
@@ -95,6 +99,8 @@ ANSWERING = 2 * HEARTBEAT_INTERVAL
 CONTROL_GRACE = 30.0
 #: Trainer ids remembered to count reconnects (ids come from peers: the set is bounded).
 MAX_REMEMBERED_TRAINERS = 10_000
+#: Refused ranks' reasons kept for the job's other ranks (hellos come from peers: bounded).
+MAX_REFUSALS = 4
 
 Send = tuple[bytes, Message]
 Sends = Sequence[Send]
@@ -130,14 +136,25 @@ class _Trainer:
     #: Its latest reported wait fraction and when it came (None: it reports none;
     #: ``waitshare.py`` reads it).
     wait: tuple[float, float] | None = None
+    #: Its received messages per second over the last seconds (its heartbeats' counts).
+    rates: RateWindow = field(default_factory=RateWindow)
+    #: It was said lost in the log (silent for ``TRAINER_TIMEOUT``) and has not spoken since.
+    silent: bool = False
 
     def heard(self, beat: Heartbeat, now: float) -> None:
         """Its heartbeat at ``now``: alive, its count, its wait when it says it (an answer
         to a drain, or an older trainer, says none: the last report stands until stale)."""
         self.last_seen = now
         self.received_messages = beat.received_messages
+        self.rates.add(now, beat.received_messages)
         if beat.wait_fraction is not None:
             self.wait = (beat.wait_fraction, now)
+
+    def describe(self) -> str:
+        """``trainer ID`` with its rank and group when it has them, for the log."""
+        rank = f" (rank {self.rank})" if self.rank >= 0 else ""
+        group = f" of group {self.group}" if self.group != DEFAULT_GROUP else ""
+        return f"trainer {self.client_id}{rank}{group}"
 
 
 class Questions:
@@ -271,8 +288,21 @@ class ControlCore:
         self.unreachable_sends = 0
         self.departed_received = 0
         self._last_log = started
-        self._samples_at_last_log = 0
-        self.rate = 0.0  # samples per second over the last log period
+        #: Samples sent per second over the last ``WINDOW`` seconds (None: no rate yet).
+        self.rate: float | None = None
+        self.rates = RateWindow()
+        #: The count field's sum so far (``--count-field``; set by the shell, which reads the
+        #: sampling processes' meters), and its rate as ``rate``'s.
+        self.counted: Callable[[], float] | None = None
+        self.count_rate: float | None = None
+        self.count_rates = RateWindow()
+        self._next_look = started
+        #: The ledgers of what the trainers were sent and did not hand out yet, where the
+        #: server learns hand-outs (the ranks'; the shell adds the reliable free trainers').
+        self.handout_ledgers: Callable[[], list[Ledger]] = lambda: self.tables.ranked_ledgers()
+        self.handouts = HandOuts()
+        #: The latest refused ranks (rank, client id, why): the job's other ranks hear why.
+        self.refusals: deque[tuple[int, str, str]] = deque(maxlen=MAX_REFUSALS)
         #: The wait for trainers before sampling (who is missing, when welcomed).
         self.wait = TrainerWait()
         self.drain_deadline = 0.0
@@ -355,6 +385,8 @@ class ControlCore:
         refused = self.tables.admit(identity, message, lambda holder: self._alive(holder, now))
         if refused is not None:
             log.warning("refused trainer %s: %s", message.client_id, refused[1])
+            if message.rank >= 0 and self.phase is Phase.WAITING:
+                self.refusals.append((message.rank, message.client_id[:64], refused[1]))
             sends.append((identity, Error(type=refused[0], message=refused[1],
                                           server_id=self.config.server_id)))
             holder = self.tables.of(message.group).holder(message.rank)
@@ -421,6 +453,23 @@ class ControlCore:
         if gone is not None:
             self.departed += 1
             self.departed_received += gone.received_messages
+            if self.phase in (Phase.WAITING, Phase.SAMPLING):
+                log.warning("%s lost (its connection is gone): %s", gone.describe(),
+                            self._fate(gone))
+            elif self.phase is Phase.DRAINING:
+                log.info("%s left during the end of the stream", gone.describe())
+
+    def _fate(self, trainer: _Trainer) -> str:
+        """What becomes of the samples a lost trainer was sent and had not handed out."""
+        if trainer.rank >= 0:
+            return (f"the samples it was sent and had not handed out are kept for the next "
+                    f"trainer of rank {trainer.rank}")
+        if self.config.reliable:
+            return "the samples it had not handed out are re-dealt to the other trainers"
+        sent = self.questions.sent.get(trainer.client_id.encode())
+        lost = "" if sent is None else f"{max(0, sent - trainer.received_messages)} "
+        return (f"the {lost}message(s) it was sent and had not received are lost "
+                "(plain delivery; --reliable re-deals them to the other trainers)")
 
     # -- events: the sampler ----------------------------------------------------------------
     def begin(self) -> Sends:
@@ -456,7 +505,9 @@ class ControlCore:
                 log.warning("epoch %d had %d samples, expected %s", epoch, count, self.epoch_size)
             self.epoch_size = count
             log.info("epoch size is %d samples", count)
-        log.info("epoch %d complete: %d samples", epoch, count)
+        # Sampled, not consumed: a deep queue and a slow trainer are far behind this.
+        log.info("epoch %d sampled: %d samples sent to the trainers", epoch, count)
+        self.handouts.sampled(epoch)
         # Trainers size their epochs from this: tell them now rather than at their next heartbeat.
         return self.questions.ask(self.trainers, self.welcome())
 
@@ -485,6 +536,7 @@ class ControlCore:
         if reason:
             log.warning("ending the stream with %d of %d data messages unconfirmed (%s)",
                         self.messages_sent - self.received_total(), self.messages_sent, reason)
+        self._log_handed_out()
         log.info("stream finished after %d epoch(s), %d samples", self.epochs_completed,
                  self.samples_sent)
         return self.last_word(self.end_message(), now)
@@ -515,12 +567,16 @@ class ControlCore:
         """Time has passed: move on if the phase is over, and say what is due."""
         phase = self.phase
         if phase is Phase.SAMPLING:
-            if now - self._last_log >= self.config.log_every:
-                self._log_throughput(now)
+            if now >= self._next_look:
+                self.look(now)
+                if now - self._last_log >= self.config.log_every:
+                    self._log_throughput(now)
             return NO_SENDS
         if phase is Phase.WAITING:
             return _tick_waiting(self, now)
         if phase is Phase.DRAINING:
+            if now >= self._next_look:
+                self.look(now)
             return self._drain(now)
         if phase is Phase.LAST_WORD:
             if (now - self._last_heard > FINAL_GRACE
@@ -574,12 +630,56 @@ class ControlCore:
         """Whether every trainer was heard lately: each is waiting for data, none reading."""
         return all(now - t.last_seen <= ANSWERING for t in self.trainers.values())
 
+    def look(self, now: float) -> None:
+        """The rates, the trainers gone silent, the epochs handed out: every :data:`STEP`
+        seconds (not on each data message), from :meth:`tick` and from the shell's waits
+        for a trainer (a sampler held back by a full queue sends nothing and ticks not)."""
+        if now < self._next_look:
+            return
+        self._next_look = now + STEP
+        self.rates.add(now, self.samples_sent)
+        self.rate = self.rates.rate()
+        if self.counted is not None:
+            self.count_rates.add(now, self.counted())
+            self.count_rate = self.count_rates.rate()
+        # A rank's loader proves it lives from a thread of its own (its hand-out marks,
+        # every second even in a long step), so its silence is a loss; a free trainer in a
+        # long step is silent and well (a reliable one is judged by the reliable link).
+        ranks = [t for t in list(self.trainers.values()) if t.rank >= 0]
+        for trainer in ranks if self.phase is Phase.SAMPLING else ():
+            silent = now - trainer.last_seen > TRAINER_TIMEOUT
+            if silent and not trainer.silent:
+                log.warning("%s lost (no heartbeat for %.0f s): if it does not come back, %s",
+                            trainer.describe(), now - trainer.last_seen, self._fate(trainer))
+            elif trainer.silent and not silent:
+                log.info("%s is back", trainer.describe())
+            trainer.silent = silent
+        self._log_handed_out()
+
+    def _log_handed_out(self) -> None:
+        """Say which sampled epochs the trainers handed out whole, where the server learns
+        hand-outs: not from plain free trainers (they say what they received, not what
+        their loop took)."""
+        if not self.handouts.pending or (not self.config.reliable and any(
+                t.rank < 0 for t in list(self.trainers.values()))):
+            return
+        ledgers = self.handout_ledgers()
+        if not ledgers:
+            return
+        held = [epoch for ledger in ledgers if (epoch := ledger.oldest_epoch()) is not None]
+        for epoch in self.handouts.handed(min(held) if held else None):
+            log.info("epoch %d handed out: the trainers took every sample of it", epoch)
+
     def _log_throughput(self, now: float) -> None:
-        self.rate = (self.samples_sent - self._samples_at_last_log) / (now - self._last_log)
-        self._last_log, self._samples_at_last_log = now, self.samples_sent
+        self._last_log = now
+        counted = ""
+        if self.counted is not None and self.count_rate is not None:
+            counted = f", {self.count_rate:.0f} {self.config.count_field}/s"
+        rate = "- samples/s (no rate yet)" if self.rate is None else (
+            f"{self.rate:.0f} samples/s{counted} over the last {WINDOW:.0f} s")
         log.info(
-            "epoch %d: %d samples sent, %.0f samples/s, %d trainer(s) connected%s",
-            self.epoch, self.samples_sent, self.rate, self.connected_trainers(now),
+            "epoch %d: %d samples sent, %s, %d trainer(s) connected%s",
+            self.epoch, self.samples_sent, rate, self.connected_trainers(now),
             progress_line(self.epoch, self.epoch_position, self.epoch_size, self.rate),
         )
 
@@ -644,11 +744,24 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
         return core.fail(Error(
             type="feedmux.errors.TransportTimeoutError",
             message=(f"rank(s) {missing} of {core.ranks.world_size} never connected "
-                     f"within the rank timeout of {config.rank_timeout:g} s"),
+                     f"within the rank timeout of {config.rank_timeout:g} s"
+                     f"{_refusals(core, missing)}"),
             server_id=config.server_id), now)
     if not wait.welcome_due(now):
         return NO_SENDS
     return [(identity, core.welcome(trainer.group)) for identity, trainer in core.trainers.items()]
+
+
+def _refusals(core: ControlCore, missing: list[int]) -> str:
+    """Why the missing ranks were refused, when a trainer said it was one of them (or,
+    failing that, any rank refused while the job waited): the other ranks learn the
+    cause, not only that a rank never came."""
+    refusals = [r for r in core.refusals if r[0] in missing] or list(core.refusals)
+    if not refusals:
+        return ""
+    told = "; ".join(f"rank {rank} (trainer {client_id}) was refused: {why}"
+                     for rank, client_id, why in refusals)
+    return f"; {told}"
 
 
 def _owed_to_a_successor(core: ControlCore) -> bool:

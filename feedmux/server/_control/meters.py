@@ -6,7 +6,9 @@ process, streams skipped after an error, and seconds the sending loop waited
 because every trainer's queue was full. A :class:`SamplerMeter` lives in
 plain memory for a one-process server and in a shared array for worker
 processes (each worker adds to its own slot, the server process reads them
-all: no messages, no locks, since one writer per slot). It must never read a
+all: no messages, no locks, since one writer per slot). With a count field
+(``--count-field tokens``) it also sums each sample's value of that field (its
+length, or the number itself): the rate in the user's unit. It must never read a
 clock of its own, log or decide anything: the producer and the shell measure
 and add, the control core reports.
 """
@@ -14,13 +16,42 @@ and add, the control core reports.
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import MutableSequence
+from collections.abc import Iterable, Mapping, MutableSequence
+from numbers import Number
+from typing import Any
 
-__all__ = ["SLOTS", "ControlMeter", "SamplerMeter", "SharedMeters", "sampler_stats"]
+__all__ = ["SLOTS", "ControlMeter", "SamplerMeter", "SharedMeters", "sample_count",
+           "sampler_stats"]
 
-#: Values per sampling process: busy seconds, streams skipped after an error.
-SLOTS = 2
-_BUSY, _SKIPPED = 0, 1
+#: Values per sampling process: busy seconds, streams skipped after an error, the count
+#: field's sum, samples without the count field.
+SLOTS = 4
+_BUSY, _SKIPPED, _COUNTED, _UNCOUNTED = 0, 1, 2, 3
+
+
+def sample_count(sample: Any, field: str) -> float | None:
+    """What ``sample`` counts in the unit of ``field``: the length of its value (tokens
+    of a sequence, rows of an array) or the value itself (a number); None when the
+    sample has no such field.
+
+    Examples
+    --------
+    >>> sample_count({"tokens": [5, 9, 2]}, "tokens"), sample_count({"n": 7}, "n")
+    (3, 7)
+    >>> sample_count({"x": 1}, "tokens") is None, sample_count((1, 2), "tokens") is None
+    (True, True)
+    """
+    if not isinstance(sample, Mapping) or field not in sample:
+        return None
+    value = sample[field]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    if isinstance(value, Number):  # a numpy scalar
+        return float(value)  # type: ignore[arg-type]
+    try:
+        return len(value)
+    except TypeError:
+        return None
 
 
 class SamplerMeter:
@@ -35,13 +66,36 @@ class SamplerMeter:
     >>> meter.add_busy(0.25); meter.add_busy(0.5); meter.skipped()
     >>> meter.busy_seconds, meter.errors_skipped
     (0.75, 1)
+    >>> tokens = SamplerMeter(count_field="tokens")
+    >>> tokens.count([{"tokens": [1, 2]}, {"tokens": [3]}, {"other": 1}])
+    >>> tokens.counted, tokens.uncounted
+    (3.0, 1)
     """
 
-    __slots__ = ("_offset", "_values")
+    __slots__ = ("_offset", "_values", "count_field")
 
-    def __init__(self, values: MutableSequence[float] | None = None, offset: int = 0) -> None:
+    def __init__(self, values: MutableSequence[float] | None = None, offset: int = 0,
+                 count_field: str = "") -> None:
         self._values: MutableSequence[float] = [0.0] * SLOTS if values is None else values
         self._offset = offset
+        #: The field of a sample whose length or value is summed ("": none).
+        self.count_field = count_field
+
+    def count(self, samples: Iterable[Any]) -> None:
+        """Add what ``samples`` count in the count field's unit (nothing without one)."""
+        field = self.count_field
+        if not field:
+            return
+        total, missing = 0.0, 0
+        for sample in samples:
+            value = sample_count(sample, field)
+            if value is None:
+                missing += 1
+            else:
+                total += value
+        self._values[self._offset + _COUNTED] += total
+        if missing:
+            self._values[self._offset + _UNCOUNTED] += missing
 
     def add_busy(self, seconds: float) -> None:
         self._values[self._offset + _BUSY] += seconds
@@ -56,6 +110,14 @@ class SamplerMeter:
     @property
     def errors_skipped(self) -> int:
         return int(self._values[self._offset + _SKIPPED])
+
+    @property
+    def counted(self) -> float:
+        return float(self._values[self._offset + _COUNTED])
+
+    @property
+    def uncounted(self) -> int:
+        return int(self._values[self._offset + _UNCOUNTED])
 
 
 class ControlMeter:
@@ -94,9 +156,10 @@ class ControlMeter:
 class SharedMeters:
     """The meters of ``count`` worker processes in memory shared across a fork."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, count_field: str = "") -> None:
         self._values = multiprocessing.get_context("fork").RawArray("d", SLOTS * count)
-        self.meters = [SamplerMeter(self._values, SLOTS * index) for index in range(count)]
+        self.meters = [SamplerMeter(self._values, SLOTS * index, count_field)
+                       for index in range(count)]
 
 
 def sampler_stats(meters: list[SamplerMeter], blocked_seconds: float) -> dict[str, float | int]:
@@ -111,9 +174,17 @@ def sampler_stats(meters: list[SamplerMeter], blocked_seconds: float) -> dict[st
     >>> one.add_busy(1.0); two.add_busy(2.0)
     >>> sampler_stats([one, two], blocked_seconds=0.5)
     {'sampler_busy_seconds': 3.0, 'send_blocked_seconds': 0.5, 'errors_skipped': 0}
+
+    With a count field, ``counted`` is the sum of its values so far and
+    ``uncounted_samples`` the samples that had no such field (a misspelt field
+    counts nothing: this says so).
     """
-    return {
+    stats: dict[str, float | int] = {
         "sampler_busy_seconds": round(sum(m.busy_seconds for m in meters), 6),
         "send_blocked_seconds": round(blocked_seconds, 6),
         "errors_skipped": sum(m.errors_skipped for m in meters),
     }
+    if meters and meters[0].count_field:
+        stats["counted"] = sum(m.counted for m in meters)
+        stats["uncounted_samples"] = sum(m.uncounted for m in meters)
+    return stats

@@ -45,6 +45,7 @@ COUNTERS = {
     ),
     "errors_skipped": ("errors_skipped", "Streams skipped after an exception (on_error=skip)."),
     "epochs_completed": ("epochs_completed", "Epochs whose every sample has been sent."),
+    "counted": ("counted", "The --count-field sum over the samples drawn (tokens, ...)."),
     "rank_messages_resent": (
         "rank_messages_resent", "Messages re-sent to a restarted rank (ranked trainers).",
     ),
@@ -57,6 +58,16 @@ GAUGES = {
     "epoch": ("epoch", "The epoch being sent (1-based; 0 before the first sample)."),
     "epoch_position": ("epoch_position", "Samples of the current epoch sent so far."),
     "epoch_size": ("epoch_size", "Samples per epoch, once known."),
+    "samples_per_second": (
+        "samples_per_second", "Samples sent per second over the last 10 s; absent before a rate.",
+    ),
+    "epoch_eta_seconds": (
+        "eta_s", "Seconds to the current epoch's end at that rate; absent while unknown.",
+    ),
+    "counted_per_second": (
+        "counted_per_second", "The --count-field unit (tokens, ...) per second over the last "
+        "10 s; absent without a count field or before a rate.",
+    ),
     "trainers": ("connected_trainers", "Trainers heard from recently."),
     "workers": ("workers", "Sampling processes running shards now."),
     "trainers_wait_fraction": (

@@ -289,6 +289,13 @@ class RankTables:
         self.retention = Ledger(Recovery.REPLAY, self.retention_limit)
         return gone
 
+    def ranked_ledgers(self) -> list[Ledger]:
+        """The ledgers of the ranks of the ranked tables (what they were sent and did not
+        hand out yet); none while no table is ranked."""
+        ledgers = [self.retention] if self.server.ranked else []
+        return ledgers + [ledger for table, ledger in list(self._groups.values())
+                          if table.ranked]
+
     def forget(self, group: str) -> None:
         """``group`` was dropped (no member for its timeout): a new hello starts it afresh."""
         self._groups.pop(group, None)

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from feedmux.protocol import PROTOCOL_VERSION, STATS_NEXT_PAGE, stats_order
 from feedmux.server._control.ranks import RankTable, RankTables
+from feedmux.server._control.rates import RateWindow, eta_seconds
 from feedmux.server._control.waitshare import fresh_waits, mean_wait
 from feedmux.server._delivery.batches import BatchRequest
 from feedmux.server._delivery.ledger import Ledger
@@ -39,6 +40,7 @@ class _TrainerFigures(Protocol):
     received_messages: int
     rank: int
     wait: tuple[float, float] | None
+    rates: RateWindow
 
 
 class Reporting(Protocol):
@@ -55,7 +57,8 @@ class Reporting(Protocol):
     epoch_position: int
     reconnects: int
     unreachable_sends: int
-    rate: float
+    rate: float | None
+    count_rate: float | None
     finished: bool
     extra_stats: Callable[[], dict[str, Stat]] | None
     ranks: RankTable
@@ -83,7 +86,11 @@ def core_stats(core: Reporting, now: float, trainer_timeout: float) -> dict[str,
         "epoch_position": core.epoch_position,
         "reconnects": core.reconnects,
         "unreachable_sends": core.unreachable_sends,
-        "samples_per_second": round(core.rate or core.samples_sent / max(uptime, 1e-9), 1),
+        # Over the last seconds (rates.WINDOW), None before there is a rate: a mean since
+        # the start counts the wait for trainers and says a wrong ETA.
+        "samples_per_second": None if core.rate is None else round(core.rate, 1),
+        "eta_s": _rounded(eta_seconds(core.epoch_position, core.epoch_size, core.rate)),
+        **_count_stats(core),
         "connected_trainers": core.connected_trainers(now),
         "workers": core.config.worker_range.maximum,
         "uptime_s": round(uptime, 3),
@@ -93,6 +100,18 @@ def core_stats(core: Reporting, now: float, trainer_timeout: float) -> dict[str,
         **_batch_stats(core.tables.batches),
         **_trainer_stats(core, now, trainer_timeout),
     }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def _count_stats(core: Reporting) -> dict[str, Stat]:
+    """The rate in the count field's unit (``--count-field``; its sum is ``counted``)."""
+    if not core.config.count_field:
+        return {}
+    return {"count_field": core.config.count_field,
+            "counted_per_second": _rounded(core.count_rate)}
 
 
 def _wait_stats(waits: Mapping[str, float]) -> dict[str, Stat]:
@@ -132,9 +151,14 @@ def _trainer_stats(core: Reporting, now: float, timeout: float) -> dict[str, Sta
     trainers = list(core.trainers.values())
     waits = fresh_waits(trainers, now)
     stats = _wait_stats(waits)
+    # A trainer counts messages; a message holds this many samples on average.
+    per_message = core.samples_sent / core.messages_sent if core.messages_sent else 0.0
     for trainer in trainers:
         if now - trainer.last_seen <= timeout:
             stats[f"trainer.{trainer.client_id}.received_messages"] = trainer.received_messages
+            rate = trainer.rates.rate()
+            stats[f"trainer.{trainer.client_id}.samples_per_second"] = (
+                None if rate is None else round(rate * per_message, 1))
             if trainer.rank >= 0:
                 stats[f"trainer.{trainer.client_id}.rank"] = trainer.rank
             if trainer.client_id in waits:
@@ -186,18 +210,22 @@ def stats_page(stats: Mapping[str, Stat], after: str = "",
     return page
 
 
-def progress_line(epoch: int, position: int, size: int | None, rate: float) -> str:
-    """The current epoch's progress and time to its end, once the epoch size is known.
+def progress_line(epoch: int, position: int, size: int | None, rate: float | None) -> str:
+    """The current epoch's progress and time to its end, once the epoch size is known
+    (an ETA only once there is a recent rate).
 
     Examples
     --------
     >>> progress_line(2, 250, 1000, 50.0)
     '; epoch 2 25% (250/1000), ETA 15 s'
+    >>> progress_line(2, 250, 1000, None)
+    '; epoch 2 25% (250/1000)'
     >>> progress_line(1, 10, None, 50.0)
     ''
     """
     if not size:
         return ""
     done = min(position, size)
-    eta = f"{(size - done) / rate:.0f} s" if rate > 0 else "unknown"
-    return f"; epoch {epoch} {100 * done / size:.0f}% ({done}/{size}), ETA {eta}"
+    eta = eta_seconds(done, size, rate)
+    shown = "" if eta is None else f", ETA {eta:.0f} s"
+    return f"; epoch {epoch} {100 * done / size:.0f}% ({done}/{size}){shown}"

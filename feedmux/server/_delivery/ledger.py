@@ -299,6 +299,11 @@ class Ledger:
             runs += position_runs(tags)
         return sorted(runs)
 
+    def oldest_epoch(self) -> int | None:
+        """The oldest epoch of a message kept or waiting to be re-dealt (None: none)."""
+        epochs = [entry.epoch for entry in [*self.entries(), *list(self.redeal)]]
+        return min(epochs) if epochs else None
+
     def mark(self, lane: Hashable) -> tuple[int, int] | None:
         """``lane``'s latest hand-out mark (None: none yet)."""
         return self._marks.get(lane)

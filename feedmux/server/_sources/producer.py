@@ -225,7 +225,7 @@ def produce(
                           type(error).__name__, error, exc_info=error)
 
     # The muxes get the hook from the epochs, which hand it down at each activation.
-    drawn = _Draw(DrawnItems(shm) if policy.copy_arrays else None, log_skipped, shm)
+    drawn = _Draw(DrawnItems(shm) if policy.copy_arrays else None, log_skipped, shm, meter)
     stage = None if dealer is None else RankedStage(dealer, server_id, batches=batches,
                                                     start=start)
     if start is not None and stage is not None and stage.resamples_resumed_epoch:
@@ -248,20 +248,26 @@ class _Draw:
     on_stream_error: StreamErrorHook | None
     #: The pool :func:`shared_empty` allocates from while the streamer is drawn from.
     shm: ShmPool | None = None
+    #: Counts the drawn samples in the count field's unit, when it has one.
+    meter: SamplerMeter | None = None
 
     def take(self, epochs: EpochIterator[Any], limit: int) -> tuple[Chunk, Sequence[Any]]:
         """The next chunk and its samples."""
         with drawing_into(self.shm):
             if self.owned is None:
                 chunk = epochs.take(limit, on_stream_error=self.on_stream_error)
-                return chunk, chunk.items
-            try:
-                chunk = epochs.take(limit, prepare=self.owned.start(),
-                                    on_stream_error=self.on_stream_error)
-            except BaseException:
-                self.owned.abandon()
-                raise
-        return chunk, self.owned.samples(chunk.items)
+                samples: Sequence[Any] = chunk.items
+            else:
+                try:
+                    chunk = epochs.take(limit, prepare=self.owned.start(),
+                                        on_stream_error=self.on_stream_error)
+                except BaseException:
+                    self.owned.abandon()
+                    raise
+                samples = self.owned.samples(chunk.items)
+        if self.meter is not None and self.meter.count_field:
+            self.meter.count(samples)
+        return chunk, samples
 
 
 def _produce(

@@ -112,7 +112,7 @@ class WorkerPool:
         #: The shards' tickets, counted across the runs of the server.
         self.tickets = itertools.count(1)
         #: Each worker's sampling time and skipped streams, readable from this process.
-        self.meters = SharedMeters(slots).meters
+        self.meters = SharedMeters(slots, config.count_field).meters
         self.processes: list[multiprocessing.process.BaseProcess] = []
         #: Shards given to another worker since a run began (a worker's death).
         self.shards_moved = 0
@@ -351,7 +351,8 @@ def _worker_main(
                           "a stream raised %s: %s; skipping the rest of it",
                           type(error).__name__, error, exc_info=error)
 
-    drawn = _Draw(DrawnItems(shm) if config.policy.copy_arrays else None, log_skipped, shm)
+    drawn = _Draw(DrawnItems(shm) if config.policy.copy_arrays else None, log_skipped, shm,
+                  meter)
     runners: dict[int, ShardRunner] = {}
     seen = -1
     try:
