@@ -43,6 +43,7 @@ from feedmux.protocol import (
 __all__ = [
     "CONTROL_SILENCE_WARNING",
     "WAIT_NOTICE",
+    "WAIT_REPEAT",
     "Action",
     "Resync",
     "Send",
@@ -101,8 +102,11 @@ def check_membership(*, world_size: int, rank: int | None, group: str | None,
 
 #: Seconds of data without any answer on a control endpoint before a warning.
 CONTROL_SILENCE_WARNING = 5.0
-#: A trainer waiting for data says so at INFO every this many seconds, with the likely causes.
+#: Seconds a trainer waits for data before it says so at WARNING (Python's default
+#: logging shows it), naming both endpoints and the likely causes ...
 WAIT_NOTICE = 10.0
+#: ... and then again every this many seconds while the wait goes on.
+WAIT_REPEAT = 30.0
 #: Seconds of waiting after which a trainer looks at the shared-memory views it holds.
 HELD_CHECK = 2.0
 #: The share of a server's pool held by a trainer's views that makes it the likely cause.
@@ -459,9 +463,10 @@ class ServerLinks:
 
         Raises :class:`~feedmux.errors.TransportTimeoutError` once the timeout has
         passed. Never more than a heartbeat interval, so heartbeats keep going out.
-        Every :data:`WAIT_NOTICE` seconds of a wait it logs what it waits for and
-        the likely causes (INFO), and a trainer whose shared-memory views fill a
-        server's pool is told so (WARNING).
+        After :data:`WAIT_NOTICE` seconds of a wait, and every :data:`WAIT_REPEAT`
+        seconds after, it warns of what it waits for and the likely causes (a
+        WARNING: a loader is never silent by default), and a trainer whose
+        shared-memory views fill a server's pool is told so (WARNING).
         """
         waited = now - waited_from
         self._notice(waited_from, waited)
@@ -486,8 +491,8 @@ class ServerLinks:
             if held:
                 log.warning("%s", held)
         if waited >= due:
-            due += WAIT_NOTICE
-            log.info("%s", self.waiting(waited))
+            due += WAIT_REPEAT
+            log.warning("%s", self.waiting(waited))
         self._waiting = (started, due, looked)
 
     def waiting(self, waited: float) -> str:
@@ -499,20 +504,23 @@ class ServerLinks:
         ...                     world_size=1, reliable=False, timeout=None,
         ...                     heartbeat_interval=1.0)
         >>> links.waiting(10.0)
-        'no answer from tcp://h:5555 / control tcp://h:5556 for 10 s: is feedmux serve running there, and on these ports?'
+        'no answer from data tcp://h:5555 / control tcp://h:5556 for 10 s: no feedmux serve running there, a wrong host or port, a firewall in between, or the server busy sampling (a slow first sample)'
         """  # noqa: E501
         lines = []
         for link in self.links:
             if not link.server_id:
                 lines.append(
-                    f"no answer from {link.data_address} / control {link.control_address} "
-                    f"for {waited:.0f} s: is feedmux serve running there, and on these ports?"
+                    f"no answer from data {link.data_address} / control "
+                    f"{link.control_address} for {waited:.0f} s: no feedmux serve running "
+                    "there, a wrong host or port, a firewall in between, or the server busy "
+                    "sampling (a slow first sample)"
                     + (" (the control endpoint is derived from the data one unless given: "
                        "RemoteLoader(control=...))" if link.control_derived else ""))
             elif not link.finished:
                 lines.append(
-                    f"server {link.server_id} at {link.data_address} answers but has sent "
-                    f"no data for {waited:.0f} s: " + self._causes(link))
+                    f"server {link.server_id} at data {link.data_address} / control "
+                    f"{link.control_address} answers but has sent no data for {waited:.0f} s: "
+                    + self._causes(link))
         return "; ".join(lines) or f"waiting {waited:.0f} s for the servers to end the stream"
 
     def _causes(self, link: ServerLink) -> str:

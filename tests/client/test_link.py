@@ -338,27 +338,29 @@ def _waiting_lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
             if record.levelno == level and record.name == "feedmux.client"]
 
 
-def test_a_loader_waiting_for_a_server_says_so_every_ten_seconds(
+def test_a_loader_waiting_for_a_server_warns_after_ten_seconds_then_every_thirty(
         caplog: pytest.LogCaptureFixture) -> None:
-    # Before: nothing was logged, however long the wait.
+    # Before: an INFO line every 10 s, which Python's default logging does not show.
     links = make_links()
     caplog.set_level(logging.INFO, logger="feedmux.client")
     for now in (0.0, 5.0, 9.9):
         links.wait(0.0, now)
-    assert _waiting_lines(caplog, logging.INFO) == []
-    links.wait(0.0, 10.0)
-    links.wait(0.0, 15.0)
-    links.wait(0.0, 20.5)
-    assert _waiting_lines(caplog, logging.INFO) == [
-        "no answer from tcp://h:0 / control tcp://h:1 for 10 s: is feedmux serve running "
-        "there, and on these ports?",
-        "no answer from tcp://h:0 / control tcp://h:1 for 20 s: is feedmux serve running "
-        "there, and on these ports?",
+    assert _waiting_lines(caplog, logging.WARNING) == []
+    for now in (10.0, 15.0, 20.5, 39.9, 40.0, 60.0, 70.0):
+        links.wait(0.0, now)
+    causes = ("no feedmux serve running there, a wrong host or port, a firewall in between, "
+              "or the server busy sampling (a slow first sample)")
+    assert _waiting_lines(caplog, logging.WARNING) == [
+        f"no answer from data tcp://h:0 / control tcp://h:1 for 10 s: {causes}",
+        f"no answer from data tcp://h:0 / control tcp://h:1 for 40 s: {causes}",
+        f"no answer from data tcp://h:0 / control tcp://h:1 for 70 s: {causes}",
     ]
+    assert _waiting_lines(caplog, logging.INFO) == []
     links.control(0, Welcome("s1"))
-    links.wait(30.0, 40.0)  # a new wait, the server answers: the likely causes
-    assert "server s1 at tcp://h:0 answers but has sent no data for 10 s: it waits for more " \
-        "trainers (--min-trainers)" in _waiting_lines(caplog, logging.INFO)[-1]
+    links.wait(80.0, 90.0)  # a new wait, the server answers: the likely causes
+    assert "server s1 at data tcp://h:0 / control tcp://h:1 answers but has sent no data for " \
+        "10 s: it waits for more trainers (--min-trainers)" in \
+        _waiting_lines(caplog, logging.WARNING)[-1]
 
 
 def test_a_timeout_names_a_derived_control_endpoint_as_derived() -> None:
