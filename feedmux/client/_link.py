@@ -41,10 +41,12 @@ from feedmux.protocol import (
 )
 
 __all__ = [
+    "CLIENT_ID_TAKEN",
     "CONTROL_SILENCE_WARNING",
     "WAIT_NOTICE",
     "WAIT_REPEAT",
     "Action",
+    "Grant",
     "Resync",
     "Send",
     "ServerLink",
@@ -113,6 +115,12 @@ HELD_CHECK = 2.0
 HELD_SHARE = 0.5
 #: The error type of a hello refused because a live trainer holds the rank.
 RANK_TAKEN = "RankTakenError"
+#: The error type of a hello refused because a live trainer holds this loader's client id.
+CLIENT_ID_TAKEN = "ClientIdInUseError"
+#: Hellos a refused client id says again (at the next beat) before the loader raises: the
+#: holder may be this loader's own closed predecessor, which the server forgets once its
+#: probe of it fails (a live holder answers, and the loader raises within a beat).
+CLIENT_ID_RETRIES = 1
 #: Heartbeat intervals a refused rank keeps saying hello: the server's liveness period
 #: (three intervals without a heartbeat) and some margin, as the holder may be a crashed
 #: predecessor whose death the server has not seen yet.
@@ -148,7 +156,16 @@ class Attach:
     path: str
 
 
-Action = Send | Resync | Attach
+@dataclass(frozen=True)
+class Grant:
+    """Reliable mode: the server of link ``link`` welcomed this trainer for the first time
+    (its hello was admitted): grant it credit. Granted before, a second loader with the
+    same client id (refused) was dealt data meant for the trainer that holds the id."""
+
+    link: int
+
+
+Action = Send | Resync | Attach | Grant
 
 
 @dataclass
@@ -363,8 +380,9 @@ class ServerLinks:
         """A control message from the server of link ``index``; raises a server's error."""
         link = self.links[index]
         if isinstance(message, Welcome):
+            first = not link.server_id
             if not link.welcome(message, reliable=self.reliable) and not message.unknown:
-                return []
+                return [Grant(index)] if first and self.reliable else []
             # A new server process knows a trainer by its hello (a rank also says where it
             # stands, so the restarted server resumes the job there: docs/resume.md); one
             # that has no hello of this trainer asks for it (the hello went to a process
@@ -384,8 +402,13 @@ class ServerLinks:
             link.end_of_stream(message.server_id)
         elif isinstance(message, Error):
             refusals = self._refused.get(index, 0) + 1
-            if (message.type.rsplit(".", 1)[-1] == RANK_TAKEN
-                    and refusals <= RANK_TAKEN_RETRIES):
+            kind = message.type.rsplit(".", 1)[-1]
+            if kind == CLIENT_ID_TAKEN:
+                if refusals <= CLIENT_ID_RETRIES:
+                    self._refused[index] = refusals  # hello again at the next beat
+                    return []
+                raise ConfigurationError(f"{message.message} (server {link.control_address})")
+            if kind == RANK_TAKEN and refusals <= RANK_TAKEN_RETRIES:
                 # Maybe our own crashed predecessor: say hello again at each beat (instead
                 # of a heartbeat) until data comes.
                 log.warning("%s (server %s); trying again for a while", message.message,

@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedmux.client import _link
-from feedmux.client._link import Resync, Send, ServerLinks
+from feedmux.client._link import Grant, Resync, Send, ServerLinks
 from feedmux.errors import (
+    ConfigurationError,
     RemoteError,
     TransportError,
     TransportTimeoutError,
@@ -88,7 +89,8 @@ def test_a_new_server_id_on_a_link_is_a_restart(
     links = make_links(reliable=reliable)
     # The new process knows the trainer by its hello only: it says hello again.
     actions = [*resync, Send(0, Hello(client_id=links.client_id, codecs=INFLATES))]
-    assert links.control(0, Welcome("a", reliable=reliable)) == []
+    # The first welcome admits a reliable trainer: it grants its credit then.
+    assert links.control(0, Welcome("a", reliable=reliable)) == ([Grant(0)] if reliable else [])
     assert links.control(0, Welcome("a", epoch_size=3, reliable=reliable)) == []  # not a restart
     links.control(0, EndOfStream("a"))
     assert links.finished
@@ -272,7 +274,9 @@ def test_sequences_of_welcomes_restarts_drains_and_ends(
                                                   reliable=reliable))
             restarted = server_ids[link] not in ("", event.server_id)
             hello = [Send(link, Hello(client_id=links.client_id, codecs=INFLATES))]
-            assert actions == (([Resync(link)] if reliable else []) + hello if restarted else [])
+            first = [Grant(link)] if reliable and not server_ids[link] else []
+            assert actions == (([Resync(link)] if reliable else []) + hello if restarted
+                               else first)
             if restarted:
                 finished[link] = False
             server_ids[link] = event.server_id
@@ -405,3 +409,13 @@ def test_each_heartbeat_carries_the_loops_share_of_waiting() -> None:
         Heartbeat(sender_id="trainer", received_messages=0, wait_fraction=0.25)] * 2
     assert links.tick(1.5) == ()  # not due: the share is not taken
     assert reports == [(1.0, 0.5)]  # one report for every server: the trainer's wait
+
+
+def test_a_refused_client_id_says_hello_once_more_then_raises_naming_it() -> None:
+    links = make_links()
+    taken = Error(type="feedmux.errors.ClientIdInUseError",
+                  message="client_id 'trainer' is in use by a live trainer of this server")
+    assert links.control(0, taken) == []  # maybe this loader's own closed predecessor
+    assert links.tick(0.0) == [Send(0, Hello(client_id="trainer", codecs=INFLATES))]
+    with pytest.raises(ConfigurationError, match=r"client_id .trainer. is in use .*tcp://h:1\)"):
+        links.control(0, taken)
