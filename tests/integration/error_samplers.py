@@ -65,3 +65,13 @@ def fixed(count: int = 64) -> feedmux.Streamer:
 def _fixed(count: int) -> Iterator[dict[str, Any]]:
     for i in range(count):
         yield {"id": np.int64(i), "x": np.zeros(4, dtype=np.float32)}
+
+
+def one_odd(count: int = 64, odd_at: int = 13) -> feedmux.Streamer:
+    """Samples that stack but for one (at position ``odd_at``), whose array is longer."""
+    return feedmux.Streamer(_one_odd, count, odd_at)
+
+
+def _one_odd(count: int, odd_at: int) -> Iterator[dict[str, Any]]:
+    for i in range(count):
+        yield {"id": np.int64(i), "x": np.zeros(5 if i == odd_at else 4, dtype=np.float32)}

@@ -11,7 +11,7 @@ import pytest
 
 from feedmux import RemoteLoader
 from feedmux.errors import RemoteError
-from tests.integration.conftest import Spawned
+from tests.integration.conftest import CheckedThread, Spawned
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -98,3 +98,40 @@ def test_skip_skips_and_counts_a_sample_the_codec_refuses(
     assert sorted(ids) == sorted([*range(5), *range(6, 20), *range(20)] * 2)
     assert server.wait(timeout=30) == 0
     assert "skipping sample" in server.stderr and "unsupported type Picture" in server.stderr
+
+
+def test_a_batch_that_cannot_be_built_is_one_trainers_error_not_the_servers(
+        serve: Callable[..., Spawned]) -> None:
+    server = serve(f"{SAMPLERS}:lengths", "--epochs", "1")
+    # Before: "ProtocolError: expected the samples of one batch to share one structure ..."
+    # and the server exited with code 1.
+    with pytest.raises(RemoteError, match="DataError: cannot build a batch of batch_size=16") \
+            as caught:
+        drain(server, batch_size=16)
+    assert "bucket_by=" in str(caught.value) and "pad=True" in str(caught.value)
+    assert server.returncode is None, "the server exited"
+
+
+def test_the_other_trainers_keep_being_served(serve: Callable[..., Spawned]) -> None:
+    # One sample of 64 does not stack: the trainer its batch was for gets the error; the
+    # other trainer gets every other batch and the end of the stream.
+    server = serve(f"{SAMPLERS}:one_odd", "--epochs", "1", "--min-trainers", "2",
+                   "--samples-per-message", "4")
+    outcomes: list[Any] = [None, None]
+
+    def trainer(slot: int) -> None:
+        try:
+            with RemoteLoader(server.data, control=server.control, timeout=30,
+                              batch_size=4) as loader:
+                outcomes[slot] = [int(i) for batch in loader for i in batch["id"]]
+        except RemoteError as error:
+            outcomes[slot] = error
+
+    threads = [CheckedThread(trainer, slot) for slot in (0, 1)]
+    for thread in threads:
+        thread.join(timeout=60)
+    errors = [outcome for outcome in outcomes if isinstance(outcome, RemoteError)]
+    served = [outcome for outcome in outcomes if isinstance(outcome, list)]
+    assert len(errors) == 1 and "cannot build a batch of batch_size=4" in str(errors[0])
+    assert len(served) == 1 and served[0] and 13 not in served[0]
+    assert server.wait(timeout=30) == 0

@@ -534,3 +534,15 @@ def test_a_ranked_holder_kept_through_an_outage_does_not_hold_off_its_id() -> No
     assert not any(isinstance(message, Error) and "client_id" in message.message
                    for _, message in core.receive(B, Hello(client_id="r", rank=0, world_size=1),
                                                   now=1.0))
+
+
+def test_a_batch_that_cannot_be_built_is_the_error_of_one_free_trainer_in_turn() -> None:
+    core = make_core()
+    core.receive(A, hello("t"), now=0.0)
+    core.receive(B, hello("u"), now=0.0)
+    first, second = core.refuse_batch("no stack"), core.refuse_batch("no stack")
+    assert kinds(first) == [(A, Error)] and kinds(second) == [(B, Error)]
+    message = first[0][1]
+    assert isinstance(message, Error) and message.type == "feedmux.errors.DataError"
+    assert core.final_message is None  # the server goes on
+    assert make_core().refuse_batch("no stack") == ()

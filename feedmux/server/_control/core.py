@@ -96,6 +96,8 @@ ANSWERING = 2 * HEARTBEAT_INTERVAL
 CONTROL_GRACE = 30.0
 #: The error type of a hello refused because a live trainer holds its client id.
 CLIENT_ID_TAKEN = "feedmux.errors.ClientIdInUseError"
+#: The error type a free trainer gets for a batch whose samples do not stack.
+BATCH_NOT_BUILT = "feedmux.errors.DataError"
 #: Trainer ids remembered to count reconnects (ids come from peers: the set is bounded).
 MAX_REMEMBERED_TRAINERS = 10_000
 
@@ -296,6 +298,7 @@ class ControlCore:
         #: What each rank was sent beyond what it handed out (for a restarted rank).
         self.retention = self.tables.retention
         self._free_turn = 0
+        self._refused_turn = -1  # the free trainer that got the last unbuildable batch
         #: Where the ranks agreed to resume, (epoch, position); None: from the start.
         self.start_at: tuple[int, int] | None = None
         #: Live ranks further on than ``start_at``: where each is (nothing before is re-dealt).
@@ -426,6 +429,21 @@ class ControlCore:
             return ids
         self._free_turn = turn = (self._free_turn + 1) % len(ids)
         return ids[turn:] + ids[:turn]
+
+    def refuse_batch(self, problem: str) -> Sends:
+        """A batch of the free trainers' could not be built (its samples do not stack): it
+        is the error of the trainer next in turn (the one it would have gone to), not the
+        server's; the others go on. Nobody to tell: only the log says it."""
+        free = [(identity, trainer) for identity, trainer in self.trainers.items()
+                if trainer.rank < 0]
+        if not free:
+            return NO_SENDS
+        self._refused_turn = turn = (self._refused_turn + 1) % len(free)
+        identity, trainer = free[turn]
+        log.warning("trainer %s gets an error instead of a batch: %s", trainer.client_id,
+                    problem)
+        return [(identity, Error(type=BATCH_NOT_BUILT, message=problem,
+                                 server_id=self.config.server_id))]
 
     def _count_reconnect(self, client_id: str) -> None:
         """A trainer id seen before arrived on a new connection: count a reconnect."""

@@ -26,7 +26,7 @@ from feedmux.protocol import Data, Error, encode
 from feedmux.sampling.epochs import Chunk, EpochIterator
 from feedmux.sampling.streamer import StreamErrorHook, blamed_streamer, describe_streamer
 from feedmux.server._control.meters import SamplerMeter
-from feedmux.server._delivery.batches import Batches
+from feedmux.server._delivery.batches import Batch, BatchAssembler, Batches
 from feedmux.server._delivery.dealing import RankDealer
 from feedmux.server._delivery.ranking import RankedStage
 from feedmux.server._sources.owning import DrawnItems, own
@@ -40,6 +40,7 @@ __all__ = [
     "failure_text",
     "produce",
     "skip_logger",
+    "unstackable",
 ]
 
 log = logging.getLogger("feedmux.server")
@@ -197,6 +198,53 @@ class SampleErrors:
         return tags[kept], [items[row] for row in kept]
 
 
+def _batches_one_by_one(assembler: BatchAssembler, tags: np.ndarray, items: Sequence[Any],
+                        chunk: Chunk, told: Callable[[str], None],
+                        error: ProtocolError) -> list[Batch]:
+    """A chunk whose batches did not all stack (``error``), again a batch at a time: each
+    one that does not stack is ``told`` (:func:`unstackable`) and its samples dropped, the
+    others come out. (What the assembler held before the chunk went with the failure.)"""
+    def refused(refusal: ProtocolError) -> None:
+        told(unstackable(refusal, chunk.epoch, assembler.batch_size))
+
+    last = chunk.last
+    out: list[Batch] = []
+    failed = False
+    row = 0
+    while row < len(items):
+        stop = row + assembler.batch_size - assembler.held
+        try:
+            out += assembler.add(tags[row:stop], items[row:stop])
+        except ProtocolError as refusal:
+            refused(refusal)
+            failed = True
+        row = stop
+    if last:
+        try:
+            out += assembler.finish_epoch()
+        except ProtocolError as refusal:
+            refused(refusal)
+            failed = True
+    if not failed:  # the failure was in what was held before the chunk
+        refused(error)
+    return out
+
+
+def unstackable(error: ProtocolError, epoch: int, batch_size: int) -> str:
+    """What a free trainer is told when the samples of its batch do not stack.
+
+    Examples
+    --------
+    >>> unstackable(ProtocolError("got sample 1 of 16 (int64[3]) unlike sample 0"), 2, 16)[:72]
+    'cannot build a batch of batch_size=16 in epoch 2: its samples do not stack'
+    """
+    return (f"cannot build a batch of batch_size={batch_size} in epoch {epoch}: its samples "
+            f"do not stack ({error}); for samples of variable length, deal the steps by length "
+            "with RemoteLoader(batch_size=..., bucket_by='<the length field>', pad=True) in a "
+            "ranked job (rank=, world_size=; docs/ddp.md), or use batch_size=None and batch "
+            "in the trainer. Its samples were dropped; the server goes on with the others")
+
+
 def _encode_batch(
     tags: np.ndarray, samples: Sequence[Any], server_id: str, seq: int, skip_bad: bool,
     errors: SampleErrors | None = None,
@@ -289,6 +337,7 @@ def produce(
     batches: Batches | None = None,
     shm: ShmPool | None = None,
     max_skips: int = DEFAULT_MAX_SKIPS,
+    batch_refused: Callable[[str], None] | None = None,
 ) -> int:
     """Take chunks of items, encode each as a data message and ``send`` it.
 
@@ -355,7 +404,7 @@ def produce(
         return _produce_ranked(epochs, drawn, send, policy, errors, epoch_done, meter,
                                stage, start)
     return _produce(epochs, drawn, send, policy, server_id, errors, epoch_done, meter, align,
-                    start, fresh, batches)
+                    start, fresh, batches, batch_refused)
 
 
 @dataclass(frozen=True)
@@ -398,6 +447,7 @@ def _produce(
     start: tuple[int, int] | None = None,
     fresh: Fresh | None = None,
     batches: Batches | None = None,
+    batch_refused: Callable[[str], None] | None = None,
 ) -> int:
     clock = time.perf_counter
     pacer = _Pacer(policy)
@@ -437,10 +487,15 @@ def _produce(
             if items and errors.skip:  # a refused sample is left out before a batch holds it
                 tags, items = errors.check(tags, items, server_id)
             assembler = batches.of(-1)
-            out = assembler.add(tags, items) if items else []
+            try:
+                out = assembler.add(tags, items) if items else []
+                if chunk.last:
+                    out += assembler.finish_epoch()
+            except ProtocolError as error:
+                if batch_refused is None:
+                    raise
+                out = _batches_one_by_one(assembler, tags, items, chunk, batch_refused, error)
             epoch_count += len(items)
-            if chunk.last:
-                out += assembler.finish_epoch()
             meter.add_busy(clock() - started)
             for batch in out:
                 if not send(encode(Data(batch.tags, batch.items, server_id, seq)),
