@@ -235,7 +235,7 @@ def unstackable(error: ProtocolError, epoch: int, batch_size: int) -> str:
 
     Examples
     --------
-    >>> unstackable(ProtocolError("got sample 1 of 16 (int64[3]) unlike sample 0"), 2, 16)[:72]
+    >>> unstackable(ProtocolError("got sample 1 of 16 (int64[3]) unlike sample 0"), 2, 16)[:74]
     'cannot build a batch of batch_size=16 in epoch 2: its samples do not stack'
     """
     return (f"cannot build a batch of batch_size={batch_size} in epoch {epoch}: its samples "
