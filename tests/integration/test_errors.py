@@ -135,3 +135,15 @@ def test_the_other_trainers_keep_being_served(serve: Callable[..., Spawned]) -> 
     assert len(errors) == 1 and "cannot build a batch of batch_size=4" in str(errors[0])
     assert len(served) == 1 and served[0] and 13 not in served[0]
     assert server.wait(timeout=30) == 0
+
+
+def test_a_ranked_jobs_batch_that_cannot_be_built_says_what_to_do(
+        serve: Callable[..., Spawned]) -> None:
+    server = serve(f"{SAMPLERS}:lengths", "--epochs", "1")
+    # Before: the bare ProtocolError ("expected the samples of one batch to share one
+    # structure ..."). The ranks step together: the run stops, saying what to do.
+    with pytest.raises(RemoteError, match="DataError: cannot build a batch of batch_size=8") \
+            as caught:
+        drain(server, batch_size=8, rank=0)
+    assert "bucket_by=" in str(caught.value) and "the run stops" in str(caught.value)
+    assert server.wait(timeout=30) == 1

@@ -15,13 +15,13 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 from feedmux._plumbing.shm import ShmPool, drawing_into
 from feedmux._ratelog import RateLimitedLog
-from feedmux.errors import ProtocolError, SkipLimitError
+from feedmux.errors import DataError, ProtocolError, SkipLimitError
 from feedmux.protocol import Data, Error, encode
 from feedmux.sampling.epochs import Chunk, EpochIterator
 from feedmux.sampling.streamer import StreamErrorHook, blamed_streamer, describe_streamer
@@ -230,7 +230,7 @@ def _batches_one_by_one(assembler: BatchAssembler, tags: np.ndarray, items: Sequ
     return out
 
 
-def unstackable(error: ProtocolError, epoch: int, batch_size: int) -> str:
+def unstackable(error: ProtocolError, epoch: int, batch_size: int, ranked: bool = False) -> str:
     """What a free trainer is told when the samples of its batch do not stack.
 
     Examples
@@ -242,7 +242,10 @@ def unstackable(error: ProtocolError, epoch: int, batch_size: int) -> str:
             f"do not stack ({error}); for samples of variable length, deal the steps by length "
             "with RemoteLoader(batch_size=..., bucket_by='<the length field>', pad=True) in a "
             "ranked job (rank=, world_size=; docs/ddp.md), or use batch_size=None and batch "
-            "in the trainer. Its samples were dropped; the server goes on with the others")
+            "in the trainer. " + ("A data-parallel job's ranks take their steps together: "
+                                  "the run stops" if ranked else
+                                  "Its samples were dropped; the server goes on with the "
+                                  "others"))
 
 
 def _encode_batch(
@@ -580,7 +583,10 @@ def _produce_ranked(
             # spread over up to RANK_CHUNK_DELAYS times max_delay.
             pacer.observe(items, (clock() - started) * n / min(n, RANK_CHUNK_DELAYS))
             epoch_count += len(items)
-            messages = stage.deal(epoch, chunk.start, items)
+            try:
+                messages = stage.deal(epoch, chunk.start, items)
+            except ProtocolError as error:
+                _ranked_failure(errors, stage, epoch, chunk, items, error)
             if last:
                 messages = itertools.chain(messages, stage.finish_epoch(epoch))
         try:
@@ -591,12 +597,8 @@ def _produce_ranked(
                 started = clock()
                 sent += message.samples
                 errors.sent(message.samples)
-        except ProtocolError:
-            if chunk is not None and chunk.items:  # name the sample the codec refused
-                tags = np.empty((len(items), 2), dtype=np.int64)
-                tags[:, 0], tags[:, 1] = epoch, np.arange(chunk.start, chunk.start + len(items))
-                _refuse_ranked(errors, tags, items, stage.server_id)
-            raise
+        except ProtocolError as error:
+            _ranked_failure(errors, stage, epoch, chunk, items, error)
         meter.add_busy(clock() - started)
         if last:
             errors.epoch_done(epoch, epoch_count)
@@ -604,6 +606,20 @@ def _produce_ranked(
                 return sent
             epoch_count = 0
 
+
+
+def _ranked_failure(errors: SampleErrors, stage: RankedStage, epoch: int, chunk: Chunk | None,
+                    items: Sequence[Any], error: ProtocolError) -> NoReturn:
+    """A ranked chunk failed to deal or encode: raise naming why (a sample the codec
+    refuses: its position; samples that do not stack into a batch: what to do)."""
+    if chunk is not None and items:
+        tags = np.empty((len(items), 2), dtype=np.int64)
+        tags[:, 0], tags[:, 1] = epoch, np.arange(chunk.start, chunk.start + len(items))
+        _refuse_ranked(errors, tags, items, stage.server_id)
+    if stage.batches is not None:
+        raise DataError(unstackable(error, epoch, stage.batches.batch_size,
+                                    ranked=True)) from error
+    raise error
 
 
 def _refuse_ranked(errors: SampleErrors, tags: np.ndarray, items: Sequence[Any],
