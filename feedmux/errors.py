@@ -18,6 +18,7 @@ __all__ = [
     "RemoteError",
     "ResumeWarning",
     "SamplingError",
+    "SkipLimitError",
     "StreamError",
     "StreamStateError",
     "StreamTypeError",
@@ -91,6 +92,11 @@ class FactoryError(FeedmuxError, ValueError):
 
 class SamplingError(FeedmuxError, ValueError):
     """A streamer or mux was built with invalid arguments or cannot go on."""
+
+
+class SkipLimitError(SamplingError):
+    """``on_error="skip"`` skipped every sample of an epoch, or too many errors in a row:
+    the run stops instead of serving empty epochs (the message names the first error)."""
 
 
 class DataError(SamplingError):

@@ -210,9 +210,14 @@ def _add_serve(serve: argparse.ArgumentParser) -> None:
                              "its indices in order every epoch (default: a permutation of "
                              "them drawn from (seed, epoch))")
     basics.add_argument("--on-error", choices=("raise", "skip"), default="raise",
-                        help="a streamer that raises stops the server and the trainers get "
-                             "the error (raise), or only that stream is dropped (skip) "
-                             "(default raise)")
+                        help="a streamer that raises (or a sample that cannot be sent) stops "
+                             "the server and the trainers get the error, naming the streamer "
+                             "(raise), or only that stream (sample) is dropped, counted and "
+                             "logged (skip) (default raise)")
+    basics.add_argument("--max-skips", type=_count, default=1000, metavar="N",
+                        help="with --on-error skip: stop the run when N errors in a row were "
+                             "skipped without a sample sent, or every sample of an epoch "
+                             "(0: only the latter) (default 1000)")
 
     ranks = serve.add_argument_group("several trainers and DDP")
     ranks.add_argument("--min-trainers", type=_count, default=1, metavar="N",
@@ -373,6 +378,7 @@ def _serve(args: argparse.Namespace) -> int:
             workers=args.workers, shards=args.shards, epochs=args.epochs,
             epoch_size=args.epoch_size, hwm=args.hwm,
             samples_per_message=args.samples_per_message, on_error=args.on_error,
+            max_skips=args.max_skips,
             log_every=args.log_every, count_field=args.count_field,
             drain_timeout=args.drain_timeout,
             min_trainers=args.min_trainers, reliable=args.reliable, zero_copy=args.zero_copy,

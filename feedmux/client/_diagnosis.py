@@ -6,7 +6,9 @@ window (and over the span between two heartbeats: :class:`WaitShare`, the
 fraction each heartbeat tells the servers); the servers' busy (sampling) and
 blocked (waiting for trainers) fractions, from the difference of two statistics
 answers; and the verdict, a log line with the likely cause and the fix when the
-trainer waited for more than a threshold of the window. The loader calls it once per data message
+trainer waited for more than a threshold of the window (the first window is
+:data:`FIRST_WINDOW` seconds at most, so that a trainer starved from the start
+hears why within seconds, not after a whole window). The loader calls it once per data message
 (never once per sample) with the time passed in. It never reads a clock,
 never touches a socket and never imports zmq: it only says when the servers
 should be asked for their statistics, and the loader asks.
@@ -25,6 +27,7 @@ from feedmux.protocol import Message, Stats
 __all__ = [
     "BLOCKED_LIMIT",
     "BUSY_LIMIT",
+    "FIRST_WINDOW",
     "MIN_SHARE_SPAN",
     "InputDiagnosis",
     "ServerLoad",
@@ -41,6 +44,9 @@ BLOCKED_LIMIT = 0.5
 #: Seconds into the first window after which :meth:`InputDiagnosis.stats` reports the
 #: figures so far (and the servers are asked once more, for their load).
 EARLY_FIGURES = 1.0
+#: Seconds the first window lasts at most: its verdict (``add --workers``...) comes this
+#: soon after the first data, the later windows last the loader's ``diagnose_window``.
+FIRST_WINDOW = 10.0
 #: Seconds of server uptime two statistics answers must lie apart for the load between
 #: them to count (shorter: a server that sampled in whole draws of 0.1 s looks idle).
 MIN_FIGURES_SPAN = 0.25
@@ -174,8 +180,9 @@ class InputDiagnosis:
     links : int
         How many servers the loader talks to.
     window : float or None
-        Seconds over which the wait fraction is measured and judged; None
-        turns the diagnosis off (it then asks nothing and reports None).
+        Seconds over which the wait fraction is measured and judged (the
+        first window: :data:`FIRST_WINDOW` at most); None turns the diagnosis
+        off (it then asks nothing and reports None).
     threshold : float
         A window in which the trainer waited more than this fraction of the
         time gets a warning with the likely cause.
@@ -231,7 +238,8 @@ class InputDiagnosis:
         self._waited += waited
         self._samples += samples
         elapsed = now - self._started
-        if elapsed < self.window:
+        if elapsed < (self.window if self._last is not None else
+                      min(self.window, FIRST_WINDOW)):
             # Early in the first window: a second answer gives the servers' load so far.
             early = self._last is None and not self._asked_early and elapsed >= EARLY_FIGURES
             self._asked_early = self._asked_early or early

@@ -41,9 +41,12 @@ from feedmux.protocol import (
 )
 
 __all__ = [
+    "CLIENT_ID_TAKEN",
     "CONTROL_SILENCE_WARNING",
     "WAIT_NOTICE",
+    "WAIT_REPEAT",
     "Action",
+    "Grant",
     "Resync",
     "Send",
     "ServerLink",
@@ -101,14 +104,23 @@ def check_membership(*, world_size: int, rank: int | None, group: str | None,
 
 #: Seconds of data without any answer on a control endpoint before a warning.
 CONTROL_SILENCE_WARNING = 5.0
-#: A trainer waiting for data says so at INFO every this many seconds, with the likely causes.
+#: Seconds a trainer waits for data before it says so at WARNING (Python's default
+#: logging shows it), naming both endpoints and the likely causes ...
 WAIT_NOTICE = 10.0
+#: ... and then again every this many seconds while the wait goes on.
+WAIT_REPEAT = 30.0
 #: Seconds of waiting after which a trainer looks at the shared-memory views it holds.
 HELD_CHECK = 2.0
 #: The share of a server's pool held by a trainer's views that makes it the likely cause.
 HELD_SHARE = 0.5
 #: The error type of a hello refused because a live trainer holds the rank.
 RANK_TAKEN = "RankTakenError"
+#: The error type of a hello refused because a live trainer holds this loader's client id.
+CLIENT_ID_TAKEN = "ClientIdInUseError"
+#: Hellos a refused client id says again (at the next beat) before the loader raises: the
+#: holder may be this loader's own closed predecessor, which the server forgets once its
+#: probe of it fails (a live holder answers, and the loader raises within a beat).
+CLIENT_ID_RETRIES = 1
 #: Heartbeat intervals a refused rank keeps saying hello: the server's liveness period
 #: (three intervals without a heartbeat) and some margin, as the holder may be a crashed
 #: predecessor whose death the server has not seen yet.
@@ -144,7 +156,16 @@ class Attach:
     path: str
 
 
-Action = Send | Resync | Attach
+@dataclass(frozen=True)
+class Grant:
+    """Reliable mode: the server of link ``link`` welcomed this trainer for the first time
+    (its hello was admitted): grant it credit. Granted before, a second loader with the
+    same client id (refused) was dealt data meant for the trainer that holds the id."""
+
+    link: int
+
+
+Action = Send | Resync | Attach | Grant
 
 
 @dataclass
@@ -359,8 +380,9 @@ class ServerLinks:
         """A control message from the server of link ``index``; raises a server's error."""
         link = self.links[index]
         if isinstance(message, Welcome):
+            first = not link.server_id
             if not link.welcome(message, reliable=self.reliable) and not message.unknown:
-                return []
+                return [Grant(index)] if first and self.reliable else []
             # A new server process knows a trainer by its hello (a rank also says where it
             # stands, so the restarted server resumes the job there: docs/resume.md); one
             # that has no hello of this trainer asks for it (the hello went to a process
@@ -380,8 +402,13 @@ class ServerLinks:
             link.end_of_stream(message.server_id)
         elif isinstance(message, Error):
             refusals = self._refused.get(index, 0) + 1
-            if (message.type.rsplit(".", 1)[-1] == RANK_TAKEN
-                    and refusals <= RANK_TAKEN_RETRIES):
+            kind = message.type.rsplit(".", 1)[-1]
+            if kind == CLIENT_ID_TAKEN:
+                if refusals <= CLIENT_ID_RETRIES:
+                    self._refused[index] = refusals  # hello again at the next beat
+                    return []
+                raise ConfigurationError(f"{message.message} (server {link.control_address})")
+            if kind == RANK_TAKEN and refusals <= RANK_TAKEN_RETRIES:
                 # Maybe our own crashed predecessor: say hello again at each beat (instead
                 # of a heartbeat) until data comes.
                 log.warning("%s (server %s); trying again for a while", message.message,
@@ -459,9 +486,10 @@ class ServerLinks:
 
         Raises :class:`~feedmux.errors.TransportTimeoutError` once the timeout has
         passed. Never more than a heartbeat interval, so heartbeats keep going out.
-        Every :data:`WAIT_NOTICE` seconds of a wait it logs what it waits for and
-        the likely causes (INFO), and a trainer whose shared-memory views fill a
-        server's pool is told so (WARNING).
+        After :data:`WAIT_NOTICE` seconds of a wait, and every :data:`WAIT_REPEAT`
+        seconds after, it warns of what it waits for and the likely causes (a
+        WARNING: a loader is never silent by default), and a trainer whose
+        shared-memory views fill a server's pool is told so (WARNING).
         """
         waited = now - waited_from
         self._notice(waited_from, waited)
@@ -486,8 +514,8 @@ class ServerLinks:
             if held:
                 log.warning("%s", held)
         if waited >= due:
-            due += WAIT_NOTICE
-            log.info("%s", self.waiting(waited))
+            due += WAIT_REPEAT
+            log.warning("%s", self.waiting(waited))
         self._waiting = (started, due, looked)
 
     def waiting(self, waited: float) -> str:
@@ -499,20 +527,23 @@ class ServerLinks:
         ...                     world_size=1, reliable=False, timeout=None,
         ...                     heartbeat_interval=1.0)
         >>> links.waiting(10.0)
-        'no answer from tcp://h:5555 / control tcp://h:5556 for 10 s: is feedmux serve running there, and on these ports?'
+        'no answer from data tcp://h:5555 / control tcp://h:5556 for 10 s: no feedmux serve running there, a wrong host or port, a firewall in between, or the server busy sampling (a slow first sample)'
         """  # noqa: E501
         lines = []
         for link in self.links:
             if not link.server_id:
                 lines.append(
-                    f"no answer from {link.data_address} / control {link.control_address} "
-                    f"for {waited:.0f} s: is feedmux serve running there, and on these ports?"
+                    f"no answer from data {link.data_address} / control "
+                    f"{link.control_address} for {waited:.0f} s: no feedmux serve running "
+                    "there, a wrong host or port, a firewall in between, or the server busy "
+                    "sampling (a slow first sample)"
                     + (" (the control endpoint is derived from the data one unless given: "
                        "RemoteLoader(control=...))" if link.control_derived else ""))
             elif not link.finished:
                 lines.append(
-                    f"server {link.server_id} at {link.data_address} answers but has sent "
-                    f"no data for {waited:.0f} s: " + self._causes(link))
+                    f"server {link.server_id} at data {link.data_address} / control "
+                    f"{link.control_address} answers but has sent no data for {waited:.0f} s: "
+                    + self._causes(link))
         return "; ".join(lines) or f"waiting {waited:.0f} s for the servers to end the stream"
 
     def _causes(self, link: ServerLink) -> str:

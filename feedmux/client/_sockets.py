@@ -2,9 +2,11 @@
 
 This module owns the options of a trainer's sockets per delivery mode (plain
 data DEALERs named by the client id, without ZMTP heartbeats; reliable ones
-with credit and heartbeats; control DEALERs with heartbeats, named "<client id>/control"
-on every connection) and their closing,
-which a forked child never does to its parent's sockets. It must never read or
+with credit and heartbeats; control DEALERs with heartbeats, named
+"<instance>/control/<client id>" on every connection: one loader keeps its name
+across reconnects, and a second loader given the same client id is another peer
+to the server, which refuses it) and their closing, which a forked child never
+does to its parent's sockets. It must never read or
 decide anything: the loader and its link state do.
 """
 
@@ -31,6 +33,7 @@ def open_sockets(
     hwm: int,
     max_message_bytes: int,
     security: ClientCurve | None,
+    instance: str = "",
 ) -> tuple[list[Any], list[Any]]:
     """Connected sockets: the data DEALERs and the control DEALERs, one of each per server.
 
@@ -70,7 +73,8 @@ def open_sockets(
         # The same identity on every connection: after a link was down long enough for the
         # ZMTP heartbeats to drop the connection, the reconnected one is still this trainer
         # to the server (a fresh random identity was a stranger, whose rank stayed orphaned).
-        socket.setsockopt(zmq.ROUTING_ID, f"{client_id}/control".encode())
+        # (Cut to ZeroMQ's 255 bytes: the server reads the id from the messages, not this.)
+        socket.setsockopt(zmq.ROUTING_ID, f"{instance}/control/{client_id}".encode()[:255])
     for target, control_socket, link in zip(targets, control, links.links, strict=True):
         target.connect(link.data_address)
         control_socket.connect(link.control_address)

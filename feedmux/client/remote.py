@@ -42,7 +42,7 @@ from feedmux.client._data import DataSockets, send_or_drop
 from feedmux.client._diagnosis import InputDiagnosis
 from feedmux.client._endpoints import check_endpoint, endpoints, fetch_stats
 from feedmux.client._handout import HandOut, SampleMeta
-from feedmux.client._link import Action, Attach, Send, ServerLinks, check_membership
+from feedmux.client._link import Action, Attach, Grant, Send, ServerLinks, check_membership
 from feedmux.client._moves import AddressBook, Resolve
 from feedmux.client._origin import Origin, not_a_map, register_with_torch
 from feedmux.client._resume import HandedRanges, RankPositions
@@ -104,6 +104,15 @@ class RemoteLoader:
         Yield ``(SampleMeta, sample)`` pairs instead of bare samples.
     max_message_bytes : int
         Larger data messages are refused (and the connection dropped).
+    client_id : str, optional
+        This trainer's name to its servers: its data socket's identity, the
+        name in the servers' logs, ``feedmux top`` and the audit log. Default:
+        a fresh ``"<pid>-<random>"`` per loader (and per copy of it in another
+        process). One id belongs to one live
+        loader at a time: a loader whose id a live trainer of the server holds
+        is refused at once (:class:`~feedmux.errors.ConfigurationError` naming
+        the id, within a heartbeat: a closed predecessor's id is free again as
+        soon as the server finds it gone), and the holder goes on undisturbed.
     curve_server_key : str or bytes, optional
         The server's public key (its ``.key`` file or the Z85 key): CURVE
         encryption on every socket of this loader.
@@ -411,11 +420,12 @@ class RemoteLoader:
         data_sockets, self._control = open_sockets(
             context, self._links, client_id=self.client_id, reliable=self.reliable,
             hwm=self.hwm, max_message_bytes=self.max_message_bytes, security=self._security,
+            instance=uuid.uuid4().hex[:8],  # a second loader with this client id is refused
         )
         # Half the credit acknowledged at once: the server keeps credit for the other half.
         self._data = DataSockets(data_sockets, reliable=self.reliable, client_id=self.client_id,
                                  addresses=self.addresses, tune_malloc=self._tune_malloc,
-                                 ack_batch=self.hwm // 2, shm=self.shm, credits=self.hwm)
+                                 ack_batch=self.hwm // 2, shm=self.shm)  # credit: Grant
         self._links.views_held = self._data.views_held  # said to a trainer waiting for data
         controls = [link.control_address for link in self._links.links]
         if self._security is not None:  # a refused key is otherwise a silent timeout
@@ -444,6 +454,8 @@ class RemoteLoader:
                 send_or_drop(self._control[action.link], action.message)
             elif isinstance(action, Attach):
                 self._data.attach(action.link, self._control[action.link], action.path)
+            elif isinstance(action, Grant):
+                self._data.grant_credit(self.hwm, action.link)
             else:  # the link's server restarted
                 if self.reliable:
                     self._data.forget_ack(action.link)  # its sequence number means nothing now

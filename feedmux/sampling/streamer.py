@@ -24,8 +24,10 @@ __all__ = [
     "StreamErrorHook",
     "Streamer",
     "activate",
+    "blamed_streamer",
     "check_max_iter",
     "close_stream",
+    "describe_streamer",
     "is_integer",
     "is_real",
     "streamable",
@@ -120,6 +122,77 @@ def activate(
     if type(streamer).iterate is not Streamer.iterate:
         return streamer.iterate(limit)
     return streamer._activation(limit, on_stream_error)
+
+
+#: Characters of each argument's repr in :func:`blamed_streamer` (a path, a config...).
+MAX_ARGUMENT_REPR = 200
+#: The attribute an exception carries the streamer that raised it in.
+_BLAMED = "__feedmux_streamer__"
+
+
+def blamed_streamer(error: BaseException) -> str | None:
+    """The streamer whose source raised ``error``: its function's qualified name and its
+    arguments, as a call (None: not raised by a streamer's source function).
+
+    The innermost streamer with a callable source that saw ``error`` pass is the
+    one named (a mux around it, or a streamer of that mux, is not).
+
+    Examples
+    --------
+    >>> def load(path, *, scale=1):
+    ...     yield 1
+    ...     raise OSError(f"cannot read {path}")
+    >>> items = Streamer(load, "/data/a.npz", scale=2).iterate()
+    >>> next(items)
+    1
+    >>> try:
+    ...     next(items)
+    ... except OSError as error:
+    ...     blamed_streamer(error)
+    "feedmux.sampling.streamer.load('/data/a.npz', scale=2)"
+    """
+    blamed = getattr(error, _BLAMED, None)
+    return blamed if isinstance(blamed, str) else None
+
+
+def describe_streamer(streamer: Any) -> str:
+    """A streamer as a call of its source (a mux or other source: its type and size).
+
+    Examples
+    --------
+    >>> def read(path):
+    ...     yield path
+    >>> describe_streamer(Streamer(read, "a.txt"))
+    "feedmux.sampling.streamer.read('a.txt')"
+    >>> describe_streamer(Streamer([1, 2]))
+    'Streamer(list)'
+    """
+    if isinstance(streamer, Streamer) and streamer._callable_source:
+        return _describe_call(streamer.source, streamer.args, streamer.kwargs)
+    inner = getattr(streamer, "streamers", None)
+    if inner is not None:
+        return f"{type(streamer).__name__} of {len(inner)} streamers"
+    if isinstance(streamer, Streamer):
+        return f"Streamer({type(streamer.source).__name__})"
+    return type(streamer).__name__
+
+
+def _describe_call(source: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    name = getattr(source, "__qualname__", None) or type(source).__qualname__
+    module = getattr(source, "__module__", None)
+    if module and module != "builtins":
+        name = f"{module}.{name}".replace(".<locals>", "")
+    shown = [_short_repr(arg) for arg in args]
+    shown += [f"{key}={_short_repr(value)}" for key, value in kwargs.items()]
+    return f"{name}({', '.join(shown)})"
+
+
+def _short_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # a repr that fails must not hide the error being named
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= MAX_ARGUMENT_REPR else text[:MAX_ARGUMENT_REPR - 3] + "..."
 
 
 def _rebuild(factory: Callable[..., Streamer[Any]], args: tuple[Any, ...], kwargs: Any) -> Any:
@@ -285,8 +358,21 @@ class Streamer(Generic[T]):
                     yield from itertools.islice(items, limit)
             finally:
                 close_stream(items)
+        except Exception as error:
+            self._blame(error)
+            raise
         finally:
             self._active -= 1
+
+    def _blame(self, error: Exception) -> None:
+        """Name this streamer on ``error`` (:func:`blamed_streamer`) if its own source raised
+        it: a callable source, and no streamer inside it named yet."""
+        if not self._callable_source or hasattr(error, _BLAMED):
+            return
+        try:
+            setattr(error, _BLAMED, _describe_call(self.source, self.args, self.kwargs))
+        except Exception:  # an exception type that takes no attributes goes unnamed
+            return
 
     def iterate(self, max_iter: int | float | None = None) -> Iterator[T]:
         """Activate the streamer once and yield its items.

@@ -295,6 +295,10 @@ class SocketShell:
         self.serve_control(timeout=0)
         self.core.look(time.monotonic())
 
+    def batch_refused(self, problem: str) -> None:
+        """A batch could not be built: the error of the trainer it would have gone to."""
+        self.deliver(self.core.refuse_batch(problem))
+
     def deliver(self, sends: Sends) -> None:
         """Send what the core asked for; tell it about every peer a send found gone."""
         for identity, message in sends:

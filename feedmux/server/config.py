@@ -125,6 +125,9 @@ class ServerConfig:
     samples_per_message: int | None = None
     max_delay: float = 0.005
     on_error: str = "raise"
+    # With on_error "skip": errors skipped in a row (no sample sent in between) that stop
+    # the run (0: no limit; an epoch of nothing but skips stops it anyway).
+    max_skips: int = 1000
     log_every: float = 10.0
     # A field of the samples whose summed length or value is reported per second too.
     count_field: str = ""
@@ -192,6 +195,8 @@ class ServerConfig:
             self.samples_per_message,
         )
         require(self.on_error in ("raise", "skip"), "on_error 'raise' or 'skip'", self.on_error)
+        require(isinstance(self.max_skips, int) and self.max_skips >= 0, "max_skips an int >= 0",
+                self.max_skips)
         require(self.log_every > 0, "log_every > 0 seconds", self.log_every)
         require(self.max_delay >= 0, "max_delay >= 0 seconds", self.max_delay)
         require(self.min_trainers >= 0, "min_trainers >= 0", self.min_trainers)

@@ -54,7 +54,7 @@ from feedmux.server._shell import SocketShell
 from feedmux.server._sources.autoscale import usable_cpus
 from feedmux.server._sources.forward import forward, ranked_dealer
 from feedmux.server._sources.merge import merge_block
-from feedmux.server._sources.producer import produce
+from feedmux.server._sources.producer import failure_text, produce
 from feedmux.server._sources.seeding import FRESH_ENTROPY, EpochSeeder, resolve_seed
 from feedmux.server._sources.shards import MergedShards, choose_shards
 from feedmux.server._sources.workers import WorkerPool
@@ -171,7 +171,14 @@ class Server:
         copied once, so that one reused for every sample cannot change a sample
         already queued (or kept for re-sending).
     on_error : {"raise", "skip"}
-        A streamer that raises ends the server (trainers get ``RemoteError``) or is skipped.
+        A streamer that raises (or a sample the codec refuses) ends the server
+        (trainers get ``RemoteError`` naming the streamer and its arguments) or
+        is skipped: counted (``errors_skipped``) and logged naming the streamer.
+    max_skips : int
+        With ``on_error="skip"``: errors skipped in a row, with no sample sent
+        in between, that stop the run with :class:`~feedmux.errors.SkipLimitError`
+        naming the first (default 1000; 0: no limit). An epoch whose every
+        sample was skipped stops it too, instead of serving empty epochs.
     factory_kwargs : mapping, optional
         Keyword arguments for a factory source.
     seed : int, optional
@@ -376,6 +383,7 @@ class Server:
                     dealer=ranked_dealer(shell, config), meter=shell.meters[0],
                     start=shell.core.start_at, fresh=shell.core.handed.fresh,
                     batches=shell.core.tables.batches.assemblers(config.buckets), shm=shell.pool,
+                    max_skips=config.max_skips, batch_refused=shell.batch_refused,
                 )
                 if not (self._stop or shell.core.restarting):
                     shell.finish()
@@ -389,7 +397,8 @@ class Server:
                 if not shell.wait_for_trainers():  # the new job's ranks
                     return EXIT_FAILED if shell.failed else EXIT_OK
         except Exception as error:
-            log.error("sampling failed: %s: %s", type(error).__name__, error, exc_info=error)
+            log.error("sampling failed: %s: %s", type(error).__name__, failure_text(error),
+                      exc_info=error)
             shell.fail(error)
             return EXIT_FAILED
         finally:

@@ -219,3 +219,20 @@ def test_the_share_between_two_heartbeats_is_apart_from_the_diagnosis_window() -
     run_window(diagnosis, 0.2, start=0.0)
     assert diagnosis.share.report(now=10.0) == pytest.approx(0.2)
     assert diagnosis.stats()["wait_fraction"] == pytest.approx(0.2)  # its window unchanged
+
+
+def test_the_first_verdict_comes_after_ten_seconds_then_every_window(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Before: a trainer starved from its start heard "add --workers" only after 60 s.
+    diagnosis = InputDiagnosis(links=1, window=60.0, threshold=0.25)
+    assert diagnosis.message(now=0.0, waited_from=0.0, samples=4)
+    diagnosis.server_stats(0, answer(100.0, 50.0, 0.0), now=0.0)
+    assert run_window(diagnosis, waited_fraction=0.9, window=10.0)
+    with caplog.at_level(logging.WARNING, logger="feedmux.client"):
+        verdict = diagnosis.server_stats(0, answer(110.0, 59.9, 0.0), now=10.0)
+    assert verdict is not None and verdict.startswith("waited for data 90% of the last 10 s")
+    assert "add --workers" in verdict
+    # The next windows last diagnose_window: nothing is asked again before 60 s more.
+    assert not diagnosis.message(now=40.0, waited_from=39.0, samples=4)
+    assert diagnosis.message(now=70.0, waited_from=69.0, samples=4)
+    assert diagnosis.stats()["window_s"] == 60.0

@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedmux.client import _link
-from feedmux.client._link import Resync, Send, ServerLinks
+from feedmux.client._link import Grant, Resync, Send, ServerLinks
 from feedmux.errors import (
+    ConfigurationError,
     RemoteError,
     TransportError,
     TransportTimeoutError,
@@ -88,7 +89,8 @@ def test_a_new_server_id_on_a_link_is_a_restart(
     links = make_links(reliable=reliable)
     # The new process knows the trainer by its hello only: it says hello again.
     actions = [*resync, Send(0, Hello(client_id=links.client_id, codecs=INFLATES))]
-    assert links.control(0, Welcome("a", reliable=reliable)) == []
+    # The first welcome admits a reliable trainer: it grants its credit then.
+    assert links.control(0, Welcome("a", reliable=reliable)) == ([Grant(0)] if reliable else [])
     assert links.control(0, Welcome("a", epoch_size=3, reliable=reliable)) == []  # not a restart
     links.control(0, EndOfStream("a"))
     assert links.finished
@@ -272,7 +274,9 @@ def test_sequences_of_welcomes_restarts_drains_and_ends(
                                                   reliable=reliable))
             restarted = server_ids[link] not in ("", event.server_id)
             hello = [Send(link, Hello(client_id=links.client_id, codecs=INFLATES))]
-            assert actions == (([Resync(link)] if reliable else []) + hello if restarted else [])
+            first = [Grant(link)] if reliable and not server_ids[link] else []
+            assert actions == (([Resync(link)] if reliable else []) + hello if restarted
+                               else first)
             if restarted:
                 finished[link] = False
             server_ids[link] = event.server_id
@@ -338,27 +342,29 @@ def _waiting_lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
             if record.levelno == level and record.name == "feedmux.client"]
 
 
-def test_a_loader_waiting_for_a_server_says_so_every_ten_seconds(
+def test_a_loader_waiting_for_a_server_warns_after_ten_seconds_then_every_thirty(
         caplog: pytest.LogCaptureFixture) -> None:
-    # Before: nothing was logged, however long the wait.
+    # Before: an INFO line every 10 s, which Python's default logging does not show.
     links = make_links()
     caplog.set_level(logging.INFO, logger="feedmux.client")
     for now in (0.0, 5.0, 9.9):
         links.wait(0.0, now)
-    assert _waiting_lines(caplog, logging.INFO) == []
-    links.wait(0.0, 10.0)
-    links.wait(0.0, 15.0)
-    links.wait(0.0, 20.5)
-    assert _waiting_lines(caplog, logging.INFO) == [
-        "no answer from tcp://h:0 / control tcp://h:1 for 10 s: is feedmux serve running "
-        "there, and on these ports?",
-        "no answer from tcp://h:0 / control tcp://h:1 for 20 s: is feedmux serve running "
-        "there, and on these ports?",
+    assert _waiting_lines(caplog, logging.WARNING) == []
+    for now in (10.0, 15.0, 20.5, 39.9, 40.0, 60.0, 70.0):
+        links.wait(0.0, now)
+    causes = ("no feedmux serve running there, a wrong host or port, a firewall in between, "
+              "or the server busy sampling (a slow first sample)")
+    assert _waiting_lines(caplog, logging.WARNING) == [
+        f"no answer from data tcp://h:0 / control tcp://h:1 for 10 s: {causes}",
+        f"no answer from data tcp://h:0 / control tcp://h:1 for 40 s: {causes}",
+        f"no answer from data tcp://h:0 / control tcp://h:1 for 70 s: {causes}",
     ]
+    assert _waiting_lines(caplog, logging.INFO) == []
     links.control(0, Welcome("s1"))
-    links.wait(30.0, 40.0)  # a new wait, the server answers: the likely causes
-    assert "server s1 at tcp://h:0 answers but has sent no data for 10 s: it waits for more " \
-        "trainers (--min-trainers)" in _waiting_lines(caplog, logging.INFO)[-1]
+    links.wait(80.0, 90.0)  # a new wait, the server answers: the likely causes
+    assert "server s1 at data tcp://h:0 / control tcp://h:1 answers but has sent no data for " \
+        "10 s: it waits for more trainers (--min-trainers)" in \
+        _waiting_lines(caplog, logging.WARNING)[-1]
 
 
 def test_a_timeout_names_a_derived_control_endpoint_as_derived() -> None:
@@ -403,3 +409,13 @@ def test_each_heartbeat_carries_the_loops_share_of_waiting() -> None:
         Heartbeat(sender_id="trainer", received_messages=0, wait_fraction=0.25)] * 2
     assert links.tick(1.5) == ()  # not due: the share is not taken
     assert reports == [(1.0, 0.5)]  # one report for every server: the trainer's wait
+
+
+def test_a_refused_client_id_says_hello_once_more_then_raises_naming_it() -> None:
+    links = make_links()
+    taken = Error(type="feedmux.errors.ClientIdInUseError",
+                  message="client_id 'trainer' is in use by a live trainer of this server")
+    assert links.control(0, taken) == []  # maybe this loader's own closed predecessor
+    assert links.tick(0.0) == [Send(0, Hello(client_id="trainer", codecs=INFLATES))]
+    with pytest.raises(ConfigurationError, match=r"client_id .trainer. is in use .*tcp://h:1\)"):
+        links.control(0, taken)

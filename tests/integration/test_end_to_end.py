@@ -107,7 +107,9 @@ def test_remote_exception_surfaces_as_remote_error(serve: Any) -> None:
                 pass
     error = raised.value
     assert error.remote_type == "ValueError"
-    assert error.remote_message == "boom after 5 samples"
+    # The message names the streamer that raised (and how --on-error skip would go on).
+    assert error.remote_message.startswith(
+        "boom after 5 samples (raised by streamer tests.integration.samplers._failing(5); ")
     assert "_failing" in error.remote_traceback
     assert server.wait(timeout=10) == 1
 

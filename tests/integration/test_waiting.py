@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,3 +45,26 @@ def test_a_timeout_names_the_given_address_and_the_derived_control(tmp_path: Pat
     assert str(caught.value).startswith(
         f"no data from {nowhere} for 1 s (control {nowhere}.control (derived from the data "
         "endpoint) never answered)")
+
+
+@pytest.mark.timeout(60)
+def test_a_loader_that_hears_nothing_warns_with_default_logging(tmp_path: Path) -> None:
+    # A trainer script that sets up no logging: Python's last-resort handler shows WARNING
+    # and above. Before: the loader said why it waited at INFO, so such a script showed
+    # nothing for as long as it waited.
+    data, control = f"ipc://{tmp_path}/nobody", f"ipc://{tmp_path}/nobody-control"
+    script = ("import sys\n"
+              "from feedmux import RemoteLoader\n"
+              "from feedmux.errors import TransportTimeoutError\n"
+              f"loader = RemoteLoader({data!r}, control={control!r}, timeout=11)\n"
+              "try:\n"
+              "    next(loader)\n"
+              "except TransportTimeoutError:\n"
+              "    sys.exit(3)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=50, check=False)
+    assert done.returncode == 3, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("no answer from")]
+    assert lines == [f"no answer from data {data} / control {control} for 10 s: no feedmux "
+                     "serve running there, a wrong host or port, a firewall in between, or "
+                     "the server busy sampling (a slow first sample)"], done.stderr

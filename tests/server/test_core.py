@@ -99,7 +99,7 @@ def test_unexpected_and_malformed_messages_get_an_error_back() -> None:
 def test_a_departed_trainer_keeps_its_count() -> None:
     core = make_core()
     core.receive(A, beat(5), now=0.0)
-    core.receive(B, beat(3), now=0.0)
+    core.receive(B, beat(3, "u"), now=0.0)
     core.peer_gone(A)
     core.peer_gone(A)  # twice: counted once
     assert (core.departed, core.departed_received, core.received_total()) == (1, 5, 8)
@@ -142,16 +142,16 @@ def test_an_epoch_broadcasts_its_size() -> None:
 def test_the_drain_asks_at_a_steady_pace_and_ends_once_everything_is_counted() -> None:
     core = make_core()
     core.receive(A, hello(), now=0.0)
-    core.receive(B, hello(), now=0.0)
+    core.receive(B, hello("u"), now=0.0)
     for _ in range(10):
         core.data_sent(1, epoch=1)
     core.finish(now=1.0)
     assert kinds(core.tick(now=1.0)) == [(A, Drain), (B, Drain)]
     assert core.tick(now=1.0 + DRAIN_INTERVAL / 2) == ()
     core.receive(A, beat(6), now=1.05)
-    core.receive(B, beat(3), now=1.05)
+    core.receive(B, beat(3, "u"), now=1.05)
     assert kinds(core.tick(now=1.0 + DRAIN_INTERVAL)) == [(A, Drain), (B, Drain)]
-    core.receive(B, beat(4), now=1.2)
+    core.receive(B, beat(4, "u"), now=1.2)
     sends = core.tick(now=1.2)
     assert kinds(sends) == [(A, EndOfStream), (B, EndOfStream)]
     end = sends[0][1]
@@ -499,3 +499,52 @@ def test_a_group_mixing_ranked_and_free_trainers_is_refused_naming_the_group() -
     assert isinstance(error, Error) and "group 'f' deals to free trainers" in error.message
     [(_, error)] = core.receive(b"e", Hello("r", world_size=3, rank=1, group="g"), now=1.0)
     assert isinstance(error, Error) and "expected world_size 2" in error.message
+
+
+def test_a_hello_with_a_live_trainers_client_id_is_refused_and_the_holder_kept() -> None:
+    # Before: admitted as a second trainer under one id (its data connection was then
+    # refused by ZeroMQ without a word, and it waited for nothing).
+    core = make_core()
+    assert kinds(core.receive(A, hello("t"), now=0.0)) == [(A, Welcome)]
+    core.receive(A, beat(0, "t"), now=0.5)
+    sends = core.receive(B, hello("t"), now=1.0)
+    assert kinds(sends) == [(B, Error), (A, Welcome)]  # the holder is only asked if it is there
+    error = sends[0][1]
+    assert isinstance(error, Error) and error.type == "feedmux.errors.ClientIdInUseError"
+    assert "client_id 't' is in use by a live trainer" in error.message
+    assert set(core.trainers) == {A}
+    # Its heartbeats do not make it a trainer either.
+    assert kinds(core.receive(B, beat(0, "t"), now=1.2)) == [(B, Error), (A, Welcome)]
+    assert set(core.trainers) == {A}
+    # The holder was a closed loader: the probe's send failed, and the next hello is admitted.
+    core.peer_gone(A)
+    assert kinds(core.receive(B, hello("t"), now=2.0)) == [(B, Welcome)]
+    # A silent holder does not keep its id either.
+    assert kinds(core.receive(C, hello("t"), now=2.0 + TRAINER_TIMEOUT + 0.1)) == [(C, Welcome)]
+
+
+def test_a_ranked_holder_kept_through_an_outage_does_not_hold_off_its_id() -> None:
+    core = make_core()
+    core.begin()
+    core.receive(A, Hello(client_id="r", rank=0, world_size=1), now=0.0)
+    core.tick(0.2)
+    core.tick(0.3)
+    assert core.phase is Phase.SAMPLING
+    unreachable(core, A, now=0.5)  # its control link is down: it keeps its rank ...
+    assert A in core.trainers
+    # ... but not its id against a newcomer (its rank is decided as before).
+    assert not any(isinstance(message, Error) and "client_id" in message.message
+                   for _, message in core.receive(B, Hello(client_id="r", rank=0, world_size=1),
+                                                  now=1.0))
+
+
+def test_a_batch_that_cannot_be_built_is_the_error_of_one_free_trainer_in_turn() -> None:
+    core = make_core()
+    core.receive(A, hello("t"), now=0.0)
+    core.receive(B, hello("u"), now=0.0)
+    first, second = core.refuse_batch("no stack"), core.refuse_batch("no stack")
+    assert kinds(first) == [(A, Error)] and kinds(second) == [(B, Error)]
+    message = first[0][1]
+    assert isinstance(message, Error) and message.type == "feedmux.errors.DataError"
+    assert core.final_message is None  # the server goes on
+    assert make_core().refuse_batch("no stack") == ()

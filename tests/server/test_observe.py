@@ -112,6 +112,11 @@ def test_a_trainer_back_on_a_new_connection_counts_as_a_reconnect() -> None:
     assert core.stats(1.0)["reconnects"] == 0
     core.peer_gone(b"a")
     core.receive(b"c", Hello(client_id="t1"), now=2.0)
+    # t2 on a new connection while its old one is thought alive: the old one is probed
+    # first (its id is held off a second live loader), and the failed probe frees it.
+    assert [identity for identity, _ in core.receive(
+        b"d", Heartbeat(sender_id="t2", received_messages=3), now=2.0)] == [b"d", b"b"]
+    core.peer_gone(b"b")
     core.receive(b"d", Heartbeat(sender_id="t2", received_messages=3), now=2.0)
     stats = core.stats(2.0)
     assert stats["reconnects"] == 2

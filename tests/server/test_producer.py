@@ -59,7 +59,8 @@ def test_skipping_ends_only_the_failing_stream_of_a_mux(caplog: pytest.LogCaptur
         sent = run(mux, skip_errors=True)
     for epoch in (1, 2):
         assert items_of(sent, epoch) == ["a", "b", "c", "f0", "f1"]
-    assert caplog.text.count("skipping the rest of it") == 2
+    assert caplog.text.count("streamer tests.server.test_producer.failing_after(2) raised "
+                             "OSError: disk gone; skipping the rest of that stream") == 2
 
 
 def test_skipping_abandons_the_epoch_of_a_failing_top_level_streamer() -> None:
@@ -76,3 +77,30 @@ def test_a_sample_with_a_pool_sized_array_travels_alone() -> None:
     assert policy.limit_for(large) == 1
     medium = {"x": np.zeros(64 * 128, np.int64)}  # 64 KiB: 64 of them fill 4 MiB
     assert policy.limit_for(medium) == 64
+
+
+def with_an_object_at(index: int) -> Iterator[Any]:
+    for i in range(4):
+        yield object() if i == index else f"s{i}"
+
+
+def test_a_refused_sample_is_named_by_its_epoch_position_or_skipped_and_counted() -> None:
+    from feedmux.errors import ProtocolError
+    from feedmux.server._control.meters import SamplerMeter
+
+    streamer = feedmux.Streamer(with_an_object_at, 2)
+    # Before: "cannot encode sample: unsupported type object (sample 1 of 2)", a place in
+    # one message, and nothing on the streamer or the way to skip it.
+    with pytest.raises(ProtocolError, match=r"sample 2 of epoch 1 from tests\.server\."
+                                            r"test_producer\.with_an_object_at\(2\) cannot be "
+                                            r"sent: .*--on-error skip"):
+        run(streamer, skip_errors=False)
+    meter = SamplerMeter()
+    sent: list[list[Any]] = []
+    produce(EpochIterator(streamer, max_epochs=2),
+            lambda frames, n, epoch: sent.append(list(decode(frames).samples)) is None,
+            policy=BatchPolicy(samples_per_message=2), server_id="test", skip_errors=True,
+            meter=meter)
+    assert sorted(sample for samples in sent for sample in samples) == ["s0", "s0", "s1",
+                                                                        "s1", "s3", "s3"]
+    assert meter.errors_skipped == 2

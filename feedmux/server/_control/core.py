@@ -63,6 +63,7 @@ from feedmux.server._sources.producer import error_message
 from feedmux.server.config import ServerConfig
 
 __all__ = [
+    "CLIENT_ID_TAKEN",
     "DRAIN_INTERVAL",
     "FINAL_GRACE",
     "NO_SENDS",
@@ -97,6 +98,10 @@ ANSWERING = 2 * HEARTBEAT_INTERVAL
 #: no such bound (see ``make_socket``): there a holder that really died is replaced by a
 #: contender, admitted once the holder has not been heard for ``TRAINER_TIMEOUT``.
 CONTROL_GRACE = 30.0
+#: The error type of a hello refused because a live trainer holds its client id.
+CLIENT_ID_TAKEN = "feedmux.errors.ClientIdInUseError"
+#: The error type a free trainer gets for a batch whose samples do not stack.
+BATCH_NOT_BUILT = "feedmux.errors.DataError"
 #: Trainer ids remembered to count reconnects (ids come from peers: the set is bounded).
 MAX_REMEMBERED_TRAINERS = 10_000
 #: Refused ranks' reasons kept for the job's other ranks (hellos come from peers: bounded).
@@ -140,11 +145,15 @@ class _Trainer:
     rates: RateWindow = field(default_factory=RateWindow)
     #: It was said lost in the log (silent for ``TRAINER_TIMEOUT``) and has not spoken since.
     silent: bool = False
+    #: A control send to it failed since it was last heard (a ranked trainer kept through
+    #: an outage): its client id does not hold off a newcomer's hello.
+    unreachable: bool = False
 
     def heard(self, beat: Heartbeat, now: float) -> None:
         """Its heartbeat at ``now``: alive, its count, its wait when it says it (an answer
         to a drain, or an older trainer, says none: the last report stands until stale)."""
         self.last_seen = now
+        self.unreachable = False
         self.received_messages = beat.received_messages
         self.rates.add(now, beat.received_messages)
         if beat.wait_fraction is not None:
@@ -249,6 +258,7 @@ def unreachable(core: ControlCore, identity: bytes, now: float) -> None:
             or now - trainer.last_seen > CONTROL_GRACE):
         core.peer_gone(identity)
     else:
+        trainer.unreachable = True
         core.unreachable_sends += 1
 
 
@@ -318,6 +328,7 @@ class ControlCore:
         #: What each rank was sent beyond what it handed out (for a restarted rank).
         self.retention = self.tables.retention
         self._free_turn = 0
+        self._refused_turn = -1  # the free trainer that got the last unbuildable batch
         #: Where the ranks agreed to resume, (epoch, position); None: from the start.
         self.start_at: tuple[int, int] | None = None
         #: Live ranks further on than ``start_at``: where each is (nothing before is re-dealt).
@@ -362,6 +373,8 @@ class ControlCore:
                 # run): the welcome tells it this is a new server, it says hello.
                 return [(identity, _unknown_welcome(self, message.group))]
             if trainer is None:
+                if (taken := self._id_taken(identity, message.sender_id, now)) is not None:
+                    return taken  # not a trainer of its own: its hello was refused
                 trainer = self.trainers[identity] = _Trainer(
                     message.sender_id, now, group=message.group or DEFAULT_GROUP)
                 self._count_reconnect(message.sender_id)
@@ -380,6 +393,8 @@ class ControlCore:
     def _hello(self, identity: bytes, message: Hello, now: float) -> Sends:
         """A trainer's hello: admit it (its rank, if any) or tell it why not."""
         sends: list[Send] = []
+        if (taken := self._id_taken(identity, message.client_id, now)) is not None:
+            return taken
         if _restarts_job(self, message):
             sends = _restart_job(self, message)
         refused = self.tables.admit(identity, message, lambda holder: self._alive(holder, now))
@@ -408,6 +423,26 @@ class ControlCore:
             self._count_reconnect(message.client_id)
         return [*sends, (identity, self.welcome(group)), *_shm_offer(self, identity)]
 
+    def _id_taken(self, identity: bytes, client_id: str, now: float) -> Sends | None:
+        """The refusal of a newcomer ``identity`` whose ``client_id`` another live trainer
+        holds (a data socket is named by the id: two would take each other's data), or
+        None. The holder is not disturbed: it is only sent a welcome, whose failed send
+        tells that it is gone (forgotten, or marked unreachable), and then the
+        newcomer's next hello is admitted."""
+        holder = next((other for other, trainer in self.trainers.items()
+                       if other != identity and trainer.client_id == client_id
+                       and not trainer.unreachable and self._alive(other, now)), None)
+        if holder is None:
+            return None
+        peer_log.log(logging.WARNING, "client id", "refused a second trainer with client_id "
+                     "%s: a live trainer holds it", client_id[:64])
+        problem = (f"client_id {client_id!r} is in use by a live trainer of this server: "
+                   "expected a client_id that no other connected RemoteLoader has (or none: "
+                   "each loader then makes its own), got it from a second loader")
+        return [(identity, Error(type=CLIENT_ID_TAKEN, message=problem,
+                                 server_id=self.config.server_id)),
+                (holder, self.welcome(self.trainers[holder].group))]
+
     def _alive(self, identity: bytes, now: float) -> bool:
         trainer = self.trainers.get(identity)
         return trainer is not None and now - trainer.last_seen <= TRAINER_TIMEOUT
@@ -426,6 +461,21 @@ class ControlCore:
             return ids
         self._free_turn = turn = (self._free_turn + 1) % len(ids)
         return ids[turn:] + ids[:turn]
+
+    def refuse_batch(self, problem: str) -> Sends:
+        """A batch of the free trainers' could not be built (its samples do not stack): it
+        is the error of the trainer next in turn (the one it would have gone to), not the
+        server's; the others go on. Nobody to tell: only the log says it."""
+        free = [(identity, trainer) for identity, trainer in self.trainers.items()
+                if trainer.rank < 0]
+        if not free:
+            return NO_SENDS
+        self._refused_turn = turn = (self._refused_turn + 1) % len(free)
+        identity, trainer = free[turn]
+        log.warning("trainer %s gets an error instead of a batch: %s", trainer.client_id,
+                    problem)
+        return [(identity, Error(type=BATCH_NOT_BUILT, message=problem,
+                                 server_id=self.config.server_id))]
 
     def _count_reconnect(self, client_id: str) -> None:
         """A trainer id seen before arrived on a new connection: count a reconnect."""

@@ -200,6 +200,11 @@ class BatchAssembler:
         self._pieces: list[tuple[np.ndarray, Sequence[Any]]] = []
         self._held = 0
 
+    @property
+    def held(self) -> int:
+        """Samples of a batch begun and not complete yet."""
+        return self._held
+
     def add(self, tags: np.ndarray, items: Sequence[Any]) -> list[Batch]:
         """The batches that ``items`` (tagged ``tags``, the next of the epoch) complete:
         the one begun before (if any), then the piece's whole batches together."""

@@ -402,10 +402,22 @@ class ReliableLink:
                              "malformed message on the reliable data socket: %s", error)
                 continue
             identity = parts[0].bytes
+            if isinstance(message, Credit) and identity not in self.credits.peers:
+                self._replaced(identity, message.client_id)
             self.credits.take(identity, message)
             self.summary.read(identity)
             self.heard[identity] = self.clock()
         self.meter.add(received, time.thread_time() - cpu_started)
+
+    def _replaced(self, identity: bytes, client_id: str) -> None:
+        """A new connection grants credit as ``client_id``: an older one under that id is a
+        closed loader's not seen gone yet (a loader grants credit once its hello was
+        admitted, and a hello is refused while a live trainer holds its id). Its messages
+        go to the others now: the hand-out marks name the client id, so the new loader's
+        would acknowledge what the old one never handed out."""
+        for other in self._identities(client_id):
+            if other != identity:
+                self.lose(other)
 
     def turn(self) -> None:
         """Take in credit and acknowledgements, find lost trainers when it is time, and

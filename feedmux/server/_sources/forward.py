@@ -36,7 +36,7 @@ import zmq
 
 from feedmux._plumbing.shm import ShmPool, carried_bytes, has_refs
 from feedmux._plumbing.sockets import make_socket, mapped_zmq_errors
-from feedmux.errors import FeedmuxError
+from feedmux.errors import FeedmuxError, SkipLimitError
 from feedmux.protocol import (
     Data,
     EndOfEpoch,
@@ -83,6 +83,8 @@ class _Run:
         self.merge: Merge[Any] = Merge(shards, block, read_ahead=max(
             READ_AHEAD_BYTES // shards, MIN_READ_AHEAD_BYTES))
         self.ledger = ShardLedger(shards, pool.tickets)
+        #: The workers' skipped errors when the last epoch ended (``--on-error skip``).
+        self.skipped_before = 0
         self.positions: dict[int, int] = {}
         start = shell.core.start_at  # a resumed job: the workers skip the epochs before
         #: Free trainers that outlived their server: where to resume, what they had.
@@ -266,6 +268,21 @@ def _survive(pool: WorkerPool, run: _Run) -> None:
     log.info("workers %d: shards %s moved", len(pool.active), ", ".join(map(str, moved)))
 
 
+def _check_skipped(run: _Run, pool: WorkerPool, config: ServerConfig, epoch: int,
+                   count: int) -> None:
+    """``--on-error skip``: an epoch the workers sent nothing of but skips stops the run
+    (each worker stops on its own streak of skips; only here is the whole epoch seen)."""
+    if config.on_error != "skip":
+        return
+    skipped = sum(meter.errors_skipped for meter in pool.meters)
+    before, run.skipped_before = run.skipped_before, skipped
+    if not count and skipped > before:
+        raise SkipLimitError(
+            f"--on-error skip skipped every sample of epoch {epoch} ({skipped - before} "
+            "error(s) in the sampling workers, no sample served; the first is logged above, "
+            "naming its streamer)")
+
+
 def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
                  config: ServerConfig) -> int | None:
     """Send what is next in merge order; an exit code when the stream ends or stops."""
@@ -280,6 +297,7 @@ def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
                 if ranked is None and run.batches is not None and not _send_batches(
                         run.batches.of(-1).finish_epoch(), shell, config.server_id):
                     return EXIT_OK
+                _check_skipped(run, pool, config, item.epoch, positions.get(item.epoch, 0))
                 shell.epoch_done(item.epoch, positions.get(item.epoch, 0))
                 if config.epochs is not None and item.epoch >= config.epochs:
                     shell.finish()

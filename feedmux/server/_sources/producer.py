@@ -15,27 +15,32 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 from feedmux._plumbing.shm import ShmPool, drawing_into
 from feedmux._ratelog import RateLimitedLog
-from feedmux.errors import ProtocolError
+from feedmux.errors import DataError, ProtocolError, SkipLimitError
 from feedmux.protocol import Data, Error, encode
 from feedmux.sampling.epochs import Chunk, EpochIterator
-from feedmux.sampling.streamer import StreamErrorHook
+from feedmux.sampling.streamer import StreamErrorHook, blamed_streamer, describe_streamer
 from feedmux.server._control.meters import SamplerMeter
-from feedmux.server._delivery.batches import Batches
+from feedmux.server._delivery.batches import Batch, BatchAssembler, Batches
 from feedmux.server._delivery.dealing import RankDealer
 from feedmux.server._delivery.ranking import RankedStage
 from feedmux.server._sources.owning import DrawnItems, own
 from feedmux.server._sources.policy import TARGET_MESSAGE_BYTES, BatchPolicy, payload_bytes
+from feedmux.server._sources.skips import DEFAULT_MAX_SKIPS, SkipGuard
 
 __all__ = [
     "Frames",
+    "SampleErrors",
     "error_message",
+    "failure_text",
     "produce",
+    "skip_logger",
+    "unstackable",
 ]
 
 log = logging.getLogger("feedmux.server")
@@ -68,11 +73,33 @@ BATCH_MESSAGE_DELAY = 0.05
 MAX_ERROR_TEXT = 12 * 1024
 
 
+#: How ``--on-error skip`` would have gone on after a streamer's exception.
+SKIP_HINT = ("`feedmux serve --on-error skip` (Server(on_error='skip')) would log it and skip "
+             "the rest of that stream: inside a mux the other streams go on, a top-level "
+             "streamer goes on with its next epoch")
+
+
+def failure_text(error: BaseException) -> str:
+    """``error``'s message, naming the streamer that raised it (its function's qualified
+    name and arguments) and how ``--on-error skip`` would skip it, when a streamer did.
+
+    Examples
+    --------
+    >>> failure_text(ValueError("bad row"))
+    'bad row'
+    """
+    streamer = blamed_streamer(error)
+    if streamer is None:
+        return str(error)
+    return f"{error} (raised by streamer {streamer}; {SKIP_HINT})"
+
+
 def error_message(error: BaseException, server_id: str) -> Error:
     """The wire message that carries ``error`` (type, message, traceback) to trainers.
 
-    Sent only to trainers about the server's own sampling; the message keeps its
-    head and the traceback its tail (the innermost frames) when they are too long.
+    Sent only to trainers about the server's own sampling; the message names the
+    streamer that raised it (:func:`failure_text`), and keeps its head and the
+    traceback its tail (the innermost frames) when they are too long.
     """
     kind = type(error)
     name = kind.__qualname__
@@ -81,28 +108,170 @@ def error_message(error: BaseException, server_id: str) -> Error:
     text = "".join(traceback.format_exception(kind, error, error.__traceback__))
     if len(text) > MAX_ERROR_TEXT:
         text = "...\n" + text[-MAX_ERROR_TEXT:]
-    return Error(type=name[:256], message=str(error)[:MAX_ERROR_TEXT], traceback=text,
+    return Error(type=name[:256], message=failure_text(error)[:MAX_ERROR_TEXT], traceback=text,
                  server_id=server_id)
 
 
+def skip_logger(meter: SamplerMeter, guard: SkipGuard) -> StreamErrorHook:
+    """The hook that skips a stream's error inside a mux (``--on-error skip``): counted,
+    checked against the guard's limits, logged naming the streamer (rate-limited)."""
+    def log_skipped(error: BaseException) -> None:
+        guard.skipped(error)
+        meter.skipped()
+        error_log.log(logging.WARNING, "stream", "%s; skipping the rest of that stream",
+                      _raised(error), exc_info=error)
+    return log_skipped
+
+
+def _raised(error: BaseException) -> str:
+    streamer = blamed_streamer(error)
+    where = "a stream" if streamer is None else f"streamer {streamer}"
+    return f"{where} raised {type(error).__name__}: {error}"
+
+
+class SampleErrors:
+    """How one sampling process handles what goes wrong with a sample: a streamer's
+    exception or a sample the codec refuses is skipped (``skip``: counted in ``meter``,
+    logged naming its streamer, checked by ``guard``) or raised naming it. ``source``
+    describes the streamer the epochs are drawn from (a refused sample names it)."""
+
+    def __init__(self, skip: bool, meter: SamplerMeter, source: str = "",
+                 guard: SkipGuard | None = None) -> None:
+        self.skip = skip
+        self.meter = meter
+        self.source = source
+        self.guard = SkipGuard() if guard is None else guard
+
+    def hook(self) -> StreamErrorHook | None:
+        """What a mux does with a stream's exception (None: it propagates)."""
+        return skip_logger(self.meter, self.guard) if self.skip else None
+
+    def streamer_raised(self, error: Exception) -> None:
+        """A top-level streamer raised: re-raise it, or (``skip``) count and log it."""
+        if not self.skip or isinstance(error, SkipLimitError):
+            raise error
+        self.guard.skipped(error)
+        self.meter.skipped()
+        error_log.log(logging.WARNING, "streamer", "%s; going on with the next epoch",
+                      _raised(error), exc_info=error)
+
+    def refused(self, error: ProtocolError, tag: np.ndarray) -> None:
+        """The codec refused the sample tagged ``tag`` (epoch, position): skip it, or raise
+        a :class:`ProtocolError` naming it."""
+        epoch, position = (int(value) for value in tag[:2])
+        where = f"sample {position} of epoch {epoch}" + (f" from {self.source}" * bool(self.source))
+        if not self.skip:
+            raise ProtocolError(
+                f"{where} cannot be sent: {error}; `feedmux serve --on-error skip` "
+                "(Server(on_error='skip')) would skip such samples, count them "
+                "(errors_skipped) and go on") from error
+        self.guard.skipped(error)
+        self.meter.skipped()
+        error_log.log(logging.WARNING, "refused", "skipping %s that cannot be sent: %s",
+                      where, error)
+
+    def sent(self, samples: int) -> None:
+        self.guard.sent(samples)
+
+    def epoch_done(self, epoch: int, count: int) -> None:
+        if self.skip:
+            self.guard.epoch_done(epoch, count)
+
+    def check(self, tags: np.ndarray, items: Sequence[Any],
+              server_id: str) -> tuple[np.ndarray, Sequence[Any]]:
+        """The rows of a chunk the codec takes, the others skipped (or raised, named):
+        for the stages that encode later (ranks, batches), where a refusal cannot be
+        undone. One encode of the chunk; one per sample only when it fails."""
+        try:
+            encode(Data(tags, items, server_id, 0))
+            return tags, items
+        except ProtocolError:
+            pass
+        kept: list[int] = []
+        for row, sample in enumerate(items):
+            try:
+                encode(Data(tags[row : row + 1], [sample], server_id, 0))
+            except ProtocolError as error:
+                self.refused(error, tags[row])
+                continue
+            kept.append(row)
+        return tags[kept], [items[row] for row in kept]
+
+
+def _batches_one_by_one(assembler: BatchAssembler, tags: np.ndarray, items: Sequence[Any],
+                        chunk: Chunk, told: Callable[[str], None],
+                        error: ProtocolError) -> list[Batch]:
+    """A chunk whose batches did not all stack (``error``), again a batch at a time: each
+    one that does not stack is ``told`` (:func:`unstackable`) and its samples dropped, the
+    others come out. (What the assembler held before the chunk went with the failure.)"""
+    def refused(refusal: ProtocolError) -> None:
+        told(unstackable(refusal, chunk.epoch, assembler.batch_size))
+
+    last = chunk.last
+    out: list[Batch] = []
+    failed = False
+    row = 0
+    while row < len(items):
+        stop = row + assembler.batch_size - assembler.held
+        try:
+            out += assembler.add(tags[row:stop], items[row:stop])
+        except ProtocolError as refusal:
+            refused(refusal)
+            failed = True
+        row = stop
+    if last:
+        try:
+            out += assembler.finish_epoch()
+        except ProtocolError as refusal:
+            refused(refusal)
+            failed = True
+    if not failed:  # the failure was in what was held before the chunk
+        refused(error)
+    return out
+
+
+def unstackable(error: ProtocolError, epoch: int, batch_size: int, ranked: bool = False) -> str:
+    """What a free trainer is told when the samples of its batch do not stack.
+
+    Examples
+    --------
+    >>> unstackable(ProtocolError("got sample 1 of 16 (int64[3]) unlike sample 0"), 2, 16)[:74]
+    'cannot build a batch of batch_size=16 in epoch 2: its samples do not stack'
+    """
+    return (f"cannot build a batch of batch_size={batch_size} in epoch {epoch}: its samples "
+            f"do not stack ({error}); for samples of variable length, deal the steps by length "
+            "with RemoteLoader(batch_size=..., bucket_by='<the length field>', pad=True) in a "
+            "ranked job (rank=, world_size=; docs/ddp.md), or use batch_size=None and batch "
+            "in the trainer. " + ("A data-parallel job's ranks take their steps together: "
+                                  "the run stops" if ranked else
+                                  "Its samples were dropped; the server goes on with the "
+                                  "others"))
+
+
 def _encode_batch(
-    tags: np.ndarray, samples: Sequence[Any], server_id: str, seq: int, skip_bad: bool
+    tags: np.ndarray, samples: Sequence[Any], server_id: str, seq: int, skip_bad: bool,
+    errors: SampleErrors | None = None,
 ) -> tuple[list[Any], int]:
-    """Encode one data message; with ``skip_bad``, drop samples the codec refuses.
+    """Encode one data message; the samples the codec refuses are skipped (``skip_bad``)
+    or raised naming the first (``errors`` handles both: it counts and names them).
 
     Returns the frames (empty when nothing was left) and how many samples they hold.
     """
     try:
         return encode(Data(tags, samples, server_id, seq)), len(samples)
     except ProtocolError:
-        if not skip_bad:
+        if not skip_bad and errors is None:
             raise
     kept: list[int] = []
     for row, sample in enumerate(samples):
         try:
             encode(Data(tags[row : row + 1], [sample], server_id, seq))
         except ProtocolError as error:
-            log.warning("skipping sample %s that cannot be encoded: %s", tags[row].tolist(), error)
+            if errors is None:
+                log.warning("skipping sample %s that cannot be encoded: %s",
+                            tags[row].tolist(), error)
+            else:
+                errors.refused(error, tags[row])  # raises unless skipping
             continue
         kept.append(row)
     if not kept:
@@ -170,6 +339,8 @@ def produce(
     fresh: Fresh | None = None,
     batches: Batches | None = None,
     shm: ShmPool | None = None,
+    max_skips: int = DEFAULT_MAX_SKIPS,
+    batch_refused: Callable[[str], None] | None = None,
 ) -> int:
     """Take chunks of items, encode each as a data message and ``send`` it.
 
@@ -183,8 +354,13 @@ def produce(
     With ``skip_errors`` an exception from the streamer is logged and sampling
     goes on: inside a mux, the stream that raised is skipped alone (the mux
     carries on with its other streams); a top-level streamer that raises
-    abandons the rest of its epoch. Otherwise the exception propagates, after
-    the samples drawn before it have been sent.
+    abandons the rest of its epoch; a sample the codec refuses is skipped
+    alone; each is counted and logged naming its streamer, and
+    ``max_skips`` of them in a row without a sample sent, or an epoch of
+    nothing but skips, stops the run (:class:`~feedmux.errors.SkipLimitError`,
+    :class:`~feedmux.server._sources.skips.SkipGuard`). Otherwise the exception
+    propagates, after the samples drawn before it have been sent, naming its
+    streamer (a refused sample: its epoch position and the top-level streamer).
 
     With a ``dealer`` (ranked trainers) each chunk goes through the ranked
     stage (:class:`~feedmux.server._delivery.ranking.RankedStage`: dealt to the
@@ -208,24 +384,20 @@ def produce(
     holds whole training batches (up to ``MAX_BATCHES_PER_MESSAGE``, as the
     payload and ``max_delay`` allow): what goes to the free trainers, or to each
     rank after the dealing, is cut by its
-    :class:`~feedmux.server._delivery.batches.BatchAssembler`, and a sample the codec
-    refuses fails the run (skipping it would make a batch short).
+    :class:`~feedmux.server._delivery.batches.BatchAssembler`. Ranked and batched,
+    a sample the codec refuses is found before the dealing (one encode of each chunk,
+    in skip mode only) and skipped there, so that no batch or rank comes short.
 
     ``shm`` is the server's shared-memory pool (its region of it, in a worker):
     the drawn large arrays are copied into it, and :func:`shared_empty` allocates
     there while the streamer is drawn from (:func:`drawing_into`).
     """
     meter = SamplerMeter() if meter is None else meter
-    log_skipped = None
-    if skip_errors:
-        def log_skipped(error: BaseException) -> None:
-            meter.skipped()
-            error_log.log(logging.WARNING, "stream",
-                          "a stream raised %s: %s; skipping the rest of it",
-                          type(error).__name__, error, exc_info=error)
-
+    errors = SampleErrors(skip_errors, meter, describe_streamer(epochs.streamer),
+                          SkipGuard(max_skips))
     # The muxes get the hook from the epochs, which hand it down at each activation.
-    drawn = _Draw(DrawnItems(shm) if policy.copy_arrays else None, log_skipped, shm, meter)
+    drawn = _Draw(DrawnItems(shm) if policy.copy_arrays else None, errors.hook(), shm, errors,
+                  meter)
     stage = None if dealer is None else RankedStage(dealer, server_id, batches=batches,
                                                     start=start)
     if start is not None and stage is not None and stage.resamples_resumed_epoch:
@@ -233,10 +405,10 @@ def produce(
     elif start is not None:
         epochs.resume_at(*start, keep=0 if dealer is None else dealer.world_size - 1)
     if stage is not None:
-        return _produce_ranked(epochs, drawn, send, policy, skip_errors, epoch_done, meter,
+        return _produce_ranked(epochs, drawn, send, policy, errors, epoch_done, meter,
                                stage, start)
-    return _produce(epochs, drawn, send, policy, server_id, skip_errors, epoch_done, meter, align,
-                    start, fresh, batches)
+    return _produce(epochs, drawn, send, policy, server_id, errors, epoch_done, meter, align,
+                    start, fresh, batches, batch_refused)
 
 
 @dataclass(frozen=True)
@@ -248,6 +420,8 @@ class _Draw:
     on_stream_error: StreamErrorHook | None
     #: The pool :func:`shared_empty` allocates from while the streamer is drawn from.
     shm: ShmPool | None = None
+    #: How what goes wrong is skipped or raised (a worker's runners share it).
+    errors: SampleErrors | None = None
     #: Counts the drawn samples in the count field's unit, when it has one.
     meter: SamplerMeter | None = None
 
@@ -276,13 +450,14 @@ def _produce(
     send: Callable[[Frames, int, int], bool],
     policy: BatchPolicy,
     server_id: str,
-    skip_errors: bool,
+    errors: SampleErrors,
     epoch_done: Callable[[int, int], bool],
     meter: SamplerMeter,
     align: int | None,
     start: tuple[int, int] | None = None,
     fresh: Fresh | None = None,
     batches: Batches | None = None,
+    batch_refused: Callable[[str], None] | None = None,
 ) -> int:
     clock = time.perf_counter
     pacer = _Pacer(policy)
@@ -297,9 +472,10 @@ def _produce(
         except StopIteration:
             return sent
         except Exception as error:
-            _skip_epoch(error, skip_errors, meter)
+            errors.streamer_raised(error)
             # The epoch is over even when it raised on its first pull: a worker must say
             # so (the server waits for every shard's end of epoch) and wait for the next.
+            errors.epoch_done(epochs.epoch, epoch_count)
             if not epoch_done(epochs.epoch, epoch_count):
                 return sent
             epoch_count = 0
@@ -318,11 +494,18 @@ def _produce(
                 epoch_count += len(items) - len(rows)  # had by a trainer, not sent again
                 tags, items = tags[rows], [items[row] for row in rows]
         if batches is not None:
+            if items and errors.skip:  # a refused sample is left out before a batch holds it
+                tags, items = errors.check(tags, items, server_id)
             assembler = batches.of(-1)
-            out = assembler.add(tags, items) if items else []
+            try:
+                out = assembler.add(tags, items) if items else []
+                if chunk.last:
+                    out += assembler.finish_epoch()
+            except ProtocolError as error:
+                if batch_refused is None:
+                    raise
+                out = _batches_one_by_one(assembler, tags, items, chunk, batch_refused, error)
             epoch_count += len(items)
-            if chunk.last:
-                out += assembler.finish_epoch()
             meter.add_busy(clock() - started)
             for batch in out:
                 if not send(encode(Data(batch.tags, batch.items, server_id, seq)),
@@ -330,8 +513,9 @@ def _produce(
                     return sent
                 seq += 1
                 sent += len(batch.tags)
+                errors.sent(len(batch.tags))
         elif items:
-            frames, count = _encode_batch(tags, items, server_id, seq, skip_errors)
+            frames, count = _encode_batch(tags, items, server_id, seq, errors.skip, errors)
             meter.add_busy(clock() - started)
             if frames:
                 if not send(frames, count, chunk.epoch):
@@ -339,20 +523,18 @@ def _produce(
                 seq += 1
                 sent += count
                 epoch_count += count
+                errors.sent(count)
         if chunk.last:
+            errors.epoch_done(chunk.epoch, epoch_count)
             if not epoch_done(chunk.epoch, epoch_count):
                 return sent
             epoch_count = 0
 
 
-def _skip_epoch(error: Exception, skip_errors: bool, meter: SamplerMeter) -> None:
+def _skip_epoch(error: Exception, skip_errors: bool, meter: SamplerMeter,
+                errors: SampleErrors | None = None) -> None:
     """A top-level streamer raised: re-raise it, or (``skip_errors``) count and log it."""
-    if not skip_errors:
-        raise error
-    meter.skipped()
-    error_log.log(logging.WARNING, "streamer",
-                  "streamer raised %s: %s; going on with the next epoch",
-                  type(error).__name__, error, exc_info=error)
+    (errors or SampleErrors(skip_errors, meter)).streamer_raised(error)
 
 
 def _produce_ranked(
@@ -360,7 +542,7 @@ def _produce_ranked(
     drawn: _Draw,
     send: Callable[..., bool],
     policy: BatchPolicy,
-    skip_errors: bool,
+    errors: SampleErrors,
     epoch_done: Callable[[int, int], bool],
     meter: SamplerMeter,
     stage: RankedStage,
@@ -372,7 +554,8 @@ def _produce_ranked(
     message is as full as a free trainer's would be (up to
     :data:`RANK_CHUNK_DELAYS` ranks; a chunk then takes up to that many times
     ``max_delay`` to sample). A sample the codec refuses
-    fails the run here (skipping it would unbalance the ranks); a top-level
+    fails the run here, named (skipping it would move every later position, by
+    which the ranks are dealt and resumed); a top-level
     streamer that raises with ``skip_errors`` ends its epoch where it stopped
     (the stage pads or drops the last round, so the ranks stay even).
     """
@@ -380,6 +563,7 @@ def _produce_ranked(
     pacer = _Pacer(policy)
     sent = epoch_count = 0
     n = stage.world_size
+    chunk: Chunk | None
     batch_size = 0 if stage.batches is None else stage.batches.batch_size
     while True:
         started = clock()
@@ -388,7 +572,8 @@ def _produce_ranked(
         except StopIteration:
             return sent
         except Exception as error:
-            _skip_epoch(error, skip_errors, meter)
+            errors.streamer_raised(error)
+            chunk = None
             epoch, last = epochs.epoch, bool(epoch_count)  # nothing taken: nothing to finish
             messages = stage.finish_epoch(epoch)
         else:
@@ -405,17 +590,63 @@ def _produce_ranked(
             # spread over up to RANK_CHUNK_DELAYS times max_delay.
             pacer.observe(items, (clock() - started) * n / min(n, RANK_CHUNK_DELAYS))
             epoch_count += len(items)
-            messages = stage.deal(epoch, chunk.start, items)
+            try:
+                messages = stage.deal(epoch, chunk.start, items)
+            except ProtocolError as error:
+                _ranked_failure(errors, stage, epoch, chunk, items, error)
             if last:
                 messages = itertools.chain(messages, stage.finish_epoch(epoch))
-        for message in messages:  # encoded as it comes: busy until it is sent
-            meter.add_busy(clock() - started)  # sampling, dealing and encoding, not sending
-            if not send(message.frames, message.samples, epoch, message.rank):
-                return sent
-            started = clock()
-            sent += message.samples
+        try:
+            for message in messages:  # encoded as it comes: busy until it is sent
+                meter.add_busy(clock() - started)  # sampling, dealing and encoding, not sending
+                if not send(message.frames, message.samples, epoch, message.rank):
+                    return sent
+                started = clock()
+                sent += message.samples
+                errors.sent(message.samples)
+        except ProtocolError as error:
+            _ranked_failure(errors, stage, epoch, chunk, items, error)
         meter.add_busy(clock() - started)
         if last:
+            errors.epoch_done(epoch, epoch_count)
             if not epoch_done(epoch, epoch_count):
                 return sent
             epoch_count = 0
+
+
+
+def _ranked_failure(errors: SampleErrors, stage: RankedStage, epoch: int, chunk: Chunk | None,
+                    items: Sequence[Any], error: ProtocolError) -> NoReturn:
+    """A ranked chunk failed to deal or encode: raise naming why (a sample the codec
+    refuses: its position; samples that do not stack into a batch: what to do)."""
+    if chunk is not None and items:
+        tags = np.empty((len(items), 2), dtype=np.int64)
+        tags[:, 0], tags[:, 1] = epoch, np.arange(chunk.start, chunk.start + len(items))
+        _refuse_ranked(errors, tags, items, stage.server_id)
+    if stage.batches is not None:
+        raise DataError(unstackable(error, epoch, stage.batches.batch_size,
+                                    ranked=True)) from error
+    raise error
+
+
+def _refuse_ranked(errors: SampleErrors, tags: np.ndarray, items: Sequence[Any],
+                   server_id: str) -> None:
+    """Ranked trainers: a sample of the chunk the codec refuses stops the run even with
+    ``--on-error skip``, named (its epoch position and streamer), saying why it is not
+    skipped. One encode of the chunk; one per sample only when it fails."""
+    try:
+        encode(Data(tags, items, server_id, 0))
+        return
+    except ProtocolError:
+        pass
+    for row, sample in enumerate(items):
+        try:
+            encode(Data(tags[row : row + 1], [sample], server_id, 0))
+        except ProtocolError as error:
+            epoch, position = (int(value) for value in tags[row, :2])
+            source = f" from {errors.source}" if errors.source else ""
+            raise ProtocolError(
+                f"sample {position} of epoch {epoch}{source} cannot be sent: {error}; ranked "
+                "trainers cannot skip it (--on-error skip): every later position of the "
+                "epoch, by which the ranks are dealt and resumed, would move. Leave such "
+                "samples out in the streamer") from error

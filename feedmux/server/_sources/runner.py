@@ -97,7 +97,7 @@ class ShardRunner:
                 self.done = True
                 return True
             except Exception as error:
-                _skip_epoch(error, config.on_error == "skip", meter)
+                _skip_epoch(error, config.on_error == "skip", meter, self._drawn.errors)
                 return self._end(send)
             self._pacer.observe(items, clock() - started)
             if chunk.epoch != self.epoch:
@@ -110,12 +110,14 @@ class ShardRunner:
             tags[:, 0] = chunk.epoch
             tags[:, 1] = np.arange(self.count, self.count + len(items))
             frames, count = _encode_batch(tags, items, config.server_id, self._seq,
-                                          config.on_error == "skip")
+                                          config.on_error == "skip", self._drawn.errors)
             meter.add_busy(clock() - started)
             if frames:
                 if not send(frames):
                     return False
                 self.count += count
+                if self._drawn.errors is not None:
+                    self._drawn.errors.sent(count)
         return self._end(send) if chunk.last else True
 
     def _end(self, send: Callable[[Frames], bool]) -> bool:

@@ -57,8 +57,9 @@ from feedmux.server._control.meters import SamplerMeter, SharedMeters
 from feedmux.server._sources.assignment import Assignment, ShardLedger, plan_owners
 from feedmux.server._sources.owning import DrawnItems
 from feedmux.server._sources.packing import SharedCodec, pack
-from feedmux.server._sources.producer import Frames, _Draw, error_log, error_message
+from feedmux.server._sources.producer import Frames, SampleErrors, _Draw, error_message
 from feedmux.server._sources.runner import ShardRunner, next_runner
+from feedmux.server._sources.skips import SkipGuard
 from feedmux.server._sources.turns import SamplingTurns
 from feedmux.server.config import ServerConfig
 
@@ -343,16 +344,11 @@ def _worker_main(
                     shm.cancel(placed)
         return sent
 
-    log_skipped = None
-    if config.on_error == "skip":
-        def log_skipped(error: BaseException) -> None:
-            meter.skipped()
-            error_log.log(logging.WARNING, "stream",
-                          "a stream raised %s: %s; skipping the rest of it",
-                          type(error).__name__, error, exc_info=error)
-
-    drawn = _Draw(DrawnItems(shm) if config.policy.copy_arrays else None, log_skipped, shm,
-                  meter)
+    # A worker sees its shards' part of an epoch only: it stops on a streak of skips alone.
+    errors = SampleErrors(config.on_error == "skip", meter,
+                          guard=SkipGuard(config.max_skips, whole_epochs=False))
+    drawn = _Draw(DrawnItems(shm) if config.policy.copy_arrays else None, errors.hook(), shm,
+                  errors, meter)
     runners: dict[int, ShardRunner] = {}
     seen = -1
     try:
