@@ -113,6 +113,8 @@ SKIPPED: dict[tuple[str, str], str] = {
     ("docs/containers.md", "scripts/container-test.sh"): "needs a container engine",
     ("docs/performance.md", "make bench"): "benchmark runs of minutes each; "
     "tests/test_benchmarks_smoke.py runs them with --quick",
+    ("docs/chaos.md", "python -m benchmarks.chaos  "): "chaos runs of minutes each, with "
+    "real kills: .ci/run runs the short form and make chaos the long one",
     ("docs/scale-out.md", "from feedmux.ray import SamplerFleet"): "needs Ray, not in the "
     "test set-up (tests/ray/test_example.py runs these steps: make test-ray)",
     ("docs/stream.md", "for item in loader:"): "an endless loop by design (the pattern Stream "
