@@ -167,7 +167,9 @@ class DataSockets:
                     return message
                 if isinstance(message, EndOfStream):
                     links.data_end_of_stream(index, message.server_id)
-                elif isinstance(message, Heartbeat) and message.handed_below:
+                elif (isinstance(message, Heartbeat) and message.handed_below
+                      and message.sender_id not in links.links[index].stale):
+                    # (an old process's summary, still queued, is of a run that is over)
                     links.summarized(index, message.handed_below)
         return None
 

@@ -493,6 +493,8 @@ class RemoteLoader:
         if tracker is not None and not tracker.next_message(
                 fresh=server_id not in self._links.links[self._data.link].stale):
             return False  # sent before its server restarted: the new one resumes here
+        if self._recent is not None:  # a restarted server's first message: the old run's
+            self._recent.serving(self._data.link, server_id)  # records are dropped
         actions = self._links.data(server_id, int(tags[0, 0]) if count else 0, now=now)
         if actions:
             self._act(actions)
