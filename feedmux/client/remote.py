@@ -42,7 +42,7 @@ from feedmux.client._data import DataSockets, send_or_drop
 from feedmux.client._diagnosis import InputDiagnosis
 from feedmux.client._endpoints import check_endpoint, endpoints, fetch_stats
 from feedmux.client._handout import HandOut, SampleMeta
-from feedmux.client._link import Action, Attach, Send, ServerLinks, check_membership
+from feedmux.client._link import Action, Attach, Grant, Send, ServerLinks, check_membership
 from feedmux.client._moves import AddressBook, Resolve
 from feedmux.client._origin import Origin, not_a_map, register_with_torch
 from feedmux.client._resume import HandedRanges, RankPositions
@@ -64,6 +64,13 @@ from feedmux.protocol import (
 __all__ = ["BatchMeta", "RemoteLoader", "SampleMeta", "check_endpoint", "fetch_stats"]
 
 log = logging.getLogger("feedmux.client")
+
+#: Said to a loader given ``reliable=`` (a DeprecationWarning).
+RELIABLE_IS_DEFAULT = (
+    "RemoteLoader(reliable=...) is deprecated and does nothing: every loader now grants "
+    "credit and acknowledges what it handed out, by default (what reliable=True did), so "
+    "what a trainer that leaves, closes, dies or hangs had not handed out goes to the "
+    "others; drop the argument")
 
 #: A data message larger than this is refused by ZeroMQ before it reaches Python.
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
@@ -122,11 +129,12 @@ class RemoteLoader:
         handshake) and receive its large arrays as views of it, with no copy: a
         run of the pool is reused once every view of it is gone. False (or a
         server on another host) receives everything over the sockets.
-    reliable : bool
-        Talk to a server started with ``reliable=True`` / ``--reliable``: grant
-        ``hwm`` messages of credit and acknowledge each message once all its
-        samples were handed out, so that if this trainer dies, what it had not
-        finished goes to the others.
+    reliable : bool, optional
+        Deprecated, a no-op with a DeprecationWarning. Every loader grants
+        ``hwm`` messages of credit and acknowledges what it handed out (what
+        ``reliable=True`` did): if this trainer leaves, closes, dies or hangs,
+        what it had received and not handed out goes to the others, so a free
+        trainer gets every sample of an epoch exactly once across the trainers.
     diagnose_window : float, optional
         Seconds per window of the input-bound diagnosis (see :meth:`stats`):
         a window in which the training loop waited inside ``next()`` more than
@@ -204,7 +212,7 @@ class RemoteLoader:
         with_meta: bool = False,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         client_id: str | None = None,
-        reliable: bool = False,
+        reliable: bool | None = None,
         curve_server_key: str | bytes | None = None,
         curve_certificate: str | None = None,
         tune_malloc: bool = True,
@@ -214,7 +222,11 @@ class RemoteLoader:
         batch_size: int | None = None, drop_last: bool = False,
         bucket_by: str | None = None, pad: bool = False,
     ) -> None:
-        self._origin = Origin({name: value for name, value in locals().items() if name != "self"})
+        if reliable is not None:  # (a copy made from the arguments does not warn again)
+            warnings.warn(RELIABLE_IS_DEFAULT, DeprecationWarning, stacklevel=2)
+        reliable = True  # the one free delivery
+        self._origin = Origin({name: value for name, value in locals().items()
+                               if name not in ("self", "reliable")})
         register_with_torch(RemoteLoader)
         addresses, controls, derived = endpoints(address, control)
         _check_settings(timeout=timeout, world_size=world_size, hwm=hwm, client_id=client_id)
@@ -444,6 +456,8 @@ class RemoteLoader:
                 send_or_drop(self._control[action.link], action.message)
             elif isinstance(action, Attach):
                 self._data.attach(action.link, self._control[action.link], action.path)
+            elif isinstance(action, Grant):
+                self._data.grant_credit(self.hwm, action.link)
             else:  # the link's server restarted
                 if self.reliable:
                     self._data.forget_ack(action.link)  # its sequence number means nothing now
