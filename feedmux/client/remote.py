@@ -424,10 +424,10 @@ class RemoteLoader:
             context, self._links, client_id=self.client_id, reliable=self.reliable,
             hwm=self.hwm, max_message_bytes=self.max_message_bytes, security=self._security,
         )
-        # Half the credit acknowledged at once: the server keeps credit for the other half.
+        # The acknowledging thread acknowledges; this thread only once a whole credit waits.
         self._data = DataSockets(data_sockets, reliable=self.reliable, client_id=self.client_id,
                                  addresses=self.addresses, tune_malloc=self._tune_malloc,
-                                 ack_batch=self.hwm // 2, shm=self.shm, credits=self.hwm)
+                                 ack_batch=self.hwm, shm=self.shm, credits=self.hwm)
         self._links.views_held = self._data.views_held  # said to a trainer waiting for data
         controls = [link.control_address for link in self._links.links]
         if self._security is not None:  # a refused key is otherwise a silent timeout
@@ -446,7 +446,8 @@ class RemoteLoader:
             self._acks = HandOutAcks(controls, client_id=self.client_id,
                                      rank=-1 if self.rank is None else self.rank,
                                      progress=self._audit.guard(progress_of(self._out)),
-                                     security=self._security, finished=self._data.finished)
+                                     security=self._security, finished=self._data.finished,
+                                     credits=self.hwm)
             weakref.finalize(self, self._acks.stop)
 
     def _act(self, actions: Iterable[Action]) -> None:
@@ -471,10 +472,11 @@ class RemoteLoader:
         waits, links = self._waits, self._links
         assert waits is not None
         waited_from = now = time.monotonic()
-        # Wait first when the last message needed a wait (LoaderWaits.first). Not reliable:
-        # its first receive acknowledges the message just handed out.
-        polled = waits.first and not self.reliable and not links.finished
+        # Wait first when the last message needed a wait (LoaderWaits.first), the message
+        # just handed out left for the acknowledging thread first.
+        polled = waits.first and not links.finished
         if polled:
+            self._data.finish_pending()
             now = waits.for_data(waited_from, now)
         while True:
             due = links.tick(now, waited_from)

@@ -114,11 +114,17 @@ def test_reliable_single_trainer_exactly_once_and_stats(serve: Any) -> None:
     assert seen == Counter((e, i) for e in (1, 2, 3) for i in range(200))
 
 
-def test_mismatched_modes_say_so(serve: Any) -> None:
-    server = serve(f"{SAMPLER}:numbered", "--reliable")
-    with RemoteLoader(server.data, control=server.control, timeout=10) as loader, \
-            pytest.raises(feedmux.TransportError, match=r"expected RemoteLoader.*reliable=True"):
-        next(loader)
+def test_reliable_is_a_deprecated_no_op_at_both_ends(serve: Any) -> None:
+    # Every free trainer is dealt by credit now: the old flags still work, and say so.
+    server = serve(f"{SAMPLER}:numbered", "--epochs", "1", "--reliable")
+    server.wait_for_stderr(lambda text: "--reliable is deprecated and does nothing" in text,
+                           30, "the deprecation warning line")
+    with pytest.warns(DeprecationWarning, match=r"reliable=\.\.\.\) is deprecated"):
+        loader = RemoteLoader(server.data, control=server.control, timeout=20, reliable=True,
+                              with_meta=True)
+    with loader:
+        seen = Counter((meta.epoch, int(sample["id"])) for meta, sample in loader)
+    assert seen == Counter((1, i) for i in range(200))
 
 
 @pytest.mark.parametrize("reliable", [False, True])
