@@ -132,6 +132,27 @@ class DataSockets:
         for index in range(len(self.sockets)) if link is None else (link,):
             send_or_drop(self.sockets[index], Credit(credits=credits, client_id=self.client_id))
 
+    def goodbye(self, mark: tuple[int, int, int, int] | None, used_up: bool,
+                linger_ms: int = 200) -> None:
+        """The loader closes: on each data socket, what it handed out (every message
+        waiting, the current one if ``used_up``, else ``mark``: (link, sequence number,
+        epoch, position) in it), then a grant of no credit, so that the server deals
+        what this trainer held to the others at once; then the data sockets close,
+        ``linger_ms`` at most to carry that out. In that order on one socket: the
+        server never takes the goodbye before the acknowledgements."""
+        if used_up:
+            self.finish_pending()
+        self.pending_ack = None  # (not handed out whole: the mark says how far)
+        for link, socket in enumerate(self.sockets):
+            seqs = [seq for _, seq in take_all(self.finished[link])]
+            if seqs:
+                send_or_drop(socket, Ack(seqs=seqs, client_id=self.client_id))
+            if mark is not None and mark[0] == link and mark[1]:
+                send_or_drop(socket, Ack(seqs=(mark[1],), client_id=self.client_id,
+                                         epoch=mark[2], position=mark[3]))
+            send_or_drop(socket, Credit(credits=0, client_id=self.client_id))
+            socket.close(linger=linger_ms)
+
     def forget_ack(self, link: int) -> None:
         """Link ``link`` talks to a new server: the sequence numbers waiting mean nothing."""
         if self.pending_ack is not None and self.pending_ack[0] == link:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
+import multiprocessing.util
 import os
 import time
 import uuid
@@ -416,6 +418,7 @@ class RemoteLoader:
         if self._context is not None:
             if announce and not self._announced:
                 self._announced = True
+                self._data.grant_credit(self.hwm)  # a trainer now: the servers may deal to it
                 self._act(self._links.hello())
             return
         # A fresh context in every process: a ZeroMQ context must never cross a fork.
@@ -427,7 +430,10 @@ class RemoteLoader:
         # The acknowledging thread acknowledges; this thread only once a whole credit waits.
         self._data = DataSockets(data_sockets, reliable=self.reliable, client_id=self.client_id,
                                  addresses=self.addresses, tune_malloc=self._tune_malloc,
-                                 ack_batch=self.hwm, shm=self.shm, credits=self.hwm)
+                                 ack_batch=self.hwm, shm=self.shm,
+                                 # Credit only from a trainer: a loader asked for len() alone
+                                 # (a DataLoader's parent) must be dealt nothing it never reads.
+                                 credits=self.hwm if announce else 0)
         self._links.views_held = self._data.views_held  # said to a trainer waiting for data
         controls = [link.control_address for link in self._links.links]
         if self._security is not None:  # a refused key is otherwise a silent timeout
@@ -449,6 +455,10 @@ class RemoteLoader:
                                      security=self._security, finished=self._data.finished,
                                      credits=self.hwm)
             weakref.finalize(self, self._acks.stop)
+        if multiprocessing.parent_process() is not None:
+            # A child process (a DataLoader worker) ends without running weakref
+            # finalizers: close there, so that its goodbye reaches the servers.
+            _close_at_child_exit(self)
 
     def _act(self, actions: Iterable[Action]) -> None:
         for action in actions:
@@ -538,6 +548,13 @@ class RemoteLoader:
         self._closed = True
         if self._acks is not None:
             self._acks.stop()  # its last acknowledgement goes out before the sockets close
+        if self._context is not None and self._origin.pid == os.getpid():
+            # What it received and did not hand out goes to the others now.
+            current = self._out.current
+            if current is not None and current[1] in self._links.links[current[0]].stale:
+                current = None  # an old process's message: its numbers mean nothing now
+            self._data.goodbye(_mark_of(current, self._out.index),
+                               used_up=self._out.index >= self._out.count)
         self._audit.close(self._out.index, ended=self._links.finished)
         if self._finalizer is not None:
             self._finalizer()
@@ -551,6 +568,29 @@ class RemoteLoader:
 
     def __repr__(self) -> str:
         return f"RemoteLoader({self.addresses!r}, timeout={self.timeout!r})"
+
+
+def _close_at_child_exit(loader: RemoteLoader) -> None:
+    """Close ``loader`` (if still alive) when this multiprocessing child process exits."""
+    ref = weakref.ref(loader)
+
+    def close() -> None:
+        target = ref()
+        if target is not None and not target._closed:
+            target.close()
+
+    multiprocessing.util.Finalize(None, close, exitpriority=0)
+
+
+def _mark_of(current: tuple[int, str, Any, int] | None,
+             used: int) -> tuple[int, int, int, int] | None:
+    """(link, sequence number, epoch, position) of the last sample handed out of the
+    current message, or None."""
+    if current is None or used <= 0:
+        return None
+    link, _, tags, seq = current
+    row = tags[min(used, len(tags)) - 1]
+    return link, seq, int(row[0]), int(row[1])
 
 
 def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | None,
