@@ -108,7 +108,7 @@ def test_a_dead_trainers_share_goes_to_the_others_exactly_once(
 
 def test_reliable_single_trainer_exactly_once_and_stats(serve: Any) -> None:
     server = serve(f"{SAMPLER}:numbered", "--epochs", "3", "--reliable")
-    with RemoteLoader(server.data, control=server.control, timeout=20, reliable=True,
+    with RemoteLoader(server.data, control=server.control, timeout=20,
                       with_meta=True) as loader:
         seen = Counter((meta.epoch, int(sample["id"])) for meta, sample in loader)
     assert seen == Counter((e, i) for e in (1, 2, 3) for i in range(200))
@@ -243,8 +243,7 @@ def test_a_trainer_whose_hello_a_killed_server_swallowed_joins_the_restarted_one
     swallower = context.socket(zmq.ROUTER)
     swallower.linger = 0
     swallower.bind(endpoints.control)
-    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=30,
-                      reliable=True) as loader:
+    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=30) as loader:
         samples = iter(loader)
         first = CheckedThread(next, samples)
         # The loader's acknowledging thread has a socket of its own on the control endpoint

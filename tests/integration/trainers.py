@@ -31,7 +31,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("data")
     parser.add_argument("control")
     parser.add_argument("out")
-    parser.add_argument("--reliable", action="store_true")
+    parser.add_argument("--reliable", action="store_true",
+                        help="accepted and ignored: every loader is reliable now")
     parser.add_argument("--die-after", type=int, default=0)
     parser.add_argument("--stop-after", type=int, default=0,
                         help="leave cleanly (close the loader) after this many samples")
@@ -60,7 +61,7 @@ def main(argv: list[str]) -> int:
         return 3
     views = SharedViews()
     with open(args.out, "w", buffering=1) as out, RemoteLoader(
-        args.data, control=args.control, timeout=LOADER_TIMEOUT, reliable=args.reliable,
+        args.data, control=args.control, timeout=LOADER_TIMEOUT,
         with_meta=True, hwm=4, group=args.group, rank=args.rank, world_size=args.world_size,
     ) as loader:
         for count, (meta, sample) in enumerate(loader, start=1):
