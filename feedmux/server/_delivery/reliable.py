@@ -81,7 +81,8 @@ from feedmux.server._control.meters import ControlMeter
 from feedmux.server._delivery.ledger import Entry, Ledger, Recovery, handed_below
 from feedmux.server._delivery.outbox import GONE, Outbox, Wait
 
-__all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "NO_ACK", "SILENCE_GRACE", "SUMMARY_BACKLOG",
+__all__ = ["IDLE_END", "MAX_CREDIT", "MAX_UNACKED_BYTES", "NO_ACK", "SILENCE_GRACE",
+           "SUMMARY_BACKLOG",
            "SUMMARY_INTERVAL",
            "Credits",
            "HandOutSummary", "ReliableFree", "ReliableLink"]
@@ -119,6 +120,11 @@ SUMMARY_BACKLOG = 16
 #: the kernel gives a half-open connection (``HALF_OPEN_TIMEOUT``): the data connection to
 #: a vanished host closes about when its trainer counts as silent, whichever tells first.
 SILENCE_GRACE = HALF_OPEN_TIMEOUT
+
+#: Seconds without an acknowledgement, at the end of a stream, after which the trainers that
+#: hold nothing are told the end (see ReliableLink.finish): past the heartbeat interval
+#: within which a holder that died is found.
+IDLE_END = 2 * HEARTBEAT_INTERVAL
 
 #: The envelope of messages that want no acknowledgement by sequence number (heartbeats,
 #: end of stream, a rank's data: its hand-out marks release it).
@@ -451,24 +457,28 @@ class ReliableLink:
         acknowledged, ``redeal()`` dealing again what lost trainers held (``owed()``: more
         messages not handed out yet, the ranks').
 
-        Meanwhile a trainer that holds nothing, while nothing waits to be dealt again,
-        is told the end (``end()``) at once: it has nothing more coming unless another
-        trainer dies, and a trainer waiting for its end may be what the holders wait
-        for (DataLoader workers are read in turn: worker 0 hands out its last messages
-        only once worker 1, which got none, ends). Should a holder die after that,
-        its rest goes to the trainers still reading, if any.
+        Meanwhile, once no acknowledgement came for :data:`IDLE_END` seconds, a
+        trainer that holds nothing, while nothing waits to be dealt again, is told the
+        end (``end()``): a trainer waiting for its end may be what the holders wait for
+        (DataLoader workers are read in turn: worker 0 hands out its last messages only
+        once worker 1, which got none, ends). Not at once: a holder that died is found
+        within a heartbeat interval, and its rest must still find the others reading.
         """
         credits = self.credits
         told: set[bytes] = set()
+        progress = [credits.unacknowledged, self.clock()]
 
         def left() -> int:
             return credits.unacknowledged + owed()
 
         def tell_the_idle() -> None:
+            if credits.unacknowledged != progress[0]:
+                progress[:] = [credits.unacknowledged, self.clock()]
             peers = list(credits.peers)
             held = [credits.count(identity) for identity in peers]
-            if end is None or owed() or credits.unacknowledged > sum(held):
-                return  # something waits to be dealt again (or a rank is owed): not yet
+            if (end is None or owed() or credits.unacknowledged > sum(held)
+                    or self.clock() - progress[1] < IDLE_END):
+                return  # dealing again, a rank owed, or the holders still hand out
             frames = [NO_ACK, *encode(end())]
             for identity, count in zip(peers, held, strict=True):
                 if not count and identity not in told:
