@@ -78,7 +78,7 @@ def test_the_delivery_modes_benchmark_runs(capsys: pytest.CaptureFixture[str]) -
     table = capsys.readouterr().out
     for mode in bench_modes.MODES:
         assert f"| {mode} | " in table
-    assert "ratio to plain (paired" in table
+    assert "ratio to default (paired" in table
 
 
 @pytest.mark.timeout(180)

@@ -247,9 +247,9 @@ def _add_serve(serve: argparse.ArgumentParser) -> None:
 
     reliable = serve.add_argument_group("reliability and resume")
     reliable.add_argument("--reliable", action="store_true",
-                          help="acknowledged delivery: what a trainer that dies had not "
-                               "handed out goes to the others (trainers use "
-                               "RemoteLoader(reliable=True)) (default off)")
+                          help="deprecated, does nothing: every free trainer gets credit and "
+                               "acknowledges its hand-outs by default, so what a trainer that "
+                               "dies had not handed out goes to the others")
     reliable.add_argument("--drain-timeout", type=_positive_float, default=30.0, metavar="S",
                           help="at the end of the stream, wait up to S seconds for the trainers "
                                "to receive what was sent to them (default 30)")
@@ -365,9 +365,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from feedmux.errors import ConfigurationError, FactoryError
+    from feedmux.server.config import RELIABLE_IS_DEFAULT
     from feedmux.server.factory import parse_factory_args
     from feedmux.server.server import Server
 
+    if args.reliable:
+        print(f"feedmux serve: warning: --{RELIABLE_IS_DEFAULT[0].lower()}"
+              f"{RELIABLE_IS_DEFAULT[1:]}", file=sys.stderr)
     # As python -m does: a module in the current directory is found first.
     if sys.path[:1] not in ([""], [os.getcwd()]):
         sys.path.insert(0, os.getcwd())
@@ -381,7 +385,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_skips=args.max_skips,
             log_every=args.log_every, count_field=args.count_field,
             drain_timeout=args.drain_timeout,
-            min_trainers=args.min_trainers, reliable=args.reliable, zero_copy=args.zero_copy,
+            min_trainers=args.min_trainers, zero_copy=args.zero_copy,
             uneven=args.uneven, rank_timeout=args.rank_timeout, bucket_by=args.bucket_by,
             bucket_window=args.bucket_window, bucket_edges=args.bucket_edges,
             group_buffer=_group_buffer(args.group_buffer), join=args.join,

@@ -1,9 +1,10 @@
 """A trainer's acknowledgements of what it handed out, sent off the hot path.
 
-This module owns the background thread that tells each server, within a few
-milliseconds of the loader moving on to a new message (and within a long one at
-least every :data:`MARK_INTERVAL`), the last ``(epoch, position)`` this trainer
-handed out: a ranked
+This module owns the background thread that tells each server, within
+:data:`NEW_MESSAGE_INTERVAL` of the loader moving on to a new message (at once
+when half its credit waits for it; within a long message at least every
+:data:`MARK_INTERVAL`), the last ``(epoch, position)`` this trainer handed out:
+a ranked
 trainer, so that a restarted rank (same rank, new process) continues right
 after it; a reliable free trainer, with the sequence number of the message it
 is in, so that only the rest of that message goes to the others if it dies,
@@ -17,9 +18,11 @@ has its own ZeroMQ context and one DEALER per control endpoint (a ZeroMQ
 socket must never be shared between threads), reads the loader's progress
 without locking — the loader publishes the current message before resetting
 nothing and the index after, so a torn read can only under-report, never claim
-a sample not yet handed out — and sends only when the mark moved (about one
-acknowledgement per message: 64 ranks each sending one every 5 ms were 12,800
-control messages a second into one server; see :class:`AckPace`). It must
+a sample not yet handed out — and sends only when the mark moved, and then
+coalesced (one mark covers every message before it: a trainer of small samples
+reading hundreds of messages a second sends a few dozen marks, not one a
+message; 64 ranks each sending one every 5 ms were 12,800 control messages a
+second into one server; see :class:`AckPace`). It must
 never touch the loader's sockets, block the trainer, or send per sample.
 
 It also owns :class:`SeenPositions`, a reliable loader's memory of what it
@@ -56,8 +59,8 @@ from feedmux.protocol import Ack, position_runs, take_rows
 
 log = logging.getLogger("feedmux.client")
 
-__all__ = ["ACK_INTERVAL", "AckPace", "CONNECT_WAIT", "HandOutAcks", "Progress",
-           "SeenPositions", "progress_of"]
+__all__ = ["ACK_INTERVAL", "CONNECT_WAIT", "NEW_MESSAGE_INTERVAL", "AckPace", "HandOutAcks",
+           "Progress", "SeenPositions", "progress_of"]
 
 #: Seconds between two looks at what was handed out, after a look that sent something.
 ACK_INTERVAL = 0.005
@@ -66,10 +69,14 @@ CONNECT_WAIT = 10.0
 #: Looks that send nothing double the wait up to this (an idle loader costs 20 wake-ups a
 #: second, not 200: sixteen loaders in one process polling every 5 ms starved it).
 MAX_ACK_INTERVAL = 0.05
-#: A mark that moved within the message it was in goes out at least this often; one in a
-#: new message goes out at the next look (the server then knows the previous one handed
-#: out whole). So a loader sends about one mark per message, not one per look.
+#: A mark that moved within the message it was in goes out at least this often.
 MARK_INTERVAL = 0.1
+#: A mark in a new message goes out once this long passed since the last mark (the server
+#: then knows every message before it handed out whole, and frees their credit), or at
+#: once when half the loader's credit waits in messages handed out whole. One mark a
+#: message cost a trainer of small samples a tenth of its CPU (hundreds of marks a second);
+#: a SIGKILLed trainer's unacknowledged reading is still bounded as before (see AckPace).
+NEW_MESSAGE_INTERVAL = 0.02
 
 #: ``() -> (link number, server id, tags, sequence number, handed-out count)`` of the
 #: current message (sequence number 0 outside reliable mode), or None.
@@ -80,40 +87,51 @@ class AckPace:
     """When the acknowledging thread looks next, and whether a mark that moved is due.
 
     Pure: the thread tells it what each look did and asks. The wait is
-    :data:`ACK_INTERVAL` after a look that sent something, doubled after each
-    look that did not, up to :data:`MAX_ACK_INTERVAL`. A mark in a new message
-    is due at once; one that moved within the last message acknowledged, once
-    :data:`MARK_INTERVAL` passed since the last mark. What a SIGKILLed loader
-    handed out and never acknowledged (a rank's successor gets it again; a
-    reliable trainer's is dealt to the others) is thus at most the rest of one
-    message or ``MARK_INTERVAL + MAX_ACK_INTERVAL`` of its reading.
+    :data:`ACK_INTERVAL` after a look that found the loader moved on (or sent
+    something), doubled after each look that did not, up to
+    :data:`MAX_ACK_INTERVAL`. A mark in a new message is due once
+    :data:`NEW_MESSAGE_INTERVAL` passed since the last mark, or at once when
+    ``urgent`` messages handed out whole wait for their acknowledgement (half
+    the loader's credit: the server must not run out of it); one that moved
+    within the last message acknowledged, once :data:`MARK_INTERVAL` passed.
+    What a SIGKILLed loader handed out and never acknowledged (a rank's
+    successor gets it again; a free trainer's is dealt to the others) is thus
+    at most the rest of one message or ``MARK_INTERVAL + MAX_ACK_INTERVAL`` of
+    its reading.
 
     Examples
     --------
-    >>> pace = AckPace()
+    >>> pace = AckPace(urgent=4)
     >>> pace.looked(sent=False); pace.looked(sent=False); pace.wait
     0.02
     >>> pace.looked(sent=True); pace.wait
     0.005
     >>> message = object()
-    >>> pace.mark_due(message, now=1.0, last_sent=0.99)  # a new message: at once
-    True
+    >>> pace.mark_due(message, now=1.0, last_sent=0.99)  # a new message, 10 ms after
+    False
+    >>> pace.mark_due(message, now=1.0, last_sent=0.98), pace.mark_due(message, 1.0, 0.99, 4)
+    (True, True)
     >>> pace.marked(message)
     >>> pace.mark_due(message, now=1.05, last_sent=1.0), pace.mark_due(message, 1.1, 1.0)
     (False, True)
     """
 
-    __slots__ = ("_message", "wait")
+    __slots__ = ("_message", "urgent", "wait")
 
-    def __init__(self) -> None:
+    def __init__(self, urgent: int = 1) -> None:
         self.wait = ACK_INTERVAL
+        self.urgent = max(1, urgent)
         self._message: object = None
 
     def looked(self, sent: bool) -> None:
         self.wait = ACK_INTERVAL if sent else min(MAX_ACK_INTERVAL, 2 * self.wait)
 
-    def mark_due(self, message: object, now: float, last_sent: float) -> bool:
-        return message is not self._message or now - last_sent >= MARK_INTERVAL
+    def mark_due(self, message: object, now: float, last_sent: float, waiting: int = 0) -> bool:
+        """Whether a mark in ``message`` is due (``waiting``: messages handed out whole and
+        not acknowledged)."""
+        if message is not self._message:
+            return waiting >= self.urgent or now - last_sent >= NEW_MESSAGE_INTERVAL
+        return now - last_sent >= MARK_INTERVAL
 
     def marked(self, message: object) -> None:
         """A mark in ``message`` (the loader's current tags: a new message, a new array)
@@ -134,7 +152,7 @@ class HandOutAcks:
 
     def __init__(self, control_addresses: Sequence[str], *, client_id: str, rank: int,
                  progress: Progress, security: Any = None,
-                 finished: Sequence[deque[tuple[str, int]]] = ()) -> None:
+                 finished: Sequence[deque[tuple[str, int]]] = (), credits: int = 2) -> None:
         self.client_id = client_id
         self.rank = rank
         self._progress = progress
@@ -152,7 +170,11 @@ class HandOutAcks:
         #: up waiting), see :meth:`wait_connected`.
         self.connected = [threading.Event() for _ in self._addresses]
         self._awaited: set[int] = set()  # links whose first message waited (the loader's)
-        self._pace = AckPace()
+        self._pace = AckPace(urgent=credits // 2)
+        #: The loader's last progress seen, and whether the last look found it moved (which
+        #: keeps the pace up).
+        self._seen: tuple[Any, int] | None = None
+        self._moved = False
         #: Acknowledgements sent (the pace follows whether a look sent any).
         self.sends = 0
         self._thread = threading.Thread(target=self._run, name=f"feedmux-acks-{client_id}",
@@ -188,10 +210,10 @@ class HandOutAcks:
             while not self._stop.wait(self._pace.wait):
                 handshakes.check()
                 self._follow_moves(sockets)
-                sends = self.sends
+                sends, self._moved = self.sends, False
                 if not self._send(sockets):
                     break
-                self._pace.looked(self.sends > sends)
+                self._pace.looked(self.sends > sends or self._moved)
             self._send(sockets, final=True)  # the last word: what was handed out up to the close
         finally:
             handshakes.close()
@@ -215,25 +237,36 @@ class HandOutAcks:
             current = self._progress()
         except ReferenceError:
             return False
-        self._acknowledge_finished(sockets)
         now = time.monotonic()
         if current is None or current[4] <= 0:
+            self._acknowledge_finished(sockets)
             if now - self._last_sent >= HEARTBEAT_INTERVAL:
                 self._last_sent = now
                 for socket in sockets:  # nothing handed out yet: a sign of life only
                     self._offer(socket, Ack(client_id=self.client_id, rank=self.rank))
             return True
         link, server_id, tags, seq, handed = current
+        if self._seen is None or self._seen[0] is not tags or self._seen[1] != handed:
+            self._seen, self._moved = (tags, handed), True
         row = tags[min(handed, len(tags)) - 1]
         mark = (server_id, int(row[0]), int(row[1]))
         # The same mark again once per heartbeat interval: the server takes it as a sign of
         # life of this rank's holder, or of this free reliable trainer, however long the
         # trainer's own steps take.
-        if mark == self.sent and now - self._last_sent < HEARTBEAT_INTERVAL:
+        waiting = sum(len(finished) for finished in self._finished)
+        due = not (mark == self.sent and now - self._last_sent < HEARTBEAT_INTERVAL) and (
+            mark == self.sent or final or self._pace.mark_due(tags, now, self._last_sent,
+                                                              waiting))
+        # (a mark that moved within the message last acknowledged goes soon, with more)
+        if not due:
+            # The messages handed out whole wait for the next mark, unless half the credit
+            # waits or the loader stopped (it waits for data: the server needs the credit).
+            if waiting and (final or waiting >= self._pace.urgent or not self._moved):
+                self._acknowledge_finished(sockets)
             return True
-        if mark != self.sent and not final and not self._pace.mark_due(tags, now,
-                                                                        self._last_sent):
-            return True  # moved within the message last acknowledged: soon, with more
+        # A mark in message ``seq`` acknowledges the messages before it too (the server's
+        # acknowledge_before): those waiting here need no acknowledgement of their own.
+        self._acknowledge_finished(sockets, (link, server_id, seq) if seq else None)
         if self._offer(sockets[link], Ack(seqs=(seq,) if seq else (), client_id=self.client_id,
                                           server_id=server_id, rank=self.rank, epoch=mark[1],
                                           position=mark[2])):
@@ -241,11 +274,17 @@ class HandOutAcks:
             self._pace.marked(tags)
         return True
 
-    def _acknowledge_finished(self, sockets: list[Any]) -> None:
-        """Acknowledge the messages handed out whole that the loader left waiting."""
-        for socket, finished in zip(sockets, self._finished, strict=False):
+    def _acknowledge_finished(self, sockets: list[Any],
+                              covered: tuple[int, str, int] | None = None) -> None:
+        """Acknowledge the messages handed out whole that the loader left waiting, but those
+        a mark about to go in message ``covered`` (link, server id, sequence number)
+        acknowledges: the ones before it on its link, from its server."""
+        for link, (socket, finished) in enumerate(zip(sockets, self._finished, strict=False)):
             by_server: dict[str, list[int]] = {}
             for server_id, seq in take_all(finished):
+                if covered is not None and covered[0] == link and covered[1] == server_id \
+                        and seq < covered[2]:
+                    continue
                 by_server.setdefault(server_id, []).append(seq)
             for server_id, seqs in by_server.items():
                 # Dropped if the server is away: it deals them again (as with a lost ack).

@@ -158,9 +158,11 @@ class Attach:
 
 @dataclass(frozen=True)
 class Grant:
-    """Reliable mode: the server of link ``link`` welcomed this trainer for the first time
-    (its hello was admitted): grant it credit. Granted before, a second loader with the
-    same client id (refused) was dealt data meant for the trainer that holds the id."""
+    """Grant the server of link ``link`` this trainer's credit: when it first welcomes this
+    trainer (its hello was admitted: granted before, a second loader with the same client id,
+    refused, was dealt data meant for the trainer that holds the id), and again when the data
+    socket points at new endpoints (what was queued for the old ones was dropped). A grant
+    sets the credit, so a second one is harmless."""
 
     link: int
 
@@ -203,13 +205,16 @@ class ServerLink:
         Raises :class:`~feedmux.errors.TransportError` when the server's delivery
         mode is not this trainer's: the two would wait on each other forever.
         """
+        if reliable and not message.reliable:
+            # Every server deals by credit now: one that does not is an older feedmux.
+            raise TransportError(
+                f"expected a server that deals by credit and acknowledgements (every feedmux "
+                f"server does now), got one with plain delivery at {self.control_address}: "
+                f"an older feedmux (upgrade it, or start it with --reliable)")
         if message.reliable != reliable:
             raise TransportError(
-                f"the server at {self.control_address} "
-                f"{'uses' if message.reliable else 'does not use'} reliable delivery: "
-                f"expected RemoteLoader(..., reliable={message.reliable}), "
-                f"got reliable={reliable}"
-            )
+                f"the server at {self.control_address} uses reliable delivery: expected "
+                f"RemoteLoader(..., reliable=True), got reliable=False")
         restarted = bool(self.server_id) and self.server_id != message.server_id
         if restarted:
             log.warning(
@@ -425,12 +430,12 @@ class ServerLinks:
                     data_address, control_address, link.data_address, link.control_address)
         link.data_address, link.control_address = data_address, control_address
         self._refused.pop(index, None)
-        if self.rank >= 0 and not self.reliable and link.server_id:
+        if self.rank >= 0 and link.server_id:
             # A rank's server restarted elsewhere: nothing more of the old process is handed
             # out (the new one resumes where this rank stands, said in the hello).
             link.stale.add(link.server_id)
             return [Resync(index), Send(index, self._hello(index))]
-        return [Send(index, self._hello(index))]
+        return [Grant(index), Send(index, self._hello(index))]
 
     def data_end_of_stream(self, index: int, server_id: str) -> None:
         """Reliable mode: an end of stream on the data socket of link ``index``."""

@@ -128,7 +128,12 @@ class HandedRanges:
     every trainer had handed out, less what this trainer handed out since
     (:class:`Outstanding`): so the new process also deals again what was in
     flight, or held by a trainer that left, below this trainer's frontier.
-    One numpy pass per message, nothing per sample.
+    One numpy pass per message, nothing per sample. What it keeps of a link is
+    one server process's (:meth:`serving`): once a restarted server's first
+    message comes, it has heard the hello that carried the old process's
+    records, and they are dropped, so that a later hello (to this server, or to
+    the next one after another restart) never reports the old run's positions
+    as if they were of the run it speaks to.
 
     Examples
     --------
@@ -146,6 +151,27 @@ class HandedRanges:
             collections.deque(maxlen=HANDED_RANGES) for _ in range(links)]
         #: Per link: the server's last summary of the hand-outs, less this trainer's since.
         self._below: list[Outstanding | None] = [None] * links
+        #: Per link: the id of the server process the records are of ("": none yet).
+        self._server: list[str] = [""] * links
+
+    def serving(self, link: int, server_id: str) -> None:
+        """The loader makes a message of server ``server_id`` current (after
+        :meth:`next_message` noted the one before): a new process on ``link`` drops the
+        records of the old one.
+
+        >>> import numpy as np
+        >>> handed = HandedRanges(1, current=lambda: None)
+        >>> handed.serving(0, "old"); handed.handed(0, np.array([[97, 0], [97, 1]]))
+        >>> handed.serving(0, "old"); handed.announce(0)
+        (97, 0, 2)
+        >>> handed.serving(0, "new"); handed.announce(0), handed.below(0)
+        ((), ())
+        """
+        if self._server[link] != server_id:
+            if self._server[link]:
+                self._ranges[link].clear()
+                self._below[link] = None
+            self._server[link] = server_id
 
     def handed(self, link: int, tags: Any) -> None:
         """The trainer handed out the samples tagged ``tags`` (rows of epoch, position)."""

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
+import multiprocessing.util
 import os
 import time
 import uuid
@@ -64,6 +66,13 @@ from feedmux.protocol import (
 __all__ = ["BatchMeta", "RemoteLoader", "SampleMeta", "check_endpoint", "fetch_stats"]
 
 log = logging.getLogger("feedmux.client")
+
+#: Said to a loader given ``reliable=`` (a DeprecationWarning).
+RELIABLE_IS_DEFAULT = (
+    "RemoteLoader(reliable=...) is deprecated and does nothing: every loader now grants "
+    "credit and acknowledges what it handed out, by default (what reliable=True did), so "
+    "what a trainer that leaves, closes, dies or hangs had not handed out goes to the "
+    "others; drop the argument")
 
 #: A data message larger than this is refused by ZeroMQ before it reaches Python.
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
@@ -131,11 +140,12 @@ class RemoteLoader:
         handshake) and receive its large arrays as views of it, with no copy: a
         run of the pool is reused once every view of it is gone. False (or a
         server on another host) receives everything over the sockets.
-    reliable : bool
-        Talk to a server started with ``reliable=True`` / ``--reliable``: grant
-        ``hwm`` messages of credit and acknowledge each message once all its
-        samples were handed out, so that if this trainer dies, what it had not
-        finished goes to the others.
+    reliable : bool, optional
+        Deprecated, a no-op with a DeprecationWarning. Every loader grants
+        ``hwm`` messages of credit and acknowledges what it handed out (what
+        ``reliable=True`` did): if this trainer leaves, closes, dies or hangs,
+        what it had received and not handed out goes to the others, so a free
+        trainer gets every sample of an epoch exactly once across the trainers.
     diagnose_window : float, optional
         Seconds per window of the input-bound diagnosis (see :meth:`stats`):
         a window in which the training loop waited inside ``next()`` more than
@@ -213,7 +223,7 @@ class RemoteLoader:
         with_meta: bool = False,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         client_id: str | None = None,
-        reliable: bool = False,
+        reliable: bool | None = None,
         curve_server_key: str | bytes | None = None,
         curve_certificate: str | None = None,
         tune_malloc: bool = True,
@@ -223,7 +233,11 @@ class RemoteLoader:
         batch_size: int | None = None, drop_last: bool = False,
         bucket_by: str | None = None, pad: bool = False,
     ) -> None:
-        self._origin = Origin({name: value for name, value in locals().items() if name != "self"})
+        if reliable is not None:  # (a copy made from the arguments does not warn again)
+            warnings.warn(RELIABLE_IS_DEFAULT, DeprecationWarning, stacklevel=2)
+        reliable = True  # the one free delivery
+        self._origin = Origin({name: value for name, value in locals().items()
+                               if name not in ("self", "reliable")})
         register_with_torch(RemoteLoader)
         addresses, controls, derived = endpoints(address, control)
         _check_settings(timeout=timeout, world_size=world_size, hwm=hwm, client_id=client_id)
@@ -422,10 +436,13 @@ class RemoteLoader:
             hwm=self.hwm, max_message_bytes=self.max_message_bytes, security=self._security,
             instance=uuid.uuid4().hex[:8],  # a second loader with this client id is refused
         )
-        # Half the credit acknowledged at once: the server keeps credit for the other half.
+        # The acknowledging thread acknowledges; this thread only once a whole credit waits.
         self._data = DataSockets(data_sockets, reliable=self.reliable, client_id=self.client_id,
                                  addresses=self.addresses, tune_malloc=self._tune_malloc,
-                                 ack_batch=self.hwm // 2, shm=self.shm)  # credit: Grant
+                                 ack_batch=self.hwm, shm=self.shm)
+        # No credit yet: it is granted when a server welcomes this loader's hello (Grant), so
+        # a loader asked for len() alone (a DataLoader's parent, which says no hello) and a
+        # second loader refused for its client id are dealt nothing.
         self._links.views_held = self._data.views_held  # said to a trainer waiting for data
         controls = [link.control_address for link in self._links.links]
         if self._security is not None:  # a refused key is otherwise a silent timeout
@@ -444,8 +461,13 @@ class RemoteLoader:
             self._acks = HandOutAcks(controls, client_id=self.client_id,
                                      rank=-1 if self.rank is None else self.rank,
                                      progress=self._audit.guard(progress_of(self._out)),
-                                     security=self._security, finished=self._data.finished)
+                                     security=self._security, finished=self._data.finished,
+                                     credits=self.hwm)
             weakref.finalize(self, self._acks.stop)
+        if multiprocessing.parent_process() is not None:
+            # A child process (a DataLoader worker) ends without running weakref
+            # finalizers: close there, so that its goodbye reaches the servers.
+            _close_at_child_exit(self)
 
     def _act(self, actions: Iterable[Action]) -> None:
         for action in actions:
@@ -469,10 +491,11 @@ class RemoteLoader:
         waits, links = self._waits, self._links
         assert waits is not None
         waited_from = now = time.monotonic()
-        # Wait first when the last message needed a wait (LoaderWaits.first). Not reliable:
-        # its first receive acknowledges the message just handed out.
-        polled = waits.first and not self.reliable and not links.finished
+        # Wait first when the last message needed a wait (LoaderWaits.first), the message
+        # just handed out left for the acknowledging thread first.
+        polled = waits.first and not links.finished
         if polled:
+            self._data.finish_pending()
             now = waits.for_data(waited_from, now)
         while True:
             due = links.tick(now, waited_from)
@@ -505,6 +528,8 @@ class RemoteLoader:
         if tracker is not None and not tracker.next_message(
                 fresh=server_id not in self._links.links[self._data.link].stale):
             return False  # sent before its server restarted: the new one resumes here
+        if self._recent is not None:  # a restarted server's first message: the old run's
+            self._recent.serving(self._data.link, server_id)  # records are dropped
         actions = self._links.data(server_id, int(tags[0, 0]) if count else 0, now=now)
         if actions:
             self._act(actions)
@@ -532,6 +557,13 @@ class RemoteLoader:
         self._closed = True
         if self._acks is not None:
             self._acks.stop()  # its last acknowledgement goes out before the sockets close
+        if self._context is not None and self._origin.pid == os.getpid():
+            # What it received and did not hand out goes to the others now.
+            current = self._out.current
+            if current is not None and current[1] in self._links.links[current[0]].stale:
+                current = None  # an old process's message: its numbers mean nothing now
+            self._data.goodbye(_mark_of(current, self._out.index),
+                               used_up=self._out.index >= self._out.count)
         self._audit.close(self._out.index, ended=self._links.finished)
         if self._finalizer is not None:
             self._finalizer()
@@ -545,6 +577,29 @@ class RemoteLoader:
 
     def __repr__(self) -> str:
         return f"RemoteLoader({self.addresses!r}, timeout={self.timeout!r})"
+
+
+def _close_at_child_exit(loader: RemoteLoader) -> None:
+    """Close ``loader`` (if still alive) when this multiprocessing child process exits."""
+    ref = weakref.ref(loader)
+
+    def close() -> None:
+        target = ref()
+        if target is not None and not target._closed:
+            target.close()
+
+    multiprocessing.util.Finalize(None, close, exitpriority=0)
+
+
+def _mark_of(current: tuple[int, str, Any, int] | None,
+             used: int) -> tuple[int, int, int, int] | None:
+    """(link, sequence number, epoch, position) of the last sample handed out of the
+    current message, or None."""
+    if current is None or used <= 0:
+        return None
+    link, _, tags, seq = current
+    row = tags[min(used, len(tags)) - 1]
+    return link, seq, int(row[0]), int(row[1])
 
 
 def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | None,

@@ -359,7 +359,7 @@ class SocketShell:
         if self.reliable is not None:
             # Ranks' messages count too: a dead rank's go to its successor first.
             self.reliable.finish(core.drain_deadline, lambda: bool(self.stopping),
-                                 self._redeal, self._ranks_owed)
+                                 self._redeal, self._ranks_owed, core.end_message)
             self.reliable.broadcast(core.end_message())
             self.deliver(core.end_stream(time.monotonic()))
         else:

@@ -14,6 +14,7 @@ socket or start anything; the server and its workers only read it.
 from __future__ import annotations
 
 import uuid
+import warnings
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -29,11 +30,28 @@ from feedmux.server._sources.autoscale import WorkerRange, parse_workers
 from feedmux.server._sources.policy import BatchPolicy
 from feedmux.server.factory import Source
 
-__all__ = ["ASKS", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "OFF", "REFUSED", "ServerConfig",
-           "disabled", "refusal"]
+__all__ = ["ASKS", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "OFF", "REFUSED", "RELIABLE_IS_DEFAULT",
+           "ServerConfig", "deprecated_reliable", "disabled", "refusal"]
 
 #: A server process's exit codes: done, failed, a bad command line or source.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+#: Said (a DeprecationWarning; the CLI's warning line) to a server given ``reliable`` /
+#: ``--reliable``: the one free delivery does what it asked for, whatever its value.
+RELIABLE_IS_DEFAULT = (
+    "reliable is deprecated and does nothing: every free trainer now gets credit and "
+    "acknowledges what it handed out, by default (what reliable=True did), so what a "
+    "trainer that leaves, closes, dies or hangs had not handed out goes to the others; "
+    "at-most-once plain delivery is gone. Drop the option")
+
+
+def deprecated_reliable(options: dict[str, Any], stacklevel: int = 3) -> None:
+    """Take a ``reliable`` option out of ``options``, with a DeprecationWarning if it was
+    there (it is a no-op now: :data:`RELIABLE_IS_DEFAULT`)."""
+    if "reliable" in options:
+        del options["reliable"]
+        warnings.warn(RELIABLE_IS_DEFAULT, DeprecationWarning, stacklevel=stacklevel)
+
 
 #: What a server's options (``reliable``, ``group_buffer``, ``shm``), the state it is in
 #: (``groups``, ``ranked_job``, ``batches``: what its trainers made of it so far) or a
@@ -134,7 +152,11 @@ class ServerConfig:
     drain_timeout: float = 30.0
     drain_idle: float = 3.0
     min_trainers: int = 0
-    reliable: bool = False
+    # Always True: every free trainer gets credit and acknowledges its hand-outs (a trainer
+    # that goes leaves what it had not handed out to the others). Given False, it warns
+    # (RELIABLE_IS_DEFAULT) and is True all the same; kept for the code and the tests that
+    # read it, and for old callers.
+    reliable: bool = True
     uneven: str = "pad"
     rank_timeout: float = 60.0
     # The consumer groups' buffer (docs/groups.md); None: DEFAULT_GROUP_BUFFER, and the
@@ -173,6 +195,10 @@ class ServerConfig:
         return parse_workers(self.workers)
 
     def __post_init__(self) -> None:
+        if self.reliable is not True:
+            warnings.warn(RELIABLE_IS_DEFAULT, DeprecationWarning, stacklevel=3)
+            object.__setattr__(self, "reliable", True)
+
         def require(ok: bool, what: str, value: object) -> None:
             if not ok:
                 raise ConfigurationError(f"expected {what}, got {value!r}")
@@ -230,7 +256,7 @@ class ServerConfig:
     def options(self) -> dict[str, Any]:
         """Every setting but the source, as keyword arguments of :class:`Server`."""
         return {item.name: getattr(self, item.name) for item in fields(self)
-                if item.name != "source"}
+                if item.name not in ("source", "reliable")}
 
     @property
     def control_address(self) -> str:

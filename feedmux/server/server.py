@@ -9,9 +9,10 @@ stream: the sockets are :mod:`feedmux.server._shell`'s and the decisions
 :mod:`feedmux.server._control.core`'s.
 
 The data socket is a ROUTER in every mode (each trainer's data DEALER is named
-by its client id, so the server picks the trainer of every message). Plain
-delivery to free trainers is at-most-once: what is queued for a trainer that
-dies is lost (``--reliable`` re-deals it; a rank's successor gets it).
+by its client id, so the server picks the trainer of every message). Free
+trainers are dealt by credit and acknowledge what they handed out: what a
+trainer that leaves or dies had not handed out is dealt to the others (a
+rank's successor gets a rank's).
 A finite run (``epochs=N``) ends with a handshake: the server asks the
 trainers how many data messages they received and sends ``EndOfStream`` once
 every message it sent is accounted for (or nobody's count has moved for a
@@ -58,7 +59,13 @@ from feedmux.server._sources.producer import failure_text, produce
 from feedmux.server._sources.seeding import FRESH_ENTROPY, EpochSeeder, resolve_seed
 from feedmux.server._sources.shards import MergedShards, choose_shards
 from feedmux.server._sources.workers import WorkerPool
-from feedmux.server.config import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ServerConfig
+from feedmux.server.config import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    ServerConfig,
+    deprecated_reliable,
+)
 from feedmux.server.factory import Source, resolve_source
 
 __all__ = ["Server", "ServerConfig", "serve"]
@@ -137,9 +144,9 @@ class Server:
     samples_per_message : int, optional
         Fixed transport batch; None sizes each message from its first sample.
     reliable : bool
-        Credit-based delivery with acknowledgements: a trainer that dies loses
-        nothing, its unacknowledged messages go to the others (trainers must
-        use ``RemoteLoader(..., reliable=True)``).
+        Deprecated, a no-op with a DeprecationWarning: every free trainer is
+        dealt by credit and acknowledges its hand-outs (what ``reliable=True``
+        did), so what a trainer that dies had not handed out goes to the others.
     curve_secret : str, optional
         The server's secret certificate (``feedmux keygen``): CURVE encryption
         on the data and control sockets.
@@ -189,6 +196,7 @@ class Server:
     """
 
     def __init__(self, source: Source, **options: Any) -> None:
+        deprecated_reliable(options)
         self.config = ServerConfig(source=source, **options)
         self._process: ServerProcess | None = None
         #: How :meth:`start` made the server process: "interpreter" (a fresh one) or

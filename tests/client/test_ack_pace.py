@@ -13,6 +13,7 @@ from feedmux.client._acks import (
     ACK_INTERVAL,
     MARK_INTERVAL,
     MAX_ACK_INTERVAL,
+    NEW_MESSAGE_INTERVAL,
     AckPace,
     HandOutAcks,
 )
@@ -31,14 +32,17 @@ def test_idle_looks_back_off_and_a_send_brings_the_pace_back() -> None:
     assert pace.wait == ACK_INTERVAL
 
 
-def test_a_mark_is_due_at_each_new_message_and_within_one_after_the_interval() -> None:
-    pace = AckPace()
+def test_a_mark_in_a_new_message_is_coalesced_unless_half_the_credit_waits() -> None:
+    pace = AckPace(urgent=4)
     first, second = np.zeros((4, 2)), np.zeros((4, 2))
-    assert pace.mark_due(first, now=0.0, last_sent=0.0)
+    assert pace.mark_due(first, now=NEW_MESSAGE_INTERVAL, last_sent=0.0)
     pace.marked(first)
     assert not pace.mark_due(first, now=MARK_INTERVAL / 2, last_sent=0.0)
     assert pace.mark_due(first, now=MARK_INTERVAL, last_sent=0.0)
-    assert pace.mark_due(second, now=0.001, last_sent=0.0)  # moved on: at once
+    # Moved on: with the next ones a little later, at once when half the credit waits.
+    assert not pace.mark_due(second, now=0.001, last_sent=0.0, waiting=3)
+    assert pace.mark_due(second, now=0.001, last_sent=0.0, waiting=4)
+    assert pace.mark_due(second, now=NEW_MESSAGE_INTERVAL, last_sent=0.0)
 
 
 class Reader:

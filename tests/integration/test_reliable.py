@@ -108,17 +108,23 @@ def test_a_dead_trainers_share_goes_to_the_others_exactly_once(
 
 def test_reliable_single_trainer_exactly_once_and_stats(serve: Any) -> None:
     server = serve(f"{SAMPLER}:numbered", "--epochs", "3", "--reliable")
-    with RemoteLoader(server.data, control=server.control, timeout=20, reliable=True,
+    with RemoteLoader(server.data, control=server.control, timeout=20,
                       with_meta=True) as loader:
         seen = Counter((meta.epoch, int(sample["id"])) for meta, sample in loader)
     assert seen == Counter((e, i) for e in (1, 2, 3) for i in range(200))
 
 
-def test_mismatched_modes_say_so(serve: Any) -> None:
-    server = serve(f"{SAMPLER}:numbered", "--reliable")
-    with RemoteLoader(server.data, control=server.control, timeout=10) as loader, \
-            pytest.raises(feedmux.TransportError, match=r"expected RemoteLoader.*reliable=True"):
-        next(loader)
+def test_reliable_is_a_deprecated_no_op_at_both_ends(serve: Any) -> None:
+    # Every free trainer is dealt by credit now: the old flags still work, and say so.
+    server = serve(f"{SAMPLER}:numbered", "--epochs", "1", "--reliable")
+    server.wait_for_stderr(lambda text: "--reliable is deprecated and does nothing" in text,
+                           30, "the deprecation warning line")
+    with pytest.warns(DeprecationWarning, match=r"reliable=\.\.\.\) is deprecated"):
+        loader = RemoteLoader(server.data, control=server.control, timeout=20, reliable=True,
+                              with_meta=True)
+    with loader:
+        seen = Counter((meta.epoch, int(sample["id"])) for meta, sample in loader)
+    assert seen == Counter((1, i) for i in range(200))
 
 
 @pytest.mark.parametrize("reliable", [False, True])
@@ -237,8 +243,7 @@ def test_a_trainer_whose_hello_a_killed_server_swallowed_joins_the_restarted_one
     swallower = context.socket(zmq.ROUTER)
     swallower.linger = 0
     swallower.bind(endpoints.control)
-    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=30,
-                      reliable=True) as loader:
+    with RemoteLoader(endpoints.data, control=endpoints.control, timeout=30) as loader:
         samples = iter(loader)
         first = CheckedThread(next, samples)
         # The loader's acknowledging thread has a socket of its own on the control endpoint
@@ -285,3 +290,47 @@ def test_shared_memory_with_reliable_delivery_loses_nothing_when_a_trainer_is_ki
     for epoch in (1, 2):
         got = Counter(i for e, i in doomed + survivor if e == epoch)
         assert got == Counter(range(240)), f"epoch {epoch}: lost or handed out twice"
+
+
+
+def test_a_trainer_back_from_the_old_run_takes_nothing_of_the_new_runs_epochs(
+    serve: Any, tmp_path: Path
+) -> None:
+    # A trainer outlives its server in epoch 4 (in a long step: it reads nothing); the
+    # server restarts on the same endpoints and a new trainer starts the new run at epoch 1
+    # before the old trainer says hello. That hello reports the old trainer's last 32
+    # messages, the old run's epochs 1 to 4: none of that is the new run's, whose epochs
+    # must each come whole to the two of them. The restarted server kept every reported
+    # position out of its own epochs (here all of 2 and 3; in a long run, the burst of
+    # the epoch where the old run had stopped, once the new run got there).
+    command = (f"{SAMPLER}:numbered", "--arg", "per_stream=10", "--samples-per-message", "4",
+               "--reliable")
+    endpoints = Endpoints.ipc(tmp_path)
+    server = serve(*command, endpoints=endpoints)
+    old = spawn_reliable(server, tmp_path, ["old"], [
+        ["--record-server", "--hold-after", "130", "--go-file", str(tmp_path / "go")]])[0]
+    trainers = [old]
+    try:
+        wait_until(lambda: (tmp_path / "old").exists()
+                   and len(read_lines(tmp_path / "old")) >= 130, 60, "the old run's trainer")
+        server.kill()
+        server.wait(timeout=10)
+        server = serve(*command, "--epochs", "4", endpoints=endpoints)
+        trainers += spawn_reliable(server, tmp_path, ["new"], [
+            ["--record-server", "--step-ms", "20"]])
+        wait_until(lambda: (tmp_path / "new").exists() and bool(read_lines(tmp_path / "new")),
+                   60, "the new trainer's first sample of the new run")
+        (tmp_path / "go").touch()
+        assert [trainer.wait(timeout=60) for trainer in trainers] == [0, 0]
+        assert server.wait(timeout=30) == 0
+    finally:
+        kill_remaining(trainers)
+    new_run = read_lines(tmp_path / "new")[0][2]
+    rows = [(int(epoch), int(sample_id)) for name in ("old", "new")
+            for epoch, sample_id, server_id in read_lines(tmp_path / name)
+            if server_id == new_run]
+    assert_each_once(rows, epochs=4, epoch_size=40)
+
+
+def read_lines(path: Path) -> list[list[str]]:
+    return [line.split() for line in path.read_text().splitlines()]

@@ -1,11 +1,12 @@
 """A trainer process for the integration tests: ``python -m tests.integration.trainers``.
 
-It records every sample it is handed (``epoch id`` per line, flushed at once,
-so the record survives a crash) and can kill itself with SIGKILL after a given
-number of samples, to play a trainer that dies mid-epoch, or leave cleanly after
-some. It may belong to a consumer group, may wait for the test's go (a file)
-before it connects or after some samples, and may count the samples whose array
-is a view of a server's shared-memory pool (read from ``/proc/self/maps``).
+It records every sample it is handed (``epoch id`` per line, and the server's
+id with ``--record-server``, flushed at once, so the record survives a crash)
+and can kill itself with SIGKILL after a given number of samples, to play a
+trainer that dies mid-epoch, or leave cleanly after some. It may belong to a
+consumer group, may wait for the test's go (a file) before it connects or after
+some samples, and may count the samples whose array is a view of a server's
+shared-memory pool (read from ``/proc/self/maps``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("data")
     parser.add_argument("control")
     parser.add_argument("out")
-    parser.add_argument("--reliable", action="store_true")
+    parser.add_argument("--reliable", action="store_true",
+                        help="accepted and ignored: every loader is reliable now")
     parser.add_argument("--die-after", type=int, default=0)
     parser.add_argument("--stop-after", type=int, default=0,
                         help="leave cleanly (close the loader) after this many samples")
@@ -43,6 +45,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--hold-after", type=int, default=0,
                         help="after this many samples, wait for --go-file (bounded) and go on")
     parser.add_argument("--go-file", help="the file --hold-after waits for")
+    parser.add_argument("--record-server", action="store_true",
+                        help="end each line with the id of the server process that sent it")
     parser.add_argument("--views-out",
                         help="at the end, write here how many samples came as shared-memory views")
     parser.add_argument("--hwm", type=int, default=4,
@@ -60,11 +64,13 @@ def main(argv: list[str]) -> int:
     views = SharedViews()
     hwm = {"hwm": args.hwm} if args.hwm else {}
     with open(args.out, "w", buffering=1) as out, RemoteLoader(
-        args.data, control=args.control, timeout=LOADER_TIMEOUT, reliable=args.reliable,
+        args.data, control=args.control, timeout=LOADER_TIMEOUT,
         with_meta=True, group=args.group, rank=args.rank, world_size=args.world_size, **hwm,
     ) as loader:
         for count, (meta, sample) in enumerate(loader, start=1):
             position = f" {meta.position}" if args.rank is not None else ""
+            if args.record_server:
+                position += f" {meta.server_id}"
             if "x" in sample and not (sample["x"] == sample["id"]).all():
                 return 4  # a sample's array is not its own (reused memory)
             out.write(f"{meta.epoch} {int(sample['id'])}{position}\n")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from feedmux.server.config import ASKS, OFF, REFUSED, ServerConfig, disabled, refusal
@@ -42,11 +44,27 @@ def test_a_switched_off_ask_says_why_only_alongside_its_pair() -> None:
 
 
 def test_the_config_applies_the_table_to_its_options() -> None:
-    assert ServerConfig(source="m:a", reliable=True, shm=True).asks == {"reliable", "shm"}
-    assert ServerConfig(source="m:a", group_buffer="8MiB", shm=False).asks == {"group_buffer"}
+    # Every server deals its free trainers by credit and acknowledgements.
+    assert ServerConfig(source="m:a", shm=True).asks == {"reliable", "shm"}
+    assert ServerConfig(source="m:a", group_buffer="8MiB", shm=False).asks == {
+        "reliable", "group_buffer"}
     # Groups and reliable delivery combine (a killed member's rest goes to its group).
-    assert ServerConfig(source="m:a", reliable=True, group_buffer=8).asks == {
+    assert ServerConfig(source="m:a", group_buffer=8).asks == {
         "reliable", "group_buffer", "shm"}
+
+
+def test_reliable_is_a_deprecated_no_op_whatever_its_value() -> None:
+    import feedmux
+
+    with pytest.warns(DeprecationWarning, match=r"reliable is deprecated.*by default"):
+        config = ServerConfig(source="m:a", reliable=False)
+    assert config.reliable and "reliable" not in config.options()
+    with pytest.warns(DeprecationWarning, match=r"reliable is deprecated.*by default"):
+        server = feedmux.Server("m:a", reliable=True)
+    assert server.config.reliable
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not given: no warning, and reliable all the same
+        assert feedmux.Server("m:a").config.reliable
 
 
 def test_the_groups_buffer_has_a_memory_bound_by_default() -> None:

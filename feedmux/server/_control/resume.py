@@ -260,10 +260,14 @@ class Handed:
 
         Before dealing starts this object is replaced by one built from every
         trainer's report, so only late hellos matter (their summaries are not
-        taken: dealing went on). A ranked trainer's or a plain server's hello
-        adds nothing (anyone can reach the control port).
+        taken: dealing went on). They count only in a run that resumed from
+        reports (:attr:`start` set): a run that started afresh at epoch 1 is no
+        continuation of the one the late trainer reports on, and its epochs of
+        the same numbers are other samples (it kept every reported position out
+        of them: whole epochs of the new run lost). A ranked trainer's or a plain
+        server's hello adds nothing (anyone can reach the control port).
         """
-        if hello.handed and reliable and hello.rank < 0:
+        if hello.handed and reliable and hello.rank < 0 and self.start is not None:
             self.add(hello.handed)
         return hello.handed
 

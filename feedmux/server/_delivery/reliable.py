@@ -19,7 +19,9 @@ handed out, should one come twice). A trainer acknowledges the messages it
 handed out whole several at once on the data socket (half its credit), and
 that thread acknowledges the rest of them within a few ms (an ``Ack`` with no
 position): one acknowledgement per message would wake both ends' I/O threads
-for every message.
+for every message. A loader that closes says goodbye on the data socket (its
+last mark, then a grant of no credit): what it held goes to the others at
+once, not when a send finds its connection gone.
 
 The server also sends outside credit on this socket: a heartbeat every
 :data:`~feedmux._plumbing.sockets.HEARTBEAT_INTERVAL` (its send finds a trainer
@@ -79,7 +81,8 @@ from feedmux.server._control.meters import ControlMeter
 from feedmux.server._delivery.ledger import Entry, Ledger, Recovery, handed_below
 from feedmux.server._delivery.outbox import GONE, Outbox, Wait
 
-__all__ = ["MAX_CREDIT", "MAX_UNACKED_BYTES", "NO_ACK", "SILENCE_GRACE", "SUMMARY_BACKLOG",
+__all__ = ["IDLE_END", "MAX_CREDIT", "MAX_UNACKED_BYTES", "NO_ACK", "SILENCE_GRACE",
+           "SUMMARY_BACKLOG",
            "SUMMARY_INTERVAL",
            "Credits",
            "HandOutSummary", "ReliableFree", "ReliableLink"]
@@ -117,6 +120,11 @@ SUMMARY_BACKLOG = 16
 #: the kernel gives a half-open connection (``HALF_OPEN_TIMEOUT``): the data connection to
 #: a vanished host closes about when its trainer counts as silent, whichever tells first.
 SILENCE_GRACE = HALF_OPEN_TIMEOUT
+
+#: Seconds without an acknowledgement, at the end of a stream, after which the trainers that
+#: hold nothing are told the end (see ReliableLink.finish): past the heartbeat interval
+#: within which a holder that died is found.
+IDLE_END = 2 * HEARTBEAT_INTERVAL
 
 #: The envelope of messages that want no acknowledgement by sequence number (heartbeats,
 #: end of stream, a rank's data: its hand-out marks release it).
@@ -187,7 +195,14 @@ class Credits:
         elif isinstance(message, Ack):
             if identity in self.peers:
                 for ledger in list(self.ledgers.values()):
-                    ledger.acknowledge(identity, message.seqs)
+                    if message.position >= 0 and message.seqs:
+                        # A closing loader's last mark, before its goodbye on the same
+                        # socket: its message seqs[0] handed out up to (epoch, position).
+                        ledger.acknowledge_before(identity, identity, message.seqs[0])
+                        ledger.record_mark(identity, identity,
+                                           (message.epoch, message.position), message.seqs)
+                    else:
+                        ledger.acknowledge(identity, message.seqs)
         else:
             peer_log.log(logging.WARNING, "unexpected", "unexpected %s on the reliable data socket",
                          type(message).__name__)
@@ -253,14 +268,18 @@ class Credits:
             ledger.record(identity, identity, frames, seq)
         return seq
 
-    def lose(self, identity: bytes) -> None:
-        """``identity`` is gone: what it held goes to the front of its audience's re-deal
-        queue."""
+    def lose(self, identity: bytes, goodbye: bool = False) -> None:
+        """``identity`` is gone (``goodbye``: it said so, closing): what it held goes to
+        the front of its audience's re-deal queue."""
         peer = self.peers.pop(identity, None)
         if peer is None:
             return
-        self.lost_trainers += 1
         held = sum(ledger.lose(identity) for ledger in list(self.ledgers.values()))
+        if goodbye:
+            log.info("trainer %s left holding %d unacknowledged message(s); sending them "
+                     "to the others", peer.client_id, held)
+            return
+        self.lost_trainers += 1
         log.warning("trainer %s went away holding %d unacknowledged message(s); "
                     "sending them to the others", peer.client_id, held)
 
@@ -358,10 +377,10 @@ class ReliableLink:
         self.clock = clock
         self._turned = clock()
 
-    def lose(self, identity: bytes) -> None:
+    def lose(self, identity: bytes, goodbye: bool = False) -> None:
         if identity in self.credits.peers:
             self.read_marks()
-        self.credits.lose(identity)
+        self.credits.lose(identity, goodbye)
         self.summary.forget(identity)
         self.heard.pop(identity, None)
 
@@ -402,9 +421,16 @@ class ReliableLink:
                              "malformed message on the reliable data socket: %s", error)
                 continue
             identity = parts[0].bytes
-            if isinstance(message, Credit) and identity not in self.credits.peers:
+            known = identity in self.credits.peers
+            if isinstance(message, Credit) and not known:
                 self._replaced(identity, message.client_id)
             self.credits.take(identity, message)
+            if known and isinstance(message, Credit) and message.credits <= 0:
+                # A loader's goodbye (it closes, or its process ends: a DataLoader worker
+                # at the end of a pass): what it holds goes to the others now, before a
+                # successor connects and is dealt the next epoch's messages first.
+                self.lose(identity, goodbye=True)
+                continue
             self.summary.read(identity)
             self.heard[identity] = self.clock()
         self.meter.add(received, time.thread_time() - cpu_started)
@@ -437,18 +463,44 @@ class ReliableLink:
         self.summarize()
 
     def finish(self, deadline: float, halted: Callable[[], bool], redeal: Callable[[], object],
-               owed: Callable[[], int] = lambda: 0) -> None:
+               owed: Callable[[], int] = lambda: 0,
+               end: Callable[[], Message] | None = None) -> None:
         """Wait (until ``deadline`` on the monotonic clock) for every message to be
         acknowledged, ``redeal()`` dealing again what lost trainers held (``owed()``: more
-        messages not handed out yet, the ranks')."""
+        messages not handed out yet, the ranks').
+
+        Meanwhile, once no acknowledgement came for :data:`IDLE_END` seconds, a
+        trainer that holds nothing, while nothing waits to be dealt again, is told the
+        end (``end()``): a trainer waiting for its end may be what the holders wait for
+        (DataLoader workers are read in turn: worker 0 hands out its last messages only
+        once worker 1, which got none, ends). Not at once: a holder that died is found
+        within a heartbeat interval, and its rest must still find the others reading.
+        """
         credits = self.credits
+        told: set[bytes] = set()
+        progress = [credits.unacknowledged, self.clock()]
 
         def left() -> int:
             return credits.unacknowledged + owed()
 
+        def tell_the_idle() -> None:
+            if credits.unacknowledged != progress[0]:
+                progress[:] = [credits.unacknowledged, self.clock()]
+            peers = list(credits.peers)
+            held = [credits.count(identity) for identity in peers]
+            if (end is None or owed() or credits.unacknowledged > sum(held)
+                    or self.clock() - progress[1] < IDLE_END):
+                return  # dealing again, a rank owed, or the holders still hand out
+            frames = [NO_ACK, *encode(end())]
+            for identity, count in zip(peers, held, strict=True):
+                if not count and identity not in told:
+                    told.add(identity)
+                    self.outbox.send(identity, frames)
+
         def attempt() -> Wait | None:
             self.turn()
             redeal()
+            tell_the_idle()
             return Wait.CREDIT if left() and self.clock() < deadline else None
 
         self.outbox.deliver(attempt, halted)
