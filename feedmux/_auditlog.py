@@ -11,13 +11,20 @@ Records are appended with ``os.write`` on an ``O_APPEND`` descriptor (no
 buffer in this process outlives a write), in batches, and always *before* the
 loader tells a server what it handed out (a rank's progress, a reliable
 trainer's acknowledgements), so a log never lacks a hand-out that a server
-was told of. It must never touch a socket or decide whether a job was sound.
+was told of. A rank's log also records each message's rows when it becomes
+current, before the first of them is handed out (a D record, written at
+once): how far a rank got in its last message is written lazily (a write per
+sample would cost the hot path), so a rank SIGKILLed between two writes may
+lack the H record of its last few hand-outs, but never the D record that says
+which samples they were. It must never touch a socket or decide whether a job
+was sound.
 
 Records (``KIND fields... #crc``)::
 
     feedmux-audit 1 {header json}      a session starts: one loader in one process
     S link server_id epoch_size world_size uneven   the server of a link, when it changes
     H message link epoch runs [keys]  hand-outs: runs "start:count:step,..." of positions
+    D message link epoch runs [keys]  a rank's message made current, before any hand-out
     C message {json}                   state_dict(): a checkpoint (the positions saved)
     R {json}                           load_state_dict(): resumed from those positions
     Q ended                            close() (ended: the stream had finished)
@@ -170,16 +177,19 @@ class AuditLog:
     reports it first. ``write_through``: write at every message (a reliable
     trainer's own acknowledgements follow at once); otherwise records wait for
     :data:`BATCH_RECORDS` records, :data:`BATCH_SECONDS`, a checkpoint, the
-    close, or the acknowledging thread's next report to a server.
+    close, or the acknowledging thread's next report to a server. ``dealt`` (a
+    rank's log): each message's rows are written as a D record in :meth:`begin`,
+    with whatever waits, before the loader hands out the first of them.
     """
 
     def __init__(self, path: str | os.PathLike[str], key: str | None, header: dict[str, Any],
-                 links: _Links, *, write_through: bool) -> None:
+                 links: _Links, *, write_through: bool, dealt: bool = False) -> None:
         self.path = str(path)
         self.key = key
         self._header = {**header, "key": key}
         self._links = links
         self._write_through = write_through
+        self._dealt = dealt
         self._lock = threading.Lock()
         self._fd = -1
         self._pid = 0
@@ -194,6 +204,8 @@ class AuditLog:
         self._tags: Any = None
         self._samples: Sequence[Any] = ()
         self._recorded = 0
+        #: The current message's keys, taken once for its D record (None: not taken).
+        self._message_keys: list[Any] | None = None
 
     # -- what the loader reports ----------------------------------------------------------
     def begin(self, link: int, server_id: str, tags: Any, samples: Sequence[Any]) -> None:
@@ -204,6 +216,12 @@ class AuditLog:
             self._note_server(link, server_id)
             self._messages += 1
             self._link, self._tags, self._samples, self._recorded = link, tags, samples, 0
+            self._message_keys = None
+            if self._dealt and len(tags):
+                # Before the loader hands out any of it (it does once this returns): a rank
+                # killed at any moment after has its samples in the log.
+                self._pending.append(record_line(self._rows_text("D", 0, len(tags))))
+                self._flush()
 
     def upto(self, used: int) -> None:
         """The current message's first ``used`` samples were handed out."""
@@ -287,15 +305,22 @@ class AuditLog:
         if tags is None or used <= self._recorded:
             return
         used = min(used, len(tags))
-        rows = tags[self._recorded:used]
-        runs = ",".join(f"{start}:{count}:{step}" for start, count, step
-                        in stride_runs(rows[:, 1]))
-        text = f"H {self._messages} {self._link} {int(rows[0, 0])} {runs}"
-        if self.key is not None:
-            keys = _keys(self._samples, self.key, self._recorded, used)
-            text += " " + json.dumps(keys, separators=(",", ":"))
-        self._pending.append(record_line(text))
+        self._pending.append(record_line(self._rows_text("H", self._recorded, used)))
         self._recorded = used
+
+    def _rows_text(self, kind: str, start: int, stop: int) -> str:
+        """An H or D record's text: the current message's rows ``start .. stop``."""
+        rows = self._tags[start:stop]
+        runs = ",".join(f"{first}:{count}:{step}" for first, count, step
+                        in stride_runs(rows[:, 1]))
+        text = f"{kind} {self._messages} {self._link} {int(rows[0, 0])} {runs}"
+        if self.key is not None:
+            if kind == "D":
+                self._message_keys = _keys(self._samples, self.key, 0, len(self._tags))
+            keys = (self._message_keys[start:stop] if self._message_keys is not None
+                    else _keys(self._samples, self.key, start, stop))
+            text += " " + json.dumps(keys, separators=(",", ":"))
+        return text
 
     def _forked(self) -> None:
         """This is a forked copy: what waits is the parent's; this process's own session
@@ -303,7 +328,7 @@ class AuditLog:
         self._owner, self._fd, self._pid = os.getpid(), -1, 0
         self._pending.clear()
         self._servers.clear()
-        self._tags, self._recorded = None, 0
+        self._tags, self._recorded, self._message_keys = None, 0, None
 
     def _flush(self) -> None:
         if self._closed:
@@ -381,7 +406,7 @@ def open_audit(path: str | os.PathLike[str] | None, key: str | None, loader: Any
     # {pid} is filled in by the process that writes (a forked copy has its own).
     named = str(path).format(rank=rank, pid="{pid}", client_id=loader.client_id)
     log = AuditLog(named, key, header, links,
-                   write_through=bool(loader.reliable))
+                   write_through=bool(loader.reliable), dealt=loader.rank is not None)
     weakref.finalize(loader, log.flush)
     return log
 
@@ -389,7 +414,8 @@ def open_audit(path: str | os.PathLike[str] | None, key: str | None, loader: Any
 # -- reading ----------------------------------------------------------------------------------
 @dataclass
 class HandOutRecord:
-    """One H record: rows of one message that a session handed out."""
+    """One H record (rows of one message that a session handed out) or D record (a
+    rank's message as it became current, before any of it was handed out)."""
 
     message: int
     link: int
@@ -407,6 +433,8 @@ class Session:
     line: int
     header: dict[str, Any]
     handouts: list[HandOutRecord] = field(default_factory=list)
+    #: a rank's messages as they became current (D records), before any hand-out
+    dealt: list[HandOutRecord] = field(default_factory=list)
     #: link -> epoch size, world size and uneven mode the servers said (the latest)
     servers: dict[int, tuple[int | None, int, str]] = field(default_factory=dict)
     #: link -> the id of its server at this point of the reading
@@ -466,15 +494,16 @@ def _positions(runs: str) -> np.ndarray:
 def _apply(session: Session, text: str) -> None:
     """Add one checked record's meaning to ``session`` (ValueError: malformed)."""
     kind, _, rest = text.partition(" ")
-    if kind == "H":
+    if kind in ("H", "D"):
         message, link, epoch, runs, *keys = rest.split(" ", 4)
         server = session.server_ids.get(int(link), "")
         positions = _positions(runs)
         key_list = json.loads(keys[0]) if keys else None
         if key_list is not None and len(key_list) != len(positions):
             raise ValueError(f"{len(key_list)} keys for {len(positions)} positions")
-        session.handouts.append(HandOutRecord(int(message), int(link), server, int(epoch),
-                                        positions, key_list))
+        rows = session.handouts if kind == "H" else session.dealt
+        rows.append(HandOutRecord(int(message), int(link), server, int(epoch), positions,
+                                  key_list))
     elif kind == "S":
         link, server_id, size, world, uneven = rest.split(" ")
         session.server_ids[int(link)] = server_id

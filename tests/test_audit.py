@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from feedmux._auditlog import AuditLog, AuditLogError, read_log, record_line, stride_runs
+from feedmux._auditlog import (
+    AuditLog,
+    AuditLogError,
+    open_audit,
+    read_log,
+    record_line,
+    stride_runs,
+)
 from feedmux.apps import cli
 from feedmux.apps.audit import audit, load_sessions
 from feedmux.errors import FeedmuxError
@@ -47,6 +55,13 @@ class Log:
         runs = ",".join(f"{p}:1:1" for p in positions)
         keys = [epoch * 1000 + p for p in positions] if keys is None else keys
         self._write(f"H {self.messages} 0 {epoch} {runs} {json.dumps(keys)}")
+        return self
+
+    def deal(self, epoch: int, positions: list[int]) -> Log:
+        """A rank's next message becomes current (its D record); :meth:`hand` it out after."""
+        runs = ",".join(f"{p}:1:1" for p in positions)
+        keys = [epoch * 1000 + p for p in positions]
+        self._write(f"D {self.messages + 1} 0 {epoch} {runs} {json.dumps(keys)}")
         return self
 
     def checkpoint(self, epoch: int, position: int, world_size: int) -> Log:
@@ -189,6 +204,39 @@ def test_a_rank_behind_the_checkpoint_it_resumed_from_lost_its_share(tmp_path: P
     zero.hand(1, [0, 2]).checkpoint(1, 4, 2)
     zero.session(rank=0, world_size=2).resume(1, 4, 2).hand(1, [4, 6, 8]).hand(2, [0]).close()
     assert _report(log.path, zero.path).epochs[0].missing == [3]
+
+
+def test_only_a_killed_rank_s_last_message_below_the_checkpoint_counts_unwritten(
+        tmp_path: Path) -> None:
+    """A rank's log may lack its last hand-outs (written lazily) but says which samples its
+    last message held: those below the checkpoint the next session resumed from count."""
+    zero = Log(tmp_path / "rank0.log").session(rank=0, world_size=2)
+    zero.deal(1, [0, 2]).hand(1, [0, 2]).checkpoint(1, 4, 2)
+    zero.session(rank=0, world_size=2).resume(1, 4, 2).hand(1, [4, 6, 8]).hand(2, [0]).close()
+    one = Log(tmp_path / "rank1.log").session(rank=1, world_size=2)
+    one.deal(1, [1, 3]).hand(1, [1])  # killed after handing out 3, before writing it
+    one.session(rank=1, world_size=2).resume(1, 4, 2).hand(1, [5, 7, 9]).hand(2, [1]).close()
+    report = _report(zero.path, one.path)
+    assert report.ok, report.text()
+    assert [step[1] for step in report.sequences[(ADDRESS, 1)]] == [1, 3, 5, 7, 9, 1]
+    assert any("wrote that it handed out 1 sample(s) of its last message" in note
+               for note in report.notes)
+    # An earlier message's rows never count unwritten: that rank lost position 3.
+    early = Log(tmp_path / "early" / "rank1.log").session(rank=1, world_size=2)
+    early.deal(1, [1, 3]).hand(1, [1]).deal(1, [5]).hand(1, [5])
+    early.session(rank=1, world_size=2).resume(1, 4, 2).hand(1, [5, 7, 9]).hand(2, [1]).close()
+    assert _report(zero.path, early.path).epochs[0].missing == [3]
+    # Nor do they in a session that closed (its close wrote how far it got) ...
+    closed = Log(tmp_path / "closed" / "rank1.log").session(rank=1, world_size=2)
+    closed.deal(1, [1, 3]).hand(1, [1]).close()
+    closed.session(rank=1, world_size=2).resume(1, 4, 2).hand(1, [5, 7, 9]).hand(2, [1]).close()
+    assert _report(zero.path, closed.path).epochs[0].missing == [3]
+    # ... nor past the checkpoint (the resumed job hands them out again).
+    past = Log(tmp_path / "past" / "rank1.log").session(rank=1, world_size=2)
+    past.deal(1, [1, 3]).hand(1, [1, 3]).deal(1, [5, 7])
+    past.session(rank=1, world_size=2).resume(1, 4, 2).hand(1, [5, 7, 9]).hand(2, [1]).close()
+    report = _report(zero.path, past.path)
+    assert report.ok and report.epochs[0].hand_outs == 10, report.text()
 
 
 def test_a_resumed_run_that_gives_other_samples_is_a_problem(tmp_path: Path) -> None:
@@ -473,3 +521,93 @@ def test_ranks_that_took_different_steps_in_an_epoch_are_a_problem(tmp_path: Pat
     report = _report(zero.path, again.path)
     assert any("epoch 1: the ranks took different numbers of steps (rank 0 3, rank 1 6)"
                in problem for problem in report.problems), report.text()
+
+
+# -- a rank killed between two writes --------------------------------------------------------------
+@dataclass(eq=False)
+class _Loader:
+    """What ``open_audit`` reads of a ranked ``RemoteLoader``."""
+
+    rank: int
+    world_size: int = 2
+    client_id: str = "c"
+    group: str | None = None
+    reliable: bool = False
+    hwm: int = 4
+    addresses: tuple[str, ...] = (ADDRESS,)
+
+
+def _ranked_links(size: int) -> _Links:
+    links = _Links()
+    links.links[0] = _Link(epoch_size=size, world_size=2, uneven="pad")
+    return links
+
+
+def _session(path: Path, rank: int, messages: list[tuple[int, list[int]]], *,
+             checkpoint_after: int | None = None, resumed: dict[str, Any] | None = None,
+             killed: bool) -> None:
+    """One process of rank ``rank`` calling its audit log as ``RemoteLoader`` does: at each
+    receive ``upto`` (how far it got in the message before) then ``begin``; the hand-outs
+    in between only move the loader's index. Killed: the process is SIGKILLed right after
+    handing out every sample of its last message, before anything else reports it."""
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's exit (or its SIGKILL) is the check
+        try:
+            log = open_audit(path, "id", _Loader(rank), _ranked_links(12))
+            if resumed is not None:
+                log.resumed(resumed)
+            used = 0
+            for index, (epoch, positions) in enumerate(messages):
+                log.upto(used)
+                tags = _tags(epoch, positions)
+                log.begin(0, "s1", tags, [{"id": np.int64(epoch * 1000 + p)} for p in positions])
+                used = len(positions)  # every one handed out: nothing written yet
+                if index == 0:
+                    log.guard(lambda tags=tags, used=used: (0, "s1", tags, 0, used))()  # a look
+                if index == checkpoint_after:
+                    last = positions[-1]
+                    log.checkpoint({"resume": [[epoch, last - rank + 2, 2]], "last_epoch": epoch,
+                                    "last_position": last, "last_server_id": "s1"}, used)
+            if killed:
+                os.kill(os.getpid(), signal.SIGKILL)
+            log.close(used, ended=False)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(child, 0)
+    assert (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL) if killed else (
+        os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0), status
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_killed_after_handing_out_its_message_before_writing_it_passes_the_audit(
+        tmp_path: Path) -> None:
+    """Issue 38: a rank SIGKILLed after handing out the last samples before its job's
+    checkpoint, before its log wrote them (its writes are lazy within a message), looked
+    behind the checkpoint: "rank 1: step 2 handed out epoch 1 position 9, the reference run
+    epoch 1 position 5", though it had trained on 5 and 7. Two ranks, epochs of 12."""
+    def rounds(rank: int, starts: list[int]) -> list[int]:
+        return [start + rank for start in starts]
+
+    job, reference = tmp_path / "job", tmp_path / "reference"
+    for rank in (0, 1):
+        # The first process: rank 0 checkpoints after its second message (resume at 8),
+        # hands out position 8 and dies; rank 1 dies right after handing out 5 and 7.
+        first = [(1, rounds(rank, [0, 2])), (1, rounds(rank, [4, 6]))]
+        if rank == 0:
+            first.append((1, [8]))
+        _session(job / f"rank{rank}.log", rank, first, checkpoint_after=1 if rank == 0 else None,
+                 killed=True)
+        resume = {"resume": [[1, 8, 2]], "last_epoch": 1, "last_position": 6,
+                  "last_server_id": "s1"}
+        again = [(1, rounds(rank, [8, 10])), (2, rounds(rank, [0, 2]))]
+        _session(job / f"rank{rank}.log", rank, again, resumed=resume, killed=False)
+        whole = [(1, rounds(rank, [0, 2])), (1, rounds(rank, [4, 6])), *again]
+        _session(reference / f"rank{rank}.log", rank, whole, killed=False)
+    logs = [job / f"rank{rank}.log" for rank in (0, 1)]
+    one_first, _ = read_log(logs[1])
+    assert [h.positions.tolist() for h in one_first.handouts] == [[1, 3]]  # 5, 7 unwritten
+    report = _report(*logs, reference=tuple(reference / f"rank{r}.log" for r in (0, 1)))
+    assert report.ok, report.text()
+    assert [step[1] for step in report.sequences[(ADDRESS, 1)]] == [1, 3, 5, 7, 9, 11, 1, 3]
+    assert [step[2] for step in report.sequences[(ADDRESS, 1)][2:4]] == [1005, 1007]
+    assert [step[1] for step in report.sequences[(ADDRESS, 0)]] == [0, 2, 4, 6, 8, 10, 0, 2]

@@ -11,7 +11,13 @@ For the ranks of a job, each rank's sessions (one per process) are taken in
 order; a session followed by one that resumed from a checkpoint
 (``load_state_dict``) counts only up to that checkpoint's position: what it
 handed out after it, before it died, the job trained on again and is not a
-repeat. The concatenation is the rank's *effective* sequence, which can be
+repeat. A rank's log writes how far it got in its current message lazily, so
+a rank killed between two writes lacks its last hand-outs there; its D
+record says which samples that message held, and those below the checkpoint
+the next session resumed from count as handed out (the job's checkpoint says
+every rank was past them; the log can neither confirm nor contradict it). A
+rank that had not even been dealt its samples before that checkpoint still
+shows up as missing samples. The concatenation is the rank's *effective* sequence, which can be
 compared with that of an uninterrupted run (``--reference``). Free trainers'
 hand-outs count as they are; a reliable trainer that died may have handed out
 samples it could not tell the server about, which the server then dealt
@@ -176,6 +182,20 @@ class _Part:
                          strict=True)
         return steps
 
+    def unwritten(self) -> list[Step]:
+        """The rows of a killed rank's last message (if it came from this link) that its
+        log does not say were handed out: the rank may have handed them out after its
+        last write. Nothing for a session that closed (its close wrote how far it got)."""
+        session = self.session
+        if session.closed or not session.dealt or session.dealt[-1].link != self.link:
+            return []
+        last = session.dealt[-1]
+        written = sum(len(handout.positions) for handout in self.handouts
+                      if handout.message == last.message)
+        keys = last.keys or [None] * len(last.positions)
+        return list(zip([last.epoch] * (len(keys) - written), last.positions[written:].tolist(),
+                        keys[written:], strict=True))
+
 
 def _stream_name(session: Session, link: int) -> str:
     group = session.header.get("group")
@@ -305,6 +325,14 @@ def _ranked(name: str, parts: list[_Part], report: AuditReport) -> list[Step]:
             following = rank_parts[index + 1].session if index + 1 < len(rank_parts) else None
             cut = None if following is None else _resume_at(following, address)
             if cut is not None:
+                unwritten = part.unwritten()
+                behind = sum((step[0], step[1]) < cut for step in unwritten)
+                if behind:
+                    report.notes.append(
+                        f"{name} rank {rank}: {part.session.describe()} died before it "
+                        f"wrote that it handed out {behind} sample(s) of its last message, "
+                        f"below the checkpoint the next session resumed from: counted")
+                steps += unwritten
                 kept = [step for step in steps if (step[0], step[1]) < cut]
                 after += len(steps) - len(kept)
                 report.replayed += [(name, step) for step in steps[len(kept):]]

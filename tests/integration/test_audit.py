@@ -103,3 +103,45 @@ def test_a_job_killed_after_a_checkpoint_and_resumed_from_it_passes_the_audit(
     for session in afresh:
         session.resumed = None
     assert not audit(afresh).ok
+
+
+#: A rank (world size 1) that hands out ``HANDED`` samples, writes their ids (one write each,
+#: the test's oracle) and SIGKILLs itself at once: between two writes of its audit log.
+_KILLED_RANK = """
+import os, signal, sys
+import feedmux
+loader = feedmux.RemoteLoader(sys.argv[1], control=sys.argv[2], rank=0, world_size=1, hwm=4,
+                              timeout=60, audit_log=sys.argv[3], audit_key="id")
+handed = os.open(sys.argv[4], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+for step, sample in zip(range(int(sys.argv[5])), loader):
+    os.write(handed, b"%d\\n" % int(sample["id"]))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+HANDED = 25
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_killed_right_after_a_hand_out_has_its_sample_in_its_log(
+        serve: Any, tmp_path: Path) -> None:
+    """A rank writes how far it got in a message lazily: killed right after handing out,
+    its log may lack that H record, never the D record of the message that held it."""
+    from feedmux._auditlog import read_log
+
+    server = serve(SOURCE, "--seed", "7", "--hwm", "4")
+    log, handed = tmp_path / "rank0.log", tmp_path / "handed.txt"
+    rank = subprocess.Popen([sys.executable, "-c", _KILLED_RANK, server.data, server.control,
+                             str(log), str(handed), str(HANDED)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert rank.wait(timeout=90) == -signal.SIGKILL
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+            rank.wait(timeout=30)
+    ids = [int(line) for line in handed.read_text().split()]
+    assert len(ids) == HANDED
+    session, = read_log(log)
+    written = [key for record in session.handouts for key in record.keys or []]
+    held = [key for record in session.dealt for key in record.keys or []]
+    assert written == ids[:len(written)]  # what it wrote it handed out, in order
+    assert set(ids) <= set(held), (ids, held)  # and it held every sample it handed out
