@@ -105,3 +105,18 @@ def test_the_shared_memory_workers_benchmark_runs(capsys: pytest.CaptureFixture[
         assert f"| {label} | " in table
     assert "raw pyzmq, one 56-byte message received" in table and "failed" not in table
     assert "raw pyzmq, one 56-byte message at the pool's rate (polled)" in table
+
+
+@pytest.mark.timeout(300)
+def test_the_images_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("PIL")
+    pytest.importorskip("skimage")
+    pytest.importorskip("torchdata")
+    from benchmarks import bench_images
+
+    assert bench_images.main(["--quick", "--no-offload"]) == 0
+    table = capsys.readouterr().out
+    for label in ("feedmux", "torch DataLoader", "torchdata.nodes", "one process"):
+        assert f"| {label} | " in table
+    assert "failed" not in table
+    assert "| feedmux server CPU per image / one worker's CPU per image <= 0.1 |" in table
