@@ -101,6 +101,10 @@ class DataSockets:
         self.link = self.seq = 0
         #: The pools of servers on this host, once mapped (None: shm=False).
         self.views = ShmViews() if shm else None
+        #: The links this loader granted credit to: only those hear its goodbye (a loader
+        #: refused for a client id in use never granted any; its goodbye, under the same
+        #: data identity, would take the credit of the trainer that holds the id).
+        self.granted: set[int] = set()
         if reliable and credits:  # reliable mode: the servers send as much as this grants
             self.grant_credit(credits)
 
@@ -131,6 +135,8 @@ class DataSockets:
         """
         for index in range(len(self.sockets)) if link is None else (link,):
             send_or_drop(self.sockets[index], Credit(credits=credits, client_id=self.client_id))
+            if credits > 0:
+                self.granted.add(index)
 
     def goodbye(self, mark: tuple[int, int, int, int] | None, used_up: bool,
                 linger_ms: int = 200) -> None:
@@ -144,6 +150,9 @@ class DataSockets:
             self.finish_pending()
         self.pending_ack = None  # (not handed out whole: the mark says how far)
         for link, socket in enumerate(self.sockets):
+            if link not in self.granted:
+                socket.close(linger=0)  # it was never dealt anything: nothing to say
+                continue
             seqs = [seq for _, seq in take_all(self.finished[link])]
             if seqs:
                 send_or_drop(socket, Ack(seqs=seqs, client_id=self.client_id))

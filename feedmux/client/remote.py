@@ -427,6 +427,9 @@ class RemoteLoader:
         if self._context is not None:
             if announce and not self._announced:
                 self._announced = True
+                # A trainer now: the servers may deal to it (welcomed already, when it asked
+                # for len(): no Grant comes).
+                self._data.grant_credit(self.hwm)
                 self._act(self._links.hello())
             return
         # A fresh context in every process: a ZeroMQ context must never cross a fork.
@@ -477,7 +480,8 @@ class RemoteLoader:
             elif isinstance(action, Attach):
                 self._data.attach(action.link, self._control[action.link], action.path)
             elif isinstance(action, Grant):
-                self._data.grant_credit(self.hwm, action.link)
+                if self._announced:  # a loader asked for len() alone is dealt nothing
+                    self._data.grant_credit(self.hwm, action.link)
             else:  # the link's server restarted
                 if self.reliable:
                     self._data.forget_ack(action.link)  # its sequence number means nothing now
