@@ -7,7 +7,8 @@ defines (a method, or a field it assigns on ``self``), or a private name of an
 imported module (the standard library's ``os._exit``, ``sys._getframe``). Any
 other ``x._name`` reaches into a class defined elsewhere: what a caller needs of
 another object's state is a public method of that object or an argument
-(docs/architecture.md). Parameters and locals are both checked.
+(docs/architecture.md). Parameters and locals are both checked; a copy a method
+makes of its own object (``object.__new__(type(self))``) is its own.
 
 Two exceptions, each named here with its reason:
 
@@ -57,6 +58,22 @@ def _defined_by(cls: ast.ClassDef) -> set[str]:
     return names
 
 
+def _copies_of_self(function: ast.AST) -> set[str]:
+    """Locals made as instances of the method's own class (``object.__new__(type(self))``,
+    ``type(self)(...)``): a copy's private fields are the class's own."""
+    names: set[str] = set()
+    for node in ast.walk(function):
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        if value is None or not any(
+                isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                and call.func.id == "type" and [ast.unparse(a) for a in call.args] == ["self"]
+                for call in ast.walk(value)):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        names |= {target.id for target in targets if isinstance(target, ast.Name)}
+    return names
+
+
 def private_reaches(source: str) -> list[str]:
     """``line function: object._name`` for every private name used that is not the module's own."""
     tree = ast.parse(source)
@@ -67,12 +84,13 @@ def private_reaches(source: str) -> list[str]:
     for function in ast.walk(tree):
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
+        copies = _copies_of_self(function)
         for node in ast.walk(function):
             if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")
                     and not node.attr.startswith("__")):
                 continue
             base = node.value
-            if isinstance(base, ast.Name) and base.id in ({"self", "cls"} | modules):
+            if isinstance(base, ast.Name) and base.id in ({"self", "cls"} | modules | copies):
                 continue
             if node.attr in own or node.attr in PUBLIC:
                 continue

@@ -1,7 +1,11 @@
-"""Size limits of the package: no module over 500 lines of code, no class over 250.
+"""Size of the package's modules: over 500 lines of code, a module says why.
 
-Lines of code leave out blank lines, comment lines and docstrings. The limits keep
-every module readable in one sitting (see docs/architecture.md).
+Lines of code leave out blank lines, comment lines and docstrings. A module is
+read in one sitting up to about 500 lines; one that is longer says why in its
+opening paragraph, in a sentence starting "Over 500 lines of code:". A class may
+be as big as its concept (pyzmq's ``Socket`` is 462 lines of code): what must
+not happen is coupling, which tests/test_private_reaches.py and
+tests/test_layers.py check, not a size (see docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "feedmux"
 MAX_MODULE_LINES = 500
-MAX_CLASS_LINES = 250
+#: How a module over MAX_MODULE_LINES opens the sentence that says why.
+REASON = "Over 500 lines of code:"
 
 
 def _docstring_lines(tree: ast.AST) -> set[int]:
@@ -50,10 +55,10 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 
 
 @pytest.mark.parametrize("path", MODULES, ids=[str(p.relative_to(PACKAGE)) for p in MODULES])
-def test_module_and_class_sizes(path: Path) -> None:
+def test_a_module_over_500_lines_says_why(path: Path) -> None:
     source = path.read_text()
-    assert code_lines(source) <= MAX_MODULE_LINES, f"{path.name}: over {MAX_MODULE_LINES} lines"
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ClassDef):
-            lines = code_lines(source, node.lineno, node.end_lineno)
-            assert lines <= MAX_CLASS_LINES, f"class {node.name}: {lines} lines of code"
+    if code_lines(source) > MAX_MODULE_LINES:
+        opening = ast.get_docstring(ast.parse(source)) or ""
+        assert REASON in opening, (
+            f"{path.name}: {code_lines(source)} lines of code, expected at most "
+            f"{MAX_MODULE_LINES} or a sentence {REASON!r} in its opening paragraph")

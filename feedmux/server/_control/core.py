@@ -14,6 +14,12 @@ Phases: ``WAITING`` (for ``min_trainers``) → ``SAMPLING`` → ``DRAINING`` (af
 the last data message of a finite run) → ``LAST_WORD`` (the final message has
 gone out and is repeated to whoever speaks) → ``DONE``. A failure goes straight
 to ``LAST_WORD`` from any phase.
+
+Over 500 lines of code: the handshake, the registry, liveness and the end of
+stream are one state machine, each event reading and moving the same registry
+and phase; split into modules, each part would write the others' fields (what
+tests/test_private_reaches.py forbids). The parts with state of their own
+already live beside it (ranks, resume, rates, hand-outs).
 """
 
 from __future__ import annotations
