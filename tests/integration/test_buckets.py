@@ -203,7 +203,9 @@ def test_ranks_asking_for_different_bucket_settings_are_refused_clearly(
         r"builds batches of batch_size=4, drop_last=False(, bucket_by='tokens')? for its "
         r"trainers \(the first trainer asked for them\): expected the same from trainer \S+, "
         r"got batch_size=4, drop_last=False(, bucket_by='tokens')?", text)]
-    assert len(refused) == 1, said
+    # The refused rank hears why; the other rank's error says which rank was refused, and why.
+    assert len(refused) == 2, said
+    assert sum("was refused" in text for text in said) == 1, said
 
 
 def test_samples_without_the_length_field_fail_the_run_with_a_clear_error(
