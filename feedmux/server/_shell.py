@@ -225,9 +225,14 @@ class SocketShell:
         return not self._halted()
 
     def _drop_stray(self) -> None:
-        """Without reliable mode nothing is expected on the data socket: read and drop
-        what a stray peer sent there (see :meth:`Outbox.drop_stray`)."""
-        if self.reliable is None and readable(self.data):
+        """Read the data socket where the data path does not: the free trainers' credit and
+        acknowledgements (what is malformed there is dropped and counted), or, with no
+        free delivery, what a stray peer sent (see :meth:`Outbox.drop_stray`)."""
+        if not readable(self.data):
+            return
+        if self.reliable is not None:
+            self.reliable.serve()
+        else:
             self.outbox.drop_stray()
 
     def _redeal(self) -> None:

@@ -419,6 +419,7 @@ class ReliableLink:
             except ProtocolError as error:
                 peer_log.log(logging.WARNING, "malformed",
                              "malformed message on the reliable data socket: %s", error)
+                self.outbox.stray_dropped += 1  # read and dropped: counted as stray
                 continue
             identity = parts[0].bytes
             known = identity in self.credits.peers
