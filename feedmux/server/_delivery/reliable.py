@@ -475,7 +475,10 @@ class ReliableLink:
         end (``end()``): a trainer waiting for its end may be what the holders wait for
         (DataLoader workers are read in turn: worker 0 hands out its last messages only
         once worker 1, which got none, ends). Not at once: a holder that died is found
-        within a heartbeat interval, and its rest must still find the others reading.
+        within a heartbeat interval, and its rest must still find the others reading;
+        and not while a holder is silent (its acknowledging thread says it lives every
+        heartbeat interval): a trainer whose host is gone is found only when its silence
+        times out, and its rest must find the others still reading then.
         """
         credits = self.credits
         told: set[bytes] = set()
@@ -489,9 +492,13 @@ class ReliableLink:
                 progress[:] = [credits.unacknowledged, self.clock()]
             peers = list(credits.peers)
             held = [credits.count(identity) for identity in peers]
+            now = self.clock()
             if (end is None or owed() or credits.unacknowledged > sum(held)
-                    or self.clock() - progress[1] < IDLE_END):
+                    or now - progress[1] < IDLE_END):
                 return  # dealing again, a rank owed, or the holders still hand out
+            if any(count and now - self.heard.get(identity, now) >= IDLE_END
+                   for identity, count in zip(peers, held, strict=True)):
+                return  # a silent holder (a host gone): its rest goes to the idle once lost
             frames = [NO_ACK, *encode(end())]
             for identity, count in zip(peers, held, strict=True):
                 if not count and identity not in told:
