@@ -35,9 +35,9 @@ __all__ = ["EVENTS", "FOCUS", "FREE_LOADER", "FREE_SERVER", "Event", "Scenario",
 
 #: How a free trainer asks for exactly-once delivery, in the one place it is said: the
 #: free trainers, the DataLoader's workers and the free servers all take it from here.
-#: When acknowledged delivery is the default (no flags), these become empty.
-FREE_LOADER: dict[str, Any] = {"reliable": True}
-FREE_SERVER: tuple[str, ...] = ("--reliable",)
+#: Acknowledged delivery is the default: no flag is needed (the deprecated ones do nothing).
+FREE_LOADER: dict[str, Any] = {}
+FREE_SERVER: tuple[str, ...] = ()
 
 #: The sources (benchmarks.chaos): 8 streamers x 40 ids (epochs of 320), and the small
 #: one of the rank-restart report, 7 streamers x 13 ids with 3 active (epochs of 91).

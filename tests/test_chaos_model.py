@@ -64,10 +64,10 @@ def test_the_checkpoint_scenario_restarts_a_killed_rank_with_its_job() -> None:
 
 
 def test_free_delivery_flags_are_said_in_one_place() -> None:
-    # The trainers and the servers take them from the model: when acknowledged delivery
-    # is the default, emptying these two drops the flags everywhere.
-    assert FREE_LOADER == {"reliable": True} and FREE_SERVER == ("--reliable",)
-    assert "loader reliable=True, server --reliable" in draw(1, FOCUS["mix"], 1).describe()
+    # The trainers and the servers take them from the model: acknowledged delivery is the
+    # default, so none is passed (reliable= and --reliable are deprecated no-ops).
+    assert FREE_LOADER == {} and FREE_SERVER == ()
+    assert "loader defaults, server defaults" in draw(1, FOCUS["mix"], 1).describe()
 
 
 def test_the_sources_have_the_epochs_the_model_counts() -> None:
