@@ -143,6 +143,17 @@ def feedmux_source(kind: str, seed: int = 0, shared: bool = False) -> Any:
     return feedmux.Streamer(generator, seed)
 
 
+def small_mux(streamers: int = 8) -> Any:
+    """Small samples from ``streamers`` streamers under one ``StochasticMux``: a source
+    that a seeded server splits into shards (a plain streamer is one shard, so its seeded
+    run never switches random states)."""
+    import feedmux
+
+    return feedmux.StochasticMux([feedmux.Streamer(small_samples, index)
+                                  for index in range(streamers)],
+                                 n_active=streamers, rate=None, mode="with_replacement")
+
+
 # --------------------------------------------------------------------------
 # What each scenario compares.
 

@@ -81,6 +81,17 @@ def test_the_delivery_modes_benchmark_runs(capsys: pytest.CaptureFixture[str]) -
     assert "ratio to default (paired" in table
 
 
+@pytest.mark.timeout(120)
+def test_the_seeded_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import bench_seeded
+
+    assert bench_seeded.main(["--quick"]) == 0
+    table = capsys.readouterr().out
+    for mode in bench_seeded.MODES:
+        assert f"| {mode} | " in table
+    assert "Seeded / unseeded server CPU per sample (paired)" in table
+
+
 @pytest.mark.timeout(180)
 def test_the_scale_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     from benchmarks import bench_scale
