@@ -1,8 +1,8 @@
 """One cell of the delivery matrix: a real server, its trainers, one SIGKILLed and restarted.
 
 This module owns what a cell runs and what it reads back: the server's command
-line for a combination of modes (free or ranked, plain or reliable, consumer
-groups or none, sockets or shared memory, one or two sampling workers), the
+line for a combination of modes (free or ranked, one consumer group or two,
+sockets or shared memory, one or two sampling workers), the
 trainer processes (``tests.integration.trainers``), the kill-and-restart loop and
 the records the trainers leave. The kill happens at a condition (the doomed
 trainer SIGKILLs itself after a number of samples), the restart once it is dead,
@@ -38,8 +38,6 @@ WIDTH = 8192
 DIE_AFTER = 37
 #: The survivor waits here for the restarted trainer's first sample.
 HOLD_AFTER = 60
-#: Seconds a plain free server waits for the counts the dead trainer never gives.
-PLAIN_DRAIN_TIMEOUT = 5
 #: Seconds a trainer or the server may take to finish (a loaded machine is slow).
 FINISH_TIMEOUT = 90.0
 
@@ -52,7 +50,8 @@ class Cell:
     """One combination of delivery modes."""
 
     ranked: bool
-    reliable: bool
+    #: Two consumer groups (the killed trainer's and one nobody disturbs), else the one
+    #: group every server has: the loaders that name none.
     groups: bool
     shm: bool
     workers: int
@@ -60,8 +59,8 @@ class Cell:
     @property
     def name(self) -> str:
         return "-".join([
-            "ranked" if self.ranked else "free", "reliable" if self.reliable else "plain",
-            "groups" if self.groups else "nogroup", "shm" if self.shm else "sockets",
+            "ranked" if self.ranked else "free",
+            "twogroups" if self.groups else "onegroup", "shm" if self.shm else "sockets",
             f"workers{self.workers}",
         ])
 
@@ -71,16 +70,8 @@ class Cell:
                 "--arg", f"width={WIDTH}", "--epochs", str(EPOCHS), "--epoch-size", str(EPOCH),
                 "--samples-per-message", str(SAMPLES_PER_MESSAGE), "--hwm", str(HWM),
                 "--workers", str(self.workers), "--min-trainers", str(self.trainers_at_start)]
-        if self.reliable:
-            args.append("--reliable")
         if not self.shm:
             args.append("--no-shm")
-        if not (self.ranked or self.reliable or self.groups):
-            # What the dead trainer lost is never confirmed: the server ends the stream
-            # after this, instead of the 30 s default, once the others are done. Not with
-            # groups: their buffer lets the sampler finish early, and the same timeout
-            # bounds how long the buffered rest waits for the restarted trainer.
-            args += ["--drain-timeout", str(PLAIN_DRAIN_TIMEOUT)]
         return args
 
     @property
@@ -90,7 +81,7 @@ class Cell:
 
     def member(self, rank: int) -> list[str]:
         """Trainer flags of the survivor (rank 0) or the doomed / restarted one (rank 1)."""
-        flags = ["--reliable"] if self.reliable else []
+        flags: list[str] = []
         if self.ranked:
             flags += ["--rank", str(rank), "--world-size", "2"]
         elif self.groups:
@@ -101,12 +92,12 @@ class Cell:
 
     def other_group(self) -> list[str]:
         """Trainer flags of the other group's only trainer, which nobody disturbs."""
-        flags = ["--group", "undisturbed"] + (["--reliable"] if self.reliable else [])
-        return flags + (["--rank", "0", "--world-size", "1"] if self.ranked else [])
+        ranked = ["--rank", "0", "--world-size", "1"] if self.ranked else []
+        return ["--group", "undisturbed", *ranked]
 
 
 CELLS = [Cell(*values) for values in itertools.product(
-    (False, True), (False, True), (False, True), (False, True), (1, 2))]
+    (False, True), (False, True), (False, True), (1, 2))]
 
 
 class Trainers:

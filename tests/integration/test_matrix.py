@@ -1,14 +1,14 @@
 """Every combination of delivery modes, end to end, with a trainer SIGKILLed and restarted.
 
-{free, ranked} x {plain, reliable} x {no group, groups} x {sockets, shared memory}
-x {--workers 1, 2}: real server and trainer processes, 2 epochs, one trainer
+{free, ranked} x {one group, two groups} x {sockets, shared memory} x
+{--workers 1, 2}: real server and trainer processes, 2 epochs, one trainer
 killed mid-epoch 1 and started again. Each cell checks what its mode promises
-(docs/server.md, docs/ddp.md, docs/groups.md): reliable free trainers hand out
-every sample exactly once across the kill; a restarted rank continues right after
-its predecessor; plain free trainers lose at most what was queued for the dead
-one (``2 x hwm`` messages) and repeat nothing; with groups, each group on its own,
-and the group without the kill gets everything exactly once (groups on a server
-started with no group flag). A combination the server refuses today asserts
+(docs/server.md, docs/ddp.md, docs/groups.md): free trainers hand out every
+sample exactly once across the kill (the default: there is no at-most-once
+delivery left to choose); a restarted rank continues right after its
+predecessor; with two groups, each group on its own, and the group without the
+kill gets everything exactly once (groups on a server started with no group
+flag). A combination the server refuses today asserts
 today's refusal (``REFUSED_TODAY``) and one where shared memory is off today
 asserts that, and the reason the server logs (``NO_SHM_TODAY``): both fail, to be
 updated, the day the combination works. Run by ``make test-matrix`` and
@@ -29,8 +29,6 @@ from tests.integration.kill_restart import (
     DIE_AFTER,
     EPOCH,
     EPOCHS,
-    HWM,
-    SAMPLES_PER_MESSAGE,
     Cell,
     Outcome,
     Record,
@@ -47,12 +45,6 @@ REFUSED_TODAY: list[tuple[Callable[[Cell], bool], str]] = []
 #: Where the pool is off today although the server has one, with the start of the reason
 #: the server logs (feedmux.server.config.OFF).
 NO_SHM_TODAY: list[tuple[Callable[[Cell], bool], str]] = []
-
-#: What a dead plain free trainer may take with it: its queue and the server's queue for
-#: it (``hwm`` messages each), what the kernel's buffer of an ipc connection holds (about
-#: 200 KiB: one message here) and the rest of the message it was handing out. Over tcp
-#: the kernel's buffers hold megabytes more (docs/server.md): the cells run over ipc.
-PLAIN_LOSS_BOUND = (2 * HWM + 2) * SAMPLES_PER_MESSAGE
 
 EVERY_SAMPLE = Counter((epoch, sample_id) for epoch in range(1, EPOCHS + 1)
                        for sample_id in range(EPOCH))
@@ -81,28 +73,24 @@ def test_a_killed_and_restarted_trainer_keeps_the_modes_promise(
         check_ranks(records["survivor"], records["doomed"] + records["restarted"], world_size=2)
     else:
         killed_group = records["survivor"] + records["doomed"] + records["restarted"]
-        check_free(killed_group, exactly_once=cell.reliable)
+        check_free(killed_group)
     if cell.groups:
         undisturbed = records["undisturbed"]
         if cell.ranked:
             check_ranks(undisturbed, world_size=1)
         else:
-            check_free(undisturbed, exactly_once=True)
+            check_free(undisturbed)
     check_carrier(cell, outcome)
 
 
-def check_free(records: Record, exactly_once: bool) -> None:
-    """Free trainers: every sample once, or (plain) none twice and at most the bound lost."""
+def check_free(records: Record) -> None:
+    """Free trainers: every sample of every epoch handed out exactly once."""
     handed = Counter((row[0], row[1]) for row in records)
     repeated = sorted(key for key, count in handed.items() if count > 1)
     assert not repeated, f"samples handed out twice: {repeated[:10]}"
     assert not handed.keys() - EVERY_SAMPLE.keys(), "samples outside the stream"
     lost = sorted(EVERY_SAMPLE.keys() - handed.keys())
-    if exactly_once:
-        assert not lost, f"{len(lost)} sample(s) lost: {lost[:10]}"
-    else:
-        assert len(lost) <= PLAIN_LOSS_BOUND, (
-            f"{len(lost)} sample(s) lost, more than the queues hold ({PLAIN_LOSS_BOUND})")
+    assert not lost, f"{len(lost)} sample(s) lost: {lost[:10]}"
 
 
 def check_ranks(*ranks: Record, world_size: int) -> None:
