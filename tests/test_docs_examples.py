@@ -111,6 +111,8 @@ SKIPPED: dict[tuple[str, str], str] = {
     ("README.md", "docker compose up -d sampler"): "needs a container engine",
     ("README.md", "# published on other ports?"): "talks to the sampler container above",
     ("docs/containers.md", "scripts/container-test.sh"): "needs a container engine",
+    ("docs/containers.md", "docker compose up --build -d"): "needs a container engine "
+    "(scripts/container-test.sh builds and serves the template: make container-test)",
     ("docs/performance.md", "make bench"): "benchmark runs of minutes each; "
     "tests/test_benchmarks_smoke.py runs them with --quick",
     ("docs/chaos.md", "python -m benchmarks.chaos  "): "chaos runs of minutes each, with "
