@@ -139,6 +139,25 @@ def test_sweep_removes_segments_of_servers_that_are_gone(tmp_path: Path) -> None
     assert alive.exists() and not stale.exists()
 
 
+def test_sweep_leaves_alone_a_segment_made_in_another_pid_namespace(tmp_path: Path) -> None:
+    # A server in a container that shares /dev/shm but not the host's pids: its pid means
+    # nothing here, so its segment is not judged by it (before, every such server's start
+    # removed the live pools of the servers outside its namespace, and theirs its own).
+    import struct
+
+    from feedmux._plumbing.shmtable import MAGIC, pid_namespace
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    header = struct.pack("<8s16sQQQQ", MAGIC, b"t" * 16, 1, 1, 4096, pid_namespace() + 1)
+    elsewhere = tmp_path / f"feedmux-{int(dead.stdout)}-abc"
+    elsewhere.write_bytes(header)
+    here = tmp_path / f"feedmux-{int(dead.stdout)}-def"
+    here.write_bytes(header[:-8] + struct.pack("<Q", pid_namespace()))
+    assert sweep(str(tmp_path)) == [str(here)]
+    assert elsewhere.exists()
+
+
 def test_close_unlinks_and_a_missing_directory_falls_back(pool: ShmPool, tmp_path: Path) -> None:
     pool.close()
     assert not os.path.exists(pool.path)

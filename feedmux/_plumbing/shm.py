@@ -88,6 +88,7 @@ from feedmux._plumbing.shmtable import (
     idle,
     is_ref,
     pid_alive,
+    pid_namespace,
     reclaim_dead,
     release_run,
     unclaimed,
@@ -130,6 +131,9 @@ WORKER_PATIENCE = 1.0
 OWNER_CHECK = 0.25
 
 _HEADER = struct.Struct("<8s16sQQQ")  # magic, token, granules, granule size, data offset
+#: After the header: the creating server's PID namespace (0 in a segment of an older
+#: feedmux): a server judges only the segments of servers whose pids it sees.
+_NAMESPACE = struct.Struct("<Q")
 SEGMENT_PREFIX = "feedmux-"
 
 
@@ -160,9 +164,28 @@ def orphaned_segments(directory: str = SHM_DIR) -> list[str]:
     for name in names:
         prefixed = name.startswith(SEGMENT_PREFIX)
         pid_text = name[len(SEGMENT_PREFIX):].split("-", 1)[0] if prefixed else ""
-        if pid_text.isdigit() and not pid_alive(int(pid_text)):
+        if (pid_text.isdigit() and not pid_alive(int(pid_text))
+                and _creator_namespace(os.path.join(directory, name)) in (0, pid_namespace())):
             gone.append(name)
     return gone
+
+
+def _creator_namespace(path: str) -> int:
+    """The PID namespace of the server that made the segment at ``path`` (0: unknown).
+
+    A server in another PID namespace (a container that shares this ``/dev/shm``
+    but not the host's pids) has a pid this process cannot see: its segment is
+    alive for all this process knows, and is left alone.
+    """
+    try:
+        with open(path, "rb") as segment:
+            head = segment.read(_HEADER.size + _NAMESPACE.size)
+    except OSError:
+        return 0
+    if len(head) < _HEADER.size + _NAMESPACE.size or head[:8] != MAGIC:
+        return 0
+    namespace: int = _NAMESPACE.unpack_from(head, _HEADER.size)[0]
+    return namespace
 
 
 def sweep(directory: str = SHM_DIR) -> list[str]:
@@ -377,7 +400,7 @@ class ShmPool:
         try:
             os.ftruncate(fd, total)
             header = _HEADER.pack(MAGIC, token, granules, granule, offset)
-            os.pwrite(fd, header, 0)
+            os.pwrite(fd, header + _NAMESPACE.pack(pid_namespace()), 0)
             segment = Segment(fd, total)
         except (OSError, ValueError) as error:
             os.unlink(path)

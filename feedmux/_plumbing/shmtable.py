@@ -98,6 +98,18 @@ def is_ref(frame: Any) -> bool:
     return len(frame) == REF_SIZE and memoryview(frame)[:8] == MAGIC
 
 
+def pid_namespace() -> int:
+    """This process's PID namespace: the inode of ``/proc/self/ns/pid`` (0 if unreadable).
+
+    Two processes with the same figure see the same pids; the pool names its
+    trainers and its servers by pid, so only then may one judge the other's pid.
+    """
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

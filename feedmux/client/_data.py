@@ -20,6 +20,7 @@ from typing import Any
 
 import zmq
 
+from feedmux._plumbing.shmtable import pid_namespace
 from feedmux._plumbing.shmviews import ShmViews
 from feedmux._plumbing.sockets import keep_freed_memory, readable, send_message
 from feedmux.client._link import ServerLinks
@@ -126,7 +127,8 @@ class DataSockets:
             log.info("not using the shared memory of %s at %s: %s", self.addresses[link], path,
                      error)
             return
-        send_or_drop(control, ShmAttach(token=token, client_id=self.client_id))
+        send_or_drop(control, ShmAttach(token=token, client_id=self.client_id,
+                                        pid_namespace=pid_namespace()))
 
     def grant_credit(self, credits: int, link: int | None = None) -> None:
         """Grant ``credits`` messages of credit to the server of ``link`` (None: every one).

@@ -257,7 +257,8 @@ _CONTROL_SPECS = [
     ControlSpec(Kind.ACK, Ack, seqs=_INTS, client_id=STR, server_id=STR, rank=INT, epoch=INT,
                 position=INT, omit_default=("server_id", "rank", "epoch", "position")),
     ControlSpec(Kind.SHM_OFFER, ShmOffer, path=STR, server_id=STR),
-    ControlSpec(Kind.SHM_ATTACH, ShmAttach, token=STR, client_id=STR),
+    ControlSpec(Kind.SHM_ATTACH, ShmAttach, token=STR, client_id=STR, pid_namespace=INT,
+                omit_default=("pid_namespace",)),
     ControlSpec(Kind.SCALE, Scale, workers=INT, client_id=STR),
 ]
 CONTROL_BY_CLASS: dict[type, ControlSpec] = {spec.cls: spec for spec in _CONTROL_SPECS}

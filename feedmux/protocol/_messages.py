@@ -321,10 +321,18 @@ class ShmOffer:
 
 @dataclass(frozen=True)
 class ShmAttach:
-    """The trainer mapped the pool and read its ``token``: proof it shares the host."""
+    """The trainer mapped the pool and read its ``token``: proof it shares the host.
+
+    ``pid_namespace`` identifies the trainer's PID namespace (the inode of
+    ``/proc/self/ns/pid``; 0: unknown). The pool's claims name trainers by pid, so
+    a server that sees another PID namespace (a container with ``ipc: host`` but
+    not ``pid: host``) would take a living trainer for dead and write over the
+    arrays it reads: that server keeps the trainer on the sockets.
+    """
 
     token: str
     client_id: str = ""
+    pid_namespace: int = 0
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import pytest
 
 from feedmux import RemoteLoader, Server, fetch_stats
 from feedmux._plumbing.shm import SHM_DIR
-from tests.integration.conftest import wait_until
+from tests.integration.conftest import Spawned, wait_until
 
 MIB = 1 << 20
 
@@ -233,3 +233,44 @@ def test_the_ranks_of_a_job_on_this_host_get_views_and_equal_steps() -> None:
         assert server.join(30) == 0
     finally:
         server.stop()
+
+
+def _unshare_works() -> bool:
+    try:
+        return subprocess.run(["unshare", "--pid", "--fork", "--kill-child", "true"],
+                              capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="needs unshare --pid (root)")
+def test_a_server_in_another_pid_namespace_keeps_the_trainer_on_the_sockets() -> None:
+    # A container with ipc: host but its own pids: the trainer's pid in the pool's claims
+    # is one the server cannot see. Before, the server took the trainer for dead, took its
+    # runs back and wrote the next samples over the arrays the trainer still held (3 of
+    # 4 held arrays overwritten); now it keeps that trainer on the sockets.
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    process = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-m",
+         "feedmux", "serve", "tests.integration.samplers:large", "--arg", "count=200",
+         "--bind", "tcp://127.0.0.1:0", "--control", "tcp://127.0.0.1:0", "--epochs", "1",
+         "--samples-per-message", "1", "--shm-size", "8", "--hwm", "2"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    server = Spawned(process)
+    try:
+        data, control = server.endpoints().data, server.endpoints().control
+        held: list[tuple[int, np.ndarray]] = []
+        ids = []
+        with RemoteLoader(data, control=control, timeout=30) as loader:
+            for sample in loader:
+                ids.append(int(sample["id"]))
+                if len(held) < 4:
+                    held.append((int(sample["id"]), sample["x"]))
+        assert ids == list(range(200))
+        assert [(i, bool((x == i).all())) for i, x in held] == [(i, True) for i, _ in held]
+        assert not any(in_pool(x) for _, x in held)
+        server.wait_for_stderr(lambda text: "another PID namespace" in text, 10,
+                               "the server's word on the trainer's PID namespace")
+    finally:
+        server.kill()
+        process.wait(timeout=10)

@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from feedmux._plumbing.shmtable import pid_namespace
 from feedmux._plumbing.sockets import HEARTBEAT_INTERVAL
 from feedmux._ratelog import RateLimitedLog
 from feedmux.errors import ProtocolError, VersionMismatchError
@@ -851,10 +852,19 @@ def _shm_offer(core: ControlCore, identity: bytes) -> list[Send]:
 def _shm_attached(core: ControlCore, identity: bytes, message: ShmAttach) -> None:
     """A trainer says it mapped the pool: with the right token, it shares this host."""
     trainer = core.trainers.get(identity)
-    if trainer is not None and core.shm is not None and message.token == core.shm[1]:
-        trainer.shm = True
-        log.info("trainer %s shares this host: large arrays go through shared memory",
-                 trainer.client_id)
+    if trainer is None or core.shm is None or message.token != core.shm[1]:
+        return
+    if message.pid_namespace not in (0, own := pid_namespace()):
+        # The pool's claims name the trainer by a pid this process cannot see: it would
+        # take the trainer for dead and write over the arrays it holds.
+        log.warning("trainer %s maps the shared-memory pool from another PID namespace "
+                    "(%d, this server's %d: a container with ipc: host needs pid: host "
+                    "too, docs/containers.md); its samples go over the sockets",
+                    trainer.client_id, message.pid_namespace, own)
+        return
+    trainer.shm = True
+    log.info("trainer %s shares this host: large arrays go through shared memory",
+             trainer.client_id)
 
 
 def _restarts_job(core: ControlCore, message: Hello) -> bool:
