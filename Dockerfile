@@ -35,7 +35,7 @@ RUN pip install --no-deps . \
 WORKDIR /home/feedmux
 USER feedmux
 
-# Data (PUSH) and control (ROUTER) endpoints.
+# Data and control endpoints (both ROUTER sockets).
 EXPOSE 5555 5556
 
 ENTRYPOINT ["feedmux"]
