@@ -127,7 +127,8 @@ class SocketShell:
             free_targets: Callable[[], list[bytes] | None] = self.core.free_targets
         else:
             self.dealer = Dealer(self.outbox, self.core, carrier, self._dealing_halted,
-                                 functools.partial(ReliableFree, link), [NO_ACK],
+                                 functools.partial(ReliableFree, link,
+                                                   sharers=self.core.sharers), [NO_ACK],
                                  link.credits.takes)
             free_targets = _every_trainer
         #: The server's free trainers and its ranks (without consumer groups).

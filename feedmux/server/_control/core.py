@@ -138,6 +138,9 @@ class _Trainer:
     handed: tuple[int, ...] = ()
     #: The old server's last summary of every trainer's hand-outs that it read (its hello).
     handed_below: tuple[int, ...] = ()
+    #: How many free trainers share the stream, itself included, as its hello said (its
+    #: ``world_size``: each worker of a DataLoader says how many workers there are).
+    sharers: int = 1
     #: It mapped this server's shared-memory pool (proved by the pool's token).
     shm: bool = False
     #: The codecs of compressed frames it inflates (its hello; none: an older trainer).
@@ -421,7 +424,9 @@ class ControlCore:
         self.trainers[identity] = _Trainer(message.client_id, now, rank=message.rank, group=group,
                                            handed=self.handed.heard(message, self.config.reliable),
                                            handed_below=message.handed_below,
-                                           codecs=frozenset(message.codecs))
+                                           codecs=frozenset(message.codecs),
+                                           sharers=max(1, message.world_size)
+                                           if message.rank < 0 else 1)
         if not known:
             rank = f" as rank {message.rank} of {message.world_size}" if message.rank >= 0 else ""
             where = f" in group {group}" if self.tables.grouped else ""
@@ -459,6 +464,14 @@ class ControlCore:
         nobody holds it)."""
         holder = self.tables.of(group).holder(rank)
         return None if holder is None else holder[1].encode()
+
+    def sharers(self, client_id: str) -> int:
+        """How many free trainers share the stream with trainer ``client_id``, itself
+        included, as its hello said (1: it said nothing, or it is not connected)."""
+        for trainer in list(self.trainers.values()):
+            if trainer.client_id == client_id:
+                return trainer.sharers
+        return 1
 
     def free_targets(self) -> list[bytes]:
         """Data-socket identities of the free trainers, starting with the next in turn."""
