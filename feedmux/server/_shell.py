@@ -102,6 +102,7 @@ class SocketShell:
         if (reliable := self.reliable) is not None:  # the free trainers' acknowledgements
             self.core.handout_ledgers = lambda: [*self.core.tables.ranked_ledgers(),
                                                  *list(reliable.credits.ledgers.values())]
+            self.core.granted = reliable.credits.granting  # dealt by credit: who has any
         #: The same-host shared-memory pool free trainers on this host read large arrays from.
         self.pool = shm(config)  # opened before the workers forked, if there are workers
         if self.pool is not None:
@@ -332,7 +333,8 @@ class SocketShell:
 
     # -- the run's stages -------------------------------------------------------------------
     def wait_for_trainers(self) -> bool:
-        """Hold sampling until ``min_trainers`` trainers said hello; False if stopped meanwhile.
+        """Hold sampling until ``min_trainers`` trainers said hello (and, dealt by credit,
+        granted some); False if stopped meanwhile.
 
         Free trainers are dealt whatever a connected one has room for, so without
         this the first trainer of a short run could take the whole stream before the

@@ -319,6 +319,9 @@ class ControlCore:
         #: The ledgers of what the trainers were sent and did not hand out yet, where the
         #: server learns hand-outs (the ranks'; the shell adds the reliable free trainers').
         self.handout_ledgers: Callable[[], list[Ledger]] = lambda: self.tables.ranked_ledgers()
+        #: The client ids of the trainers that granted credit, where the data path deals by
+        #: credit (the shell sets it on a reliable server; None: every trainer is dealt to).
+        self.granted: Callable[[], Collection[str] | None] = lambda: None
         self.handouts = HandOuts()
         #: The latest refused ranks (rank, client id, why): the job's other ranks hear why.
         self.refusals: deque[tuple[int, str, str]] = deque(maxlen=MAX_REFUSALS)
@@ -780,6 +783,16 @@ class ControlCore:
     def connected_trainers(self, now: float) -> int:
         return sum(1 for t in list(self.trainers.values()) if now - t.last_seen <= TRAINER_TIMEOUT)
 
+    def dealt_trainers(self, now: float) -> int:
+        """Connected trainers the data path can deal to now: those that granted credit, on
+        a server that deals by credit. A trainer welcomed whose grant is still on its way
+        gets nothing of the first messages: a short epoch would all go to the others, and
+        a DataLoader's worker would start its first pass in the second epoch."""
+        granted = self.granted()
+        return sum(1 for t in list(self.trainers.values())
+                   if now - t.last_seen <= TRAINER_TIMEOUT
+                   and (granted is None or t.client_id in granted))
+
     def stats(self, now: float) -> dict[str, Stat]:
         return core_stats(self, now, TRAINER_TIMEOUT)
 
@@ -792,7 +805,7 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
     # does not count.
     config = core.config
     wait = core.wait
-    if wait.ready(core.ranks, core.connected_trainers(now), config.min_trainers, now):
+    if wait.ready(core.ranks, core.dealt_trainers(now), config.min_trainers, now):
         start, problem = agreed_start(core.ranks.resumes, core.ranks.world_size or 0)
         if not (core.ranks.ranked or core.tables.grouped) and core.config.reliable:
             free = [t for t in core.trainers.values() if t.rank < 0]

@@ -170,6 +170,10 @@ class Credits:
             ledger = self.ledgers[audience] = Ledger(Recovery.REDEAL)
         return ledger
 
+    def granting(self) -> set[str]:
+        """The client ids of the trainers that granted credit (and are not lost)."""
+        return {peer.client_id for peer in list(self.peers.values())}
+
     def count(self, identity: bytes) -> int:
         """Messages ``identity`` holds unacknowledged."""
         return sum(ledger.count(identity) for ledger in list(self.ledgers.values()))
