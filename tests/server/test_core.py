@@ -129,11 +129,12 @@ def test_dealt_by_credit_min_trainers_waits_for_their_grants_too() -> None:
     core.begin()
     core.receive(A, hello("one"), now=0.0)
     core.receive(B, hello("two"), now=0.0)
+    assert kinds(core.tick(now=0.1)) == [(A, Welcome), (B, Welcome)]
     granted.add("one")
-    core.tick(now=0.1)
+    core.tick(now=0.2)  # both welcomed and connected: two's grant is on its way
     assert core.phase is Phase.WAITING
     granted.add("two")
-    core.tick(now=0.2)
+    core.tick(now=0.3)
     assert core.phase is Phase.SAMPLING
 
 
