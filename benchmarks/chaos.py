@@ -253,8 +253,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="write each run's logs into DIR/FOCUS-SEED (new folders) and "
                              "keep them")
     parser.add_argument("--without-dataloader", action="store_true",
-                        help="leave the torch DataLoader out of every scenario (its break, "
-                             "epochs lost by non-persistent workers, is open: docs/chaos.md)")
+                        help="leave the torch DataLoader out of every scenario")
     parser.add_argument("--list", action="store_true", help="list the scenarios and events")
     return parser
 

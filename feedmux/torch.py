@@ -126,10 +126,11 @@ class RemoteDataset(IterableDataset[Any]):
     ``DataLoader(dataset, batch_size=None, num_workers=N,
     persistent_workers=True)`` (the server makes the batches, or none): with
     persistent workers each worker is one trainer for the whole run; workers
-    made again for every pass would leave what their predecessors had
-    received behind. With ``pin_memory=True`` the DataLoader pins the tensors
-    where CUDA is there; a CPU-only torch warns once and leaves them in pageable
-    memory. See docs/torch.md.
+    made again for every pass (torch's default) give back what they had
+    received and not handed out, for the next pass's workers. With
+    ``pin_memory=True`` the DataLoader pins the tensors where CUDA is there; a
+    CPU-only torch warns once and leaves them in pageable memory. See
+    docs/torch.md.
     """
 
     def __init__(self, address: str | Sequence[str], *, rank: int | None = None,

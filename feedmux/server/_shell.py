@@ -102,6 +102,7 @@ class SocketShell:
         if (reliable := self.reliable) is not None:  # the free trainers' acknowledgements
             self.core.handout_ledgers = lambda: [*self.core.tables.ranked_ledgers(),
                                                  *list(reliable.credits.ledgers.values())]
+            self.core.granted = reliable.credits.granting  # dealt by credit: who has any
         #: The same-host shared-memory pool free trainers on this host read large arrays from.
         self.pool = shm(config)  # opened before the workers forked, if there are workers
         if self.pool is not None:
@@ -127,7 +128,8 @@ class SocketShell:
             free_targets: Callable[[], list[bytes] | None] = self.core.free_targets
         else:
             self.dealer = Dealer(self.outbox, self.core, carrier, self._dealing_halted,
-                                 functools.partial(ReliableFree, link), [NO_ACK],
+                                 functools.partial(ReliableFree, link,
+                                                   sharers=self.core.sharers), [NO_ACK],
                                  link.credits.takes)
             free_targets = _every_trainer
         #: The server's free trainers and its ranks (without consumer groups).
@@ -331,7 +333,8 @@ class SocketShell:
 
     # -- the run's stages -------------------------------------------------------------------
     def wait_for_trainers(self) -> bool:
-        """Hold sampling until ``min_trainers`` trainers said hello; False if stopped meanwhile.
+        """Hold sampling until ``min_trainers`` trainers said hello (and, dealt by credit,
+        granted some); False if stopped meanwhile.
 
         Free trainers are dealt whatever a connected one has room for, so without
         this the first trainer of a short run could take the whole stream before the

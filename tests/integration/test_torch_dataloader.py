@@ -59,12 +59,6 @@ def test_free_dataloader_passes_are_exact_epochs(serve: Any, workers: int) -> No
     assert "unconfirmed" not in server.stderr
 
 
-@pytest.mark.xfail(reason=(
-    "open: a pass's leftovers (what its workers received of the next epoch) are dealt again "
-    "at once to whichever new worker connects first, within its credit; the in-order "
-    "DataLoader then waits on the other worker, which gets nothing until the stream ends, "
-    "which waits for the first worker's acknowledgements: a stall until the timeout"),
-    strict=False)
 @pytest.mark.parametrize("epochs", [2, 3])
 def test_default_workers_made_again_each_pass_get_every_epoch_exactly_once(
     serve: Any, epochs: int
@@ -74,7 +68,9 @@ def test_default_workers_made_again_each_pass_get_every_epoch_exactly_once(
     # queued: they took the next epoch into their queues and exited. It came to nobody
     # (plain delivery: pass 2 was empty and the server never ended); now what a worker
     # received and did not hand out goes back (its goodbye at the worker's exit) for the
-    # next pass's workers.
+    # next pass's workers, in the order of the samples and shared among them: all of it went
+    # to whichever connected first, and the in-order DataLoader waited on the other worker,
+    # which had none of the epoch (with 3 epochs the stream is sent whole in the first pass).
     server = serve(f"{SAMPLER}:numbered", "--arg", "streams=3", "--arg", "per_stream=20",
                    "--epochs", str(epochs), "--min-trainers", "2")
     dataset = RemoteDataset(server.data, control=server.control, timeout=30)

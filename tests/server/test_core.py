@@ -120,6 +120,24 @@ def test_min_trainers_waits_for_hellos_and_forgets_one_that_left() -> None:
     assert core.phase is Phase.SAMPLING
 
 
+def test_dealt_by_credit_min_trainers_waits_for_their_grants_too() -> None:
+    # A welcomed trainer whose grant was still on its way got none of the first messages:
+    # a short epoch all went to the other, and a DataLoader worker began in the second.
+    core = make_core(min_trainers=2)
+    granted: set[str] = set()
+    core.granted = lambda: granted
+    core.begin()
+    core.receive(A, hello("one"), now=0.0)
+    core.receive(B, hello("two"), now=0.0)
+    assert kinds(core.tick(now=0.1)) == [(A, Welcome), (B, Welcome)]
+    granted.add("one")
+    core.tick(now=0.2)  # both welcomed and connected: two's grant is on its way
+    assert core.phase is Phase.WAITING
+    granted.add("two")
+    core.tick(now=0.3)
+    assert core.phase is Phase.SAMPLING
+
+
 def test_without_min_trainers_sampling_starts_at_the_first_hello() -> None:
     # The first hello tells whether the trainers are free or the ranks of one job.
     core = make_core()

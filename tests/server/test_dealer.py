@@ -31,6 +31,7 @@ from feedmux.server._delivery.dealer import Dealer, FreeAudience, PlainFree, Ran
 from feedmux.server._delivery.ledger import Ledger, Recovery
 from feedmux.server._delivery.outbox import FULL, GONE, SENT, Sent, Wait
 from feedmux.server._delivery.reliable import NO_ACK, ReliableFree, ReliableLink
+from feedmux.server._delivery.shares import SHARE_WAIT
 from feedmux.server.config import ServerConfig
 
 
@@ -180,6 +181,82 @@ def test_a_lost_member_s_rest_waits_for_another_member_of_its_group() -> None:
     group_a.members = lambda: [b"a2"]
     assert dealer.redeal(group_a) and [positions(p[1:]) for p in outbox.to(b"z2")] == [[0]]
     assert not outbox.to(b"z3")
+
+
+def epoch_message(epoch: int, first: int) -> list[Any]:
+    tags = np.array([[epoch, position] for position in range(first, first + 10)])
+    return list(encode(Data(tags, [f"{epoch}.{position}" for position, in tags[:, 1:]])))
+
+
+def epochs_to(outbox: FakeOutbox, target: bytes) -> list[tuple[int, int]]:
+    """(epoch, first position) of each data message ``target`` was sent, in order."""
+    return [(int(tags[0, 0]), int(tags[0, 1]))
+            for tags in (read_tags(parts[1:]) for parts in outbox.to(target))]
+
+
+def dataloader_pass_ended(sharers: int) -> tuple[FakeOutbox, ControlCore, Dealer, ReliableLink,
+                                                 FreeAudience, list[float]]:
+    """A reliable dealer whose free trainers say ``sharers`` share the stream (a DataLoader's
+    workers), after a pass's two workers left holding epoch 2 and 3 (three messages each,
+    positions 0, 10, 20): what is left to deal again. The link's clock is the list's item."""
+    outbox, core, clock = FakeOutbox(), _core(reliable=True), [0.0]
+    link = ReliableLink(NoSocket(), outbox, "s", clock=lambda: clock[0])  # type: ignore[arg-type]
+    carrier = Carrier(None, core, 8, outbox, lambda: False)  # type: ignore[arg-type]
+    dealer = Dealer(outbox, core, carrier, lambda: False,  # type: ignore[arg-type]
+                    lambda name: ReliableFree(link, name, sharers=core.sharers), [NO_ACK],
+                    link.credits.takes)
+    audience = dealer.free_audience("", lambda: None)
+    for worker in ("old0", "old1"):
+        core.receive(b"c-" + worker.encode(), Hello(worker, world_size=sharers), now=0.0)
+        link.credits.take(worker.encode(), Credit(client_id=worker, credits=8))
+    for epoch in (2, 3):
+        for first in (0, 10, 20):
+            assert dealer.send(epoch_message(epoch, first), audience)[0]
+    for worker in (b"old0", b"old1"):  # they leave one after the other (their goodbyes)
+        core.peer_gone(b"c-" + worker)
+        link.lose(worker, goodbye=True)
+        dealer.redeal(audience)
+    outbox.sent.clear()
+    return outbox, core, dealer, link, audience, clock
+
+
+def join(core: ControlCore, link: ReliableLink, worker: str, sharers: int) -> None:
+    core.receive(b"c-" + worker.encode(), Hello(worker, world_size=sharers), now=0.0)
+    link.credits.take(worker.encode(), Credit(client_id=worker, credits=8))
+
+
+def test_a_pass_s_leftovers_are_shared_by_the_next_pass_s_workers_in_epoch_order() -> None:
+    # torch's non-persistent workers: the next pass's first worker to grant credit got
+    # all of it, the second none of epoch 2, and the in-order DataLoader waited on it.
+    outbox, core, dealer, link, audience, _ = dataloader_pass_ended(sharers=2)
+    join(core, link, "new0", 2)
+    assert not dealer.redeal(audience)  # one of epoch 2 is kept for the other worker
+    assert epochs_to(outbox, b"new0") == [(2, 0), (2, 10)]
+    join(core, link, "new1", 2)
+    assert dealer.redeal(audience)
+    got = {worker: epochs_to(outbox, worker) for worker in (b"new0", b"new1")}
+    assert got[b"new1"][0] == (2, 20)  # each worker's first message is of epoch 2
+    for messages in got.values():  # and no worker gets an epoch after a later one
+        assert messages == sorted(messages) and any(epoch == 3 for epoch, _ in messages)
+    assert sorted(got[b"new0"] + got[b"new1"]) == [(e, p) for e in (2, 3) for p in (0, 10, 20)]
+
+
+def test_leftovers_kept_for_a_sharer_that_never_comes_go_to_the_others_after_a_while() -> None:
+    outbox, core, dealer, link, audience, clock = dataloader_pass_ended(sharers=2)
+    join(core, link, "new0", 2)
+    assert not dealer.redeal(audience)
+    clock[0] = SHARE_WAIT - 0.1
+    assert not dealer.redeal(audience) and len(outbox.to(b"new0")) == 2
+    clock[0] = SHARE_WAIT
+    assert dealer.redeal(audience) and len(outbox.to(b"new0")) == 6
+    assert epochs_to(outbox, b"new0") == sorted(epochs_to(outbox, b"new0"))
+
+
+def test_a_trainer_that_shares_with_nobody_takes_the_leftovers_at_once() -> None:
+    outbox, core, dealer, link, audience, _ = dataloader_pass_ended(sharers=1)
+    join(core, link, "alone", 1)
+    assert dealer.redeal(audience)
+    assert epochs_to(outbox, b"alone") == [(e, p) for e in (2, 3) for p in (0, 10, 20)]
 
 
 def test_a_rank_s_message_goes_to_its_holder_and_a_successor_gets_the_rest_first() -> None:

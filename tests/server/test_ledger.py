@@ -87,6 +87,24 @@ def test_a_lost_trainer_s_rest_is_re_dealt_first_cut_after_its_mark() -> None:
     assert [positions(e.frames) for e in ledger.redeal] == [[1, 2], [3]]
 
 
+def test_the_re_deal_queue_keeps_the_order_of_the_samples_across_losses() -> None:
+    # Two workers of a pass leave one after the other, each holding some of epochs 2 and 3
+    # (the first one's rest went to the second before it left too): an epoch's messages
+    # come before a later epoch's, or a next worker's iter_epoch() ends before the rest.
+    ledger = Ledger(Recovery.REDEAL)
+    ledger.record(b"a", b"a", message(2, 20), seq=1)
+    ledger.record(b"a", b"a", message(3, 0), seq=2)
+    ledger.record(b"b", b"b", message(2, 0), seq=3)
+    ledger.record(b"b", b"b", message(3, 30), seq=4)
+    assert ledger.lose(b"a") == 2
+    for entry in list(ledger.redeal):  # dealt to b (new sequence numbers): b's lane
+        ledger.resent(b"b", entry, b"b", seq=ledger.next_seq)
+    ledger.redeal.clear()
+    assert ledger.lose(b"b") == 4
+    assert [entry.tags[0].tolist() for entry in ledger.redeal] == [
+        [2, 0], [2, 20], [3, 0], [3, 30]]
+
+
 # -- sequences -------------------------------------------------------------------------------
 
 @dataclass

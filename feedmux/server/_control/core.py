@@ -139,6 +139,9 @@ class _Trainer:
     handed: tuple[int, ...] = ()
     #: The old server's last summary of every trainer's hand-outs that it read (its hello).
     handed_below: tuple[int, ...] = ()
+    #: How many free trainers share the stream, itself included, as its hello said (its
+    #: ``world_size``: each worker of a DataLoader says how many workers there are).
+    sharers: int = 1
     #: It mapped this server's shared-memory pool (proved by the pool's token).
     shm: bool = False
     #: The codecs of compressed frames it inflates (its hello; none: an older trainer).
@@ -317,6 +320,9 @@ class ControlCore:
         #: The ledgers of what the trainers were sent and did not hand out yet, where the
         #: server learns hand-outs (the ranks'; the shell adds the reliable free trainers').
         self.handout_ledgers: Callable[[], list[Ledger]] = lambda: self.tables.ranked_ledgers()
+        #: The client ids of the trainers that granted credit, where the data path deals by
+        #: credit (the shell sets it on a reliable server; None: every trainer is dealt to).
+        self.granted: Callable[[], Collection[str] | None] = lambda: None
         self.handouts = HandOuts()
         #: The latest refused ranks (rank, client id, why): the job's other ranks hear why.
         self.refusals: deque[tuple[int, str, str]] = deque(maxlen=MAX_REFUSALS)
@@ -422,7 +428,9 @@ class ControlCore:
         self.trainers[identity] = _Trainer(message.client_id, now, rank=message.rank, group=group,
                                            handed=self.handed.heard(message, self.config.reliable),
                                            handed_below=message.handed_below,
-                                           codecs=frozenset(message.codecs))
+                                           codecs=frozenset(message.codecs),
+                                           sharers=max(1, message.world_size)
+                                           if message.rank < 0 else 1)
         if not known:
             rank = f" as rank {message.rank} of {message.world_size}" if message.rank >= 0 else ""
             where = f" in group {group}" if self.tables.grouped else ""
@@ -460,6 +468,14 @@ class ControlCore:
         nobody holds it)."""
         holder = self.tables.of(group).holder(rank)
         return None if holder is None else holder[1].encode()
+
+    def sharers(self, client_id: str) -> int:
+        """How many free trainers share the stream with trainer ``client_id``, itself
+        included, as its hello said (1: it said nothing, or it is not connected)."""
+        for trainer in list(self.trainers.values()):
+            if trainer.client_id == client_id:
+                return trainer.sharers
+        return 1
 
     def free_targets(self) -> list[bytes]:
         """Data-socket identities of the free trainers, starting with the next in turn."""
@@ -768,6 +784,16 @@ class ControlCore:
     def connected_trainers(self, now: float) -> int:
         return sum(1 for t in list(self.trainers.values()) if now - t.last_seen <= TRAINER_TIMEOUT)
 
+    def dealt_trainers(self, now: float) -> int:
+        """Connected trainers the data path can deal to now: those that granted credit, on
+        a server that deals by credit. A trainer welcomed whose grant is still on its way
+        gets nothing of the first messages: a short epoch would all go to the others, and
+        a DataLoader's worker would start its first pass in the second epoch."""
+        granted = self.granted()
+        return sum(1 for t in list(self.trainers.values())
+                   if now - t.last_seen <= TRAINER_TIMEOUT
+                   and (granted is None or t.client_id in granted))
+
     def stats(self, now: float) -> dict[str, Stat]:
         return core_stats(self, now, TRAINER_TIMEOUT)
 
@@ -780,7 +806,7 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
     # does not count.
     config = core.config
     wait = core.wait
-    if wait.ready(core.ranks, core.connected_trainers(now), config.min_trainers, now):
+    if wait.ready(core.ranks, core.dealt_trainers(now), config.min_trainers, now):
         start, problem = agreed_start(core.ranks.resumes, core.ranks.world_size or 0)
         if not (core.ranks.ranked or core.tables.grouped) and core.config.reliable:
             free = [t for t in core.trainers.values() if t.rank < 0]

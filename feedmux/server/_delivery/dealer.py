@@ -47,9 +47,11 @@ class FreePolicy(Protocol):
     def turn(self) -> None:
         """Before each attempt: take in what the trainers said (credit, acknowledgements)."""
 
-    def candidates(self, members: list[bytes] | None) -> list[tuple[bytes, bytes]]:
+    def candidates(self, members: list[bytes] | None,
+                   resent: Entry | None = None) -> list[tuple[bytes, bytes]]:
         """``(data identity, client id)`` of the trainers that may take a message now,
-        in the order to try them, among ``members`` (client ids; None: every trainer)."""
+        in the order to try them, among ``members`` (client ids; None: every trainer);
+        ``resent``: the message is a lost trainer's, dealt again."""
 
     def envelope(self) -> list[bytes]:
         """What goes before the message on the wire."""
@@ -83,7 +85,8 @@ class PlainFree:
     def turn(self) -> None:
         pass
 
-    def candidates(self, members: list[bytes] | None) -> list[tuple[bytes, bytes]]:
+    def candidates(self, members: list[bytes] | None,
+                   resent: Entry | None = None) -> list[tuple[bytes, bytes]]:
         return [(member, member) for member in members or ()]
 
     def envelope(self) -> list[bytes]:
@@ -228,7 +231,7 @@ class Dealer:
         """Offer a message to each of the audience's trainers in turn. Returns None if one
         took it, else whether a trainer was skipped for the pool's cap."""
         policy, capped = audience.policy, False
-        for identity, trainer in policy.candidates(audience.members()):
+        for identity, trainer in policy.candidates(audience.members(), resent):
             # The pool knows a trainer by its client id, the socket by its identity.
             wire = self.carrier.wire(trainer, frames, placed)
             if wire is None:

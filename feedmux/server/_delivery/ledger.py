@@ -11,8 +11,9 @@ trainer is gone is the ledger's :class:`Recovery` policy:
 
 - :data:`Recovery.NONE` (plain free trainers): nothing is kept;
 - :data:`Recovery.REDEAL` (reliable free trainers): the lost trainer's
-  messages, each cut right after its mark, go to the front of a re-deal queue
-  for the other trainers (:meth:`Ledger.lose`, :attr:`Ledger.redeal`);
+  messages, each cut right after its mark, go to a re-deal queue for the
+  other trainers (:meth:`Ledger.lose`, :attr:`Ledger.redeal`), dealt before
+  anything new and kept in the order of the samples, oldest epoch first;
 - :data:`Recovery.REPLAY` (ranks): they stay in the rank's lane; the rank's
   next holder gets them first, cut after the rank's mark (:meth:`Ledger.take_over`).
 
@@ -134,7 +135,8 @@ class Ledger:
         self._lanes: dict[Hashable, dict[int, Entry]] = {}
         #: Each lane's latest mark (a rank's: its successor starts after it).
         self._marks: dict[Hashable, tuple[int, int]] = {}
-        #: A lost trainer's rest, waiting to be dealt to the others (REDEAL).
+        #: Lost trainers' rest, waiting to be dealt to the others (REDEAL), in the order
+        #: of their first samples: (epoch, position).
         self.redeal: deque[Entry] = deque()
         self.next_seq = 1
         #: Messages a successor or another trainer was sent again.
@@ -213,7 +215,14 @@ class Ledger:
     # -- recovery ---------------------------------------------------------------------------
     def lose(self, target: bytes) -> int:
         """``target`` is gone: its messages go where the policy says. Returns how many
-        it held (kept for a successor, or queued for the others)."""
+        it held (kept for a successor, or queued for the others).
+
+        The re-deal queue stays in the order of the samples, not of the losses: the
+        trainers of a pass that end together (a DataLoader's workers, each holding some
+        of the next epoch) return their messages one after the other, and a trainer is
+        to get an epoch's messages before a later epoch's (its ``iter_epoch()`` ends at
+        the first sample of a later epoch: what of the earlier one came after it would
+        wait for another pass)."""
         if self.recovery is not Recovery.REDEAL:
             return sum(1 for entry in self.entries() if entry.target == target)
         entries = self._lanes.pop(target, {})
@@ -225,11 +234,13 @@ class Ledger:
             cut = entry.rest(entry.mark)  # exactly once: only what it had not handed out
             if cut is not None:
                 rest.append(cut)
-        self.redeal.extendleft(reversed(rest))
+        queue = sorted([*rest, *self.redeal], key=_first_sample)
+        self.redeal.clear()
+        self.redeal.extend(queue)
         return len(rest)
 
     def next_redeal(self) -> Entry | None:
-        """The first of a lost trainer's messages waiting for another trainer, taken."""
+        """The first of the lost trainers' messages waiting for another trainer, taken."""
         if not self.redeal:
             return None
         return self.redeal.popleft()
@@ -286,6 +297,15 @@ class Ledger:
     def count(self, lane: Hashable) -> int:
         """Messages kept in ``lane``."""
         return len(self._lanes.get(lane, ()))
+
+    def holding(self, epoch: int) -> set[Hashable]:
+        """The lanes that keep a message of ``epoch``."""
+        return {lane for lane, entries in list(self._lanes.items())
+                if any(entry.epoch == epoch for entry in list(entries.values()))}
+
+    def queued(self, epoch: int) -> int:
+        """Messages of ``epoch`` in the re-deal queue."""
+        return sum(1 for entry in list(self.redeal) if entry.epoch == epoch)
 
     def outstanding(self) -> list[tuple[int, int, int]]:
         """``(epoch, start, end)`` runs of the positions sent and not handed out: the
@@ -348,6 +368,11 @@ def handed_below(newest: tuple[int, int] | None,
             break
         runs = merged
     return (*newest, *(value for run in runs for value in run))
+
+
+def _first_sample(entry: Entry) -> tuple[int, int]:
+    """``(epoch, position)`` of the first sample of ``entry``."""
+    return int(entry.tags[0, 0]), int(entry.tags[0, 1])
 
 
 def _size(frames: list[Any]) -> int:

@@ -6,9 +6,10 @@ data message once it has handed out all of its samples; the server sends a
 message only to a trainer with credit left and keeps it until it is
 acknowledged. When a trainer goes away (its connection closed, seen by a send
 that fails under ``ROUTER_MANDATORY``, or silent for :data:`SILENCE_GRACE`: a
-frozen trainer, a host gone), its unacknowledged messages go back to the front
-of its audience's re-deal queue, for the audience's other trainers (the
-server's free trainers, or the other members of its consumer group). So
+frozen trainer, a host gone), its unacknowledged messages go to its
+audience's re-deal queue, dealt before anything new to the audience's other
+trainers (the server's free trainers, or the other members of its consumer
+group), each epoch of it shared among them (:mod:`.shares`). So
 nothing is lost and every sample of an epoch reaches a live trainer (of each
 group). A trainer also acknowledges, every few ms from a thread over the
 control socket, how far it handed out the message it is in
@@ -80,6 +81,7 @@ from feedmux.protocol import (
 from feedmux.server._control.meters import ControlMeter
 from feedmux.server._delivery.ledger import Entry, Ledger, Recovery, handed_below
 from feedmux.server._delivery.outbox import GONE, Outbox, Wait
+from feedmux.server._delivery.shares import RedealShares
 
 __all__ = ["IDLE_END", "MAX_CREDIT", "MAX_UNACKED_BYTES", "NO_ACK", "SILENCE_GRACE",
            "SUMMARY_BACKLOG",
@@ -167,6 +169,10 @@ class Credits:
         if ledger is None:
             ledger = self.ledgers[audience] = Ledger(Recovery.REDEAL)
         return ledger
+
+    def granting(self) -> set[str]:
+        """The client ids of the trainers that granted credit (and are not lost)."""
+        return {peer.client_id for peer in list(self.peers.values())}
 
     def count(self, identity: bytes) -> int:
         """Messages ``identity`` holds unacknowledged."""
@@ -314,21 +320,29 @@ class ReliableFree:
     """The reliable recovery policy of one free audience (``audience``: "" or a group's
     name), for the dealer: trainers with credit, the most first; a sequence number in
     every envelope; each message kept in the audience's ledger until acknowledged, a
-    lost trainer's rest dealt again to the audience's others first."""
+    lost trainer's rest dealt again to the audience's others first, each epoch of it
+    shared with the trainers that hold none of it (:class:`RedealShares`; ``sharers``:
+    how many trainers a client id said share the stream)."""
 
     keeps = True
 
-    def __init__(self, link: ReliableLink, audience: str) -> None:
+    def __init__(self, link: ReliableLink, audience: str,
+                 sharers: Callable[[str], int] = lambda client_id: 1) -> None:
         self.link = link
         self.credits = link.credits
         self.audience = audience
         self.ledger = link.credits.ledger_of(audience)
+        self.shares = RedealShares(self.ledger, sharers)
 
     def turn(self) -> None:
         self.link.turn()
 
-    def candidates(self, members: list[bytes] | None) -> list[tuple[bytes, bytes]]:
-        return self.credits.candidates(None if members is None else set(members))
+    def candidates(self, members: list[bytes] | None,
+                   resent: Entry | None = None) -> list[tuple[bytes, bytes]]:
+        found = self.credits.candidates(None if members is None else set(members))
+        if resent is None:
+            return found
+        return self.shares.takers(found, resent, self.link.clock())
 
     def envelope(self) -> list[bytes]:
         return [pack_envelope(self.credits.next_seq)]
