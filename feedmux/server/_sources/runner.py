@@ -81,13 +81,19 @@ class ShardRunner:
         """Whether its next draw starts a merge block (a turn may pass on here)."""
         return self.count % self.block == 0
 
-    def step(self, send: Callable[[Frames], bool], meter: SamplerMeter) -> bool:
-        """Draw and send its next message (or its end of epoch); False when ``send`` is."""
+    def step(self, send: Callable[[Frames], bool], meter: SamplerMeter,
+             batch_size: int = 0) -> bool:
+        """Draw and send its next message (or its end of epoch); False when ``send`` is.
+
+        ``batch_size``: the server cuts the messages into batches of that size, so a
+        message is filled up to the merge block (a batch's time to sample, not
+        ``max_delay``, bounds it: see the pacer).
+        """
         clock = time.perf_counter
         started = clock()
         self.random.enter()
         config = self._config
-        limit = min(self._pacer.limit(), self.block - self.count % self.block)
+        limit = min(self._pacer.limit(batch_size), self.block - self.count % self.block)
         if self._pending is not None:
             (chunk, items), self._pending = self._pending, None
         else:
