@@ -89,8 +89,13 @@ class AckPace:
     Pure: the thread tells it what each look did and asks. The wait is
     :data:`ACK_INTERVAL` after a look that found the loader moved on (or sent
     something), doubled after each look that did not, up to
-    :data:`MAX_ACK_INTERVAL`. A mark in a new message is due once
-    :data:`NEW_MESSAGE_INTERVAL` passed since the last mark, or at once when
+    :data:`MAX_ACK_INTERVAL`. A loader that takes a new message only every so
+    often (a training batch of images every 100 ms) is looked at after half that
+    time instead (at most :data:`MAX_ACK_INTERVAL`): the waits of 5, 10, 20 and
+    40 ms after each mark found nothing new, and each wake-up of the thread cost
+    the trainer about as much as its hand-out of the batch itself. A mark in a
+    new message is due once :data:`NEW_MESSAGE_INTERVAL` passed since the last
+    mark, or at once when
     ``urgent`` messages handed out whole wait for their acknowledgement (half
     the loader's credit: the server must not run out of it); one that moved
     within the last message acknowledged, once :data:`MARK_INTERVAL` passed.
@@ -106,6 +111,9 @@ class AckPace:
     0.02
     >>> pace.looked(sent=True); pace.wait
     0.005
+    >>> for now in (1.0, 1.1, 1.2, 1.3): pace.new_message(now)  # a message every 100 ms
+    >>> pace.looked(sent=True); round(pace.wait, 3)
+    0.05
     >>> message = object()
     >>> pace.mark_due(message, now=1.0, last_sent=0.99)  # a new message, 10 ms after
     False
@@ -116,15 +124,29 @@ class AckPace:
     (False, True)
     """
 
-    __slots__ = ("_message", "urgent", "wait")
+    __slots__ = ("_last_new", "_message", "gap", "urgent", "wait")
 
     def __init__(self, urgent: int = 1) -> None:
         self.wait = ACK_INTERVAL
         self.urgent = max(1, urgent)
         self._message: object = None
+        #: Seconds between the loader's new messages, as the looks saw them (a running
+        #: mean; 0: not known yet), and when the last one was seen.
+        self.gap = 0.0
+        self._last_new = -1.0
 
     def looked(self, sent: bool) -> None:
-        self.wait = ACK_INTERVAL if sent else min(MAX_ACK_INTERVAL, 2 * self.wait)
+        if sent:  # soon again, unless the loader's next message is far off
+            self.wait = min(MAX_ACK_INTERVAL, max(ACK_INTERVAL, self.gap / 2))
+        else:
+            self.wait = min(MAX_ACK_INTERVAL, 2 * self.wait)
+
+    def new_message(self, now: float) -> None:
+        """A look found the loader on a message it was not on at the look before."""
+        if self._last_new >= 0:
+            gap = now - self._last_new
+            self.gap = gap if self.gap <= 0 else 0.75 * self.gap + 0.25 * gap
+        self._last_new = now
 
     def mark_due(self, message: object, now: float, last_sent: float, waiting: int = 0) -> bool:
         """Whether a mark in ``message`` is due (``waiting``: messages handed out whole and
@@ -247,6 +269,8 @@ class HandOutAcks:
             return True
         link, server_id, tags, seq, handed = current
         if self._seen is None or self._seen[0] is not tags or self._seen[1] != handed:
+            if self._seen is None or self._seen[0] is not tags:
+                self._pace.new_message(now)
             self._seen, self._moved = (tags, handed), True
         row = tags[min(handed, len(tags)) - 1]
         mark = (server_id, int(row[0]), int(row[1]))

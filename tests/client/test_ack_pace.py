@@ -32,6 +32,22 @@ def test_idle_looks_back_off_and_a_send_brings_the_pace_back() -> None:
     assert pace.wait == ACK_INTERVAL
 
 
+def test_a_loader_with_a_message_every_100_ms_is_looked_at_every_50_not_5() -> None:
+    # A trainer of image batches: after each mark the thread looked again at 5, 15, 35 and
+    # 75 ms, finding nothing new; each wake-up cost the trainer about 50-120 us of CPU.
+    slow, fast = AckPace(), AckPace()
+    for index in range(8):
+        slow.new_message(0.1 * index)
+        fast.new_message(0.001 * index)
+    slow.looked(sent=True)
+    fast.looked(sent=True)
+    assert slow.wait == MAX_ACK_INTERVAL
+    assert fast.wait == ACK_INTERVAL  # small messages read fast: the pace as before
+    for _ in range(4):
+        slow.looked(sent=False)
+    assert slow.wait == MAX_ACK_INTERVAL  # never longer: the bound on what a kill loses
+
+
 def test_a_mark_in_a_new_message_is_coalesced_unless_half_the_credit_waits() -> None:
     pace = AckPace(urgent=4)
     first, second = np.zeros((4, 2)), np.zeros((4, 2))

@@ -96,6 +96,8 @@ class _Run:
         self.ranked = None if dealer is None else RankedStage(
             dealer, config.server_id, batches=self.batches, start=start)
         first = start[0] if start else 1
+        # The workers fill their messages when the server gathers them into batches.
+        pool.gather(0 if self.batches is None else self.batches.batch_size)
         self.publish(pool, shell)  # before the release: the first messages compressed too
         pool.place(self.ledger, start=(first, 0))  # new tickets: an earlier run's messages drop
         pool.release(first)

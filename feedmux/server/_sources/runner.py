@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from feedmux.protocol import EndOfEpoch, encode
+from feedmux.protocol import EndOfEpoch, encode, stacking_into
 from feedmux.sampling.epochs import EpochIterator
 from feedmux.sampling.mux import restart_passes
 from feedmux.server._control.meters import SamplerMeter
@@ -81,13 +81,19 @@ class ShardRunner:
         """Whether its next draw starts a merge block (a turn may pass on here)."""
         return self.count % self.block == 0
 
-    def step(self, send: Callable[[Frames], bool], meter: SamplerMeter) -> bool:
-        """Draw and send its next message (or its end of epoch); False when ``send`` is."""
+    def step(self, send: Callable[[Frames], bool], meter: SamplerMeter,
+             batch_size: int = 0) -> bool:
+        """Draw and send its next message (or its end of epoch); False when ``send`` is.
+
+        ``batch_size``: the server cuts the messages into batches of that size, so a
+        message is filled up to the merge block (a batch's time to sample, not
+        ``max_delay``, bounds it: see the pacer).
+        """
         clock = time.perf_counter
         started = clock()
         self.random.enter()
         config = self._config
-        limit = min(self._pacer.limit(), self.block - self.count % self.block)
+        limit = min(self._pacer.limit(batch_size), self.block - self.count % self.block)
         if self._pending is not None:
             (chunk, items), self._pending = self._pending, None
         else:
@@ -109,8 +115,13 @@ class ShardRunner:
             tags = np.empty((len(items), 2), dtype=np.int64)
             tags[:, 0] = chunk.epoch
             tags[:, 1] = np.arange(self.count, self.count + len(items))
-            frames, count = _encode_batch(tags, items, config.server_id, self._seq,
-                                          config.on_error == "skip", self._drawn.errors)
+            shm = self._drawn.shm
+            # While a trainer maps the pool, a stacked leaf is made in this worker's region:
+            # the message goes as references to it, without a copy into the pool on top of
+            # the stacking (an image batch's samples were copied twice).
+            with stacking_into(shm.empty if shm is not None and shm.wanted else None):
+                frames, count = _encode_batch(tags, items, config.server_id, self._seq,
+                                              config.on_error == "skip", self._drawn.errors)
             meter.add_busy(clock() - started)
             if frames:
                 if not send(frames):

@@ -110,6 +110,9 @@ class WorkerPool:
         self.assignment = Assignment(len(parts), self._mp.RawArray)
         #: The codec the workers compress the messages they forward with (none at first).
         self.codec = SharedCodec(self._mp.RawValue)
+        #: The trainers' batch size while the server cuts the workers' messages into
+        #: batches (0: it sends them on as they come): see :meth:`gather`.
+        self._batch_size = self._mp.RawValue("i", 0)
         #: The shards' tickets, counted across the runs of the server.
         self.tickets = itertools.count(1)
         #: Each worker's sampling time and skipped streams, readable from this process.
@@ -129,7 +132,8 @@ class WorkerPool:
             process = self._mp.Process(
                 target=_worker_main,
                 args=(self.parts, self.config, index, self.endpoint_of(index), self.block,
-                      (self._released, self.assignment, self.codec, self.turns), self._stop,
+                      (self._released, self.assignment, self.codec, self.turns,
+                       self._batch_size), self._stop,
                       os.getpid(),
                       self.meters[index], self.shm),
                 name=f"feedmux-worker-{index}",
@@ -145,6 +149,18 @@ class WorkerPool:
     def endpoint_of(self, index: int) -> str:
         """The internal endpoint worker ``index`` pushes to (one each: FIFO per worker)."""
         return f"{self.endpoint}-{index}"
+
+    def gather(self, batch_size: int) -> None:
+        """Tell the workers whether the server cuts their messages into batches of
+        ``batch_size`` (0: no, it sends each on as it comes).
+
+        While it does, a worker fills each message up to its merge block instead of
+        shipping what it sampled within ``max_delay``: the server waits for a whole
+        batch anyway, and each message it forwards costs it the same however few
+        samples it carries (a worker's image every 2 ms made messages of 1-2 images).
+        """
+        if self._batch_size.value != batch_size:
+            self._batch_size.value = batch_size
 
     def release(self, epoch: int) -> None:
         """Let the workers start ``epoch``."""
@@ -291,7 +307,7 @@ def _worker_main(
     index: int,
     endpoint: str,
     block: int,
-    shared: tuple[Any, Assignment, SharedCodec, SamplingTurns],
+    shared: tuple[Any, Assignment, SharedCodec, SamplingTurns, Any],
     stop_event: Any,
     parent_pid: int,
     meter: SamplerMeter,
@@ -299,7 +315,7 @@ def _worker_main(
 ) -> None:
     _die_with_parent()
 
-    released, assignment, codec, turns = shared
+    released, assignment, codec, turns, batch_size = shared
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us
     terminated: list[bool] = []
     signal.signal(signal.SIGTERM, _on_sigterm(terminated))
@@ -371,7 +387,7 @@ def _worker_main(
             epoch, blocks, _ = runner.rank()
             if not turns.hold(index, epoch * 1e9 + blocks, stopping):
                 continue
-            runner.step(send, meter)
+            runner.step(send, meter, batch_size.value)
             turns.passing(index, boundary=runner.at_boundary())
     except Exception as error:
         send(encode(error_message(error, config.server_id)))
