@@ -72,6 +72,7 @@ def test_a_group_joining_mid_epoch_starts_at_the_next_epoch() -> None:
     buffer = GroupBuffer(max_messages=100)
     buffer.join("a", now=0.0)
     buffer.append(["e1-0"], n_samples=1, epoch=1, nbytes=1)
+    assert _drain(buffer, "a") == ["e1-0"]  # epoch 1's start has left the buffer
     late = buffer.join("late", now=0.0)
     assert late.start_epoch == 2 and late.cursor is None
     buffer.append(["e1-1"], n_samples=1, epoch=1, nbytes=1)
@@ -79,7 +80,49 @@ def test_a_group_joining_mid_epoch_starts_at_the_next_epoch() -> None:
     buffer.epoch_finished(1)
     buffer.append(["e2-0"], n_samples=1, epoch=2, nbytes=1)
     assert _drain(buffer, "late") == ["e2-0"]
-    assert _drain(buffer, "a") == ["e1-0", "e1-1", "e2-0"]
+    assert _drain(buffer, "a") == ["e1-1", "e2-0"]
+
+
+def test_a_late_group_starts_at_the_oldest_epoch_the_buffer_still_holds_whole() -> None:
+    # A group joining late while another lags: the buffer still holds epoch 1 from its
+    # first message, so the late group gets it whole (before, it waited for epoch 2, which
+    # a stream of one epoch never samples: an empty epoch without a word).
+    buffer = GroupBuffer(max_messages=100)
+    buffer.join("a", now=0.0)
+    buffer.append(["e1-0"], n_samples=1, epoch=1, nbytes=1)
+    buffer.append(["e1-1"], n_samples=1, epoch=1, nbytes=1)
+    buffer.epoch_finished(1)
+    buffer.append(["e2-0"], n_samples=1, epoch=2, nbytes=1)
+    assert buffer.delivered("a") is None  # e1-0 gone: epoch 2 is the oldest whole one
+    late = buffer.join("late", now=0.0)
+    assert (late.start_epoch, _drain(buffer, "late")) == (2, ["e2-0"])
+    assert buffer.join("later", now=0.0).start_epoch == 2  # e2-0 is still held by "a"
+    early = GroupBuffer(max_messages=100)
+    early.join("a", now=0.0)
+    early.append(["e1-0"], n_samples=1, epoch=1, nbytes=1)
+    assert early.join("late", now=0.0).start_epoch == 1
+    early.append(["e1-1"], n_samples=1, epoch=1, nbytes=1)
+    assert _drain(early, "late") == ["e1-0", "e1-1"]
+
+
+def test_a_buffer_started_mid_epoch_holds_no_whole_epoch_of_it() -> None:
+    buffer = GroupBuffer(max_messages=100)
+    buffer.continue_stream(3, epoch_open=True)
+    buffer.join("a", now=0.0, at_once=True)
+    buffer.append(["e3-7"], n_samples=1, epoch=3, nbytes=1)
+    assert buffer.join("late", now=0.0).start_epoch == 4
+
+
+def test_the_groups_still_waiting_for_their_first_epoch_are_named() -> None:
+    buffer = GroupBuffer(max_messages=100)
+    buffer.join("a", now=0.0)
+    buffer.append(["e1-0"], n_samples=1, epoch=1, nbytes=1)
+    _drain(buffer, "a")
+    buffer.join("late", now=0.0)
+    buffer.epoch_finished(1)
+    assert buffer.waiting() == ["late"]
+    buffer.append(["e2-0"], n_samples=1, epoch=2, nbytes=1)
+    assert buffer.waiting() == []
 
 
 def test_a_group_joining_at_an_epoch_boundary_starts_with_the_next_message() -> None:
@@ -87,6 +130,7 @@ def test_a_group_joining_at_an_epoch_boundary_starts_with_the_next_message() -> 
     buffer.join("a", now=0.0)
     buffer.append(["e1"], n_samples=1, epoch=1, nbytes=1)
     buffer.epoch_finished(1)
+    _drain(buffer, "a")
     assert buffer.join("b", now=0.0).start_epoch == 2
     buffer.append(["e2"], n_samples=1, epoch=2, nbytes=1)
     assert _drain(buffer, "b") == ["e2"]
@@ -124,8 +168,8 @@ def test_messages_nobody_needs_are_not_kept() -> None:
     buffer = GroupBuffer(max_messages=2)
     buffer.join("a", now=0.0)
     buffer.append([0], n_samples=1, epoch=1, nbytes=1)
-    buffer.join("waiting", now=0.0)  # mid-epoch: holds nothing back
     _drain(buffer, "a")
+    buffer.join("waiting", now=0.0)  # mid-epoch: holds nothing back
     buffer.append([1], n_samples=1, epoch=1, nbytes=1)
     buffer.append([2], n_samples=1, epoch=1, nbytes=1)
     assert buffer.lagging() == "a" and buffer.behind("waiting") == 0

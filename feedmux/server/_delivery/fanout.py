@@ -204,13 +204,24 @@ class GroupFanout:
         self.buffer.epoch_finished(epoch)
 
     def flush(self, deadline: float) -> bool:
-        """Deliver every buffered message to every group (until ``deadline``); True if done."""
-        while not self.stopping() and time.monotonic() < deadline:
-            self.pump()
-            if self.buffer.drained and all(group.empty for group in self._ranked.values()):
-                return True
-            self._log_lag()
-            self._wait()
+        """Deliver every buffered message to every group (until ``deadline``); True if done.
+
+        A group still waiting for its first epoch at the end joined past the stream's
+        last whole epoch: it gets the end of the stream, and the log says why.
+        """
+        try:
+            while not self.stopping() and time.monotonic() < deadline:
+                self.pump()
+                if self.buffer.drained and all(group.empty for group in self._ranked.values()):
+                    return True
+                self._log_lag()
+                self._wait()
+        finally:
+            for name in self.buffer.waiting():
+                log.warning("group %s joined after the last epoch it could get whole had "
+                            "been sampled (and had left the buffer): it gets the end of the "
+                            "stream with no samples; start it earlier, or the server with "
+                            "--min-trainers, for it to take part", name)
         lagging = self.buffer.lagging()
         if lagging is not None:
             log.warning("ending with %d buffered message(s) undelivered to group %s",

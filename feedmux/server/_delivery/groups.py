@@ -3,15 +3,20 @@
 This module owns the state of sampling once for several independent jobs: the
 bounded buffer of encoded data messages (their frames, kept as they are, so a
 message is sent to every group without copying or re-encoding it), each
-group's cursor into it, when a group joining mid-stream starts (at the next
-epoch boundary, or at once), which group lags when the buffer is full, and the
+group's cursor into it, when a group joining mid-stream starts (at the oldest
+epoch it can still be given whole, or at once), which group lags when the buffer is full, and the
 dropping of a group whose members have all been gone for ``group_timeout``
 seconds. It is pure: time and membership are passed in, and it must never
 touch a socket, read a clock or decide who inside a group gets a message (the
 fan-out shell, :mod:`feedmux.server._delivery.fanout`, does that).
 
 A message leaves the buffer once every *active* group (one with a cursor) has
-passed it; a group waiting for its first epoch holds nothing back.
+passed it; a group waiting for its first epoch holds nothing back. A group that
+joins mid-stream (join mode ``epoch``) starts at the oldest epoch whose first
+message the buffer still holds (another group lags there: the new one gets that
+epoch whole at no cost), else at the next epoch the sampler begins; when the
+sampler has already begun its last, that is past the stream's end, and the
+group gets the end of the stream (the fan-out says so in the log).
 
 The buffer is bounded by bytes by default (:data:`DEFAULT_GROUP_BUFFER`): a
 count of messages bounds nothing when samples are large (256 messages of 16
@@ -119,13 +124,12 @@ class GroupBuffer:
     >>> buffer = GroupBuffer(max_messages=2)
     >>> _ = buffer.join("a", now=0.0)
     >>> buffer.append(["m1"], n_samples=3, epoch=1, nbytes=10)
+    >>> buffer.delivered("a")  # m1 leaves the buffer: epoch 1 can no longer be had whole
     >>> _ = buffer.join("b", now=0.0)  # mid-epoch: starts with epoch 2
     >>> buffer.append(["m2"], n_samples=3, epoch=1, nbytes=10)
-    >>> buffer.full, buffer.lagging()
-    (True, 'a')
     >>> buffer.next_for("a").frames, buffer.next_for("b")
-    (['m1'], None)
-    >>> buffer.delivered("a"); buffer.delivered("a"); buffer.full
+    (['m2'], None)
+    >>> buffer.delivered("a"); buffer.full
     False
     >>> buffer.epoch_finished(1); buffer.append(["m3"], n_samples=1, epoch=2, nbytes=10)
     >>> buffer.next_for("b").frames
@@ -153,6 +157,8 @@ class GroupBuffer:
         self._bytes = 0
         self._last_epoch = 0  # the epoch of the last message appended
         self._epoch_open = False  # whether more messages of _last_epoch may come
+        #: The absolute index of each epoch's first message (while the buffer holds it).
+        self._epoch_starts: dict[int, int] = {}
 
     # -- the stream -------------------------------------------------------------------------
     @property
@@ -173,6 +179,8 @@ class GroupBuffer:
         """The sampler made the next message (of ``epoch``; ``placed``: see
         :attr:`BufferedMessage.placed`)."""
         index = self.end
+        if not self._epoch_open or epoch != self._last_epoch:
+            self._epoch_starts[epoch] = index
         self._messages.append(BufferedMessage(frames, n_samples, epoch, nbytes, placed))
         self._bytes += nbytes
         self._last_epoch, self._epoch_open = epoch, True
@@ -202,7 +210,10 @@ class GroupBuffer:
         group = self.groups.get(name)
         if group is not None:
             return group
-        if at_once or self.join_mode == "now" or not self._epoch_open:
+        whole = self._oldest_whole_epoch()
+        if not at_once and self.join_mode == "epoch" and whole is not None:
+            group = GroupState(name, start_epoch=whole, cursor=self._epoch_starts[whole])
+        elif at_once or self.join_mode == "now" or not self._epoch_open:
             group = GroupState(name, start_epoch=self._last_epoch + (0 if self._epoch_open else 1),
                                cursor=self.end)
         else:
@@ -210,6 +221,15 @@ class GroupBuffer:
         group.empty_since = now
         self.groups[name] = group
         return group
+
+    def _oldest_whole_epoch(self) -> int | None:
+        """The oldest epoch whose first message is still in the buffer, or None."""
+        held = [epoch for epoch, index in self._epoch_starts.items() if index >= self._base]
+        return min(held, default=None)
+
+    def waiting(self) -> list[str]:
+        """The groups still waiting for their first epoch to begin."""
+        return [name for name, group in self.groups.items() if group.cursor is None]
 
     def next_for(self, name: str) -> BufferedMessage | None:
         """The next message for group ``name``, or None if it has them all (or waits)."""
@@ -297,5 +317,7 @@ class GroupBuffer:
             message = self._messages.popleft()
             self._bytes -= message.nbytes
             self._base += 1
+            if self._epoch_starts.get(message.epoch) == self._base - 1:
+                del self._epoch_starts[message.epoch]
             if self.on_leave is not None:
                 self.on_leave(message)
