@@ -52,6 +52,7 @@ from feedmux.server._launch import (
     watch_parent,
 )
 from feedmux.server._shell import SocketShell
+from feedmux.server._standin import ControlStandIn
 from feedmux.server._sources.autoscale import usable_cpus
 from feedmux.server._sources.forward import forward, ranked_dealer
 from feedmux.server._sources.merge import merge_block
@@ -371,6 +372,8 @@ class Server:
         if shell is None:
             return EXIT_USAGE
         config = self.config
+        # Control is answered from another thread while this one is in the streamer.
+        stand_in = ControlStandIn(shell.control, shell.answer_control, shell.follow_control)
         try:
             if not shell.wait_for_trainers():
                 return EXIT_FAILED if shell.failed else EXIT_OK
@@ -392,6 +395,7 @@ class Server:
                     start=shell.core.start_at, fresh=shell.core.handed.fresh,
                     batches=shell.core.tables.batches.assemblers(config.buckets), shm=shell.pool,
                     max_skips=config.max_skips, batch_refused=shell.batch_refused,
+                    meanwhile=stand_in.drawing,
                 )
                 if not (self._stop or shell.core.restarting):
                     shell.finish()
@@ -410,6 +414,7 @@ class Server:
             shell.fail(error)
             return EXIT_FAILED
         finally:
+            stand_in.close()
             EpochSeeder.clear()
             shell.close()
 
