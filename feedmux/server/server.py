@@ -52,7 +52,6 @@ from feedmux.server._launch import (
     watch_parent,
 )
 from feedmux.server._shell import SocketShell
-from feedmux.server._standin import ControlStandIn
 from feedmux.server._sources.autoscale import usable_cpus
 from feedmux.server._sources.forward import forward, ranked_dealer
 from feedmux.server._sources.merge import merge_block
@@ -60,6 +59,7 @@ from feedmux.server._sources.producer import failure_text, produce
 from feedmux.server._sources.seeding import FRESH_ENTROPY, EpochSeeder, resolve_seed
 from feedmux.server._sources.shards import MergedShards, choose_shards
 from feedmux.server._sources.workers import WorkerPool
+from feedmux.server._standin import ControlStandIn
 from feedmux.server.config import (
     EXIT_FAILED,
     EXIT_OK,
