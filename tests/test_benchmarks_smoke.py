@@ -131,3 +131,14 @@ def test_the_images_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
         assert f"| {label} | " in table
     assert "failed" not in table
     assert "| feedmux server CPU per image / one worker's CPU per image <= 0.1 |" in table
+
+
+@pytest.mark.timeout(120)
+def test_the_control_latency_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import bench_control
+
+    assert bench_control.main(["--quick", "--ms", "5"]) == 0
+    table = capsys.readouterr().out
+    for kind in bench_control.KINDS:
+        for workers in bench_control.WORKERS:
+            assert f"| {kind} | {workers} | " in table

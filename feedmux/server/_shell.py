@@ -261,7 +261,20 @@ class SocketShell:
 
     # -- control ----------------------------------------------------------------------------
     def serve_control(self, timeout: float) -> bool:
-        """Answer every control message that arrives within ``timeout`` seconds.
+        """Answer every control message that arrives within ``timeout`` seconds, and do
+        the data side of what they said.
+
+        Returns whether there was any.
+        """
+        if not self.answer_control(timeout):
+            return False
+        self.follow_control()
+        return True
+
+    def answer_control(self, timeout: float) -> bool:
+        """Answer every control message that arrives within ``timeout`` seconds; nothing
+        is sent on the data socket (:class:`~feedmux.server._standin.ControlStandIn`
+        answers so from its thread while the server's draws samples).
 
         Returns whether there was any.
         """
@@ -289,12 +302,17 @@ class SocketShell:
                 self.reliable.reading(message.sender_id)  # its loader reads: summaries again
             self.deliver(core.receive(identity, message, time.monotonic()))
         self.control_meter.add(received, time.thread_time() - cpu_started)
-        if self.fanout is None and core.tables.grouped:
+        return True
+
+    def follow_control(self) -> None:
+        """The data side of the control messages answered: consumer groups open when a
+        trainer asked for one, a rank's successor gets what its predecessor had not
+        handed out."""
+        if self.fanout is None and self.core.tables.grouped:
             self.fanout = self._fanout()
         self.ranks.replay_taken_over()
         if self.fanout is not None:
             self.fanout.replay_taken_over()
-        return True
 
     def _serve_waiting(self) -> None:
         """While the data path waits for a trainer: answer control, and keep the rates,

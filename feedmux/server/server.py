@@ -59,6 +59,7 @@ from feedmux.server._sources.producer import failure_text, produce
 from feedmux.server._sources.seeding import FRESH_ENTROPY, EpochSeeder, resolve_seed
 from feedmux.server._sources.shards import MergedShards, choose_shards
 from feedmux.server._sources.workers import WorkerPool
+from feedmux.server._standin import ControlStandIn
 from feedmux.server.config import (
     EXIT_FAILED,
     EXIT_OK,
@@ -371,6 +372,8 @@ class Server:
         if shell is None:
             return EXIT_USAGE
         config = self.config
+        # Control is answered from another thread while this one is in the streamer.
+        stand_in = ControlStandIn(shell.control, shell.answer_control, shell.follow_control)
         try:
             if not shell.wait_for_trainers():
                 return EXIT_FAILED if shell.failed else EXIT_OK
@@ -392,6 +395,7 @@ class Server:
                     start=shell.core.start_at, fresh=shell.core.handed.fresh,
                     batches=shell.core.tables.batches.assemblers(config.buckets), shm=shell.pool,
                     max_skips=config.max_skips, batch_refused=shell.batch_refused,
+                    meanwhile=stand_in.drawing,
                 )
                 if not (self._stop or shell.core.restarting):
                     shell.finish()
@@ -410,6 +414,7 @@ class Server:
             shell.fail(error)
             return EXIT_FAILED
         finally:
+            stand_in.close()
             EpochSeeder.clear()
             shell.close()
 

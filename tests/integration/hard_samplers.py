@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import sys
 import time
@@ -76,3 +77,30 @@ def _reused(count: int, megabytes: int) -> Iterator[dict[str, Any]]:
 def reused(count: int = 300, megabytes: int = 4) -> feedmux.Streamer:
     """A streamer that writes every sample into the same array."""
     return feedmux.Streamer(_reused, count, megabytes)
+
+
+#: What the GIL-bound streamer writes to stderr as its long sample starts.
+LONG_SAMPLE_LINE = "the streamer's long sample starts"
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:  # pure Python: holds the GIL (but at each switch interval)
+        pass
+
+
+def _gil_bound(ms: float, long_at: int, long_s: float) -> Iterator[dict[str, Any]]:
+    for i in itertools.count():
+        if i == long_at:
+            print(LONG_SAMPLE_LINE, file=sys.stderr, flush=True)
+            _spin(long_s)
+        else:
+            _spin(ms / 1000)
+        yield {"id": np.int64(i), "x": np.zeros(16, dtype=np.float32)}
+
+
+def gil_bound(ms: float = 50.0, long_at: int = -1, long_s: float = 0.0) -> feedmux.Streamer:
+    """Endless small samples, each ``ms`` ms of pure Python (the GIL held, as a decoder
+    written in Python holds it), and sample ``long_at`` ``long_s`` seconds of it (a huge
+    image), announced on stderr (:data:`LONG_SAMPLE_LINE`)."""
+    return feedmux.Streamer(_gil_bound, float(ms), int(long_at), float(long_s))

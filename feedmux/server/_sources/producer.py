@@ -9,11 +9,13 @@ whether the server is still running.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -341,6 +343,7 @@ def produce(
     shm: ShmPool | None = None,
     max_skips: int = DEFAULT_MAX_SKIPS,
     batch_refused: Callable[[str], None] | None = None,
+    meanwhile: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> int:
     """Take chunks of items, encode each as a data message and ``send`` it.
 
@@ -391,13 +394,17 @@ def produce(
     ``shm`` is the server's shared-memory pool (its region of it, in a worker):
     the drawn large arrays are copied into it, and :func:`shared_empty` allocates
     there while the streamer is drawn from (:func:`drawing_into`).
+
+    Each draw from the streamer (the user's code) runs within ``meanwhile()``:
+    the server answers control from another thread meanwhile
+    (:class:`~feedmux.server._standin.ControlStandIn`).
     """
     meter = SamplerMeter() if meter is None else meter
     errors = SampleErrors(skip_errors, meter, describe_streamer(epochs.streamer),
                           SkipGuard(max_skips))
     # The muxes get the hook from the epochs, which hand it down at each activation.
     drawn = _Draw(DrawnItems(shm) if policy.copy_arrays else None, errors.hook(), shm, errors,
-                  meter)
+                  meter, meanwhile)
     stage = None if dealer is None else RankedStage(dealer, server_id, batches=batches,
                                                     start=start)
     if start is not None and stage is not None and stage.resamples_resumed_epoch:
@@ -424,10 +431,12 @@ class _Draw:
     errors: SampleErrors | None = None
     #: Counts the drawn samples in the count field's unit, when it has one.
     meter: SamplerMeter | None = None
+    #: What runs around each draw: who answers control meanwhile (see :func:`produce`).
+    meanwhile: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
 
     def take(self, epochs: EpochIterator[Any], limit: int) -> tuple[Chunk, Sequence[Any]]:
         """The next chunk and its samples."""
-        with drawing_into(self.shm):
+        with drawing_into(self.shm), self.meanwhile():
             if self.owned is None:
                 chunk = epochs.take(limit, on_stream_error=self.on_stream_error)
                 samples: Sequence[Any] = chunk.items
