@@ -87,3 +87,24 @@ def test_a_shard_stacks_its_message_in_its_region_of_the_pool_when_a_trainer_map
         runner.close()
     finally:
         pool.close()
+
+
+def test_a_workers_message_that_skipped_a_refused_sample_is_numbered_without_a_hole() -> None:
+    # A sampling worker counts what it sent, and the server expects its next message to
+    # start there. Before, a refused first sample left the message starting a position
+    # later: "expected shard 0's samples from epoch 2 position 5, got epoch 2 position 6"
+    # (--workers 2 --on-error skip, 1 run in 4).
+    import numpy as np
+
+    from feedmux.protocol import Data, decode
+    from feedmux.server._sources.producer import _encode_batch
+
+    tags = np.array([[2, 5], [2, 6], [2, 7]], dtype=np.int64)
+    samples = [{"x": object()}, {"x": np.int64(6)}, {"x": np.int64(7)}]
+    frames, count = _encode_batch(tags, samples, "s", 1, True, close_ranks=True)
+    message = decode(frames)
+    assert isinstance(message, Data) and count == 2
+    assert message.tags.tolist() == [[2, 5], [2, 6]]
+    frames, _ = _encode_batch(tags, samples, "s", 1, True)  # a server's own: epoch positions
+    held = decode(frames)
+    assert isinstance(held, Data) and held.tags.tolist() == [[2, 6], [2, 7]]

@@ -252,10 +252,15 @@ def unstackable(error: ProtocolError, epoch: int, batch_size: int, ranked: bool 
 
 def _encode_batch(
     tags: np.ndarray, samples: Sequence[Any], server_id: str, seq: int, skip_bad: bool,
-    errors: SampleErrors | None = None,
+    errors: SampleErrors | None = None, close_ranks: bool = False,
 ) -> tuple[list[Any], int]:
     """Encode one data message; the samples the codec refuses are skipped (``skip_bad``)
     or raised naming the first (``errors`` handles both: it counts and names them).
+
+    With ``close_ranks`` the samples kept are numbered on from the first tag's
+    position, without the skipped ones' holes: a sampling worker counts the
+    samples it sent, and the server expects each of its messages to start where
+    the last one ended.
 
     Returns the frames (empty when nothing was left) and how many samples they hold.
     """
@@ -278,7 +283,10 @@ def _encode_batch(
         kept.append(row)
     if not kept:
         return [], 0
-    data = Data(tags[kept], [samples[row] for row in kept], server_id, seq)
+    kept_tags = tags[kept]
+    if close_ranks:
+        kept_tags[:, 1] = np.arange(tags[0, 1], tags[0, 1] + len(kept))
+    data = Data(kept_tags, [samples[row] for row in kept], server_id, seq)
     return encode(data), len(kept)
 
 

@@ -121,7 +121,8 @@ class ShardRunner:
             # the stacking (an image batch's samples were copied twice).
             with stacking_into(shm.empty if shm is not None and shm.wanted else None):
                 frames, count = _encode_batch(tags, items, config.server_id, self._seq,
-                                              config.on_error == "skip", self._drawn.errors)
+                                              config.on_error == "skip", self._drawn.errors,
+                                              close_ranks=True)
             meter.add_busy(clock() - started)
             if frames:
                 if not send(frames):
