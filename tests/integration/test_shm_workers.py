@@ -256,7 +256,9 @@ def test_a_sigkilled_rank_restarted_continues_exactly_through_the_pool(
     go = tmp_path / "go"
     ranked = ["--world-size", "2", "--rank"]
     try:
-        trainers.start("survivor", *ranked, "0", "--hold-after", "30", "--go-file", str(go))
+        # Held early, so that most of rank 1's share is dealt after its successor mapped the
+        # pool (held at 30, a loaded machine's run had nearly all of it in the replay lane).
+        trainers.start("survivor", *ranked, "0", "--hold-after", "10", "--go-file", str(go))
         trainers.start("doomed", *ranked, "1", "--die-after", "7", "--step-ms", "1")
         assert trainers.exit_code("doomed") == -9
         trainers.start("restarted", *ranked, "1")

@@ -8,6 +8,7 @@ and runs it there with this environment's interpreter, as a user would run
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,11 +40,12 @@ def make_mux():
 #: The data module a user keeps next to the script.
 DATA_MODULE = FACTORY + '''
 
+import os
 import time
 
 
 def stuck_forever():
-    print("the stuck streamer is running", flush=True)
+    os.write(1, b"the stuck streamer is running\\n")  # one write: never split by another
     while True:  # user code that never yields and never returns to the server
         time.sleep(3600)
     yield {}
@@ -117,6 +119,7 @@ def test_an_unguarded_script_starts_a_server(tmp_path: Path, source: str, thread
 
 #: A script that starts a server, says where it is, and waits to be killed.
 STARTER = '''
+import os
 import sys
 import threading
 
@@ -125,7 +128,7 @@ from feedmux import RemoteLoader, Server
 server = Server(SOURCE, bind="tcp://127.0.0.1:0", workers=WORKERS).start()
 loader = RemoteLoader(server.data_address, control=server.control_address)
 threading.Thread(target=lambda: next(loader), daemon=True).start()  # a trainer's hello
-print("server pid", server.pid, flush=True)
+os.write(1, f"server pid {server.pid}\\n".encode())  # one write: never split by the server's
 sys.stdin.read()
 '''
 
@@ -156,7 +159,8 @@ def test_a_started_server_ends_when_its_starter_is_killed(
     spawned = Spawned(process)
     starter.append(spawned)
     wait_until(lambda: "server pid" in spawned.stdout, 60, "the server to start")
-    server = int(spawned.stdout.split("server pid", 1)[1].split()[0])
+    # The starter and the server it forked write to one pipe: a line at a time, each whole.
+    server = int(re.search(r"^server pid (\d+)$", spawned.stdout, re.MULTILINE).group(1))
     wait_until(lambda: len(child_pids(server)) >= workers - 1 and (
         "stuck" not in source or "the stuck streamer is running" in spawned.stdout),
         30, "the server to sample")
