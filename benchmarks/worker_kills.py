@@ -43,7 +43,8 @@ import numpy as np
 import feedmux
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The source's streamers and samples per streamer (epochs of 16 x 8 = 128 samples).
+#: The source's streamers (at least; two per worker) and samples per streamer (epochs of
+#: 16 x 8 = 128 samples with up to 8 workers).
 STREAMS, PER_STREAM = 16, 8
 #: Floats of a sample's array: 1 MiB, above the pool's threshold (256 KiB).
 WIDTH = 1 << 18
@@ -134,6 +135,18 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def streams_for(workers: int) -> int:
+    """The source's streamers for a run of ``workers`` workers: two per shard at least."""
+    return max(STREAMS, 2 * workers)
+
+
+def _options(workers: int, shm_size: int) -> tuple[str, ...]:
+    """The server's options but ``--workers``: the same source, seed and shards (one per
+    worker) for the run and its reference."""
+    return ("--arg", f"streams={streams_for(workers)}", "--seed", "1", "--shards",
+            str(workers), "--shm-size", str(shm_size), "--samples-per-message", "1")
+
+
 def run(workers: int, kills: int, seconds: float, seed: int, samples: int | None = None,
         shm_size: int = 512) -> Outcome:
     """One server with ``workers`` workers, ``kills`` of them SIGKILLed at moments drawn
@@ -143,8 +156,7 @@ def run(workers: int, kills: int, seconds: float, seed: int, samples: int | None
         raise ValueError(f"expected fewer kills than workers (a dead worker is not "
                          f"replaced), got {kills} kills of {workers} workers")
     draw = random.Random(seed)
-    server = _Server("--workers", str(workers), "--seed", "1", "--shards", str(workers),
-                     "--shm-size", str(shm_size), "--samples-per-message", "1")
+    server = _Server(*_options(workers, shm_size), "--workers", str(workers))
     outcome = Outcome()
     try:
         started = server.wait_for(_STARTED, 60)
@@ -194,14 +206,13 @@ def run(workers: int, kills: int, seconds: float, seed: int, samples: int | None
     finally:
         server.stop()
         outcome.stderr = server.stderr
-    outcome.misses += exact(outcome.rows, STREAMS * PER_STREAM)
+    outcome.misses += exact(outcome.rows, streams_for(workers) * PER_STREAM)
     return outcome
 
 
 def reference(workers: int, count: int, shm_size: int = 512) -> list[tuple[int, int]]:
     """The first ``count`` samples of the same seeded run, one sampling process, no kill."""
-    server = _Server("--workers", "1", "--seed", "1", "--shards", str(workers),
-                     "--shm-size", str(shm_size), "--samples-per-message", "1")
+    server = _Server(*_options(workers, shm_size), "--workers", "1")
     rows: list[tuple[int, int]] = []
     try:
         data, control = server.wait_for(_SERVING, 60).groups()

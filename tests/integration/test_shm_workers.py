@@ -24,7 +24,8 @@ import pytest
 
 from benchmarks import worker_kills
 from feedmux import RemoteLoader, Server, fetch_stats
-from tests.integration.conftest import CheckedThread, Spawned, wait_until
+from feedmux.errors import RemoteError
+from tests.integration.conftest import CheckedThread, Spawned, child_pids, wait_until
 from tests.integration.kill_restart import Trainers
 from tests.integration.test_shm import in_pool
 
@@ -101,6 +102,46 @@ def test_a_worker_sigkilled_mid_epoch_hands_its_shards_over_and_the_run_goes_on(
         assert sorted(i for e, i in seen if e == epoch) == list(range(epoch_size)), (
             f"epoch {epoch}: samples lost or repeated")
     assert all((array == ident).all() for ident, array in held), "a held view changed"
+
+
+def test_the_last_workers_sigkilled_fail_the_run_and_their_runs_come_back() -> None:
+    server = Server(SAMPLER, bind="tcp://127.0.0.1:0", samples_per_message=1,
+                    shm_size=64 * MIB, workers=2, factory_kwargs={"count": 100_000}).start()
+    try:
+        assert server.pid is not None
+        held = []
+        with RemoteLoader(server.data_address, control=server.control_address,
+                          timeout=30) as loader:
+            with pytest.raises(RemoteError, match=r"sampling worker .* exited unexpectedly"):
+                after_kill = None
+                for sample in loader:
+                    assert (sample["x"] == sample["id"]).all()
+                    # Samples drawn before the trainer attached to the pool came whole:
+                    # only views of the pool are held (a sample that came whole first
+                    # used to keep the kill from ever happening: 100,000 samples later
+                    # the test's time was up).
+                    if len(held) < 3 and in_pool(sample["x"]):
+                        held.append(sample["x"])
+                    if len(held) == 3 and after_kill is None:
+                        for pid in child_pids(server.pid):  # every worker: none is left
+                            os.kill(pid, signal.SIGKILL)
+                        after_kill = 0
+                    elif after_kill is not None:
+                        after_kill += 1
+                        assert after_kill < 5000, "the worker's death never reached the trainer"
+                    del sample
+            # The server took back every run no trainer holds:
+            # what is in use is what this trainer's live views hold (the 3 kept here and
+            # those the loader decoded ahead) and what was on its way to it (sent before
+            # the failure, not decoded: the error came on the control socket), to the byte.
+            stats = fetch_stats(server.control_address)
+            views, view_bytes, _ = loader._data.views_held()
+            assert views >= 3
+            assert stats["shm_bytes_in_use"] == view_bytes + stats["shm_bytes_in_transit"]
+            assert all((array == array[0]).all() for array in held)
+        server.join(30)
+    finally:
+        server.stop()
 
 
 def test_workers_sigkilled_at_random_moments_lose_and_repeat_nothing() -> None:
