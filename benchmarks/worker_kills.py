@@ -43,6 +43,8 @@ import numpy as np
 import feedmux
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The source, for ``feedmux serve``.
+SOURCE = "benchmarks.worker_kills:source"
 #: The source's streamers (at least; two per worker) and samples per streamer (epochs of
 #: 16 x 8 = 128 samples with up to 8 workers).
 STREAMS, PER_STREAM = 16, 8
@@ -86,7 +88,7 @@ class _Server:
     def __init__(self, *args: str) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "feedmux", "serve", "benchmarks.worker_kills:source",
+            [sys.executable, "-m", "feedmux", "serve", SOURCE,
              "--bind", "tcp://127.0.0.1:0", "--control", "tcp://127.0.0.1:0", *args],
             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self._text = bytearray()

@@ -336,3 +336,52 @@ def test_a_sigkilled_rank_restarted_continues_exactly_through_the_pool(
     # restarted rank after that, through the pool.
     assert trainers.views("restarted") > 0, "the restarted rank got no view of the pool"
     assert trainers.views("survivor") > 0, "the surviving rank got no view of the pool"
+
+
+def _ranks(server: Spawned, kill: list[int]) -> dict[int, list[tuple[int, int]]]:
+    """Each of 2 ranks' (epoch, id) in order, read through the pool to the end of the
+    stream (some as views of it, at least); rank 0 SIGKILLs a worker of ``kill`` after
+    each 40 samples it read."""
+    got: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
+    pooled = []
+
+    def read(rank: int) -> None:
+        with RemoteLoader(server.data, control=server.control, timeout=60, rank=rank,
+                          world_size=2) as loader:
+            for sample in loader:
+                ident, x = int(sample["id"]), sample["x"]
+                assert (x == ident).all(), "a sample's content is not its id's"
+                got[rank].append((int(loader.last_epoch or 0), ident))
+                if in_pool(x):
+                    pooled.append(ident)
+                if rank == 0 and kill and len(got[0]) % 40 == 0:
+                    os.kill(kill.pop(0), signal.SIGKILL)
+                del sample, x
+
+    threads = [CheckedThread(read, rank) for rank in (0, 1)]
+    for thread in threads:
+        thread.join(120)
+    assert pooled, "no sample came as a view of the pool"
+    return got
+
+
+def test_workers_sigkilled_under_two_ranks_leave_each_ranks_sequence_unchanged(
+        serve: Callable[..., Spawned]) -> None:
+    options = ("--seed", "1", "--shards", "4", "--epochs", "3", "--min-trainers", "2",
+               "--samples-per-message", "1", "--shm-size", str(POOL // MIB))
+    reference = _ranks(serve(worker_kills.SOURCE, *options, "--workers", "1"), [])
+    server = serve(worker_kills.SOURCE, *options, "--workers", "4")
+    started = server.wait_for_stderr(lambda text: _STARTED.search(text) is not None, 30,
+                                     "the workers' pids")
+    match = _STARTED.search(started)
+    assert match is not None
+    victims = [int(pid) for pid in match[1].split(",")][1:]  # 3 of the 4, one by one
+    got = _ranks(server, list(victims))
+    assert server.wait(60) == 0, server.stderr
+    for pid in victims:
+        assert f"(pid {pid}) exited unexpectedly with code -9; its shards" in server.stderr
+    assert got == reference, "a rank's sequence changed with the deaths"
+    epoch_size = worker_kills.STREAMS * worker_kills.PER_STREAM
+    for epoch in (1, 2, 3):
+        ids = sorted(i for rank in (0, 1) for e, i in got[rank] if e == epoch)
+        assert ids == list(range(epoch_size)), f"epoch {epoch}: samples lost or repeated"
