@@ -341,6 +341,39 @@ def test_the_runs_of_a_killed_worker_come_back_when_the_server_adopts_them(
     assert pool.stats()["shm_bytes_in_use"] == 0
 
 
+def test_a_dead_workers_runs_the_server_took_stay_and_the_others_come_back(
+        pool: ShmPool) -> None:
+    pool.split(1)
+    taken = _from_worker(pool, keep_one=False)  # the server took this message (its merge)
+    pool.forwarded.receive(taken)
+    on_its_way = _from_worker(pool, keep_one=False)  # sent, not taken yet: then it died
+    assert pool.stats()["shm_bytes_in_use"] == 2 * MIB  # the worker's region, full
+    assert pool.adopt(0) == 1  # the run of the message nothing took
+    assert pool.stats()["shm_bytes_in_use"] == MIB
+    # What the server took goes on as a live worker's would: sent as references.
+    placed = pool.place(taken)
+    assert placed is not None and pool.stats()["shm_bytes_copied"] == 0
+    pool.delivered(b"trainer", placed)
+    views = ShmViews()
+    views.attach(pool.path)
+    view = receive(views, placed.frames)
+    assert (view == 6.0).all()
+    # The message still on its way names a run taken back: it can name nothing now.
+    with pytest.raises(ValueError, match="not a run it forwarded"):
+        pool.forwarded.head(on_its_way[2])
+    del view
+    pool.reclaim()
+    assert pool.stats()["shm_bytes_in_use"] == 0
+
+
+def test_a_failed_runs_workers_give_back_even_what_the_server_took(pool: ShmPool) -> None:
+    pool.split(1)
+    taken = _from_worker(pool, keep_one=False)
+    pool.forwarded.receive(taken)
+    assert pool.adopt(0, keep_received=False) == 1  # nothing the server holds will be sent
+    assert pool.stats()["shm_bytes_in_use"] == 0
+
+
 def test_a_workers_run_the_server_reads_in_place_goes_on_and_is_kept_while_viewed(
         pool: ShmPool) -> None:
     pool.split(1)

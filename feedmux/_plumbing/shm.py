@@ -21,22 +21,25 @@ and every claim are FREE; a claim whose pid no longer exists (a trainer that
 died), or that stayed unclaimed for ``orphan_timeout`` seconds (a message lost
 with a dead trainer's queue), is FREE again first.
 
-With ``--workers N`` the pool is created before the workers fork, and each
-process allocates in a region of its own (:mod:`feedmux._plumbing.shmruns`): no
-lock, no message, a region has one writer. A worker writes each large drawn
-array into its region (its owned copy, or :func:`shared_empty`) and sends the
-server 56-byte references (state FORWARDED) instead of the bytes; the server
-sends them on to a trainer that maps the pool (SENT: the trainer's to release,
-into the worker's books, which the worker reads when it allocates), or copies
-the bytes out for a trainer that does not, and frees the run. A worker that
-dies leaves its books in shared memory: the server adopts them
-(:meth:`ShmPool.adopt`). A run whose memory an object of the allocating process
-still holds (a ranked message kept for a successor) is pinned and not reused,
-whatever a trainer's release says, until that object is gone; so is a worker's
-run that the server reads in place (:class:`ForwardedRuns`: it decoded the
-worker's message to deal it to ranks or to cut batches), whose array the server
-sends on as a reference to the same run when it starts at the run's first byte.
-The trainer's side of the segment is :mod:`feedmux._plumbing.shmviews`.
+With ``--workers N`` the pool is created before the workers fork, and each process
+allocates in a region of its own (:mod:`feedmux._plumbing.shmruns`): no lock, no
+message, a region has one writer. A worker writes each large drawn array into its
+region (its owned copy, or :func:`shared_empty`) and sends the server 56-byte
+references (state FORWARDED) instead of the bytes; the server sends them on to a
+trainer that maps the pool (SENT: the trainer's to release, into the worker's books,
+which the worker reads when it allocates), or copies the bytes out for a trainer
+that does not, and frees the run. A worker that dies leaves its books in shared
+memory: the server adopts them (:meth:`ShmPool.adopt`) and frees every run of them
+that nothing refers to: one the worker lent out, or forwarded (the state it writes
+before it sends) without the server having taken the message (the server records the
+runs of each message it takes, :meth:`ForwardedRuns.receive`); what the server took,
+and what a trainer holds, come back as a live worker's would. A run whose memory an
+object of the allocating process still holds (a ranked message kept for a successor)
+is pinned and not reused, whatever a trainer's release says, until that object is
+gone; so is a worker's run that the server reads in place (:class:`ForwardedRuns`:
+it decoded the worker's message to deal it to ranks or to cut batches), whose array
+the server sends on as a reference to the same run when it starts at the run's first
+byte. The trainer's side of the segment is :mod:`feedmux._plumbing.shmviews`.
 
 Cleanup: the segment is a file named ``feedmux-<server pid>-<token>`` in
 ``/dev/shm`` (a file, not an anonymous memfd, so that a trainer in another
@@ -290,6 +293,11 @@ class ForwardedRuns:
     def __init__(self, segment: Segment, books: RunBooks) -> None:
         self.segment = segment
         self.books = books
+        #: Per head granule: the generation of the run when the server took a message that
+        #: refers to it (:meth:`receive`; this process's record, never shared). A FORWARDED
+        #: run whose generation is recorded here is the server's: a message it holds, or
+        #: held and sends on, refers to it; the others of a dead worker go nowhere.
+        self.received = np.zeros(segment.granules, np.int64)
 
     def head(self, ref: Any) -> int:
         """The run a worker's reference names (checked: this pool's, forwarded, current)."""
@@ -300,6 +308,20 @@ class ForwardedRuns:
             raise ValueError(f"a sampling worker's reference to run {head} of segment "
                              f"{segment_id:x} is not a run it forwarded to this pool")
         return int(head)
+
+    def receive(self, frames: Sequence[Any]) -> None:
+        """Record that the server took ``frames`` (a worker's message, into its merge): the
+        runs its references name are the server's until it sends them on or frees them."""
+        for frame in frames[2:]:
+            if is_ref(frame):
+                head = self.head(frame)
+                self.received[head] = self.segment.table[head, ROW_GEN]
+
+    def holds(self, head: int) -> bool:
+        """Whether the server holds forwarded run ``head``: it took a message that refers to
+        it (:meth:`receive`, same generation) or reads it in place (kept)."""
+        return (int(self.received[head]) == int(self.segment.table[head, ROW_GEN])
+                or bool(self.books.kept[head]))
 
     def view(self, frame: Any, nbytes: int) -> Any:
         """The memory a worker's reference frame names, kept while a view of it lives (the
@@ -449,13 +471,27 @@ class ShmPool:
         (:meth:`cancel`)."""
         return self.place(frames, state=FORWARDED) if self.wanted else None
 
-    def adopt(self, worker: int) -> int:
-        """Take back the runs of worker ``index`` (it died): every run no trainer claimed
-        (lent out, or forwarded to the server) is free again; those a live trainer holds
-        are its until released. Returns the runs freed."""
-        table = self.segment.table
+    def adopt(self, worker: int, keep_received: bool = True) -> int:
+        """Take back the runs of worker ``worker`` (from 0; it died): they are this
+        process's from now on, and every one that nothing refers to is free again.
+        Returns the runs freed.
+
+        The rule: a run the worker lent out (HELD: a ``shared_empty`` array or an owned
+        copy not sent yet) or forwarded (FORWARDED, its state written before the send)
+        that the server did not take a message of (:meth:`ForwardedRuns.holds`) is free
+        at once, with a new generation: its message was never sent, or died in the
+        worker's queue, or is still on its way and will be dropped (the caller takes
+        nothing more of this worker's socket and gives its shards new tickets). A
+        FORWARDED run the server took is the server's (in its merge, or read in place):
+        it comes back when the server sends it on or frees it, as a live worker's. A run
+        sent to a trainer (SENT, SHARED) is the trainer's until released (or its pid is
+        gone). With ``keep_received`` False (the run fails: nothing the server holds will
+        be sent), every FORWARDED run is freed."""
+        table, forwarded = self.segment.table, self.forwarded
         for head in self.books.adopt(worker + 1):
-            if int(table[head, ROW_STATE]) in (HELD, FORWARDED):
+            state = int(table[head, ROW_STATE])
+            if state == HELD or (state == FORWARDED
+                                 and not (keep_received and forwarded.holds(head))):
                 table[head, ROW_GEN] += 1
                 table[head, ROW_STATE] = FREE
         return self.reclaim()

@@ -157,8 +157,8 @@ def test_exact_epochs_and_the_same_order_while_the_worker_count_changes_every_ha
 
 def test_a_worker_sigkilled_during_a_change_hands_its_shards_over(serve: Any) -> None:
     reference = consume(serve(*live_command("--workers", "1")))
-    # Without the shared-memory pool: with it, a dead worker's runs in the pool cannot be
-    # told apart from those still on their way, and its death fails the run (docs).
+    # Without the shared-memory pool (small samples would not use it anyway); a death
+    # with the pool in use: test_shm_workers.py.
     server = serve(*live_command("--workers", "4", "--no-shm"))
     driver = Driver(server, [4, 2, 4, 3], kill_at=2)
     try:

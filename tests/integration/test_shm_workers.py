@@ -4,13 +4,17 @@ The workers write each large array into their region of the pool and forward
 references; a trainer on this host gets views of the pool, also when the server
 deals the workers' messages to ranks (it reads them in place and sends a rank's
 share on as references to the workers' runs) or builds batches from them. A
-killed worker's runs come back to the pool (a killed trainer's, and a trainer that
-does not map the pool: ``test_shm.py``, run with 2 workers too).
+worker SIGKILLed mid-epoch (or several, at random moments) fails nothing: its shards
+go to the others, every epoch stays exact and in the seeded order, and the views a
+trainer holds stay valid (a killed trainer's runs, and a trainer that does not map the
+pool: ``test_shm.py``, run with 2 workers too).
 """
 
 from __future__ import annotations
 
 import os
+import random
+import re
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks import worker_kills
 from feedmux import RemoteLoader, Server, fetch_stats
 from feedmux.errors import RemoteError
 from tests.integration.conftest import CheckedThread, Spawned, child_pids, wait_until
@@ -35,6 +40,8 @@ MIB = 1 << 20
 #: a batch being stacked, what is on its way to the trainer: 20-32 MiB).
 POOL = 256 * MIB
 SAMPLER = "tests.integration.samplers:large"  # 1 MiB samples whose values are their id
+#: The server's log line that names its workers (docs/server.md).
+_STARTED = re.compile(r"started \d+ sampling worker\(s\): pids ([\d, ]+)")
 
 
 def test_two_workers_write_into_the_pool_and_the_trainer_gets_views_for_two_epochs() -> None:
@@ -64,7 +71,40 @@ def test_two_workers_write_into_the_pool_and_the_trainer_gets_views_for_two_epoc
         server.stop()
 
 
-def test_a_sigkilled_worker_fails_the_run_and_its_runs_come_back() -> None:
+def test_a_worker_sigkilled_mid_epoch_hands_its_shards_over_and_the_run_goes_on(
+        serve: Callable[..., Spawned]) -> None:
+    epoch_size = 60
+    server = serve(SAMPLER, "--arg", f"count={epoch_size}", "--workers", "2", "--epochs", "3",
+                   "--seed", "1", "--samples-per-message", "1", "--shm-size", str(POOL // MIB))
+    started = server.wait_for_stderr(lambda text: _STARTED.search(text) is not None, 30,
+                                     "the workers' pids")
+    match = _STARTED.search(started)
+    assert match is not None
+    victim = int(match[1].split(",")[0])
+    seen: list[tuple[int, int]] = []
+    held: list[tuple[int, np.ndarray]] = []
+    with RemoteLoader(server.data, control=server.control, timeout=60) as loader:
+        for sample in loader:
+            ident, x = int(sample["id"]), sample["x"]
+            assert (x == ident).all(), "a sample's content is not its id's"
+            seen.append((int(loader.last_epoch or 0), ident))
+            if in_pool(x) and len(held) < 8 and len(seen) % 3 == 0:
+                held.append((ident, x))  # views of the pool, kept across the death
+            if len(seen) == epoch_size + epoch_size // 3:  # a third into epoch 2
+                assert seen[-1][0] == 2 and held, "no view of the pool before the kill"
+                os.kill(victim, signal.SIGKILL)
+            del sample, x
+        stats = fetch_stats(server.control)
+    assert server.wait(60) == 0, server.stderr
+    assert f"(pid {victim}) exited unexpectedly with code -9; its shards" in server.stderr
+    assert stats["shm_messages"] > 0 and stats["shards_moved"] >= 1, stats
+    for epoch in (1, 2, 3):
+        assert sorted(i for e, i in seen if e == epoch) == list(range(epoch_size)), (
+            f"epoch {epoch}: samples lost or repeated")
+    assert all((array == ident).all() for ident, array in held), "a held view changed"
+
+
+def test_the_last_workers_sigkilled_fail_the_run_and_their_runs_come_back() -> None:
     server = Server(SAMPLER, bind="tcp://127.0.0.1:0", samples_per_message=1,
                     shm_size=64 * MIB, workers=2, factory_kwargs={"count": 100_000}).start()
     try:
@@ -83,13 +123,14 @@ def test_a_sigkilled_worker_fails_the_run_and_its_runs_come_back() -> None:
                     if len(held) < 3 and in_pool(sample["x"]):
                         held.append(sample["x"])
                     if len(held) == 3 and after_kill is None:
-                        os.kill(child_pids(server.pid)[0], signal.SIGKILL)
+                        for pid in child_pids(server.pid):  # every worker: none is left
+                            os.kill(pid, signal.SIGKILL)
                         after_kill = 0
                     elif after_kill is not None:
                         after_kill += 1
                         assert after_kill < 5000, "the worker's death never reached the trainer"
                     del sample
-            # The server stopped its other worker and took back every run no trainer holds:
+            # The server took back every run no trainer holds:
             # what is in use is what this trainer's live views hold (the 3 kept here and
             # those the loader decoded ahead) and what was on its way to it (sent before
             # the failure, not decoded: the error came on the control socket), to the byte.
@@ -101,6 +142,19 @@ def test_a_sigkilled_worker_fails_the_run_and_its_runs_come_back() -> None:
         server.join(30)
     finally:
         server.stop()
+
+
+def test_workers_sigkilled_at_random_moments_lose_and_repeat_nothing() -> None:
+    # The bounded form of benchmarks.worker_kills: 4 workers, 3 of them SIGKILLed at drawn
+    # sample counts (the seed printed), 1,200 samples of 1 MiB through the pool.
+    seed = random.randrange(1 << 30)
+    print(f"worker kills seed {seed}")
+    outcome = worker_kills.run(workers=4, kills=3, seconds=0, seed=seed, samples=1200,
+                               shm_size=POOL // MIB)
+    assert len(outcome.killed) == 3
+    assert not outcome.misses, (outcome.misses, outcome.stderr[-3000:])
+    assert outcome.rows == worker_kills.reference(4, len(outcome.rows), POOL // MIB), (
+        "the order differs from the uninterrupted run's")
 
 
 def in_a_workers_region(loader: RemoteLoader, array: np.ndarray, workers: int) -> bool:
@@ -284,3 +338,52 @@ def test_a_sigkilled_rank_restarted_continues_exactly_through_the_pool(
     # restarted rank after that, through the pool.
     assert trainers.views("restarted") > 0, "the restarted rank got no view of the pool"
     assert trainers.views("survivor") > 0, "the surviving rank got no view of the pool"
+
+
+def _ranks(server: Spawned, kill: list[int]) -> dict[int, list[tuple[int, int]]]:
+    """Each of 2 ranks' (epoch, id) in order, read through the pool to the end of the
+    stream (some as views of it, at least); rank 0 SIGKILLs a worker of ``kill`` after
+    each 40 samples it read."""
+    got: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
+    pooled = []
+
+    def read(rank: int) -> None:
+        with RemoteLoader(server.data, control=server.control, timeout=60, rank=rank,
+                          world_size=2) as loader:
+            for sample in loader:
+                ident, x = int(sample["id"]), sample["x"]
+                assert (x == ident).all(), "a sample's content is not its id's"
+                got[rank].append((int(loader.last_epoch or 0), ident))
+                if in_pool(x):
+                    pooled.append(ident)
+                if rank == 0 and kill and len(got[0]) % 40 == 0:
+                    os.kill(kill.pop(0), signal.SIGKILL)
+                del sample, x
+
+    threads = [CheckedThread(read, rank) for rank in (0, 1)]
+    for thread in threads:
+        thread.join(120)
+    assert pooled, "no sample came as a view of the pool"
+    return got
+
+
+def test_workers_sigkilled_under_two_ranks_leave_each_ranks_sequence_unchanged(
+        serve: Callable[..., Spawned]) -> None:
+    options = ("--seed", "1", "--shards", "4", "--epochs", "3", "--min-trainers", "2",
+               "--samples-per-message", "1", "--shm-size", str(POOL // MIB))
+    reference = _ranks(serve(worker_kills.SOURCE, *options, "--workers", "1"), [])
+    server = serve(worker_kills.SOURCE, *options, "--workers", "4")
+    started = server.wait_for_stderr(lambda text: _STARTED.search(text) is not None, 30,
+                                     "the workers' pids")
+    match = _STARTED.search(started)
+    assert match is not None
+    victims = [int(pid) for pid in match[1].split(",")][1:]  # 3 of the 4, one by one
+    got = _ranks(server, list(victims))
+    assert server.wait(60) == 0, server.stderr
+    for pid in victims:
+        assert f"(pid {pid}) exited unexpectedly with code -9; its shards" in server.stderr
+    assert got == reference, "a rank's sequence changed with the deaths"
+    epoch_size = worker_kills.STREAMS * worker_kills.PER_STREAM
+    for epoch in (1, 2, 3):
+        ids = sorted(i for rank in (0, 1) for e, i in got[rank] if e == epoch)
+        assert ids == list(range(epoch_size)), f"epoch {epoch}: samples lost or repeated"

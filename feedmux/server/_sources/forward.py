@@ -12,7 +12,11 @@ workers' decoded batches, no sample built, and while more messages wait,
 ``world_size`` of them are held and dealt together so that a rank's message is
 as full as a worker's) and hands every message to the shell. Between messages
 it lets :class:`~feedmux.server._sources.scaling.WorkerScaling` change the
-running workers, and hands a dead worker's shards to the others. A ranked job
+running workers, and hands a dead worker's shards to the others, with the
+shared-memory pool too: it takes what the dead worker's socket already delivered,
+reads that socket no more, and lets the pool take back the worker's runs that no
+message it took refers to (:meth:`WorkerPool.bury`) before the shards get their new
+tickets. A ranked job
 that resumes from a checkpoint while the server runs starts a new *run*: every
 shard gets a new ticket at the resumed epoch. It publishes to the workers the codec to
 compress with (:mod:`feedmux.server._sources.packing`: only while it sends their
@@ -140,6 +144,8 @@ class _Run:
             shard, ticket = unpack_shard(seq)
             if self.ledger.take_data(shard, ticket, int(tags[0, 0]), int(tags[0, 1]),
                                      len(tags)):
+                if shm is not None and has_refs(frames):
+                    shm.forwarded.receive(frames)  # its runs are the server's (a death keeps them)
                 self.merge.put(shard, frames, len(tags), carried_bytes(frames))
             elif shm is not None and has_refs(frames):
                 shm.drop(frames)
@@ -219,13 +225,17 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, shell: SocketS
         events = dict(poller.poll(0 if run.holding else 100))  # held samples wait for no one
         if shell.control in events:
             shell.serve_control(timeout=0)
-        _survive(pool, run)
+        error = _survive(pool, run, sockets, shell)
+        if error is not None:
+            return _failed(error, shell)
         requested = shell.core.scaling.take()
         if requested is not None:
             scaling.request(requested)
         scaling.tick(time.monotonic(), shell.outbox.blocked_seconds, shell.core.samples_sent,
                      run.ledger)
-        ready = [worker for worker in polled if sockets[worker] in events]
+        # A worker that died is read no more: its socket was drained when its death was seen.
+        ready = [worker for worker in polled
+                 if sockets[worker] in events and worker not in pool.lost]
         if not ready:
             if run.ranked is not None and not _send_ranked(run.ranked.flush(), shell):
                 return None if shell.core.restarting else EXIT_OK
@@ -235,15 +245,11 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, shell: SocketS
         for worker in ready:  # a few messages each: fair to every worker
             for _ in range(DRAIN):
                 try:
-                    frames = sockets[worker].recv_multipart(zmq.NOBLOCK, copy=False)
+                    error = _read(run, sockets[worker], shell)
                 except zmq.Again:
                     break
-                shell.compression.forms.arrived(frames)
-                error = run.take(frames, shell.pool)
                 if error is not None:  # at once, whoever's turn it is
-                    log.error("sampling worker failed: %s: %s", error.type, error.message)
-                    shell.fail(error)
-                    return EXIT_FAILED
+                    return _failed(error, shell)
                 if not run.reads_ahead(worker, pool):
                     break  # its read-ahead is full: the others' turns first
         code = _send_merged(run, pool, shell, config)
@@ -252,22 +258,51 @@ def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, shell: SocketS
     return EXIT_OK
 
 
-def _survive(pool: WorkerPool, run: _Run) -> None:
-    """A worker that died: its shards go to the others (with the shared-memory pool, or
-    with none left, the run fails: what it had placed in the pool cannot be told apart)."""
+def _read(run: _Run, socket: Any, shell: SocketShell) -> Error | None:
+    """Take one message of a worker's ``socket`` (:meth:`_Run.take`); zmq.Again if none."""
+    frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
+    shell.compression.forms.arrived(frames)
+    return run.take(frames, shell.pool)
+
+
+def _failed(error: Error, shell: SocketShell) -> int:
+    log.error("sampling worker failed: %s: %s", error.type, error.message)
+    shell.fail(error)
+    return EXIT_FAILED
+
+
+def _survive(pool: WorkerPool, run: _Run, sockets: list[Any],
+             shell: SocketShell) -> Error | None:
+    """A worker that died: what its socket already delivered is taken (under its shards'
+    tickets), its runs of the shared-memory pool that the server did not take come back
+    (:meth:`WorkerPool.bury`), and its shards go to the others, new tickets dropping
+    whatever of it is still on its way. With no worker left the run fails. Returns a
+    worker's Error found among what was delivered."""
     dead = pool.casualties()
     if not dead:
-        return
+        return None
     alive = [slot for slot in range(pool.slots) if slot not in pool.lost]
-    if pool.shm is not None or not alive:
+    if not alive:
         failure = pool.failure(dead[0])
         pool.reclaim()  # what a worker forwarded goes nowhere now: its runs come back
         raise FeedmuxError(failure)
     for slot in dead:
-        log.warning("%s; its shards %s go to the other workers", pool.failure(slot),
-                    ", ".join(map(str, pool.owned(slot))) or "(none)")
+        taken = 0
+        with contextlib.suppress(zmq.Again):
+            while True:  # bounded by the socket's queue: the worker sends no more
+                error = _read(run, sockets[slot], shell)
+                if error is not None:
+                    return error
+                taken += 1
+        freed = pool.bury(slot)
+        log.warning("%s; its shards %s go to the other workers (%d message(s) it had "
+                    "delivered taken%s)", pool.failure(slot),
+                    ", ".join(map(str, pool.owned(slot))) or "(none)", taken,
+                    "" if pool.shm is None else
+                    f", {freed} run(s) of the shared-memory pool free again")
     moved = pool.rehome(run.ledger)
     log.info("workers %d: shards %s moved", len(pool.active), ", ".join(map(str, moved)))
+    return None
 
 
 def _check_skipped(run: _Run, pool: WorkerPool, config: ServerConfig, epoch: int,

@@ -26,9 +26,15 @@ a worker's second SIGTERM ends it wherever its streamer is stuck.
 With the shared-memory pool, the pool is opened before the fork and each worker
 allocates in a region of it (:mod:`feedmux._plumbing.shmruns`): its owned copies
 and ``shared_empty`` arrays are written there, and its messages carry 56-byte
-references instead of the arrays. When a worker dies with the pool in use, the server
-stops the others and takes back their runs that no trainer holds
-(:meth:`WorkerPool.reclaim`); without the pool, its shards go to the other workers.
+references instead of the arrays. A worker that dies (SIGKILL, OOM), with the pool or
+without, hands its shards to the others and the run goes on with one worker fewer (a dead
+worker is not replaced: forking once the server's ZeroMQ context exists is unsafe; the
+run fails only when none is left). The server first takes what the dead worker's socket
+already delivered, then takes back (:meth:`WorkerPool.bury`) every run of its region
+that the server took no message of and no trainer holds: the state a worker writes
+into the slot table before it sends (FORWARDED) and the server's record of the
+references it took tell them apart. Its region is left idle; its shards get new
+tickets, so nothing it still had on its way is taken.
 
 A worker compresses the data messages it forwards with the codec the server publishes
 in :attr:`WorkerPool.codec` (:mod:`feedmux.server._sources.packing`), except while a
@@ -235,13 +241,20 @@ class WorkerPool:
         self.lost.update(fresh)
         return fresh
 
+    def bury(self, slot: int) -> int:
+        """Take back the pool's runs of ``slot``, which died, that nothing refers to (the
+        server took no message of them, no trainer holds them: :meth:`ShmPool.adopt`);
+        the server drained its socket first. Its region is left idle for the run.
+        Returns the runs freed (0 without the pool)."""
+        return 0 if self.shm is None else self.shm.adopt(slot)
+
     def reclaim(self) -> None:
         """Stop every worker and take back the runs of the pool they had not handed to a
-        trainer (the server fails, or a worker died): only the trainers' views stay."""
+        trainer (the server fails): only the trainers' views stay."""
         self.stop()
         if self.shm is not None:
             for index in range(len(self.processes)):
-                self.shm.adopt(index)
+                self.shm.adopt(index, keep_received=False)
 
     def failure(self, slot: int) -> str:
         """A description of worker ``slot``'s exit."""
