@@ -40,8 +40,8 @@ class HandOut:
     (SampleMeta(epoch=3, position=7, server_id='s1'), 3)
     """
 
-    __slots__ = ("__weakref__", "count", "current", "index", "last", "left", "samples",
-                 "server_id", "tags")
+    __slots__ = ("__weakref__", "count", "current", "index", "last", "samples", "server_id",
+                 "tags")
 
     def __init__(self) -> None:
         self.samples: Sequence[Any] = ()
@@ -54,12 +54,6 @@ class HandOut:
         #: Ranked or reliable: (link number, server id, tags, sequence number) of the
         #: current message, for the acknowledging thread (None before the first).
         self.current: tuple[int, str, Any, int] | None = None
-        #: Ranked or reliable, per link number: (server id, epoch, position, sequence
-        #: number) of the last sample handed out of the last message the loader left on
-        #: that link. The acknowledging thread marks it there: a loader over several
-        #: servers moves to another server's message between two of its looks, and a
-        #: server whose messages only marks release must still hear how far it got.
-        self.left: dict[int, tuple[str, int, int, int]] = {}
 
     @property
     def last_meta(self) -> SampleMeta | None:
@@ -93,10 +87,7 @@ class HandOut:
         """Make a new message current, remembering the last sample of the old one."""
         if self.index:  # what was handed out last stays known (last_meta) across the switch
             row = self.tags[self.index - 1]
-            self.last = last = SampleMeta(int(row[0]), int(row[1]), self.server_id)
-            if self.current is not None and self.current[2] is self.tags:  # (once a message)
-                link, left_id, _, seq = self.current
-                self.left[link] = (left_id, last.epoch, last.position, seq)
+            self.last = SampleMeta(int(row[0]), int(row[1]), self.server_id)
         # The index first, then the message: the acknowledging thread reads them the other
         # way round (a torn read under-reports).
         self.index = self.count = 0
