@@ -38,6 +38,9 @@ START_TIMEOUT = 60.0
 RECOVERY_TIMEOUT = 120.0
 #: Seconds the end of a run may take (the trainers reach their last step, the stream ends).
 END_TIMEOUT = 180.0
+#: At the end, how long the free trainers have to hand out what they hold once their server
+#: stopped, and how long their audit logs must stand still to say they did.
+DRAIN_TIMEOUT, DRAIN_QUIET = 30.0, 2.0
 #: Epochs of the DataLoader's server (a pass of its workers per epoch).
 DATALOADER_EPOCHS = 3
 #: Seconds a DataLoader worker waits for a sample before it fails its pass.
@@ -458,6 +461,13 @@ class _Chaos:
             self.say(f"  {server.name} restarted")
 
     # -- the end ------------------------------------------------------------------------------
+    def _drained(self) -> None:
+        """Wait (bounded) until the free trainers handed out what they hold."""
+        logs = [self.scratch / f"free{index}.log" for index in self.free]
+        if not _quiet(logs):
+            self.errors.append(f"the free trainers still handed out {DRAIN_TIMEOUT:g} s "
+                               f"after their server stopped")
+
     def finish(self) -> int | None:
         """Stop everything at a common end; returns the ranked job's last step (None: it ran
         to the end of its stream, or there is none)."""
@@ -467,6 +477,14 @@ class _Chaos:
             checkpoint = (read_json(self.scratch / "checkpoint.json") or {}).get("step", 0)
             stop = (max([checkpoint, *self.marks()]) // EVERY + 5) * EVERY
             write_atomic(self.scratch / "stop.json", json.dumps({"step": stop}))
+        if self.free_server is not None:
+            # The free server stops first and the free trainers hand out what they hold
+            # before they are stopped: the audit takes an epoch as complete once it lies
+            # further than the closing trainers' credit behind the furthest hand-out, and a
+            # trainer frozen just before the end holds an epoch the others have left that
+            # far behind (seed 5 of the mix: its tail, 149 samples, "missing").
+            _terminate(self.free_server.process)
+            self._drained()
         for index, process in list(self.free.items()):
             _terminate(process)
             if process.returncode != 0:
@@ -506,6 +524,22 @@ class _Chaos:
         for server in (self.ranked, self.free_server, self.torch_server):
             if server is not None:
                 _terminate(server.process)
+
+
+def _quiet(logs: list[Path], timeout: float = DRAIN_TIMEOUT, quiet: float = DRAIN_QUIET) -> bool:
+    """Wait until none of the audit ``logs`` has grown for ``quiet`` seconds (their
+    trainers handed out what they held), ``timeout`` at most; whether they did."""
+    deadline = time.monotonic() + timeout
+    sizes: list[int] = []
+    since = time.monotonic()
+    while time.monotonic() < deadline:
+        now_sizes = [log.stat().st_size if log.exists() else 0 for log in logs]
+        if now_sizes != sizes:
+            sizes, since = now_sizes, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return True
+        time.sleep(0.1)  # the poll interval of a bounded wait
+    return False
 
 
 def _handed_out(log: Path) -> bool:
