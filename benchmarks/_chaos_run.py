@@ -142,6 +142,8 @@ class _Chaos:
     step_ms: float
     ranked: _Server | None = None
     free_server: _Server | None = None
+    #: The free server was stopped at the end (the supervisor leaves it stopped).
+    free_stopped: bool = False
     torch_server: _Server | None = None
     ranks: list[subprocess.Popen[bytes] | None] = field(default_factory=list)
     free: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)  # index -> process
@@ -285,7 +287,8 @@ class _Chaos:
     def supervise(self, stopping: bool = False) -> None:
         """Restart whatever died that no event asked for, as a supervisor would."""
         for server in (self.ranked, self.free_server):
-            if server is None or server.alive() or (server is self.ranked and self.ended):
+            if server is None or server.alive() or (server is self.ranked and self.ended) \
+                    or (server is self.free_server and self.free_stopped):
                 continue
             assert server.process is not None
             if server is self.ranked and self.setup.scenario.ranked_epochs \
@@ -483,6 +486,7 @@ class _Chaos:
             # further than the closing trainers' credit behind the furthest hand-out, and a
             # trainer frozen just before the end holds an epoch the others have left that
             # far behind (seed 5 of the mix: its tail, 149 samples, "missing").
+            self.free_stopped = True
             _terminate(self.free_server.process)
             self._drained()
         for index, process in list(self.free.items()):
