@@ -506,6 +506,9 @@ class RemoteLoader:
         if carried is not None and any(carried):
             log.info("rank %d continues after what its predecessor handed out: %s", self.rank,
                      carried)
+            for link, mark in enumerate(carried):
+                if mark is not None:
+                    self._audit.predecessor(link, *mark)
             self._links.predecessor = carried.__getitem__
 
     def _act(self, actions: Iterable[Action]) -> None:
