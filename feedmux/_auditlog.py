@@ -25,6 +25,8 @@ Records (``KIND fields... #crc``)::
     S link server_id epoch_size world_size uneven   the server of a link, when it changes
     H message link epoch runs [keys]  hand-outs: runs "start:count:step,..." of positions
     D message link epoch runs [keys]  a rank's message made current, before any hand-out
+    P link server_id epoch position    a rank's dead predecessor of the same rank handed out
+                                       up to here, as its mark file says (docs/ddp.md)
     C message {json}                   state_dict(): a checkpoint (the positions saved)
     R {json}                           load_state_dict(): resumed from those positions
     Q ended                            close() (ended: the stream had finished)
@@ -277,6 +279,15 @@ class AuditLog:
                 self._flush()
 
     # -- inside the lock ------------------------------------------------------------------
+    def predecessor(self, link: int, server_id: str, epoch: int, position: int) -> None:
+        """A ranked loader read its dead predecessor's mark file: the predecessor handed out
+        ``(epoch, position)`` of server ``server_id`` (link ``link``) last. The
+        predecessor's own log may lack its last few hand-outs (written lazily); this
+        record, written before any server is told, says how far it got."""
+        with self._lock:
+            self._pending.append(record_line(f"P {link} {server_id} {epoch} {position}"))
+            self._flush()
+
     def _mark(self, kind: str, used: int | None, state: dict[str, Any]) -> None:
         saved = {"resume": state.get("resume"),
                  "last": [state.get("last_epoch"), state.get("last_position"),
@@ -365,6 +376,9 @@ class NoAudit:
     def begin(self, link: int, server_id: str, tags: Any, samples: Sequence[Any]) -> None:
         pass
 
+    def predecessor(self, link: int, server_id: str, epoch: int, position: int) -> None:
+        pass
+
     def upto(self, used: int) -> None:
         pass
 
@@ -441,6 +455,9 @@ class Session:
     server_ids: dict[int, str] = field(default_factory=dict)
     #: (index in handouts where it was taken, saved resume positions) of each C record
     checkpoints: list[tuple[int, Any]] = field(default_factory=list)
+    #: link -> (server id, epoch, position) a P record said the dead predecessor of this
+    #: rank handed out last (from its mark file)
+    predecessor: dict[int, tuple[str, int, int]] = field(default_factory=dict)
     #: the positions of R (load_state_dict), if any, and where in handouts it came
     resumed: Any = None
     resumed_at: int = 0
@@ -509,6 +526,9 @@ def _apply(session: Session, text: str) -> None:
         session.server_ids[int(link)] = server_id
         session.servers[int(link)] = (None if size == "-" else int(size), int(world),
                                       "" if uneven == "-" else uneven)
+    elif kind == "P":
+        link, server_id, epoch, position = rest.split(" ")
+        session.predecessor[int(link)] = (server_id, int(epoch), int(position))
     elif kind == "C":
         _, saved = rest.split(" ", 1)
         session.checkpoints.append((len(session.handouts), json.loads(saved)))

@@ -74,6 +74,11 @@ class Log:
         self._write(f"R {json.dumps(saved)}")
         return self
 
+    def predecessor(self, epoch: int, position: int, server: str = "s1") -> Log:
+        """The P record of a rank restarted alone: its predecessor's mark file said this."""
+        self._write(f"P 0 {server} {epoch} {position}")
+        return self
+
     def close(self, ended: bool = False) -> Log:
         self._write(f"Q {int(ended)}")
         return self
@@ -237,6 +242,36 @@ def test_only_a_killed_rank_s_last_message_below_the_checkpoint_counts_unwritten
     past.session(rank=1, world_size=2).resume(1, 4, 2).hand(1, [5, 7, 9]).hand(2, [1]).close()
     report = _report(zero.path, past.path)
     assert report.ok and report.epochs[0].hand_outs == 10, report.text()
+
+
+def test_a_rank_restarted_alone_counts_what_its_predecessor_s_mark_file_said(
+        tmp_path: Path) -> None:
+    """A rank killed before it wrote its last hand-outs, restarted alone on its host: its
+    successor's P record (the predecessor's mark file) says how far it got."""
+    zero = Log(tmp_path / "rank0.log").session(rank=0, world_size=2)
+    zero.hand(1, [0, 2, 4, 6, 8]).hand(2, [0]).close()
+    one = Log(tmp_path / "rank1.log").session(rank=1, world_size=2)
+    one.deal(1, [1, 3, 5]).hand(1, [1])  # killed after handing out 3, before writing it
+    one.session(rank=1, world_size=2).predecessor(1, 3).hand(1, [5, 7, 9]).hand(2, [1]).close()
+    report = _report(zero.path, one.path)
+    assert report.ok, report.text()
+    assert [step[1] for step in report.sequences[(ADDRESS, 1)]] == [1, 3, 5, 7, 9, 1]
+    assert any("which its mark file said" in note for note in report.notes)
+    # Without the P record position 3 is missing; a successor past the mark leaves a gap.
+    for name, said, first in (("none", None, 5), ("gap", (1, 3), 7)):
+        other = Log(tmp_path / name / "rank1.log").session(rank=1, world_size=2)
+        other.deal(1, [1, 3, 5]).hand(1, [1])
+        other.session(rank=1, world_size=2)
+        if said is not None:
+            other.predecessor(*said)
+        other.hand(1, list(range(first, 10, 2))).hand(2, [1]).close()
+        assert not _report(zero.path, other.path).ok, name
+    # Another server's mark says nothing of this server's message.
+    moved = Log(tmp_path / "moved" / "rank1.log").session(rank=1, world_size=2)
+    moved.deal(1, [1, 3, 5]).hand(1, [1])
+    moved.session(rank=1, world_size=2).predecessor(1, 3, server="s0")
+    moved.hand(1, [5, 7, 9]).hand(2, [1]).close()
+    assert _report(zero.path, moved.path).epochs[0].missing == [3]
 
 
 def test_a_resumed_run_that_gives_other_samples_is_a_problem(tmp_path: Path) -> None:

@@ -17,7 +17,10 @@ record says which samples that message held, and those below the checkpoint
 the next session resumed from count as handed out (the job's checkpoint says
 every rank was past them; the log can neither confirm nor contradict it). A
 rank that had not even been dealt its samples before that checkpoint still
-shows up as missing samples. The concatenation is the rank's *effective* sequence, which can be
+shows up as missing samples. A rank restarted alone on the same host read how
+far its killed predecessor got from the predecessor's mark file, and its log
+says so (a P record): the predecessor's unwritten samples up to there count as
+handed out. The concatenation is the rank's *effective* sequence, which can be
 compared with that of an uninterrupted run (``--reference``). Free trainers'
 hand-outs count as they are; a reliable trainer that died may have handed out
 samples it could not tell the server about, which the server then dealt
@@ -300,6 +303,13 @@ def _position(saved: Any, session: Session, address: str) -> tuple[int, int] | N
     return None if where is None else (int(where[0]), int(where[1]))
 
 
+def _predecessor(session: Session, address: str) -> tuple[str, int, int] | None:
+    """What ``session``'s dead predecessor handed out last on ``address`` (its P record)."""
+    if address not in session.addresses:
+        return None
+    return session.predecessor.get(session.addresses.index(address))
+
+
 def _resume_at(session: Session, address: str) -> tuple[int, int] | None:
     """The (epoch, position) ``session`` was resumed at on ``address``, if it was."""
     return _position(session.resumed, session, address)
@@ -341,6 +351,18 @@ def _ranked(name: str, parts: list[_Part], report: AuditReport) -> list[Step]:
                     report.notes.append(f"{name} rank {rank}: {following.describe()} resumed "
                                         f"at epoch {cut[0]} position {cut[1]}, a checkpoint "
                                         f"none of these logs recorded")
+            elif following is not None and (said := _predecessor(following, address)):
+                # Restarted alone on this host: the successor read how far this session got
+                # from its mark file (a store per hand-out), past what its log had written.
+                unwritten = [step for step in part.unwritten()
+                             if (step[0], step[1]) <= said[1:] and part.session.dealt
+                             and part.session.dealt[-1].server_id == said[0]]
+                if unwritten:
+                    report.notes.append(
+                        f"{name} rank {rank}: {part.session.describe()} died before it wrote "
+                        f"that it handed out {len(unwritten)} sample(s) of its last message, "
+                        f"which its mark file said (its successor's P record): counted")
+                steps += unwritten
             sequence += steps
         resumes = sum(_resume_at(part.session, address) is not None for part in rank_parts)
         report.notes.append(f"{name} rank {rank}: {len(rank_parts)} session(s), {resumes} "

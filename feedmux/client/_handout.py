@@ -40,8 +40,8 @@ class HandOut:
     (SampleMeta(epoch=3, position=7, server_id='s1'), 3)
     """
 
-    __slots__ = ("__weakref__", "count", "current", "index", "last", "samples", "server_id",
-                 "tags")
+    __slots__ = ("__weakref__", "count", "current", "index", "last", "marked", "samples",
+                 "server_id", "tags")
 
     def __init__(self) -> None:
         self.samples: Sequence[Any] = ()
@@ -54,6 +54,9 @@ class HandOut:
         #: Ranked or reliable: (link number, server id, tags, sequence number) of the
         #: current message, for the acknowledging thread (None before the first).
         self.current: tuple[int, str, Any, int] | None = None
+        #: Ranked: a one-word view of the loader's mark file, where each hand-out stores the
+        #: new ``index`` (feedmux.client._markfile); None: no mark file.
+        self.marked: Any = None
 
     @property
     def last_meta(self) -> SampleMeta | None:

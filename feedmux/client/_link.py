@@ -347,6 +347,10 @@ class ServerLinks:
         #: ``handed(link) -> (epoch, start, end, ...)``: what a free reliable trainer handed
         #: out lately, said to a restarted server (the loader sets it; docs/resume.md).
         self.handed: Callable[[int], tuple[int, ...]] = lambda index: ()
+        #: ``predecessor(link) -> (server id, epoch, position)`` or None: what a ranked
+        #: trainer's dead predecessor of the same rank handed out last of ``link``'s server,
+        #: read from its mark file (the loader sets it; docs/ddp.md).
+        self.predecessor: Callable[[int], tuple[str, int, int] | None] = lambda index: None
         #: ``handed_below(link) -> Hello.handed_below`` and ``summarized(link, values)``: the
         #: server's summary of every trainer's hand-outs, kept and said to a restarted server.
         self.handed_below: Callable[[int], tuple[int, ...]] = lambda index: ()
@@ -374,12 +378,15 @@ class ServerLinks:
         return [Send(index, probe) for index in range(len(self.links))]
 
     def _hello(self, index: int) -> Hello:
+        predecessor = self.predecessor(index) if self.rank >= 0 else None
         return Hello(client_id=self.client_id, world_size=self.world_size, rank=self.rank,
                      group=self.group, resume=self.position(index) if self.rank >= 0 else (),
                      handed=self.handed(index) if self.links[index].stale else (),
                      handed_below=self.handed_below(index) if self.links[index].stale else (),
                      batch_size=self.batch_size, drop_last=self.drop_last,
-                     bucket_by=self.bucket_by, codecs=self.codecs)
+                     bucket_by=self.bucket_by, codecs=self.codecs,
+                     predecessor=() if predecessor is None else predecessor[1:],
+                     predecessor_server="" if predecessor is None else predecessor[0])
 
     def control(self, index: int, message: Message) -> list[Action]:
         """A control message from the server of link ``index``; raises a server's error."""

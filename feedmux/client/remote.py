@@ -45,6 +45,7 @@ from feedmux.client._diagnosis import InputDiagnosis
 from feedmux.client._endpoints import check_endpoint, endpoints, fetch_stats
 from feedmux.client._handout import HandOut, SampleMeta
 from feedmux.client._link import Action, Attach, Grant, Send, ServerLinks, check_membership
+from feedmux.client._markfile import MarkFile, mark_path, read_marks
 from feedmux.client._moves import AddressBook, Resolve
 from feedmux.client._origin import Origin, not_a_map, register_with_torch
 from feedmux.client._resume import HandedRanges, RankPositions
@@ -273,6 +274,10 @@ class RemoteLoader:
         self._out = HandOut()
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._acks: HandOutAcks | None = None
+        #: A ranked loader's mark file (opened when it connects) and whether a checkpoint was
+        #: restored (a predecessor's marks then mean nothing).
+        self._marks: MarkFile | None = None
+        self._restored = False
         self._seen = SeenPositions() if reliable else None
         self._book = None if resolve is None else AddressBook(resolve)
         self._positions, self._recent = _trackers(self._links, self._out, rank, world_size,
@@ -298,9 +303,13 @@ class RemoteLoader:
             index = out.index
         if self.batch_size is not None:  # a step: the message's next batch_size rows, stacked
             out.index = stop = min(index + self.batch_size, out.count)
+            if out.marked is not None:
+                out.marked[0] = stop
             return batch_step(out.samples, out.tags, index, stop, out.server_id,
                               self.with_meta)
         out.index = index + 1
+        if out.marked is not None:  # a ranked loader: kept across a SIGKILL (_markfile)
+            out.marked[0] = index + 1
         if self.with_meta:
             return out.last_meta, out.samples[index]
         return out.samples[index]
@@ -410,6 +419,8 @@ class RemoteLoader:
             if self._announced:
                 raise StreamValueError(_RESTORED_LATE)
             self._positions.restore(state["resume"])
+            self._restored = True
+            self._links.predecessor = _no_predecessor
         self._audit.resumed(state)
         self._origin.loaded = state  # a forked copy restores it again when it starts over
 
@@ -454,6 +465,7 @@ class RemoteLoader:
         self._waits = LoaderWaits(sockets, self._control, self._links, self._serve_control,
                                   self._handshakes.explain)
         self._announced = announce
+        self._open_marks(controls)
         self._act(self._links.hello() if announce else self._links.probe())
         self._finalizer = weakref.finalize(self, close_sockets, self._origin.pid, context,
                                            sockets)
@@ -471,6 +483,33 @@ class RemoteLoader:
             # A child process (a DataLoader worker) ends without running weakref
             # finalizers: close there, so that its goodbye reaches the servers.
             _close_at_child_exit(self)
+
+    def _open_marks(self, controls: list[str]) -> None:
+        """A ranked loader: read the mark file its dead predecessor of the same rank left on
+        this host (what it handed out last, said in the hellos) and make its own."""
+        if self.rank is None:
+            return
+        path = mark_path(self.addresses, controls, self.group or "", self.rank,
+                         self.world_size)
+        links = len(self.addresses)
+        carried = None if self._restored else read_marks(
+            path, rank=self.rank, world_size=self.world_size, links=links)
+        try:
+            self._marks = MarkFile.create(path, rank=self.rank, world_size=self.world_size,
+                                          links=links, carried=carried or ())
+        except OSError as error:
+            log.warning("rank %d keeps no mark file (%s): if this process is killed, its "
+                        "successor gets its last ~100 ms of samples again", self.rank, error)
+            return
+        self._out.marked = self._marks.index
+        weakref.finalize(self, self._marks.close)
+        if carried is not None and any(carried):
+            log.info("rank %d continues after what its predecessor handed out: %s", self.rank,
+                     carried)
+            for link, mark in enumerate(carried):
+                if mark is not None:
+                    self._audit.predecessor(link, *mark)
+            self._links.predecessor = carried.__getitem__
 
     def _act(self, actions: Iterable[Action]) -> None:
         for action in actions:
@@ -544,6 +583,8 @@ class RemoteLoader:
         current = None
         if self._acks is not None:  # (a server's first message waits until its marks can go)
             current = self._acks.current(self._data.link, server_id, tags, self._data.seq)
+        if self._marks is not None:
+            self._marks.message(self._data.link, server_id, tags)
         self._out.replace(samples, tags, server_id, count, current)
         self._audit.begin(self._data.link, server_id, tags, samples)
         return True
@@ -561,6 +602,9 @@ class RemoteLoader:
         self._closed = True
         if self._acks is not None:
             self._acks.stop()  # its last acknowledgement goes out before the sockets close
+        if self._marks is not None:
+            self._out.marked = None
+            self._marks.close()  # a clean close: a successor starts afresh
         if self._context is not None and self._origin.pid == os.getpid():
             # What it received and did not hand out goes to the others now.
             current = self._out.current
@@ -581,6 +625,11 @@ class RemoteLoader:
 
     def __repr__(self) -> str:
         return f"RemoteLoader({self.addresses!r}, timeout={self.timeout!r})"
+
+
+def _no_predecessor(link: int) -> None:
+    """A loader restored from a checkpoint continues from there, not from a predecessor."""
+    return None
 
 
 def _close_at_child_exit(loader: RemoteLoader) -> None:

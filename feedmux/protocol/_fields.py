@@ -225,9 +225,11 @@ class ControlSpec:
 _CONTROL_SPECS = [
     ControlSpec(Kind.HELLO, Hello, client_id=STR, role=STR, world_size=INT, rank=INT,
                 group=STR, resume=_INTS, handed=_INTS, batch_size=INT, drop_last=_BOOL,
-                handed_below=_INTS, bucket_by=STR, codecs=_INTS,
+                handed_below=_INTS, bucket_by=STR, codecs=_INTS, predecessor=_INTS,
+                predecessor_server=STR,
                 omit_default=("rank", "group", "resume", "handed", "batch_size", "drop_last",
-                              "handed_below", "bucket_by", "codecs")),
+                              "handed_below", "bucket_by", "codecs", "predecessor",
+                              "predecessor_server")),
     ControlSpec(
         Kind.WELCOME,
         Welcome,

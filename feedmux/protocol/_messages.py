@@ -142,6 +142,12 @@ class Hello:
     ``codecs`` are the codecs of compressed frames (``c`` of kind 15) the trainer
     inflates; the server compresses its messages with those only. Empty: a trainer
     older than the field, which is sent raw (docs/protocol.md).
+
+    ``predecessor`` is empty, or what a ranked trainer's predecessor of the same
+    rank (a process that died on this host) handed out last, as its mark file
+    says: ``(epoch, position)`` of server ``predecessor_server``. The server
+    replays that rank's unfinished messages from after it when it is further on
+    than the last mark it got (docs/ddp.md).
     """
 
     client_id: str
@@ -156,6 +162,8 @@ class Hello:
     drop_last: bool = False
     bucket_by: str = ""
     codecs: tuple[int, ...] = ()
+    predecessor: tuple[int, ...] = ()
+    predecessor_server: str = ""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from feedmux.client._markfile import mark_path
 from tests.integration.conftest import ROOT, kill_remaining
 
 pytestmark = pytest.mark.timeout(120)
@@ -219,3 +220,52 @@ def test_a_rank_killed_at_step_10_continues_with_default_messages(
                       if position < SCENARIO_EPOCH)
         assert sorted(ids) == list(range(SCENARIO_EPOCH)) and set(ids.values()) == {1}, (
             f"epoch {epoch}: not every sample exactly once")
+
+
+#: A rank killed while it hands out as fast as it can: epochs of 1000, 500 per rank.
+FAST_EPOCH = 1000
+
+
+@pytest.mark.parametrize("kill_at", [137, 611], ids=["epoch1", "epoch2"])
+def test_a_rank_killed_mid_hand_out_is_continued_exactly(
+    serve: Any, tmp_path: Path, kill_at: int
+) -> None:
+    # Rank 1 reads with no step at all (small samples, several messages queued) and is
+    # SIGKILLed right after its ``kill_at``-th hand-out, whatever its acknowledging thread
+    # told the server: the marks go out every 20 to 100 ms, so the server's last mark lags
+    # the hand-outs by dozens of samples here. The loader's mark file (docs/ddp.md) keeps
+    # the last hand-out across the SIGKILL: the successor continues right after it, and
+    # the union of the two records is the uninterrupted rank 1 (no repeat, no gap).
+    server = serve(SAMPLER, "--arg", "streams=4", "--arg", "per_stream=250", "--epochs", "2",
+                   "--epoch-size", str(FAST_EPOCH), "--samples-per-message", "16",
+                   "--log-level", "info")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def trainer(rank: int, name: str, *flags: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.trainers", server.data, server.control,
+             str(tmp_path / name), "--rank", str(rank), "--world-size", "2", *flags],
+            env=env, cwd=ROOT)
+
+    processes = [trainer(0, "rank0"),
+                 trainer(1, "doomed", "--die-after", str(kill_at), "--abrupt")]
+    try:
+        assert processes[1].wait(timeout=60) == -9
+        processes.append(trainer(1, "restarted"))
+        assert processes[0].wait(timeout=60) == 0
+        assert processes[2].wait(timeout=60) == 0
+        assert server.wait(timeout=30) == 0
+    finally:
+        kill_remaining(processes)
+    doomed = read_ranked(tmp_path / "doomed")
+    restarted = read_ranked(tmp_path / "restarted")
+    assert len(doomed) == kill_at
+    for rank in (0, 1):  # the successor replaced its predecessor's; a clean close removes it
+        assert not os.path.exists(mark_path([server.data], [server.control], "", rank, 2))
+    taken = [(epoch, position) for epoch, _, position in doomed + restarted]
+    expected = [(epoch, position) for epoch in (1, 2) for position in range(1, FAST_EPOCH, 2)]
+    repeated = len(taken) - len(set(taken))
+    assert taken == expected, (
+        f"rank 1 took {len(taken)} samples, {repeated} of them twice: the successor started "
+        f"at {restarted[:1]}, its predecessor's last was {doomed[-1:]}; the server's "
+        f"log:\n{server.stderr}")

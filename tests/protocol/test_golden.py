@@ -235,6 +235,24 @@ GOLDEN: list[tuple[str, Any, dict[str, Any], list[bytes]]] = [
         ),
     ),
     (
+        "hello-predecessor",
+        Hello(client_id="t8", world_size=2, rank=1, predecessor=(3, 45),
+              predecessor_server="9f2c41d07a3e"),
+        {},
+        frames_of(
+            # {"v": 1, "k": 2, "client_id": "t8", "role": "trainer", "world_size": 2,
+            #  "rank": 1, "predecessor": (3, 45), "predecessor_server": "9f2c41d07a3e"}: what
+            #  a dead predecessor of the rank handed out last (its mark file), written only
+            #  when there is one
+            "88 a1 76 01 a1 6b 02 a9 63 6c 69 65 6e 74 5f 69 64 a2 74 38"
+            " a4 72 6f 6c 65 a7 74 72 61 69 6e 65 72 aa 77 6f 72 6c 64 5f 73 69 7a 65 02"
+            " a4 72 61 6e 6b 01"
+            " ab 70 72 65 64 65 63 65 73 73 6f 72 93 c7 00 04 03 2d"
+            " b2 70 72 65 64 65 63 65 73 73 6f 72 5f 73 65 72 76 65 72"
+            " ac 39 66 32 63 34 31 64 30 37 61 33 65",
+        ),
+    ),
+    (
         "heartbeat-grouped",
         Heartbeat(sender_id="t1", received_messages=5, group="eval"),
         {},

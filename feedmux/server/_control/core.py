@@ -422,6 +422,9 @@ class ControlCore:
                 # Is the holder still there? A failed send tells (peer_gone frees the rank).
                 sends.append((holder[0], self.welcome(message.group)))
             return sends
+        if (said := self.tables.predecessor_said(message, self.config.server_id)) is not None:
+            log.info("rank %d: its predecessor handed out up to %s (its mark file), past the "
+                     "last mark it sent", message.rank, said)
         known = identity in self.trainers
         group = message.group or DEFAULT_GROUP
         # A free reliable trainer that outlived its server: what it had is not dealt again.

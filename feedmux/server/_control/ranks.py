@@ -249,6 +249,37 @@ class RankTables:
         holder = self.of(group).holder(ack.rank)
         return holder[0] if holder is not None and holder[1] == ack.client_id else None
 
+    def predecessor_said(self, hello: Hello, server_id: str) -> tuple[int, int] | None:
+        """A rank's new holder (just admitted) says what its dead predecessor handed out
+        last, from the mark file it left (``Hello.predecessor``): the rank's replay is cut
+        there. The mark, when it is further on than the marks the predecessor's thread got
+        here; None when it is not, or means nothing here: another server's (this one
+        restarted), a job resumed from a checkpoint, or nothing of the rank kept to cut.
+
+        >>> tables = RankTables(grouped=False, retention_limit=8)
+        >>> tables.admit(b"a", Hello("a", world_size=1, rank=0), alive=lambda i: False)
+        >>> from feedmux.protocol import Data, encode
+        >>> import numpy as np
+        >>> frames = list(encode(Data(np.array([[1, 0], [1, 1], [1, 2]]), ["x", "y", "z"])))
+        >>> tables.retention.record(0, b"a", frames)
+        1
+        >>> tables.release(b"a")
+        >>> hello = Hello("b", world_size=1, rank=0, predecessor=(1, 1), predecessor_server="s")
+        >>> tables.admit(b"b", hello, alive=lambda i: False)
+        >>> tables.predecessor_said(hello, "another server"), tables.predecessor_said(hello, "s")
+        (None, (1, 1))
+        """
+        said = hello.predecessor
+        if hello.rank < 0 or len(said) != 2 or hello.predecessor_server != server_id \
+                or hello.resume or not self.of(hello.group).dealt(hello.rank):
+            return None
+        mark = (int(said[0]), int(said[1]))
+        ledger = self.retention_of(hello.group)
+        heard = ledger.mark(hello.rank)
+        if not ledger.mark_predecessors(hello.rank, hello.client_id.encode(), mark):
+            return None
+        return mark if heard is None or mark > heard else None
+
     def owed_to_a_successor(self) -> bool:
         """Whether a rank (of the server's job or of a ranked group) has messages its
         holder's predecessor was sent and never handed out, not yet re-sent: nobody

@@ -212,6 +212,17 @@ class Ledger:
                 entry.mark = mark
         self.acknowledge(lane, done)
 
+    def mark_predecessors(self, lane: Hashable, successor: bytes,
+                          mark: tuple[int, int]) -> bool:
+        """``lane``'s new holder ``successor`` says its predecessors handed out up to
+        ``mark`` (a rank's mark file, which a SIGKILL does not lose): recorded as their
+        mark; whether any predecessor's message was kept to be cut there."""
+        targets = {entry.target for entry in self._lanes.get(lane, {}).values()
+                   if entry.target != successor}
+        for target in targets:
+            self.record_mark(lane, target, mark)
+        return bool(targets)
+
     # -- recovery ---------------------------------------------------------------------------
     def lose(self, target: bytes) -> int:
         """``target`` is gone: its messages go where the policy says. Returns how many
