@@ -17,7 +17,7 @@ import zmq
 
 from feedmux import RemoteLoader, Server
 from feedmux.errors import TransportError
-from feedmux.protocol import Hello, Welcome, decode, encode
+from feedmux.protocol import Credit, Hello, Welcome, decode, encode
 from tests.integration.conftest import _START_LINE, ROOT, pid_alive, wait_until
 from tests.integration.hard_samplers import STUCK_LINE
 
@@ -109,20 +109,28 @@ def _trainer(lines: list[str]) -> Iterator[None]:
     """A trainer that said hello to the server of ``lines`` (welcomed), connected till the end.
 
     The server samples once a trainer said hello (its hello tells the delivery
-    mode). It welcomes a waiting trainer again before it starts, and forgets one
-    whose connection is gone by then: the socket stays open.
+    mode) and granted credit on its data socket (a trainer that only says hello,
+    as a DataLoader's main process asking len(), never counts). It welcomes a
+    waiting trainer again before it starts, and forgets one whose connection is
+    gone by then: the sockets stay open.
     """
     start = next(match for line in lines if (match := _START_LINE.search(line)))
     context: zmq.Context[Any] = zmq.Context()
     socket = context.socket(zmq.DEALER)
     socket.linger = 0
+    data = context.socket(zmq.DEALER)
+    data.linger = 0
+    data.setsockopt(zmq.ROUTING_ID, b"stuck-test")
     try:
         socket.connect(start[2])
+        data.connect(start[1])
         socket.send_multipart(encode(Hello("stuck-test")))
         assert socket.poll(10_000), "no welcome within 10 s"
         assert isinstance(decode(socket.recv_multipart()), Welcome)
+        data.send_multipart(encode(Credit(credits=4, client_id="stuck-test")))
         yield
     finally:
+        data.close()
         socket.close()
         context.term()
 

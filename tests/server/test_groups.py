@@ -122,6 +122,8 @@ def test_the_groups_still_waiting_for_their_first_epoch_are_named() -> None:
     buffer.epoch_finished(1)
     assert buffer.waiting() == ["late"]
     buffer.append(["e2-0"], n_samples=1, epoch=2, nbytes=1)
+    assert buffer.waiting() == ["late"]  # its first message is there, not yet received
+    _drain(buffer, "late")
     assert buffer.waiting() == []
 
 

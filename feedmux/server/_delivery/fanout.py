@@ -206,7 +206,7 @@ class GroupFanout:
     def flush(self, deadline: float) -> bool:
         """Deliver every buffered message to every group (until ``deadline``); True if done.
 
-        A group still waiting for its first epoch at the end joined past the stream's
+        A group that has received nothing by the end joined past the stream's
         last whole epoch: it gets the end of the stream, and the log says why.
         """
         try:

@@ -228,8 +228,9 @@ class GroupBuffer:
         return min(held, default=None)
 
     def waiting(self) -> list[str]:
-        """The groups still waiting for their first epoch to begin."""
-        return [name for name, group in self.groups.items() if group.cursor is None]
+        """The groups that have received nothing yet (their first epoch has not begun, or
+        they joined at a boundary and wait for its first message)."""
+        return [name for name, group in self.groups.items() if not group.delivered_messages]
 
     def next_for(self, name: str) -> BufferedMessage | None:
         """The next message for group ``name``, or None if it has them all (or waits)."""
