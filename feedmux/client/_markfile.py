@@ -32,6 +32,8 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+from feedmux._plumbing.shmtable import pid_alive
+
 log = logging.getLogger("feedmux.client")
 
 __all__ = ["MarkFile", "mark_path", "read_marks"]
@@ -161,13 +163,7 @@ def _alive(pid: int, start: int) -> bool:
     except FileNotFoundError:
         return False
     except OSError:  # no /proc: ask the kernel whether the pid exists
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return pid_alive(pid)
     # fields[0] is the state (field 3 of stat), fields[19] the start time (field 22).
     if fields[0] in (b"Z", b"X"):
         return False
