@@ -155,9 +155,7 @@ class DataSockets:
             if link not in self.granted:
                 socket.close(linger=0)  # it was never dealt anything: nothing to say
                 continue
-            seqs = [seq for _, seq in take_all(self.finished[link])]
-            if seqs:
-                send_or_drop(socket, Ack(seqs=seqs, client_id=self.client_id))
+            self._acknowledge(link)
             if mark is not None and mark[0] == link and mark[1]:
                 send_or_drop(socket, Ack(seqs=(mark[1],), client_id=self.client_id,
                                          epoch=mark[2], position=mark[3]))
@@ -184,10 +182,20 @@ class DataSockets:
         finished = self.finished[link]
         finished.append((server_id, seq))
         if len(finished) >= self.ack_batch:
-            seqs = [seq for _, seq in take_all(finished)]
-            if seqs:
-                # A dropped ack only means the server deals those messages again.
-                send_or_drop(self.sockets[link], Ack(seqs=seqs, client_id=self.client_id))
+            self._acknowledge(link)
+
+    def _acknowledge(self, link: int) -> None:
+        """Acknowledge the messages of ``link`` handed out whole that wait, each server
+        process's under its id: sequence numbers start again in a restarted process, so
+        an old process's number must not acknowledge the new one's message of that
+        number (the new process would think it handed out and never deal it again). A
+        dropped ack only means the server deals those messages again."""
+        by_server: dict[str, list[int]] = {}
+        for server_id, seq in take_all(self.finished[link]):
+            by_server.setdefault(server_id, []).append(seq)
+        for server_id, seqs in by_server.items():
+            send_or_drop(self.sockets[link], Ack(seqs=seqs, client_id=self.client_id,
+                                                 server_id=server_id))
 
     def receive(self, links: ServerLinks) -> Data | None:
         """The next data message waiting on the data socket(s), or None."""

@@ -40,11 +40,25 @@ def test_messages_handed_out_whole_are_acknowledged_a_batch_at_a_time() -> None:
         hand_out(data, "s", seq)
     assert socket.sent == [] and list(data.finished[0]) == [("s", 1), ("s", 2)]
     hand_out(data, "s", 3)
-    assert socket.sent == [Ack(seqs=(1, 2, 3), client_id="c")]
+    assert socket.sent == [Ack(seqs=(1, 2, 3), client_id="c", server_id="s")]
     assert not data.finished[0]
     hand_out(data, "s", 4)
     data.forget_ack(0)  # a new server: the old one's sequence numbers mean nothing to it
     assert not data.finished[0] and data.pending_ack is None
+
+
+def test_each_server_process_s_messages_are_acknowledged_under_its_id() -> None:
+    # A message of the old process still queued when its server restarted is dropped and
+    # finished like any other: its number, in the new process's numbering, is another
+    # message, which must not be taken for handed out.
+    socket = RecordingSocket()
+    data = DataSockets([socket], reliable=True, client_id="c", addresses=["x"],
+                       tune_malloc=False, ack_batch=3)
+    hand_out(data, "old", 7)
+    hand_out(data, "new", 1)
+    hand_out(data, "new", 2)
+    assert socket.sent == [Ack(seqs=(7,), client_id="c", server_id="old"),
+                           Ack(seqs=(1, 2), client_id="c", server_id="new")]
 
 
 @pytest.mark.timeout(30)

@@ -45,6 +45,20 @@ def test_acknowledged_messages_are_released() -> None:
     assert credits.unacknowledged == 0 and pick(credits) == b"a"
 
 
+def test_an_earlier_server_process_s_acknowledgement_releases_nothing() -> None:
+    # Its sequence numbers start at 1 too: the old process's message 1 is not this one's.
+    credits = Credits("server-2")
+    credits.take(b"a", Credit(client_id="a", credits=2))
+    deliver(credits, b"a", message(1))
+    credits.take(b"a", Ack(seqs=[1], client_id="a", server_id="server-1"))
+    assert credits.unacknowledged == 1
+    credits.take(b"a", Ack(seqs=[1], client_id="a", server_id="server-2"))
+    assert credits.unacknowledged == 0
+    deliver(credits, b"a", message(2))
+    credits.take(b"a", Ack(seqs=[2], client_id="a"))  # a loader that names no server
+    assert credits.unacknowledged == 0
+
+
 def test_a_lost_trainer_s_messages_go_to_the_front_in_order() -> None:
     credits = Credits()
     ledger = credits.ledger

@@ -199,6 +199,10 @@ class Credits:
                              message.client_id[:64], message.credits)
             peer.capacity = min(MAX_CREDIT, max(0, message.credits))
         elif isinstance(message, Ack):
+            # Another process's sequence numbers (a trainer's acknowledgements from before
+            # this server restarted) would acknowledge this one's messages of those numbers.
+            if message.server_id and self.server_id and message.server_id != self.server_id:
+                return
             if identity in self.peers:
                 for ledger in list(self.ledgers.values()):
                     if message.position >= 0 and message.seqs:
