@@ -84,27 +84,39 @@ def _connector(mode: str, keys: _Keys) -> _harness.Connect:
 def run(repeats: int, quick: bool = False, seconds: float | None = None,
         progress: Callable[[str], None] | None = print) -> dict[str, list[dict[str, Any]]]:
     """Every mode once per round, rotated; the raw records per mode."""
+    keys = _Keys()
+    try:
+        return rotated_rounds(MODES, repeats, lambda mode: _starter(mode, keys),
+                              lambda mode: _connector(mode, keys), quick, seconds, progress)
+    finally:
+        keys.remove()
+
+
+def rotated_rounds(modes: tuple[str, ...], repeats: int,
+                   starter: Callable[[str], _harness.StartProducer],
+                   connector: Callable[[str], _harness.Connect], quick: bool = False,
+                   seconds: float | None = None,
+                   progress: Callable[[str], None] | None = print,
+                   ) -> dict[str, list[dict[str, Any]]]:
+    """The small scenario served to one trainer in each of ``modes``, every mode once per
+    round in an order rotated each round (the drift of a shared machine cancels in the
+    paired ratios); the raw records per mode, with the server's CPU per sample."""
     scenario = next(s for s in SCENARIOS if s.key == SMALL)
     budget = (_harness.Budget.quick(scenario) if quick
               else _harness.Budget.full(scenario, seconds))
-    keys = _Keys()
-    records: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
-    try:
-        for round_index in range(repeats):
-            shift = round_index % len(MODES)
-            for mode in MODES[shift:] + MODES[:shift]:
-                record = _harness.measure(scenario, Contender("feedmux"), budget,
-                                          start_producer=_starter(mode, keys),
-                                          connect=_connector(mode, keys))
-                record.update(mode=mode, round=round_index)
-                if rates(record) and record.get("producer_cpu_seconds") is not None:
-                    record["server_cpu_us_per_sample"] = (
-                        1e6 * record["producer_cpu_seconds"] / record["samples"])
-                records[mode].append(record)
-                if progress is not None:
-                    progress(_progress_line(round_index, record))
-    finally:
-        keys.remove()
+    records: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    for round_index in range(repeats):
+        shift = round_index % len(modes)
+        for mode in modes[shift:] + modes[:shift]:
+            record = _harness.measure(scenario, Contender("feedmux"), budget,
+                                      start_producer=starter(mode), connect=connector(mode))
+            record.update(mode=mode, round=round_index)
+            if rates(record) and record.get("producer_cpu_seconds") is not None:
+                record["server_cpu_us_per_sample"] = (
+                    1e6 * record["producer_cpu_seconds"] / record["samples"])
+            records[mode].append(record)
+            if progress is not None:
+                progress(_progress_line(round_index, record))
     return records
 
 

@@ -24,13 +24,12 @@ from benchmarks import _harness, peers
 from benchmarks.bench_modes import (
     _fmt,
     _median,
-    _progress_line,
     failures_line,
     paired,
-    rates,
+    rotated_rounds,
     rounds_main,
 )
-from benchmarks.scenarios import SCENARIOS, SMALL, Contender
+from benchmarks.scenarios import Contender
 
 MODES = ("unseeded", "seeded")
 SOURCE = "benchmarks.scenarios:small_mux"
@@ -61,23 +60,8 @@ def _connect(contender: Contender, kind: str, endpoints: peers.Endpoints, timeou
 def run(repeats: int, quick: bool = False, seconds: float | None = None,
         progress: Callable[[str], None] | None = print) -> dict[str, list[dict[str, Any]]]:
     """Both modes once per round, rotated; the raw records per mode."""
-    scenario = next(s for s in SCENARIOS if s.key == SMALL)
-    budget = (_harness.Budget.quick(scenario) if quick
-              else _harness.Budget.full(scenario, seconds))
-    records: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
-    for round_index in range(repeats):
-        shift = round_index % len(MODES)
-        for mode in MODES[shift:] + MODES[:shift]:
-            record = _harness.measure(scenario, Contender("feedmux"), budget,
-                                      start_producer=_starter(mode), connect=_connect)
-            record.update(mode=mode, round=round_index)
-            if rates(record) and record.get("producer_cpu_seconds") is not None:
-                record["server_cpu_us_per_sample"] = (
-                    1e6 * record["producer_cpu_seconds"] / record["samples"])
-            records[mode].append(record)
-            if progress is not None:
-                progress(_progress_line(round_index, record))
-    return records
+    return rotated_rounds(MODES, repeats, _starter, lambda mode: _connect, quick, seconds,
+                          progress)
 
 
 def markdown(records: dict[str, list[dict[str, Any]]]) -> str:

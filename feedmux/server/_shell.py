@@ -48,7 +48,7 @@ from feedmux.server._control.meters import ControlMeter, SamplerMeter, sampler_s
 from feedmux.server._control.metrics import MetricsEndpoint
 from feedmux.server._delivery.carrier import Carrier
 from feedmux.server._delivery.compression import LinkCompression
-from feedmux.server._delivery.dealer import Dealer, PlainFree, RankAudience
+from feedmux.server._delivery.dealer import Dealer, RankAudience
 from feedmux.server._delivery.fanout import GroupFanout
 from feedmux.server._delivery.outbox import Outbox
 from feedmux.server._delivery.pool import close_pool, open_pool
@@ -99,10 +99,10 @@ class SocketShell:
         self.core = ControlCore(config, time.monotonic(), os.getpid(), self._extra_stats)
         if config.count_field:
             self.core.counted = lambda: sum(meter.counted for meter in self.meters)
-        if (reliable := self.reliable) is not None:  # the free trainers' acknowledgements
-            self.core.handout_ledgers = lambda: [*self.core.tables.ranked_ledgers(),
-                                                 *list(reliable.credits.ledgers.values())]
-            self.core.granted = reliable.credits.granting  # dealt by credit: who has any
+        reliable = self.reliable  # the free trainers' credit and acknowledgements
+        self.core.handout_ledgers = lambda: [*self.core.tables.ranked_ledgers(),
+                                             *list(reliable.credits.ledgers.values())]
+        self.core.granted = reliable.credits.granting  # dealt by credit: who has any
         #: The same-host shared-memory pool free trainers on this host read large arrays from.
         self.pool = shm(config)  # opened before the workers forked, if there are workers
         if self.pool is not None:
@@ -117,23 +117,16 @@ class SocketShell:
         self.extra_stats.append(self.compression.stats)
         carrier = Carrier(self.pool, self.core, 2 * config.hwm, self.outbox, self._halted,
                           self.compression)
-        # The one choice of the free trainers' recovery policy: none, or (reliable) credit
-        # and a re-deal within their audience. Ranks on a reliable server: their messages
-        # need no sequence number (the ranks' hand-out marks release them), so they go
-        # after the envelope of one that needs none, within the credit their holder granted.
-        if (link := self.reliable) is None:
-            sent_to = self.core.questions.sent_to
-            self.dealer = Dealer(self.outbox, self.core, carrier, self._dealing_halted,
-                                 lambda name: PlainFree(sent_to))
-            free_targets: Callable[[], list[bytes] | None] = self.core.free_targets
-        else:
-            self.dealer = Dealer(self.outbox, self.core, carrier, self._dealing_halted,
-                                 functools.partial(ReliableFree, link,
-                                                   sharers=self.core.sharers), [NO_ACK],
-                                 link.credits.takes)
-            free_targets = _every_trainer
+        # The free trainers' one recovery policy: credit, and a re-deal of a lost trainer's
+        # rest within its audience (exactly once). Ranks: their messages need no sequence
+        # number (the ranks' hand-out marks release them), so they go after the envelope of
+        # one that needs none, within the credit their holder granted.
+        self.dealer = Dealer(self.outbox, self.core, carrier, self._dealing_halted,
+                             functools.partial(ReliableFree, reliable,
+                                               sharers=self.core.sharers), [NO_ACK],
+                             reliable.credits.takes)
         #: The server's free trainers and its ranks (without consumer groups).
-        self.free = self.dealer.free_audience("", free_targets)
+        self.free = self.dealer.free_audience("", _every_trainer)
         self.ranks = RankAudience(self.core.rank_target, lambda: self.core.retention,
                                   lambda: list(self.core.ranks.holders), self.dealer.rank_sender)
         #: Consumer groups: every buffered message goes to each group (None: no groups).
@@ -162,8 +155,7 @@ class SocketShell:
         stats["data_address"], stats["control_address"] = self.data_address, self.control_address
         if self.fanout is not None:
             stats.update(self.fanout.stats())
-        if self.reliable is not None:
-            stats.update(self.reliable.credits.stats())
+        stats.update(self.reliable.credits.stats())
         for figures in self.extra_stats:
             stats.update(figures())
         return stats
@@ -186,14 +178,10 @@ class SocketShell:
         self.control.setsockopt(zmq.ROUTER_HANDOVER, 1)
         #: Everything sent on the data socket leaves through it.
         self.outbox = Outbox(self.data, self.control, self._serve_waiting)
-        self.reliable: ReliableLink | None = None
-        if config.reliable:
-            self.reliable = ReliableLink(self.data, self.outbox, config.server_id,
-                                         self._serve_waiting,
-                                         self.control_meter)
-            self.outbox.serve_data = self.reliable.serve
-        else:  # nothing is expected on the data socket: its waits drop what comes
-            self.outbox.serve_data = self.outbox.drop_stray
+        #: The free trainers' credit and acknowledgements, read from the data socket.
+        self.reliable = ReliableLink(self.data, self.outbox, config.server_id,
+                                     self._serve_waiting, self.control_meter)
+        self.outbox.serve_data = self.reliable.serve
         # What the system gave us: a real port where the configuration said 0.
         self.data_address = bind(self.data, config.bind, "data")
         self.control_address = bind(self.control, config.control_address, "control")
@@ -227,15 +215,10 @@ class SocketShell:
         return not self._halted()
 
     def _drop_stray(self) -> None:
-        """Read the data socket where the data path does not: the free trainers' credit and
-        acknowledgements (what is malformed there is dropped and counted), or, with no
-        free delivery, what a stray peer sent (see :meth:`Outbox.drop_stray`)."""
-        if not readable(self.data):
-            return
-        if self.reliable is not None:
+        """Read the data socket where the data path does not: the trainers' credit and
+        acknowledgements (what is malformed there is dropped and counted)."""
+        if readable(self.data):
             self.reliable.serve()
-        else:
-            self.outbox.drop_stray()
 
     def _redeal(self) -> None:
         """Deal again what lost reliable trainers held, within their audiences."""
@@ -295,10 +278,9 @@ class SocketShell:
                 self.deliver(core.malformed(identity, error, time.monotonic()))
                 continue
             if isinstance(message, Ack) and message.rank < 0:
-                if self.reliable is not None:  # a free trainer's hand-out mark: no answer
-                    self.reliable.marked(message)
+                self.reliable.marked(message)  # a free trainer's hand-out mark: no answer
                 continue
-            if isinstance(message, Heartbeat) and self.reliable is not None:
+            if isinstance(message, Heartbeat):
                 self.reliable.reading(message.sender_id)  # its loader reads: summaries again
             self.deliver(core.receive(identity, message, time.monotonic()))
         self.control_meter.add(received, time.thread_time() - cpu_started)
@@ -382,16 +364,11 @@ class SocketShell:
         if self.fanout is not None:
             self.fanout.flush(time.monotonic() + self.config.drain_timeout)
         self.deliver(core.finish(time.monotonic()))
-        if self.reliable is not None:
-            # Ranks' messages count too: a dead rank's go to its successor first.
-            self.reliable.finish(core.drain_deadline, lambda: bool(self.stopping),
-                                 self._redeal, self._ranks_owed, core.end_message)
-            self.reliable.broadcast(core.end_message())
-            self.deliver(core.end_stream(time.monotonic()))
-        else:
-            self.run_phase(Phase.DRAINING)
-            if core.phase is Phase.DRAINING:  # stopped meanwhile: still say it ended
-                self.deliver(core.end_stream(time.monotonic()))
+        # Ranks' messages count too: a dead rank's go to its successor first.
+        self.reliable.finish(core.drain_deadline, lambda: bool(self.stopping),
+                             self._redeal, self._ranks_owed, core.end_message)
+        self.reliable.broadcast(core.end_message())
+        self.deliver(core.end_stream(time.monotonic()))
         self._repeat_last_word()
 
     def fail(self, error: BaseException | Error) -> None:
@@ -444,24 +421,13 @@ def _every_trainer() -> None:
 def _data_socket(context: zmq.Context[Any], config: ServerConfig,
                  security: ServerCurve | None) -> zmq.Socket[Any]:
     """The data ROUTER (consumer groups' fan-out sends on it too), with its limits."""
-    if config.reliable:
-        # Credit bounds each trainer's queue, so the socket's own limit only has to
-        # stay out of the way. No ZMTP heartbeats: a short outage is a pause, and a
-        # silent trainer is found by its silence (reliable.SILENCE_GRACE). Half-open
-        # connections are bounded: a reliable trainer's libzmq reads whatever comes (no
-        # receive limit), so its window stays open unless the whole process is frozen.
-        data = make_socket(context, zmq.ROUTER, hwm=100_000, heartbeats=False,
-                           security=security, max_message_bytes=DATA_INBOUND_FRAME_BYTES)
-    else:
-        # A ROUTER, so that the core can address a message: to a rank, or to the next
-        # free trainer whose queue has room (an addressed send fails instead of blocking).
-        # Trainers send nothing here: what a peer sends waits unread, bounded below. No
-        # bound on half-open connections: a trainer's full queue closes its receive window
-        # (the back-pressure), and the kernel would cut a trainer in a long step off with
-        # it (see make_socket).
-        data = make_socket(context, zmq.ROUTER, hwm=config.hwm, heartbeats=False,
-                           half_open_bound=False, security=security,
-                           max_message_bytes=DATA_INBOUND_FRAME_BYTES)
+    # Credit bounds each trainer's queue, so the socket's own limit only has to stay out
+    # of the way. No ZMTP heartbeats: a short outage is a pause, and a silent trainer is
+    # found by its silence (reliable.SILENCE_GRACE). Half-open connections are bounded: a
+    # trainer's libzmq reads whatever comes (no receive limit), so its window stays open
+    # unless the whole process is frozen.
+    data = make_socket(context, zmq.ROUTER, hwm=100_000, heartbeats=False,
+                       security=security, max_message_bytes=DATA_INBOUND_FRAME_BYTES)
     data.setsockopt(zmq.ROUTER_MANDATORY, 1)
     data.rcvhwm = DATA_RCVHWM
     return data

@@ -27,8 +27,8 @@ from feedmux.protocol import (
 )
 from feedmux.server._control.core import ControlCore
 from feedmux.server._delivery.carrier import Carrier
-from feedmux.server._delivery.dealer import Dealer, FreeAudience, PlainFree, RankAudience
-from feedmux.server._delivery.ledger import Ledger, Recovery
+from feedmux.server._delivery.dealer import Dealer, FreeAudience, RankAudience
+from feedmux.server._delivery.ledger import Entry, Ledger, Recovery
 from feedmux.server._delivery.outbox import FULL, GONE, SENT, Sent, Wait
 from feedmux.server._delivery.reliable import NO_ACK, ReliableFree, ReliableLink
 from feedmux.server._delivery.shares import SHARE_WAIT
@@ -91,10 +91,47 @@ def _core(**options: Any) -> ControlCore:
     return ControlCore(ServerConfig(source="unused:source", **options), started=0.0)
 
 
+class AnyWithRoom:
+    """A recovery policy that keeps nothing: any member with room, in turn, no envelope.
+    The server's one policy is ReliableFree; this one isolates the dealer's own rules
+    (who is tried, what a full or gone trainer means, what a message nobody took waits
+    for) from credit and acknowledgements."""
+
+    keeps = False
+
+    def __init__(self) -> None:
+        self.sent_to: list[bytes] = []
+
+    def turn(self) -> None:
+        pass
+
+    def candidates(self, members: list[bytes] | None,
+                   resent: Entry | None = None) -> list[tuple[bytes, bytes]]:
+        return [(member, member) for member in members or ()]
+
+    def envelope(self) -> list[bytes]:
+        return []
+
+    def sent(self, identity: bytes, frames: Sequence[Any], resent: Entry | None) -> None:
+        self.sent_to.append(identity)
+
+    def gone(self, identity: bytes) -> None:
+        pass
+
+    def next_redeal(self) -> Entry | None:
+        return None
+
+    def redeal_later(self, entry: Entry) -> None:
+        raise AssertionError("this policy keeps nothing to deal again")
+
+    def wait(self, capped: bool) -> Wait:
+        return Wait.BRIEF if capped else Wait.ROOM
+
+
 def plain_dealer(outbox: FakeOutbox, core: ControlCore) -> Dealer:
     carrier = Carrier(None, core, 8, outbox, lambda: False)  # type: ignore[arg-type]
     return Dealer(outbox, core, carrier, lambda: False,  # type: ignore[arg-type]
-                  lambda name: PlainFree(core.questions.sent_to))
+                  lambda name: AnyWithRoom())
 
 
 def reliable_dealer(outbox: FakeOutbox, core: ControlCore) -> tuple[Dealer, ReliableLink]:
@@ -112,8 +149,8 @@ def test_a_free_message_goes_to_the_first_member_with_room() -> None:
     outbox.answers = {b"a": FULL, b"b": GONE}
     sent, _ = dealer.send(message(0), audience)
     assert sent and [target for target, _ in outbox.sent] == [b"c"]
-    assert outbox.to(b"c")[0] == message(0)  # no envelope without a recovery policy
-    assert core.questions.sent == {b"c": 1}  # its own end of stream counts it
+    assert outbox.to(b"c")[0] == message(0)  # this policy puts no envelope before it
+    assert audience.policy.sent_to == [b"c"]  # type: ignore[attr-defined]
 
 
 def test_a_free_message_nobody_can_take_waits_for_room_and_is_not_lost() -> None:
@@ -281,7 +318,7 @@ def test_a_free_audience_s_members_are_asked_at_each_try() -> None:
     outbox, core = FakeOutbox(), _core()
     dealer = plain_dealer(outbox, core)
     members: list[bytes] = []
-    audience = FreeAudience("g", lambda: list(members), PlainFree(core.questions.sent_to))
+    audience = FreeAudience("g", lambda: list(members), AnyWithRoom())
     assert dealer.offer(message(0), None, audience) is Wait.ROOM
     members.append(b"late")
     assert dealer.offer(message(0), None, audience) is None and outbox.to(b"late")

@@ -15,10 +15,11 @@ from feedmux.protocol import Ack, Data, Error, Hello, Welcome, encode
 from feedmux.server._control.core import ControlCore, Phase, Send, Sends
 from feedmux.server._control.ranks import RankTables
 from feedmux.server._control.resume import CHECKPOINT
-from feedmux.server._delivery.dealer import Dealer, PlainFree
+from feedmux.server._delivery.dealer import Dealer
 from feedmux.server._delivery.fanout import GroupFanout, _RankedGroup
 from feedmux.server._delivery.groups import DEFAULT_GROUP, GroupBuffer, parse_group_buffer
 from feedmux.server.config import ServerConfig, refusal
+from tests.server.test_dealer import AnyWithRoom
 
 
 def _drain(buffer: GroupBuffer, name: str) -> list[object]:
@@ -338,7 +339,7 @@ def test_a_group_given_up_has_its_trainers_told_and_forgotten() -> None:
     core = _core(group_buffer=8, rank_timeout=1.0)
     sends: list[Send] = []
     dealer = Dealer(None, core, None, lambda: False,  # type: ignore[arg-type]  # sends nothing
-                    lambda name: PlainFree(core.questions.sent_to))
+                    lambda name: AnyWithRoom())
     fanout = GroupFanout(core.config, dealer, core, stopping=lambda: False,
                          deliver=sends.extend)
     now = time.monotonic()  # the fan-out reads the clock: its members are live ones

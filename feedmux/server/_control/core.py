@@ -187,37 +187,19 @@ class Questions:
     (``_input_stopped``, libzmq issue 3937). So a trainer asked and not heard
     since is asked nothing more until it speaks.
 
-    ``free`` says whether the server deals free trainers in plain mode (not
-    reliable, no consumer groups from the start; a server whose groups open
-    later stops asking it): then it counts the data messages each one was
-    sent, and once the stream is finished a trainer that received all of its own
-    gets its end of stream at once, without waiting for the others. Under a torch
-    DataLoader (in order) a worker that waits for its end blocks the DataLoader
-    from reading another worker's tail, which blocks the others' drain.
-
     Examples
     --------
-    >>> questions = Questions(free=True)
-    >>> questions.sent_to(b"t1")
+    >>> questions = Questions()
     >>> questions.ask([b"t1", b"t2"], "size?")
     [(b't1', 'size?'), (b't2', 'size?')]
     >>> questions.ask([b"t1", b"t2"], "drained?")  # neither has answered yet
     []
     >>> questions.heard(b"t2"); questions.ask([b"t1", b"t2"], "drained?")
     [(b't2', 'drained?')]
-    >>> questions.complete("t1", received=0), questions.complete("t2", received=0)
-    (False, True)
     """
 
-    def __init__(self, *, free: bool) -> None:
-        self.free = free
-        #: Data messages sent to each free trainer, by its data identity (the client id).
-        self.sent: dict[bytes, int] = {}
+    def __init__(self) -> None:
         self._unanswered: set[bytes] = set()
-
-    def sent_to(self, client: bytes) -> None:
-        """One data message went to the free trainer ``client`` (the hot path: a count)."""
-        self.sent[client] = self.sent.get(client, 0) + 1
 
     def ask(self, trainers: Collection[bytes], message: Message) -> Sends:
         """``message`` to each of ``trainers`` that answered the last question."""
@@ -230,19 +212,12 @@ class Questions:
         """The trainer ``identity`` spoke: it may be asked again."""
         self._unanswered.discard(identity)
 
-    def complete(self, client_id: str, received: int) -> bool:
-        """Whether the free trainer ``client_id`` received every message sent to it."""
-        return self.free and received >= self.sent.get(client_id.encode(), 0)
-
 
 def _heartbeat_answer(core: ControlCore, identity: bytes, trainer: _Trainer) -> Sends:
-    """A trainer's heartbeat: the welcome, and its end of stream if its own is over."""
+    """A trainer's heartbeat: the welcome (its end of stream comes with everyone's, once
+    what every trainer had is handed out or dealt again)."""
     core.questions.heard(identity)
-    welcome = (identity, core.welcome(trainer.group))
-    if (core.phase is Phase.DRAINING and trainer.rank < 0 and not core.tables.grouped
-            and core.questions.complete(trainer.client_id, trainer.received_messages)):
-        return [welcome, (identity, core.end_message())]
-    return [welcome]
+    return [(identity, core.welcome(trainer.group))]
 
 
 def _unknown_welcome(core: ControlCore, group: str) -> Welcome:
@@ -330,17 +305,16 @@ class ControlCore:
         self.wait = TrainerWait()
         self.drain_deadline = 0.0
         self._next_drain = 0.0
-        self.questions = Questions(free=not (config.reliable or config.grouped))
+        self.questions = Questions()
         self._last_total = (-1, -1)  # (received, sent) at the drain's last change
         self._last_change = 0.0
         self._final_started = self._last_heard = 0.0
         #: The rank tables: the server's own, or one per consumer group.
-        self.tables = RankTables(config.grouped, 4 * config.hwm + 64, config.reliable)
+        self.tables = RankTables(config.grouped, 4 * config.hwm + 64)
         self.tables.batches.default_bucket_by = config.bucket_by
         self.ranks = self.tables.server
         #: What each rank was sent beyond what it handed out (for a restarted rank).
         self.retention = self.tables.retention
-        self._free_turn = 0
         self._refused_turn = -1  # the free trainer that got the last unbuildable batch
         #: Where the ranks agreed to resume, (epoch, position); None: from the start.
         self.start_at: tuple[int, int] | None = None
@@ -429,7 +403,7 @@ class ControlCore:
         group = message.group or DEFAULT_GROUP
         # A free reliable trainer that outlived its server: what it had is not dealt again.
         self.trainers[identity] = _Trainer(message.client_id, now, rank=message.rank, group=group,
-                                           handed=self.handed.heard(message, self.config.reliable),
+                                           handed=self.handed.heard(message),
                                            handed_below=message.handed_below,
                                            codecs=frozenset(message.codecs),
                                            sharers=max(1, message.world_size)
@@ -479,14 +453,6 @@ class ControlCore:
             if trainer.client_id == client_id:
                 return trainer.sharers
         return 1
-
-    def free_targets(self) -> list[bytes]:
-        """Data-socket identities of the free trainers, starting with the next in turn."""
-        ids = [trainer.client_id.encode() for trainer in self.trainers.values()]
-        if not ids:
-            return ids
-        self._free_turn = turn = (self._free_turn + 1) % len(ids)
-        return ids[turn:] + ids[:turn]
 
     def refuse_batch(self, problem: str) -> Sends:
         """A batch of the free trainers' could not be built (its samples do not stack): it
@@ -540,12 +506,7 @@ class ControlCore:
         if trainer.rank >= 0:
             return (f"the samples it was sent and had not handed out are kept for the next "
                     f"trainer of rank {trainer.rank}")
-        if self.config.reliable:
-            return "the samples it had not handed out are re-dealt to the other trainers"
-        sent = self.questions.sent.get(trainer.client_id.encode())
-        lost = "" if sent is None else f"{max(0, sent - trainer.received_messages)} "
-        return (f"the {lost}message(s) it was sent and had not received are lost "
-                "(plain delivery; --reliable re-deals them to the other trainers)")
+        return "the samples it had not handed out are re-dealt to the other trainers"
 
     # -- events: the sampler ----------------------------------------------------------------
     def begin(self) -> Sends:
@@ -733,11 +694,8 @@ class ControlCore:
         self._log_handed_out()
 
     def _log_handed_out(self) -> None:
-        """Say which sampled epochs the trainers handed out whole, where the server learns
-        hand-outs: not from plain free trainers (they say what they received, not what
-        their loop took)."""
-        if not self.handouts.pending or (not self.config.reliable and any(
-                t.rank < 0 for t in list(self.trainers.values()))):
+        """Say which sampled epochs the trainers handed out whole."""
+        if not self.handouts.pending:
             return
         ledgers = self.handout_ledgers()
         if not ledgers:
@@ -811,7 +769,7 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
     wait = core.wait
     if wait.ready(core.ranks, core.dealt_trainers(now), config.min_trainers, now):
         start, problem = agreed_start(core.ranks.resumes, core.ranks.world_size or 0)
-        if not (core.ranks.ranked or core.tables.grouped) and core.config.reliable:
+        if not (core.ranks.ranked or core.tables.grouped):
             free = [t for t in core.trainers.values() if t.rank < 0]
             core.handed = Handed((t.handed for t in free if t.handed),
                                  (t.handed_below for t in free if t.handed_below))

@@ -147,9 +147,8 @@ class RankTables:
     "group 'a' deals to 2 ranked trainers: expected a Remote"
     """
 
-    def __init__(self, grouped: bool, retention_limit: int, reliable: bool = False) -> None:
+    def __init__(self, grouped: bool, retention_limit: int) -> None:
         self.grouped = grouped
-        self.reliable = reliable
         self.retention_limit = retention_limit
         self.server = RankTable()
         #: What each rank of the server's own table was sent beyond what it handed out.
@@ -184,7 +183,6 @@ class RankTables:
         """What ``hello`` asks of this server, with what the server is serving so far, in
         the words of the combination table (:data:`~feedmux.server.config.ASKS`)."""
         asked = {
-            "reliable": self.reliable,
             "groups": self.grouped,
             "ranked_job": not self.grouped and self.server.ranked,
             "batches": self.batches.batch_size > 0,

@@ -253,8 +253,8 @@ class Handed:
             self.ranges.setdefault(epoch, []).append((start, end))
         return triples
 
-    def heard(self, hello: Hello, reliable: bool) -> tuple[int, ...]:
-        """A trainer's hello on a ``reliable`` server: the ranges a free trainer that
+    def heard(self, hello: Hello) -> tuple[int, ...]:
+        """A trainer's hello: the ranges a free trainer that
         outlived its server reports are kept out from now on (a hello that comes after
         dealing started); returns them (``hello.handed``).
 
@@ -264,10 +264,10 @@ class Handed:
         reports (:attr:`start` set): a run that started afresh at epoch 1 is no
         continuation of the one the late trainer reports on, and its epochs of
         the same numbers are other samples (it kept every reported position out
-        of them: whole epochs of the new run lost). A ranked trainer's or a plain
-        server's hello adds nothing (anyone can reach the control port).
+        of them: whole epochs of the new run lost). A ranked trainer's hello adds
+        nothing (anyone can reach the control port).
         """
-        if hello.handed and reliable and hello.rank < 0 and self.start is not None:
+        if hello.handed and hello.rank < 0 and self.start is not None:
             self.add(hello.handed)
         return hello.handed
 

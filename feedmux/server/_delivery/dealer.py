@@ -10,8 +10,7 @@ groups is one free audience and one rank audience; each consumer group is an
 audience fed from the groups' buffer. How a message travels to each trainer
 (socket or shared-memory references) is the
 :class:`~feedmux.server._delivery.carrier.Carrier`'s choice; what becomes of a
-free message once sent is the audience's *recovery policy*:
-:class:`PlainFree` (nothing kept: at most once) or
+free message once sent is the audience's *recovery policy*,
 :class:`~feedmux.server._delivery.reliable.ReliableFree` (credit, sequence
 numbers, a ledger of unacknowledged messages and the re-deal of a lost
 trainer's rest to the audience's other members). The dealer tries and waits
@@ -34,7 +33,7 @@ from feedmux.server._delivery.ledger import Entry, Ledger
 from feedmux.server._delivery.outbox import GONE, SENT, Outbox, Wait
 from feedmux.server._delivery.ranksend import RankSender
 
-__all__ = ["Dealer", "FreeAudience", "FreePolicy", "PlainFree", "RankAudience"]
+__all__ = ["Dealer", "FreeAudience", "FreePolicy", "RankAudience"]
 
 
 class FreePolicy(Protocol):
@@ -71,43 +70,6 @@ class FreePolicy(Protocol):
     def wait(self, capped: bool) -> Wait:
         """What a message nobody took waits for (``capped``: a trainer had room but too
         many pool references on their way)."""
-
-
-class PlainFree:
-    """Plain free dealing (no acknowledgements): any trainer with room, in turn; nothing
-    kept (``sent_to`` counts what each trainer was sent, for its own end of stream)."""
-
-    keeps = False
-
-    def __init__(self, sent_to: Callable[[bytes], None]) -> None:
-        self.sent_to = sent_to
-
-    def turn(self) -> None:
-        pass
-
-    def candidates(self, members: list[bytes] | None,
-                   resent: Entry | None = None) -> list[tuple[bytes, bytes]]:
-        return [(member, member) for member in members or ()]
-
-    def envelope(self) -> list[bytes]:
-        return []
-
-    def sent(self, identity: bytes, frames: Sequence[Any], resent: Entry | None) -> None:
-        self.sent_to(identity)
-
-    def gone(self, identity: bytes) -> None:
-        pass  # not connected yet, or gone: the control heartbeats decide which
-
-    def next_redeal(self) -> Entry | None:
-        return None
-
-    def redeal_later(self, entry: Entry) -> None:
-        raise AssertionError("plain dealing keeps nothing to deal again")
-
-    def wait(self, capped: bool) -> Wait:
-        # Room at any trainer would do, unless the one with room had too many references
-        # in transit: then a brief look at control (the ROUTER stays writable meanwhile).
-        return Wait.BRIEF if capped else Wait.ROOM
 
 
 @dataclass

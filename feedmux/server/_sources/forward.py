@@ -344,10 +344,8 @@ def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
         tags = run.number(item)
         if not run.passes_through(shell):
             item = shell.compression.forms.raw(item)  # came compressed before the change
-        if shell.fanout is not None and shell.reliable is not None:
-            # The reliable ledger keeps what it sends, to deal again: whole bytes. Without
-            # it, the groups share a worker's runs as they are (members that map the pool
-            # get views of the worker's copy; the fan-out copies out for the others).
+        if shell.fanout is not None:
+            # The groups' ledgers keep what they send, to deal again: whole bytes.
             item = _whole(shell.pool, item)
         if ranked is not None:
             # Its header decoded (a batch's samples stay stacked, its arrays read from the
