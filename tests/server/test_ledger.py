@@ -30,12 +30,6 @@ def positions(frames: list[object]) -> list[int]:
     return [int(p) for p in read_tags(frames)[:, 1]]
 
 
-def test_plain_delivery_keeps_nothing() -> None:
-    ledger = Ledger(Recovery.NONE)
-    assert ledger.record(b"t", b"t", message(1, 0, 1)) == 1
-    assert ledger.held() == 0 and ledger.nbytes == 0 and ledger.lose(b"t") == 0
-
-
 def test_a_successor_gets_the_rest_after_the_rank_s_mark_in_order() -> None:
     ledger = Ledger(Recovery.REPLAY, limit=8)
     ledger.record(0, b"a", message(1, 0, 2))

@@ -9,8 +9,7 @@ once it was handed out whole (a mark at or past its last sample, or an
 acknowledgement of its sequence number). What happens to the rest when its
 trainer is gone is the ledger's :class:`Recovery` policy:
 
-- :data:`Recovery.NONE` (plain free trainers): nothing is kept;
-- :data:`Recovery.REDEAL` (reliable free trainers): the lost trainer's
+- :data:`Recovery.REDEAL` (free trainers): the lost trainer's
   messages, each cut right after its mark, go to a re-deal queue for the
   other trainers (:meth:`Ledger.lose`, :attr:`Ledger.redeal`), dealt before
   anything new and kept in the order of the samples, oldest epoch first;
@@ -67,7 +66,6 @@ def rest_after(frames: list[Any], mark: tuple[int, int]) -> tuple[np.ndarray, li
 class Recovery(enum.Enum):
     """What becomes of a gone trainer's messages it had not handed out."""
 
-    NONE = "none"
     REDEAL = "re-deal to the other trainers"
     REPLAY = "replay to the rank's successor"
 
@@ -155,8 +153,6 @@ class Ledger:
         if seq is None:
             seq = self.next_seq
         self.next_seq = max(self.next_seq, seq + 1)
-        if self.recovery is Recovery.NONE:
-            return seq
         entry = Entry(target, frames, tags, seq, _size(frames))
         self._lanes.setdefault(lane, {})[seq] = entry
         self.nbytes += entry.nbytes
