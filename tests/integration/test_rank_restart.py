@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,37 @@ pytestmark = pytest.mark.timeout(120)
 SAMPLER = "tests.integration.samplers:numbered"
 EPOCH = 200  # 2 streams x 100: each of the 2 ranks gets 100 samples per epoch
 EPOCHS = 2
+
+
+Start = Callable[..., "subprocess.Popen[bytes]"]
+
+
+def ranked_trainers(server: Any, folder: Path, *options: str, world_size: int = 2) -> Start:
+    """``start(rank, name, *flags)``: a ranked trainer process of ``server`` that records
+    what it hands out in ``folder / name``."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def start(rank: int, name: str, *flags: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.trainers", server.data, server.control,
+             str(folder / name), "--rank", str(rank), "--world-size", str(world_size),
+             *options, *flags], env=env, cwd=ROOT)
+
+    return start
+
+
+def killed_and_restarted(server: Any, start: Start, processes: list[subprocess.Popen[bytes]],
+                         rank: int, timeout: float, exit_code: int = -9) -> None:
+    """The last of ``processes`` (rank ``rank``'s doomed trainer) ends with ``exit_code``,
+    a new trainer ``restarted`` takes its rank, and every trainer and the server end 0."""
+    try:
+        assert processes[-1].wait(timeout=timeout) == exit_code
+        processes.append(start(rank, "restarted"))  # a new client id, the same rank
+        for process in processes[:-2] + processes[-1:]:
+            assert process.wait(timeout=timeout) == 0
+        assert server.wait(timeout=timeout / 2) == 0
+    finally:
+        kill_remaining(processes)
 
 
 def read_ranked(path: Path) -> list[tuple[int, int, int]]:
@@ -57,25 +89,11 @@ def test_a_restarted_rank_continues_right_after_its_predecessor(
     server = serve(SAMPLER, "--arg", "streams=2", "--arg", "per_stream=100", "--arg",
                    f"width={width}", "--epochs", str(EPOCHS), "--epoch-size", str(EPOCH),
                    "--samples-per-message", "16", "--workers", workers, *mode)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-
-    def trainer(rank: int, name: str, *flags: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.trainers", server.data, server.control,
-             str(tmp_path / name), "--rank", str(rank), "--world-size", "2", *mode, *flags],
-            env=env, cwd=ROOT)
-
+    trainer = ranked_trainers(server, tmp_path, *mode)
     # Rank 1 dies inside its 3rd message of epoch 1 (16 samples a message), after a step.
-    processes = [trainer(0, "rank0", "--step-ms", "1"),
-                 trainer(1, "doomed", "--die-after", "37", "--step-ms", "1")]
-    try:
-        assert processes[1].wait(timeout=60) == -9
-        processes.append(trainer(1, "restarted"))  # a new client id, the same rank
-        assert processes[0].wait(timeout=60) == 0
-        assert processes[2].wait(timeout=60) == 0
-        assert server.wait(timeout=30) == 0
-    finally:
-        kill_remaining(processes)
+    killed_and_restarted(server, trainer, [
+        trainer(0, "rank0", "--step-ms", "1"),
+        trainer(1, "doomed", "--die-after", "37", "--step-ms", "1")], rank=1, timeout=60)
 
     rank0 = read_ranked(tmp_path / "rank0")
     doomed = read_ranked(tmp_path / "doomed")
@@ -118,23 +136,10 @@ def test_a_rank_killed_right_after_its_first_samples_is_continued_not_replayed(
     server = serve(SAMPLER, "--arg", "streams=2", "--arg", "per_stream=100", "--arg",
                    "width=8192", "--epochs", "2", "--epoch-size", str(EPOCH),
                    "--samples-per-message", "4", "--log-level", "info")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-
-    def trainer(name: str, *flags: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.trainers", server.data, server.control,
-             str(tmp_path / name), "--rank", "0", "--world-size", "1", *flags],
-            env=env, cwd=ROOT)
-
-    processes = [trainer("doomed", "--die-after", "10", "--abrupt", "--step-ms", "100",
-                         "--acks-late-ms", "3000")]
-    try:
-        assert processes[0].wait(timeout=60) == -9
-        processes.append(trainer("restarted"))
-        assert processes[1].wait(timeout=60) == 0
-        assert server.wait(timeout=30) == 0
-    finally:
-        kill_remaining(processes)
+    trainer = ranked_trainers(server, tmp_path, world_size=1)
+    killed_and_restarted(server, trainer, [
+        trainer(0, "doomed", "--die-after", "10", "--abrupt", "--step-ms", "100",
+                "--acks-late-ms", "3000")], rank=0, timeout=60)
     doomed = read_ranked(tmp_path / "doomed")
     restarted = read_ranked(tmp_path / "restarted")
     assert [position for _, _, position in doomed] == list(range(10))
@@ -176,24 +181,11 @@ def test_a_rank_killed_at_step_10_continues_with_default_messages(
                    "n_active=3", "--arg", f"seed={SCENARIO_SEED}", "--seed", str(SCENARIO_SEED),
                    "--epochs", str(SCENARIO_EPOCHS), "--workers", workers, "--log-level", "info",
                    *size)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-
-    def trainer(rank: int, name: str, *flags: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.trainers", server.data, server.control,
-             str(tmp_path / name), "--rank", str(rank), "--world-size", "2", "--hwm", "0",
-             *flags], env=env, cwd=ROOT)
-
+    trainer = ranked_trainers(server, tmp_path, "--hwm", "0")
     handed = (kill_epoch - 1) * SCENARIO_STEPS + 10
-    processes = [trainer(0, "rank0"), trainer(1, "doomed", "--die-after", str(handed))]
-    try:
-        assert processes[1].wait(timeout=40) == -9
-        processes.append(trainer(1, "restarted"))
-        assert processes[0].wait(timeout=40) == 0
-        assert processes[2].wait(timeout=40) == 0
-        assert server.wait(timeout=20) == 0
-    finally:
-        kill_remaining(processes)
+    killed_and_restarted(server, trainer, [
+        trainer(0, "rank0"), trainer(1, "doomed", "--die-after", str(handed))],
+        rank=1, timeout=40)
 
     rank0 = read_ranked(tmp_path / "rank0")
     doomed = read_ranked(tmp_path / "doomed")
@@ -239,24 +231,10 @@ def test_a_rank_killed_mid_hand_out_is_continued_exactly(
     server = serve(SAMPLER, "--arg", "streams=4", "--arg", "per_stream=250", "--epochs", "2",
                    "--epoch-size", str(FAST_EPOCH), "--samples-per-message", "16",
                    "--log-level", "info")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-
-    def trainer(rank: int, name: str, *flags: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.trainers", server.data, server.control,
-             str(tmp_path / name), "--rank", str(rank), "--world-size", "2", *flags],
-            env=env, cwd=ROOT)
-
-    processes = [trainer(0, "rank0"),
-                 trainer(1, "doomed", "--die-after", str(kill_at), "--abrupt")]
-    try:
-        assert processes[1].wait(timeout=60) == -9
-        processes.append(trainer(1, "restarted"))
-        assert processes[0].wait(timeout=60) == 0
-        assert processes[2].wait(timeout=60) == 0
-        assert server.wait(timeout=30) == 0
-    finally:
-        kill_remaining(processes)
+    trainer = ranked_trainers(server, tmp_path)
+    killed_and_restarted(server, trainer, [
+        trainer(0, "rank0"), trainer(1, "doomed", "--die-after", str(kill_at), "--abrupt")],
+        rank=1, timeout=60)
     doomed = read_ranked(tmp_path / "doomed")
     restarted = read_ranked(tmp_path / "restarted")
     assert len(doomed) == kill_at
