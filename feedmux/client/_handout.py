@@ -98,8 +98,8 @@ class HandOut:
             row = self.tags[self.index - 1]
             self.last = last = SampleMeta(int(row[0]), int(row[1]), self.server_id)
             if self.current is not None and self.current[2] is self.tags:  # (once a message)
-                link, server_id, _, seq = self.current
-                self.left[link] = (server_id, last.epoch, last.position, seq)
+                link, left_id, _, seq = self.current
+                self.left[link] = (left_id, last.epoch, last.position, seq)
         # The index first, then the message: the acknowledging thread reads them the other
         # way round (a torn read under-reports).
         self.index = self.count = 0

@@ -15,7 +15,7 @@ one of its two servers: ``tests/ray/test_fleet.py``).
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Callable
 
 import pytest
@@ -42,13 +42,16 @@ def test_a_ranked_loader_marks_the_server_whose_message_it_left(
         serve(SOURCE, "--arg", "streams=2", "--arg", f"per_stream={samples // 2}",
               "--epochs", "1", "--samples-per-message", "1", "--seed", str(seed))
         for seed, samples in ((1, QUICK), (2, SLOW)))
-    seen: Counter[str] = Counter()
+    seen: dict[str, list[int]] = defaultdict(list)
     with RemoteLoader([quick.data, slow.data], control=[quick.control, slow.control],
                       rank=0, world_size=1, hwm=CREDIT, with_meta=True,
                       timeout=15) as loader:
-        for meta, _ in loader:
-            seen[meta.server_id] += 1
+        for meta, sample in loader:
+            seen[meta.server_id].append(int(sample["id"]))
             if meta.server_id == loader.server_ids[1]:
                 time.sleep(STEP)  # a step of the trainer's own (the quick server's: none)
         server_ids = loader.server_ids
-    assert seen == {server_ids[0]: QUICK, server_ids[1]: SLOW}
+    # Every sample of each server once, under that server's id.
+    assert sorted(seen) == sorted(server_ids)
+    assert sorted(seen[server_ids[0]]) == list(range(QUICK))
+    assert sorted(seen[server_ids[1]]) == list(range(SLOW))
