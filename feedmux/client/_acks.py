@@ -230,6 +230,11 @@ class HandOutAcks:
             self.connected[link].wait(CONNECT_WAIT)
         return link, server_id, tags, seq
 
+    def told(self, mark: tuple[str, int, int]) -> bool:
+        """Whether ``mark`` (server id, epoch, position) is the last mark sent on its
+        server's link (queued on the socket: the thread's close flushes it)."""
+        return mark in list(self.sent)
+
     def _run(self) -> None:
         context: zmq.Context[Any] = zmq.Context()
         # The server answers nothing here: what a server sends waits unread, bounded.
