@@ -284,12 +284,10 @@ class HandOutAcks:
         self._mark_left(sockets, left, marking, now, final)
         if current is None or current[4] <= 0:
             self._acknowledge_finished(sockets)
-            for link, socket in enumerate(sockets):
-                if now - self._last_sent[link] >= HEARTBEAT_INTERVAL:
-                    self._last_sent[link] = now  # nothing handed out yet: a sign of life only
-                    self._offer(socket, Ack(client_id=self.client_id, rank=self.rank))
+            self._signs_of_life(sockets, now)  # nothing handed out yet
             return True
         link, server_id, tags, seq, handed = current
+        self._signs_of_life(sockets, now, marking=link)
         if self._seen is None or self._seen[0] is not tags or self._seen[1] != handed:
             if self._seen is None or self._seen[0] is not tags:
                 self._pace.new_message(now)
@@ -319,6 +317,18 @@ class HandOutAcks:
             self.sent[link], self._last_sent[link] = mark, now
             self._pace.marked(tags)
         return True
+
+    def _signs_of_life(self, sockets: list[Any], now: float, marking: int | None = None) -> None:
+        """A sign of life (an ``Ack`` with no mark) on each link but ``marking`` (the
+        current message's, whose mark is repeated instead) that sent nothing for a
+        heartbeat interval: a loader over several servers in a long step on one
+        server's message is alive for the others too (a free reliable trainer silent
+        for ``SILENCE_GRACE`` counts as lost there, and what it holds is dealt again to
+        the others; a rank's holder silent for a few seconds is said lost)."""
+        for link, socket in enumerate(sockets):
+            if link != marking and now - self._last_sent[link] >= HEARTBEAT_INTERVAL:
+                self._last_sent[link] = now
+                self._offer(socket, Ack(client_id=self.client_id, rank=self.rank))
 
     def _mark_left(self, sockets: list[Any], left: dict[int, tuple[str, int, int, int]],
                    marking: int | None, now: float, final: bool) -> None:
