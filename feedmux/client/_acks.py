@@ -39,7 +39,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,7 +60,7 @@ from feedmux.protocol import Ack, position_runs, take_rows
 log = logging.getLogger("feedmux.client")
 
 __all__ = ["ACK_INTERVAL", "CONNECT_WAIT", "NEW_MESSAGE_INTERVAL", "AckPace", "HandOutAcks",
-           "Progress", "SeenPositions", "progress_of"]
+           "Left", "Progress", "SeenPositions", "left_of", "progress_of"]
 
 #: Seconds between two looks at what was handed out, after a look that sent something.
 ACK_INTERVAL = 0.005
@@ -81,6 +81,9 @@ NEW_MESSAGE_INTERVAL = 0.02
 #: ``() -> (link number, server id, tags, sequence number, handed-out count)`` of the
 #: current message (sequence number 0 outside reliable mode), or None.
 Progress = Callable[[], "tuple[int, str, Any, int, int] | None"]
+#: ``() -> {link number: (server id, epoch, position, sequence number)}``: the last sample
+#: handed out of the last message the loader left on each link (``HandOut.left``).
+Left = Callable[[], "Mapping[int, tuple[str, int, int, int]]"]
 
 
 class AckPace:
@@ -167,6 +170,12 @@ class HandOutAcks:
     ``progress`` is read every :data:`ACK_INTERVAL` to :data:`MAX_ACK_INTERVAL`
     seconds, as :class:`AckPace` says; the thread ends
     when :meth:`stop` is called or ``progress`` reports the loader gone.
+    ``left`` (read just before ``progress``) says how far the loader got in the
+    last message it left on each link: each server is marked on its own link, so
+    a loader over several servers that moved to another server's message between
+    two looks still tells the one it left (a rank's messages are released by
+    its marks alone: a server never told stops dealing to the rank once the
+    rank's credit is used up).
     ``finished`` (a reliable loader's, per link): the (server id, sequence
     number) of messages handed out whole and not acknowledged yet; the thread
     takes them and acknowledges them (an ``Ack`` with no position).
@@ -174,10 +183,12 @@ class HandOutAcks:
 
     def __init__(self, control_addresses: Sequence[str], *, client_id: str, rank: int,
                  progress: Progress, security: Any = None,
-                 finished: Sequence[deque[tuple[str, int]]] = (), credits: int = 2) -> None:
+                 finished: Sequence[deque[tuple[str, int]]] = (), credits: int = 2,
+                 left: Left | None = None) -> None:
         self.client_id = client_id
         self.rank = rank
         self._progress = progress
+        self._left: Left = left or dict
         self._finished = list(finished)
         self._addresses = list(control_addresses)
         self._security = security
@@ -185,9 +196,9 @@ class HandOutAcks:
         self._pid = os.getpid()
         #: Control endpoints that moved (a restarted server elsewhere): (link number, address).
         self._moves: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()
-        #: The last mark sent: (server id, epoch, position).
-        self.sent: tuple[str, int, int] | None = None
-        self._last_sent = -HEARTBEAT_INTERVAL
+        #: Per link: the last mark sent there, (server id, epoch, position), and when.
+        self.sent: list[tuple[str, int, int] | None] = [None] * len(self._addresses)
+        self._last_sent = [-HEARTBEAT_INTERVAL] * len(self._addresses)
         #: Per link: set once this thread's connection to that server is up (or it gave
         #: up waiting), see :meth:`wait_connected`.
         self.connected = [threading.Event() for _ in self._addresses]
@@ -218,6 +229,11 @@ class HandOutAcks:
             self._awaited.add(link)
             self.connected[link].wait(CONNECT_WAIT)
         return link, server_id, tags, seq
+
+    def told(self, mark: tuple[str, int, int]) -> bool:
+        """Whether ``mark`` (server id, epoch, position) is the last mark sent on its
+        server's link (queued on the socket: the thread's close flushes it)."""
+        return mark in list(self.sent)
 
     def _run(self) -> None:
         context: zmq.Context[Any] = zmq.Context()
@@ -256,18 +272,22 @@ class HandOutAcks:
 
     def _send(self, sockets: list[Any], final: bool = False) -> bool:
         try:
+            # What the loader left first: a message is left after its hand-outs were
+            # recorded, and reading the progress records them (the audit log) before any
+            # mark goes out.
+            left = dict(self._left())
             current = self._progress()
         except ReferenceError:
             return False
         now = time.monotonic()
+        marking = None if current is None or current[4] <= 0 else current[0]
+        self._mark_left(sockets, left, marking, now, final)
         if current is None or current[4] <= 0:
             self._acknowledge_finished(sockets)
-            if now - self._last_sent >= HEARTBEAT_INTERVAL:
-                self._last_sent = now
-                for socket in sockets:  # nothing handed out yet: a sign of life only
-                    self._offer(socket, Ack(client_id=self.client_id, rank=self.rank))
+            self._signs_of_life(sockets, now)  # nothing handed out yet
             return True
         link, server_id, tags, seq, handed = current
+        self._signs_of_life(sockets, now, marking=link)
         if self._seen is None or self._seen[0] is not tags or self._seen[1] != handed:
             if self._seen is None or self._seen[0] is not tags:
                 self._pace.new_message(now)
@@ -278,9 +298,9 @@ class HandOutAcks:
         # life of this rank's holder, or of this free reliable trainer, however long the
         # trainer's own steps take.
         waiting = sum(len(finished) for finished in self._finished)
-        due = not (mark == self.sent and now - self._last_sent < HEARTBEAT_INTERVAL) and (
-            mark == self.sent or final or self._pace.mark_due(tags, now, self._last_sent,
-                                                              waiting))
+        sent, last_sent = self.sent[link], self._last_sent[link]
+        due = not (mark == sent and now - last_sent < HEARTBEAT_INTERVAL) and (
+            mark == sent or final or self._pace.mark_due(tags, now, last_sent, waiting))
         # (a mark that moved within the message last acknowledged goes soon, with more)
         if not due:
             # The messages handed out whole wait for the next mark, unless half the credit
@@ -294,9 +314,39 @@ class HandOutAcks:
         if self._offer(sockets[link], Ack(seqs=(seq,) if seq else (), client_id=self.client_id,
                                           server_id=server_id, rank=self.rank, epoch=mark[1],
                                           position=mark[2])):
-            self.sent, self._last_sent = mark, now
+            self.sent[link], self._last_sent[link] = mark, now
             self._pace.marked(tags)
         return True
+
+    def _signs_of_life(self, sockets: list[Any], now: float, marking: int | None = None) -> None:
+        """A sign of life (an ``Ack`` with no mark) on each link but ``marking`` (the
+        current message's, whose mark is repeated instead) that sent nothing for a
+        heartbeat interval: a loader over several servers in a long step on one
+        server's message is alive for the others too (a free reliable trainer silent
+        for ``SILENCE_GRACE`` counts as lost there, and what it holds is dealt again to
+        the others; a rank's holder silent for a few seconds is said lost)."""
+        for link, socket in enumerate(sockets):
+            if link != marking and now - self._last_sent[link] >= HEARTBEAT_INTERVAL:
+                self._last_sent[link] = now
+                self._offer(socket, Ack(client_id=self.client_id, rank=self.rank))
+
+    def _mark_left(self, sockets: list[Any], left: dict[int, tuple[str, int, int, int]],
+                   marking: int | None, now: float, final: bool) -> None:
+        """Mark on each link how far the loader got in the message it left there, if that
+        server was not told yet (coalesced as a new message's mark is; at once in the
+        last word). The link of a current message with samples handed out is marked
+        from that message, which comes after."""
+        for link, (server_id, epoch, position, seq) in left.items():
+            sent = self.sent[link]
+            if seq or link == marking or link >= len(sockets) or (
+                    sent is not None and sent[0] == server_id and sent[1:] >= (epoch, position)):
+                continue  # (a message with a sequence number, left whole, is acknowledged
+                # by that number: it waits in ``finished``)
+            if not final and now - self._last_sent[link] < NEW_MESSAGE_INTERVAL:
+                continue  # the next look sends it, with whatever the loader left since
+            if self._offer(sockets[link], Ack(client_id=self.client_id, server_id=server_id,
+                                              rank=self.rank, epoch=epoch, position=position)):
+                self.sent[link], self._last_sent[link] = (server_id, epoch, position), now
 
     def _acknowledge_finished(self, sockets: list[Any],
                               covered: tuple[int, str, int] | None = None) -> None:
@@ -382,6 +432,20 @@ def progress_of(out: HandOut) -> Progress:
         # under-reports
 
     return progress
+
+
+def left_of(out: HandOut) -> Left:
+    """A :data:`Left` reading a loader's :class:`HandOut` through a weak reference; raises
+    ReferenceError once it is gone."""
+    ref = weakref.ref(out)
+
+    def left() -> Mapping[int, tuple[str, int, int, int]]:
+        target = ref()
+        if target is None:
+            raise ReferenceError("the loader is gone")
+        return target.left.copy()  # (one call: the loader may add a link meanwhile)
+
+    return left
 
 
 class SeenPositions:

@@ -40,8 +40,8 @@ class HandOut:
     (SampleMeta(epoch=3, position=7, server_id='s1'), 3)
     """
 
-    __slots__ = ("__weakref__", "count", "current", "index", "last", "marked", "samples",
-                 "server_id", "tags")
+    __slots__ = ("__weakref__", "count", "current", "index", "last", "left", "marked",
+                 "samples", "server_id", "tags")
 
     def __init__(self) -> None:
         self.samples: Sequence[Any] = ()
@@ -57,6 +57,12 @@ class HandOut:
         #: Ranked: a one-word view of the loader's mark file, where each hand-out stores the
         #: new ``index`` (feedmux.client._markfile); None: no mark file.
         self.marked: Any = None
+        #: Ranked or reliable, per link number: (server id, epoch, position, sequence
+        #: number) of the last sample handed out of the last message the loader left on
+        #: that link. The acknowledging thread marks it there: a loader over several
+        #: servers moves to another server's message between two of its looks, and a
+        #: server whose messages only marks release must still hear how far it got.
+        self.left: dict[int, tuple[str, int, int, int]] = {}
 
     @property
     def last_meta(self) -> SampleMeta | None:
@@ -90,7 +96,10 @@ class HandOut:
         """Make a new message current, remembering the last sample of the old one."""
         if self.index:  # what was handed out last stays known (last_meta) across the switch
             row = self.tags[self.index - 1]
-            self.last = SampleMeta(int(row[0]), int(row[1]), self.server_id)
+            self.last = last = SampleMeta(int(row[0]), int(row[1]), self.server_id)
+            if self.current is not None and self.current[2] is self.tags:  # (once a message)
+                link, left_id, _, seq = self.current
+                self.left[link] = (left_id, last.epoch, last.position, seq)
         # The index first, then the message: the acknowledging thread reads them the other
         # way round (a torn read under-reports).
         self.index = self.count = 0

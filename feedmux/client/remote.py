@@ -38,7 +38,7 @@ from feedmux._plumbing.sockets import (
     MAX_CLIENT_ID,
     readable,
 )
-from feedmux.client._acks import HandOutAcks, SeenPositions, progress_of
+from feedmux.client._acks import HandOutAcks, SeenPositions, left_of, progress_of
 from feedmux.client._batches import BatchMeta, batch_step, unpacked
 from feedmux.client._data import DataSockets, send_or_drop
 from feedmux.client._diagnosis import InputDiagnosis
@@ -477,7 +477,7 @@ class RemoteLoader:
                                      rank=-1 if self.rank is None else self.rank,
                                      progress=self._audit.guard(progress_of(self._out)),
                                      security=self._security, finished=self._data.finished,
-                                     credits=self.hwm)
+                                     credits=self.hwm, left=left_of(self._out))
             weakref.finalize(self, self._acks.stop)
         if multiprocessing.parent_process() is not None:
             # A child process (a DataLoader worker) ends without running weakref

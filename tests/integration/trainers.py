@@ -84,14 +84,20 @@ def main(argv: list[str]) -> int:
                 break
             if count == args.die_after:
                 out.flush()
-                if loader._acks is not None and not args.abrupt:
+                acks = loader._acks
+                if acks is not None and not args.abrupt:
                     # A ranked or reliable loader acknowledges from a thread every few ms: die
                     # once it has told the server this sample (a step longer than that).
                     mark = (meta.server_id, meta.epoch, meta.position)
                     deadline = time.monotonic() + 10
-                    acks = loader._acks
-                    while acks is not None and acks.sent != mark and time.monotonic() < deadline:
-                        time.sleep(0.001)
+                    while not acks.told(mark):
+                        if time.monotonic() > deadline:
+                            # Not a kill after a 10 s step: the others may have been told
+                            # the end meanwhile, and what this one held would be lost.
+                            print(f"the mark {mark} was not sent within 10 s",
+                                  file=sys.stderr)
+                            return 5
+                        time.sleep(0.001)  # the poll interval of a bounded wait
                     # Sent is only queued: stop the thread, whose close flushes it to the
                     # server (under load a SIGKILL right away lost it now and then).
                     acks.stop()

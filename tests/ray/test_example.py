@@ -15,11 +15,6 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(400)]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open, found at the end of the stop that made acknowledged delivery the default: "
-    "ranked loaders made by SamplerFleet.loader() in the driver and read in Ray tasks get "
-    "no data from the two fleet servers (TransportTimeoutError); passes on the commit "
-    "before that change (branch errors), fails after it (branch reliable)"))
 def test_ray_train_example_trains_two_workers_on_a_fleet(cluster: Cluster,
                                                          tmp_path: Path) -> None:
     process = subprocess.Popen(

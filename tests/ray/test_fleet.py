@@ -25,11 +25,6 @@ def by_server_epoch(seen: list[tuple[str, int, int, int]]) -> dict[tuple[str, in
     return grouped
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open, found at the end of the stop that made acknowledged delivery the default: "
-    "ranked loaders made by SamplerFleet.loader() in the driver and read in Ray tasks get "
-    "no data from the two fleet servers (TransportTimeoutError); passes on the commit "
-    "before that change (branch errors), fails after it (branch reliable)"))
 def test_two_servers_two_ranked_trainers_three_exact_epochs(cluster: object) -> None:
     with SamplerFleet(exhaustive_source(STREAMERS, ITEMS), num_servers=2, workers_per_server=2,
                       epochs=EPOCHS, num_cpus=0.5, hwm=4) as fleet:

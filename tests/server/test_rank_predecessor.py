@@ -71,3 +71,32 @@ def test_a_ranked_group_s_successor_is_cut_in_its_group() -> None:
     hello = successor(tables, group="job", predecessor=(1, 0), predecessor_server=SERVER)
     assert tables.predecessor_said(hello, SERVER) == (1, 0)
     assert replayed(tables, "job") == [[1, 2]]
+
+
+def test_a_mark_that_names_another_server_is_a_sign_of_life_only() -> None:
+    # A loader over several servers marks each link with the server of the message it
+    # left there: after a restart, the old process's mark reaches the new one. Its
+    # positions are not this process's: taken, they released messages nobody handed out.
+    tables = RankTables(grouped=False, retention_limit=8)
+    hello = Hello("old", world_size=1, rank=0)
+    assert tables.admit(b"old", hello, alive=lambda identity: False) is None
+    tags = np.array([[1, position] for position in range(5)])
+    frames = list(encode(Data(tags, [{"p": position} for position in range(5)])))
+    tables.retention.record(0, b"old", frames)
+    elsewhere = Ack(client_id="old", rank=0, server_id="the process before", epoch=1,
+                    position=3)
+    assert tables.acknowledged("", elsewhere, SERVER) == b"old"  # alive, all the same
+    assert tables.retention.mark(0) is None
+    tables.release(b"old")
+    successor(tables)
+    assert replayed(tables) == [[0, 1, 2, 3, 4]]
+    # The same mark naming this server (or none) counts.
+    for server_id in (SERVER, ""):
+        tables = RankTables(grouped=False, retention_limit=8)
+        assert tables.admit(b"old", hello, alive=lambda identity: False) is None
+        tables.retention.record(0, b"old", frames)
+        mark = Ack(client_id="old", rank=0, server_id=server_id, epoch=1, position=3)
+        assert tables.acknowledged("", mark, SERVER) == b"old"
+        tables.release(b"old")
+        successor(tables)
+        assert replayed(tables) == [[4]], server_id

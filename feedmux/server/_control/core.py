@@ -339,7 +339,8 @@ class ControlCore:
             # It is also the sign of life of the rank's holder (sent from the loader's thread);
             # one for a rank the trainer's group does not deal to counts for nothing.
             group = _group_of(self.trainers, message.client_id) if self.tables.grouped else ""
-            if (holder := self.tables.acknowledged(group, message)) and holder in self.trainers:
+            holder = self.tables.acknowledged(group, message, self.config.server_id)
+            if holder and holder in self.trainers:
                 self.trainers[holder].last_seen = now
             return NO_SENDS
         if self.final_message is not None and not isinstance(message, StatsRequest):

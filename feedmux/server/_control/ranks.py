@@ -226,7 +226,7 @@ class RankTables:
         self._groups[DEFAULT_GROUP] = (default, Ledger(Recovery.REPLAY, self.retention_limit))
         self.grouped = True
 
-    def acknowledged(self, group: str | None, ack: Ack) -> bytes | None:
+    def acknowledged(self, group: str | None, ack: Ack, server_id: str = "") -> bytes | None:
         """A rank of ``group`` handed out its share up to ``ack``'s mark; the control
         identity of the rank's holder if the acknowledgement is from it (a sign of life).
 
@@ -234,16 +234,21 @@ class RankTables:
         counts for nothing: anyone can reach the control port. ``group`` None: the
         trainer is gone (its last acknowledgement crossed its departure); the mark
         counts in the group whose retention sent it that rank's data, if any (a
-        successor must not get again what it handed out).
+        successor must not get again what it handed out). A mark that names another
+        server than ``server_id`` (the process this one replaced: a loader over
+        several servers marks each link with the server of the message it left
+        there) is a sign of life only: its positions are another process's, and
+        taken here they would release messages of this one nobody handed out.
         """
         if group is None:
             for name in list(self._groups):
-                self.acknowledged(name, ack)
+                self.acknowledged(name, ack, server_id)
             return None
         if not self.of(group).dealt(ack.rank):
             return None
-        self.retention_of(group).record_mark(ack.rank, ack.client_id.encode(),
-                                             (ack.epoch, ack.position))
+        if not (ack.server_id and server_id and ack.server_id != server_id):
+            self.retention_of(group).record_mark(ack.rank, ack.client_id.encode(),
+                                                 (ack.epoch, ack.position))
         holder = self.of(group).holder(ack.rank)
         return holder[0] if holder is not None and holder[1] == ack.client_id else None
 
