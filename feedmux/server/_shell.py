@@ -130,7 +130,7 @@ class SocketShell:
             self.dealer = Dealer(self.outbox, self.core, carrier, self._dealing_halted,
                                  functools.partial(ReliableFree, link,
                                                    sharers=self.core.sharers), [NO_ACK],
-                                 link.credits.takes)
+                                 link.credits.takes, self.batch_refused)
             free_targets = _every_trainer
         #: The server's free trainers and its ranks (without consumer groups).
         self.free = self.dealer.free_audience("", free_targets)
@@ -245,8 +245,9 @@ class SocketShell:
             self.fanout.redeal()
 
     def _ranks_owed(self) -> int:
-        """Messages ranks were sent and have not handed out yet (the groups' ranks too)."""
-        owed = self.core.retention.held()
+        """Messages ranks were sent and have not handed out yet (the groups' ranks too),
+        and the free trainers' batches not sent yet."""
+        owed = self.core.retention.held() + self.dealer.batches_owed()
         return owed if self.fanout is None else owed + self.fanout.ranks_owed()
 
     def _dealing_halted(self) -> bool:
@@ -320,9 +321,9 @@ class SocketShell:
         self.serve_control(timeout=0)
         self.core.look(time.monotonic())
 
-    def batch_refused(self, problem: str) -> None:
-        """A batch could not be built: the error of the trainer it would have gone to."""
-        self.deliver(self.core.refuse_batch(problem))
+    def batch_refused(self, client_id: str, problem: str) -> None:
+        """A batch could not be built: the error of the trainer it was for."""
+        self.deliver(self.core.refuse_batch(client_id, problem))
 
     def deliver(self, sends: Sends) -> None:
         """Send what the core asked for; tell it about every peer a send found gone."""
@@ -374,6 +375,8 @@ class SocketShell:
     def epoch_done(self, epoch: int, count: int) -> None:
         if self.fanout is not None:
             self.fanout.epoch_finished(epoch)
+        else:  # the free trainers' last batches of the epoch (the groups' go at their pace)
+            self.dealer.finish_batches(self.free, epoch)
         self.deliver(self.core.epoch_finished(epoch, count))
 
     def finish(self) -> None:
@@ -381,6 +384,10 @@ class SocketShell:
         core = self.core
         if self.fanout is not None:
             self.fanout.flush(time.monotonic() + self.config.drain_timeout)
+        if self.fanout is None:  # every free trainer's last, partial batch
+            self.dealer.finish_batches(self.free)
+        else:
+            self.fanout.finish_batches()
         self.deliver(core.finish(time.monotonic()))
         if self.reliable is not None:
             # Ranks' messages count too: a dead rank's go to its successor first.

@@ -144,6 +144,8 @@ class _Trainer:
     sharers: int = 1
     #: It mapped this server's shared-memory pool (proved by the pool's token).
     shm: bool = False
+    #: A free trainer's batch shape, ``(batch_size, drop_last)`` (0: single samples).
+    batch: tuple[int, bool] = (0, False)
     #: The codecs of compressed frames it inflates (its hello; none: an older trainer).
     codecs: frozenset[int] = frozenset()
     #: When a drain last sent it a heartbeat to see whether it is still there.
@@ -341,7 +343,6 @@ class ControlCore:
         #: What each rank was sent beyond what it handed out (for a restarted rank).
         self.retention = self.tables.retention
         self._free_turn = 0
-        self._refused_turn = -1  # the free trainer that got the last unbuildable batch
         #: Where the ranks agreed to resume, (epoch, position); None: from the start.
         self.start_at: tuple[int, int] | None = None
         #: Live ranks further on than ``start_at``: where each is (nothing before is re-dealt).
@@ -432,6 +433,8 @@ class ControlCore:
                                            handed=self.handed.heard(message, self.config.reliable),
                                            handed_below=message.handed_below,
                                            codecs=frozenset(message.codecs),
+                                           batch=(message.batch_size, message.drop_last)
+                                           if message.rank < 0 else (0, False),
                                            sharers=max(1, message.world_size)
                                            if message.rank < 0 else 1)
         if not known:
@@ -488,20 +491,31 @@ class ControlCore:
         self._free_turn = turn = (self._free_turn + 1) % len(ids)
         return ids[turn:] + ids[:turn]
 
-    def refuse_batch(self, problem: str) -> Sends:
-        """A batch of the free trainers' could not be built (its samples do not stack): it
-        is the error of the trainer next in turn (the one it would have gone to), not the
-        server's; the others go on. Nobody to tell: only the log says it."""
-        free = [(identity, trainer) for identity, trainer in self.trainers.items()
-                if trainer.rank < 0]
-        if not free:
-            return NO_SENDS
-        self._refused_turn = turn = (self._refused_turn + 1) % len(free)
-        identity, trainer = free[turn]
-        log.warning("trainer %s gets an error instead of a batch: %s", trainer.client_id,
-                    problem)
+    def batch_shape(self, client_id: str) -> tuple[int, bool]:
+        """Free trainer ``client_id``'s batch shape, ``(batch_size, drop_last)`` (0: single
+        samples, as for a trainer not connected)."""
+        for trainer in list(self.trainers.values()):
+            if trainer.client_id == client_id:
+                return trainer.batch
+        return (0, False)
+
+    def batch_shapes(self, audience: str, refused: Collection[str] = ()) -> set[tuple[int, bool]]:
+        """The batch shapes of the free trainers of ``audience`` ("": the server's, or the
+        group default's; else a group's), but the trainers ``refused``."""
+        group = audience or DEFAULT_GROUP
+        return {trainer.batch for trainer in list(self.trainers.values())
+                if trainer.group == group and trainer.rank < 0
+                and trainer.client_id not in refused}
+
+    def refuse_batch(self, client_id: str, problem: str) -> Sends:
+        """A batch for free trainer ``client_id`` could not be built (its samples do not
+        stack): its error, not the server's; the others go on. Nobody to tell (it is
+        gone): only the log says it."""
+        log.warning("trainer %s gets an error instead of a batch: %s", client_id[:64], problem)
         return [(identity, Error(type=BATCH_NOT_BUILT, message=problem,
-                                 server_id=self.config.server_id))]
+                                 server_id=self.config.server_id))
+                for identity, trainer in list(self.trainers.items())
+                if trainer.client_id == client_id]
 
     def _count_reconnect(self, client_id: str) -> None:
         """A trainer id seen before arrived on a new connection: count a reconnect."""
