@@ -11,9 +11,13 @@ asked for batches gets its share as batches of its size, each epoch's last one s
 from __future__ import annotations
 
 import functools
+import os
 import re
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,7 +25,7 @@ import pytest
 
 from feedmux import RemoteLoader, Server
 from feedmux.errors import FeedmuxError, RemoteError
-from tests.integration.conftest import CheckedThread, Spawned
+from tests.integration.conftest import ROOT, CheckedThread, Spawned, kill_remaining
 
 
 def threaded(target: Callable[..., Any], *args: Any, **options: Any) -> CheckedThread:
@@ -187,3 +191,39 @@ def test_an_unbuildable_batch_is_that_trainers_error_and_the_other_gets_every_sa
     assert "bucket_by=" in said and "pad=True" in said
     assert sorted(outcomes["single"]) == list(range(64)), outcomes["single"]
     assert server.wait(timeout=60) == 0, server.stderr
+
+
+def records(path: Path) -> list[tuple[int, int]]:
+    return [(int(epoch), int(sample_id)) for epoch, sample_id in
+            (line.split() for line in path.read_text().splitlines())]
+
+
+@pytest.mark.parametrize(("workers", "survivor_batch"), [("1", 0), ("2", 5), ("1", 8)])
+def test_a_killed_batched_trainers_rest_goes_to_the_others_exactly_once(
+        serve: Callable[..., Spawned], tmp_path: Path, workers: str, survivor_batch: int) -> None:
+    # The batches a trainer of batch_size=8 was sent and had not handed out go back to the
+    # others (its ledger keeps the batches' bytes, cut after its last mark), whatever their
+    # own batch size; what its shape held and had not sent yet goes on to the others.
+    server = serve("tests.integration.samplers:numbered", "--arg", "per_stream=500",
+                   "--epochs", "2", "--samples-per-message", "10", "--min-trainers", "2",
+                   "--workers", workers)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    common = [sys.executable, "-m", "tests.integration.trainers", server.data, server.control]
+    doomed = subprocess.Popen([*common, str(tmp_path / "doomed"), "--batch-size", "8",
+                               "--die-after", "30", "--step-ms", "2"], env=env, cwd=ROOT)
+    survivor = subprocess.Popen([*common, str(tmp_path / "survivor"), "--batch-size",
+                                 str(survivor_batch)], env=env, cwd=ROOT)
+    try:
+        assert doomed.wait(timeout=90) == -9
+        assert survivor.wait(timeout=90) == 0
+    finally:
+        kill_remaining([doomed, survivor])
+    dead, alive = records(tmp_path / "doomed"), records(tmp_path / "survivor")
+    assert len(dead) == 30 * 8
+    assert server.wait(timeout=30) == 0
+    for epoch in (1, 2):
+        got = Counter(i for e, i in dead + alive if e == epoch)
+        assert got == Counter(range(2000)), (
+            f"epoch {epoch}: lost {sorted(set(range(2000)) - set(got))[:20]}, twice "
+            f"{sorted(i for i, n in got.items() if n > 1)[:20]}; the server said:\n"
+            f"{server.stderr[-3000:]}")

@@ -501,11 +501,14 @@ class ControlCore:
 
     def batch_shapes(self, audience: str, refused: Collection[str] = ()) -> set[tuple[int, bool]]:
         """The batch shapes of the free trainers of ``audience`` ("": the server's, or the
-        group default's; else a group's), but the trainers ``refused``."""
+        group default's; else a group's) that the data path can deal to (those that granted
+        credit and are not lost, where it deals by credit), but the trainers ``refused``."""
         group = audience or DEFAULT_GROUP
+        granted = self.granted()
         return {trainer.batch for trainer in list(self.trainers.values())
                 if trainer.group == group and trainer.rank < 0
-                and trainer.client_id not in refused}
+                and trainer.client_id not in refused
+                and (granted is None or trainer.client_id in granted)}
 
     def refuse_batch(self, client_id: str, problem: str) -> Sends:
         """A batch for free trainer ``client_id`` could not be built (its samples do not
