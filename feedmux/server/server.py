@@ -395,7 +395,7 @@ class Server:
                     start=shell.core.start_at, fresh=shell.core.handed.fresh,
                     batches=shell.core.tables.batches.assemblers(config.buckets), shm=shell.pool,
                     max_skips=config.max_skips,
-                    meanwhile=stand_in.drawing,
+                    meanwhile=stand_in.drawing, batch_hint=shell.core.batch_hint,
                 )
                 if not (self._stop or shell.core.restarting):
                     shell.finish()

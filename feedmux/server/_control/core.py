@@ -111,6 +111,8 @@ CLIENT_ID_TAKEN = "feedmux.errors.ClientIdInUseError"
 BATCH_NOT_BUILT = "feedmux.errors.DataError"
 #: Trainer ids remembered to count reconnects (ids come from peers: the set is bounded).
 MAX_REMEMBERED_TRAINERS = 10_000
+#: The batch shape of a trainer that takes single samples.
+NO_BATCH_SHAPE = (0, False)
 #: Refused ranks' reasons kept for the job's other ranks (hellos come from peers: bounded).
 MAX_REFUSALS = 4
 
@@ -325,6 +327,8 @@ class ControlCore:
         #: The client ids of the trainers that granted credit, where the data path deals by
         #: credit (the shell sets it on a reliable server; None: every trainer is dealt to).
         self.granted: Callable[[], Collection[str] | None] = lambda: None
+        #: The batch shapes of the free trainers that asked for batches, by client id.
+        self._batch_shapes: dict[bytes, tuple[int, bool]] = {}
         self.handouts = HandOuts()
         #: The latest refused ranks (rank, client id, why): the job's other ranks hear why.
         self.refusals: deque[tuple[int, str, str]] = deque(maxlen=MAX_REFUSALS)
@@ -437,6 +441,12 @@ class ControlCore:
                                            if message.rank < 0 else (0, False),
                                            sharers=max(1, message.world_size)
                                            if message.rank < 0 else 1)
+        shape = self.trainers[identity].batch
+        self._batch_shapes.pop(message.client_id.encode(), None)
+        if shape != NO_BATCH_SHAPE:  # (ids come from peers: bounded, the oldest forgotten)
+            if len(self._batch_shapes) >= MAX_REMEMBERED_TRAINERS:
+                del self._batch_shapes[next(iter(self._batch_shapes))]
+            self._batch_shapes[message.client_id.encode()] = shape
         if not known:
             rank = f" as rank {message.rank} of {message.world_size}" if message.rank >= 0 else ""
             where = f" in group {group}" if self.tables.grouped else ""
@@ -491,15 +501,19 @@ class ControlCore:
         self._free_turn = turn = (self._free_turn + 1) % len(ids)
         return ids[turn:] + ids[:turn]
 
-    def batch_shape(self, client_id: str) -> tuple[int, bool]:
+    def batch_shape(self, client_id: bytes) -> tuple[int, bool]:
         """Free trainer ``client_id``'s batch shape, ``(batch_size, drop_last)`` (0: single
-        samples, as for a trainer not connected)."""
-        for trainer in list(self.trainers.values()):
-            if trainer.client_id == client_id:
-                return trainer.batch
-        return (0, False)
+        samples, as for a trainer not connected); on the data path: a dict lookup."""
+        return self._batch_shapes.get(client_id, NO_BATCH_SHAPE)
 
-    def batch_shapes(self, audience: str, refused: Collection[str] = ()) -> set[tuple[int, bool]]:
+    def batch_hint(self) -> int:
+        """The largest batch size a connected free trainer asked for (0: none): what the
+        sampled messages are sized by (whole batches of it), so that cutting them is
+        slicing. Once per message: the registry is small."""
+        return max((trainer.batch[0] for trainer in list(self.trainers.values())
+                    if trainer.rank < 0), default=0)
+
+    def batch_shapes(self, audience: str, refused: Collection[bytes] = ()) -> set[tuple[int, bool]]:
         """The batch shapes of the free trainers of ``audience`` ("": the server's, or the
         group default's; else a group's) that the data path can deal to (those that granted
         credit and are not lost, where it deals by credit), but the trainers ``refused``."""
@@ -507,7 +521,7 @@ class ControlCore:
         granted = self.granted()
         return {trainer.batch for trainer in list(self.trainers.values())
                 if trainer.group == group and trainer.rank < 0
-                and trainer.client_id not in refused
+                and trainer.client_id.encode() not in refused
                 and (granted is None or trainer.client_id in granted)}
 
     def refuse_batch(self, client_id: str, problem: str) -> Sends:

@@ -51,7 +51,7 @@ __all__ = ["MAX_PENDING", "Dealer", "FreeAudience", "FreePolicy", "PlainFree", "
 MAX_PENDING = 2
 
 
-def _single_samples(client_id: str) -> Shape:
+def _single_samples(client_id: bytes) -> Shape:
     return NO_BATCHES
 
 
@@ -305,8 +305,7 @@ class Dealer:
         policy, batches = audience.policy, audience.batches
         candidates = [(identity, trainer) for identity, trainer
                       in policy.candidates(audience.members())
-                      if batches.shape(client_id := trainer.decode(errors="replace")) == shape
-                      and client_id not in batches.refused]
+                      if batches.shape(trainer) == shape and trainer not in batches.refused]
         if not candidates:
             return False
         placed = self.carrier.share(frames, SENT_RUNS)  # never waits: whole when it is full
@@ -343,10 +342,10 @@ class Dealer:
             with stacking_into(pool.empty if pool is not None and pool.wanted else None):
                 batches.cut(shape, frames)
         except ProtocolError as error:
-            client_id = trainer.decode(errors="replace")
-            batches.refused.add(client_id)
+            batches.refused.add(trainer)
             tags = read_tags(list(frames))
-            self.refuse(client_id, unstackable(error, int(tags[0, 0]), shape[0]))
+            self.refuse(trainer.decode(errors="replace"),
+                        unstackable(error, int(tags[0, 0]), shape[0]))
             unbatchable = (*(() if resent is None else resent.unbatchable), shape)
             returned = [back for _, back in batches.returned] + [list(frames)]
             batches.returned = []
@@ -369,12 +368,11 @@ class Dealer:
         policy, capped = audience.policy, False
         batches = audience.batches
         for identity, trainer in policy.candidates(audience.members(), resent):
-            client_id = trainer.decode(errors="replace")
-            shape = batches.shape(client_id)
+            shape = batches.shape(trainer)
             if resent is not None and shape in resent.unbatchable:
                 continue  # its samples do not make this trainer's batches
             if shape != NO_BATCHES:
-                if client_id in batches.refused or len(batches.pending_of(shape)) >= MAX_PENDING:
+                if trainer in batches.refused or len(batches.pending_of(shape)) >= MAX_PENDING:
                     continue  # refused, or its shape's batches wait: another takes it
                 self._cut(audience, shape, trainer, frames, resent)
                 return None

@@ -53,8 +53,8 @@ class _ShapeCut:
 class FreeBatches:
     """The batches of one free audience, a cut per batch shape its trainers asked for.
 
-    ``shape_of(client_id)`` is a trainer's shape (:data:`NO_BATCHES`: single
-    samples).
+    ``shape_of(client_id)`` is a trainer's shape, by its client id as bytes
+    (:data:`NO_BATCHES`: single samples).
 
     Examples
     --------
@@ -71,12 +71,12 @@ class FreeBatches:
     [2, 1]
     """
 
-    def __init__(self, server_id: str, shape_of: Callable[[str], Shape]) -> None:
+    def __init__(self, server_id: str, shape_of: Callable[[bytes], Shape]) -> None:
         self.server_id = server_id
         self.shape_of = shape_of
         self._cuts: dict[Shape, _ShapeCut] = {}
         #: Trainers told their batch could not be built: dealt nothing more.
-        self.refused: set[str] = set()
+        self.refused: set[bytes] = set()
         #: Samples of epochs' last partial batches left out (``drop_last``).
         self.dropped = 0
         #: Samples that made no batch of their trainer's shape and that no trainer of
@@ -86,7 +86,7 @@ class FreeBatches:
         #: they did not stack into: the dealer deals them to the others (:meth:`cut`).
         self.returned: list[tuple[Shape, list[Any]]] = []
 
-    def shape(self, client_id: str) -> Shape:
+    def shape(self, client_id: bytes) -> Shape:
         return self.shape_of(client_id)
 
     def cut(self, shape: Shape, frames: Sequence[Any]) -> None:

@@ -101,11 +101,18 @@ class _Run:
         self.ranked = None if dealer is None else RankedStage(
             dealer, config.server_id, batches=self.batches, start=start)
         first = start[0] if start else 1
-        # The workers fill their messages when the server gathers them into batches.
-        pool.gather(0 if self.batches is None else self.batches.batch_size)
+        # The workers fill their messages when the server gathers them into batches (a
+        # ranked job's, or the free trainers' largest: cut as they are dealt).
+        self.gather(pool, shell)
         self.publish(pool, shell)  # before the release: the first messages compressed too
         pool.place(self.ledger, start=(first, 0))  # new tickets: an earlier run's messages drop
         pool.release(first)
+
+    def gather(self, pool: WorkerPool, shell: SocketShell) -> None:
+        """Tell the workers the batch size their messages are filled for (see
+        :meth:`WorkerPool.gather`): the ranked job's, or the free trainers' largest."""
+        pool.gather(shell.core.batch_hint() if self.batches is None else
+                    self.batches.batch_size)
 
     @property
     def holding(self) -> bool:
@@ -334,6 +341,7 @@ def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
                     return EXIT_OK
                 _check_skipped(run, pool, config, item.epoch, positions.get(item.epoch, 0))
                 shell.epoch_done(item.epoch, positions.get(item.epoch, 0))
+                run.gather(pool, shell)  # the trainers of the next epoch
                 if config.epochs is not None and item.epoch >= config.epochs:
                     shell.finish()
                     return EXIT_OK

@@ -301,6 +301,7 @@ def produce(
     shm: ShmPool | None = None,
     max_skips: int = DEFAULT_MAX_SKIPS,
     meanwhile: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+    batch_hint: Callable[[], int] = lambda: 0,
 ) -> int:
     """Take chunks of items, encode each as a data message and ``send`` it.
 
@@ -349,6 +350,11 @@ def produce(
     a sample the codec refuses is found before the dealing (one encode of each chunk,
     in skip mode only) and skipped there, so that no batch or rank comes short.
 
+    ``batch_hint()`` is the largest batch size the free trainers asked for (0: none):
+    without ``samples_per_message``, a free message then holds whole batches of it
+    (as many as :meth:`_Pacer.limit` allows), so that their batches, cut as they are
+    dealt, are slices of one message (only the message's size changes: no stage).
+
     ``shm`` is the server's shared-memory pool (its region of it, in a worker):
     the drawn large arrays are copied into it, and :func:`shared_empty` allocates
     there while the streamer is drawn from (:func:`drawing_into`).
@@ -373,7 +379,7 @@ def produce(
         return _produce_ranked(epochs, drawn, send, policy, errors, epoch_done, meter,
                                stage, start)
     return _produce(epochs, drawn, send, policy, server_id, errors, epoch_done, meter, align,
-                    start, fresh)
+                    start, fresh, batch_hint)
 
 
 @dataclass(frozen=True)
@@ -423,14 +429,16 @@ def _produce(
     align: int | None,
     start: tuple[int, int] | None = None,
     fresh: Fresh | None = None,
+    batch_hint: Callable[[], int] = lambda: 0,
 ) -> int:
     clock = time.perf_counter
+    hinted = policy.samples_per_message is None
     pacer = _Pacer(policy)
     seq = sent = epoch_count = 0
     while True:
         started = clock()
         try:
-            limit = pacer.limit(0)
+            limit = pacer.limit(batch_hint() if hinted else 0)
             if align is not None:
                 limit = min(limit, align - epoch_count % align)
             chunk, items = drawn.take(epochs, limit)
