@@ -164,6 +164,7 @@ class SocketShell:
             stats.update(self.fanout.stats())
         if self.reliable is not None:
             stats.update(self.reliable.credits.stats())
+        stats.update(self.dealer.batch_stats())
         for figures in self.extra_stats:
             stats.update(figures())
         return stats

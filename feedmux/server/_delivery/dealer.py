@@ -270,6 +270,16 @@ class Dealer:
         audience.batches.finish_epoch(epoch)
         self.redeal(audience)
 
+    def batch_stats(self) -> dict[str, int]:
+        """The free trainers' batches' counters (none before a free trainer asked for
+        batches): samples of epochs' last partial batches dropped (``drop_last``), and
+        samples that made no batch and that no trainer of another shape took."""
+        made = [batches for batches in list(self._batches.values()) if batches.cut_any]
+        if not made:
+            return {}
+        return {"free_batch_samples_dropped": sum(batches.dropped for batches in made),
+                "free_batch_samples_unbuilt": sum(batches.unbuilt for batches in made)}
+
     def batches_owed(self) -> int:
         """Batches of every free audience built or begun and not sent yet."""
         return sum(batches.owed() for batches in self._batches.values())

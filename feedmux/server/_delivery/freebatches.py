@@ -86,6 +86,11 @@ class FreeBatches:
         #: they did not stack into: the dealer deals them to the others (:meth:`cut`).
         self.returned: list[tuple[Shape, list[Any]]] = []
 
+    @property
+    def cut_any(self) -> bool:
+        """Whether a trainer of this audience asked for batches and was dealt a message."""
+        return bool(self._cuts) or bool(self.dropped or self.unbuilt)
+
     def shape(self, client_id: bytes) -> Shape:
         return self.shape_of(client_id)
 
