@@ -168,8 +168,10 @@ class RemoteLoader:
         samples, the same nesting for tuples and lists, numbers (numpy or
         plain ``bool`` / ``int`` / ``float``) as 1-d arrays, strings, bytes and
         None as lists. A batch never spans two epochs; ``len()``, ``Stream`` and
-        the saved state count batches (docs/stream.md). Every trainer of a
-        server asks the same ``batch_size`` and ``drop_last``.
+        the saved state count batches (docs/stream.md). The shape is this
+        loader's own: loaders with other ones (or none) may read the same
+        server; the ranks of one job ask the same ``batch_size`` and
+        ``drop_last``.
     drop_last : bool
         With ``batch_size``: drop each epoch's last, partial batch (of the free
         trainers, or of each rank: every rank's is the same size) instead of

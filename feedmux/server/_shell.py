@@ -124,7 +124,7 @@ class SocketShell:
         self.dealer = Dealer(self.outbox, self.core, carrier, self._dealing_halted,
                              functools.partial(ReliableFree, reliable,
                                                sharers=self.core.sharers), [NO_ACK],
-                             reliable.credits.takes)
+                             reliable.credits.takes, self.batch_refused)
         #: The server's free trainers and its ranks (without consumer groups).
         self.free = self.dealer.free_audience("", _every_trainer)
         self.ranks = RankAudience(self.core.rank_target, lambda: self.core.retention,
@@ -156,6 +156,7 @@ class SocketShell:
         if self.fanout is not None:
             stats.update(self.fanout.stats())
         stats.update(self.reliable.credits.stats())
+        stats.update(self.dealer.batch_stats())
         for figures in self.extra_stats:
             stats.update(figures())
         return stats
@@ -228,8 +229,9 @@ class SocketShell:
             self.fanout.redeal()
 
     def _ranks_owed(self) -> int:
-        """Messages ranks were sent and have not handed out yet (the groups' ranks too)."""
-        owed = self.core.retention.held()
+        """Messages ranks were sent and have not handed out yet (the groups' ranks too),
+        and the free trainers' batches not sent yet."""
+        owed = self.core.retention.held() + self.dealer.batches_owed()
         return owed if self.fanout is None else owed + self.fanout.ranks_owed()
 
     def _dealing_halted(self) -> bool:
@@ -302,9 +304,9 @@ class SocketShell:
         self.serve_control(timeout=0)
         self.core.look(time.monotonic())
 
-    def batch_refused(self, problem: str) -> None:
-        """A batch could not be built: the error of the trainer it would have gone to."""
-        self.deliver(self.core.refuse_batch(problem))
+    def batch_refused(self, client_id: str, problem: str) -> None:
+        """A batch could not be built: the error of the trainer it was for."""
+        self.deliver(self.core.refuse_batch(client_id, problem))
 
     def deliver(self, sends: Sends) -> None:
         """Send what the core asked for; tell it about every peer a send found gone."""
@@ -356,6 +358,8 @@ class SocketShell:
     def epoch_done(self, epoch: int, count: int) -> None:
         if self.fanout is not None:
             self.fanout.epoch_finished(epoch)
+        else:  # the free trainers' last batches of the epoch (the groups' go at their pace)
+            self.dealer.finish_batches(self.free, epoch)
         self.deliver(self.core.epoch_finished(epoch, count))
 
     def finish(self) -> None:
@@ -363,6 +367,10 @@ class SocketShell:
         core = self.core
         if self.fanout is not None:
             self.fanout.flush(time.monotonic() + self.config.drain_timeout)
+        if self.fanout is None:  # every free trainer's last, partial batch
+            self.dealer.finish_batches(self.free)
+        else:
+            self.fanout.finish_batches()
         self.deliver(core.finish(time.monotonic()))
         # Ranks' messages count too: a dead rank's go to its successor first.
         self.reliable.finish(core.drain_deadline, lambda: bool(self.stopping),

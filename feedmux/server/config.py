@@ -54,23 +54,20 @@ def deprecated_reliable(options: dict[str, Any], stacklevel: int = 3) -> None:
 
 
 #: What a server's options (``reliable``, ``group_buffer``, ``shm``), the state it is in
-#: (``groups``, ``ranked_job``, ``batches``: what its trainers made of it so far) or a
-#: trainer's hello (``group``, ``rank``, ``batch_size``, ``resume``) may ask for, in words.
+#: (``groups``, ``ranked_job``: what its trainers made of it so far) or a trainer's hello
+#: (``group``, ``rank``, ``batch_size``, ``resume``) may ask for, in words.
 ASKS: dict[str, str] = {
     "reliable": "reliable delivery (--reliable)",
     "group_buffer": "a consumer groups' buffer (--group-buffer)",
     "shm": "the shared-memory pool",
     "groups": "consumer groups (a trainer asked for one)",
     "ranked_job": "a ranked job outside any group (its ranks are dealt as sampled)",
-    "batches": "server-built batches (the first trainer asked for batch_size=)",
     "group": "a consumer group (group=)",
     "rank": "a rank (rank=)",
     "batch_size": "server-built batches (batch_size=)",
     "resume": "a resume position (a checkpoint's, or a rank's that outlived its server)",
 }
 
-_SHARED_MESSAGES = ("a group's messages are shared as sampled: every group is sent the same "
-                    "frames, so the server cannot cut them into one trainer's batches")
 _NO_REWIND = ("consumer groups share one sampled stream that has moved on: the messages "
               "before the buffer's oldest are gone, and rewinding the sampler for one "
               "group would repeat them for every other group; resume the job on a server "
@@ -84,9 +81,6 @@ REFUSED: dict[tuple[str, str], str] = {
         "sampler draws, before any buffer, so another group cannot share that stream; "
         "give the job a group= too, or start the server with --group-buffer (its "
         "trainers without group= then form the group 'default')"),
-    ("batches", "group"): _SHARED_MESSAGES,
-    ("groups", "batch_size"): _SHARED_MESSAGES,
-    ("group", "batch_size"): _SHARED_MESSAGES,
     ("groups", "resume"): _NO_REWIND,
     ("group", "resume"): _NO_REWIND,
 }
@@ -100,9 +94,9 @@ def refusal(asked: Collection[str]) -> str | None:
 
     Examples
     --------
-    >>> refusal({"batches", "group"})[:78]
-    'expected server-built batches (the first trainer asked for batch_size=) or a c'
-    >>> refusal({"group", "rank"}) is None
+    >>> refusal({"groups", "resume"})[:78]
+    'expected consumer groups (a trainer asked for one) or a resume position (a che'
+    >>> refusal({"group", "rank", "batch_size"}) is None
     True
     """
     for (first, second), reason in REFUSED.items():

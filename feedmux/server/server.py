@@ -394,8 +394,8 @@ class Server:
                     dealer=ranked_dealer(shell, config), meter=shell.meters[0],
                     start=shell.core.start_at, fresh=shell.core.handed.fresh,
                     batches=shell.core.tables.batches.assemblers(config.buckets), shm=shell.pool,
-                    max_skips=config.max_skips, batch_refused=shell.batch_refused,
-                    meanwhile=stand_in.drawing,
+                    max_skips=config.max_skips,
+                    meanwhile=stand_in.drawing, batch_hint=shell.core.batch_hint,
                 )
                 if not (self._stop or shell.core.restarting):
                     shell.finish()

@@ -146,13 +146,14 @@ def test_ranks_asking_for_different_batches_are_refused_clearly(servers: list[Se
             loader.close()
         return "no error"
 
-    # Whichever hello comes first fixes the server's batches; the other rank is refused,
-    # and the job's first rank is told why (it would otherwise wait for a rank never coming).
+    # Whichever rank's hello comes first fixes the job's batches; the other rank is refused,
+    # naming both values, and the job's first rank is told why (it would otherwise wait for
+    # a rank never coming).
     said = [thread.join(60) for thread in [CheckedThread(rank, 0, 16), CheckedThread(rank, 1, 8)]]
     refused = [text for text in said if re.search(
-        r"builds batches of batch_size=(16|8), drop_last=False for its trainers \(the first "
-        r"trainer asked for them\): expected the same from trainer \S+, got batch_size=(8|16), "
-        r"drop_last=False", text)]
+        r"the ranks of this job are dealt batches of batch_size=(16|8), drop_last=False \(its "
+        r"first rank asked for them\): expected the same from rank [01] \(trainer \S+\), got "
+        r"batch_size=(8|16), drop_last=False", text)]
     # The refused rank hears why; the other rank's error says which rank was refused, and why.
     assert len(refused) == 2, said
     assert sum("was refused" in text for text in said) == 1, said

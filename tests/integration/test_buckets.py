@@ -196,13 +196,13 @@ def test_ranks_asking_for_different_bucket_settings_are_refused_clearly(
             server.data_address, control=server.control_address, rank=index, world_size=2,
             batch_size=BATCH, bucket_by=bucket_by, timeout=30))
 
-    # Whichever hello comes first fixes the server's batches; the other rank is refused.
+    # Whichever rank's hello comes first fixes the job's batches; the other rank is refused.
     said = [thread.join(60) for thread in
             [CheckedThread(rank, 0, "tokens"), CheckedThread(rank, 1, None)]]
     refused = [text for text in said if re.search(
-        r"builds batches of batch_size=4, drop_last=False(, bucket_by='tokens')? for its "
-        r"trainers \(the first trainer asked for them\): expected the same from trainer \S+, "
-        r"got batch_size=4, drop_last=False(, bucket_by='tokens')?", text)]
+        r"the ranks of this job are dealt batches of batch_size=4, drop_last=False(, "
+        r"bucket_by='tokens')? \(its first rank asked for them\): expected the same from rank "
+        r"[01] \(trainer \S+\), got batch_size=4, drop_last=False(, bucket_by='tokens')?", text)]
     # The refused rank hears why; the other rank's error says which rank was refused, and why.
     assert len(refused) == 2, said
     assert sum("was refused" in text for text in said) == 1, said

@@ -16,9 +16,11 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
+from feedmux import SampleMeta
 from feedmux.client.remote import RemoteLoader
 
 #: Seconds without data before the loader raises. A group or a job held back by a rank
@@ -53,6 +55,9 @@ def main(argv: list[str]) -> int:
                         help="the loader's hwm (0: the loader's default)")
     parser.add_argument("--abrupt", action="store_true",
                         help="with --die-after: SIGKILL after the step, whatever was acknowledged")
+    parser.add_argument("--batch-size", type=int, default=0,
+                        help="a free trainer that asks for batches (a line per sample; "
+                             "--die-after counts batches)")
     parser.add_argument("--acks-late-ms", type=float, default=0.0,
                         help="hold the acknowledging thread back this long at its start (a "
                              "thread that a busy machine schedules late)")
@@ -63,11 +68,19 @@ def main(argv: list[str]) -> int:
         return 3
     views = SharedViews()
     hwm = {"hwm": args.hwm} if args.hwm else {}
+    batches = {"batch_size": args.batch_size} if args.batch_size else {}
     with open(args.out, "w", buffering=1) as out, RemoteLoader(
         args.data, control=args.control, timeout=LOADER_TIMEOUT,
         with_meta=True, group=args.group, rank=args.rank, world_size=args.world_size, **hwm,
+        **batches,
     ) as loader:
         for count, (meta, sample) in enumerate(loader, start=1):
+            if args.batch_size:  # a batch: a line per sample, the mark its last position
+                out.write("".join(f"{meta.epoch} {int(i)}\n" for i in sample["id"]))
+                meta = SampleMeta(meta.epoch, int(meta.positions[-1]), meta.server_id)
+                if count == args.die_after:
+                    return _die(out, loader, meta, args.abrupt)
+                continue
             position = f" {meta.position}" if args.rank is not None else ""
             if args.record_server:
                 position += f" {meta.server_id}"
@@ -83,28 +96,34 @@ def main(argv: list[str]) -> int:
             if count == args.stop_after:
                 break
             if count == args.die_after:
-                out.flush()
-                acks = loader._acks
-                if acks is not None and not args.abrupt:
-                    # A ranked or reliable loader acknowledges from a thread every few ms: die
-                    # once it has told the server this sample (a step longer than that).
-                    mark = (meta.server_id, meta.epoch, meta.position)
-                    deadline = time.monotonic() + 10
-                    while not acks.told(mark):
-                        if time.monotonic() > deadline:
-                            # Not a kill after a 10 s step: the others may have been told
-                            # the end meanwhile, and what this one held would be lost.
-                            print(f"the mark {mark} was not sent within 10 s",
-                                  file=sys.stderr)
-                            return 5
-                        time.sleep(0.001)  # the poll interval of a bounded wait
-                    # Sent is only queued: stop the thread, whose close flushes it to the
-                    # server (under load a SIGKILL right away lost it now and then).
-                    acks.stop()
-                os.kill(os.getpid(), signal.SIGKILL)
+                return _die(out, loader, meta, args.abrupt)
     if args.views_out:
         with open(args.views_out, "w") as out:
             out.write(f"{views.seen}\n")
+    return 0
+
+
+def _die(out: Any, loader: RemoteLoader, meta: SampleMeta, abrupt: bool) -> int:
+    """SIGKILL this process once its last hand-out (``meta``) is told the server; 5 (an
+    exit code) if the mark was not sent within 10 s."""
+    out.flush()
+    acks = loader._acks
+    if acks is not None and not abrupt:
+        # A ranked or reliable loader acknowledges from a thread every few ms: die
+        # once it has told the server this sample (a step longer than that).
+        mark = (meta.server_id, meta.epoch, meta.position)
+        deadline = time.monotonic() + 10
+        while not acks.told(mark):
+            if time.monotonic() > deadline:
+                # Not a kill after a 10 s step: the others may have been told the end
+                # meanwhile, and what this one held would be lost.
+                print(f"the mark {mark} was not sent within 10 s", file=sys.stderr)
+                return 5
+            time.sleep(0.001)  # the poll interval of a bounded wait
+        # Sent is only queued: stop the thread, whose close flushes it to the
+        # server (under load a SIGKILL right away lost it now and then).
+        acks.stop()
+    os.kill(os.getpid(), signal.SIGKILL)
     return 0
 
 

@@ -119,20 +119,33 @@ def test_every_rank_gets_the_same_batches_per_epoch_of_the_same_sizes(
             assert everything == set(range(epoch_size))  # every sample, once or padded
 
 
-def test_the_first_hello_fixes_the_batch_shape_and_another_is_refused_naming_both() -> None:
+def test_a_jobs_first_rank_fixes_its_batch_shape_and_another_rank_is_refused_naming_both(
+) -> None:
     request = BatchRequest()
     assert request.assemblers() is None
-    assert request.admit(Hello("a", batch_size=8, drop_last=True)) is None
-    assert request.admit(Hello("b", batch_size=8, drop_last=True)) is None
-    refused = request.admit(Hello("c", batch_size=8))
+    assert request.admit(Hello("a", batch_size=8, drop_last=True, rank=0, world_size=2)) is None
+    assert request.admit(Hello("b", batch_size=8, drop_last=True, rank=1, world_size=2)) is None
+    refused = request.admit(Hello("c", batch_size=8, rank=1, world_size=2))
     assert refused is not None
     assert refused[1] == (
-        "this server builds batches of batch_size=8, drop_last=True for its trainers (the "
-        "first trainer asked for them): expected the same from trainer c, got batch_size=8, "
+        "the ranks of this job are dealt batches of batch_size=8, drop_last=True (its first "
+        "rank asked for them): expected the same from rank 1 (trainer c), got batch_size=8, "
         "drop_last=False")
-    assert request.admit(Hello("d")) is not None  # single samples from a batch server
+    assert request.admit(Hello("d", rank=0, world_size=2)) is not None  # single samples
     made = request.assemblers()
     assert made is not None and (made.batch_size, made.drop_last) == (8, True)
+
+
+def test_a_free_trainers_batch_shape_is_its_own() -> None:
+    # Before: the first trainer's hello fixed the server's batches, and a free trainer
+    # asking for another batch_size (or none) was refused.
+    request = BatchRequest()
+    assert request.admit(Hello("a", batch_size=32)) is None
+    assert request.admit(Hello("b")) is None
+    assert request.admit(Hello("c", batch_size=16, drop_last=True)) is None
+    assert request.assemblers() is None  # no ranked job asked for batches
+    assert request.admit(Hello("r", batch_size=4, rank=0, world_size=1)) is None
+    assert request.admit(Hello("d", batch_size=8)) is None  # a free trainer still may
 
 
 @pytest.mark.parametrize(("hello", "message"), [
@@ -146,16 +159,26 @@ def test_a_malformed_batch_shape_is_refused(hello: Hello, message: str) -> None:
     assert refused is not None and message in refused[1]
 
 
-def test_consumer_groups_refuse_batches() -> None:
+def test_consumer_groups_take_batches_each_ranked_group_its_own_shape() -> None:
+    # Before: "a group's messages are shared as sampled", refused.
     tables = RankTables(grouped=True, retention_limit=4)
-    refused = tables.admit(b"a", Hello("a", batch_size=4, group="g"), lambda identity: True)
-    assert refused is not None and "a group's messages are shared as sampled" in refused[1]
-    assert tables.admit(b"a", Hello("a", group="g"), lambda identity: True) is None
+    def admit(client_id: str, **options: Any) -> Any:
+        return tables.admit(client_id.encode(), Hello(client_id, **options), lambda i: True)
+
+    assert admit("a", batch_size=4, group="g") is None  # a free member, its own shape
+    assert admit("e", group="g") is None
+    assert admit("r0", batch_size=16, group="train", rank=0, world_size=2) is None
+    assert admit("s0", batch_size=8, group="eval", rank=0, world_size=1) is None
+    refused = admit("r1", batch_size=8, group="train", rank=1, world_size=2)
+    assert refused is not None and "batch_size=16" in refused[1] and "batch_size=8" in refused[1]
+    assert tables.batches_of("train").batch_size == 16
+    assert tables.batches_of("eval").batch_size == 8
+    assert tables.batches.batch_size == 0  # the server's own job asked for none
 
 
 def test_the_samples_dropped_are_counted_across_runs() -> None:
     request = BatchRequest()
-    request.admit(Hello("a", batch_size=4, drop_last=True))
+    request.admit(Hello("a", batch_size=4, drop_last=True, rank=0, world_size=1))
     for run in range(2):  # a job restarted from a checkpoint samples again: a new run
         batches = request.assemblers()
         assert batches is not None

@@ -155,7 +155,7 @@ def test_the_first_ranks_hello_fixes_the_bucket_field_and_others_must_ask_the_sa
     assert request.bucket_by == "n"
     refused = request.admit(Hello("b", world_size=2, rank=1, batch_size=4, bucket_by="tokens"))
     assert refused is not None and refused[1].endswith(
-        "expected the same from trainer b, got batch_size=4, drop_last=False, "
+        "expected the same from rank 1 (trainer b), got batch_size=4, drop_last=False, "
         "bucket_by='tokens'")
     assert request.admit(Hello("c", world_size=2, rank=1, batch_size=4, bucket_by="n")) is None
     spec = request.assemblers(BucketSpec("", window=50, edges=(8,), seed=2))

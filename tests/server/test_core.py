@@ -555,13 +555,13 @@ def test_a_ranked_holder_kept_through_an_outage_does_not_hold_off_its_id() -> No
                                                   now=1.0))
 
 
-def test_a_batch_that_cannot_be_built_is_the_error_of_one_free_trainer_in_turn() -> None:
+def test_a_batch_that_cannot_be_built_is_the_error_of_the_trainer_it_was_for() -> None:
     core = make_core()
     core.receive(A, hello("t"), now=0.0)
     core.receive(B, hello("u"), now=0.0)
-    first, second = core.refuse_batch("no stack"), core.refuse_batch("no stack")
-    assert kinds(first) == [(A, Error)] and kinds(second) == [(B, Error)]
-    message = first[0][1]
+    sends = core.refuse_batch("u", "no stack")
+    assert kinds(sends) == [(B, Error)]
+    message = sends[0][1]
     assert isinstance(message, Error) and message.type == "feedmux.errors.DataError"
     assert core.final_message is None  # the server goes on
-    assert make_core().refuse_batch("no stack") == ()
+    assert make_core().refuse_batch("u", "no stack") == []

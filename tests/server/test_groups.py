@@ -297,9 +297,6 @@ def test_a_refused_group_hello_leaves_a_server_without_groups() -> None:
 
 @pytest.mark.parametrize(("options", "first", "hello", "rule"), [
     ({}, Hello("r0", rank=0, world_size=2), Hello("g", group="eval"), ("ranked_job", "group")),
-    ({}, Hello("b", batch_size=4), Hello("g", group="eval"), ("batches", "group")),
-    ({"group_buffer": 8}, None, Hello("b", batch_size=4), ("groups", "batch_size")),
-    ({}, None, Hello("g", group="eval", batch_size=4), ("group", "batch_size")),
     ({"group_buffer": 8}, None, Hello("r", rank=0, world_size=2, resume=(2, 4, 2, CHECKPOINT)),
      ("groups", "resume")),
     ({}, None, Hello("r", rank=0, world_size=2, group="ddp", resume=(2, 4, 2, CHECKPOINT)),
@@ -313,6 +310,23 @@ def test_each_refused_hello_gets_its_rule_s_reason(
         assert isinstance(core.receive(b"first", first, now=1.0)[0][1], Welcome)
     message = _refusal(core.receive(b"late", hello, now=1.0))
     assert message == refusal(set(rule)) and b"late" not in core.trainers
+
+
+@pytest.mark.parametrize(("options", "first", "hello"), [
+    ({}, Hello("b", batch_size=4), Hello("g", group="eval")),
+    ({"group_buffer": 8}, None, Hello("b", batch_size=4)),
+    ({}, None, Hello("g", group="eval", batch_size=4)),
+    ({}, Hello("g", group="train", rank=0, world_size=1, batch_size=16),
+     Hello("e", group="eval")),
+])
+def test_groups_and_batches_combine(options: dict[str, object], first: Hello | None,
+                                    hello: Hello) -> None:
+    # Before: refused, "a group's messages are shared as sampled" (the batches were cut
+    # before the fan-out; now each trainer's, or ranked job's, after it).
+    core = _core(**options)
+    if first is not None:
+        assert isinstance(core.receive(b"first", first, now=1.0)[0][1], Welcome)
+    assert isinstance(core.receive(b"late", hello, now=1.0)[0][1], Welcome)
 
 
 def test_a_group_on_a_reliable_server_is_welcomed() -> None:

@@ -111,6 +111,8 @@ CLIENT_ID_TAKEN = "feedmux.errors.ClientIdInUseError"
 BATCH_NOT_BUILT = "feedmux.errors.DataError"
 #: Trainer ids remembered to count reconnects (ids come from peers: the set is bounded).
 MAX_REMEMBERED_TRAINERS = 10_000
+#: The batch shape of a trainer that takes single samples.
+NO_BATCH_SHAPE = (0, False)
 #: Refused ranks' reasons kept for the job's other ranks (hellos come from peers: bounded).
 MAX_REFUSALS = 4
 
@@ -144,6 +146,8 @@ class _Trainer:
     sharers: int = 1
     #: It mapped this server's shared-memory pool (proved by the pool's token).
     shm: bool = False
+    #: A free trainer's batch shape, ``(batch_size, drop_last)`` (0: single samples).
+    batch: tuple[int, bool] = (0, False)
     #: The codecs of compressed frames it inflates (its hello; none: an older trainer).
     codecs: frozenset[int] = frozenset()
     #: When a drain last sent it a heartbeat to see whether it is still there.
@@ -298,6 +302,8 @@ class ControlCore:
         #: The client ids of the trainers that granted credit, where the data path deals by
         #: credit (the shell sets it on a reliable server; None: every trainer is dealt to).
         self.granted: Callable[[], Collection[str] | None] = lambda: None
+        #: The batch shapes of the free trainers that asked for batches, by client id.
+        self._batch_shapes: dict[bytes, tuple[int, bool]] = {}
         self.handouts = HandOuts()
         #: The latest refused ranks (rank, client id, why): the job's other ranks hear why.
         self.refusals: deque[tuple[int, str, str]] = deque(maxlen=MAX_REFUSALS)
@@ -315,7 +321,6 @@ class ControlCore:
         self.ranks = self.tables.server
         #: What each rank was sent beyond what it handed out (for a restarted rank).
         self.retention = self.tables.retention
-        self._refused_turn = -1  # the free trainer that got the last unbuildable batch
         #: Where the ranks agreed to resume, (epoch, position); None: from the start.
         self.start_at: tuple[int, int] | None = None
         #: Live ranks further on than ``start_at``: where each is (nothing before is re-dealt).
@@ -407,8 +412,16 @@ class ControlCore:
                                            handed=self.handed.heard(message),
                                            handed_below=message.handed_below,
                                            codecs=frozenset(message.codecs),
+                                           batch=(message.batch_size, message.drop_last)
+                                           if message.rank < 0 else (0, False),
                                            sharers=max(1, message.world_size)
                                            if message.rank < 0 else 1)
+        shape = self.trainers[identity].batch
+        self._batch_shapes.pop(message.client_id.encode(), None)
+        if shape != NO_BATCH_SHAPE:  # (ids come from peers: bounded, the oldest forgotten)
+            if len(self._batch_shapes) >= MAX_REMEMBERED_TRAINERS:
+                del self._batch_shapes[next(iter(self._batch_shapes))]
+            self._batch_shapes[message.client_id.encode()] = shape
         if not known:
             rank = f" as rank {message.rank} of {message.world_size}" if message.rank >= 0 else ""
             where = f" in group {group}" if self.tables.grouped else ""
@@ -455,20 +468,38 @@ class ControlCore:
                 return trainer.sharers
         return 1
 
-    def refuse_batch(self, problem: str) -> Sends:
-        """A batch of the free trainers' could not be built (its samples do not stack): it
-        is the error of the trainer next in turn (the one it would have gone to), not the
-        server's; the others go on. Nobody to tell: only the log says it."""
-        free = [(identity, trainer) for identity, trainer in self.trainers.items()
-                if trainer.rank < 0]
-        if not free:
-            return NO_SENDS
-        self._refused_turn = turn = (self._refused_turn + 1) % len(free)
-        identity, trainer = free[turn]
-        log.warning("trainer %s gets an error instead of a batch: %s", trainer.client_id,
-                    problem)
+    def batch_shape(self, client_id: bytes) -> tuple[int, bool]:
+        """Free trainer ``client_id``'s batch shape, ``(batch_size, drop_last)`` (0: single
+        samples, as for a trainer not connected); on the data path: a dict lookup."""
+        return self._batch_shapes.get(client_id, NO_BATCH_SHAPE)
+
+    def batch_hint(self) -> int:
+        """The largest batch size a connected free trainer asked for (0: none): what the
+        sampled messages are sized by (whole batches of it), so that cutting them is
+        slicing. Once per message: the registry is small."""
+        return max((trainer.batch[0] for trainer in list(self.trainers.values())
+                    if trainer.rank < 0), default=0)
+
+    def batch_shapes(self, audience: str, refused: Collection[bytes] = ()) -> set[tuple[int, bool]]:
+        """The batch shapes of the free trainers of ``audience`` ("": the server's, or the
+        group default's; else a group's) that the data path can deal to (those that granted
+        credit and are not lost, where it deals by credit), but the trainers ``refused``."""
+        group = audience or DEFAULT_GROUP
+        granted = self.granted()
+        return {trainer.batch for trainer in list(self.trainers.values())
+                if trainer.group == group and trainer.rank < 0
+                and trainer.client_id.encode() not in refused
+                and (granted is None or trainer.client_id in granted)}
+
+    def refuse_batch(self, client_id: str, problem: str) -> Sends:
+        """A batch for free trainer ``client_id`` could not be built (its samples do not
+        stack): its error, not the server's; the others go on. Nobody to tell (it is
+        gone): only the log says it."""
+        log.warning("trainer %s gets an error instead of a batch: %s", client_id[:64], problem)
         return [(identity, Error(type=BATCH_NOT_BUILT, message=problem,
-                                 server_id=self.config.server_id))]
+                                 server_id=self.config.server_id))
+                for identity, trainer in list(self.trainers.items())
+                if trainer.client_id == client_id]
 
     def _count_reconnect(self, client_id: str) -> None:
         """A trainer id seen before arrived on a new connection: count a reconnect."""

@@ -155,8 +155,10 @@ class RankTables:
         self.retention = Ledger(Recovery.REPLAY, limit=retention_limit)
         self._groups: dict[str, tuple[RankTable, Ledger]] = {}
         self._unknown = RankTable()  # what a group no trainer said hello in looks like
-        #: The batch shape the trainers asked for (the first admitted hello fixes it).
+        #: The batch shape of the server's ranked job (its first rank's hello fixes it);
+        #: each ranked group has its own (:meth:`batches_of`).
         self.batches = BatchRequest()
+        self._group_batches: dict[str, BatchRequest] = {}
 
     def _group(self, group: str) -> tuple[RankTable, Ledger]:
         entry = self._groups.get(group)
@@ -185,7 +187,6 @@ class RankTables:
         asked = {
             "groups": self.grouped,
             "ranked_job": not self.grouped and self.server.ranked,
-            "batches": self.batches.batch_size > 0,
             "group": bool(hello.group) and hello.group != DEFAULT_GROUP,
             "rank": hello.rank >= 0,
             "batch_size": hello.batch_size > 0,
@@ -201,20 +202,30 @@ class RankTables:
         asked = self.asks(hello)
         if (reason := refusal(asked)) is not None:
             return RANK_REFUSED, reason
-        if (refused := self.batches.refusal(hello)) is not None:
-            return refused
         name = hello.group or DEFAULT_GROUP
+        grouped = self.grouped or "group" in asked
+        batches = self.batches_of(name) if grouped else self.batches
+        if (refused := batches.refusal(hello)) is not None:
+            return refused
         if self.grouped:
             table = self._group(name)[0]
         else:  # a first group is kept only once its hello is admitted
             table = RankTable(f"group {name!r}") if "group" in asked else self.server
         refused = table.admit(identity, hello, alive)
         if refused is None:
-            self.batches.admit(hello)
+            batches.admit(hello)
             if not self.grouped and table is not self.server:
                 self.open_groups()
                 self._groups[name] = (table, Ledger(Recovery.REPLAY, self.retention_limit))
         return refused
+
+    def batches_of(self, group: str) -> BatchRequest:
+        """The batch shape of ranked group ``group``'s job (made when first asked for)."""
+        request = self._group_batches.get(group)
+        if request is None:
+            request = self._group_batches[group] = BatchRequest()
+            request.default_bucket_by = self.batches.default_bucket_by
+        return request
 
     def open_groups(self) -> None:
         """Serve consumer groups from now on: the server's own (free) trainers so far are
@@ -333,6 +344,7 @@ class RankTables:
     def forget(self, group: str) -> None:
         """``group`` was dropped (no member for its timeout): a new hello starts it afresh."""
         self._groups.pop(group, None)
+        self._group_batches.pop(group, None)
 
     def release(self, identity: bytes) -> None:
         """``identity`` is gone: its rank (in whichever table) waits for a successor."""

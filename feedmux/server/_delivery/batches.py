@@ -1,15 +1,18 @@
 """Training batches built on the server: which samples form each trainer's batch.
 
 A trainer that asks for ``batch_size=B`` in its hello gets every data message
-as one batch of its training step. This module owns the two pure pieces of
-that: :class:`BatchRequest`, the batch shape the trainers of a server agreed
-on (the first trainer's hello fixes it for the run; a trainer asking for
-another is refused, naming both), and :class:`BatchAssembler`, the stage
-between the dealing and the encoding that cuts what one destination (the free
-trainers, or one rank) is dealt into batches of ``B`` consecutive samples, a
-batch never spanning two epochs, the last partial batch of an epoch sent or
-dropped (``drop_last``, counted). A stage that chooses other samples for a
-batch (by length, say) takes the assembler's place behind the same two calls,
+as one or several batches of its training step. A batch shape is a trainer's
+own: free trainers with different batch sizes (or none) read one server at
+once (their batches are cut as they are dealt, :mod:`.freebatches`), and the
+ranks of one data-parallel job share theirs. This module owns the pure
+pieces: :class:`BatchRequest`, the batch shape of one ranked job (the server's
+own, or a ranked group's: its first rank's hello fixes it; a rank asking for
+another is refused, naming both), and :class:`BatchAssembler`, the stage that
+cuts what one destination (a batch shape of free trainers, or one rank) is
+dealt into batches of ``B`` consecutive samples, a batch never spanning two
+epochs, the last partial batch of an epoch sent or dropped (``drop_last``,
+counted). A stage that chooses other samples for a batch (by length, say)
+takes the assembler's place behind the same two calls,
 :meth:`~BatchAssembler.add` and :meth:`~BatchAssembler.finish_epoch`. It never
 encodes, sends or decides who holds a rank.
 
@@ -29,7 +32,8 @@ import numpy as np
 
 from feedmux.protocol import Hello, SampleBatch, take_samples, training_batch
 
-__all__ = ["MAX_BATCH_SIZE", "Batch", "BatchAssembler", "BatchRequest", "Batches", "BucketSpec"]
+__all__ = ["MAX_BATCH_SIZE", "Batch", "BatchAssembler", "BatchRequest", "Batches", "BucketSpec",
+           "unstackable"]
 
 #: The error type of a refused batch shape (the same as a refused rank's).
 BATCH_REFUSED = "feedmux.errors.ConfigurationError"
@@ -52,17 +56,20 @@ class BucketSpec(NamedTuple):
 
 
 class BatchRequest:
-    """The batch shape a server's trainers asked for: ``batch_size`` (0: no batches) and
-    ``drop_last``, fixed by the first trainer's hello.
+    """The batch shape of one ranked job's trainers: ``batch_size`` (0: no batches) and
+    ``drop_last``, fixed by its first rank's hello. A free trainer's hello is only
+    checked: its shape is its own.
 
     Examples
     --------
     >>> request = BatchRequest()
-    >>> request.admit(Hello("a", batch_size=32)) is None, request.batch_size
+    >>> request.admit(Hello("a", batch_size=32, rank=0, world_size=2)) is None
+    True
+    >>> request.admit(Hello("f", batch_size=8)) is None, request.batch_size
     (True, 32)
-    >>> request.admit(Hello("b", batch_size=16))[1]
-    'this server builds batches of batch_size=32, drop_last=False for its trainers (the \
-first trainer asked for them): expected the same from trainer b, got batch_size=16, \
+    >>> request.admit(Hello("b", batch_size=16, rank=1, world_size=2))[1]
+    'the ranks of this job are dealt batches of batch_size=32, drop_last=False (its first \
+rank asked for them): expected the same from rank 1 (trainer b), got batch_size=16, \
 drop_last=False'
     """
 
@@ -87,13 +94,13 @@ drop_last=False'
         key = self.key_of(hello)
         if key and (refused := _bucket_refusal(hello, key)) is not None:
             return BATCH_REFUSED, refused
-        if self._fixed and (size, drop, key) != (self.batch_size, self.drop_last,
-                                                 self.bucket_by):
+        if hello.rank >= 0 and self._fixed and (size, drop, key) != (
+                self.batch_size, self.drop_last, self.bucket_by):
             asked = f"batch_size={size}, drop_last={drop}" + (f", bucket_by={key!r}" * bool(key))
             return BATCH_REFUSED, (
-                f"this server builds {self.describe()} for its trainers (the first trainer "
-                f"asked for them): expected the same from trainer {hello.client_id}, got "
-                f"{asked}")
+                f"the ranks of this job are dealt {self.describe()} (its first rank asked for "
+                f"them): expected the same from rank {hello.rank} (trainer {hello.client_id}), "
+                f"got {asked}")
         return None
 
     def key_of(self, hello: Hello) -> str:
@@ -104,10 +111,10 @@ drop_last=False'
         return self.default_bucket_by
 
     def admit(self, hello: Hello) -> tuple[str, str] | None:
-        """Check ``hello`` and fix the shape if it is the first; ``(error type, message)``
-        when it is refused."""
+        """Check ``hello`` and fix the shape if it is the job's first rank; ``(error type,
+        message)`` when it is refused."""
         refused = self.refusal(hello)
-        if refused is None and not self._fixed:
+        if refused is None and not self._fixed and hello.rank >= 0:
             self.batch_size, self.drop_last, self._fixed = hello.batch_size, hello.drop_last, True
             self.bucket_by = self.key_of(hello)
         return refused
@@ -135,11 +142,34 @@ drop_last=False'
         """Samples of epochs' last, partial batches dropped (``drop_last``) so far."""
         return self._dropped_before + (0 if self._run is None else self._run.dropped)
 
+    def forget(self) -> None:
+        """The job is over (a ranked job restarted from a checkpoint, a group dropped): the
+        next first rank fixes the shape anew."""
+        self.batch_size, self.drop_last, self.bucket_by, self._fixed = 0, False, "", False
+
     def describe(self) -> str:
         if not self.batch_size:
             return "no batches (batch_size=0)"
         buckets = f", bucket_by={self.bucket_by!r}" if self.bucket_by else ""
         return f"batches of batch_size={self.batch_size}, drop_last={self.drop_last}{buckets}"
+
+
+def unstackable(error: Exception, epoch: int, batch_size: int, ranked: bool = False) -> str:
+    """What a trainer is told when the samples of its batch do not stack.
+
+    Examples
+    --------
+    >>> unstackable(ValueError("got sample 1 of 16 (int64[3]) unlike sample 0"), 2, 16)[:74]
+    'cannot build a batch of batch_size=16 in epoch 2: its samples do not stack'
+    """
+    return (f"cannot build a batch of batch_size={batch_size} in epoch {epoch}: its samples "
+            f"do not stack ({error}); for samples of variable length, deal the steps by length "
+            "with RemoteLoader(batch_size=..., bucket_by='<the length field>', pad=True) in a "
+            "ranked job (rank=, world_size=; docs/ddp.md), or use batch_size=None and batch "
+            "in the trainer. " + ("A data-parallel job's ranks take their steps together: "
+                                  "the run stops" if ranked else
+                                  "This loader is dealt nothing more; its samples go to the "
+                                  "server's other trainers"))
 
 
 def _bucket_refusal(hello: Hello, key: str) -> str | None:
@@ -225,6 +255,11 @@ class BatchAssembler:
             self._pieces.append((tags[stop:], _rows(items, stop, count)))
             self._held = count - stop
         return out
+
+    def pieces(self) -> list[tuple[np.ndarray, Sequence[Any]]]:
+        """The rows held, as the ``(tags, samples)`` pieces they came in (a copy of the
+        list: what a failed :meth:`add` held before it)."""
+        return list(self._pieces)
 
     def finish_epoch(self) -> list[Batch]:
         """The epoch has no more samples: its last, partial batch (or nothing, dropped)."""

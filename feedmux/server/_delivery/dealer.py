@@ -13,7 +13,10 @@ audience fed from the groups' buffer. How a message travels to each trainer
 free message once sent is the audience's *recovery policy*,
 :class:`~feedmux.server._delivery.reliable.ReliableFree` (credit, sequence
 numbers, a ledger of unacknowledged messages and the re-deal of a lost
-trainer's rest to the audience's other members). The dealer tries and waits
+trainer's rest to the audience's other members). A free trainer that asked for
+batches is dealt like the others; what it takes goes through its shape's
+batches in the audience (:class:`~feedmux.server._delivery.freebatches.FreeBatches`),
+and the batches go to the trainers of that shape. The dealer tries and waits
 through the :class:`~feedmux.server._delivery.outbox.Outbox`; it must never
 send on a socket itself, decide who holds a rank (the control core does), or
 keep a message once it left (the ledgers do).
@@ -21,19 +24,34 @@ keep a message once it left (the ledgers do).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from feedmux._plumbing.shm import Placement
-from feedmux.protocol import read_tags
+from feedmux._plumbing.shmtable import SENT as SENT_RUNS
+from feedmux.errors import ProtocolError
+from feedmux.protocol import read_tags, stacking_into
 from feedmux.server._control.core import ControlCore
+from feedmux.server._delivery.batches import unstackable
 from feedmux.server._delivery.carrier import Carrier
+from feedmux.server._delivery.freebatches import NO_BATCHES, FreeBatches, Shape
 from feedmux.server._delivery.ledger import Entry, Ledger
 from feedmux.server._delivery.outbox import GONE, SENT, Outbox, Wait
 from feedmux.server._delivery.ranksend import RankSender
 
-__all__ = ["Dealer", "FreeAudience", "FreePolicy", "RankAudience"]
+log = logging.getLogger("feedmux.server")
+
+__all__ = ["MAX_PENDING", "Dealer", "FreeAudience", "FreePolicy", "RankAudience"]
+
+#: Batches of one shape built and not sent yet past which its trainers take no new message
+#: (the others do): what a free audience holds for a shape stays a few messages.
+MAX_PENDING = 2
+
+
+def _single_samples(client_id: bytes) -> Shape:
+    return NO_BATCHES
 
 
 class FreePolicy(Protocol):
@@ -77,12 +95,14 @@ class FreeAudience:
     """The free trainers of the server (``name`` "") or of one consumer group.
 
     ``members()`` gives their client ids, the next in turn first (None: every
-    trainer the policy knows).
+    trainer the policy knows); ``batches`` cuts what its trainers that asked for
+    batches take (one cut per batch shape).
     """
 
     name: str
     members: Callable[[], list[bytes] | None]
     policy: FreePolicy
+    batches: FreeBatches = field(default_factory=lambda: FreeBatches("", _single_samples))
 
 
 class RankAudience:
@@ -114,13 +134,16 @@ class Dealer:
     recovery policy of the free audience ``name`` (the server's: "", or a group's).
     On a reliable server (``rank_envelope``, ``rank_room``) a rank's message goes
     after an envelope that wants no sequence-number acknowledgement, within its
-    holder's credit.
+    holder's credit. ``refuse(client_id, problem)`` tells a free trainer that its
+    batch could not be built.
     """
 
     def __init__(self, outbox: Outbox, core: ControlCore, carrier: Carrier,
                  halted: Callable[[], bool], policy: Callable[[str], FreePolicy],
                  rank_envelope: Sequence[bytes] = (),
-                 rank_room: Callable[[bytes, int], bool] | None = None) -> None:
+                 rank_room: Callable[[bytes, int], bool] | None = None,
+                 refuse: Callable[[str, str], None] = lambda client_id, problem: None,
+                 ) -> None:
         self.outbox = outbox
         self.core = core
         self.carrier = carrier
@@ -128,12 +151,24 @@ class Dealer:
         self.policy = policy
         self.rank_envelope = rank_envelope
         self.rank_room = rank_room
+        self.refuse = refuse
+        #: Every free audience made (their batches are finished at the stream's end).
+        self.audiences: list[FreeAudience] = []
+        #: Each free audience's batches, by name: the server's free trainers' go on as the
+        #: group default's when consumer groups open mid-run.
+        self._batches: dict[str, FreeBatches] = {}
 
     def free_audience(self, name: str, members: Callable[[], list[bytes] | None],
                       ) -> FreeAudience:
         """The free audience ``name`` (its members' client ids from ``members()``) under
         this server's recovery policy."""
-        return FreeAudience(name, members, self.policy(name))
+        batches = self._batches.get(name)
+        if batches is None:
+            batches = self._batches[name] = FreeBatches(self.core.config.server_id,
+                                                        self.core.batch_shape)
+        audience = FreeAudience(name, members, self.policy(name), batches)
+        self.audiences.append(audience)
+        return audience
 
     def rank_sender(self, ledger: Ledger) -> RankSender:
         """A sender of ranked messages kept in ``ledger`` (a replay counts as sent)."""
@@ -179,21 +214,140 @@ class Dealer:
         return None if skipped is None else policy.wait(skipped)
 
     def redeal(self, audience: FreeAudience) -> bool:
-        """Deal the audience's lost trainers' rest first, as far as it goes; True once
-        none is left."""
+        """Deal the audience's lost trainers' rest first, as far as it goes, and the
+        batches built and not sent yet (those never hold the rest back); True once no
+        rest is left."""
         policy = audience.policy
+        if audience.batches.shapes():
+            self._send_batches(audience)
         while (entry := policy.next_redeal()) is not None:
             if self._to_free(audience, entry.frames, None, entry) is not None:
                 policy.redeal_later(entry)
                 return False
         return True
 
+    def finish_batches(self, audience: FreeAudience, epoch: int | None = None) -> None:
+        """``epoch`` (None: every one) was dealt whole to ``audience``: its trainers' last,
+        partial batches of it are made, and sent as far as they go."""
+        audience.batches.finish_epoch(epoch)
+        self.redeal(audience)
+
+    def batch_stats(self) -> dict[str, int]:
+        """The free trainers' batches' counters (none before a free trainer asked for
+        batches): samples of epochs' last partial batches dropped (``drop_last``), and
+        samples that made no batch and that no trainer of another shape took."""
+        made = [batches for batches in list(self._batches.values()) if batches.cut_any]
+        if not made:
+            return {}
+        return {"free_batch_samples_dropped": sum(batches.dropped for batches in made),
+                "free_batch_samples_unbuilt": sum(batches.unbuilt for batches in made)}
+
+    def batches_owed(self) -> int:
+        """Batches of every free audience built or begun and not sent yet."""
+        return sum(batches.owed() for batches in self._batches.values())
+
+    def _send_batches(self, audience: FreeAudience) -> None:
+        """Send each shape's built batches to the audience's trainers of that shape with
+        credit, as far as they go; a shape with no trainer left gives its rows to the
+        others (dealt again, first)."""
+        batches, policy = audience.batches, audience.policy
+        self._give_back(audience)
+        present = self.core.batch_shapes(audience.name, batches.refused)
+        for shape in batches.shapes():
+            if shape not in present:
+                for frames in reversed(batches.release(shape)):
+                    policy.redeal_later(Entry(b"", frames))
+                continue
+            pending = batches.pending_of(shape)
+            while pending and self._batch_to(audience, shape, pending[0][0]):
+                pending.popleft()
+
+    @staticmethod
+    def _give_back(audience: FreeAudience) -> None:
+        """Rows a shape held that did not make a batch go to the audience's others, first."""
+        batches = audience.batches
+        returned, batches.returned = batches.returned, []
+        for shape, frames in reversed(returned):
+            audience.policy.redeal_later(Entry(b"", frames, unbatchable=(shape,)))
+
+    def _batch_to(self, audience: FreeAudience, shape: Shape, frames: list[Any]) -> bool:
+        """Send a batch of ``shape`` to one of the audience's trainers of that shape with
+        credit (as references to the pool for a trainer that maps it; the ledger keeps
+        the bytes); whether one took it."""
+        policy, batches = audience.policy, audience.batches
+        candidates = [(identity, trainer) for identity, trainer
+                      in policy.candidates(audience.members())
+                      if batches.shape(trainer) == shape and trainer not in batches.refused]
+        if not candidates:
+            return False
+        placed = self.carrier.share(frames, SENT_RUNS)  # never waits: whole when it is full
+        try:
+            for identity, trainer in candidates:
+                wire = self.carrier.wire(trainer, frames, placed)
+                if wire is None:
+                    continue
+                sent = self.outbox.send(identity, [*policy.envelope(), *wire])
+                if sent is SENT:
+                    policy.sent(identity, frames, None)
+                    self.carrier.delivered(trainer, wire, placed)
+                    return True
+                if sent is GONE:
+                    policy.gone(identity)
+            return False
+        finally:  # its runs back unless they went as references
+            self.carrier.settle(placed, frames, sent=True)
+
+    def _cut(self, audience: FreeAudience, shape: Shape, trainer: bytes,
+             frames: Sequence[Any], resent: Entry | None) -> None:
+        """A trainer of ``shape`` takes a message: its rows go into the shape's batches, and
+        the batches made go to the shape's trainers (it first, having the most credit).
+
+        A message whose samples do not stack is that trainer's error, not the server's:
+        it is dealt nothing more, and the message (with the rows its shape held) goes to
+        the audience's trainers of other shapes first, or, with none, is dropped."""
+        batches = audience.batches
+        frames = self.carrier.whole(frames)
+        pool = self.carrier.pool
+        try:
+            # While a trainer maps the pool, a batch joined from several messages is stacked
+            # straight into the server's region of it (its one copy): sent as references.
+            with stacking_into(pool.empty if pool is not None and pool.wanted else None):
+                batches.cut(shape, frames)
+        except ProtocolError as error:
+            batches.refused.add(trainer)
+            tags = read_tags(list(frames))
+            self.refuse(trainer.decode(errors="replace"),
+                        unstackable(error, int(tags[0, 0]), shape[0]))
+            unbatchable = (*(() if resent is None else resent.unbatchable), shape)
+            returned = [back for _, back in batches.returned] + [list(frames)]
+            batches.returned = []
+            if self.core.batch_shapes(audience.name, batches.refused) - set(unbatchable):
+                for back in reversed(returned):
+                    audience.policy.redeal_later(Entry(b"", back, unbatchable=unbatchable))
+            else:
+                dropped = sum(len(read_tags(back)) for back in returned)
+                batches.unbuilt += dropped
+                log.warning("%d sample(s) dropped: no trainer of another batch shape than "
+                            "batch_size=%d takes them", dropped, shape[0])
+            return
+        self._send_batches(audience)
+
     def _to_free(self, audience: FreeAudience, frames: Sequence[Any], placed: Placement | None,
                  resent: Entry | None) -> bool | None:
-        """Offer a message to each of the audience's trainers in turn. Returns None if one
-        took it, else whether a trainer was skipped for the pool's cap."""
+        """Offer a message to each of the audience's trainers in turn (one that asked for
+        batches takes it into its shape's batches). Returns None if one took it, else
+        whether a trainer was skipped for the pool's cap."""
         policy, capped = audience.policy, False
+        batches = audience.batches
         for identity, trainer in policy.candidates(audience.members(), resent):
+            shape = batches.shape(trainer)
+            if resent is not None and shape in resent.unbatchable:
+                continue  # its samples do not make this trainer's batches
+            if shape != NO_BATCHES:
+                if trainer in batches.refused or len(batches.pending_of(shape)) >= MAX_PENDING:
+                    continue  # refused, or its shape's batches wait: another takes it
+                self._cut(audience, shape, trainer, frames, resent)
+                return None
             # The pool knows a trainer by its client id, the socket by its identity.
             wire = self.carrier.wire(trainer, frames, placed)
             if wire is None:

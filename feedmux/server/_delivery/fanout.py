@@ -42,6 +42,7 @@ from feedmux._plumbing.shm import Placement, carried_bytes, is_ref
 from feedmux._plumbing.shmtable import SENT
 from feedmux.protocol import Data, Error, decode
 from feedmux.server._control.core import TRAINER_TIMEOUT, ControlCore, Sends
+from feedmux.server._delivery.batches import Batches
 from feedmux.server._delivery.carrier import Carrier
 from feedmux.server._delivery.dealer import Dealer, FreeAudience, RankAudience
 from feedmux.server._delivery.dealing import RankDealer
@@ -86,9 +87,9 @@ class _RankedGroup:
     (``carrier``: for a rank holder that maps it; never waiting for room)."""
 
     def __init__(self, world_size: int, uneven: str, audience: RankAudience,
-                 carrier: Carrier, server_id: str = "") -> None:
+                 carrier: Carrier, server_id: str = "", batches: Batches | None = None) -> None:
         self.dealer = RankDealer(world_size, uneven)
-        self.stage = RankedStage(self.dealer, server_id)
+        self.stage = RankedStage(self.dealer, server_id, batches=batches)
         self.audience = audience
         self.carrier = carrier
         self.queues: list[deque[_Share]] = [deque() for _ in range(world_size)]
@@ -163,6 +164,7 @@ class GroupFanout:
         self.rank_timeout = config.rank_timeout
         self.uneven = config.uneven
         self.server_id = config.server_id
+        self.buckets = config.buckets
         self._ranked: dict[str, _RankedGroup] = {}
         #: Each group of free trainers as the dealer's audience, and its live members.
         self._free: dict[str, FreeAudience] = {}
@@ -265,6 +267,7 @@ class GroupFanout:
                 message = buffer.next_for(name)
                 if message is None or not self._deliver(name, message):
                     break
+            self._finish_batches(name, buffer.next_for(name))
         for name in buffer.expire(now):
             if (ranked := self._ranked.pop(name, None)) is not None:
                 ranked.close()
@@ -281,8 +284,11 @@ class GroupFanout:
                 functools.partial(self.core.rank_target, group=name),
                 lambda: tables.retention_of(name), lambda: list(tables.of(name).holders),
                 self.dealer.rank_sender)
+            # The job's batches (its ranks' batch_size=, bucket_by=), cut after the dealing.
+            batches = tables.batches_of(name).assemblers(self.buckets)
             group = self._ranked[name] = _RankedGroup(world_size, self.uneven, audience,
-                                                      self.dealer.carrier, self.server_id)
+                                                      self.dealer.carrier, self.server_id,
+                                                      batches)
         return group
 
     def _given_up(self, name: str, group: _RankedGroup, targets: list[bytes],
@@ -345,6 +351,21 @@ class GroupFanout:
         """Hand over every rank of a ranked group taken over since the last look."""
         for group in self._ranked.values():
             group.audience.replay_taken_over()
+
+    def _finish_batches(self, name: str, upcoming: BufferedMessage | None) -> None:
+        """Free group ``name``'s trainers' last, partial batches of an epoch the group was
+        dealt whole (``upcoming``: its next message, None if it has them all)."""
+        audience = self._free.get(name)
+        if audience is None or (held := audience.batches.held_epoch()) is None:
+            return
+        if (upcoming is None and self.buffer.epoch_closed(held)) or (
+                upcoming is not None and upcoming.epoch > held):
+            self.dealer.finish_batches(audience, held)
+
+    def finish_batches(self) -> None:
+        """The stream's end: every free group's trainers' last, partial batches."""
+        for audience in self._free.values():
+            self.dealer.finish_batches(audience)
 
     def redeal(self) -> None:
         """Deal again, within each group, what its lost reliable members held (to the

@@ -82,6 +82,9 @@ class Entry:
     nbytes: int = 0
     #: The last (epoch, position) of it its trainer said it handed out, if any.
     mark: tuple[int, int] | None = None
+    #: The batch shapes ``(batch_size, drop_last)`` its samples did not stack into: dealt
+    #: again, it goes to no trainer of those (:mod:`.freebatches`).
+    unbatchable: tuple[tuple[int, bool], ...] = ()
 
     @property
     def tags(self) -> np.ndarray:

@@ -54,7 +54,6 @@ from feedmux.protocol import (
     stacking_into,
 )
 from feedmux.server._control.waitshare import trainers_wait
-from feedmux.server._delivery.batches import Batch
 from feedmux.server._delivery.dealing import RankDealer
 from feedmux.server._delivery.ranking import RankedStage, RankMessage
 from feedmux.server._shell import SocketShell, StopFlag
@@ -93,18 +92,27 @@ class _Run:
         start = shell.core.start_at  # a resumed job: the workers skip the epochs before
         #: Free trainers that outlived their server: where to resume, what they had.
         self.start, self.handed = start, shell.core.handed
-        #: The trainers' batches (None: they asked for none): cut here, from the merged stream.
-        self.batches = shell.core.tables.batches.assemblers(config.buckets)
         dealer = ranked_dealer(shell, config)
+        #: A ranked job's batches (None: no ranked job, or it asked for none): cut here,
+        #: from the merged stream (the free trainers' are cut as they are dealt).
+        self.batches = None if dealer is None else shell.core.tables.batches.assemblers(
+            config.buckets)
         #: A ranked job's dealing (None: free trainers).
         self.ranked = None if dealer is None else RankedStage(
             dealer, config.server_id, batches=self.batches, start=start)
         first = start[0] if start else 1
-        # The workers fill their messages when the server gathers them into batches.
-        pool.gather(0 if self.batches is None else self.batches.batch_size)
+        # The workers fill their messages when the server gathers them into batches (a
+        # ranked job's, or the free trainers' largest: cut as they are dealt).
+        self.gather(pool, shell)
         self.publish(pool, shell)  # before the release: the first messages compressed too
         pool.place(self.ledger, start=(first, 0))  # new tickets: an earlier run's messages drop
         pool.release(first)
+
+    def gather(self, pool: WorkerPool, shell: SocketShell) -> None:
+        """Tell the workers the batch size their messages are filled for (see
+        :meth:`WorkerPool.gather`): the ranked job's, or the free trainers' largest."""
+        pool.gather(shell.core.batch_hint() if self.batches is None else
+                    self.batches.batch_size)
 
     @property
     def holding(self) -> bool:
@@ -331,11 +339,9 @@ def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
                 if ranked is not None and not _send_ranked(ranked.finish_epoch(item.epoch),
                                                            shell):
                     return EXIT_OK
-                if ranked is None and run.batches is not None and not _send_batches(
-                        run.batches.of(-1).finish_epoch(), shell, config.server_id):
-                    return EXIT_OK
                 _check_skipped(run, pool, config, item.epoch, positions.get(item.epoch, 0))
                 shell.epoch_done(item.epoch, positions.get(item.epoch, 0))
+                run.gather(pool, shell)  # the trainers of the next epoch
                 if config.epochs is not None and item.epoch >= config.epochs:
                     shell.finish()
                     return EXIT_OK
@@ -359,16 +365,8 @@ def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
                 return EXIT_OK
             continue
         frames = _free_rows(run, item, tags, config.server_id, shell)
-        if frames is not None and run.batches is not None:
-            message = decode(frames, resolve=_reader(shell.pool))
-            assert isinstance(message, Data)
-            with _stacked_in_pool(shell.pool):  # the batch's arrays: in the pool at once
-                sent = _send_batches(run.batches.of(-1).add(message.tags, message.samples),
-                                     shell, config.server_id)
-            if not sent:
-                return EXIT_OK
-        elif frames is not None and not shell.send_data(frames, len(read_tags(frames)),
-                                                            int(tags[-1, 0])):
+        if frames is not None and not shell.send_data(frames, len(read_tags(frames)),
+                                                      int(tags[-1, 0])):
             return EXIT_OK
     return None
 
@@ -446,10 +444,3 @@ def _send_ranked(messages: Iterable[RankMessage], shell: SocketShell) -> bool:
     """Send each rank its messages; False when the server is stopping (or restarting)."""
     return all(shell.send_data(message.frames, message.samples, message.epoch, message.rank)
                for message in messages)
-
-
-def _send_batches(batches: list[Batch], shell: SocketShell, server_id: str) -> bool:
-    """Encode and send the free trainers' batches; False when the server is stopping."""
-    return all(shell.send_data(encode(Data(batch.tags, batch.items, server_id)),
-                                   len(batch.tags), int(batch.tags[0, 0]))
-               for batch in batches)

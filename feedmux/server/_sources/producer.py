@@ -28,7 +28,7 @@ from feedmux.protocol import Data, Error, encode
 from feedmux.sampling.epochs import Chunk, EpochIterator
 from feedmux.sampling.streamer import StreamErrorHook, blamed_streamer, describe_streamer
 from feedmux.server._control.meters import SamplerMeter
-from feedmux.server._delivery.batches import Batch, BatchAssembler, Batches
+from feedmux.server._delivery.batches import Batches, unstackable
 from feedmux.server._delivery.dealing import RankDealer
 from feedmux.server._delivery.ranking import RankedStage
 from feedmux.server._sources.owning import DrawnItems, own
@@ -200,56 +200,6 @@ class SampleErrors:
         return tags[kept], [items[row] for row in kept]
 
 
-def _batches_one_by_one(assembler: BatchAssembler, tags: np.ndarray, items: Sequence[Any],
-                        chunk: Chunk, told: Callable[[str], None],
-                        error: ProtocolError) -> list[Batch]:
-    """A chunk whose batches did not all stack (``error``), again a batch at a time: each
-    one that does not stack is ``told`` (:func:`unstackable`) and its samples dropped, the
-    others come out. (What the assembler held before the chunk went with the failure.)"""
-    def refused(refusal: ProtocolError) -> None:
-        told(unstackable(refusal, chunk.epoch, assembler.batch_size))
-
-    last = chunk.last
-    out: list[Batch] = []
-    failed = False
-    row = 0
-    while row < len(items):
-        stop = row + assembler.batch_size - assembler.held
-        try:
-            out += assembler.add(tags[row:stop], items[row:stop])
-        except ProtocolError as refusal:
-            refused(refusal)
-            failed = True
-        row = stop
-    if last:
-        try:
-            out += assembler.finish_epoch()
-        except ProtocolError as refusal:
-            refused(refusal)
-            failed = True
-    if not failed:  # the failure was in what was held before the chunk
-        refused(error)
-    return out
-
-
-def unstackable(error: ProtocolError, epoch: int, batch_size: int, ranked: bool = False) -> str:
-    """What a free trainer is told when the samples of its batch do not stack.
-
-    Examples
-    --------
-    >>> unstackable(ProtocolError("got sample 1 of 16 (int64[3]) unlike sample 0"), 2, 16)[:74]
-    'cannot build a batch of batch_size=16 in epoch 2: its samples do not stack'
-    """
-    return (f"cannot build a batch of batch_size={batch_size} in epoch {epoch}: its samples "
-            f"do not stack ({error}); for samples of variable length, deal the steps by length "
-            "with RemoteLoader(batch_size=..., bucket_by='<the length field>', pad=True) in a "
-            "ranked job (rank=, world_size=; docs/ddp.md), or use batch_size=None and batch "
-            "in the trainer. " + ("A data-parallel job's ranks take their steps together: "
-                                  "the run stops" if ranked else
-                                  "Its samples were dropped; the server goes on with the "
-                                  "others"))
-
-
 def _encode_batch(
     tags: np.ndarray, samples: Sequence[Any], server_id: str, seq: int, skip_bad: bool,
     errors: SampleErrors | None = None, close_ranks: bool = False,
@@ -350,8 +300,8 @@ def produce(
     batches: Batches | None = None,
     shm: ShmPool | None = None,
     max_skips: int = DEFAULT_MAX_SKIPS,
-    batch_refused: Callable[[str], None] | None = None,
     meanwhile: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+    batch_hint: Callable[[], int] = lambda: 0,
 ) -> int:
     """Take chunks of items, encode each as a data message and ``send`` it.
 
@@ -391,13 +341,19 @@ def produce(
     trainers that outlived their server) says which samples of a chunk nobody
     had yet (None: all of them); the others are not sent.
 
-    With ``batches`` (the trainers asked for ``batch_size=B``) each message
-    holds whole training batches (up to ``MAX_BATCHES_PER_MESSAGE``, as the
-    payload and ``max_delay`` allow): what goes to the free trainers, or to each
-    rank after the dealing, is cut by its
-    :class:`~feedmux.server._delivery.batches.BatchAssembler`. Ranked and batched,
+    With ``batches`` (a ranked job asked for ``batch_size=B``) each rank's
+    message holds whole training batches (up to ``MAX_BATCHES_PER_MESSAGE``, as
+    the payload and ``max_delay`` allow): each rank's share is cut by its
+    :class:`~feedmux.server._delivery.batches.BatchAssembler` after the dealing
+    (free trainers' batches are cut as they are dealt, each trainer's shape its
+    own: :mod:`feedmux.server._delivery.freebatches`). Ranked and batched,
     a sample the codec refuses is found before the dealing (one encode of each chunk,
     in skip mode only) and skipped there, so that no batch or rank comes short.
+
+    ``batch_hint()`` is the largest batch size the free trainers asked for (0: none):
+    without ``samples_per_message``, a free message then holds whole batches of it
+    (as many as :meth:`_Pacer.limit` allows), so that their batches, cut as they are
+    dealt, are slices of one message (only the message's size changes: no stage).
 
     ``shm`` is the server's shared-memory pool (its region of it, in a worker):
     the drawn large arrays are copied into it, and :func:`shared_empty` allocates
@@ -423,7 +379,7 @@ def produce(
         return _produce_ranked(epochs, drawn, send, policy, errors, epoch_done, meter,
                                stage, start)
     return _produce(epochs, drawn, send, policy, server_id, errors, epoch_done, meter, align,
-                    start, fresh, batches, batch_refused)
+                    start, fresh, batch_hint)
 
 
 @dataclass(frozen=True)
@@ -473,16 +429,16 @@ def _produce(
     align: int | None,
     start: tuple[int, int] | None = None,
     fresh: Fresh | None = None,
-    batches: Batches | None = None,
-    batch_refused: Callable[[str], None] | None = None,
+    batch_hint: Callable[[], int] = lambda: 0,
 ) -> int:
     clock = time.perf_counter
+    hinted = policy.samples_per_message is None
     pacer = _Pacer(policy)
     seq = sent = epoch_count = 0
     while True:
         started = clock()
         try:
-            limit = pacer.limit(0 if batches is None else batches.batch_size)
+            limit = pacer.limit(batch_hint() if hinted else 0)
             if align is not None:
                 limit = min(limit, align - epoch_count % align)
             chunk, items = drawn.take(epochs, limit)
@@ -510,28 +466,7 @@ def _produce(
                 rows = np.flatnonzero(unhad).tolist()
                 epoch_count += len(items) - len(rows)  # had by a trainer, not sent again
                 tags, items = tags[rows], [items[row] for row in rows]
-        if batches is not None:
-            if items and errors.skip:  # a refused sample is left out before a batch holds it
-                tags, items = errors.check(tags, items, server_id)
-            assembler = batches.of(-1)
-            try:
-                out = assembler.add(tags, items) if items else []
-                if chunk.last:
-                    out += assembler.finish_epoch()
-            except ProtocolError as error:
-                if batch_refused is None:
-                    raise
-                out = _batches_one_by_one(assembler, tags, items, chunk, batch_refused, error)
-            epoch_count += len(items)
-            meter.add_busy(clock() - started)
-            for batch in out:
-                if not send(encode(Data(batch.tags, batch.items, server_id, seq)),
-                            len(batch.tags), chunk.epoch):
-                    return sent
-                seq += 1
-                sent += len(batch.tags)
-                errors.sent(len(batch.tags))
-        elif items:
+        if items:
             frames, count = _encode_batch(tags, items, server_id, seq, errors.skip, errors)
             meter.add_busy(clock() - started)
             if frames:
