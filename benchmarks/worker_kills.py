@@ -149,10 +149,10 @@ def _name(pid: int) -> str:
 
 
 def worker_pids(server: int) -> list[int]:
-    """The server's sampling workers that run: its zygote's children (``feedmux-wkr-N``)."""
+    """The server's sampling workers: its zygote's children (``feedmux-wkr-N`` once they
+    have started)."""
     zygotes = [pid for pid in _children(server) if _name(pid) == "feedmux-zygote"]
-    return sorted(pid for zygote in zygotes for pid in _children(zygote)
-                  if _name(pid).startswith("feedmux-wkr-"))
+    return sorted(pid for zygote in zygotes for pid in _children(zygote))
 
 
 def streams_for(workers: int) -> int:

@@ -218,12 +218,12 @@ def zygote_pid(server: int) -> int | None:
 
 
 def worker_pids(server: int) -> list[int]:
-    """The server's sampling workers: the zygote's children that run (not zombies)."""
+    """The server's sampling workers: the zygote's children that run (not zombies; named
+    ``feedmux-wkr-N`` once they have started)."""
     zygote = zygote_pid(server)
     if zygote is None:
         return []
-    return sorted(pid for pid in child_pids(zygote) if pid_alive(pid)
-                  and process_name(pid).startswith("feedmux-wkr-"))
+    return sorted(pid for pid in child_pids(zygote) if pid_alive(pid))
 
 
 def pid_alive(pid: int) -> bool:

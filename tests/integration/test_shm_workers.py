@@ -171,6 +171,43 @@ def test_the_zygote_and_then_every_worker_sigkilled_fail_the_run_and_runs_come_b
         server.stop()
 
 
+def test_without_its_zygote_the_server_goes_on_with_the_workers_it_has(
+        serve: Callable[..., Spawned]) -> None:
+    # The zygote SIGKILLed: logged, the two workers go on; then one of them SIGKILLed:
+    # nobody can fork its successor, so its shards go to the other, and every epoch
+    # stays exact (with the pool: the dead worker's runs come back as before).
+    epoch_size = 60
+    server = serve(SAMPLER, "--arg", f"count={epoch_size}", "--workers", "2", "--epochs", "3",
+                   "--seed", "1", "--samples-per-message", "1", "--shm-size", str(POOL // MIB))
+    wait_until(lambda: len(worker_pids(server.pid)) == 2, 30, "two workers")
+    zygote, workers = zygote_pid(server.pid), worker_pids(server.pid)
+    assert zygote is not None
+    seen: list[tuple[int, int]] = []
+    with RemoteLoader(server.data, control=server.control, timeout=60) as loader:
+        for sample in loader:
+            ident = int(sample["id"])
+            assert (sample["x"] == ident).all(), "a sample's content is not its id's"
+            seen.append((int(loader.last_epoch or 0), ident))
+            if len(seen) == epoch_size // 2:
+                os.kill(zygote, signal.SIGKILL)
+            if len(seen) == epoch_size + epoch_size // 3:
+                os.kill(workers[0], signal.SIGKILL)
+            del sample
+        stats = fetch_stats(server.control)
+    assert server.wait(60) == 0, server.stderr
+    assert re.search(rf"the zygote \(pid {zygote}\) exited with code -9: no sampling worker "
+                     "can be started or replaced from now on; the run goes on with the "
+                     "workers it has", server.stderr), server.stderr
+    assert (f"(pid {workers[0]}) exited unexpectedly (its exit code is unknown" in server.stderr
+            and "go to the other workers (no zygote to fork a new one)" in server.stderr), (
+        server.stderr)
+    assert stats["zygote_alive"] == 0 and stats["workers"] == 1, stats
+    assert stats["workers_replaced"] == 0, stats
+    for epoch in (1, 2, 3):
+        assert sorted(i for e, i in seen if e == epoch) == list(range(epoch_size)), (
+            f"epoch {epoch}: samples lost or repeated")
+
+
 def test_workers_sigkilled_at_random_moments_lose_and_repeat_nothing() -> None:
     # The bounded form of benchmarks.worker_kills: 4 workers, 3 of them SIGKILLed at drawn
     # sample counts (the seed printed), 1,200 samples of 1 MiB through the pool.

@@ -27,8 +27,9 @@ import os
 import re
 from dataclasses import dataclass
 
-__all__ = ["CEILING_SECONDS", "CPU_BOUND_WORKER", "GROWTH_FACTOR", "LIGHT_WORKER", "MIN_GAIN", "WAY_OUT_BLOCKED",
-           "Autoscaler", "Change", "Signals", "WorkerRange", "parse_workers", "usable_cpus"]
+__all__ = ["CEILING_SECONDS", "CPU_BOUND_WORKER", "GROWTH_FACTOR", "LIGHT_WORKER", "MIN_GAIN",
+           "WAY_OUT_BLOCKED", "Autoscaler", "Change", "Signals", "WorkerRange", "parse_workers",
+           "usable_cpus"]
 
 #: Least relative rise of the rate one more worker must bring to be kept.
 MIN_GAIN = 0.08
@@ -223,7 +224,8 @@ class Autoscaler:
         :data:`LIGHT_WORKER` of a CPU: then one more (an I/O-bound sampler on a host
         whose CPUs other work keeps busy). Workers that use half a CPU each or more
         are CPU-bound: never more of them than the usable CPUs (:meth:`cpu_cap`,
-        whatever the host reads idle). Without the trainers' report it doubles; without the workers' CPU it grows by half (1, 2, 3, 4, 6, 9, ...),
+        whatever the host reads idle). Without the trainers' report it doubles; without
+        the workers' CPU it grows by half (1, 2, 3, 4, 6, 9, ...),
         the rate rule its only guard then.
 
         Examples
