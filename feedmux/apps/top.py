@@ -125,7 +125,7 @@ def describe(address: str, current: Stats, previous: Stats | None) -> list[str]:
     return lines
 
 
-def _workers_line(current: dict[str, Any], alive: list[str]) -> str:
+def _workers_line(current: Mapping[str, Any], alive: list[str]) -> str:
     """Each worker process by seat (``seat:pid``, or ``seat:DOWN`` for a dead one nobody
     replaced), the replacements and whether the zygote that forks them runs.
 
