@@ -182,10 +182,17 @@ def forward(pool: WorkerPool, shell: SocketShell, config: ServerConfig, stop: St
                             trainer_wait=lambda now: trainers_wait(shell.core.trainers.values(),
                                                                    now))
     shell.extra_stats.append(scaling.stats)
+    def between_runs() -> None:
+        # No shard runs yet (the run places them all): only the count asked for.
+        requested = shell.core.scaling.take()
+        if requested is not None:
+            scaling.request(requested)
+            staffing.match()
+
     try:
         staffing.fill()
         while True:
-            if not shell.wait_for_trainers():
+            if not shell.wait_for_trainers(between_runs):
                 return EXIT_FAILED if shell.failed else EXIT_OK
             run = _Run(pool, shell, config, block)
             code = _forward_run(run, staffing, shell, config, stop, scaling)

@@ -167,7 +167,7 @@ class Staffing:
                 failure = pool.failure(seat)
                 pool.reclaim()  # what a worker forwarded goes nowhere now: its runs come back
                 raise FeedmuxError(failure)
-        changed = self._match() or changed
+        changed = self.match() or changed
         if changed:
             moved = pool.place(ledger, renew=renew)
             if moved:
@@ -175,8 +175,9 @@ class Staffing:
                          ", ".join(map(str, moved)))
         return None
 
-    def _match(self) -> bool:
-        """Fork or retire workers to the pool's target; whether any changed."""
+    def match(self) -> bool:
+        """Fork or retire workers to the pool's target; whether any changed (then the
+        shards are to be placed again: :meth:`reconcile` does, and a new run does)."""
         pool = self.pool
         surplus = len(pool.active) - pool.target
         if surplus > 0:

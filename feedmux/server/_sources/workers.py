@@ -79,6 +79,8 @@ log = logging.getLogger("feedmux.server")
 
 #: How long a stopping pool waits for its workers before it kills them.
 WORKER_STOP_TIMEOUT = 2.0
+#: Seconds between two looks at the workers' pids once their zygote is gone.
+ORPHAN_CHECK = 0.1
 
 
 class WorkerPool:
@@ -148,6 +150,7 @@ class WorkerPool:
         if shm is not None:
             shm.split(slots)
         self.zygote = Zygote(self._work)
+        self._orphans_checked = 0.0
 
     def start(self) -> None:
         """Fork the zygote (before this process makes a thread or a ZeroMQ context)."""
@@ -258,7 +261,10 @@ class WorkerPool:
             return []
         by_pid = {pid: seat for seat, pid in self.pids.items()}
         exits: list[tuple[int, int | None]] = list(self.zygote.exits())
-        if self.zygote.gone:  # nobody reaps them now: their pids say
+        now = time.monotonic()
+        if self.zygote.gone and now >= self._orphans_checked + ORPHAN_CHECK:
+            # Nobody reaps them now: their pids say (a look at /proc each, so not every turn).
+            self._orphans_checked = now
             exits += [(pid, None) for pid in by_pid if not pid_alive(pid)]
         seats = []
         for pid, code in exits:
