@@ -218,6 +218,9 @@ def test_auto_starts_with_one_worker_process_and_scale_3_makes_three(serve: Any)
     zygote = zygote_pid(server.pid)
     assert zygote is not None, "no feedmux-zygote under the server"
     assert len(workers_of(server)) == 1
+    # A count asked for while the server waits for its trainers is made at once too.
+    request_scale(server.control, 2, timeout=10)
+    wait_until(lambda: len(workers_of(server)) == 2, 2.0, "two worker processes")
     trainer = CheckedThread(consume, server)
     request_scale(server.control, 3, timeout=10)
     wait_until(lambda: len(workers_of(server)) == 3, 2.0, "three worker processes")
