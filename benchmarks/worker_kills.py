@@ -27,6 +27,7 @@ miss.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import re
@@ -127,7 +128,8 @@ class _Server:
         """SIGKILL the server and what is left of its zygote and workers (by pid)."""
         if self.process.poll() is None:
             for child in [*worker_pids(self.process.pid), *_children(self.process.pid)]:
-                os.kill(child, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # gone with its zygote
+                    os.kill(child, signal.SIGKILL)
             self.process.kill()
         self.process.wait(30)
         self._reader.join(30)

@@ -12,6 +12,7 @@ synchronise, and never wait without a bound.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -173,8 +174,11 @@ class Spawned:
         """SIGKILL the process and what runs under it (zygote, sampling workers), if still
         running."""
         if self.process.poll() is None:
-            for child in descendant_pids(self.pid):
-                os.kill(child, signal.SIGKILL)
+            # The workers before their zygote, which kills them too when it ends (so one
+            # may be gone by the time it is named here).
+            for child in reversed(descendant_pids(self.pid)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)
             self.process.kill()
 
 

@@ -7,6 +7,7 @@ and runs it there with this environment's interpreter, as a user would run
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -145,8 +146,9 @@ def starter(tmp_path: Path) -> Iterator[list[Spawned]]:
     started: list[Spawned] = []
     yield started
     for spawned in started:
-        for pid in descendant_pids(spawned.pid):
-            os.kill(pid, signal.SIGKILL)
+        for pid in reversed(descendant_pids(spawned.pid)):  # workers, then their zygote
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         spawned.kill()
         spawned.wait(10)
 
