@@ -132,7 +132,7 @@ class Staffing:
         ``read(socket)`` takes one message of a worker's socket (raising ``zmq.Again``
         when there is none) and returns a worker's Error, if it was one."""
         pool = self.pool
-        renew: set[int] = set()
+        replace: dict[int, str] = {}  # seat -> what its dead worker's log line says
         changed = False
         for seat in pool.ended():
             error = self._drain(seat, read)
@@ -148,32 +148,51 @@ class Staffing:
                 pool.vacate(seat)
                 log.info("sampling worker %d (pid %s) ended as asked%s", seat, pid, pooled)
                 continue
-            shards = ", ".join(map(str, pool.owned(seat))) or "(none)"
             self._barren = 0 if seat in self.fruitful else self._barren + 1
-            new = (self._spawn(seat) if self._barren < MAX_BARREN_DEATHS
-                   and not pool.zygote.gone else None)
-            if new is not None:
-                pool.replaced += 1
-                renew.update(pool.owned(seat))
-                log.warning("%s; its shards %s go to a new worker (pid %d)%s", pool.failure(seat),
-                            shards, new, pooled)
+            if self._barren < MAX_BARREN_DEATHS and not pool.zygote.gone:
+                replace[seat] = pooled  # its seat stays active: a new worker takes it
                 continue
             why = ("no zygote to fork a new one" if pool.zygote.gone else
                    f"{self._barren} workers in a row died before delivering anything")
-            pool.vacate(seat, down=True)
-            log.warning("%s; its shards %s go to the other workers (%s)%s", pool.failure(seat),
-                        shards, why, pooled)
-            if not pool.active:
-                failure = pool.failure(seat)
-                pool.reclaim()  # what a worker forwarded goes nowhere now: its runs come back
-                raise FeedmuxError(failure)
+            self._hand_over(seat, why, pooled)
+        if replace:
+            # The dead workers' shards get new tickets before their successors fork, so
+            # that each reads its start at once (its seat, hence their owner, is the same).
+            renew = {shard for seat in replace for shard in pool.owned(seat)}
+            self._placed(pool.place(ledger, renew=renew))
+            changed = False
+            for seat, pooled in replace.items():
+                shards = ", ".join(map(str, pool.owned(seat))) or "(none)"
+                new = self._spawn(seat)
+                if new is None:  # the zygote went meanwhile
+                    self._hand_over(seat, "no zygote to fork a new one", pooled)
+                    changed = True
+                    continue
+                pool.replaced += 1
+                log.warning("%s; its shards %s go to a new worker (pid %d)%s",
+                            pool.failure(seat), shards, new, pooled)
         changed = self.match() or changed
         if changed:
-            moved = pool.place(ledger, renew=renew)
-            if moved:
-                log.info("workers %d: shards %s moved", len(pool.active),
-                         ", ".join(map(str, moved)))
+            self._placed(pool.place(ledger))
         return None
+
+    def _hand_over(self, seat: int, why: str, pooled: str) -> None:
+        """``seat``'s dead worker is not replaced: its shards go to the others (at the next
+        :meth:`WorkerPool.place`); with none left the run fails."""
+        pool = self.pool
+        shards = ", ".join(map(str, pool.owned(seat))) or "(none)"
+        pool.vacate(seat, down=True)
+        log.warning("%s; its shards %s go to the other workers (%s)%s", pool.failure(seat),
+                    shards, why, pooled)
+        if not pool.active:
+            failure = pool.failure(seat)
+            pool.reclaim()  # what a worker forwarded goes nowhere now: its runs come back
+            raise FeedmuxError(failure)
+
+    def _placed(self, moved: list[int]) -> None:
+        if moved:
+            log.info("workers %d: shards %s moved", len(self.pool.active),
+                     ", ".join(map(str, moved)))
 
     def match(self) -> bool:
         """Fork or retire workers to the pool's target; whether any changed (then the
