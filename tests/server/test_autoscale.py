@@ -342,3 +342,22 @@ def test_without_reports_the_data_paths_waits_stand_in() -> None:
     change = decide(Autoscaler(1, 8, cpus=8), reported(0.3, 0.5, None, workers=4))
     assert change is not None and change.target == 3 and change.reason.startswith(
         "the data path waited for trainers 50% of the last 1 s")
+
+
+def test_a_count_asked_for_that_auto_already_runs_is_logged_and_shown(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # ``feedmux scale 2`` while auto had just grown to 2: the request fixed the count but
+    # left no line and no reason (a loaded test run waited for the line and failed).
+    from types import SimpleNamespace
+
+    from feedmux.server._sources.autoscale import WorkerRange
+    from feedmux.server._sources.scaling import WorkerScaling
+
+    pool = SimpleNamespace(target=2, slots=4, running=2)
+    pool.resize = lambda count: setattr(pool, "target", count)
+    scaling = WorkerScaling(pool, WorkerRange(1, 4, auto=True))  # type: ignore[arg-type]
+    caplog.set_level("INFO", logger="feedmux.server")
+    scaling.request(2)
+    assert "workers 2, kept: asked for over control (feedmux scale)" in caplog.text
+    assert scaling.stats()["worker_change_reason"] == "asked for over control (feedmux scale)"
+    assert scaling.stats()["workers_auto"] == 0 and scaling.changes == 0

@@ -110,15 +110,19 @@ class WorkerScaling:
             log.info("workers: back to %s", "auto" if self.autoscaler else "the fixed count")
             return
         self.forced = count
-        self.apply(Change(count, "asked for over control (feedmux scale)"))
+        self.apply(Change(count, "asked for over control (feedmux scale)"), forced=True)
 
-    def apply(self, change: Change) -> None:
+    def apply(self, change: Change, forced: bool = False) -> None:
         """Run ``change.target`` workers from now (the staffing forks or retires them at
-        once); logged with its reason."""
+        once); logged with its reason. A count asked for (``forced``) that is already
+        the count is logged and shown too: it fixes the count (auto no longer changes it)."""
         before = self.pool.target
         self.pool.resize(change.target)
         after = self.pool.target
         if after == before:
+            if forced:
+                self.last_reason = change.reason
+                log.info("workers %d, kept: %s", after, change.reason)
             return
         self.changes += 1
         self.last_reason = change.reason
