@@ -2,29 +2,32 @@
 
 Run from the repository root::
 
-    python -m benchmarks.worker_kills                            # 8 workers, 7 kills, 120 s
-    python -m benchmarks.worker_kills --workers 21 --kills 20    # 20 kills in one run
+    python -m benchmarks.worker_kills                            # 4 workers, 20 kills, 120 s
+    python -m benchmarks.worker_kills --workers 8 --kills 7      # fewer kills, more workers
     python -m benchmarks.worker_kills --seconds 20 --seed 3      # a short one
 
 A seeded server (``feedmux serve benchmarks.worker_kills:source --workers W --seed
 1``, the pool on, 1 MiB samples that travel through it) and one free trainer on
 this host reading views of the pool. At ``--kills`` moments drawn from ``--seed``
 (printed, so that a run replays) over the middle of the run, a worker that is
-still alive (its pid from the server's start line) is SIGKILLed. A dead worker is
-not replaced (no fork once the server's ZeroMQ context exists), so the run must
-keep at least one: ``--kills`` below ``--workers``. The trainer reads for
+still alive (one of the server's zygote's children, from ``/proc``) is SIGKILLed.
+A dead worker is replaced by a new one that the zygote forks, so there may be
+more kills than workers. The trainer reads for
 ``--seconds`` and holds a view of every 50th sample to the end. The oracle knows
 nothing of the code path: every sample's array is filled with its id; every
 epoch the trainer finished holds every id once (the last, partial one none
 twice); the samples come in the order of an uninterrupted run of the same seed
 (``--reference``: one sampling process, the same shards, as many samples); the
 held views still hold their ids; the server is still running, its log naming
-every death. Prints one line of figures and exits 1 on a miss.
+every death and the new worker that took the dead one's shards, and as many
+workers run at the end as at the start. Prints one line of figures and exits 1 on a
+miss.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import re
@@ -77,9 +80,11 @@ class Outcome:
     misses: list[str] = field(default_factory=list)
     stderr: str = ""
     seconds: float = 0.0
-    #: Messages the server sent through the pool, and shards it moved (its statistics).
+    #: Messages the server sent through the pool, shards it moved and workers it forked in
+    #: place of a dead one (its statistics).
     pooled: int = 0
     moved: int = 0
+    replaced: int = 0
 
 
 class _Server:
@@ -120,10 +125,11 @@ class _Server:
         return match
 
     def stop(self) -> None:
-        """SIGKILL the server and what is left of its workers (by pid)."""
+        """SIGKILL the server and what is left of its zygote and workers (by pid)."""
         if self.process.poll() is None:
-            for child in _children(self.process.pid):
-                os.kill(child, signal.SIGKILL)
+            for child in [*worker_pids(self.process.pid), *_children(self.process.pid)]:
+                with contextlib.suppress(ProcessLookupError):  # gone with its zygote
+                    os.kill(child, signal.SIGKILL)
             self.process.kill()
         self.process.wait(30)
         self._reader.join(30)
@@ -135,6 +141,20 @@ def _children(pid: int) -> list[int]:
         return [int(child) for child in path.read_text().split()]
     except OSError:
         return []
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def worker_pids(server: int) -> list[int]:
+    """The server's sampling workers: its zygote's children (``feedmux-wkr-N`` once they
+    have started)."""
+    zygotes = [pid for pid in _children(server) if _name(pid) == "feedmux-zygote"]
+    return sorted(pid for zygote in zygotes for pid in _children(zygote))
 
 
 def streams_for(workers: int) -> int:
@@ -154,15 +174,14 @@ def run(workers: int, kills: int, seconds: float, seed: int, samples: int | None
     """One server with ``workers`` workers, ``kills`` of them SIGKILLed at moments drawn
     from ``seed`` over the middle of a read of ``seconds`` (or of ``samples`` samples:
     the kills then at drawn sample counts); the trainer's samples and the misses."""
-    if not 0 <= kills < workers:
-        raise ValueError(f"expected fewer kills than workers (a dead worker is not "
-                         f"replaced), got {kills} kills of {workers} workers")
+    if kills < 0 or workers < 1:
+        raise ValueError(f"expected kills >= 0 and workers >= 1, got {kills} kills of "
+                         f"{workers} workers")
     draw = random.Random(seed)
     server = _Server(*_options(workers, shm_size), "--workers", str(workers))
     outcome = Outcome()
     try:
-        started = server.wait_for(_STARTED, 60)
-        pids = [int(pid) for pid in started[2].split(",")]
+        server.wait_for(_STARTED, 60)
         data, control = server.wait_for(_SERVING, 60).groups()
         if samples is None:
             moments = sorted(draw.uniform(0.1, 0.9) * seconds for _ in range(kills))
@@ -185,7 +204,12 @@ def run(workers: int, kills: int, seconds: float, seed: int, samples: int | None
                 now = elapsed if samples is None else len(outcome.rows)
                 while moments and now >= moments[0]:
                     moments.pop(0)
-                    victim = draw.choice([pid for pid in pids if pid not in outcome.killed])
+                    alive = [pid for pid in worker_pids(server.process.pid)
+                             if pid not in outcome.killed]
+                    if not alive:
+                        outcome.misses.append("no worker ran to kill")
+                        continue
+                    victim = draw.choice(alive)
                     os.kill(victim, signal.SIGKILL)
                     outcome.killed.append(victim)
                 if (elapsed >= seconds if samples is None else len(outcome.rows) >= samples):
@@ -200,11 +224,17 @@ def run(workers: int, kills: int, seconds: float, seed: int, samples: int | None
         else:
             stats = feedmux.fetch_stats(control, timeout=30)
             outcome.pooled, outcome.moved = stats["shm_messages"], stats["shards_moved"]
+            outcome.replaced = stats["workers_replaced"]
             if not outcome.pooled:
                 outcome.misses.append("no message went through the pool")
+            if stats["workers"] != workers or outcome.replaced != len(outcome.killed):
+                outcome.misses.append(f"{stats['workers']} workers at the end, "
+                                      f"{outcome.replaced} replaced, {workers} at first "
+                                      f"and {len(outcome.killed)} killed")
         for pid in outcome.killed:
-            if f"(pid {pid}) exited unexpectedly with code -9; its shards" not in server.stderr:
-                outcome.misses.append(f"the server's log does not hand over worker {pid}")
+            if not re.search(rf"\(pid {pid}\) exited unexpectedly with code -9; its shards "
+                             r"[\d, ]+ go to a new worker", server.stderr):
+                outcome.misses.append(f"the server's log does not replace worker {pid}")
     finally:
         server.stop()
         outcome.stderr = server.stderr
@@ -251,8 +281,8 @@ def exact(rows: list[tuple[int, int]], epoch_size: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--kills", type=int, default=7)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--no-reference", action="store_true",
@@ -268,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             misses.append("the order differs from the uninterrupted run's")
     epochs = max((epoch for epoch, _ in outcome.rows), default=0)
     print(f"workers SIGKILLed {len(outcome.killed)} times in {outcome.seconds:.0f} s with the "
-          f"pool ({args.workers} workers, {args.workers - len(outcome.killed)} left): "
+          f"pool ({args.workers} workers, {outcome.replaced} forked in place of a dead one): "
           f"{len(outcome.rows)} samples ({outcome.pooled} messages through the pool, "
           f"{outcome.moved} shards moved), {epochs - 1} complete epochs, "
           f"{'nothing lost or repeated' if not misses else 'MISSES: ' + '; '.join(misses)}"

@@ -293,10 +293,10 @@ def _worker_sends(pool: ShmPool, pipe: Any, value: float, keep_one: bool) -> Non
         os.kill(os.getpid(), 9)
 
 
-def _from_worker(pool: ShmPool, keep_one: bool) -> list[Any]:
+def _from_worker(pool: ShmPool, keep_one: bool, value: float = 6.0) -> list[Any]:
     context = multiprocessing.get_context("fork")
     parent, child = context.Pipe()
-    worker = context.Process(target=_worker_sends, args=(pool, child, 6.0, keep_one))
+    worker = context.Process(target=_worker_sends, args=(pool, child, value, keep_one))
     worker.start()
     assert parent.poll(30), "the worker sent nothing"
     frames: list[Any] = parent.recv()
@@ -337,6 +337,34 @@ def test_the_runs_of_a_killed_worker_come_back_when_the_server_adopts_them(
     assert pool.adopt(0) == 1  # the lent-out run of the dead worker
     assert pool.stats()["shm_bytes_in_use"] == MIB and (view == 6.0).all()
     del view
+    pool.reclaim()
+    assert pool.stats()["shm_bytes_in_use"] == 0
+
+
+def test_a_dead_workers_successor_writes_into_its_region_around_what_a_trainer_holds(
+        pool: ShmPool) -> None:
+    # A dead worker is replaced by a new one in its seat: after the server adopted the
+    # dead one's runs, the new worker allocates in the same region, around the run a
+    # trainer still holds, and both views keep their values.
+    pool.split(1)
+    frames = _from_worker(pool, keep_one=True)  # forwarded one message, killed holding one
+    placed = pool.place(frames)
+    assert placed is not None
+    pool.delivered(b"trainer", placed)
+    views = ShmViews()
+    views.attach(pool.path)
+    held = receive(views, placed.frames)
+    assert pool.adopt(0) == 1  # the lent-out run; the trainer's stays
+    again = _from_worker(pool, keep_one=False, value=7.0)  # the successor, forked after
+    old, new = (int.from_bytes(each[2][16:24], "little") for each in (frames, again))
+    assert new >= 8 and new != old  # in the seat's region, not over the held run
+    placed = pool.place(again)
+    assert placed is not None and pool.stats()["shm_bytes_copied"] == 0
+    pool.delivered(b"trainer", placed)
+    fresh = receive(views, placed.frames)
+    assert (held == 6.0).all() and (fresh == 7.0).all()
+    del held, fresh
+    pool.adopt(0)
     pool.reclaim()
     assert pool.stats()["shm_bytes_in_use"] == 0
 

@@ -118,13 +118,33 @@ def describe(address: str, current: Stats, previous: Stats | None) -> list[str]:
     lines.append("  " + _epoch_line(current, shown_rate))
     alive = [key for key in current if key.startswith("worker.") and key.endswith(".alive")]
     if alive:
-        states = " ".join(f"{key.split('.')[1]}:{'up' if current[key] else 'DOWN'}"
-                          for key in sorted(alive))
-        lines.append(f"  workers {states}")
+        lines.append("  " + _workers_line(current, alive))
     lines.extend(_trainer_lines(current, previous))
     lines.append(f"  reconnects {current.get('reconnects', 0)}, "
                  f"errors skipped {current.get('errors_skipped', 0)}")
     return lines
+
+
+def _workers_line(current: Mapping[str, Any], alive: list[str]) -> str:
+    """Each worker process by seat (``seat:pid``, or ``seat:DOWN`` for a dead one nobody
+    replaced), the replacements and whether the zygote that forks them runs.
+
+    >>> _workers_line({"worker.0.alive": 1, "worker.0.pid": 41, "worker.1.alive": 0,
+    ...                "workers_replaced": 2, "zygote_alive": 0},
+    ...               ["worker.0.alive", "worker.1.alive"])
+    'workers 0:41 1:DOWN, 2 replaced, zygote DOWN (no worker is forked or replaced)'
+    """
+    seats = sorted(alive, key=lambda key: int(key.split(".")[1]))
+    states = " ".join(
+        f"{key.split('.')[1]}:"
+        f"{current.get(key[: -len('alive')] + 'pid', 'up') if current[key] else 'DOWN'}"
+        for key in seats)
+    line = f"workers {states}"
+    if current.get("workers_replaced"):
+        line += f", {current['workers_replaced']} replaced"
+    if current.get("zygote_alive") == 0:
+        line += ", zygote DOWN (no worker is forked or replaced)"
+    return line
 
 
 def _figure(value: float | None, form: str) -> str:

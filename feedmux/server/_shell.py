@@ -323,8 +323,9 @@ class SocketShell:
                 # received messages still count for the end of stream.
                 unreachable(self.core, identity, time.monotonic())
 
-    def run_phase(self, phase: Phase) -> None:
-        """Serve control, ticking the core, until it leaves ``phase`` or the server stops."""
+    def run_phase(self, phase: Phase, meanwhile: Callable[[], None] | None = None) -> None:
+        """Serve control, ticking the core, until it leaves ``phase`` or the server stops;
+        ``meanwhile()`` after each turn (what a control message asked for, at once)."""
         core = self.core
         while core.phase is phase and not self.stopping:
             self.deliver(core.tick(time.monotonic()))
@@ -332,18 +333,21 @@ class SocketShell:
                 return
             self.serve_control(timeout=core.wait_time(time.monotonic()))
             self._drop_stray()
+            if meanwhile is not None:
+                meanwhile()
 
     # -- the run's stages -------------------------------------------------------------------
-    def wait_for_trainers(self) -> bool:
+    def wait_for_trainers(self, meanwhile: Callable[[], None] | None = None) -> bool:
         """Hold sampling until ``min_trainers`` trainers said hello (and, dealt by credit,
-        granted some); False if stopped meanwhile.
+        granted some); False if stopped meanwhile. ``meanwhile()`` runs after each turn
+        of the wait (the workers' count asked for over control).
 
         Free trainers are dealt whatever a connected one has room for, so without
         this the first trainer of a short run could take the whole stream before the
         others join.
         """
         self.deliver(self.core.begin())
-        self.run_phase(Phase.WAITING)
+        self.run_phase(Phase.WAITING, meanwhile)
         if self.core.phase is Phase.LAST_WORD:  # the ranks did not all come
             self.failed = True
             self._repeat_last_word()

@@ -358,7 +358,7 @@ class Server:
         log.info(
             "serving %s: data %s, control %s, %d worker(s), epoch size %s, server id %s",
             source, shell.data_address, shell.control_address,
-            pool.running if pool is not None else 1,
+            pool.target if pool is not None else 1,
             config.epoch_size or "measured after the first epoch", config.server_id,
         )
         if shell.metrics is not None:

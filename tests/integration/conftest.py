@@ -12,6 +12,7 @@ synchronise, and never wait without a bound.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -170,10 +171,14 @@ class Spawned:
         return code
 
     def kill(self) -> None:
-        """SIGKILL the process and its children (sampling workers), if still running."""
+        """SIGKILL the process and what runs under it (zygote, sampling workers), if still
+        running."""
         if self.process.poll() is None:
-            for child in child_pids(self.pid):
-                os.kill(child, signal.SIGKILL)
+            # The workers before their zygote, which kills them too when it ends (so one
+            # may be gone by the time it is named here).
+            for child in reversed(descendant_pids(self.pid)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)
             self.process.kill()
 
 
@@ -190,6 +195,39 @@ def child_pids(pid: int) -> list[int]:
         if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
             children.append(int(entry.name))
     return children
+
+
+def descendant_pids(pid: int) -> list[int]:
+    """Every process under ``pid``: its children, theirs, ... (from /proc)."""
+    found, todo = [], [pid]
+    while todo:
+        for child in child_pids(todo.pop()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def process_name(pid: int) -> str:
+    """``/proc/PID/comm`` ("" once the process is gone)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def zygote_pid(server: int) -> int | None:
+    """The server's zygote (the child named ``feedmux-zygote``), or None."""
+    return next((pid for pid in child_pids(server) if process_name(pid) == "feedmux-zygote"),
+                None)
+
+
+def worker_pids(server: int) -> list[int]:
+    """The server's sampling workers: the zygote's children that run (not zombies; named
+    ``feedmux-wkr-N`` once they have started)."""
+    zygote = zygote_pid(server)
+    if zygote is None:
+        return []
+    return sorted(pid for pid in child_pids(zygote) if pid_alive(pid))
 
 
 def pid_alive(pid: int) -> bool:

@@ -24,7 +24,7 @@ from feedmux.client.remote import RemoteLoader, fetch_stats
 from feedmux.errors import TransportTimeoutError
 from feedmux.server.server import Server
 from tests.integration import test_resume as resume
-from tests.integration.conftest import CheckedThread, wait_until
+from tests.integration.conftest import CheckedThread, wait_until, worker_pids, zygote_pid
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -94,10 +94,9 @@ def trainers(server: Any, ranked: bool) -> list[Row]:
     return sorted(row for thread in threads for row in thread.join(180))
 
 
-def worker_pids(server: Any) -> list[int]:
-    """The server's sampling processes (its children), from /proc."""
-    path = Path(f"/proc/{server.pid}/task/{server.pid}/children")
-    return [int(pid) for pid in path.read_text().split()]
+def workers_of(server: Any) -> list[int]:
+    """The server's sampling processes (its zygote's children), from /proc."""
+    return worker_pids(server.pid)
 
 
 def assert_exact(rows: list[Row]) -> None:
@@ -127,8 +126,13 @@ class Driver:
             except TransportTimeoutError:
                 return  # the server has ended
             self.changes += 1
-            if step == self.kill_at:  # a worker SIGKILLed in the middle of a change
-                pids = worker_pids(self.server)
+            if step == self.kill_at:  # a worker SIGKILLed right after a change
+                count = self.counts[step % len(self.counts)]
+                # Once the workers asked to end have ended: a worker killed while it ends
+                # as asked is no death to hand over.
+                wait_until(lambda count=count: len(workers_of(self.server)) == count, 10,
+                           f"{count} worker processes")
+                pids = workers_of(self.server)
                 self.killed = pids[1]
                 os.kill(self.killed, signal.SIGKILL)
             self.done.wait(0.5)  # the pace of the changes, not a synchronisation
@@ -172,34 +176,61 @@ def test_a_worker_sigkilled_during_a_change_hands_its_shards_over(serve: Any) ->
     assert rows == reference
 
 
-def test_a_change_of_the_count_takes_effect_mid_epoch_and_moves_no_shard(serve: Any) -> None:
+def test_a_change_of_the_count_forks_or_ends_worker_processes_mid_epoch_within_2_s(
+        serve: Any) -> None:
     # An epoch of 24,000 samples at 3 ms each (72 s of one worker's waiting): each change
-    # must show within seconds, far from the epoch's end, as workers drawing at once.
+    # must show within 2 s as that many worker processes (the zygote's children) running
+    # shards, far from the epoch's end.
     server = serve(NUMBERED, "--arg", "streams=12", "--arg", "per_stream=2000", "--arg",
                    "delay=0.003", "--workers", "4", "--seed", "1", "--no-shm")
     done = threading.Event()
     trainer = CheckedThread(count_for, server, 120.0, done.is_set)
 
-    def drawing(count: int) -> bool:
+    def running(count: int) -> bool:
         stats = fetch_stats(server.control, timeout=5)
-        return bool(stats["workers"] == count and stats["workers_sampling_now"] == count)
+        return bool(len(workers_of(server)) == count and stats["workers"] == count
+                    and stats["workers_sampling_now"] == count)
 
     try:
         # Mid-epoch: the changes start once samples flow (before that the statistics'
         # epoch is 0, and a change would not be mid-epoch).
         wait_until(lambda: fetch_stats(server.control, timeout=5)["samples_sent"] > 0, 30,
                    "the first samples sent")
+        assert len(workers_of(server)) == 4
         for count in (1, 3, 2, 4, 1):
             request_scale(server.control, count, timeout=10)
-            wait_until(partial(drawing, count), 15, f"{count} worker(s) drawing at once")
+            wait_until(partial(running, count), 2.0, f"{count} worker process(es)")
         stats = fetch_stats(server.control, timeout=5)
         assert stats["epoch"] == 1, "the epoch ended before the changes: the test is too slow"
-        assert stats["shards_moved"] == 0, stats
+        assert stats["shards_moved"] > 0, stats  # the shards follow the processes
         assert stats["worker_changes"] == 5
+        assert stats["workers_started"] == 4 + 2 + 2  # 1 -> 3, 2 -> 4: four more forked
     finally:
         done.set()
     assert trainer.join(90) > 0
     server.kill()
+
+
+def test_auto_starts_with_one_worker_process_and_scale_3_makes_three(serve: Any) -> None:
+    server = serve(*live_command("--workers", "auto"))
+    # Before any trainer: auto starts with MIN (1), not with the most it may run.
+    wait_until(lambda: len(workers_of(server)) == 1, 10, "one worker process")
+    zygote = zygote_pid(server.pid)
+    assert zygote is not None, "no feedmux-zygote under the server"
+    assert len(workers_of(server)) == 1
+    # A count asked for while the server waits for its trainers is made at once too.
+    request_scale(server.control, 2, timeout=10)
+    wait_until(lambda: len(workers_of(server)) == 2, 2.0, "two worker processes")
+    trainer = CheckedThread(consume, server)
+    request_scale(server.control, 3, timeout=10)
+    wait_until(lambda: len(workers_of(server)) == 3, 2.0, "three worker processes")
+    stats = fetch_stats(server.control, timeout=5)
+    assert stats["workers"] == 3 and stats["zygote_alive"] == 1
+    assert sorted(stats[f"worker.{seat}.pid"] for seat in range(3)) == workers_of(server)
+    # The zygote holds one thread and no ZeroMQ context (a context has I/O threads).
+    assert len(os.listdir(f"/proc/{zygote}/task")) == 1
+    assert_exact(trainer.join(120))
+    assert server.wait(timeout=60) == 0
 
 
 def test_feedmux_scale_asks_and_refuses_clearly(serve: Any, spawn: Any) -> None:

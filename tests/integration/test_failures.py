@@ -13,7 +13,14 @@ import pytest
 
 import feedmux
 from feedmux.client.remote import RemoteLoader, SampleMeta, fetch_stats
-from tests.integration.conftest import Endpoints, child_pids, holds_for, pid_alive, wait_until
+from tests.integration.conftest import (
+    Endpoints,
+    descendant_pids,
+    holds_for,
+    pid_alive,
+    wait_until,
+    worker_pids,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -74,8 +81,11 @@ def test_sigterm_stops_cleanly_without_orphans(serve: Any, workers: str) -> None
     server = serve(f"{SAMPLER}:numbered", "--workers", workers)
     with RemoteLoader(server.data, control=server.control, timeout=20) as loader:
         next(loader)
-    children = child_pids(server.pid)
-    assert len(children) == (2 if workers == "2" else 0)
+    children = descendant_pids(server.pid)
+    # --workers 2: the zygote and the two workers it forked.
+    assert len(children) == (3 if workers == "2" else 0)
+    if workers == "2":
+        assert len(worker_pids(server.pid)) == 2
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=5) == 0
     wait_until(lambda: not any(pid_alive(c) for c in children), 5, "the workers to exit")
@@ -83,8 +93,8 @@ def test_sigterm_stops_cleanly_without_orphans(serve: Any, workers: str) -> None
 
 def test_server_killed_takes_its_workers_along(serve: Any) -> None:
     server = serve(f"{SAMPLER}:numbered", "--workers", "2")
-    wait_until(lambda: len(child_pids(server.pid)) == 2, 10, "two workers")
-    children = child_pids(server.pid)
+    wait_until(lambda: len(worker_pids(server.pid)) == 2, 10, "two workers")
+    children = descendant_pids(server.pid)  # the zygote and its workers
     server.send_signal(signal.SIGKILL)
     server.wait(timeout=5)
     wait_until(lambda: not any(pid_alive(c) for c in children), 5, "orphaned workers to exit")

@@ -5,9 +5,9 @@ references; a trainer on this host gets views of the pool, also when the server
 deals the workers' messages to ranks (it reads them in place and sends a rank's
 share on as references to the workers' runs) or builds batches from them. A
 worker SIGKILLed mid-epoch (or several, at random moments) fails nothing: its shards
-go to the others, every epoch stays exact and in the seeded order, and the views a
-trainer holds stay valid (a killed trainer's runs, and a trainer that does not map the
-pool: ``test_shm.py``, run with 2 workers too).
+go to a new worker forked in its place, every epoch stays exact and in the seeded
+order, and the views a trainer holds stay valid (a killed trainer's runs, and a
+trainer that does not map the pool: ``test_shm.py``, run with 2 workers too).
 """
 
 from __future__ import annotations
@@ -25,7 +25,13 @@ import pytest
 from benchmarks import worker_kills
 from feedmux import RemoteLoader, Server, fetch_stats
 from feedmux.errors import RemoteError
-from tests.integration.conftest import CheckedThread, Spawned, child_pids, wait_until
+from tests.integration.conftest import (
+    CheckedThread,
+    Spawned,
+    wait_until,
+    worker_pids,
+    zygote_pid,
+)
 from tests.integration.kill_restart import Trainers
 from tests.integration.test_shm import in_pool
 
@@ -71,11 +77,13 @@ def test_two_workers_write_into_the_pool_and_the_trainer_gets_views_for_two_epoc
         server.stop()
 
 
-def test_a_worker_sigkilled_mid_epoch_hands_its_shards_over_and_the_run_goes_on(
-        serve: Callable[..., Spawned]) -> None:
+@pytest.mark.parametrize("pool", [True, False], ids=["pool", "no-pool"])
+def test_a_worker_sigkilled_mid_epoch_is_replaced_by_a_new_one_and_the_run_goes_on(
+        serve: Callable[..., Spawned], pool: bool) -> None:
     epoch_size = 60
     server = serve(SAMPLER, "--arg", f"count={epoch_size}", "--workers", "2", "--epochs", "3",
-                   "--seed", "1", "--samples-per-message", "1", "--shm-size", str(POOL // MIB))
+                   "--seed", "1", "--samples-per-message", "1",
+                   *(("--shm-size", str(POOL // MIB)) if pool else ("--no-shm",)))
     started = server.wait_for_stderr(lambda text: _STARTED.search(text) is not None, 30,
                                      "the workers' pids")
     match = _STARTED.search(started)
@@ -83,6 +91,8 @@ def test_a_worker_sigkilled_mid_epoch_hands_its_shards_over_and_the_run_goes_on(
     victim = int(match[1].split(",")[0])
     seen: list[tuple[int, int]] = []
     held: list[tuple[int, np.ndarray]] = []
+    before: list[int] = []
+    successor: list[int] = []
     with RemoteLoader(server.data, control=server.control, timeout=60) as loader:
         for sample in loader:
             ident, x = int(sample["id"]), sample["x"]
@@ -91,20 +101,33 @@ def test_a_worker_sigkilled_mid_epoch_hands_its_shards_over_and_the_run_goes_on(
             if in_pool(x) and len(held) < 8 and len(seen) % 3 == 0:
                 held.append((ident, x))  # views of the pool, kept across the death
             if len(seen) == epoch_size + epoch_size // 3:  # a third into epoch 2
-                assert seen[-1][0] == 2 and held, "no view of the pool before the kill"
+                assert seen[-1][0] == 2 and (held or not pool), "no view of the pool"
+                before = worker_pids(server.pid)
+                assert victim in before and len(before) == 2, before
                 os.kill(victim, signal.SIGKILL)
+            elif before and not successor:  # read on: the server's loop sees the death
+                successor = sorted(set(worker_pids(server.pid)) - set(before))
             del sample, x
         stats = fetch_stats(server.control)
     assert server.wait(60) == 0, server.stderr
     assert f"(pid {victim}) exited unexpectedly with code -9; its shards" in server.stderr
-    assert stats["shm_messages"] > 0 and stats["shards_moved"] >= 1, stats
+    # A new worker, forked by the zygote, took the dead one's shards.
+    assert len(successor) == 1 and victim not in successor, (before, successor)
+    assert (f"(pid {victim}) exited unexpectedly with code -9; its shards" in server.stderr
+            and f"go to a new worker (pid {successor[0]})" in server.stderr), server.stderr
+    assert stats["workers_replaced"] == 1 and stats["workers"] == 2, stats
+    assert stats["shards_moved"] >= 1, stats
+    assert not pool or stats["shm_messages"] > 0, stats
     for epoch in (1, 2, 3):
         assert sorted(i for e, i in seen if e == epoch) == list(range(epoch_size)), (
             f"epoch {epoch}: samples lost or repeated")
     assert all((array == ident).all() for ident, array in held), "a held view changed"
 
 
-def test_the_last_workers_sigkilled_fail_the_run_and_their_runs_come_back() -> None:
+def test_the_zygote_and_then_every_worker_sigkilled_fail_the_run_and_runs_come_back(
+) -> None:
+    # Without its zygote the server replaces no worker: it goes on with those it has
+    # (here none), so the run fails, and every run of the pool nobody holds comes back.
     server = Server(SAMPLER, bind="tcp://127.0.0.1:0", samples_per_message=1,
                     shm_size=64 * MIB, workers=2, factory_kwargs={"count": 100_000}).start()
     try:
@@ -123,7 +146,11 @@ def test_the_last_workers_sigkilled_fail_the_run_and_their_runs_come_back() -> N
                     if len(held) < 3 and in_pool(sample["x"]):
                         held.append(sample["x"])
                     if len(held) == 3 and after_kill is None:
-                        for pid in child_pids(server.pid):  # every worker: none is left
+                        zygote = zygote_pid(server.pid)
+                        assert zygote is not None
+                        workers = worker_pids(server.pid)
+                        os.kill(zygote, signal.SIGKILL)  # nobody forks a new worker now
+                        for pid in workers:  # every worker: none is left
                             os.kill(pid, signal.SIGKILL)
                         after_kill = 0
                     elif after_kill is not None:
@@ -142,6 +169,43 @@ def test_the_last_workers_sigkilled_fail_the_run_and_their_runs_come_back() -> N
         server.join(30)
     finally:
         server.stop()
+
+
+def test_without_its_zygote_the_server_goes_on_with_the_workers_it_has(
+        serve: Callable[..., Spawned]) -> None:
+    # The zygote SIGKILLed: logged, the two workers go on; then one of them SIGKILLed:
+    # nobody can fork its successor, so its shards go to the other, and every epoch
+    # stays exact (with the pool: the dead worker's runs come back as before).
+    epoch_size = 60
+    server = serve(SAMPLER, "--arg", f"count={epoch_size}", "--workers", "2", "--epochs", "3",
+                   "--seed", "1", "--samples-per-message", "1", "--shm-size", str(POOL // MIB))
+    wait_until(lambda: len(worker_pids(server.pid)) == 2, 30, "two workers")
+    zygote, workers = zygote_pid(server.pid), worker_pids(server.pid)
+    assert zygote is not None
+    seen: list[tuple[int, int]] = []
+    with RemoteLoader(server.data, control=server.control, timeout=60) as loader:
+        for sample in loader:
+            ident = int(sample["id"])
+            assert (sample["x"] == ident).all(), "a sample's content is not its id's"
+            seen.append((int(loader.last_epoch or 0), ident))
+            if len(seen) == epoch_size // 2:
+                os.kill(zygote, signal.SIGKILL)
+            if len(seen) == epoch_size + epoch_size // 3:
+                os.kill(workers[0], signal.SIGKILL)
+            del sample
+        stats = fetch_stats(server.control)
+    assert server.wait(60) == 0, server.stderr
+    assert re.search(rf"the zygote \(pid {zygote}\) exited with code -9: no sampling worker "
+                     "can be started or replaced from now on; the run goes on with the "
+                     "workers it has", server.stderr), server.stderr
+    assert (f"(pid {workers[0]}) exited unexpectedly (its exit code is unknown" in server.stderr
+            and "go to the other workers (no zygote to fork a new one)" in server.stderr), (
+        server.stderr)
+    assert stats["zygote_alive"] == 0 and stats["workers"] == 1, stats
+    assert stats["workers_replaced"] == 0, stats
+    for epoch in (1, 2, 3):
+        assert sorted(i for e, i in seen if e == epoch) == list(range(epoch_size)), (
+            f"epoch {epoch}: samples lost or repeated")
 
 
 def test_workers_sigkilled_at_random_moments_lose_and_repeat_nothing() -> None:

@@ -7,6 +7,7 @@ and runs it there with this environment's interpreter, as a user would run
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -18,7 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Spawned, child_pids, holds_for, pid_alive, wait_until
+from tests.integration.conftest import (
+    Spawned,
+    descendant_pids,
+    holds_for,
+    pid_alive,
+    wait_until,
+    worker_pids,
+)
 
 #: A factory of ten samples, 0 to 9, as a user writes one (in a module, or in the script).
 FACTORY = '''
@@ -138,8 +146,9 @@ def starter(tmp_path: Path) -> Iterator[list[Spawned]]:
     started: list[Spawned] = []
     yield started
     for spawned in started:
-        for pid in child_pids(spawned.pid):
-            os.kill(pid, signal.SIGKILL)
+        for pid in reversed(descendant_pids(spawned.pid)):  # workers, then their zygote
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         spawned.kill()
         spawned.wait(10)
 
@@ -161,10 +170,10 @@ def test_a_started_server_ends_when_its_starter_is_killed(
     wait_until(lambda: "server pid" in spawned.stdout, 60, "the server to start")
     # The starter and the server it forked write to one pipe: a line at a time, each whole.
     server = int(re.search(r"^server pid (\d+)$", spawned.stdout, re.MULTILINE).group(1))
-    wait_until(lambda: len(child_pids(server)) >= workers - 1 and (
+    wait_until(lambda: len(worker_pids(server)) >= workers - 1 and (
         "stuck" not in source or "the stuck streamer is running" in spawned.stdout),
         30, "the server to sample")
-    workers_pids = [pid for pid in child_pids(server)]
+    workers_pids = descendant_pids(server)  # the zygote and its workers
     segments = [name for name in os.listdir("/dev/shm") if name.startswith(f"feedmux-{server}-")]
     assert segments, "expected the server's shared-memory pool"
 

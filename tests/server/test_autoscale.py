@@ -119,6 +119,30 @@ def test_workers_that_mostly_wait_grow_by_one_on_a_host_with_nothing_idle() -> N
         Signals(2, 0.98, 0.0, 900.0, trainer_wait=0.5, cpu=0.6, idle=0.0)) == 2
 
 
+def test_cpu_bound_workers_are_never_more_than_the_usable_cpus() -> None:
+    # Workers that use a CPU each: however idle the host reads (other jobs just ended)
+    # and however long the trainers wait, at most one per usable CPU.
+    scaler = Autoscaler(1, 16, cpus=2)
+    assert scaler.grown(Signals(2, 0.99, 0.0, 2000.0, trainer_wait=0.9, cpu=1.9,
+                                idle=1.5)) == 2
+    assert scaler.grown(Signals(1, 0.99, 0.0, 1000.0, trainer_wait=0.9, cpu=0.95,
+                                idle=1.9)) == 2
+    # Three that turned CPU-bound (grown while they waited on I/O): back to two, the
+    # reason quoting what each used.
+    three = Signals(3, busy=0.99, blocked=0.0, rate=2000.0, trainer_wait=0.9, cpu=2.4,
+                    idle=0.0)
+    changes = [change for second in range(2)
+               if (change := scaler.observe(float(second), three)) is not None]
+    assert [change.target for change in changes] == [2], changes
+    assert changes[0].reason == ("3 workers used 80% of a CPU each, 2 CPU(s) usable: "
+                                 "CPU-bound workers are at most one per CPU")
+    # ``auto:MIN-MAX``'s minimum still holds.
+    assert Autoscaler(3, 16, cpus=2).observe(0.0, three) is None
+    # Workers that mostly wait (a tenth of a CPU each) may go past the CPUs.
+    assert Autoscaler(1, 16, cpus=2).grown(Signals(4, 0.99, 0.0, 2000.0, trainer_wait=0.9,
+                                                   cpu=0.4, idle=1.6)) == 16
+
+
 def test_the_idle_cpus_are_read_for_the_usable_cpus_only(tmp_path: Path) -> None:
     stat = tmp_path / "stat"
     stat.write_text("cpu  10 0 10 1000 50 0 0 0 0 0\n"
@@ -318,3 +342,22 @@ def test_without_reports_the_data_paths_waits_stand_in() -> None:
     change = decide(Autoscaler(1, 8, cpus=8), reported(0.3, 0.5, None, workers=4))
     assert change is not None and change.target == 3 and change.reason.startswith(
         "the data path waited for trainers 50% of the last 1 s")
+
+
+def test_a_count_asked_for_that_auto_already_runs_is_logged_and_shown(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # ``feedmux scale 2`` while auto had just grown to 2: the request fixed the count but
+    # left no line and no reason (a loaded test run waited for the line and failed).
+    from types import SimpleNamespace
+
+    from feedmux.server._sources.autoscale import WorkerRange
+    from feedmux.server._sources.scaling import WorkerScaling
+
+    pool = SimpleNamespace(target=2, slots=4, running=2)
+    pool.resize = lambda count: setattr(pool, "target", count)
+    scaling = WorkerScaling(pool, WorkerRange(1, 4, auto=True))  # type: ignore[arg-type]
+    caplog.set_level("INFO", logger="feedmux.server")
+    scaling.request(2)
+    assert "workers 2, kept: asked for over control (feedmux scale)" in caplog.text
+    assert scaling.stats()["worker_change_reason"] == "asked for over control (feedmux scale)"
+    assert scaling.stats()["workers_auto"] == 0 and scaling.changes == 0

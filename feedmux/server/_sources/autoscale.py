@@ -10,7 +10,9 @@ path never waits for them), by as many workers as the trainers' wait asks for an
 the host's idle CPUs hold (:meth:`Autoscaler.grown`), and keeps a
 growth only if it raised the rate by :data:`MIN_GAIN` (else steps back and holds
 that ceiling for :data:`CEILING_SECONDS`, so a CPU-bound sampler never runs more
-workers than help it); it shrinks when the trainers are the bottleneck (they
+workers than help it), and never runs more CPU-bound workers (each using
+:data:`CPU_BOUND_WORKER` of a CPU or more) than the CPUs it may use, going back to
+that many when they turn CPU-bound; it shrinks when the trainers are the bottleneck (they
 hardly wait, or, when none reports it, the data path waits for them) and one
 worker fewer would still keep up. Hysteresis: a condition must hold
 for ``patience`` windows in a row, and changes are ``min_interval`` seconds apart.
@@ -25,8 +27,9 @@ import os
 import re
 from dataclasses import dataclass
 
-__all__ = ["CEILING_SECONDS", "GROWTH_FACTOR", "LIGHT_WORKER", "MIN_GAIN", "WAY_OUT_BLOCKED",
-           "Autoscaler", "Change", "Signals", "WorkerRange", "parse_workers", "usable_cpus"]
+__all__ = ["CEILING_SECONDS", "CPU_BOUND_WORKER", "GROWTH_FACTOR", "LIGHT_WORKER", "MIN_GAIN",
+           "WAY_OUT_BLOCKED", "Autoscaler", "Change", "Signals", "WorkerRange", "parse_workers",
+           "usable_cpus"]
 
 #: Least relative rise of the rate one more worker must bring to be kept.
 MIN_GAIN = 0.08
@@ -39,6 +42,9 @@ DEFAULT_AUTO_MAX = 16
 GROWTH_FACTOR = 4
 #: CPU per worker below which a growth tries one more worker even with no CPU idle.
 LIGHT_WORKER = 0.25
+#: CPU per worker from which the workers are CPU-bound: auto never runs more of them than
+#: the CPUs it may use (``os.sched_getaffinity``).
+CPU_BOUND_WORKER = 0.5
 #: The share of a window the data path may wait for trainers that also report waiting,
 #: and still have them count as starved by the sampling (more: the way out holds them).
 WAY_OUT_BLOCKED = 0.25
@@ -187,7 +193,8 @@ class Autoscaler:
             return None
         # A growth that did not pay goes back whole; a shrink is by one.
         step = {"grow": self.grown(signals) - count, "shrink": -1,
-                "back": (self._before[0] if self._before else count - 1) - count}[wish]
+                "back": (self._before[0] if self._before else count - 1) - count,
+                "cpus": (self.cpu_cap(signals) or count) - count}[wish]
         target = max(self.minimum, min(self.maximum, count + step))
         if wish == "grow" and self._ceiling is not None:
             target = min(target, self._ceiling[0])  # a jump stops at a count that did not pay
@@ -215,8 +222,10 @@ class Autoscaler:
         or other jobs on the host leave fewer CPUs idle, and so fewer workers). The count itself
         when none fits: then there is no growth, unless each worker uses less than
         :data:`LIGHT_WORKER` of a CPU: then one more (an I/O-bound sampler on a host
-        whose CPUs other work keeps busy). Without the trainers' report it
-        doubles; without the workers' CPU it grows by half (1, 2, 3, 4, 6, 9, ...),
+        whose CPUs other work keeps busy). Workers that use half a CPU each or more
+        are CPU-bound: never more of them than the usable CPUs (:meth:`cpu_cap`,
+        whatever the host reads idle). Without the trainers' report it doubles; without
+        the workers' CPU it grows by half (1, 2, 3, 4, 6, 9, ...),
         the rate rule its only guard then.
 
         Examples
@@ -226,8 +235,10 @@ class Autoscaler:
         ...              cpu=0.1)
         >>> scaler.grown(io)  # 5x the rate asked for, 4x at most, the idle CPU holds 38 more
         8
-        >>> scaler.grown(Signals(2, 0.97, 0.0, 900.0, trainer_wait=0.8, cpu=1.2))  # 1.33 more
-        4
+        >>> scaler.grown(Signals(2, 0.97, 0.0, 900.0, trainer_wait=0.8, cpu=0.8))  # 3 more
+        5
+        >>> scaler.grown(Signals(2, 0.97, 0.0, 900.0, trainer_wait=0.8, cpu=1.2))  # CPU-bound
+        2
         >>> scaler.grown(Signals(2, 0.97, 0.0, 900.0, trainer_wait=0.8, cpu=1.2, idle=0.1))
         2
         >>> scaler.grown(Signals(2, 0.97, 0.0, 900.0, trainer_wait=0.8, cpu=None))
@@ -256,12 +267,35 @@ class Autoscaler:
                 # rule judge (idle CPUs alone never let an I/O-bound sampler grow there).
                 room = 1
             wanted = min(wanted, count + room)
+        cap = self.cpu_cap(signals)
+        if cap is not None:
+            wanted = min(wanted, cap)
         return max(count, wanted)
+
+    def cpu_cap(self, signals: Signals) -> int | None:
+        """The most workers to run when each uses :data:`CPU_BOUND_WORKER` of a CPU or more
+        (CPU-bound): the CPUs this process may use; None for lighter workers (mostly
+        waiting on I/O: they may go past it) or when their CPU is not measured.
+
+        >>> scaler = Autoscaler(1, 16, cpus=2)
+        >>> scaler.cpu_cap(Signals(3, 0.99, 0.0, 900.0, cpu=2.7)), scaler.cpu_cap(
+        ...     Signals(8, 0.99, 0.0, 900.0, cpu=0.8))
+        (2, None)
+        """
+        if signals.cpu is None or signals.cpu < CPU_BOUND_WORKER * signals.workers:
+            return None
+        return max(1, self.cpus)
 
     def _wish(self, signals: Signals) -> tuple[str, str]:
         count = signals.workers
         if count > self.maximum:
             return "shrink", f"{count} workers is above the maximum {self.maximum}"
+        cap = self.cpu_cap(signals)
+        if cap is not None and count > max(cap, self.minimum):
+            assert signals.cpu is not None
+            return "cpus", (f"{count} workers used {signals.cpu / count:.0%} of a CPU each, "
+                            f"{self.cpus} CPU(s) usable: CPU-bound workers are at most one "
+                            "per CPU")
         if self._before is not None and self._before[0] < count and (
                 self.best < self._before[1] * (1 + MIN_GAIN)):
             fewer, below = self._before

@@ -39,8 +39,7 @@ import numpy as np
 import zmq
 
 from feedmux._plumbing.shm import ShmPool, carried_bytes, has_refs
-from feedmux._plumbing.sockets import make_socket, mapped_zmq_errors
-from feedmux.errors import FeedmuxError, SkipLimitError
+from feedmux.errors import SkipLimitError
 from feedmux.protocol import (
     Data,
     EndOfEpoch,
@@ -61,6 +60,7 @@ from feedmux.server._sources.assignment import ShardLedger, unpack_shard
 from feedmux.server._sources.merge import MIN_READ_AHEAD_BYTES, READ_AHEAD_BYTES, Merge
 from feedmux.server._sources.packing import passes_through
 from feedmux.server._sources.scaling import WorkerScaling
+from feedmux.server._sources.staffing import Staffing, WorkerSockets
 from feedmux.server._sources.workers import WorkerPool
 from feedmux.server.config import EXIT_FAILED, EXIT_OK, ServerConfig
 
@@ -125,8 +125,7 @@ class _Run:
         owners = pool.assignment.owners()
         wanted = {owners[index] for index in self.merge.readable()}
         running = set(owners)
-        return [slot for slot in range(pool.slots) if slot not in pool.lost and (
-            slot in wanted or slot not in running)]
+        return sorted(seat for seat in pool.pids if seat in wanted or seat not in running)
 
     def reads_ahead(self, slot: int, pool: WorkerPool) -> bool:
         """Whether ``slot``'s socket may still be read now (:meth:`readable`, for one)."""
@@ -185,21 +184,26 @@ def forward(pool: WorkerPool, shell: SocketShell, config: ServerConfig, stop: St
     ahead of their turn from the other shards; without, in arrival order.
     Returns the server's exit code.
     """
-    sockets = [make_socket(shell.context, zmq.PULL, hwm=config.hwm, heartbeats=False)
-               for _ in range(pool.slots)]
+    sockets = WorkerSockets(shell.context, config.hwm, shell.control)
+    staffing = Staffing(pool, sockets)
     scaling = WorkerScaling(pool, config.worker_range,
                             trainer_wait=lambda now: trainers_wait(shell.core.trainers.values(),
                                                                    now))
     shell.extra_stats.append(scaling.stats)
+    def between_runs() -> None:
+        # No shard runs yet (the run places them all): only the count asked for.
+        requested = shell.core.scaling.take()
+        if requested is not None:
+            scaling.request(requested)
+            staffing.match()
+
     try:
-        for index, socket in enumerate(sockets):
-            with mapped_zmq_errors("bind the internal endpoint", pool.endpoint_of(index)):
-                socket.bind(pool.endpoint_of(index))
+        staffing.fill()
         while True:
-            if not shell.wait_for_trainers():
+            if not shell.wait_for_trainers(between_runs):
                 return EXIT_FAILED if shell.failed else EXIT_OK
             run = _Run(pool, shell, config, block)
-            code = _forward_run(run, sockets, pool, shell, config, stop, scaling)
+            code = _forward_run(run, staffing, shell, config, stop, scaling)
             if code is not None:
                 return code
             _drop_read_ahead(run, shell.pool)
@@ -210,50 +214,46 @@ def forward(pool: WorkerPool, shell: SocketShell, config: ServerConfig, stop: St
         shell.fail(error)
         return EXIT_FAILED
     finally:
-        for socket in sockets:
-            socket.close(linger=0)
+        sockets.close_all()
 
 
-def _forward_run(run: _Run, sockets: list[Any], pool: WorkerPool, shell: SocketShell,
+def _forward_run(run: _Run, staffing: Staffing, shell: SocketShell,
                  config: ServerConfig, stop: StopFlag, scaling: WorkerScaling) -> int | None:
     """One run: the exit code when the stream ends (or stops), None when the job restarts."""
-    polled: list[int] = []
-    poller = zmq.Poller()
-    poller.register(shell.control, zmq.POLLIN)
+    pool, sockets = staffing.pool, staffing.sockets
+
+    def read(socket: Any) -> Error | None:
+        return _read(run, socket, shell)
+
     while not stop:
         if shell.core.restarting:
             return None
-        readable = run.readable(pool)
-        if readable != polled:
-            for worker in set(polled) - set(readable):
-                poller.unregister(sockets[worker])
-            for worker in set(readable) - set(polled):
-                poller.register(sockets[worker], zmq.POLLIN)
-            polled = readable
-        events = dict(poller.poll(0 if run.holding else 100))  # held samples wait for no one
+        sockets.watch(run.readable(pool), None if pool.zygote.gone else pool.zygote.fileno())
+        events = dict(sockets.poller.poll(0 if run.holding else 100))  # held samples wait
         if shell.control in events:
             shell.serve_control(timeout=0)
-        error = _survive(pool, run, sockets, shell)
-        if error is not None:
-            return _failed(error, shell)
         requested = shell.core.scaling.take()
         if requested is not None:
             scaling.request(requested)
         scaling.tick(time.monotonic(), shell.outbox.blocked_seconds, shell.core.samples_sent,
                      run.ledger)
-        # A worker that died is read no more: its socket was drained when its death was seen.
-        ready = [worker for worker in polled
-                 if sockets[worker] in events and worker not in pool.lost]
+        # A worker that ended is read no more: its socket was drained and closed here.
+        error = staffing.reconcile(run.ledger, read)
+        if error is not None:
+            return _failed(error, shell)
+        ready = [seat for seat, socket in sorted(sockets.by_seat.items()) if socket in events]
         if not ready:
             if run.ranked is not None and not _send_ranked(run.ranked.flush(), shell):
                 return None if shell.core.restarting else EXIT_OK
             shell.tick()
             continue
         run.publish(pool, shell)
+        staffing.fruitful.update(ready)
         for worker in ready:  # a few messages each: fair to every worker
+            socket = sockets.by_seat[worker]
             for _ in range(DRAIN):
                 try:
-                    error = _read(run, sockets[worker], shell)
+                    error = _read(run, socket, shell)
                 except zmq.Again:
                     break
                 if error is not None:  # at once, whoever's turn it is
@@ -277,40 +277,6 @@ def _failed(error: Error, shell: SocketShell) -> int:
     log.error("sampling worker failed: %s: %s", error.type, error.message)
     shell.fail(error)
     return EXIT_FAILED
-
-
-def _survive(pool: WorkerPool, run: _Run, sockets: list[Any],
-             shell: SocketShell) -> Error | None:
-    """A worker that died: what its socket already delivered is taken (under its shards'
-    tickets), its runs of the shared-memory pool that the server did not take come back
-    (:meth:`WorkerPool.bury`), and its shards go to the others, new tickets dropping
-    whatever of it is still on its way. With no worker left the run fails. Returns a
-    worker's Error found among what was delivered."""
-    dead = pool.casualties()
-    if not dead:
-        return None
-    alive = [slot for slot in range(pool.slots) if slot not in pool.lost]
-    if not alive:
-        failure = pool.failure(dead[0])
-        pool.reclaim()  # what a worker forwarded goes nowhere now: its runs come back
-        raise FeedmuxError(failure)
-    for slot in dead:
-        taken = 0
-        with contextlib.suppress(zmq.Again):
-            while True:  # bounded by the socket's queue: the worker sends no more
-                error = _read(run, sockets[slot], shell)
-                if error is not None:
-                    return error
-                taken += 1
-        freed = pool.bury(slot)
-        log.warning("%s; its shards %s go to the other workers (%d message(s) it had "
-                    "delivered taken%s)", pool.failure(slot),
-                    ", ".join(map(str, pool.owned(slot))) or "(none)", taken,
-                    "" if pool.shm is None else
-                    f", {freed} run(s) of the shared-memory pool free again")
-    moved = pool.rehome(run.ledger)
-    log.info("workers %d: shards %s moved", len(pool.active), ", ".join(map(str, moved)))
-    return None
 
 
 def _check_skipped(run: _Run, pool: WorkerPool, config: ServerConfig, epoch: int,

@@ -6,10 +6,11 @@ workers' busy fraction from their meters, their CPU use from ``/proc``, how long
 the data path waited for trainers, the samples it sent, and the trainers' own
 wait as their heartbeats reported it), asks it for a change
 (with ``--workers auto``), and applies a change, or a count asked for over control
-(``feedmux scale``), at once: the pool changes how many workers draw at a time
-(:mod:`feedmux.server._sources.turns`), which takes effect when the running draws
-end their current message, mid-epoch, and moves no shard. Every change is logged
-with its reason and counted. It never samples and never reads a socket.
+(``feedmux scale``), at once: it sets the pool's target, and the staffing
+(:mod:`feedmux.server._sources.staffing`) forks or retires workers to it in the same
+turn of the loop, mid-epoch, the shards that change hands resuming where the server
+stands. Every change is logged with its reason and counted. It never samples, never
+forks and never reads a socket.
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ class WorkerScaling:
         #: The window's start: (time, busy seconds, blocked seconds, samples sent, the
         #: workers' CPU seconds and the usable CPUs' idle seconds, each None if unknown).
         self._mark: tuple[float, float, float, int, float | None, float | None] | None = None
+        #: The worker pids the window measures (a new set starts a new window: a new
+        #: process's CPU seconds start from 0).
+        self._measured: tuple[int, ...] = ()
         self._cpus = _affinity()
 
     def stats(self) -> dict[str, int | float | str | None]:
@@ -106,14 +110,19 @@ class WorkerScaling:
             log.info("workers: back to %s", "auto" if self.autoscaler else "the fixed count")
             return
         self.forced = count
-        self.apply(Change(count, "asked for over control (feedmux scale)"))
+        self.apply(Change(count, "asked for over control (feedmux scale)"), forced=True)
 
-    def apply(self, change: Change) -> None:
-        """Let ``change.target`` workers draw at once from now; logged with its reason."""
-        before = self.pool.running
+    def apply(self, change: Change, forced: bool = False) -> None:
+        """Run ``change.target`` workers from now (the staffing forks or retires them at
+        once); logged with its reason. A count asked for (``forced``) that is already
+        the count is logged and shown too: it fixes the count (auto no longer changes it)."""
+        before = self.pool.target
         self.pool.resize(change.target)
-        after = self.pool.running
+        after = self.pool.target
         if after == before:
+            if forced:
+                self.last_reason = change.reason
+                log.info("workers %d, kept: %s", after, change.reason)
             return
         self.changes += 1
         self.last_reason = change.reason
@@ -130,11 +139,12 @@ class WorkerScaling:
             return
         if self._mark is not None and now - self._mark[0] < self.window:
             return  # called on every turn of the loop: the figures are read once a window
-        # Every slot alive draws now and then (turns pass round): all count, over the
-        # turns that were given.
         active = self.pool.active
-        busy = sum(self.pool.meters[slot].busy_seconds for slot in active)
-        each = [_cpu_seconds(self.pool.processes[slot].pid) for slot in active]
+        pids = tuple(self.pool.pids.get(seat, -1) for seat in active)
+        if pids != self._measured:
+            self._measured, self._mark = pids, None
+        busy = sum(self.pool.meters[seat].busy_seconds for seat in active)
+        each = [_cpu_seconds(pid) for pid in pids]
         cpu = None if None in each else sum(seconds or 0.0 for seconds in each)
         mark = (now, busy, blocked_seconds, samples_sent, cpu, idle_cpu_seconds(self._cpus))
         if self._mark is None:

@@ -1,40 +1,43 @@
 """Sampling worker processes: each runs the shards the server assigns it.
 
-The pool forks its worker processes (*slots*) at start, before the server
-creates its ZeroMQ context, and spreads the shards over them once
-(:attr:`WorkerPool.active`: the slots alive). A shard stays with its slot for the
-run; only a worker's death moves its shards to the others
-(:meth:`WorkerPool.rehome`). The number of workers that sample
-(:attr:`WorkerPool.running`: ``--workers auto``, ``feedmux scale``) is a number
-of turns to draw (:mod:`feedmux.server._sources.turns`), so a change never moves
-a shard and takes effect within one message. A worker reads its shards from the
-shared :class:`~feedmux.server._sources.assignment.Assignment` between messages,
-runs each through a :class:`~feedmux.server._sources.runner.ShardRunner` in the
-merge order while it holds a turn, and pushes their encoded data messages and,
-after each epoch of a shard, an ``EndOfEpoch`` to the server over an internal
-endpoint of its own (FIFO per worker; the server merges them,
-:mod:`feedmux.server._sources.merge`). A shard's next epoch waits until the
-server has heard the end of the epoch from every shard (the epoch gate), so
-epochs leave the server one after the other. Each shard reseeds the
-process-wide random state from (seed, shard, epoch) and keeps it as its own
-(:class:`~feedmux.server._sources.shards.ShardRandom`). Workers die with their
-parent (``PR_SET_PDEATHSIG`` where the kernel offers it, and a parent-pid
-check everywhere they wait), so no exit path leaves one behind; a stopping pool
-kills a worker that has not stopped in time (or at once on a second signal), and
-a worker's second SIGTERM ends it wherever its streamer is stuck.
+The pool forks one process at start, before the server creates its ZeroMQ
+context: the zygote (:mod:`feedmux.server._sources.zygote`), which forks the
+workers when they are wanted, so that a worker exists only while it samples.
+Each worker has a *seat* (its meter, its wake-up, its region of the
+shared-memory pool, and with its generation its endpoint); :attr:`WorkerPool.active`
+are the seats whose worker runs shards, :attr:`WorkerPool.target` how many the
+server wants running. The server's staffing
+(:mod:`feedmux.server._sources.staffing`) matches them: it forks more, asks
+surplus workers to end after their current message (:meth:`WorkerPool.retire`),
+and puts a new worker in the seat of one that died; each time the shards are
+spread again over the workers running (:meth:`WorkerPool.place`), a shard that
+changes hands getting a new ticket. A worker reads its shards from the shared
+:class:`~feedmux.server._sources.assignment.Assignment` between messages, runs
+each through a :class:`~feedmux.server._sources.runner.ShardRunner` in the merge
+order, and pushes their encoded data messages and, after each epoch of a shard,
+an ``EndOfEpoch`` to the server over an internal endpoint of its own (FIFO per
+worker; the server merges them, :mod:`feedmux.server._sources.merge`). A shard's
+next epoch waits until the server has heard the end of the epoch from every
+shard (the epoch gate), so epochs leave the server one after the other. Each
+shard reseeds the process-wide random state from (seed, shard, epoch) and keeps
+it as its own (:class:`~feedmux.server._sources.shards.ShardRandom`). Workers end
+with their server: the zygote SIGKILLs them when the server's end of its socket
+pair closes (the server ended, however), and a worker checks that its server
+still runs wherever it waits; a stopping pool kills a worker that has not
+stopped in time (or at once on a second signal), and a worker's second SIGTERM
+ends it wherever its streamer is stuck.
 
-With the shared-memory pool, the pool is opened before the fork and each worker
+With the shared-memory pool, the pool is opened before the fork and each seat
 allocates in a region of it (:mod:`feedmux._plumbing.shmruns`): its owned copies
 and ``shared_empty`` arrays are written there, and its messages carry 56-byte
-references instead of the arrays. A worker that dies (SIGKILL, OOM), with the pool or
-without, hands its shards to the others and the run goes on with one worker fewer (a dead
-worker is not replaced: forking once the server's ZeroMQ context exists is unsafe; the
-run fails only when none is left). The server first takes what the dead worker's socket
-already delivered, then takes back (:meth:`WorkerPool.bury`) every run of its region
-that the server took no message of and no trainer holds: the state a worker writes
-into the slot table before it sends (FORWARDED) and the server's record of the
-references it took tell them apart. Its region is left idle; its shards get new
-tickets, so nothing it still had on its way is taken.
+references instead of the arrays. When a worker ends (it died, SIGKILL or OOM, or
+it was asked to end), with the pool or without, the server first takes what its
+socket already delivered, then takes back (:meth:`WorkerPool.bury`) every run of
+its region that the server took no message of and no trainer holds: the state a
+worker writes into the slot table before it sends (FORWARDED) and the server's
+record of the references it took tell them apart. The seat's next worker
+allocates in the same region around what is still held; its socket is a new one,
+so nothing the dead worker still had on its way is ever read.
 
 A worker compresses the data messages it forwards with the codec the server publishes
 in :attr:`WorkerPool.codec` (:mod:`feedmux.server._sources.packing`), except while a
@@ -43,14 +46,14 @@ trainer maps the pool.
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import itertools
 import logging
 import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import zmq
@@ -66,7 +69,8 @@ from feedmux.server._sources.packing import SharedCodec, pack
 from feedmux.server._sources.producer import Frames, SampleErrors, _Draw, error_message
 from feedmux.server._sources.runner import ShardRunner, next_runner
 from feedmux.server._sources.skips import SkipGuard
-from feedmux.server._sources.turns import SamplingTurns
+from feedmux.server._sources.wakeups import Wakeups
+from feedmux.server._sources.zygote import Zygote, pid_alive
 from feedmux.server.config import ServerConfig
 
 __all__ = ["WorkerPool"]
@@ -75,22 +79,22 @@ log = logging.getLogger("feedmux.server")
 
 #: How long a stopping pool waits for its workers before it kills them.
 WORKER_STOP_TIMEOUT = 2.0
-#: How long (ms) a worker whose queue to the server is full waits, keeping its turn,
-#: before it gives the turn back: a server that is only busy (it forwards a message in
-#: tens of µs) makes room within that, and handing the turn on at every full queue
-#: made the workers pass it back and forth about once a message.
-SEND_GRACE_MS = 2
+#: Seconds between two looks at the workers' pids once their zygote is gone.
+ORPHAN_CHECK = 0.1
 
 
 class WorkerPool:
-    """Forked sampling processes (one per *slot*), the shards' assignment, the turns to
-    draw and the epoch gate.
+    """The sampling workers: their seats, the zygote that forks them, the shards'
+    assignment and the epoch gate.
 
-    Every slot is forked at :meth:`start` (before the server creates its ZeroMQ
-    context) and runs its shards for the run; :attr:`active` are the slots alive
-    (a dead one's shards go to them), :attr:`running` how many of them draw at
-    once (``active`` at first: the rest wait for a turn, with no CPU). A change of
-    the count moves no shard and never forks.
+    :meth:`start` forks the zygote (before the server creates its ZeroMQ context);
+    the workers are forked from it by :meth:`spawn`, one per *seat* (the seat names
+    the worker's meter, wake-up, region of the shared-memory pool and, with its
+    generation, its endpoint). :attr:`active` are the seats whose worker runs
+    shards, :attr:`target` how many the server wants running (``--workers``,
+    ``auto``, ``feedmux scale``): the server's staffing
+    (:mod:`feedmux.server._sources.staffing`) forks, retires and replaces workers
+    to match it.
     """
 
     def __init__(self, parts: list[Any], config: ServerConfig, endpoint: str, block: int,
@@ -102,15 +106,31 @@ class WorkerPool:
         self.endpoint = endpoint
         self.block = block  # samples per shard per turn of the merge order
         self.parts = parts
-        #: How many worker processes are forked (the most that can run shards).
+        #: How many seats there are (the most workers that can run shards at once).
         if slots is None:
             slots = config.worker_range.maximum
         self.slots = slots = min(slots, len(parts))
-        #: The slots that run shards: every one alive.
-        self.active = list(range(slots))
+        #: How many workers to run (the staffing forks or retires workers to match).
+        self.target = max(1, min(slots, active or slots))
+        #: The seats whose worker runs shards (in seat order).
+        self.active: list[int] = []
+        #: Seat -> the pid of its worker, while it runs (a retiring one too).
+        self.pids: dict[int, int] = {}
+        #: Seats whose worker was asked to end (the count went down): their shards moved.
+        self.retiring: set[int] = set()
+        #: Seats whose worker died and was not replaced (no zygote): shown DOWN.
+        self.down: set[int] = set()
+        #: Seat -> (pid, exit code: None when unknown) of its last worker that ended.
+        self.ended_as: dict[int, tuple[int, int | None]] = {}
+        #: How many workers each seat has had: a worker's endpoint names its generation,
+        #: so that nothing of a dead one is ever read from its successor's socket.
+        self.generations = [0] * slots
+        #: Workers forked, and of them the replacements of a dead one.
+        self.started = 0
+        self.replaced = 0
         self._mp = multiprocessing.get_context("fork")
-        #: How many of them draw at once (``active``: every slot at first).
-        self.turns = SamplingTurns(slots, min(slots, active or slots), self._mp)
+        self.wakeups = Wakeups(slots, self._mp)
+        self._retire = self._mp.RawArray("b", slots)
         self._released = self._mp.RawValue("q", 0)
         self._stop = self._mp.Event()
         self.assignment = Assignment(len(parts), self._mp.RawArray)
@@ -121,40 +141,59 @@ class WorkerPool:
         self._batch_size = self._mp.RawValue("i", 0)
         #: The shards' tickets, counted across the runs of the server.
         self.tickets = itertools.count(1)
-        #: Each worker's sampling time and skipped streams, readable from this process.
+        #: Each seat's sampling time and skipped streams, readable from this process.
         self.meters = SharedMeters(slots, config.count_field).meters
-        self.processes: list[multiprocessing.process.BaseProcess] = []
-        #: Shards given to another worker since a run began (a worker's death).
+        #: Shards given to another worker since a run began (a count change, a death).
         self.shards_moved = 0
-        #: Slots whose death was handled (their shards went to the others).
-        self.lost: set[int] = set()
-        #: The shared-memory pool, opened before the fork: each worker gets a region of it.
+        #: The shared-memory pool, opened before the fork: each seat gets a region of it.
         self.shm = shm
         if shm is not None:
             shm.split(slots)
+        self.zygote = Zygote(self._work)
+        self._orphans_checked = 0.0
 
     def start(self) -> None:
-        for index in range(self.slots):
-            process = self._mp.Process(
-                target=_worker_main,
-                args=(self.parts, self.config, index, self.endpoint_of(index), self.block,
-                      (self._released, self.assignment, self.codec, self.turns,
-                       self._batch_size), self._stop,
-                      os.getpid(),
-                      self.meters[index], self.shm),
-                name=f"feedmux-worker-{index}",
-                daemon=True,
-            )
-            process.start()
-            self.processes.append(process)
-        log.info("started %d sampling worker(s): pids %s", len(self.processes),
-                 ", ".join(str(p.pid) for p in self.processes))
-        log.info("%d of them sample at once, the %d shard(s) spread over all", self.running,
-                 len(self.parts))
+        """Fork the zygote (before this process makes a thread or a ZeroMQ context)."""
+        self.zygote.start()
+        log.info("the zygote (pid %s) forks the sampling workers: %d to start, at most %d, "
+                 "the %d shard(s) spread over those running", self.zygote.pid, self.target,
+                 self.slots, len(self.parts))
 
-    def endpoint_of(self, index: int) -> str:
-        """The internal endpoint worker ``index`` pushes to (one each: FIFO per worker)."""
-        return f"{self.endpoint}-{index}"
+    def endpoint_of(self, seat: int, generation: int | None = None) -> str:
+        """The internal endpoint of the worker in ``seat`` (of its current generation)."""
+        if generation is None:
+            generation = self.generations[seat]
+        return f"{self.endpoint}-{seat}-{generation}"
+
+    def free_seats(self) -> list[int]:
+        """The seats with no worker."""
+        return [seat for seat in range(self.slots) if seat not in self.pids]
+
+    def prepare(self, seat: int) -> str:
+        """A new generation for ``seat``: the endpoint its next worker connects to."""
+        self.generations[seat] += 1
+        self._retire[seat] = 0
+        return self.endpoint_of(seat)
+
+    def spawn(self, seat: int) -> int | None:
+        """Fork a worker into ``seat`` (after :meth:`prepare`); its pid, or None when the
+        zygote cannot (it is gone)."""
+        pid = self.zygote.fork(seat, self.generations[seat])
+        if pid is None:
+            return None
+        self.pids[seat] = pid
+        self.started += 1
+        self.down.discard(seat)
+        if seat not in self.active:
+            self.active = sorted([*self.active, seat])
+        return pid
+
+    def _work(self, seat: int, generation: int, server_alive: Any) -> None:
+        """What a worker forked by the zygote runs."""
+        _worker_main(self.parts, self.config, seat, self.endpoint_of(seat, generation),
+                     self.block, (self._released, self.assignment, self.codec, self.wakeups,
+                                  self._batch_size, self._retire), self._stop, server_alive,
+                     self.meters[seat], self.shm)
 
     def gather(self, batch_size: int) -> None:
         """Tell the workers whether the server cuts their messages into batches of
@@ -171,21 +210,23 @@ class WorkerPool:
     def release(self, epoch: int) -> None:
         """Let the workers start ``epoch``."""
         self._released.value = epoch
-        self.turns.wake_all()
+        self.wakeups.wake_all()
 
-    def place(self, ledger: ShardLedger, start: tuple[int, int] | None = None) -> list[int]:
+    def place(self, ledger: ShardLedger, start: tuple[int, int] | None = None,
+              renew: Collection[int] = ()) -> list[int]:
         """Give every shard an owner among :attr:`active`; returns the shards that moved.
 
         With ``start`` (a new run) every shard gets a new ticket and starts there;
-        otherwise only the shards whose owner changes do, from where the server's
-        ``ledger`` says they stand (their old owner's messages still on their way are
-        dropped by their ticket).
+        otherwise the shards whose owner changes, and those of ``renew`` (a dead
+        worker's, now its successor's in the same seat), do, from where the server's
+        ``ledger`` says they stand (what was still on its way under their old ticket
+        is dropped).
         """
         owners = self.assignment.owners()
         planned = plan_owners(owners, self.active)
         changes = {}
         for index, owner in enumerate(planned):
-            if start is not None or owner != owners[index]:
+            if start is not None or owner != owners[index] or index in renew:
                 point = start or ledger.resume_point(index)
                 changes[index] = (owner, ledger.assign(index, *point), *point)
         if start is not None:
@@ -193,58 +234,82 @@ class WorkerPool:
         else:
             self.shards_moved += len(changes)
         self.assignment.write(changes)
-        self.turns.wake_all()
+        self.wakeups.wake_all()
         return sorted(changes)
 
     @property
     def running(self) -> int:
-        """How many workers draw at once: the turns, at most the workers alive."""
-        return min(self.turns.limit, len(self.active))
+        """How many workers run shards now."""
+        return len(self.active)
 
     def resize(self, count: int) -> None:
-        """Let ``count`` workers draw at once (clamped to those alive); no shard moves."""
-        self.turns.set_limit(max(1, min(count, len(self.active))))
+        """Run ``count`` workers (clamped to the seats): the staffing forks or retires."""
+        self.target = max(1, min(count, self.slots))
 
-    def rehome(self, ledger: ShardLedger) -> list[int]:
-        """The dead slots' shards go to those alive; returns the shards moved."""
-        for slot in self.lost:
-            self.turns.forget(slot)
-        self.active = [slot for slot in range(self.slots) if slot not in self.lost]
-        return self.place(ledger)
+    def retire(self, seats: Collection[int]) -> None:
+        """Take ``seats`` out of :attr:`active` (their shards go elsewhere at the next
+        :meth:`place`) and ask their workers to end after their current message."""
+        self.active = [seat for seat in self.active if seat not in seats]
+        for seat in seats:
+            self._retire[seat] = 1
+            self.retiring.add(seat)
+        self.wakeups.wake_all()
 
-    def owned(self, slot: int) -> list[int]:
-        """The shards ``slot`` runs."""
-        return [index for index, owner in enumerate(self.assignment.owners()) if owner == slot]
+    def ended(self) -> list[int]:
+        """Seats whose worker exited since last asked (not those a stop ended)."""
+        if self._stop.is_set():
+            return []
+        by_pid = {pid: seat for seat, pid in self.pids.items()}
+        exits: list[tuple[int, int | None]] = list(self.zygote.exits())
+        now = time.monotonic()
+        if self.zygote.gone and now >= self._orphans_checked + ORPHAN_CHECK:
+            # Nobody reaps them now: their pids say (a look at /proc each, so not every turn).
+            self._orphans_checked = now
+            exits += [(pid, None) for pid in by_pid if not pid_alive(pid)]
+        seats = []
+        for pid, code in exits:
+            seat = by_pid.pop(pid, None)
+            if seat is not None:
+                self.ended_as[seat] = (pid, code)
+                del self.pids[seat]
+                seats.append(seat)
+        return seats
+
+    def vacate(self, seat: int, down: bool = False) -> None:
+        """``seat``'s worker is gone for good: out of :attr:`active` (``down``: it died
+        and nobody replaces it)."""
+        self.active = [each for each in self.active if each != seat]
+        self.retiring.discard(seat)
+        if down:
+            self.down.add(seat)
+
+    def owned(self, seat: int) -> list[int]:
+        """The shards ``seat`` runs."""
+        return [index for index, owner in enumerate(self.assignment.owners()) if owner == seat]
 
     def liveness(self) -> dict[str, int | float | str | None]:
-        """``worker.<index>.alive`` (1 while that worker process runs, else 0),
-        ``workers_sampling_now`` (those holding a turn to draw this instant) and
+        """``worker.<seat>.alive`` (1 while that seat's worker runs, 0 for a seat whose
+        worker died and was not replaced) and ``.pid``, ``workers_sampling_now`` (the
+        workers running shards), ``workers_started`` and ``workers_replaced`` (forked
+        since start, and of them in place of a dead one), ``zygote_alive`` and
         ``shards_moved`` (shards given to another worker since the run began)."""
-        figures: dict[str, int | float | str | None] = {
-            f"worker.{index}.alive": int(process.exitcode is None)
-            for index, process in enumerate(self.processes)}
-        figures["workers_sampling_now"] = (len(self.active) if self.turns.free()
-                                           else len(self.turns.holders()))
+        figures: dict[str, int | float | str | None] = {}
+        for seat in sorted({*self.pids, *self.down}):
+            figures[f"worker.{seat}.alive"] = int(seat in self.pids)
+            if seat in self.pids:
+                figures[f"worker.{seat}.pid"] = self.pids[seat]
+        figures["workers_sampling_now"] = len(self.active)
+        figures["workers_started"] = self.started
+        figures["workers_replaced"] = self.replaced
+        figures["zygote_alive"] = int(not self.zygote.gone)
         figures["shards_moved"] = self.shards_moved
         return figures
 
-    def dead(self) -> list[int]:
-        """The indices of the workers that are not running."""
-        return [index for index, process in enumerate(self.processes)
-                if process.exitcode is not None]
-
-    def casualties(self) -> list[int]:
-        """Slots that died on their own since last asked (not stopped by the pool)."""
-        if self._stop.is_set():
-            return []
-        fresh = [index for index in self.dead() if index not in self.lost]
-        self.lost.update(fresh)
-        return fresh
-
     def bury(self, slot: int) -> int:
-        """Take back the pool's runs of ``slot``, which died, that nothing refers to (the
-        server took no message of them, no trainer holds them: :meth:`ShmPool.adopt`);
-        the server drained its socket first. Its region is left idle for the run.
+        """Take back the pool's runs of ``slot``, whose worker ended, that nothing refers
+        to (the server took no message of them, no trainer holds them:
+        :meth:`ShmPool.adopt`); the server drained its socket first. The rest come back
+        as they are released; the seat's next worker allocates around them.
         Returns the runs freed (0 without the pool)."""
         return 0 if self.shm is None else self.shm.adopt(slot)
 
@@ -253,14 +318,15 @@ class WorkerPool:
         trainer (the server fails): only the trainers' views stay."""
         self.stop()
         if self.shm is not None:
-            for index in range(len(self.processes)):
-                self.shm.adopt(index, keep_received=False)
+            for seat in range(self.slots):
+                self.shm.adopt(seat, keep_received=False)
 
     def failure(self, slot: int) -> str:
-        """A description of worker ``slot``'s exit."""
-        process = self.processes[slot]
-        return (f"sampling worker {slot} (pid {process.pid}) exited unexpectedly "
-                f"with code {process.exitcode}")
+        """A description of the exit of ``slot``'s last worker."""
+        pid, code = self.ended_as.get(slot, (None, None))
+        how = (f"with code {code}" if code is not None else
+               "(its exit code is unknown: the zygote that reaped it is gone)")
+        return f"sampling worker {slot} (pid {pid}) exited unexpectedly {how}"
 
     def stop(self, timeout: float = WORKER_STOP_TIMEOUT) -> None:
         """Stop every worker: ask, wait up to ``timeout`` s, then kill; never leaves one running.
@@ -270,36 +336,39 @@ class WorkerPool:
         looks at the request, and nothing else would stop it.
         """
         self._stop.set()
-        self.turns.wake_all()
+        self.wakeups.wake_all()
         deadline = time.monotonic() + timeout
         try:
-            for process in self.processes:
-                process.join(max(0.0, deadline - time.monotonic()))
+            running = dict(self.pids)
+            while running and time.monotonic() < deadline and not self.zygote.gone:
+                for pid, _ in self.zygote.exits():
+                    running = {seat: each for seat, each in running.items() if each != pid}
+                if running:
+                    self.zygote.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            if self.zygote.gone:
+                while running and time.monotonic() < deadline:
+                    running = {seat: pid for seat, pid in running.items() if pid_alive(pid)}
+                    if running:
+                        time.sleep(0.02)  # no parent of theirs reports: their pids say
+            self.pids = running
         finally:
             self._kill()
 
     def _kill(self) -> None:
-        running = [process for process in self.processes if process.exitcode is None]
         # Every kill goes out, whatever signal arrives meanwhile; only then the waits.
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
-            for process in running:
-                process.kill()
+            lost = self.zygote.gone
+            # Closing the pair makes the zygote SIGKILL the workers still running and exit.
+            self.zygote.stop()
+            for seat, pid in self.pids.items():
+                log.warning("worker %d (pid %s) did not stop in time; killed it", seat, pid)
+                if lost and pid_alive(pid):  # orphaned: the zygote cannot kill it
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+            self.pids = {}
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        for process in running:
-            log.warning("worker pid %s did not stop in time; killed it", process.pid)
-            process.join(WORKER_STOP_TIMEOUT)
-
-
-def _die_with_parent() -> None:
-    # SIGKILL, not SIGTERM: a worker stuck in user code never returns to look at a
-    # request, and with its server gone nothing it holds can reach anyone.
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the parent-pid checks still apply
-        pass
 
 
 def _on_sigterm(terminated: list[bool]) -> Any:
@@ -320,21 +389,20 @@ def _worker_main(
     index: int,
     endpoint: str,
     block: int,
-    shared: tuple[Any, Assignment, SharedCodec, SamplingTurns, Any],
+    shared: tuple[Any, Assignment, SharedCodec, Wakeups, Any, Any],
     stop_event: Any,
-    parent_pid: int,
+    server_alive: Callable[[], bool],
     meter: SamplerMeter,
     shm: ShmPool | None,
 ) -> None:
-    _die_with_parent()
-
-    released, assignment, codec, turns, batch_size = shared
+    released, assignment, codec, wakeups, batch_size, retire = shared
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us
     terminated: list[bool] = []
     signal.signal(signal.SIGTERM, _on_sigterm(terminated))
 
     def stopping() -> bool:
-        return bool(terminated) or stop_event.is_set() or os.getppid() != parent_pid
+        return (bool(terminated) or stop_event.is_set() or bool(retire[index])
+                or not server_alive())
 
     if shm is not None:  # mapped by the fork: this worker allocates in its own region
         shm.enter_worker(index, stopping)
@@ -361,9 +429,6 @@ def _worker_main(
                 except zmq.Again:
                     if stopping():
                         break
-                    if push.poll(SEND_GRACE_MS, zmq.POLLOUT):
-                        continue  # the server was only busy: keep the turn
-                    turns.release(index)  # a worker that cannot send does not draw
                     push.poll(100, zmq.POLLOUT)
         finally:
             if placed is not None and shm is not None:
@@ -394,17 +459,11 @@ def _worker_main(
                             (epoch, position), block, drawn)
             runner = next_runner(runners.values(), released.value)
             if runner is None:  # nothing to draw until a release or an assignment
-                turns.release(index)
-                turns.rest(index)  # woken by a release, an assignment or a stop
-                continue
-            epoch, blocks, _ = runner.rank()
-            if not turns.hold(index, epoch * 1e9 + blocks, stopping):
+                wakeups.rest(index)  # woken by a release, an assignment or a stop
                 continue
             runner.step(send, meter, batch_size.value)
-            turns.passing(index, boundary=runner.at_boundary())
     except Exception as error:
         send(encode(error_message(error, config.server_id)))
-    turns.release(index)
     # Stay until the server says stop, so nothing queued here is dropped by an early close.
     while not stopping():
         time.sleep(0.01)
