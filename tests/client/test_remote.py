@@ -172,8 +172,19 @@ def test_garbage_collection_closes_the_sockets(nowhere: str) -> None:
     finalizer = loader._finalizer
     assert finalizer is not None and finalizer.alive
     del loader
-    gc.collect()
-    assert not finalizer.alive
+    # Once in about 15 runs of tests/client under xdist, one collection right away found
+    # the loader still held: through its LoaderWaits (which holds the bound
+    # _serve_control), itself held by something outside the loader that a second look
+    # did not find again. So collect for a bounded while; a loader held for good (a real
+    # leak) still fails, and names what holds it.
+    deadline = time.monotonic() + 5
+    while finalizer.alive and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)  # the poll interval of a bounded wait
+    if finalizer.alive:
+        loader = finalizer.peek()[0]  # type: ignore[index]
+        holders = [type(holder).__name__ for holder in gc.get_referrers(loader)]
+        pytest.fail(f"the loader is still held after 5 s of collections, by {holders}")
 
 
 def test_a_peer_with_another_protocol_version_is_told_so() -> None:
