@@ -38,6 +38,11 @@ START_TIMEOUT = 60.0
 RECOVERY_TIMEOUT = 120.0
 #: Seconds the end of a run may take (the trainers reach their last step, the stream ends).
 END_TIMEOUT = 180.0
+#: The reference run replays every step of the job, which takes longer the longer the job
+#: ran and the busier the machine: it may go on while its ranks' logs grow, until they
+#: stood still this long, or until :data:`REFERENCE_CAP` (a 2-minute mix replays about
+#: 26,000 steps of 2 ranks: over 180 s on a 2-core host with two busy loops).
+REFERENCE_STALL, REFERENCE_CAP = 60.0, 1800.0
 #: At the end, how long the free trainers have to hand out what they hold once their server
 #: stopped, and how long their audit logs must stand still to say they did.
 DRAIN_TIMEOUT, DRAIN_QUIET = 30.0, 2.0
@@ -546,6 +551,25 @@ def _quiet(logs: list[Path], timeout: float = DRAIN_TIMEOUT, quiet: float = DRAI
     return False
 
 
+def _progressing(processes: list[subprocess.Popen[bytes]], logs: list[Path],
+                 stall: float = REFERENCE_STALL, cap: float = REFERENCE_CAP) -> str | None:
+    """Wait until ``processes`` exited, as long as one of the ``logs`` grows within every
+    ``stall`` seconds and ``cap`` seconds at most; None, or what went wrong."""
+    start = since = time.monotonic()
+    sizes: list[int] = []
+    while any(process.poll() is None for process in processes):
+        now = time.monotonic()
+        now_sizes = [log.stat().st_size if log.exists() else 0 for log in logs]
+        if now_sizes != sizes:
+            sizes, since = now_sizes, now
+        elif now - since >= stall:
+            return f"stood still for {stall:g} s (its logs did not grow)"
+        if now - start >= cap:
+            return f"did not end within {cap:g} s"
+        time.sleep(0.2)  # the poll interval of a bounded wait
+    return None
+
+
 def _handed_out(log: Path) -> bool:
     """Whether the audit log ``log`` holds a hand-out record yet."""
     try:
@@ -583,15 +607,14 @@ def _reference(chaos: _Chaos, stop: int | None) -> list[Path]:
             with open(folder / "logs" / f"rank{rank}.log", "ab") as log:
                 ranks.append(_spawn(argv, log))
         chaos.others += ranks
-        deadline = time.monotonic() + END_TIMEOUT
+        logs = [folder / f"rank{rank}.log" for rank in range(chaos.setup.ranks)]
+        problem = _progressing(ranks, logs)
+        if problem is not None:
+            chaos.failures.append(f"the reference run {problem}")
         for rank, process in enumerate(ranks):
-            try:
-                code = process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                chaos.failures.append("the reference run did not end in time")
-                break
-            if code != 0:
-                chaos.failures.append(f"reference rank {rank} exited with code {code}")
+            if process.poll() not in (0, None):
+                chaos.failures.append(f"reference rank {rank} exited with code "
+                                      f"{process.returncode}")
     finally:
         _terminate(server.process)
     return [folder / f"rank{rank}.log" for rank in range(chaos.setup.ranks)]

@@ -10,6 +10,11 @@ runs its ranks.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
 from benchmarks import chaos
@@ -80,3 +85,32 @@ def test_list_names_every_scenario_and_event(capsys: pytest.CaptureFixture[str])
     assert chaos.main(["--list"]) == 0
     out = capsys.readouterr().out
     assert all(f"{name}:" in out for name in FOCUS) and all(kind in out for kind in EVENTS)
+
+
+def _spawn_python(code: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def test_the_reference_run_may_last_while_its_logs_grow(tmp_path: Path) -> None:
+    """A reference run that is slow but writing is waited for; one that stands still is
+    named (the long mix's reference failed a fixed 180 s bound on a busy machine)."""
+    from benchmarks._chaos_run import _progressing
+
+    log = tmp_path / "rank0.log"
+    writer = _spawn_python(
+        "import time\n"
+        f"with open({str(log)!r}, 'a') as f:\n"
+        "    for _ in range(15):\n"
+        "        f.write('x'); f.flush(); time.sleep(0.1)\n")
+    assert _progressing([writer], [log], stall=1.0, cap=30.0) is None
+    assert writer.returncode == 0
+
+    still = _spawn_python("import time; time.sleep(30)")
+    try:
+        started = time.monotonic()
+        problem = _progressing([still], [tmp_path / "never.log"], stall=0.5, cap=30.0)
+        assert problem is not None and "stood still for 0.5 s" in problem
+        assert time.monotonic() - started < 10
+    finally:
+        still.kill()
+        still.wait()
