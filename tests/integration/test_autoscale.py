@@ -76,13 +76,18 @@ def live_command(*args: str) -> tuple[str, ...]:
             str(LIVE_EPOCHS), "--seed", "3", "--samples-per-message", "4", *args)
 
 
-def consume(server: Any, rank: int | None = None, world_size: int | None = None) -> list[Row]:
+def consume(server: Any, rank: int | None = None, world_size: int | None = None,
+            slow_until: threading.Event | None = None) -> list[Row]:
+    """Every row a loader gets; with ``slow_until``, 5 ms a row until that event is set
+    (the server's loop keeps turning, and the stream lasts at least 18 s meanwhile)."""
     rows: list[Row] = []
     ranked = {} if rank is None else {"rank": rank, "world_size": world_size}
     with RemoteLoader(server.data, control=server.control, timeout=60, with_meta=True,
                       **ranked) as loader:
         for meta, sample in loader:
             rows.append((meta.epoch, meta.position, int(sample["id"])))
+            if slow_until is not None and not slow_until.is_set():
+                time.sleep(0.005)  # a slow trainer's step, not a wait for a condition
     return rows
 
 
@@ -235,7 +240,11 @@ def test_auto_starts_with_one_worker_process_and_scale_3_makes_three(serve: Any)
 
 def test_feedmux_scale_asks_and_refuses_clearly(serve: Any, spawn: Any) -> None:
     server = serve(*live_command("--workers", "auto:1-3"))
-    trainer = CheckedThread(consume, server)  # the count changes while it serves
+    # The count changes while it serves; the trainer reads slowly until the stats were
+    # read, so that the stream cannot end (and the server exit) first: on a loaded machine
+    # the two CLI processes took longer to start than the whole stream at full speed.
+    asked = threading.Event()
+    trainer = CheckedThread(consume, server, None, None, asked)
     answer = spawn("scale", server.control, "2")
     assert answer.wait(timeout=30) == 0
     assert f"ok: {server.control} asked to run 2 worker(s)" in answer.stdout
@@ -246,6 +255,7 @@ def test_feedmux_scale_asks_and_refuses_clearly(serve: Any, spawn: Any) -> None:
     stats = fetch_stats(server.control, timeout=5)
     assert stats["workers"] == 2 and stats["worker_changes"] >= 1
     assert stats["worker_change_reason"] == "asked for over control (feedmux scale)"
+    asked.set()
     assert_exact(trainer.join(120))
     assert server.wait(timeout=60) == 0
 

@@ -175,11 +175,14 @@ def test_logs_a_start_line_and_periodic_throughput(serve: Any) -> None:
     with RemoteLoader(server.data, control=server.control, timeout=20) as loader:
 
         def logged_twice() -> bool:
+            # Past the first epoch too: its size is logged once the epoch is over (a loaded
+            # machine logged two throughput lines within the first 100 samples).
             for _ in range(100):
                 next(loader)
-            return sum("samples/s" in line for line in server.stderr.splitlines()) >= 2
+            return (sum("samples/s" in line for line in server.stderr.splitlines()) >= 2
+                    and "epoch size is" in server.stderr)
 
-        wait_until(logged_twice, 20, "two throughput log lines")
+        wait_until(logged_twice, 20, "two throughput log lines and the epoch size")
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=10) == 0
     stderr = server.stderr
