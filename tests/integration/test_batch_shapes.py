@@ -24,12 +24,13 @@ import numpy as np
 import pytest
 
 from feedmux import RemoteLoader, Server
-from feedmux.errors import FeedmuxError, RemoteError
+from feedmux.errors import RemoteError
 from tests.integration.conftest import (
     ROOT,
     CheckedThread,
     Endpoints,
     Spawned,
+    first_error,
     kill_remaining,
     wait_until,
 )
@@ -150,15 +151,9 @@ def test_ranks_of_a_group_asking_for_different_batch_sizes_are_refused_naming_bo
     servers.append(server := started(min_trainers=0, rank_timeout=5))
 
     def rank(index: int, batch_size: int) -> str:
-        loader = RemoteLoader(server.data_address, control=server.control_address, rank=index,
-                              world_size=2, group="train", batch_size=batch_size, timeout=30)
-        try:
-            next(loader)
-        except FeedmuxError as error:
-            return str(error)
-        finally:
-            loader.close()
-        return "no error"
+        return first_error(RemoteLoader(
+            server.data_address, control=server.control_address, rank=index, world_size=2,
+            group="train", batch_size=batch_size, timeout=30))
 
     threads = [threaded(rank, 0, 16), threaded(rank, 1, 8)]
     said = [started_rank.join(60) for started_rank in threads]
