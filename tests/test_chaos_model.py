@@ -10,6 +10,7 @@ runs its ranks.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from benchmarks import chaos
@@ -80,3 +81,11 @@ def test_list_names_every_scenario_and_event(capsys: pytest.CaptureFixture[str])
     assert chaos.main(["--list"]) == 0
     out = capsys.readouterr().out
     assert all(f"{name}:" in out for name in FOCUS) and all(kind in out for kind in EVENTS)
+
+
+def test_the_mix_has_free_trainers_that_ask_for_batches() -> None:
+    # The server cuts their batches as it deals, from the stream the others take samples of.
+    size = FOCUS["mix"].free_batch
+    assert size > 1 and f"the odd ones batch_size={size}" in draw(1, FOCUS["mix"], 1).describe()
+    ids, rows = np.array([3, 4]), np.array([[3, 3], [4, 4]])
+    assert chaos._exact({"id": ids, "x": rows}) and not chaos._exact({"id": ids, "x": rows.T})
