@@ -142,7 +142,7 @@ FOCUS: dict[str, Scenario] = {scenario.name: scenario for scenario in (
              "their server is SIGTERMed or SIGKILLed and restarted, continuing its run or "
              "beginning a new one",
              free=3, events={"server": 3, "join": 1, "leave": 1, "kill-free": 1,
-                             "stop-free": 1}),
+                             "stop-free": 1}, free_batch=7),
     Scenario("dataloader", "a torch DataLoader(RemoteDataset, batch_size=None, "
              "num_workers=2) with non-persistent workers: a pass per epoch, --epochs 3",
              dataloader=True, events_per_run=0),
