@@ -11,7 +11,8 @@ them:
 - free trainers: every sample of every complete epoch of a server's run is
   handed out exactly once across all the free trainers, whoever joined, left,
   was killed, frozen, or lived through a restart of the server (a server that
-  begins its epochs again is a new run, with epochs of its own);
+  begins its epochs again is a new run, with epochs of its own), those that ask
+  for batches (``batch_size=``, cut by the server as it deals) included;
 - a torch ``DataLoader`` whose workers end after each pass (non-persistent
   workers): each pass is one server epoch, and every epoch the server served
   comes whole (``feedmux audit --epochs N``);
@@ -114,6 +115,9 @@ class Scenario:
     #: death hands its shards over; with the pool it fails the run, as documented)
     ranked_extra: tuple[str, ...] = ()
     events_per_run: int | None = None  # None: as many as the minutes allow
+    #: the batch_size= the free trainers of odd index ask for (0: none does): the others
+    #: take single samples from the same stream
+    free_batch: int = 0
 
 
 FOCUS: dict[str, Scenario] = {scenario.name: scenario for scenario in (
@@ -122,7 +126,7 @@ FOCUS: dict[str, Scenario] = {scenario.name: scenario for scenario in (
              ranks=(2, 3), free=3, dataloader=True,
              events={"join": 1, "leave": 1, "kill-free": 1, "stop-free": 1, "kill-rank": 2,
                      "resume-job": 2, "server": 2, "kill-worker": 1},
-             ranked_extra=("--no-shm",)),
+             ranked_extra=("--no-shm",), free_batch=7),
     Scenario("checkpoint", "a ranked job of 2 or 3 ranks, small --hwm, killed after a "
              "checkpoint and resumed from it, again and again (a killed rank: the job "
              "restarts from its checkpoint)",
@@ -138,7 +142,7 @@ FOCUS: dict[str, Scenario] = {scenario.name: scenario for scenario in (
              "their server is SIGTERMed or SIGKILLed and restarted, continuing its run or "
              "beginning a new one",
              free=3, events={"server": 3, "join": 1, "leave": 1, "kill-free": 1,
-                             "stop-free": 1}),
+                             "stop-free": 1}, free_batch=7),
     Scenario("dataloader", "a torch DataLoader(RemoteDataset, batch_size=None, "
              "num_workers=2) with non-persistent workers: a pass per epoch, --epochs 3",
              dataloader=True, events_per_run=0),
@@ -174,7 +178,9 @@ class Setup:
                          + (f", --epoch-size {EPOCH[self.scenario.source]}"
                             if self.epoch_size else ""))
         if self.scenario.free:
-            parts.append(f"{self.scenario.free} free trainers ({_flags()})")
+            batches = (f", the odd ones batch_size={self.scenario.free_batch}"
+                       if self.scenario.free_batch else "")
+            parts.append(f"{self.scenario.free} free trainers ({_flags()}{batches})")
         if self.scenario.dataloader:
             parts.append("a DataLoader of 2 non-persistent workers, --epochs 3")
         lines = ["; ".join(parts)]

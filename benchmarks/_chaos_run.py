@@ -230,9 +230,10 @@ class _Chaos:
         index = max(self.free, default=-1) + 1
         while (self.scratch / f"free{index}.log").exists():
             index += 1
-        self.free[index] = self._trainer(
-            ["free", self.free_server.data, self.free_server.control, "--index", str(index)],
-            f"free{index}")
+        argv = ["free", self.free_server.data, self.free_server.control, "--index", str(index)]
+        if self.setup.scenario.free_batch and index % 2:
+            argv += ["--batch-size", str(self.setup.scenario.free_batch)]
+        self.free[index] = self._trainer(argv, f"free{index}")
         return index
 
     def start_dataloader(self) -> None:

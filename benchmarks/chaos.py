@@ -85,7 +85,9 @@ def small_source() -> feedmux.StochasticMux:
 
 # -- the trainers (child processes: python -m benchmarks.chaos rank|free|dataloader ...) -------
 def _exact(sample: dict[str, Any]) -> bool:
-    return bool((np.asarray(sample["x"]) == int(sample["id"])).all())
+    """Whether the sample's array is full of its id (a batch: each row of its own)."""
+    ids, values = np.asarray(sample["id"]), np.asarray(sample["x"])
+    return bool((values == ids.reshape(ids.shape + (1,) * (values.ndim - ids.ndim))).all())
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -192,11 +194,11 @@ def _free(args: argparse.Namespace) -> int:
 def _hand_out(args: argparse.Namespace, scratch: Path) -> int:
     with feedmux.RemoteLoader(args.data, control=args.control, hwm=4, timeout=LOADER_TIMEOUT,
                               audit_key="id", audit_log=str(scratch / f"free{args.index}.log"),
-                              **FREE_LOADER) as loader:
+                              batch_size=args.batch_size or None, **FREE_LOADER) as loader:
         for sample in loader:
             if not _exact(sample):
-                print(f"free trainer {args.index}: sample {int(sample['id'])} holds other "
-                      f"values", file=sys.stderr)
+                print(f"free trainer {args.index}: sample {np.asarray(sample['id']).tolist()} "
+                      f"holds other values", file=sys.stderr)
                 return 3
             if args.step_ms:
                 time.sleep(args.step_ms / 1000)
@@ -282,6 +284,8 @@ def _trainer_parser(kind: str) -> argparse.ArgumentParser:
                             help="stop reading at this step and wait to be killed")
     elif kind == "free":
         parser.add_argument("--index", type=int, required=True)
+        parser.add_argument("--batch-size", type=int, default=0,
+                            help="the batches the server builds for it (0: single samples)")
     else:
         parser.add_argument("--epochs", type=int, required=True)
         parser.add_argument("--timeout", type=float, default=30.0)

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks import chaos
@@ -114,3 +115,9 @@ def test_the_reference_run_may_last_while_its_logs_grow(tmp_path: Path) -> None:
     finally:
         still.kill()
         still.wait()
+def test_the_mix_has_free_trainers_that_ask_for_batches() -> None:
+    # The server cuts their batches as it deals, from the stream the others take samples of.
+    size = FOCUS["mix"].free_batch
+    assert size > 1 and f"the odd ones batch_size={size}" in draw(1, FOCUS["mix"], 1).describe()
+    ids, rows = np.array([3, 4]), np.array([[3, 3], [4, 4]])
+    assert chaos._exact({"id": ids, "x": rows}) and not chaos._exact({"id": ids, "x": rows.T})

@@ -127,6 +127,8 @@ class SocketShell:
                              reliable.credits.takes, self.batch_refused)
         #: The server's free trainers and its ranks (without consumer groups).
         self.free = self.dealer.free_audience("", _every_trainer)
+        # What its batch shapes hold is in no ledger: the summary of the hand-outs lists it.
+        reliable.summary.held = self.free.batches.outstanding
         self.ranks = RankAudience(self.core.rank_target, lambda: self.core.retention,
                                   lambda: list(self.core.ranks.holders), self.dealer.rank_sender)
         #: Consumer groups: every buffered message goes to each group (None: no groups).

@@ -4,10 +4,10 @@ This module owns how a test starts ``python -m feedmux ...`` (every process, and
 children, killed by pid afterwards), where a server binds (port 0 on 127.0.0.1, or
 ipc paths in the test's temporary folder) and how the test learns the endpoints it
 got: from the server's start line on stderr, read with a bounded wait. It also owns
-the test's waits (a condition polled until a deadline) and its threads (joined with
-a timeout, their exception re-raised). It must never pick a port by binding and
-releasing it (another process may take the port in between), never sleep to
-synchronise, and never wait without a bound.
+the test's waits (a condition polled until a deadline), its threads (joined with
+a timeout, their exception re-raised) and what a loader's first sample raised. It
+must never pick a port by binding and releasing it (another process may take the
+port in between), never sleep to synchronise, and never wait without a bound.
 """
 
 from __future__ import annotations
@@ -23,9 +23,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from feedmux.errors import FeedmuxError
+
+if TYPE_CHECKING:
+    from feedmux import RemoteLoader
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -309,6 +314,18 @@ def holds_for(condition: Callable[[], bool], seconds: float) -> bool:
             return False
         time.sleep(0.05)  # the poll interval of an observation window
     return condition()
+
+
+def first_error(loader: RemoteLoader) -> str:
+    """What the loader's first sample raised ("no error" if it came); the loader closed
+    (a rank refused, a trainer whose batches cannot be built)."""
+    try:
+        next(loader)
+    except FeedmuxError as error:
+        return str(error)
+    finally:
+        loader.close()
+    return "no error"
 
 
 class CheckedThread:

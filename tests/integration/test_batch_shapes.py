@@ -24,8 +24,16 @@ import numpy as np
 import pytest
 
 from feedmux import RemoteLoader, Server
-from feedmux.errors import FeedmuxError, RemoteError
-from tests.integration.conftest import ROOT, CheckedThread, Spawned, kill_remaining
+from feedmux.errors import RemoteError
+from tests.integration.conftest import (
+    ROOT,
+    CheckedThread,
+    Endpoints,
+    Spawned,
+    first_error,
+    kill_remaining,
+    wait_until,
+)
 
 
 def threaded(target: Callable[..., Any], *args: Any, **options: Any) -> CheckedThread:
@@ -143,15 +151,9 @@ def test_ranks_of_a_group_asking_for_different_batch_sizes_are_refused_naming_bo
     servers.append(server := started(min_trainers=0, rank_timeout=5))
 
     def rank(index: int, batch_size: int) -> str:
-        loader = RemoteLoader(server.data_address, control=server.control_address, rank=index,
-                              world_size=2, group="train", batch_size=batch_size, timeout=30)
-        try:
-            next(loader)
-        except FeedmuxError as error:
-            return str(error)
-        finally:
-            loader.close()
-        return "no error"
+        return first_error(RemoteLoader(
+            server.data_address, control=server.control_address, rank=index, world_size=2,
+            group="train", batch_size=batch_size, timeout=30))
 
     threads = [threaded(rank, 0, 16), threaded(rank, 1, 8)]
     said = [started_rank.join(60) for started_rank in threads]
@@ -225,5 +227,47 @@ def test_a_killed_batched_trainers_rest_goes_to_the_others_exactly_once(
         got = Counter(i for e, i in dead + alive if e == epoch)
         assert got == Counter(range(2000)), (
             f"epoch {epoch}: lost {sorted(set(range(2000)) - set(got))[:20]}, twice "
+            f"{sorted(i for i, n in got.items() if n > 1)[:20]}; the server said:\n"
+            f"{server.stderr[-3000:]}")
+
+
+def test_a_restarted_server_deals_again_what_a_batch_shape_held_when_the_old_one_died(
+        serve: Callable[..., Spawned], tmp_path: Path) -> None:
+    # A trainer of batch_size=9 hands out 2 batches and stops reading: once its credit is
+    # spent, its shape keeps the batches built for it and the rows of the next one, none
+    # of them sent to anyone. The other trainer reads on (past a few summaries of the
+    # hand-outs) and stops at 128 samples; the server is SIGKILLed and restarted on the
+    # same endpoints, and both trainers go on with it. The rows the shape held lie below
+    # the newest message dealt and nobody reports them: the old server's summary must list
+    # them as not handed out, or the restarted server takes them for handed out (lost).
+    command = ("tests.integration.samplers:numbered", "--arg", "per_stream=100",
+               "--epochs", "2", "--samples-per-message", "8")
+    endpoints = Endpoints.ipc(tmp_path)  # the restarted server binds the same endpoints
+    server = serve(*command, "--min-trainers", "2", endpoints=endpoints)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    common = [sys.executable, "-m", "tests.integration.trainers", server.data, server.control]
+    go = ["--go-file", str(tmp_path / "go")]
+    trainers = [subprocess.Popen([*common, str(tmp_path / "batched"), "--batch-size", "9",
+                                  "--hold-after", "2", *go], env=env, cwd=ROOT),
+                subprocess.Popen([*common, str(tmp_path / "single"), "--step-ms", "5",
+                                  "--hold-after", "128", *go], env=env, cwd=ROOT)]
+    try:
+        wait_until(lambda: all((tmp_path / name).exists() for name in ("batched", "single"))
+                   and len(records(tmp_path / "batched")) == 18
+                   and len(records(tmp_path / "single")) >= 128, 60,
+                   "the batched trainer at 2 batches, the other at 128 samples")
+        server.kill()
+        server.wait(timeout=10)
+        server = serve(*command, "--min-trainers", "2", endpoints=endpoints)
+        (tmp_path / "go").touch()
+        assert [trainer.wait(timeout=90) for trainer in trainers] == [0, 0]
+        assert server.wait(timeout=30) == 0, server.stderr
+    finally:
+        kill_remaining(trainers)
+    rows = records(tmp_path / "batched") + records(tmp_path / "single")
+    for epoch in (1, 2):
+        got = Counter(i for e, i in rows if e == epoch)
+        assert got == Counter(range(400)), (
+            f"epoch {epoch}: lost {sorted(set(range(400)) - set(got))[:30]}, twice "
             f"{sorted(i for i, n in got.items() if n > 1)[:20]}; the server said:\n"
             f"{server.stderr[-3000:]}")

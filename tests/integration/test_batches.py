@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 
 from feedmux import BatchMeta, RemoteLoader, Server, Stream
-from feedmux.errors import FeedmuxError
-from tests.integration.conftest import CheckedThread
+from tests.integration.conftest import CheckedThread, first_error
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -137,14 +136,8 @@ def test_ranks_asking_for_different_batches_are_refused_clearly(servers: list[Se
     servers.append(server := started(rank_timeout=5))
 
     def rank(index: int, batch_size: int) -> str:
-        loader = loader_of(server, rank=index, world_size=2, batch_size=batch_size, timeout=30)
-        try:
-            next(loader)
-        except FeedmuxError as error:
-            return str(error)
-        finally:
-            loader.close()
-        return "no error"
+        return first_error(loader_of(server, rank=index, world_size=2, batch_size=batch_size,
+                                     timeout=30))
 
     # Whichever rank's hello comes first fixes the job's batches; the other rank is refused,
     # naming both values, and the job's first rank is told why (it would otherwise wait for

@@ -17,10 +17,9 @@ import numpy as np
 import pytest
 
 from feedmux import RemoteLoader, Server, Stream
-from feedmux.errors import FeedmuxError
 from feedmux.protocol import Padded
 from tests.integration.bucket_samplers import length_of
-from tests.integration.conftest import CheckedThread
+from tests.integration.conftest import CheckedThread, first_error
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,17 +65,6 @@ def ranked_job(server: Server, epochs: int = EPOCHS, **options: Any) -> list[Any
 
     threads = [CheckedThread(rank, index) for index in range(WORLD)]
     return [thread.join(90) for thread in threads]
-
-
-def first_error(loader: RemoteLoader) -> str:
-    """What the loader's first sample raised ("no error" if it came); the loader closed."""
-    try:
-        next(loader)
-    except FeedmuxError as error:
-        return str(error)
-    finally:
-        loader.close()
-    return "no error"
 
 
 def waste(batches: list[list[int]]) -> float:

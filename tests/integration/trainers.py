@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
                         help="with --die-after: SIGKILL after the step, whatever was acknowledged")
     parser.add_argument("--batch-size", type=int, default=0,
                         help="a free trainer that asks for batches (a line per sample; "
-                             "--die-after counts batches)")
+                             "--die-after and --hold-after count batches)")
     parser.add_argument("--acks-late-ms", type=float, default=0.0,
                         help="hold the acknowledging thread back this long at its start (a "
                              "thread that a busy machine schedules late)")
@@ -80,6 +80,8 @@ def main(argv: list[str]) -> int:
                 meta = SampleMeta(meta.epoch, int(meta.positions[-1]), meta.server_id)
                 if count == args.die_after:
                     return _die(out, loader, meta, args.abrupt)
+                if count == args.hold_after and not _wait_for_file(args.go_file):
+                    return 3
                 continue
             position = f" {meta.position}" if args.rank is not None else ""
             if args.record_server:

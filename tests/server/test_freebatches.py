@@ -76,3 +76,22 @@ def test_a_shape_without_trainers_gives_its_rows_back() -> None:
     back = batches.release((2, False))
     assert [read_tags(frames)[:, 1].tolist() for frames in back] == [[0, 1], [2]]
     assert batches.shapes() == [] and batches.owed() == 0
+
+
+def test_what_the_shapes_hold_and_did_not_send_is_outstanding() -> None:
+    # Dealt (counted sent) and in no trainer's ledger: the summary of the hand-outs lists it.
+    batches = FreeBatches("s", lambda client_id: (0, False))
+    assert batches.outstanding() == []
+    batches.cut((4, False), message(1, [0, 1, 2, 3, 4, 5]))
+    batches.cut((3, False), message(1, [8, 9]))
+    assert sorted(batches.outstanding()) == [(1, 0, 4), (1, 4, 6), (1, 8, 10)]
+    sent(batches, (4, False))  # the built batch went to a trainer: its ledger has it now
+    assert sorted(batches.outstanding()) == [(1, 4, 6), (1, 8, 10)]
+    batches.cut((4, False), message(1, [6]))
+    with pytest.raises(ProtocolError):  # rows given back, not dealt again yet: still owed
+        batches.cut((4, False), message(1, [7], width=3))
+    assert sorted(batches.outstanding()) == [(1, 4, 6), (1, 6, 7), (1, 8, 10)]
+    batches.returned.clear()
+    batches.finish_epoch()
+    sent(batches, (3, False))
+    assert batches.outstanding() == []

@@ -59,3 +59,17 @@ def test_a_summary_is_not_due_before_its_interval_nor_before_anything_was_dealt(
     deal(summary, ledger, 1)
     assert summary.due(1.0, ledger, "server") is not None
     assert summary.due(1.0 + SUMMARY_INTERVAL / 2, ledger, "server") is None
+
+
+def test_what_a_batch_shape_holds_is_listed_as_not_handed_out() -> None:
+    # Rows a free trainer's batch shape took and sent to nobody yet lie below the newest
+    # message as soon as another trainer takes one: a summary that did not list them would
+    # have a restarted server take them for handed out (lost).
+    summary, ledger = HandOutSummary(), Ledger(Recovery.REDEAL)
+    deal(summary, ledger, 3)
+    ledger.acknowledge(READING, [3])
+    assert summary.due(0.0, ledger, "server") is not None and summary.current == (1, 40)
+    summary.held = lambda: [(1, 20, 27)]
+    frames = summary.due(SUMMARY_INTERVAL, ledger, "server")
+    assert frames is not None and summary.current == (1, 40, 1, 20, 27)
+    assert decode(unpack_envelope(frames)[1]).handed_below == (1, 40, 1, 20, 27)

@@ -283,16 +283,8 @@ class Dealer:
         placed = self.carrier.share(frames, SENT_RUNS)  # never waits: whole when it is full
         try:
             for identity, trainer in candidates:
-                wire = self.carrier.wire(trainer, frames, placed)
-                if wire is None:
-                    continue
-                sent = self.outbox.send(identity, [*policy.envelope(), *wire])
-                if sent is SENT:
-                    policy.sent(identity, frames, None)
-                    self.carrier.delivered(trainer, wire, placed)
+                if self._try_send(policy, identity, trainer, frames, placed, None):
                     return True
-                if sent is GONE:
-                    policy.gone(identity)
             return False
         finally:  # its runs back unless they went as references
             self.carrier.settle(placed, frames, sent=True)
@@ -348,19 +340,33 @@ class Dealer:
                     continue  # refused, or its shape's batches wait: another takes it
                 self._cut(audience, shape, trainer, frames, resent)
                 return None
-            # The pool knows a trainer by its client id, the socket by its identity.
-            wire = self.carrier.wire(trainer, frames, placed)
-            if wire is None:
-                capped = True
-                continue
-            sent = self.outbox.send(identity, [*policy.envelope(), *wire])
-            if sent is SENT:
-                policy.sent(identity, frames, resent)
-                self.carrier.delivered(trainer, wire, placed)
+            sent = self._try_send(policy, identity, trainer, frames, placed, resent)
+            if sent:
                 return None
-            if sent is GONE:
-                policy.gone(identity)
+            capped = capped or sent is None
         return capped
+
+    def _try_send(self, policy: FreePolicy, identity: bytes, trainer: bytes,
+                  frames: Sequence[Any], placed: Placement | None,
+                  resent: Entry | None) -> bool | None:
+        """One try at sending a free message to one trainer (data identity ``identity``,
+        client id ``trainer``: the pool knows a trainer by its client id, the socket by
+        its identity): True if it went (the policy and the carrier told), False if not
+        (its queue full, or it is gone: the policy told), None if the pool's cap on
+        references on their way held it back. The one send of a free message, single
+        samples and batches alike; it runs per message and candidate, so it makes the
+        calls a send needs and nothing more (no lookups, no copies)."""
+        wire = self.carrier.wire(trainer, frames, placed)
+        if wire is None:
+            return None
+        sent = self.outbox.send(identity, [*policy.envelope(), *wire])
+        if sent is SENT:
+            policy.sent(identity, frames, resent)
+            self.carrier.delivered(trainer, wire, placed)
+            return True
+        if sent is GONE:
+            policy.gone(identity)
+        return False
 
     def _to_rank(self, audience: RankAudience, rank: int, frames: Sequence[Any],
                  placed: Placement | None) -> tuple[bool, bool]:

@@ -19,6 +19,15 @@ epoch's last, partial batch is made when the epoch is over
 (:meth:`FreeBatches.finish_epoch`), sent short or dropped (``drop_last``).
 It never sends, and never decides which trainer takes a message (the dealer
 does, by credit).
+
+What a shape holds was dealt (the sampler and the server's counts have it as
+sent) and is in no trainer's ledger: no trainer has it, so none can report it
+or acknowledge it. A restarted server knows of it only through the summary of
+the hand-outs (docs/resume.md), which must list it as not handed out
+(:meth:`FreeBatches.outstanding`): positions below the newest message dealt
+that a summary does not list count as handed out, and a shape holds rows
+below it whenever a trainer of another shape, or of none, took later
+messages meanwhile.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from feedmux.errors import ProtocolError
-from feedmux.protocol import Data, decode, encode
+from feedmux.protocol import Data, decode, encode, position_runs, read_tags
 from feedmux.server._delivery.batches import Batch, BatchAssembler
 
 __all__ = ["NO_BATCHES", "FreeBatches", "Shape"]
@@ -66,6 +75,8 @@ class FreeBatches:
     >>> batches.cut((2, False), message(1, 0, 3))
     >>> [count for _, count, _ in batches.pending_of((2, False))]
     [2]
+    >>> batches.outstanding()  # dealt and sent to nobody: one batch built, one row held
+    [(1, 0, 2), (1, 2, 3)]
     >>> batches.finish_epoch(1)
     >>> [count for _, count, _ in batches.pending_of((2, False))]
     [2, 1]
@@ -157,6 +168,18 @@ class FreeBatches:
         if cut.last is not None:
             out += self._as_samples(cut.assembler.pieces())
         return out
+
+    def outstanding(self) -> list[tuple[int, int, int]]:
+        """``(epoch, start, end)`` runs of the positions dealt into the shapes and sent to no
+        trainer yet: the rows held, the batches built and not sent, the rows given back
+        and not dealt again yet (what a summary of the hand-outs lists as not handed out,
+        with the ledger's runs). Read every summary interval, not per message."""
+        runs = [run for cut in list(self._cuts.values())
+                for tags in [*(read_tags(frames) for frames, _, _ in list(cut.pending)),
+                             *(tags for tags, _ in cut.assembler.pieces())]
+                for run in position_runs(tags)]
+        return runs + [run for _, frames in list(self.returned)
+                       for run in position_runs(read_tags(frames))]
 
     def owed(self) -> int:
         """Batches built and not sent, and shapes holding rows (the stream's end waits)."""

@@ -583,7 +583,13 @@ class HandOutSummary:
     restarted process, which deals again exactly what it lists as not handed
     out: what was in flight to a live trainer, or held by one that left,
     below the live trainers' latest hand-outs (docs/resume.md). ``newest`` is
-    the newest message dealt (its frames: their tags are read only here).
+    the newest message dealt (its frames: their tags are read only here), and
+    ``held()`` the runs dealt and in no ledger: the rows the free trainers' batch
+    shapes hold and the batches they built and did not send
+    (:meth:`~feedmux.server._delivery.freebatches.FreeBatches.outstanding`).
+    Those are listed as not handed out with the ledger's: below ``newest`` as
+    soon as a trainer of another shape takes a later message, they would
+    otherwise count as handed out, and a restarted server would never deal them.
     Pure: ``now`` is passed in. At most one summary every
     :data:`SUMMARY_INTERVAL`; a trainer is not told what it was told last, nor
     anything once it is :data:`SUMMARY_BACKLOG` summaries behind (it has not
@@ -603,6 +609,7 @@ class HandOutSummary:
 
     def __init__(self) -> None:
         self.newest: Sequence[Any] | None = None
+        self.held: Callable[[], list[tuple[int, int, int]]] = list
         #: The newest summary (empty before anything was dealt).
         self.current: tuple[int, ...] = ()
         self._last = float("-inf")
@@ -619,7 +626,7 @@ class HandOutSummary:
         self._last = now
         tags = read_tags(self.newest)
         newest = (int(tags[-1, 0]), int(tags[-1, 1]) + 1) if len(tags) else None
-        self.current = handed_below(newest, ledger.outstanding())
+        self.current = handed_below(newest, [*ledger.outstanding(), *self.held()])
         if not self.current:
             return None
         return [NO_ACK, *encode(Heartbeat(sender_id=server_id, handed_below=self.current))]
