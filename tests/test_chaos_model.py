@@ -115,6 +115,8 @@ def test_the_reference_run_may_last_while_its_logs_grow(tmp_path: Path) -> None:
     finally:
         still.kill()
         still.wait()
+
+
 def test_the_mix_has_free_trainers_that_ask_for_batches() -> None:
     # The server cuts their batches as it deals, from the stream the others take samples of.
     size = FOCUS["mix"].free_batch
