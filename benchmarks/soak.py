@@ -131,12 +131,13 @@ class Schedule:
 
 # -- the trainers (child processes) --------------------------------------------------------
 def _trainer(argv: list[str]) -> int:
-    """A free reliable trainer: ``server_id epoch position id ok pid`` per sample."""
+    """A free trainer (acknowledged delivery, the default): a line
+    ``server_id epoch position id ok pid`` per sample."""
     data, control, out, seconds = argv[0], argv[1], argv[2], float(argv[3])
     end = time.monotonic() + seconds
     pid = os.getpid()
     with open(out, "a", buffering=1) as log, feedmux.RemoteLoader(
-        data, control=control, timeout=TRAINER_WAIT, reliable=True, with_meta=True, hwm=4,
+        data, control=control, timeout=TRAINER_WAIT, with_meta=True, hwm=4,
     ) as loader:
         for meta, sample in loader:
             ok = int((sample["x"] == int(sample["id"])).all())

@@ -17,7 +17,7 @@ def deal(summary: HandOutSummary, ledger: Ledger, seq: int) -> None:
     tags = np.array([[1, 10 * seq + n] for n in range(10)])
     frames = list(encode(Data(tags, list(range(10)))))
     ledger.record(READING, READING, frames, seq)
-    summary.newest = frames
+    summary.dealt(frames)
 
 
 def send_due(summary: HandOutSummary, ledger: Ledger, now: float) -> dict[bytes, tuple[int, ...]]:
@@ -73,3 +73,21 @@ def test_what_a_batch_shape_holds_is_listed_as_not_handed_out() -> None:
     frames = summary.due(SUMMARY_INTERVAL, ledger, "server")
     assert frames is not None and summary.current == (1, 40, 1, 20, 27)
     assert decode(unpack_envelope(frames)[1]).handed_below == (1, 40, 1, 20, 27)
+
+
+def test_a_batch_of_earlier_rows_dealt_last_does_not_pull_the_summary_back() -> None:
+    # A batch built from a dead trainer's re-dealt rows goes out as a new message behind the
+    # furthest one dealt; the summary must still cover up to the furthest, listing what is
+    # outstanding below it (else the re-deal queue's positions above the batch are covered
+    # by nothing, and a restarted server takes them for handed out).
+    summary, ledger = HandOutSummary(), Ledger(Recovery.REDEAL)
+    deal(summary, ledger, 3)  # positions 30-39
+    ledger.acknowledge(READING, [3])
+    batch = list(encode(Data(np.array([[1, 5], [1, 6]]), [5, 6])))
+    summary.dealt(batch)
+    assert summary.newest == (1, 40)
+    summary.held = lambda: [(1, 20, 27)]  # still waiting to be dealt again
+    assert summary.due(0.0, ledger, "server") is not None
+    assert summary.current == (1, 40, 1, 20, 27)
+    summary.dealt(list(encode(Data(np.array([[2, 0]]), [0]))))  # the next epoch's first
+    assert summary.newest == (2, 1)

@@ -354,7 +354,7 @@ class ReliableFree:
     def sent(self, identity: bytes, frames: Sequence[Any], resent: Entry | None) -> None:
         self.credits.sent(self.audience, identity, list(frames), resent)
         if resent is None and not self.audience:
-            self.link.summary.newest = frames
+            self.link.summary.dealt(frames)
 
     def gone(self, identity: bytes) -> None:
         self.link.lose(identity)
@@ -583,7 +583,12 @@ class HandOutSummary:
     restarted process, which deals again exactly what it lists as not handed
     out: what was in flight to a live trainer, or held by one that left,
     below the live trainers' latest hand-outs (docs/resume.md). ``newest`` is
-    the newest message dealt (its frames: their tags are read only here), and
+    where the furthest message dealt ends (``(epoch, position + 1)``): the furthest,
+    not the last, since a batch of a free trainer's shape built from a dead
+    trainer's re-dealt rows goes out as a new message behind it (had the summary
+    stopped there, the re-deal queue's positions above it would be covered by
+    nothing, and a restarted server would take those below a survivor's latest
+    hand-out for handed out); and
     ``held()`` the runs dealt and in no ledger: the rows the free trainers' batch
     shapes hold and the batches they built and did not send
     (:meth:`~feedmux.server._delivery.freebatches.FreeBatches.outstanding`).
@@ -608,7 +613,7 @@ class HandOutSummary:
     """
 
     def __init__(self) -> None:
-        self.newest: Sequence[Any] | None = None
+        self.newest: tuple[int, int] | None = None
         self.held: Callable[[], list[tuple[int, int, int]]] = list
         #: The newest summary (empty before anything was dealt).
         self.current: tuple[int, ...] = ()
@@ -624,12 +629,19 @@ class HandOutSummary:
         if self.newest is None or now - self._last < SUMMARY_INTERVAL:
             return None
         self._last = now
-        tags = read_tags(self.newest)
-        newest = (int(tags[-1, 0]), int(tags[-1, 1]) + 1) if len(tags) else None
-        self.current = handed_below(newest, [*ledger.outstanding(), *self.held()])
+        self.current = handed_below(self.newest, [*ledger.outstanding(), *self.held()])
         if not self.current:
             return None
         return [NO_ACK, *encode(Heartbeat(sender_id=server_id, handed_below=self.current))]
+
+    def dealt(self, frames: Sequence[Any]) -> None:
+        """A message went to a free trainer (not as a re-deal): ``newest`` moves to its
+        end if that lies further (one read of its tags frame)."""
+        tags = read_tags(frames)
+        if len(tags):
+            end = (int(tags[-1, 0]), int(tags[-1, 1]) + 1)
+            if self.newest is None or end > self.newest:
+                self.newest = end
 
     def wants(self, identity: bytes) -> bool:
         """Whether trainer ``identity`` is to be sent the newest summary now."""
