@@ -262,6 +262,14 @@ def check_ranked(lives: Sequence[Sequence[tuple[int, Sequence[Sequence[str]]]]],
     >>> check_ranked(lives, items=4).line()
     'ranked job: 1 restarts from a checkpoint, steps per rank [3, 2], 0 samples off the \
 uninterrupted sequence'
+
+    A process that started afresh (0) after another continues its predecessor's share:
+
+    >>> again = [[(0, [["1", "1", "0", "0", "1"]]), (0, [["1", "1", "2", "2", "1"]])],
+    ...          [(0, [["1", "1", "1", "1", "1"], ["2", "1", "3", "3", "1"]])]]
+    >>> check_ranked(again, items=4).line()
+    'ranked job: 1 restarts from a checkpoint, steps per rank [2, 2], 0 samples off the \
+uninterrupted sequence'
     """
     world_size = len(lives)
     verdict = RankedVerdict()
@@ -272,7 +280,13 @@ uninterrupted sequence'
         for resumed_from, records in processes:
             if resumed_from or consumed:
                 verdict.resumes += rank == 0
-            del consumed[resumed_from:]
+            if resumed_from == 0 and consumed:
+                # The job restarted before any checkpoint: a rank restarted without one
+                # continues its predecessor's share (docs/ddp.md), its steps counted from
+                # 1 again.
+                records = [[str(len(consumed) + int(row[0])), *row[1:]] for row in records]
+            else:
+                del consumed[resumed_from:]
             consumed.extend(records)
         for step, row in enumerate(consumed, start=1):
             epoch, slot = divmod(step - 1, per_rank)
