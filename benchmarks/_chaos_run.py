@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -682,7 +683,12 @@ def run(scenario: Scenario, seed: int, minutes: float, step_ms: float,
         finally:
             signal.signal(signal.SIGTERM, previous)
             chaos.stop_everything()
-    return _report(setup, chaos, verdicts)
+        code = _report(setup, chaos, verdicts)
+        if code and keep is None:  # the evidence of a failed run outlives it
+            kept = tempfile.mkdtemp(prefix=f"feedmux-chaos-{scenario.name}-{seed}-")
+            shutil.copytree(scratch, kept, dirs_exist_ok=True)
+            print(f"  the run's logs are kept in {kept}", flush=True)
+        return code
 
 
 def _report(setup: Setup, chaos: _Chaos, verdicts: list[tuple[str, int, str]]) -> int:
