@@ -57,11 +57,13 @@ from feedmux.server._delivery.dealing import RankDealer
 from feedmux.server._delivery.ranking import RankedStage, RankMessage
 from feedmux.server._shell import SocketShell, StopFlag
 from feedmux.server._sources.assignment import ShardLedger, unpack_shard
+from feedmux.server._sources.inprocess import InProcessSeat
 from feedmux.server._sources.merge import MIN_READ_AHEAD_BYTES, READ_AHEAD_BYTES, Merge
 from feedmux.server._sources.packing import passes_through
 from feedmux.server._sources.scaling import WorkerScaling
 from feedmux.server._sources.staffing import Staffing, WorkerSockets
 from feedmux.server._sources.workers import WorkerPool
+from feedmux.server._standin import ControlStandIn
 from feedmux.server.config import EXIT_FAILED, EXIT_OK, ServerConfig
 
 #: The most messages the forwarder reads from one worker per look at the sockets: each
@@ -166,6 +168,21 @@ class _Run:
                 self.merge.put(shard, message, None, 0)
         return None
 
+    def take_here(self, shard: int, ticket: int, frames: Any) -> None:
+        """Hold a message the server's own process drew of ``shard`` under ``ticket``
+        (:class:`InProcessSeat`): as :meth:`take`, from frames as encoded (never
+        compressed, never references), its shard and ticket known."""
+        if len(frames) > 1:
+            tags = read_tags(frames)
+            if self.ledger.take_data(shard, ticket, int(tags[0, 0]), int(tags[0, 1]),
+                                     len(tags)):
+                self.merge.put(shard, frames, len(tags), carried_bytes(frames))
+            return
+        message = decode(frames)
+        if isinstance(message, EndOfEpoch) and self.ledger.take_end(shard, ticket,
+                                                                    message.epoch):
+            self.merge.put(shard, message, None, 0)
+
     def number(self, frames: Any) -> np.ndarray:
         """The tags of a worker's message with positions numbered across the shards."""
         tags: np.ndarray = read_tags(frames).copy()
@@ -186,6 +203,12 @@ def forward(pool: WorkerPool, shell: SocketShell, config: ServerConfig, stop: St
     """
     sockets = WorkerSockets(shell.context, config.hwm, shell.control)
     staffing = Staffing(pool, sockets)
+    # ``auto``: the server's own process samples at a count of one, and control is
+    # answered from another thread while it draws (as with --workers 1).
+    stand_in = None if pool.home is None else ControlStandIn(
+        shell.control, shell.answer_control, shell.follow_control)
+    home = InProcessSeat(pool, config, shell.pool,
+                         contextlib.nullcontext if stand_in is None else stand_in.drawing)
     scaling = WorkerScaling(pool, config.worker_range,
                             trainer_wait=lambda now: trainers_wait(shell.core.trainers.values(),
                                                                    now))
@@ -203,7 +226,7 @@ def forward(pool: WorkerPool, shell: SocketShell, config: ServerConfig, stop: St
             if not shell.wait_for_trainers(between_runs):
                 return EXIT_FAILED if shell.failed else EXIT_OK
             run = _Run(pool, shell, config, block)
-            code = _forward_run(run, staffing, shell, config, stop, scaling)
+            code = _forward_run(run, staffing, shell, config, stop, scaling, home)
             if code is not None:
                 return code
             _drop_read_ahead(run, shell.pool)
@@ -214,11 +237,14 @@ def forward(pool: WorkerPool, shell: SocketShell, config: ServerConfig, stop: St
         shell.fail(error)
         return EXIT_FAILED
     finally:
+        if stand_in is not None:
+            stand_in.close()
+        home.close()
         sockets.close_all()
 
 
-def _forward_run(run: _Run, staffing: Staffing, shell: SocketShell,
-                 config: ServerConfig, stop: StopFlag, scaling: WorkerScaling) -> int | None:
+def _forward_run(run: _Run, staffing: Staffing, shell: SocketShell, config: ServerConfig,
+                 stop: StopFlag, scaling: WorkerScaling, home: InProcessSeat) -> int | None:
     """One run: the exit code when the stream ends (or stops), None when the job restarts."""
     pool, sockets = staffing.pool, staffing.sockets
 
@@ -229,7 +255,9 @@ def _forward_run(run: _Run, staffing: Staffing, shell: SocketShell,
         if shell.core.restarting:
             return None
         sockets.watch(run.readable(pool), None if pool.zygote.gone else pool.zygote.fileno())
-        events = dict(sockets.poller.poll(0 if run.holding else 100))  # held samples wait
+        # Held samples, and shards this process may draw, wait for no socket.
+        drawing = home.ready(run.merge.readable()) is not None
+        events = dict(sockets.poller.poll(0 if run.holding or drawing else 100))
         if shell.control in events:
             shell.serve_control(timeout=0)
         requested = shell.core.scaling.take()
@@ -241,8 +269,18 @@ def _forward_run(run: _Run, staffing: Staffing, shell: SocketShell,
         error = staffing.reconcile(run.ledger, read)
         if error is not None:
             return _failed(error, shell)
+        # The shards of the server's own process: a few messages, each sent on at once.
+        drawn = 0
+        while drawn < DRAIN and (runner := home.ready(run.merge.readable())) is not None:
+            error = home.draw(runner, run.take_here)
+            if error is not None:
+                return _failed(error, shell)
+            drawn += 1
+            code = _send_merged(run, pool, shell, config)
+            if code is not None:
+                return None if shell.core.restarting else code
         ready = [seat for seat, socket in sorted(sockets.by_seat.items()) if socket in events]
-        if not ready:
+        if not ready and not drawn:
             if run.ranked is not None and not _send_ranked(run.ranked.flush(), shell):
                 return None if shell.core.restarting else EXIT_OK
             shell.tick()

@@ -25,12 +25,12 @@ from feedmux.protocol import EndOfEpoch, encode, stacking_into
 from feedmux.sampling.epochs import EpochIterator
 from feedmux.sampling.mux import restart_passes
 from feedmux.server._control.meters import SamplerMeter
-from feedmux.server._sources.assignment import pack_shard
+from feedmux.server._sources.assignment import Assignment, pack_shard
 from feedmux.server._sources.producer import Frames, _Draw, _encode_batch, _Pacer, _skip_epoch
 from feedmux.server._sources.shards import ShardRandom
 from feedmux.server.config import ServerConfig
 
-__all__ = ["ShardRunner", "next_runner"]
+__all__ = ["SeatRunners", "ShardRunner", "next_runner"]
 
 
 class ShardRunner:
@@ -151,3 +151,46 @@ def next_runner(runners: Iterable[ShardRunner], released: int) -> ShardRunner | 
     """
     ready = [runner for runner in runners if not runner.done and runner.epoch <= released]
     return min(ready, key=ShardRunner.rank, default=None)
+
+
+class SeatRunners:
+    """The runners of the shards one seat owns, kept to the assignment.
+
+    A worker process has one for its seat, and so has the server at a count of one
+    (:mod:`feedmux.server._sources.inprocess`): both follow the same assignment with
+    the same code, so a shard that comes to either resumes at its ticket's point
+    (replaying up to it) the same way, and one that leaves is closed the same way.
+    """
+
+    def __init__(self, parts: list[Any], config: ServerConfig, seat: int, block: int,
+                 drawn: _Draw) -> None:
+        self.parts, self.config, self.seat, self.block = parts, config, seat, block
+        self.drawn = drawn
+        self.runners: dict[int, ShardRunner] = {}
+        self._seen = -1
+
+    def follow(self, assignment: Assignment) -> None:
+        """Close the runners of the shards that left (or got a new ticket) and start those
+        of the shards that came, when the assignment changed since last looked at."""
+        if assignment.version == self._seen:
+            return
+        self._seen, owned = assignment.read(self.seat)
+        runners = self.runners
+        for index in list(runners):
+            if owned.get(index, (0,))[0] != runners[index].ticket:
+                runners.pop(index).close()
+        for index, (ticket, epoch, position) in owned.items():
+            if index not in runners:
+                runners[index] = ShardRunner(self.parts[index], index, len(self.parts),
+                                             self.config, ticket, (epoch, position),
+                                             self.block, self.drawn)
+
+    def next(self, released: int) -> ShardRunner | None:
+        """The runner to draw from next (:func:`next_runner`)."""
+        return next_runner(self.runners.values(), released)
+
+    def close(self) -> None:
+        """Close every runner (the seat ends)."""
+        for runner in self.runners.values():
+            runner.close()
+        self.runners.clear()

@@ -140,7 +140,9 @@ class WorkerScaling:
         if self._mark is not None and now - self._mark[0] < self.window:
             return  # called on every turn of the loop: the figures are read once a window
         active = self.pool.active
-        pids = tuple(self.pool.pids.get(seat, -1) for seat in active)
+        # At a count of one with ``auto``, the server's own process (its CPU includes
+        # sending: a little more than a worker's would be).
+        pids = tuple(self.pool.pid_of(seat) for seat in active)
         if pids != self._measured:
             self._measured, self._mark = pids, None
         busy = sum(self.pool.meters[seat].busy_seconds for seat in active)

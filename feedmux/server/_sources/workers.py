@@ -67,7 +67,7 @@ from feedmux.server._sources.assignment import Assignment, ShardLedger, plan_own
 from feedmux.server._sources.owning import DrawnItems
 from feedmux.server._sources.packing import SharedCodec, pack
 from feedmux.server._sources.producer import Frames, SampleErrors, _Draw, error_message
-from feedmux.server._sources.runner import ShardRunner, next_runner
+from feedmux.server._sources.runner import SeatRunners
 from feedmux.server._sources.skips import SkipGuard
 from feedmux.server._sources.wakeups import Wakeups
 from feedmux.server._sources.zygote import Zygote, pid_alive
@@ -99,7 +99,7 @@ class WorkerPool:
 
     def __init__(self, parts: list[Any], config: ServerConfig, endpoint: str, block: int,
                  shm: ShmPool | None = None, slots: int | None = None,
-                 active: int | None = None) -> None:
+                 active: int | None = None, home: bool = False) -> None:
         if config.seed is None:
             raise ValueError("expected the run's seed resolved before the workers start, got None")
         self.config = config
@@ -112,6 +112,10 @@ class WorkerPool:
         self.slots = slots = min(slots, len(parts))
         #: How many workers to run (the staffing forks or retires workers to match).
         self.target = max(1, min(slots, active or slots))
+        #: The seat of the server's own process (``home``: ``auto``), which runs the shards
+        #: while the target is one (:mod:`feedmux.server._sources.inprocess`), else None.
+        #: It is the seat after the workers' (its meter too), never forked nor freed.
+        self.home = slots if home else None
         #: The seats whose worker runs shards (in seat order).
         self.active: list[int] = []
         #: Seat -> the pid of its worker, while it runs (a retiring one too).
@@ -142,7 +146,7 @@ class WorkerPool:
         #: The shards' tickets, counted across the runs of the server.
         self.tickets = itertools.count(1)
         #: Each seat's sampling time and skipped streams, readable from this process.
-        self.meters = SharedMeters(slots, config.count_field).meters
+        self.meters = SharedMeters(slots + home, config.count_field).meters
         #: Shards given to another worker since a run began (a count change, a death).
         self.shards_moved = 0
         #: The shared-memory pool, opened before the fork: each seat gets a region of it.
@@ -207,6 +211,11 @@ class WorkerPool:
         if self._batch_size.value != batch_size:
             self._batch_size.value = batch_size
 
+    @property
+    def batch_size(self) -> int:
+        """The batch size the messages are filled for (:meth:`gather`; 0: none)."""
+        return int(self._batch_size.value)
+
     def release(self, epoch: int) -> None:
         """Let the workers start ``epoch``."""
         self._released.value = epoch
@@ -239,8 +248,34 @@ class WorkerPool:
 
     @property
     def running(self) -> int:
-        """How many workers run shards now."""
+        """How many sampling processes run shards now (the server's own counts as one)."""
         return len(self.active)
+
+    @property
+    def released(self) -> int:
+        """The last epoch the shards may draw from (:meth:`release`)."""
+        return int(self._released.value)
+
+    def forks_wanted(self) -> int:
+        """How many worker processes the target asks for: none at a target of one when
+        the server samples in its own process (:attr:`home`), else the target."""
+        return 0 if self.target == 1 and self.home is not None else self.target
+
+    def sample_here(self, wanted: bool) -> bool:
+        """Put the server's own seat (:attr:`home`) into :attr:`active` or take it out
+        (its shards go elsewhere at the next :meth:`place`); whether that changed it.
+        Its draws stop at once: nothing of it is on its way (it sends to nobody)."""
+        home = self.home
+        if home is None or wanted == (home in self.active):
+            return False
+        others = [seat for seat in self.active if seat != home]
+        self.active = [*others, home] if wanted else others
+        return True
+
+    def pid_of(self, seat: int) -> int:
+        """The pid of the process that runs ``seat`` (-1: none); the server's for
+        :attr:`home`."""
+        return os.getpid() if seat == self.home else self.pids.get(seat, -1)
 
     def resize(self, count: int) -> None:
         """Run ``count`` workers (clamped to the seats): the staffing forks or retires."""
@@ -290,8 +325,10 @@ class WorkerPool:
     def liveness(self) -> dict[str, int | float | str | None]:
         """``worker.<seat>.alive`` (1 while that seat's worker runs, 0 for a seat whose
         worker died and was not replaced) and ``.pid``, ``workers_sampling_now`` (the
-        workers running shards), ``workers_started`` and ``workers_replaced`` (forked
-        since start, and of them in place of a dead one), ``zygote_alive`` and
+        sampling processes running shards), ``sampling_in_server`` (1 while the server's
+        own process runs them: ``auto`` at a count of one), ``workers_started`` and
+        ``workers_replaced`` (forked since start, and of them in place of a dead one),
+        ``zygote_alive`` and
         ``shards_moved`` (shards given to another worker since the run began)."""
         figures: dict[str, int | float | str | None] = {}
         for seat in sorted({*self.pids, *self.down}):
@@ -299,6 +336,7 @@ class WorkerPool:
             if seat in self.pids:
                 figures[f"worker.{seat}.pid"] = self.pids[seat]
         figures["workers_sampling_now"] = len(self.active)
+        figures["sampling_in_server"] = int(self.home in self.active)
         figures["workers_started"] = self.started
         figures["workers_replaced"] = self.replaced
         figures["zygote_alive"] = int(not self.zygote.gone)
@@ -443,21 +481,11 @@ def _worker_main(
                           guard=SkipGuard(config.max_skips, whole_epochs=False))
     drawn = _Draw(DrawnItems(shm) if config.policy.copy_arrays else None, errors.hook(), shm,
                   errors, meter)
-    runners: dict[int, ShardRunner] = {}
-    seen = -1
+    seat = SeatRunners(parts, config, index, block, drawn)
     try:
         while not stopping():
-            if assignment.version != seen:  # shards came or went
-                seen, owned = assignment.read(index)
-                for shard_index in list(runners):
-                    if owned.get(shard_index, (0,))[0] != runners[shard_index].ticket:
-                        runners.pop(shard_index).close()
-                for shard_index, (ticket, epoch, position) in owned.items():
-                    if shard_index not in runners:
-                        runners[shard_index] = ShardRunner(
-                            parts[shard_index], shard_index, len(parts), config, ticket,
-                            (epoch, position), block, drawn)
-            runner = next_runner(runners.values(), released.value)
+            seat.follow(assignment)  # shards came or went
+            runner = seat.next(released.value)
             if runner is None:  # nothing to draw until a release or an assignment
                 wakeups.rest(index)  # woken by a release, an assignment or a stop
                 continue
