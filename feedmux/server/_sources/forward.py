@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgpack
@@ -57,7 +57,7 @@ from feedmux.server._delivery.dealing import RankDealer
 from feedmux.server._delivery.ranking import RankedStage, RankMessage
 from feedmux.server._shell import SocketShell, StopFlag
 from feedmux.server._sources.assignment import ShardLedger, unpack_shard
-from feedmux.server._sources.inprocess import InProcessSeat
+from feedmux.server._sources.inprocess import Drawn, InProcessSeat
 from feedmux.server._sources.merge import MIN_READ_AHEAD_BYTES, READ_AHEAD_BYTES, Merge
 from feedmux.server._sources.packing import passes_through
 from feedmux.server._sources.scaling import WorkerScaling
@@ -168,16 +168,17 @@ class _Run:
                 self.merge.put(shard, message, None, 0)
         return None
 
+    def take_drawn(self, shard: int, ticket: int, tags: np.ndarray,
+                   samples: Sequence[Any], nbytes: int) -> None:
+        """Hold a chunk (of about ``nbytes``) the server's own process drew of ``shard``
+        under ``ticket`` (:class:`InProcessSeat`): as :meth:`take` does a worker's message,
+        not encoded (:func:`_send_merged` encodes the consecutive chunks as one)."""
+        if self.ledger.take_data(shard, ticket, int(tags[0, 0]), int(tags[0, 1]), len(tags)):
+            self.merge.put(shard, Drawn(tags, samples), len(tags), nbytes)
+
     def take_here(self, shard: int, ticket: int, frames: Any) -> None:
-        """Hold a message the server's own process drew of ``shard`` under ``ticket``
-        (:class:`InProcessSeat`): as :meth:`take`, from frames as encoded (never
-        compressed, never references), its shard and ticket known."""
-        if len(frames) > 1:
-            tags = read_tags(frames)
-            if self.ledger.take_data(shard, ticket, int(tags[0, 0]), int(tags[0, 1]),
-                                     len(tags)):
-                self.merge.put(shard, frames, len(tags), carried_bytes(frames))
-            return
+        """Hold an end of epoch the server's own process sent of ``shard`` under
+        ``ticket`` (as :meth:`take` does a worker's)."""
         message = decode(frames)
         if isinstance(message, EndOfEpoch) and self.ledger.take_end(shard, ticket,
                                                                     message.epoch):
@@ -269,14 +270,12 @@ def _forward_run(run: _Run, staffing: Staffing, shell: SocketShell, config: Serv
         error = staffing.reconcile(run.ledger, read)
         if error is not None:
             return _failed(error, shell)
-        # The shards of the server's own process: a few messages, each sent on at once.
-        drawn = 0
-        while drawn < DRAIN and (runner := home.ready(run.merge.readable())) is not None:
-            error = home.draw(runner, run.take_here)
-            if error is not None:
-                return _failed(error, shell)
-            drawn += 1
-            code = _send_merged(run, pool, shell, config)
+        # The shards of the server's own process: a message's worth, sent on at once.
+        drawn = home.draw(run.merge.readable, run.take_drawn, run.take_here)
+        if isinstance(drawn, Error):
+            return _failed(drawn, shell)
+        if drawn:
+            code = _send_merged(run, pool, shell, config, home)
             if code is not None:
                 return None if shell.core.restarting else code
         ready = [seat for seat, socket in sorted(sockets.by_seat.items()) if socket in events]
@@ -298,7 +297,7 @@ def _forward_run(run: _Run, staffing: Staffing, shell: SocketShell, config: Serv
                     return _failed(error, shell)
                 if not run.reads_ahead(worker, pool):
                     break  # its read-ahead is full: the others' turns first
-        code = _send_merged(run, pool, shell, config)
+        code = _send_merged(run, pool, shell, config, home)
         if code is not None:
             return None if shell.core.restarting else code
     return EXIT_OK
@@ -333,11 +332,30 @@ def _check_skipped(run: _Run, pool: WorkerPool, config: ServerConfig, epoch: int
 
 
 def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
-                 config: ServerConfig) -> int | None:
-    """Send what is next in merge order; an exit code when the stream ends or stops."""
+                 config: ServerConfig, home: InProcessSeat) -> int | None:
+    """Send what is next in merge order; an exit code when the stream ends or stops.
+
+    The chunks the server's own process drew (:class:`Drawn`) that come one after the
+    other in an epoch go as one message (:meth:`InProcessSeat.encode`), as large as a
+    message of ``--workers 1``: each message costs the server the same whatever it
+    holds, and a turn of the merge is a few samples.
+    """
     ranked, positions = run.ranked, run.positions
-    while (taken := run.merge.next()) is not None:
+    after: tuple[Any, bool] | None = None
+    while (taken := after or run.merge.next()) is not None:
+        after = None
         item, epoch_over = taken
+        if type(item) is Drawn:
+            chunks, epoch, limit = [item], item.tags[0, 0], home.limit()
+            count = len(item.tags)
+            while count < limit and (after := run.merge.next()) is not None and (
+                    type(after[0]) is Drawn and after[0].tags[0, 0] == epoch):
+                chunks.append(after[0])
+                count += len(after[0].tags)
+                after = None
+            item = home.encode(chunks)
+            if item is None:  # every sample refused and skipped
+                continue
         if isinstance(item, EndOfEpoch):
             if epoch_over:
                 if ranked is not None and not _send_ranked(ranked.finish_epoch(item.epoch),

@@ -35,24 +35,42 @@ always samples in worker processes.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Collection
+import time
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from feedmux._plumbing.shm import ShmPool
-from feedmux.protocol import Error
+from feedmux.protocol import Error, stacking_into, take_samples
 from feedmux.server._control.meters import SamplerMeter
 from feedmux.server._sources.owning import DrawnItems
-from feedmux.server._sources.producer import Frames, SampleErrors, _Draw, error_message
+from feedmux.server._sources.producer import (
+    Frames,
+    SampleErrors,
+    _Draw,
+    _encode_batch,
+    _Pacer,
+    error_message,
+)
 from feedmux.server._sources.runner import SeatRunners, ShardRunner
 from feedmux.server._sources.skips import SkipGuard
 from feedmux.server._sources.workers import WorkerPool
 from feedmux.server.config import ServerConfig
 
-__all__ = ["InProcessSeat"]
+__all__ = ["Drawn", "InProcessSeat"]
 
 #: The seat of a pool that never samples in the server: no shard is ever assigned to it.
 NOWHERE = -2
+
+
+class Drawn(NamedTuple):
+    """A chunk the server's own process drew of one shard: its tags (epoch, position in
+    the shard's epoch) and its samples, not encoded yet."""
+
+    tags: np.ndarray
+    samples: Sequence[Any]
 
 
 class InProcessSeat:
@@ -76,14 +94,17 @@ class InProcessSeat:
                  ) -> None:
         seat = NOWHERE if pool.home is None else pool.home
         self._pool = pool
-        self._server_id = config.server_id
+        self._config = config
+        self._shm = shm
         self.meter = SamplerMeter() if seat == NOWHERE else pool.meters[seat]
         # As a worker: its shards' part of an epoch only (the shards may move).
-        errors = SampleErrors(config.on_error == "skip", self.meter,
-                              guard=SkipGuard(config.max_skips, whole_epochs=False))
-        drawn = _Draw(DrawnItems(shm) if config.policy.copy_arrays else None, errors.hook(),
-                      shm, errors, self.meter, meanwhile)
+        self.errors = SampleErrors(config.on_error == "skip", self.meter,
+                                   guard=SkipGuard(config.max_skips, whole_epochs=False))
+        drawn = _Draw(DrawnItems(shm) if config.policy.copy_arrays else None,
+                      self.errors.hook(), shm, self.errors, self.meter, meanwhile)
         self._runners = SeatRunners(pool.parts, config, seat, pool.block, drawn)
+        #: Sizes the messages made of the chunks (as ``--workers 1`` sizes its own).
+        self._pacer = _Pacer(config.policy)
 
     def ready(self, readable: Collection[int]) -> ShardRunner | None:
         """The runner to draw from now: the first of this seat's shards in merge order
@@ -95,22 +116,70 @@ class InProcessSeat:
         runner = runners.next(pool.released)
         return runner if runner is not None and runner.index in readable else None
 
-    def draw(self, runner: ShardRunner, take: Callable[[int, int, Frames], None],
-             ) -> Error | None:
-        """Draw ``runner``'s next message (or end of epoch) and hand it to
-        ``take(shard, ticket, frames)``; the error that ends the run, as a worker would
-        have sent it, if the draw raised."""
-        shard, ticket = runner.index, runner.ticket
+    def limit(self) -> int:
+        """Samples of the next message (the pacer's: ``samples_per_message``, the payload
+        target, ``max_delay`` of drawing, the trainers' batch size)."""
+        return self._pacer.limit(self._pool.batch_size)
+
+    def draw(self, readable: Callable[[], Collection[int]],
+             keep: Callable[[int, int, np.ndarray, Sequence[Any], int], None],
+             take: Callable[[int, int, Frames], None]) -> Error | int:
+        """Draw chunks of this seat's shards in merge order, each handed to
+        ``keep(shard, ticket, tags, samples, nbytes)`` (its ends of epoch to ``take(shard,
+        ticket, frames)``), until a message's worth (:meth:`limit`) or nothing more may be
+        drawn now; how many steps it drew, or the error that ends the run, as a worker
+        would have sent it, if a draw raised."""
+        limit = self.limit()
+        batch_size = self._pool.batch_size
+        steps = samples = 0
+        started = time.perf_counter()
+        while samples < limit and (runner := self.ready(readable())) is not None:
+            before = runner.count
+            try:
+                self._step(runner, keep, take, batch_size, observe=not steps)
+            except Exception as error:
+                return error_message(error, self._config.server_id)
+            steps += 1
+            samples += max(0, runner.count - before)  # an end of epoch counts none
+        if samples:  # the pacer's time per sample, from the whole message's draws
+            self._pacer.observe_time(samples, time.perf_counter() - started)
+        return steps
+
+    def _step(self, runner: ShardRunner,
+              keep: Callable[[int, int, np.ndarray, Sequence[Any], int], None],
+              take: Callable[[int, int, Frames], None], batch_size: int,
+              observe: bool) -> None:
+        """One step of ``runner`` (a chunk, or its end of epoch), handed on; the first of
+        a message (``observe``) gives the pacer its sample size."""
+        shard, ticket, pacer = runner.index, runner.ticket, self._pacer
+
+        def kept(tags: np.ndarray, items: Sequence[Any]) -> None:
+            if observe and items:
+                pacer.observe_size(items[0])
+            keep(shard, ticket, tags, items, len(items) * pacer.item_bytes)
 
         def send(frames: Frames) -> bool:
             take(shard, ticket, frames)
             return True
 
-        try:
-            runner.step(send, self.meter, self._pool.batch_size)
-        except Exception as error:
-            return error_message(error, self._server_id)
-        return None
+        runner.step(send, self.meter, batch_size, keep=kept)
+
+    def encode(self, chunks: list[Drawn]) -> Frames | None:
+        """One data message of ``chunks`` (consecutive in merge order, of one epoch), their
+        positions those of their shards (the forwarder numbers them); the samples the codec
+        refuses are skipped or raised as a worker's would be. None when none is left."""
+        config, shm = self._config, self._shm
+        with stacking_into(shm.empty if shm is not None and shm.wanted else None):
+            if len(chunks) == 1:
+                tags, samples = chunks[0]
+            else:
+                tags = np.concatenate([chunk.tags for chunk in chunks])
+                samples = take_samples([(chunk.samples, slice(None)) for chunk in chunks])
+            frames, count = _encode_batch(tags, samples, config.server_id, 0,
+                                          config.on_error == "skip", self.errors,
+                                          close_ranks=True)
+        self.errors.sent(count)
+        return frames or None
 
     def close(self) -> None:
         """Close the shards' activations (the server stops)."""

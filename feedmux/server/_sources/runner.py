@@ -16,7 +16,7 @@ decides what it owns (the server's assignment does) and never touches a socket
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -82,12 +82,17 @@ class ShardRunner:
         return self.count % self.block == 0
 
     def step(self, send: Callable[[Frames], bool], meter: SamplerMeter,
-             batch_size: int = 0) -> bool:
+             batch_size: int = 0,
+             keep: Callable[[np.ndarray, Sequence[Any]], None] | None = None) -> bool:
         """Draw and send its next message (or its end of epoch); False when ``send`` is.
 
         ``batch_size``: the server cuts the messages into batches of that size, so a
         message is filled up to the merge block (a batch's time to sample, not
         ``max_delay``, bounds it: see the pacer).
+
+        ``keep(tags, samples)``, in the server's own process: takes the drawn chunk as
+        it is instead (the server encodes the chunks of several turns into one message:
+        :mod:`feedmux.server._sources.inprocess`); its end of epoch is still sent.
         """
         clock = time.perf_counter
         started = clock()
@@ -115,6 +120,11 @@ class ShardRunner:
             tags = np.empty((len(items), 2), dtype=np.int64)
             tags[:, 0] = chunk.epoch
             tags[:, 1] = np.arange(self.count, self.count + len(items))
+            if keep is not None:
+                keep(tags, items)
+                meter.add_busy(clock() - started)
+                self.count += len(items)
+                return self._end(send) if chunk.last else True
             shm = self._drawn.shm
             # While a trainer maps the pool, a stacked leaf is made in this worker's region:
             # the message goes as references to it, without a copy into the pool on top of
