@@ -22,8 +22,12 @@ shard gets a new ticket at the resumed epoch. It publishes to the workers the co
 compress with (:mod:`feedmux.server._sources.packing`: only while it sends their
 messages on as they are); a message that came compressed is merged and renumbered as it
 is, and inflated first where the server must decode it (ranks, batches, groups, a
-resumed run's cut). It must never sample (the workers do) nor decide who gets what (the
-dealer and the control core do).
+resumed run's cut). With ``--workers auto`` at a count of one the server's own process is
+the one sampling seat (:class:`~feedmux.server._sources.inprocess.InProcessSeat`): between
+its looks at the sockets the loop lets it draw a message's worth of chunks, which enter
+the merge unencoded under their tickets as a worker's messages do, and the consecutive
+ones of an epoch leave as one message. It must never sample but through that seat (the
+workers do) nor decide who gets what (the dealer and the control core do).
 """
 
 from __future__ import annotations

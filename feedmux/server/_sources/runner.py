@@ -1,7 +1,9 @@
 """One shard as a worker runs it: its epochs, a message at a time, from where it was handed over.
 
 A worker process runs the shards it owns through one :class:`ShardRunner` each
-and :func:`next_runner` says which draws next: the shard that comes first in the
+(kept to the assignment by :class:`SeatRunners`, which the server's own process
+uses too at a count of one, so that resuming at a ticket is one code) and
+:func:`next_runner` says which draws next: the shard that comes first in the
 server's merge order among those whose epoch the server has released, so a
 worker's messages reach the server about in the order it takes them. A runner
 starts at the point of its assignment (a shard that moved mid-epoch is drawn

@@ -3,7 +3,10 @@
 :class:`Staffing` runs in the forwarding loop, between messages. It makes the
 workers running match :attr:`WorkerPool.target` (``--workers N``, ``auto``,
 ``feedmux scale``): it forks more from the zygote, or asks the surplus ones to
-end after their current message; and it handles a worker that ended: what its
+end after their current message (with ``auto``, a target of one is the server's
+own process, :attr:`WorkerPool.home`: no worker runs then, and its shards move
+out to the workers forked when more are wanted, and back when they end); and it
+handles a worker that ended: what its
 socket already delivered is taken (under its shards' tickets), its runs of the
 shared-memory pool that the server took no message of come back
 (:meth:`WorkerPool.bury`), and its socket is closed. A worker that died is

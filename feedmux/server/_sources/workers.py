@@ -6,8 +6,10 @@ workers when they are wanted, so that a worker exists only while it samples.
 Each worker has a *seat* (its meter, its wake-up, its region of the
 shared-memory pool, and with its generation its endpoint); :attr:`WorkerPool.active`
 are the seats whose worker runs shards, :attr:`WorkerPool.target` how many the
-server wants running. The server's staffing
-(:mod:`feedmux.server._sources.staffing`) matches them: it forks more, asks
+server wants running. With ``auto`` the pool has one more seat, the *home* seat of
+the server's own process (:attr:`WorkerPool.home`), which runs every shard while the
+target is one (:mod:`feedmux.server._sources.inprocess`): no worker process then.
+The server's staffing (:mod:`feedmux.server._sources.staffing`) matches them: it forks more, asks
 surplus workers to end after their current message (:meth:`WorkerPool.retire`),
 and puts a new worker in the seat of one that died; each time the shards are
 spread again over the workers running (:meth:`WorkerPool.place`), a shard that
