@@ -105,6 +105,10 @@ class InProcessSeat:
         self._runners = SeatRunners(pool.parts, config, seat, pool.block, drawn)
         #: Sizes the messages made of the chunks (as ``--workers 1`` sizes its own).
         self._pacer = _Pacer(config.policy)
+        #: CPU seconds of this thread in the draws: what ``auto`` measures as the CPU of
+        #: the sampling process at one (the server's forwarding is no worker's work).
+        self.cpu_seconds = 0.0
+        pool.home_cpu = lambda: self.cpu_seconds
 
     def ready(self, readable: Collection[int]) -> ShardRunner | None:
         """The runner to draw from now: the first of this seat's shards in merge order
@@ -132,7 +136,7 @@ class InProcessSeat:
         limit = self.limit()
         batch_size = self._pool.batch_size
         steps = samples = 0
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         while samples < limit and (runner := self.ready(readable())) is not None:
             before = runner.count
             try:
@@ -141,6 +145,7 @@ class InProcessSeat:
                 return error_message(error, self._config.server_id)
             steps += 1
             samples += max(0, runner.count - before)  # an end of epoch counts none
+        self.cpu_seconds += time.thread_time() - cpu
         if samples:  # the pacer's time per sample, from the whole message's draws
             self._pacer.observe_time(samples, time.perf_counter() - started)
         return steps

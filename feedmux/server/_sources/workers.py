@@ -83,6 +83,7 @@ log = logging.getLogger("feedmux.server")
 WORKER_STOP_TIMEOUT = 2.0
 #: Seconds between two looks at the workers' pids once their zygote is gone.
 ORPHAN_CHECK = 0.1
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class WorkerPool:
@@ -118,6 +119,9 @@ class WorkerPool:
         #: while the target is one (:mod:`feedmux.server._sources.inprocess`), else None.
         #: It is the seat after the workers' (its meter too), never forked nor freed.
         self.home = slots if home else None
+        #: The CPU seconds the server's own process spent drawing for the home seat (set
+        #: by :class:`~feedmux.server._sources.inprocess.InProcessSeat`).
+        self.home_cpu: Callable[[], float] = lambda: 0.0
         #: The seats whose worker runs shards (in seat order).
         self.active: list[int] = []
         #: Seat -> the pid of its worker, while it runs (a retiring one too).
@@ -279,6 +283,13 @@ class WorkerPool:
         :attr:`home`."""
         return os.getpid() if seat == self.home else self.pids.get(seat, -1)
 
+    def cpu_of(self, seat: int) -> float | None:
+        """The CPU seconds ``seat``'s worker has used (``/proc``: None when unknown); for
+        :attr:`home`, those of the server's draws only (:attr:`home_cpu`), not of its
+        forwarding, which no worker's figure holds either."""
+        return self.home_cpu() if seat == self.home else process_cpu_seconds(
+            self.pids.get(seat, -1))
+
     def resize(self, count: int) -> None:
         """Run ``count`` workers (clamped to the seats): the staffing forks or retires."""
         self.target = max(1, min(count, self.slots))
@@ -409,6 +420,16 @@ class WorkerPool:
             self.pids = {}
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User and system CPU seconds of process ``pid`` (None when it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _on_sigterm(terminated: list[bool]) -> Any:
