@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 
 from feedmux.client.remote import RemoteLoader, fetch_stats
+from feedmux.server.server import Server
 from tests.integration.conftest import CheckedThread, wait_until, worker_pids, zygote_pid
 from tests.integration.hard_samplers import LONG_SAMPLE_LINE
 from tests.integration.test_autoscale import NUMBERED, Row, consume
 from tests.integration.test_control_waits import ANSWER_WITHIN
+from tests.integration.test_shm import in_pool
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -121,3 +123,34 @@ def test_control_is_answered_while_the_servers_own_draw_is_slow(serve: Any) -> N
         stop.set()
     assert trainer.join(60) > 0
     server.kill()
+
+
+def test_auto_at_one_draws_into_the_pool_and_the_trainer_gets_views() -> None:
+    # 1 MiB samples whose values are their id: the server's own draws copy each array
+    # into the shared-memory pool once (as --workers 1 does), and the trainer maps it.
+    server = Server("tests.integration.samplers:large", bind="tcp://127.0.0.1:0", epochs=2,
+                    samples_per_message=1, shm_size=256 << 20, workers="auto:1-2",
+                    seed=3).start()
+    try:
+        seen: list[tuple[int, int]] = []
+        copied_at: dict[str, int] = {}
+        with RemoteLoader(server.data_address, control=server.control_address,
+                          timeout=30) as loader:
+            for sample in loader:
+                assert (sample["x"] == sample["id"]).all(), "a sample's content is not its id's"
+                assert in_pool(sample["x"]), "a large array that is not a view of the pool"
+                seen.append((int(loader.last_epoch or 0), int(sample["id"])))
+                if len(seen) in (41, 80):  # the first and last samples of epoch 2
+                    stats = fetch_stats(server.control_address)
+                    copied_at["start" if len(seen) == 41 else "end"] = stats["shm_bytes_copied"]
+                    if stats["worker_changes"] == 0:
+                        assert stats["sampling_in_server"] == 1, stats
+                del sample
+        for epoch in (1, 2):
+            assert sorted(i for e, i in seen if e == epoch) == list(range(40))
+        # Drawn with the trainer mapping the pool: every array was copied into it as it
+        # was drawn, so the server copied none when it sent them.
+        assert copied_at["end"] == copied_at["start"]
+        assert server.join(30) == 0
+    finally:
+        server.stop()
