@@ -54,7 +54,7 @@ from feedmux.server._sources.producer import (
     _Pacer,
     error_message,
 )
-from feedmux.server._sources.runner import SeatRunners, ShardRunner
+from feedmux.server._sources.runner import SIZE_EVERY, SeatRunners, ShardRunner
 from feedmux.server._sources.skips import SkipGuard
 from feedmux.server._sources.workers import WorkerPool
 from feedmux.server.config import ServerConfig
@@ -108,6 +108,7 @@ class InProcessSeat:
         #: CPU seconds of this thread in the draws: what ``auto`` measures as the CPU of
         #: the sampling process at one (the server's forwarding is no worker's work).
         self.cpu_seconds = 0.0
+        self._draws = 0  # the message sizes look at the samples' size every SIZE_EVERY-th
         pool.home_cpu = lambda: self.cpu_seconds
 
     def ready(self, readable: Collection[int]) -> ShardRunner | None:
@@ -140,12 +141,14 @@ class InProcessSeat:
         while samples < limit and (runner := self.ready(readable())) is not None:
             before = runner.count
             try:
-                self._step(runner, keep, take, batch_size, observe=not steps)
+                self._step(runner, keep, take, batch_size,
+                           observe=not steps and not self._draws % SIZE_EVERY)
             except Exception as error:
                 return error_message(error, self._config.server_id)
             steps += 1
             samples += max(0, runner.count - before)  # an end of epoch counts none
         self.cpu_seconds += time.thread_time() - cpu
+        self._draws += 1
         if samples:  # the pacer's time per sample, from the whole message's draws
             self._pacer.observe_time(samples, time.perf_counter() - started)
         return steps

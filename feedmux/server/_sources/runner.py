@@ -32,7 +32,11 @@ from feedmux.server._sources.producer import Frames, _Draw, _encode_batch, _Pace
 from feedmux.server._sources.shards import ShardRandom
 from feedmux.server.config import ServerConfig
 
-__all__ = ["SeatRunners", "ShardRunner", "next_runner"]
+__all__ = ["SIZE_EVERY", "SeatRunners", "ShardRunner", "next_runner"]
+
+#: In the server's own process, the chunks whose sample size the pacers look at: one in so
+#: many (the time of every chunk counts).
+SIZE_EVERY = 8
 
 
 class ShardRunner:
@@ -74,6 +78,10 @@ class ShardRunner:
         self._pacer = _Pacer(config.policy)
         self._seq = pack_shard(index, ticket)
         self._pending: tuple[Any, Any] | None = None
+        #: Chunks handed to ``keep`` (:meth:`step`): their size is looked at every
+        #: ``SIZE_EVERY``-th only (building a stacked chunk's first sample to measure it
+        #: was a tenth of the server's CPU at a count of one).
+        self._kept = 0
 
     def rank(self) -> tuple[int, int, int]:
         """Its place in the merge order: (epoch, blocks sent in it, shard)."""
@@ -112,7 +120,10 @@ class ShardRunner:
             except Exception as error:
                 _skip_epoch(error, config.on_error == "skip", meter, self._drawn.errors)
                 return self._end(send)
-            self._pacer.observe(items, clock() - started)
+            if keep is None or not self._kept % SIZE_EVERY:
+                self._pacer.observe(items, clock() - started)
+            else:  # the server joins the chunks into its own messages, sized by its pacer
+                self._pacer.observe_time(len(items), clock() - started)
             if chunk.epoch != self.epoch:
                 # Resumed at the very end of its epoch: the server still needs that end,
                 # and the next epoch's first chunk waits for the server to release it.
@@ -126,6 +137,7 @@ class ShardRunner:
                 keep(tags, items)
                 meter.add_busy(clock() - started)
                 self.count += len(items)
+                self._kept += 1
                 return self._end(send) if chunk.last else True
             shm = self._drawn.shm
             # While a trainer maps the pool, a stacked leaf is made in this worker's region:
