@@ -281,6 +281,8 @@ class _Pacer:
 
     def observe_time(self, count: int, seconds: float) -> None:
         """``count`` samples took ``seconds`` to draw (a running mean per sample)."""
+        if not count:
+            return
         per_item = seconds / count
         self.item_seconds = per_item if self.item_seconds <= 0 else (
             0.8 * self.item_seconds + 0.2 * per_item
