@@ -117,7 +117,7 @@ def describe(address: str, current: Stats, previous: Stats | None) -> list[str]:
     ]
     lines.append("  " + _epoch_line(current, shown_rate))
     alive = [key for key in current if key.startswith("worker.") and key.endswith(".alive")]
-    if alive:
+    if alive or current.get("sampling_in_server"):
         lines.append("  " + _workers_line(current, alive))
     lines.extend(_trainer_lines(current, previous))
     lines.append(f"  reconnects {current.get('reconnects', 0)}, "
@@ -127,18 +127,25 @@ def describe(address: str, current: Stats, previous: Stats | None) -> list[str]:
 
 def _workers_line(current: Mapping[str, Any], alive: list[str]) -> str:
     """Each worker process by seat (``seat:pid``, or ``seat:DOWN`` for a dead one nobody
-    replaced), the replacements and whether the zygote that forks them runs.
+    replaced), the replacements and whether the zygote that forks them runs; with
+    ``auto`` at a count of one, that the server's own process samples (``here``).
 
     >>> _workers_line({"worker.0.alive": 1, "worker.0.pid": 41, "worker.1.alive": 0,
     ...                "workers_replaced": 2, "zygote_alive": 0},
     ...               ["worker.0.alive", "worker.1.alive"])
     'workers 0:41 1:DOWN, 2 replaced, zygote DOWN (no worker is forked or replaced)'
+    >>> _workers_line({"sampling_in_server": 1, "pid": 40, "zygote_alive": 1}, [])
+    "workers none: sampling in the server's process (pid 40)"
     """
     seats = sorted(alive, key=lambda key: int(key.split(".")[1]))
     states = " ".join(
         f"{key.split('.')[1]}:"
         f"{current.get(key[: -len('alive')] + 'pid', 'up') if current[key] else 'DOWN'}"
         for key in seats)
+    if current.get("sampling_in_server"):
+        # A worker still ending as asked may be listed until it has.
+        states = (f"{states} ending, " if states else "none: ") + (
+            f"sampling in the server's process (pid {current.get('pid', '?')})")
     line = f"workers {states}"
     if current.get("workers_replaced"):
         line += f", {current['workers_replaced']} replaced"

@@ -531,8 +531,9 @@ def take_samples(parts: Sequence[tuple[Sequence[Any], slice]]) -> Sequence[Any]:
     >>> type(taken).__name__, taken.stacked()["x"].tolist()
     ('SampleBatch', [[1, 1], [3, 3], [0, 0]])
     """
-    pieces = [samples.take(rows) if type(samples) is SampleBatch else samples[rows]
-              for samples, rows in parts]
+    whole = slice(None)
+    pieces = [samples if rows == whole else samples.take(rows)
+              if type(samples) is SampleBatch else samples[rows] for samples, rows in parts]
     if len(pieces) == 1 and type(pieces[0]) in (list, SampleBatch):
         return pieces[0]
     if pieces and all(type(piece) is SampleBatch for piece in pieces):

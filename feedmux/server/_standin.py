@@ -1,7 +1,8 @@
 """Control answered while the server's own thread is in the streamer: the stand-in thread.
 
-A server that samples in its own process (``--workers 1``, the default) runs
-the streamer on the thread that drives its sockets, and answered control only
+A server that samples in its own process (``--workers 1``, the default, and
+``--workers auto`` at a count of one) runs the streamer on the thread that drives
+its sockets, and answered control only
 between two messages: with a streamer taking 50 ms a sample, ``feedmux stats``
 took 52-61 ms at the median, and a sample of seconds (a huge image) left hellos,
 heartbeats and ``stats`` / ``top`` unanswered until it was done.

@@ -422,8 +422,10 @@ class Server:
         config = self.config
         with tempfile.TemporaryDirectory(prefix="feedmux-") as scratch:
             workers = config.worker_range
+            # auto samples in this process at a count of one (no worker process then).
             pool = WorkerPool(parts, config, f"ipc://{scratch}/workers", block,
-                              open_pool(config), slots=workers.maximum, active=workers.minimum)
+                              open_pool(config), slots=workers.maximum, active=workers.minimum,
+                              home=workers.auto)
             if pool.slots < workers.maximum:
                 log.warning("%d worker(s) asked for, %d run: one shard runs in one worker at "
                             "a time (shards=N for more)", workers.maximum, pool.slots)

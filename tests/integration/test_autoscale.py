@@ -216,13 +216,17 @@ def test_a_change_of_the_count_forks_or_ends_worker_processes_mid_epoch_within_2
     server.kill()
 
 
-def test_auto_starts_with_one_worker_process_and_scale_3_makes_three(serve: Any) -> None:
+def test_auto_starts_sampling_in_the_server_and_scale_3_makes_three_workers(
+        serve: Any) -> None:
     server = serve(*live_command("--workers", "auto"))
-    # Before any trainer: auto starts with MIN (1), not with the most it may run.
-    wait_until(lambda: len(workers_of(server)) == 1, 10, "one worker process")
+    # Before any trainer: auto starts with MIN (1), not with the most it may run, and
+    # one is the server's own process (no worker process: the zygote forks them later).
+    wait_until(lambda: zygote_pid(server.pid) is not None, 10, "the zygote")
     zygote = zygote_pid(server.pid)
     assert zygote is not None, "no feedmux-zygote under the server"
-    assert len(workers_of(server)) == 1
+    stats = fetch_stats(server.control, timeout=5)
+    assert stats["workers"] == 1 and stats["sampling_in_server"] == 1, stats
+    assert workers_of(server) == []
     # A count asked for while the server waits for its trainers is made at once too.
     request_scale(server.control, 2, timeout=10)
     wait_until(lambda: len(workers_of(server)) == 2, 2.0, "two worker processes")

@@ -22,8 +22,12 @@ shard gets a new ticket at the resumed epoch. It publishes to the workers the co
 compress with (:mod:`feedmux.server._sources.packing`: only while it sends their
 messages on as they are); a message that came compressed is merged and renumbered as it
 is, and inflated first where the server must decode it (ranks, batches, groups, a
-resumed run's cut). It must never sample (the workers do) nor decide who gets what (the
-dealer and the control core do).
+resumed run's cut). With ``--workers auto`` at a count of one the server's own process is
+the one sampling seat (:class:`~feedmux.server._sources.inprocess.InProcessSeat`): between
+its looks at the sockets the loop lets it draw a message's worth of chunks, which enter
+the merge unencoded under their tickets as a worker's messages do, and the consecutive
+ones of an epoch leave as one message. It must never sample but through that seat (the
+workers do) nor decide who gets what (the dealer and the control core do).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgpack
@@ -57,11 +61,13 @@ from feedmux.server._delivery.dealing import RankDealer
 from feedmux.server._delivery.ranking import RankedStage, RankMessage
 from feedmux.server._shell import SocketShell, StopFlag
 from feedmux.server._sources.assignment import ShardLedger, unpack_shard
+from feedmux.server._sources.inprocess import Drawn, InProcessSeat
 from feedmux.server._sources.merge import MIN_READ_AHEAD_BYTES, READ_AHEAD_BYTES, Merge
 from feedmux.server._sources.packing import passes_through
 from feedmux.server._sources.scaling import WorkerScaling
 from feedmux.server._sources.staffing import Staffing, WorkerSockets
 from feedmux.server._sources.workers import WorkerPool
+from feedmux.server._standin import ControlStandIn
 from feedmux.server.config import EXIT_FAILED, EXIT_OK, ServerConfig
 
 #: The most messages the forwarder reads from one worker per look at the sockets: each
@@ -166,6 +172,22 @@ class _Run:
                 self.merge.put(shard, message, None, 0)
         return None
 
+    def take_drawn(self, shard: int, ticket: int, tags: np.ndarray,
+                   samples: Sequence[Any], nbytes: int) -> None:
+        """Hold a chunk (of about ``nbytes``) the server's own process drew of ``shard``
+        under ``ticket`` (:class:`InProcessSeat`): as :meth:`take` does a worker's message,
+        not encoded (:func:`_send_merged` encodes the consecutive chunks as one)."""
+        if self.ledger.take_data(shard, ticket, int(tags[0, 0]), int(tags[0, 1]), len(tags)):
+            self.merge.put(shard, Drawn(tags, samples), len(tags), nbytes)
+
+    def take_here(self, shard: int, ticket: int, frames: Any) -> None:
+        """Hold an end of epoch the server's own process sent of ``shard`` under
+        ``ticket`` (as :meth:`take` does a worker's)."""
+        message = decode(frames)
+        if isinstance(message, EndOfEpoch) and self.ledger.take_end(shard, ticket,
+                                                                    message.epoch):
+            self.merge.put(shard, message, None, 0)
+
     def number(self, frames: Any) -> np.ndarray:
         """The tags of a worker's message with positions numbered across the shards."""
         tags: np.ndarray = read_tags(frames).copy()
@@ -186,6 +208,12 @@ def forward(pool: WorkerPool, shell: SocketShell, config: ServerConfig, stop: St
     """
     sockets = WorkerSockets(shell.context, config.hwm, shell.control)
     staffing = Staffing(pool, sockets)
+    # ``auto``: the server's own process samples at a count of one, and control is
+    # answered from another thread while it draws (as with --workers 1).
+    stand_in = None if pool.home is None else ControlStandIn(
+        shell.control, shell.answer_control, shell.follow_control)
+    home = InProcessSeat(pool, config, shell.pool,
+                         contextlib.nullcontext if stand_in is None else stand_in.drawing)
     scaling = WorkerScaling(pool, config.worker_range,
                             trainer_wait=lambda now: trainers_wait(shell.core.trainers.values(),
                                                                    now))
@@ -203,7 +231,7 @@ def forward(pool: WorkerPool, shell: SocketShell, config: ServerConfig, stop: St
             if not shell.wait_for_trainers(between_runs):
                 return EXIT_FAILED if shell.failed else EXIT_OK
             run = _Run(pool, shell, config, block)
-            code = _forward_run(run, staffing, shell, config, stop, scaling)
+            code = _forward_run(run, staffing, shell, config, stop, scaling, home)
             if code is not None:
                 return code
             _drop_read_ahead(run, shell.pool)
@@ -214,11 +242,14 @@ def forward(pool: WorkerPool, shell: SocketShell, config: ServerConfig, stop: St
         shell.fail(error)
         return EXIT_FAILED
     finally:
+        if stand_in is not None:
+            stand_in.close()
+        home.close()
         sockets.close_all()
 
 
-def _forward_run(run: _Run, staffing: Staffing, shell: SocketShell,
-                 config: ServerConfig, stop: StopFlag, scaling: WorkerScaling) -> int | None:
+def _forward_run(run: _Run, staffing: Staffing, shell: SocketShell, config: ServerConfig,
+                 stop: StopFlag, scaling: WorkerScaling, home: InProcessSeat) -> int | None:
     """One run: the exit code when the stream ends (or stops), None when the job restarts."""
     pool, sockets = staffing.pool, staffing.sockets
 
@@ -229,7 +260,9 @@ def _forward_run(run: _Run, staffing: Staffing, shell: SocketShell,
         if shell.core.restarting:
             return None
         sockets.watch(run.readable(pool), None if pool.zygote.gone else pool.zygote.fileno())
-        events = dict(sockets.poller.poll(0 if run.holding else 100))  # held samples wait
+        # Held samples, and shards this process may draw, wait for no socket.
+        drawing = home.ready(run.merge.readable()) is not None
+        events = dict(sockets.poller.poll(0 if run.holding or drawing else 100))
         if shell.control in events:
             shell.serve_control(timeout=0)
         requested = shell.core.scaling.take()
@@ -241,8 +274,16 @@ def _forward_run(run: _Run, staffing: Staffing, shell: SocketShell,
         error = staffing.reconcile(run.ledger, read)
         if error is not None:
             return _failed(error, shell)
+        # The shards of the server's own process: a message's worth, sent on at once.
+        drawn = home.draw(run.merge.readable, run.take_drawn, run.take_here)
+        if isinstance(drawn, Error):
+            return _failed(drawn, shell)
+        if drawn:
+            code = _send_merged(run, pool, shell, config, home)
+            if code is not None:
+                return None if shell.core.restarting else code
         ready = [seat for seat, socket in sorted(sockets.by_seat.items()) if socket in events]
-        if not ready:
+        if not ready and not drawn:
             if run.ranked is not None and not _send_ranked(run.ranked.flush(), shell):
                 return None if shell.core.restarting else EXIT_OK
             shell.tick()
@@ -260,7 +301,7 @@ def _forward_run(run: _Run, staffing: Staffing, shell: SocketShell,
                     return _failed(error, shell)
                 if not run.reads_ahead(worker, pool):
                     break  # its read-ahead is full: the others' turns first
-        code = _send_merged(run, pool, shell, config)
+        code = _send_merged(run, pool, shell, config, home)
         if code is not None:
             return None if shell.core.restarting else code
     return EXIT_OK
@@ -295,11 +336,30 @@ def _check_skipped(run: _Run, pool: WorkerPool, config: ServerConfig, epoch: int
 
 
 def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
-                 config: ServerConfig) -> int | None:
-    """Send what is next in merge order; an exit code when the stream ends or stops."""
+                 config: ServerConfig, home: InProcessSeat) -> int | None:
+    """Send what is next in merge order; an exit code when the stream ends or stops.
+
+    The chunks the server's own process drew (:class:`Drawn`) that come one after the
+    other in an epoch go as one message (:meth:`InProcessSeat.encode`), as large as a
+    message of ``--workers 1``: each message costs the server the same whatever it
+    holds, and a turn of the merge is a few samples.
+    """
     ranked, positions = run.ranked, run.positions
-    while (taken := run.merge.next()) is not None:
+    after: tuple[Any, bool] | None = None
+    while (taken := after or run.merge.next()) is not None:
+        after = None
         item, epoch_over = taken
+        if type(item) is Drawn:
+            chunks, epoch, limit = [item], item.tags[0, 0], home.limit()
+            count = len(item.tags)
+            while count < limit and (after := run.merge.next()) is not None and (
+                    type(after[0]) is Drawn and after[0].tags[0, 0] == epoch):
+                chunks.append(after[0])
+                count += len(after[0].tags)
+                after = None
+            item = home.encode(chunks)
+            if item is None:  # every sample refused and skipped
+                continue
         if isinstance(item, EndOfEpoch):
             if epoch_over:
                 if ranked is not None and not _send_ranked(ranked.finish_epoch(item.epoch),

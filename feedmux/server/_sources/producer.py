@@ -276,12 +276,22 @@ class _Pacer:
     def observe(self, items: Sequence[Any], seconds: float) -> None:
         if not items:
             return
-        per_item = seconds / len(items)
+        self.observe_time(len(items), seconds)
+        self.observe_size(items[0])
+
+    def observe_time(self, count: int, seconds: float) -> None:
+        """``count`` samples took ``seconds`` to draw (a running mean per sample)."""
+        if not count:
+            return
+        per_item = seconds / count
         self.item_seconds = per_item if self.item_seconds <= 0 else (
             0.8 * self.item_seconds + 0.2 * per_item
         )
-        self.size_limit = self.policy.limit_for(items[0])
-        self.item_bytes = max(1, payload_bytes(items[0]))
+
+    def observe_size(self, sample: Any) -> None:
+        """The messages hold samples like ``sample`` (their size limit, their bytes)."""
+        self.size_limit = self.policy.limit_for(sample)
+        self.item_bytes = max(1, payload_bytes(sample))
 
 
 def produce(

@@ -1,7 +1,9 @@
 """One shard as a worker runs it: its epochs, a message at a time, from where it was handed over.
 
 A worker process runs the shards it owns through one :class:`ShardRunner` each
-and :func:`next_runner` says which draws next: the shard that comes first in the
+(kept to the assignment by :class:`SeatRunners`, which the server's own process
+uses too at a count of one, so that resuming at a ticket is one code) and
+:func:`next_runner` says which draws next: the shard that comes first in the
 server's merge order among those whose epoch the server has released, so a
 worker's messages reach the server about in the order it takes them. A runner
 starts at the point of its assignment (a shard that moved mid-epoch is drawn
@@ -16,7 +18,7 @@ decides what it owns (the server's assignment does) and never touches a socket
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,12 +27,16 @@ from feedmux.protocol import EndOfEpoch, encode, stacking_into
 from feedmux.sampling.epochs import EpochIterator
 from feedmux.sampling.mux import restart_passes
 from feedmux.server._control.meters import SamplerMeter
-from feedmux.server._sources.assignment import pack_shard
+from feedmux.server._sources.assignment import Assignment, pack_shard
 from feedmux.server._sources.producer import Frames, _Draw, _encode_batch, _Pacer, _skip_epoch
 from feedmux.server._sources.shards import ShardRandom
 from feedmux.server.config import ServerConfig
 
-__all__ = ["ShardRunner", "next_runner"]
+__all__ = ["SIZE_EVERY", "SeatRunners", "ShardRunner", "next_runner"]
+
+#: In the server's own process, the chunks whose sample size the pacers look at: one in so
+#: many (the time of every chunk counts).
+SIZE_EVERY = 8
 
 
 class ShardRunner:
@@ -72,6 +78,10 @@ class ShardRunner:
         self._pacer = _Pacer(config.policy)
         self._seq = pack_shard(index, ticket)
         self._pending: tuple[Any, Any] | None = None
+        #: Chunks handed to ``keep`` (:meth:`step`): their size is looked at every
+        #: ``SIZE_EVERY``-th only (building a stacked chunk's first sample to measure it
+        #: was a tenth of the server's CPU at a count of one).
+        self._kept = 0
 
     def rank(self) -> tuple[int, int, int]:
         """Its place in the merge order: (epoch, blocks sent in it, shard)."""
@@ -82,12 +92,17 @@ class ShardRunner:
         return self.count % self.block == 0
 
     def step(self, send: Callable[[Frames], bool], meter: SamplerMeter,
-             batch_size: int = 0) -> bool:
+             batch_size: int = 0,
+             keep: Callable[[np.ndarray, Sequence[Any]], None] | None = None) -> bool:
         """Draw and send its next message (or its end of epoch); False when ``send`` is.
 
         ``batch_size``: the server cuts the messages into batches of that size, so a
         message is filled up to the merge block (a batch's time to sample, not
         ``max_delay``, bounds it: see the pacer).
+
+        ``keep(tags, samples)``, in the server's own process: takes the drawn chunk as
+        it is instead (the server encodes the chunks of several turns into one message:
+        :mod:`feedmux.server._sources.inprocess`); its end of epoch is still sent.
         """
         clock = time.perf_counter
         started = clock()
@@ -105,7 +120,10 @@ class ShardRunner:
             except Exception as error:
                 _skip_epoch(error, config.on_error == "skip", meter, self._drawn.errors)
                 return self._end(send)
-            self._pacer.observe(items, clock() - started)
+            if keep is None or not self._kept % SIZE_EVERY:
+                self._pacer.observe(items, clock() - started)
+            else:  # the server joins the chunks into its own messages, sized by its pacer
+                self._pacer.observe_time(len(items), clock() - started)
             if chunk.epoch != self.epoch:
                 # Resumed at the very end of its epoch: the server still needs that end,
                 # and the next epoch's first chunk waits for the server to release it.
@@ -115,6 +133,12 @@ class ShardRunner:
             tags = np.empty((len(items), 2), dtype=np.int64)
             tags[:, 0] = chunk.epoch
             tags[:, 1] = np.arange(self.count, self.count + len(items))
+            if keep is not None:
+                keep(tags, items)
+                meter.add_busy(clock() - started)
+                self.count += len(items)
+                self._kept += 1
+                return self._end(send) if chunk.last else True
             shm = self._drawn.shm
             # While a trainer maps the pool, a stacked leaf is made in this worker's region:
             # the message goes as references to it, without a copy into the pool on top of
@@ -151,3 +175,46 @@ def next_runner(runners: Iterable[ShardRunner], released: int) -> ShardRunner | 
     """
     ready = [runner for runner in runners if not runner.done and runner.epoch <= released]
     return min(ready, key=ShardRunner.rank, default=None)
+
+
+class SeatRunners:
+    """The runners of the shards one seat owns, kept to the assignment.
+
+    A worker process has one for its seat, and so has the server at a count of one
+    (:mod:`feedmux.server._sources.inprocess`): both follow the same assignment with
+    the same code, so a shard that comes to either resumes at its ticket's point
+    (replaying up to it) the same way, and one that leaves is closed the same way.
+    """
+
+    def __init__(self, parts: list[Any], config: ServerConfig, seat: int, block: int,
+                 drawn: _Draw) -> None:
+        self.parts, self.config, self.seat, self.block = parts, config, seat, block
+        self.drawn = drawn
+        self.runners: dict[int, ShardRunner] = {}
+        self._seen = -1
+
+    def follow(self, assignment: Assignment) -> None:
+        """Close the runners of the shards that left (or got a new ticket) and start those
+        of the shards that came, when the assignment changed since last looked at."""
+        if assignment.version == self._seen:
+            return
+        self._seen, owned = assignment.read(self.seat)
+        runners = self.runners
+        for index in list(runners):
+            if owned.get(index, (0,))[0] != runners[index].ticket:
+                runners.pop(index).close()
+        for index, (ticket, epoch, position) in owned.items():
+            if index not in runners:
+                runners[index] = ShardRunner(self.parts[index], index, len(self.parts),
+                                             self.config, ticket, (epoch, position),
+                                             self.block, self.drawn)
+
+    def next(self, released: int) -> ShardRunner | None:
+        """The runner to draw from next (:func:`next_runner`)."""
+        return next_runner(self.runners.values(), released)
+
+    def close(self) -> None:
+        """Close every runner (the seat ends)."""
+        for runner in self.runners.values():
+            runner.close()
+        self.runners.clear()

@@ -32,16 +32,6 @@ SCALE_WINDOW = 1.0
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _cpu_seconds(pid: int | None) -> float | None:
-    """User and system CPU seconds of process ``pid`` (None when it cannot be read)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICKS
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def idle_cpu_seconds(cpus: Collection[int], stat: str = "/proc/stat") -> float | None:
     """Seconds the CPUs ``cpus`` have been idle since boot, summed (``/proc/stat``:
     idle and iowait); None when it cannot be read.
@@ -140,11 +130,12 @@ class WorkerScaling:
         if self._mark is not None and now - self._mark[0] < self.window:
             return  # called on every turn of the loop: the figures are read once a window
         active = self.pool.active
-        pids = tuple(self.pool.pids.get(seat, -1) for seat in active)
+        # At a count of one with ``auto``, the server's own process: the CPU of its draws.
+        pids = tuple(self.pool.pid_of(seat) for seat in active)
         if pids != self._measured:
             self._measured, self._mark = pids, None
         busy = sum(self.pool.meters[seat].busy_seconds for seat in active)
-        each = [_cpu_seconds(pid) for pid in pids]
+        each = [self.pool.cpu_of(seat) for seat in active]
         cpu = None if None in each else sum(seconds or 0.0 for seconds in each)
         mark = (now, busy, blocked_seconds, samples_sent, cpu, idle_cpu_seconds(self._cpus))
         if self._mark is None:

@@ -3,7 +3,10 @@
 :class:`Staffing` runs in the forwarding loop, between messages. It makes the
 workers running match :attr:`WorkerPool.target` (``--workers N``, ``auto``,
 ``feedmux scale``): it forks more from the zygote, or asks the surplus ones to
-end after their current message; and it handles a worker that ended: what its
+end after their current message (with ``auto``, a target of one is the server's
+own process, :attr:`WorkerPool.home`: no worker runs then, and its shards move
+out to the workers forked when more are wanted, and back when they end); and it
+handles a worker that ended: what its
 socket already delivered is taken (under its shards' tickets), its runs of the
 shared-memory pool that the server took no message of come back
 (:meth:`WorkerPool.bury`), and its socket is closed. A worker that died is
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -107,8 +111,13 @@ class Staffing:
         self._barren = 0
 
     def fill(self) -> None:
-        """Fork the first workers (the count to start with)."""
+        """Fork the first workers (the count to start with), or sample in the server's
+        own process at a count of one (``auto``)."""
         pool = self.pool
+        if pool.sample_here(pool.forks_wanted() == 0):
+            log.info("1 sampling process: the server's own (pid %d); worker processes are "
+                     "forked when more are wanted", os.getpid())
+            return
         for seat in pool.free_seats()[: pool.target - len(pool.active)]:
             self._spawn(seat)
         if not pool.active:
@@ -198,23 +207,32 @@ class Staffing:
         """Fork or retire workers to the pool's target; whether any changed (then the
         shards are to be placed again: :meth:`reconcile` does, and a new run does)."""
         pool = self.pool
-        surplus = len(pool.active) - pool.target
+        wanted = pool.forks_wanted()
+        processes = [seat for seat in pool.active if seat != pool.home]
+        surplus = len(processes) - wanted
         if surplus > 0:
-            leaving = pool.active[-surplus:]
+            leaving = processes[-surplus:]
             pool.retire(leaving)
-            log.info("workers %s asked to end after their current message",
-                     ", ".join(f"{seat} (pid {pool.pids.get(seat)})" for seat in leaving))
+            # The server's own process takes the shards when none is left (auto at one).
+            here = pool.sample_here(len(processes) == surplus)
+            log.info("workers %s asked to end after their current message%s",
+                     ", ".join(f"{seat} (pid {pool.pids.get(seat)})" for seat in leaving),
+                     "; the server samples in its own process" * here)
             return True
         forked = []
-        while len(pool.active) < pool.target and not pool.zygote.gone and pool.free_seats():
+        while len(processes) < wanted and not pool.zygote.gone and pool.free_seats():
             seat = pool.free_seats()[0]
             pid = self._spawn(seat)
             if pid is None:
                 break
+            processes.append(seat)
             forked.append(f"{seat} (pid {pid})")
         if forked:
             log.info("started sampling worker(s) %s", ", ".join(forked))
-        return bool(forked)
+        # The server's own process samples while no worker process does (one that could
+        # not be forked too), and stops once they take the shards (the next place()).
+        moved = pool.sample_here(not processes)
+        return bool(forked) or moved
 
     def _drain(self, seat: int, read: Callable[[Any], Error | None]) -> Error | None:
         """Take what the socket of ``seat``'s ended worker already delivered."""

@@ -6,8 +6,10 @@ workers when they are wanted, so that a worker exists only while it samples.
 Each worker has a *seat* (its meter, its wake-up, its region of the
 shared-memory pool, and with its generation its endpoint); :attr:`WorkerPool.active`
 are the seats whose worker runs shards, :attr:`WorkerPool.target` how many the
-server wants running. The server's staffing
-(:mod:`feedmux.server._sources.staffing`) matches them: it forks more, asks
+server wants running. With ``auto`` the pool has one more seat, the *home* seat of
+the server's own process (:attr:`WorkerPool.home`), which runs every shard while the
+target is one (:mod:`feedmux.server._sources.inprocess`): no worker process then.
+The server's staffing (:mod:`feedmux.server._sources.staffing`) matches them: it forks more, asks
 surplus workers to end after their current message (:meth:`WorkerPool.retire`),
 and puts a new worker in the seat of one that died; each time the shards are
 spread again over the workers running (:meth:`WorkerPool.place`), a shard that
@@ -67,7 +69,7 @@ from feedmux.server._sources.assignment import Assignment, ShardLedger, plan_own
 from feedmux.server._sources.owning import DrawnItems
 from feedmux.server._sources.packing import SharedCodec, pack
 from feedmux.server._sources.producer import Frames, SampleErrors, _Draw, error_message
-from feedmux.server._sources.runner import ShardRunner, next_runner
+from feedmux.server._sources.runner import SeatRunners
 from feedmux.server._sources.skips import SkipGuard
 from feedmux.server._sources.wakeups import Wakeups
 from feedmux.server._sources.zygote import Zygote, pid_alive
@@ -81,6 +83,7 @@ log = logging.getLogger("feedmux.server")
 WORKER_STOP_TIMEOUT = 2.0
 #: Seconds between two looks at the workers' pids once their zygote is gone.
 ORPHAN_CHECK = 0.1
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class WorkerPool:
@@ -99,7 +102,7 @@ class WorkerPool:
 
     def __init__(self, parts: list[Any], config: ServerConfig, endpoint: str, block: int,
                  shm: ShmPool | None = None, slots: int | None = None,
-                 active: int | None = None) -> None:
+                 active: int | None = None, home: bool = False) -> None:
         if config.seed is None:
             raise ValueError("expected the run's seed resolved before the workers start, got None")
         self.config = config
@@ -112,6 +115,13 @@ class WorkerPool:
         self.slots = slots = min(slots, len(parts))
         #: How many workers to run (the staffing forks or retires workers to match).
         self.target = max(1, min(slots, active or slots))
+        #: The seat of the server's own process (``home``: ``auto``), which runs the shards
+        #: while the target is one (:mod:`feedmux.server._sources.inprocess`), else None.
+        #: It is the seat after the workers' (its meter too), never forked nor freed.
+        self.home = slots if home else None
+        #: The CPU seconds the server's own process spent drawing for the home seat (set
+        #: by :class:`~feedmux.server._sources.inprocess.InProcessSeat`).
+        self.home_cpu: Callable[[], float] = lambda: 0.0
         #: The seats whose worker runs shards (in seat order).
         self.active: list[int] = []
         #: Seat -> the pid of its worker, while it runs (a retiring one too).
@@ -142,7 +152,7 @@ class WorkerPool:
         #: The shards' tickets, counted across the runs of the server.
         self.tickets = itertools.count(1)
         #: Each seat's sampling time and skipped streams, readable from this process.
-        self.meters = SharedMeters(slots, config.count_field).meters
+        self.meters = SharedMeters(slots + home, config.count_field).meters
         #: Shards given to another worker since a run began (a count change, a death).
         self.shards_moved = 0
         #: The shared-memory pool, opened before the fork: each seat gets a region of it.
@@ -207,6 +217,11 @@ class WorkerPool:
         if self._batch_size.value != batch_size:
             self._batch_size.value = batch_size
 
+    @property
+    def batch_size(self) -> int:
+        """The batch size the messages are filled for (:meth:`gather`; 0: none)."""
+        return int(self._batch_size.value)
+
     def release(self, epoch: int) -> None:
         """Let the workers start ``epoch``."""
         self._released.value = epoch
@@ -239,8 +254,41 @@ class WorkerPool:
 
     @property
     def running(self) -> int:
-        """How many workers run shards now."""
+        """How many sampling processes run shards now (the server's own counts as one)."""
         return len(self.active)
+
+    @property
+    def released(self) -> int:
+        """The last epoch the shards may draw from (:meth:`release`)."""
+        return int(self._released.value)
+
+    def forks_wanted(self) -> int:
+        """How many worker processes the target asks for: none at a target of one when
+        the server samples in its own process (:attr:`home`), else the target."""
+        return 0 if self.target == 1 and self.home is not None else self.target
+
+    def sample_here(self, wanted: bool) -> bool:
+        """Put the server's own seat (:attr:`home`) into :attr:`active` or take it out
+        (its shards go elsewhere at the next :meth:`place`); whether that changed it.
+        Its draws stop at once: nothing of it is on its way (it sends to nobody)."""
+        home = self.home
+        if home is None or wanted == (home in self.active):
+            return False
+        others = [seat for seat in self.active if seat != home]
+        self.active = [*others, home] if wanted else others
+        return True
+
+    def pid_of(self, seat: int) -> int:
+        """The pid of the process that runs ``seat`` (-1: none); the server's for
+        :attr:`home`."""
+        return os.getpid() if seat == self.home else self.pids.get(seat, -1)
+
+    def cpu_of(self, seat: int) -> float | None:
+        """The CPU seconds ``seat``'s worker has used (``/proc``: None when unknown); for
+        :attr:`home`, those of the server's draws only (:attr:`home_cpu`), not of its
+        forwarding, which no worker's figure holds either."""
+        return self.home_cpu() if seat == self.home else process_cpu_seconds(
+            self.pids.get(seat, -1))
 
     def resize(self, count: int) -> None:
         """Run ``count`` workers (clamped to the seats): the staffing forks or retires."""
@@ -290,8 +338,10 @@ class WorkerPool:
     def liveness(self) -> dict[str, int | float | str | None]:
         """``worker.<seat>.alive`` (1 while that seat's worker runs, 0 for a seat whose
         worker died and was not replaced) and ``.pid``, ``workers_sampling_now`` (the
-        workers running shards), ``workers_started`` and ``workers_replaced`` (forked
-        since start, and of them in place of a dead one), ``zygote_alive`` and
+        sampling processes running shards), ``sampling_in_server`` (1 while the server's
+        own process runs them: ``auto`` at a count of one), ``workers_started`` and
+        ``workers_replaced`` (forked since start, and of them in place of a dead one),
+        ``zygote_alive`` and
         ``shards_moved`` (shards given to another worker since the run began)."""
         figures: dict[str, int | float | str | None] = {}
         for seat in sorted({*self.pids, *self.down}):
@@ -299,6 +349,7 @@ class WorkerPool:
             if seat in self.pids:
                 figures[f"worker.{seat}.pid"] = self.pids[seat]
         figures["workers_sampling_now"] = len(self.active)
+        figures["sampling_in_server"] = int(self.home in self.active)
         figures["workers_started"] = self.started
         figures["workers_replaced"] = self.replaced
         figures["zygote_alive"] = int(not self.zygote.gone)
@@ -369,6 +420,16 @@ class WorkerPool:
             self.pids = {}
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User and system CPU seconds of process ``pid`` (None when it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _on_sigterm(terminated: list[bool]) -> Any:
@@ -443,21 +504,11 @@ def _worker_main(
                           guard=SkipGuard(config.max_skips, whole_epochs=False))
     drawn = _Draw(DrawnItems(shm) if config.policy.copy_arrays else None, errors.hook(), shm,
                   errors, meter)
-    runners: dict[int, ShardRunner] = {}
-    seen = -1
+    seat = SeatRunners(parts, config, index, block, drawn)
     try:
         while not stopping():
-            if assignment.version != seen:  # shards came or went
-                seen, owned = assignment.read(index)
-                for shard_index in list(runners):
-                    if owned.get(shard_index, (0,))[0] != runners[shard_index].ticket:
-                        runners.pop(shard_index).close()
-                for shard_index, (ticket, epoch, position) in owned.items():
-                    if shard_index not in runners:
-                        runners[shard_index] = ShardRunner(
-                            parts[shard_index], shard_index, len(parts), config, ticket,
-                            (epoch, position), block, drawn)
-            runner = next_runner(runners.values(), released.value)
+            seat.follow(assignment)  # shards came or went
+            runner = seat.next(released.value)
             if runner is None:  # nothing to draw until a release or an assignment
                 wakeups.rest(index)  # woken by a release, an assignment or a stop
                 continue
