@@ -51,9 +51,9 @@ to core 1. Each side samples with as many processes as its one core should run,
 ``--offload-workers`` (1 by default): a DataLoader confined to one core with
 ``num_workers=1`` delivered more than with 2 (203 against 191 images/s, quiet
 2-core machine), and a feedmux server with ``--workers 1`` samples in its own
-process, with no forwarding hop on its one core. With ``--step-ms`` the trainer spends that much CPU per batch (a
-model's step on the trainer's own core: with a step that only touches, both
-setups decode on one core and can only tie).
+process, with no forwarding hop on its one core. With ``--step-ms`` the trainer
+spends that much CPU per batch (a model's step on the trainer's own core: with a
+step that only touches, both setups decode on one core and can only tie).
 """
 
 from __future__ import annotations
