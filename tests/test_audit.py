@@ -524,6 +524,34 @@ def test_a_server_that_begins_its_epochs_again_is_a_new_run_of_its_own(tmp_path:
         (f"{ADDRESS} run 2", 2, [9])], report.text()
 
 
+def test_a_run_cut_by_a_new_run_is_open_back_to_its_slowest_trainers_last_hand_out(
+        tmp_path: Path) -> None:
+    # The long chaos mix, seed 13: a free trainer taking batches of 7 a step ran epochs ahead
+    # of one taking a sample a step; when a new run cut the old one, the slow one's queue
+    # held an epoch far behind the fast one's hand-outs (dropped by design), which the
+    # audit took for complete and missing 112 samples.
+    fast, slow = Log(tmp_path / "fast.log"), Log(tmp_path / "slow.log")
+    fast.session(reliable=True, server="old")
+    slow.session(reliable=True, server="old")
+    for epoch in (1, 2):
+        fast.hand(epoch, [0, 1, 2, 3, 4])
+        slow.hand(epoch, [5, 6, 7, 8, 9])
+    fast.hand(3, [0, 1, 2, 3, 4])  # 3:5-9 sit in the slow one's queue when the run is cut
+    for epoch in (4, 5, 6):
+        fast.hand(epoch, list(range(10)))
+    for log in (fast, slow):
+        log._write("S 0 new 10 0 -")
+    for epoch in (1, 2):
+        fast.hand(epoch, [0, 1, 2, 3, 4])
+        slow.hand(epoch, [5, 6, 7, 8, 9])
+    fast.close()
+    slow.close()
+    report = _report(fast.path, slow.path)
+    assert report.ok, report.text()
+    old = {e.epoch: e for e in report.epochs if e.stream == ADDRESS}
+    assert not old[2].open and old[3].open and old[3].missing == [5, 6, 7, 8, 9]
+
+
 def test_an_epoch_of_which_nothing_came_is_missing_whole(tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]
                                                          ) -> None:

@@ -412,7 +412,14 @@ def _closed_free(parts: list[_Part], steps: list[Step], size: int | None) -> Any
         return lambda epoch: epoch <= last - 2
     frontier = max((epoch - 1) * size + position for epoch, position, _ in steps)
     margin = _in_flight(parts)
-    return lambda epoch: epoch * size + margin <= frontier
+    # A run that a new run cut: each trainer that crossed into it held what it had been
+    # dealt after its own last hand-out of this run, however far behind the others it was
+    # (trainers go at their own pace: one taking batches of 7 a step ran epochs ahead of
+    # one taking a sample a step), and a new run never deals it.
+    crossed = [(part.handouts[-1].epoch - 1) * size + int(part.handouts[-1].positions.max())
+               for part in parts if not part.last_run and part.handouts]
+    slowest = min(crossed, default=frontier)
+    return lambda epoch: epoch * size + margin <= frontier and epoch * size <= slowest + 1
 
 
 def _free(parts: list[_Part]) -> tuple[list[Step], Counter[tuple[int, int]]]:
