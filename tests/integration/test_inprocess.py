@@ -20,7 +20,7 @@ from tests.integration.conftest import CheckedThread, wait_until, worker_pids, z
 from tests.integration.hard_samplers import LONG_SAMPLE_LINE
 from tests.integration.test_autoscale import NUMBERED, Row, consume
 from tests.integration.test_control_waits import ANSWER_WITHIN
-from tests.integration.test_shm import in_pool
+from tests.integration.test_shm_workers import views_of_two_epochs
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -132,22 +132,11 @@ def test_auto_at_one_draws_into_the_pool_and_the_trainer_gets_views() -> None:
                     samples_per_message=1, shm_size=256 << 20, workers="auto:1-2",
                     seed=3).start()
     try:
-        seen: list[tuple[int, int]] = []
-        copied_at: dict[str, int] = {}
-        with RemoteLoader(server.data_address, control=server.control_address,
-                          timeout=30) as loader:
-            for sample in loader:
-                assert (sample["x"] == sample["id"]).all(), "a sample's content is not its id's"
-                assert in_pool(sample["x"]), "a large array that is not a view of the pool"
-                seen.append((int(loader.last_epoch or 0), int(sample["id"])))
-                if len(seen) in (41, 80):  # the first and last samples of epoch 2
-                    stats = fetch_stats(server.control_address)
-                    copied_at["start" if len(seen) == 41 else "end"] = stats["shm_bytes_copied"]
-                    if stats["worker_changes"] == 0:
-                        assert stats["sampling_in_server"] == 1, stats
-                del sample
-        for epoch in (1, 2):
-            assert sorted(i for e, i in seen if e == epoch) == list(range(40))
+        def at_one(stats: dict[str, Any]) -> None:
+            if stats["worker_changes"] == 0:
+                assert stats["sampling_in_server"] == 1, stats
+
+        copied_at = views_of_two_epochs(server, at_one)
         # Drawn with the trainer mapping the pool: every array was copied into it as it
         # was drawn, so the server copied none when it sent them.
         assert copied_at["end"] == copied_at["start"]

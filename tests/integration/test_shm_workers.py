@@ -18,6 +18,7 @@ import re
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -50,24 +51,36 @@ SAMPLER = "tests.integration.samplers:large"  # 1 MiB samples whose values are t
 _STARTED = re.compile(r"started \d+ sampling worker\(s\): pids ([\d, ]+)")
 
 
+def views_of_two_epochs(server: Server,
+                        check: Callable[[dict[str, Any]], None] = lambda stats: None,
+                        ) -> dict[str, int]:
+    """Read ``server``'s two epochs of 40 samples of :data:`SAMPLER`, each a view of the
+    pool holding its id; check each epoch whole, and return the server's
+    ``shm_bytes_copied`` at the first and last samples of epoch 2 (``check`` sees the
+    stats there)."""
+    seen: list[tuple[int, int]] = []
+    copied_at: dict[str, int] = {}
+    with RemoteLoader(server.data_address, control=server.control_address,
+                      timeout=30) as loader:
+        for sample in loader:
+            assert (sample["x"] == sample["id"]).all(), "a sample's content is not its id's"
+            assert in_pool(sample["x"]), "a large array that is not a view of the pool"
+            seen.append((int(loader.last_epoch or 0), int(sample["id"])))
+            if len(seen) in (41, 80):  # the first and last samples of epoch 2
+                stats = fetch_stats(server.control_address)
+                copied_at["start" if len(seen) == 41 else "end"] = stats["shm_bytes_copied"]
+                check(stats)
+            del sample
+    for epoch in (1, 2):
+        assert sorted(i for e, i in seen if e == epoch) == list(range(40))
+    return copied_at
+
+
 def test_two_workers_write_into_the_pool_and_the_trainer_gets_views_for_two_epochs() -> None:
     server = Server(SAMPLER, bind="tcp://127.0.0.1:0", epochs=2, samples_per_message=1,
                     shm_size=POOL, workers=2).start()
     try:
-        seen: list[tuple[int, int]] = []
-        copied_at: dict[str, int] = {}
-        with RemoteLoader(server.data_address, control=server.control_address,
-                          timeout=30) as loader:
-            for sample in loader:
-                assert (sample["x"] == sample["id"]).all(), "a sample's content is not its id's"
-                assert in_pool(sample["x"]), "a large array that is not a view of the pool"
-                seen.append((int(loader.last_epoch or 0), int(sample["id"])))
-                if len(seen) in (41, 80):  # the first and last samples of epoch 2
-                    stats = fetch_stats(server.control_address)
-                    copied_at["start" if len(seen) == 41 else "end"] = stats["shm_bytes_copied"]
-                del sample
-        for epoch in (1, 2):
-            assert sorted(i for e, i in seen if e == epoch) == list(range(40))
+        copied_at = views_of_two_epochs(server)
         # Epoch 2 was drawn with the trainer mapping the pool: the workers wrote every
         # array into it, so the server copied none (before the trainer's attach, drawn
         # arrays went whole and the server copied them in).
