@@ -482,6 +482,37 @@ class Session:
         who = "free trainer" if self.rank is None else f"rank {self.rank}"
         return f"{who} {self.header.get('client_id', '?')} ({self.path}:{self.line})"
 
+    def apply(self, text: str) -> None:
+        """Add one checked record's meaning to this session (ValueError: malformed)."""
+        kind, _, rest = text.partition(" ")
+        if kind in ("H", "D"):
+            message, link, epoch, runs, *keys = rest.split(" ", 4)
+            server = self.server_ids.get(int(link), "")
+            positions = _positions(runs)
+            key_list = json.loads(keys[0]) if keys else None
+            if key_list is not None and len(key_list) != len(positions):
+                raise ValueError(f"{len(key_list)} keys for {len(positions)} positions")
+            rows = self.handouts if kind == "H" else self.dealt
+            rows.append(HandOutRecord(int(message), int(link), server, int(epoch), positions,
+                                      key_list))
+        elif kind == "S":
+            link, server_id, size, world, uneven = rest.split(" ")
+            self.server_ids[int(link)] = server_id
+            self.servers[int(link)] = (None if size == "-" else int(size), int(world),
+                                       "" if uneven == "-" else uneven)
+        elif kind == "P":
+            link, server_id, epoch, position = rest.split(" ")
+            self.predecessor[int(link)] = (server_id, int(epoch), int(position))
+        elif kind == "C":
+            _, saved = rest.split(" ", 1)
+            self.checkpoints.append((len(self.handouts), json.loads(saved)))
+        elif kind == "R":
+            self.resumed, self.resumed_at = json.loads(rest), len(self.handouts)
+        elif kind == "Q":
+            self.closed, self.ended = True, rest.strip() == "1"
+        else:
+            raise ValueError(f"unknown record kind {kind!r}")
+
 
 def _checked(raw: bytes) -> str | None:
     """The text of a record whose CRC matches, else None (torn or damaged)."""
@@ -506,38 +537,6 @@ def _positions(runs: str) -> np.ndarray:
             raise ValueError(f"a run of {count} positions")
         parts.append(start + step * np.arange(count, dtype=np.int64))
     return np.concatenate(parts)
-
-
-def _apply(session: Session, text: str) -> None:
-    """Add one checked record's meaning to ``session`` (ValueError: malformed)."""
-    kind, _, rest = text.partition(" ")
-    if kind in ("H", "D"):
-        message, link, epoch, runs, *keys = rest.split(" ", 4)
-        server = session.server_ids.get(int(link), "")
-        positions = _positions(runs)
-        key_list = json.loads(keys[0]) if keys else None
-        if key_list is not None and len(key_list) != len(positions):
-            raise ValueError(f"{len(key_list)} keys for {len(positions)} positions")
-        rows = session.handouts if kind == "H" else session.dealt
-        rows.append(HandOutRecord(int(message), int(link), server, int(epoch), positions,
-                                  key_list))
-    elif kind == "S":
-        link, server_id, size, world, uneven = rest.split(" ")
-        session.server_ids[int(link)] = server_id
-        session.servers[int(link)] = (None if size == "-" else int(size), int(world),
-                                      "" if uneven == "-" else uneven)
-    elif kind == "P":
-        link, server_id, epoch, position = rest.split(" ")
-        session.predecessor[int(link)] = (server_id, int(epoch), int(position))
-    elif kind == "C":
-        _, saved = rest.split(" ", 1)
-        session.checkpoints.append((len(session.handouts), json.loads(saved)))
-    elif kind == "R":
-        session.resumed, session.resumed_at = json.loads(rest), len(session.handouts)
-    elif kind == "Q":
-        session.closed, session.ended = True, rest.strip() == "1"
-    else:
-        raise ValueError(f"unknown record kind {kind!r}")
 
 
 def read_log(path: str | os.PathLike[str]) -> list[Session]:
@@ -572,7 +571,7 @@ def read_log(path: str | os.PathLike[str]) -> list[Session]:
             raise AuditLogError(f"{path}:{number}: a record before any session header")
         else:
             try:
-                _apply(sessions[-1], text)
+                sessions[-1].apply(text)
             except (ValueError, TypeError) as error:  # json.JSONDecodeError is a ValueError
                 raise AuditLogError(f"{path}:{number}: malformed {text[:1]!r} record: "
                                     f"{error}") from None

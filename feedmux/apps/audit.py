@@ -345,7 +345,7 @@ def _ranked(name: str, parts: list[_Part], report: AuditReport) -> list[Step]:
                 steps += unwritten
                 kept = [step for step in steps if (step[0], step[1]) < cut]
                 after += len(steps) - len(kept)
-                report.replayed += [(name, step) for step in steps[len(kept):]]
+                report.replayed.extend((name, step) for step in steps[len(kept):])
                 steps = kept
                 if cut not in checkpoints and following is not None:
                     report.notes.append(f"{name} rank {rank}: {following.describe()} resumed "

@@ -367,6 +367,17 @@ class ServerLinks:
         self._waiting: tuple[float, float, bool] = (math.nan, WAIT_NOTICE, False)
 
     # -- events ---------------------------------------------------------------------------
+    def say_position(self, position: Callable[[int], tuple[int, ...]]) -> None:
+        """Say ``position(link)`` in each hello from now on (a ranked loader's tracker)."""
+        self.position = position
+
+    def say_hand_outs(self, handed: Callable[[int], tuple[int, ...]],
+                      handed_below: Callable[[int], tuple[int, ...]],
+                      summarized: Callable[[int, tuple[int, ...]], None]) -> None:
+        """Say ``handed(link)`` and ``handed_below(link)`` to a restarted server from now
+        on, and keep each server's summary with ``summarized`` (a free loader's tracker)."""
+        self.handed, self.handed_below, self.summarized = handed, handed_below, summarized
+
     def hello(self) -> list[Action]:
         """Introduce this trainer to every server (on connecting, and to a new server)."""
         return [Send(index, self._hello(index)) for index in range(len(self.links))]

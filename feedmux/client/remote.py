@@ -688,12 +688,11 @@ def _trackers(links: ServerLinks, out: HandOut, rank: int | None, world_size: in
     if rank is not None:
         positions = RankPositions(count, rank=rank, world_size=world_size,
                                   current=out.progress)
-        links.position = positions.announce
+        links.say_position(positions.announce)
         return positions, None
     if reliable:
         recent = HandedRanges(count, current=out.progress)
-        links.handed = recent.announce
-        links.handed_below, links.summarized = recent.below, recent.summarized
+        links.say_hand_outs(recent.announce, recent.below, recent.summarized)
         return None, recent
     return None, None
 
