@@ -1,4 +1,5 @@
-"""No code of feedmux reads or calls another class's private attributes.
+"""No code of feedmux reads or calls another class's private attributes, or imports another
+module's private names.
 
 Python's privacy is the module's: a name with one leading underscore belongs to
 the module whose classes define it. So a function may use ``x._name`` only when
@@ -114,3 +115,27 @@ def test_no_function_reads_another_classs_private_attributes(path: Path) -> None
     if path in EXEMPT:
         pytest.skip("reads numpy's C layout on purpose (its opening paragraph says why)")
     assert private_reaches(path.read_text()) == [], f"{path.name} reaches into private state"
+
+
+def private_imports(source: str) -> list[str]:
+    """``line module._name`` for every private name imported from another feedmux module."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("feedmux"):
+            found += [f"{node.lineno} {node.module}.{alias.name}" for alias in node.names
+                      if alias.name.startswith("_") and not alias.name.startswith("__")]
+    return found
+
+
+def test_private_imports_finds_a_private_name_of_another_feedmux_module() -> None:
+    source = ("from os import _exit\n"
+              "from feedmux.server._sources.producer import Frames, _Draw\n"
+              "from feedmux._plumbing import shm\n")
+    assert private_imports(source) == ["2 feedmux.server._sources.producer._Draw"]
+
+
+@pytest.mark.parametrize("path", CHECKED, ids=[str(p.relative_to(PACKAGE)) for p in CHECKED])
+def test_no_module_imports_another_modules_private_names(path: Path) -> None:
+    """What one module of feedmux uses of another is that module's public name: a private
+    one is the module's own (the rule above, for names imported rather than reached)."""
+    assert private_imports(path.read_text()) == [], f"{path.name} imports private names"

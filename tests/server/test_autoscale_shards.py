@@ -66,12 +66,12 @@ def _runner_ids(part: object, start: tuple[int, int], ticket: int, messages: int
     """The ids a ShardRunner of ``part`` sends in its first ``messages`` messages."""
     from feedmux.protocol import Data, decode
     from feedmux.server._control.meters import SamplerMeter
-    from feedmux.server._sources.producer import _Draw
+    from feedmux.server._sources.producer import Draw
     from feedmux.server._sources.runner import ShardRunner
     from feedmux.server.config import ServerConfig
 
     config = ServerConfig("x:y", seed=4, samples_per_message=4)
-    runner = ShardRunner(part, 0, 1, config, ticket, start, 8, _Draw(None, None))
+    runner = ShardRunner(part, 0, 1, config, ticket, start, 8, Draw(None, None))
     ids: list[int] = []
 
     def send(frames: list[object]) -> bool:

@@ -13,7 +13,7 @@ import feedmux
 from feedmux.protocol import Data, decode
 from feedmux.sampling import EpochIterator
 from feedmux.server._sources.policy import BatchPolicy
-from feedmux.server._sources.producer import Frames, _Pacer, produce
+from feedmux.server._sources.producer import Frames, Pacer, produce
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -132,7 +132,7 @@ def test_free_messages_hold_whole_batches_of_the_trainers_largest_batch_size(hin
 def test_the_pacer_times_samples_and_an_empty_chunk_counts_nothing() -> None:
     # The server's own runners give the pacer each chunk's time apart from its size:
     # an empty chunk (a shard's end) must leave the time per sample as it was.
-    pacer = _Pacer(BatchPolicy())
+    pacer = Pacer(BatchPolicy())
     pacer.observe_time(4, 0.004)
     pacer.observe_time(0, 1.0)
     assert pacer.item_seconds == pytest.approx(0.001)

@@ -12,7 +12,7 @@ from feedmux._plumbing.shm import ShmPool
 from feedmux.protocol import Data, decode
 from feedmux.sampling import Streamer
 from feedmux.server._control.meters import SamplerMeter
-from feedmux.server._sources.producer import _Draw
+from feedmux.server._sources.producer import Draw
 from feedmux.server._sources.runner import ShardRunner
 from feedmux.server.config import ServerConfig
 
@@ -25,7 +25,7 @@ def _slow(count: int) -> Iterator[dict[str, int]]:
 
 def _message_sizes(batch_size: int, messages: int = 4) -> list[int]:
     config = ServerConfig("x:y", seed=1, max_delay=0.001)
-    runner = ShardRunner(Streamer(_slow, 64), 0, 1, config, 1, (1, 0), 8, _Draw(None, None))
+    runner = ShardRunner(Streamer(_slow, 64), 0, 1, config, 1, (1, 0), 8, Draw(None, None))
     sizes: list[int] = []
 
     def send(frames: list[object]) -> bool:
@@ -65,7 +65,7 @@ def test_a_shard_stacks_its_message_in_its_region_of_the_pool_when_a_trainer_map
     try:
         config = ServerConfig("x:y", seed=1)
         runner = ShardRunner(Streamer(_images, 8), 0, 1, config, 1, (1, 0), 4,
-                             _Draw(None, None, pool))
+                             Draw(None, None, pool))
         sent: list[list[object]] = []
 
         def send(frames: list[object]) -> bool:
@@ -97,14 +97,14 @@ def test_a_workers_message_that_skipped_a_refused_sample_is_numbered_without_a_h
     import numpy as np
 
     from feedmux.protocol import Data, decode
-    from feedmux.server._sources.producer import _encode_batch
+    from feedmux.server._sources.producer import encode_batch
 
     tags = np.array([[2, 5], [2, 6], [2, 7]], dtype=np.int64)
     samples = [{"x": object()}, {"x": np.int64(6)}, {"x": np.int64(7)}]
-    frames, count = _encode_batch(tags, samples, "s", 1, True, close_ranks=True)
+    frames, count = encode_batch(tags, samples, "s", 1, True, close_ranks=True)
     message = decode(frames)
     assert isinstance(message, Data) and count == 2
     assert message.tags.tolist() == [[2, 5], [2, 6]]
-    frames, _ = _encode_batch(tags, samples, "s", 1, True)  # a server's own: epoch positions
+    frames, _ = encode_batch(tags, samples, "s", 1, True)  # a server's own: epoch positions
     held = decode(frames)
     assert isinstance(held, Data) and held.tags.tolist() == [[2, 6], [2, 7]]

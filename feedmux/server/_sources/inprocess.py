@@ -47,11 +47,11 @@ from feedmux.protocol import Error, stacking_into, take_samples
 from feedmux.server._control.meters import SamplerMeter
 from feedmux.server._sources.owning import DrawnItems
 from feedmux.server._sources.producer import (
+    Draw,
     Frames,
+    Pacer,
     SampleErrors,
-    _Draw,
-    _encode_batch,
-    _Pacer,
+    encode_batch,
     error_message,
 )
 from feedmux.server._sources.runner import SIZE_EVERY, SeatRunners, ShardRunner
@@ -100,11 +100,11 @@ class InProcessSeat:
         # As a worker: its shards' part of an epoch only (the shards may move).
         self.errors = SampleErrors(config.on_error == "skip", self.meter,
                                    guard=SkipGuard(config.max_skips, whole_epochs=False))
-        drawn = _Draw(DrawnItems(shm) if config.policy.copy_arrays else None,
+        drawn = Draw(DrawnItems(shm) if config.policy.copy_arrays else None,
                       self.errors.hook(), shm, self.errors, self.meter, meanwhile)
         self._runners = SeatRunners(pool.parts, config, seat, pool.block, drawn)
         #: Sizes the messages made of the chunks (as ``--workers 1`` sizes its own).
-        self._pacer = _Pacer(config.policy)
+        self._pacer = Pacer(config.policy)
         #: CPU seconds of this thread in the draws: what ``auto`` measures as the CPU of
         #: the sampling process at one (the server's forwarding is no worker's work).
         self.cpu_seconds = 0.0
@@ -183,7 +183,7 @@ class InProcessSeat:
             else:
                 tags = np.concatenate([chunk.tags for chunk in chunks])
                 samples = take_samples([(chunk.samples, slice(None)) for chunk in chunks])
-            frames, count = _encode_batch(tags, samples, config.server_id, 0,
+            frames, count = encode_batch(tags, samples, config.server_id, 0,
                                           config.on_error == "skip", self.errors,
                                           close_ranks=True)
         self.errors.sent(count)

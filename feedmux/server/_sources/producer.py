@@ -36,11 +36,15 @@ from feedmux.server._sources.policy import TARGET_MESSAGE_BYTES, BatchPolicy, pa
 from feedmux.server._sources.skips import DEFAULT_MAX_SKIPS, SkipGuard
 
 __all__ = [
+    "Draw",
     "Frames",
+    "Pacer",
     "SampleErrors",
+    "encode_batch",
     "error_message",
     "failure_text",
     "produce",
+    "skip_epoch",
     "skip_logger",
     "unstackable",
 ]
@@ -200,7 +204,7 @@ class SampleErrors:
         return tags[kept], [items[row] for row in kept]
 
 
-def _encode_batch(
+def encode_batch(
     tags: np.ndarray, samples: Sequence[Any], server_id: str, seq: int, skip_bad: bool,
     errors: SampleErrors | None = None, close_ranks: bool = False,
 ) -> tuple[list[Any], int]:
@@ -240,7 +244,7 @@ def _encode_batch(
     return encode(data), len(kept)
 
 
-class _Pacer:
+class Pacer:
     """Sizes each ``take`` so that a message fills up without keeping samples waiting.
 
     A chunk holds what ``policy`` allows for the payload size and no more than
@@ -362,7 +366,7 @@ def produce(
 
     ``batch_hint()`` is the largest batch size the free trainers asked for (0: none):
     without ``samples_per_message``, a free message then holds whole batches of it
-    (as many as :meth:`_Pacer.limit` allows), so that their batches, cut as they are
+    (as many as :meth:`Pacer.limit` allows), so that their batches, cut as they are
     dealt, are slices of one message (only the message's size changes: no stage).
 
     ``shm`` is the server's shared-memory pool (its region of it, in a worker):
@@ -377,7 +381,7 @@ def produce(
     errors = SampleErrors(skip_errors, meter, describe_streamer(epochs.streamer),
                           SkipGuard(max_skips))
     # The muxes get the hook from the epochs, which hand it down at each activation.
-    drawn = _Draw(DrawnItems(shm) if policy.copy_arrays else None, errors.hook(), shm, errors,
+    drawn = Draw(DrawnItems(shm) if policy.copy_arrays else None, errors.hook(), shm, errors,
                   meter, meanwhile)
     stage = None if dealer is None else RankedStage(dealer, server_id, batches=batches,
                                                     start=start)
@@ -393,7 +397,7 @@ def produce(
 
 
 @dataclass(frozen=True)
-class _Draw:
+class Draw:
     """How each chunk is drawn from the epochs: its items made the server's own as
     drawn (with ``owned``), a stream's error skipped (with ``on_stream_error``)."""
 
@@ -429,7 +433,7 @@ class _Draw:
 
 def _produce(
     epochs: EpochIterator[Any],
-    drawn: _Draw,
+    drawn: Draw,
     send: Callable[[Frames, int, int], bool],
     policy: BatchPolicy,
     server_id: str,
@@ -443,7 +447,7 @@ def _produce(
 ) -> int:
     clock = time.perf_counter
     hinted = policy.samples_per_message is None
-    pacer = _Pacer(policy)
+    pacer = Pacer(policy)
     seq = sent = epoch_count = 0
     while True:
         started = clock()
@@ -477,7 +481,7 @@ def _produce(
                 epoch_count += len(items) - len(rows)  # had by a trainer, not sent again
                 tags, items = tags[rows], [items[row] for row in rows]
         if items:
-            frames, count = _encode_batch(tags, items, server_id, seq, errors.skip, errors)
+            frames, count = encode_batch(tags, items, server_id, seq, errors.skip, errors)
             meter.add_busy(clock() - started)
             if frames:
                 if not send(frames, count, chunk.epoch):
@@ -493,7 +497,7 @@ def _produce(
             epoch_count = 0
 
 
-def _skip_epoch(error: Exception, skip_errors: bool, meter: SamplerMeter,
+def skip_epoch(error: Exception, skip_errors: bool, meter: SamplerMeter,
                 errors: SampleErrors | None = None) -> None:
     """A top-level streamer raised: re-raise it, or (``skip_errors``) count and log it."""
     (errors or SampleErrors(skip_errors, meter)).streamer_raised(error)
@@ -501,7 +505,7 @@ def _skip_epoch(error: Exception, skip_errors: bool, meter: SamplerMeter,
 
 def _produce_ranked(
     epochs: EpochIterator[Any],
-    drawn: _Draw,
+    drawn: Draw,
     send: Callable[..., bool],
     policy: BatchPolicy,
     errors: SampleErrors,
@@ -522,7 +526,7 @@ def _produce_ranked(
     (the stage pads or drops the last round, so the ranks stay even).
     """
     clock = time.perf_counter
-    pacer = _Pacer(policy)
+    pacer = Pacer(policy)
     sent = epoch_count = 0
     n = stage.world_size
     chunk: Chunk | None

@@ -28,7 +28,7 @@ from feedmux.sampling.epochs import EpochIterator
 from feedmux.sampling.mux import restart_passes
 from feedmux.server._control.meters import SamplerMeter
 from feedmux.server._sources.assignment import Assignment, pack_shard
-from feedmux.server._sources.producer import Frames, _Draw, _encode_batch, _Pacer, _skip_epoch
+from feedmux.server._sources.producer import Draw, Frames, Pacer, encode_batch, skip_epoch
 from feedmux.server._sources.shards import ShardRandom
 from feedmux.server.config import ServerConfig
 
@@ -57,7 +57,7 @@ class ShardRunner:
     """
 
     def __init__(self, part: Any, index: int, shards: int, config: ServerConfig, ticket: int,
-                 start: tuple[int, int], block: int, drawn: _Draw) -> None:
+                 start: tuple[int, int], block: int, drawn: Draw) -> None:
         assert config.seed is not None  # resolved by the server before the pool
         self.index = index
         self.ticket = ticket
@@ -75,7 +75,7 @@ class ShardRunner:
         self.done = False
         self._config = config
         self._drawn = drawn
-        self._pacer = _Pacer(config.policy)
+        self._pacer = Pacer(config.policy)
         self._seq = pack_shard(index, ticket)
         self._pending: tuple[Any, Any] | None = None
         #: Chunks handed to ``keep`` (:meth:`step`): their size is looked at every
@@ -118,7 +118,7 @@ class ShardRunner:
                 self.done = True
                 return True
             except Exception as error:
-                _skip_epoch(error, config.on_error == "skip", meter, self._drawn.errors)
+                skip_epoch(error, config.on_error == "skip", meter, self._drawn.errors)
                 return self._end(send)
             if keep is None or not self._kept % SIZE_EVERY:
                 self._pacer.observe(items, clock() - started)
@@ -144,7 +144,7 @@ class ShardRunner:
             # the message goes as references to it, without a copy into the pool on top of
             # the stacking (an image batch's samples were copied twice).
             with stacking_into(shm.empty if shm is not None and shm.wanted else None):
-                frames, count = _encode_batch(tags, items, config.server_id, self._seq,
+                frames, count = encode_batch(tags, items, config.server_id, self._seq,
                                               config.on_error == "skip", self._drawn.errors,
                                               close_ranks=True)
             meter.add_busy(clock() - started)
@@ -187,7 +187,7 @@ class SeatRunners:
     """
 
     def __init__(self, parts: list[Any], config: ServerConfig, seat: int, block: int,
-                 drawn: _Draw) -> None:
+                 drawn: Draw) -> None:
         self.parts, self.config, self.seat, self.block = parts, config, seat, block
         self.drawn = drawn
         self.runners: dict[int, ShardRunner] = {}
