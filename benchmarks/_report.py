@@ -352,7 +352,8 @@ def _batch_targets(check: Check, small: list[dict[str, Any]], feedmux: Any) -> N
 
 def _cpu_quotient(a: Any, b: Any) -> float | None:
     """a's trainer CPU per sample divided by b's (medians over the rounds)."""
-    if a is None or b is None or not b["trainer_cpu_us_per_sample"]:
+    if (a is None or b is None or a["trainer_cpu_us_per_sample"] is None
+            or not b["trainer_cpu_us_per_sample"]):  # a contender left out (--peer) or failed
         return None
     return float(a["trainer_cpu_us_per_sample"] / b["trainer_cpu_us_per_sample"])
 
