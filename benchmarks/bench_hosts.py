@@ -266,17 +266,20 @@ def _measure(hosts: Any, cell: Cell, warmup: float, seconds: float, keys: Path,
                             **pipes) for role in roles]
     try:
         deadline = time.monotonic() + 90 + warmup + seconds
-        load = _server_load(hosts, control, server.pid) if cell.mode != "raw" else None
+        # A CURVE server's control endpoint answers only a client that holds its key.
+        stats = [sys.executable, "-m", "feedmux", "stats", control, "--timeout", "5", *(
+            ["--curve-server-key", str(keys / "server.key")] if cell.mode == "curve" else [])]
+        load = _server_load(hosts, stats, server.pid) if cell.mode != "raw" else None
         results = [_read_json(trainer, max(0.0, deadline - time.monotonic()))
                    for trainer in trainers]
         if load is not None:
-            cpu, messages = _server_load(hosts, control, server.pid, load)
+            cpu, messages = _server_load(hosts, stats, server.pid, load)
             cell.server_cpu_per_message = cpu / max(messages, 1)
         cell.samples_per_s = sum(r["items"] / r["seconds"] for r in results)
         cell.bytes_per_s = sum(r["bytes"] / r["seconds"] for r in results)
         cell.trainer_cpu = sum(r["cpu"] / r["seconds"] for r in results)
         if cell.compress == "auto":
-            cell.decision = _decision(hosts, control)
+            cell.decision = _decision(hosts, stats)
     except (RuntimeError, subprocess.TimeoutExpired, ValueError, IndexError) as error:
         cell.error = str(error).strip().splitlines()[-1][:200] if str(error) else repr(error)
     finally:
@@ -286,16 +289,16 @@ def _measure(hosts: Any, cell: Cell, warmup: float, seconds: float, keys: Path,
             process.wait(timeout=10)
 
 
-def _server_load(hosts: Any, control: str, pid: int,
+def _server_load(hosts: Any, stats: list[str], pid: int,
                  since: tuple[float, int] | None = None) -> tuple[float, int]:
     """The server process's CPU seconds and data messages sent (since ``since``), asked once
-    the trainers have begun (the statistics say so); its workers are processes of their own."""
+    the trainers have begun (the statistics say so, ``stats`` the command that asks them);
+    its workers are processes of their own."""
     messages = 0
     if since is None:
         time.sleep(1.0)  # into the trainers' warm-up: the server's start is not counted
     for _ in range(100):
-        done = hosts.run("a", [sys.executable, "-m", "feedmux", "stats", control,
-                               "--timeout", "5"])
+        done = hosts.run("a", stats)
         try:
             messages = int(json.loads(done.stdout).get("messages_sent", 0))
         except ValueError:
@@ -311,16 +314,17 @@ def _server_load(hosts: Any, control: str, pid: int,
     return cpu - since[0], messages - since[1]
 
 
-def _decision(hosts: Any, control: str) -> str:
-    """What ``auto`` decided for a trainer, and why (the server's statistics)."""
-    done = hosts.run("a", [sys.executable, "-m", "feedmux", "stats", control, "--timeout", "5"])
+def _decision(hosts: Any, stats: list[str]) -> str:
+    """What ``auto`` decided for a trainer, and why (the server's statistics, asked by the
+    command ``stats``)."""
+    done = hosts.run("a", stats)
     try:
-        stats = json.loads(done.stdout)
+        figures = json.loads(done.stdout)
     except ValueError:
         return "no statistics"
-    for key in sorted(stats):
+    for key in sorted(figures):
         if key.endswith(".compress"):
-            return f"{stats[key]}: {stats.get(key + '_reason', '')}"
+            return f"{figures[key]}: {figures.get(key + '_reason', '')}"
     return "no decision"
 
 
