@@ -57,7 +57,7 @@ lint: $(VENV)/.test
 	$(VENV)/bin/ruff check feedmux tests benchmarks examples
 	$(VENV)/bin/mypy
 
-## bench: every benchmark, feedmux and its peers side by side (feedmux across two hosts in network namespaces against raw pyzmq over the same link, unshaped and 1 Gbit, as root; --workers auto against the best fixed count; and consumer groups vs separate servers, the cost of resuming mid-epoch, reliable and CURVE delivery against plain, a seeded run's server CPU against an unseeded one, 16 MiB samples through the pool with --workers 2, 2 to 64 ranks and 256 free trainers on one server, coordinated steps for variable lengths against today's ranked dealing, and the ImageNet-style JPEG pipeline against torch's DataLoader, torchdata.nodes and SPDL; and 20 of 21 sampling workers SIGKILLed at random moments in a 2-minute run through the pool, nothing lost)
+## bench: every benchmark, feedmux and its peers side by side (feedmux across two hosts in network namespaces against raw pyzmq over the same link, unshaped and 1 Gbit, as root; --workers auto against the best fixed count; and consumer groups vs separate servers, the cost of resuming mid-epoch, CURVE delivery against the default, a seeded run's server CPU against an unseeded one, 16 MiB samples through the pool with --workers 2, 2 to 64 ranks and 256 free trainers on one server, coordinated steps for variable lengths against today's ranked dealing, and the ImageNet-style JPEG pipeline against torch's DataLoader, torchdata.nodes and SPDL; and 20 of 21 sampling workers SIGKILLed at random moments in a 2-minute run through the pool, nothing lost)
 bench: $(VENV)/.bench
 	$(PY) -m benchmarks
 	$(PY) -m benchmarks.bench_groups

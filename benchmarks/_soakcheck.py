@@ -3,7 +3,7 @@
 Pure functions over the records the soak's trainers write (one line per
 sample handed out, flushed at once so that a record survives a SIGKILL) and
 the list of trainers the schedule SIGKILLed; no processes, no sockets. Free
-reliable trainers are checked per epoch across the whole job, a server restart
+trainers are checked per epoch across the whole job, a server restart
 included (the restarted server continues the epochs of the one before, under
 a new server id): every sample of every complete epoch once. The only
 tolerance is the documented one of a SIGKILL: a trainer acknowledges what it
@@ -50,7 +50,7 @@ def parse_lines(lines: Iterable[str], fields: int) -> Iterator[list[str]]:
 
 @dataclass
 class FreeVerdict:
-    """What the free reliable trainers' records say."""
+    """What the free trainers' records say."""
 
     epochs: int = 0
     samples: int = 0
@@ -67,7 +67,7 @@ class FreeVerdict:
         return self.epochs > 0 and not (self.missing or self.repeated or self.wrong)
 
     def line(self) -> str:
-        return (f"reliable delivery: {self.epochs} complete epochs checked ({self.samples} "
+        return (f"free trainers: {self.epochs} complete epochs checked ({self.samples} "
                 f"samples), {self.missing} ids missing, {self.repeated} repeated, {self.wrong} "
                 f"wrong samples; at a SIGKILL's edge: {self.missing_at_kills} missing, "
                 f"{self.repeated_at_kills} repeated")
@@ -91,8 +91,8 @@ def check_free(records: Iterable[Sequence[str]], killed: Iterable[str], items: i
 
     >>> rows = [["s", "1", str(i), str(i), "1", "7"] for i in range(4)] * 2
     >>> rows += [["s", str(e), "0", "0", "1", "7"] for e in (2, 3)]
-    >>> check_free(rows, [], 4).line()[:72]
-    'reliable delivery: 1 complete epochs checked (8 samples), 0 ids missing,'
+    >>> check_free(rows, [], 4).line()[:68]
+    'free trainers: 1 complete epochs checked (8 samples), 0 ids missing,'
     >>> check_free(rows, [], 4).repeated
     4
     """

@@ -3,9 +3,9 @@
 One server of small samples (``benchmarks.chaos:source``, 64 int32 each) runs
 for the whole benchmark; a loader in this process takes ``--samples`` samples,
 without an audit log, with one, and with one that also records each sample's
-``id``, in interleaved rounds (plain, reliable and ranked delivery: a reliable
-loader writes once per message, a plain one in batches, a rank once per
-message too, each message's samples before it hands out the first). Per variant it reports the
+``id``, in interleaved rounds (free and ranked delivery: a free loader writes
+once per message, a rank too, each message's samples before it hands out the
+first, so before any server hears of them). Per variant it reports the
 median over the rounds of the samples per second and of this process's CPU
 time per sample (all its threads), and their ratios to the loader without a
 log in the same round.
@@ -25,7 +25,7 @@ import feedmux
 __all__ = ["main"]
 
 VARIANTS = ("no audit log", "audit_log", "audit_log + audit_key")
-DELIVERIES = ("plain", "reliable", "ranked")
+DELIVERIES = ("free", "ranked")
 
 
 def _take(server: feedmux.Server, samples: int, delivery: str, log: Path | None,
@@ -33,8 +33,8 @@ def _take(server: feedmux.Server, samples: int, delivery: str, log: Path | None,
     """(samples per second, CPU µs per sample) of one loader taking ``samples``."""
     ranked = {"rank": 0, "world_size": 1} if delivery == "ranked" else {}
     with feedmux.RemoteLoader(server.data_address, control=server.control_address,
-                              timeout=60, reliable=delivery == "reliable", audit_log=log,
-                              audit_key=key, **ranked) as loader:
+                              timeout=60, audit_log=log, audit_key=key,
+                              **ranked) as loader:
         iterator = iter(loader)
         next(iterator)  # connected, first message in
         wall, cpu = time.perf_counter(), time.process_time()
@@ -44,22 +44,21 @@ def _take(server: feedmux.Server, samples: int, delivery: str, log: Path | None,
     return samples / wall, cpu / samples * 1e6
 
 
-def _server(delivery: str) -> feedmux.Server:
-    return feedmux.Server("benchmarks.chaos:source", bind="tcp://127.0.0.1:0",
-                          reliable=delivery == "reliable", seed=1).start()
+def _server() -> feedmux.Server:
+    return feedmux.Server("benchmarks.chaos:source", bind="tcp://127.0.0.1:0", seed=1).start()
 
 
 def run(samples: int, rounds: int) -> int:
     with tempfile.TemporaryDirectory(prefix="feedmux-bench-audit-") as scratch:
         for delivery in DELIVERIES:
             figures: dict[str, list[tuple[float, float]]] = {name: [] for name in VARIANTS}
-            server = _server(delivery)
+            server = _server()
             try:
                 for round_ in range(rounds):
                     for name in VARIANTS:
                         if delivery == "ranked":  # a rank's next loader is a new job
                             server.stop()
-                            server = _server(delivery)
+                            server = _server()
                         log = None if name == VARIANTS[0] else Path(scratch) / f"{round_}.log"
                         key = "id" if name == VARIANTS[2] else None
                         figures[name].append(_take(server, samples, delivery, log, key))

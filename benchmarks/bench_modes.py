@@ -31,7 +31,7 @@ from benchmarks import _harness, peers
 from benchmarks.scenarios import SCENARIOS, SMALL, Contender
 
 MODES = ("default", "curve")
-#: The issue's targets: samples/s of each mode over plain's, same run.
+#: The issue's targets: samples/s of each mode over the default delivery's, same run.
 TARGETS = {"curve": 0.50}
 
 

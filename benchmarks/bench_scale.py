@@ -7,10 +7,11 @@ Run from the repository root (``make bench`` runs it after the suite)::
 
 One feedmux server (``Server.start()``: its own process, tcp on 127.0.0.1)
 serves small samples (``{'id': int64, 'x': float32[4]}``) in one of two shapes:
-the ranks of one data-parallel job (2, 16, 64), or free reliable trainers
-(256). The trainers are threads, each with its own :class:`~feedmux.RemoteLoader`
-(its own sockets, its own acknowledging thread, its own client id), spread over
-a few processes (at most 16 threads each): the server sees as many independent
+the ranks of one data-parallel job (2, 16, 64), or free trainers (256, each
+dealt by credit and acknowledging its hand-outs: the one free delivery). The
+trainers are threads, each with its own :class:`~feedmux.RemoteLoader` (its
+own sockets, its own acknowledging thread, its own client id), spread over a
+few processes (at most 16 threads each): the server sees as many independent
 trainers as there are threads, so what it spends per trainer is measured as it
 is; what a trainer spends is not (the threads of a process share its GIL), and
 this benchmark does not report it.
@@ -36,8 +37,8 @@ their hand-out marks move a few times a second; a run of 64 ranks that "train"
 which is what makes the acknowledgements of a real job (up to one per rank
 every 5 ms without pacing: 12,800 a second).
 
-:func:`run_job` is also what the scale tests run (with exact epochs, checked
-from the ids every trainer handed out).
+:class:`Job`, :class:`Trainers` and :func:`start_server` are also what the scale
+tests run (with exact epochs, checked from the ids every trainer handed out).
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class Job:
     """What the trainers of one run do.
 
     ``ranked``: the trainers are ranks ``0 .. trainers-1`` of one job; otherwise
-    free trainers (``reliable`` or plain). ``epochs``: each trainer reads that
+    free trainers. ``epochs``: each trainer reads that
     many epochs (ranked) or to the end of the stream (free), recording every id;
     None: it reads, counting only, until told to stop.
     """
@@ -101,7 +102,6 @@ class Job:
     control: str
     trainers: int
     ranked: bool = True
-    reliable: bool = False
     epochs: int | None = None
     timeout: float = 60.0
     folder: str = ""
@@ -141,8 +141,7 @@ def _read(job: Job, loader: RemoteLoader, record: TrainerRecord, stop: Any) -> N
 def _trainer(job: Job, index: int, stop: Any, records: list[TrainerRecord]) -> None:
     record = TrainerRecord(index)
     records.append(record)
-    membership: dict[str, Any] = (
-        {"rank": index, "world_size": job.trainers} if job.ranked else {"reliable": job.reliable})
+    membership: dict[str, Any] = {"rank": index, "world_size": job.trainers} if job.ranked else {}
     try:
         with RemoteLoader(job.data, control=job.control, timeout=job.timeout,
                           client_id=f"scale-{index}", **membership) as loader:
@@ -202,13 +201,10 @@ class Trainers:
         return sorted(records, key=lambda record: record.index)
 
 
-def start_server(trainers: int, ranked: bool, *, reliable: bool = False,
-                 epochs: int | None = None, epoch_size: int | None = None,
-                 **sampler: int) -> Server:
+def start_server(trainers: int, ranked: bool, *, epochs: int | None = None,
+                 epoch_size: int | None = None, **sampler: int) -> Server:
     """The server of one run (``Server.start()``: its own process)."""
-    options: dict[str, Any] = {"reliable": reliable} if not ranked else {"rank_timeout": 60}
-    if not ranked:
-        options["min_trainers"] = trainers
+    options: dict[str, Any] = {"rank_timeout": 60} if ranked else {"min_trainers": trainers}
     return Server("benchmarks.bench_scale:tiny", factory_kwargs=sampler,
                   bind="tcp://127.0.0.1:0", control="tcp://127.0.0.1:0", epochs=epochs,
                   epoch_size=epoch_size, **options).start(timeout=60)
@@ -258,10 +254,10 @@ def _window(control: str, trainers: Trainers, warmup: float, seconds: float,
 def measure(trainers: int, ranked: bool, warmup: float, seconds: float,
             step: float = 0.0) -> dict[str, Any]:
     """One run: a server, its trainers counting for ``warmup + seconds``, the figures."""
-    server = start_server(trainers, ranked, reliable=not ranked, per_stream=1_000_000)
+    server = start_server(trainers, ranked, per_stream=1_000_000)
     with tempfile.TemporaryDirectory(prefix="feedmux-scale-") as folder:
         job = Job(server.data_address, server.control_address, trainers, ranked=ranked,
-                  reliable=not ranked, folder=folder, step=step)
+                  folder=folder, step=step)
         running = Trainers(job)
         try:
             figures = _window(server.control_address, running, warmup, seconds, server.pid)
@@ -271,7 +267,7 @@ def measure(trainers: int, ranked: bool, warmup: float, seconds: float,
             running.stop()
             server.stop()
         errors = [record.error for record in running.records() if record.error]
-    label = f"{trainers} ranks" if ranked else f"{trainers} free (reliable)"
+    label = f"{trainers} ranks" if ranked else f"{trainers} free"
     label += f", {1000 * step:g} ms steps" if step else ""
     if "failed" in figures:
         return {"run": label, "trainers": trainers, "ranked": ranked, **figures,
@@ -360,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", default="2,16,64", help="world sizes, comma-separated "
                         "(the first should be 2: the ratios are over it)")
-    parser.add_argument("--free", type=int, default=256, help="free reliable trainers (0: none)")
+    parser.add_argument("--free", type=int, default=256, help="free trainers (0: none)")
     parser.add_argument("--stepping", type=int, default=64,
                         help="ranks that train 1 ms per sample, a run of its own (0: none)")
     parser.add_argument("--seconds", type=float, default=6.0, help="measured window per run")

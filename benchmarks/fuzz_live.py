@@ -1,6 +1,6 @@
 """``python -m benchmarks.fuzz_live``: random and mutated messages at a live server.
 
-For each mode (plain or reliable, with or without CURVE) it starts a server on
+For each mode (the one free delivery, with or without CURVE) it starts a server on
 port 0, serves a legitimate trainer from a thread, and meanwhile sends random
 and mutated-valid messages to the server's control and data endpoints from a
 pool of short-lived sockets (with CURVE, half of them hold a key the server
@@ -59,12 +59,11 @@ def source() -> feedmux.Streamer:
 
 @dataclass(frozen=True)
 class Mode:
-    reliable: bool
     curve: bool
 
     @property
     def name(self) -> str:
-        return ("reliable" if self.reliable else "plain") + (" + CURVE" if self.curve else "")
+        return "CURVE" if self.curve else "default"
 
 
 @dataclass
@@ -197,8 +196,8 @@ def run_mode(mode: Mode, seconds: float, *, seed: int = 0,
     """Fuzz one server for ``seconds`` while a trainer is served; return what was seen."""
     report = Report(mode.name)
     with tempfile.TemporaryDirectory(prefix="feedmux-fuzz-") as scratch:
-        options: dict[str, Any] = {"bind": "tcp://127.0.0.1:0", "reliable": mode.reliable}
-        loader_options: dict[str, Any] = {"timeout": 20.0, "reliable": mode.reliable}
+        options: dict[str, Any] = {"bind": "tcp://127.0.0.1:0"}
+        loader_options: dict[str, Any] = {"timeout": 20.0}
         security: list[Any] = [None]
         if mode.curve:
             secret, accepted, stranger = _keys(Path(scratch))
@@ -252,7 +251,7 @@ def run_mode(mode: Mode, seconds: float, *, seed: int = 0,
     return report
 
 
-MODES = [Mode(False, False), Mode(True, False), Mode(False, True), Mode(True, True)]
+MODES = [Mode(curve=False), Mode(curve=True)]
 
 
 def run(seconds: float, max_growth_mib: float, seed: int = 0,

@@ -145,7 +145,6 @@ def _start_feedmux(contender: Contender, kind: str, endpoints: Endpoints) -> Pro
         seed=contender.seed,
         zero_copy=contender.zero_copy,
         factory_kwargs={"kind": kind, "shared": mode == "shared"},
-        reliable=mode == "reliable",
         curve_secret=_curve_secret(keys) if keys else None,
         shm=mode != "noshm",
         # Groups: every one from the first message (a group joining later waits for the
@@ -268,8 +267,7 @@ def _connect_feedmux(
     mode = contender.mode
     loader = feedmux.RemoteLoader(
         endpoints.data, control=endpoints.control, timeout=timeout, world_size=trainers,
-        rank=rank, reliable=mode == "reliable",
-        curve_server_key=_curve_public_key[0] if mode == "curve" else None,
+        rank=rank, curve_server_key=_curve_public_key[0] if mode == "curve" else None,
         shm=mode != "noshm", batch_size=contender.batch_size or None, group=group,
     )
     return Consumer(samples=iter(loader), close=loader.close)

@@ -216,7 +216,6 @@ class Contender:
 
 #: The feedmux variants a scenario can measure besides the default, and their labels.
 MODES = {
-    "reliable": "--reliable",
     "curve": "CURVE",
     "noshm": "--no-shm",
     "shared": "shared_empty",
@@ -264,7 +263,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         1,
         "Small samples: {'X': float32[16], 'y': int64}",
         SMALL,
-        (*_ONE_TRAINER_PEERS, *_modes("reliable", "curve"),
+        (*_ONE_TRAINER_PEERS, *_modes("curve"),
          # Batches of a training step: stacked by the server, collated by torch's workers.
          Contender("feedmux", "tcp", batch_size=BATCH_SIZE),
          Contender("torch", "queue", workers=2, batch_size=BATCH_SIZE)),
@@ -275,7 +274,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         2,
         "Large samples: {'X': float32[4M]} (16 MiB)",
         LARGE,
-        (*_ONE_TRAINER_PEERS, *_modes("noshm", "shared", "reliable", "curve")),
+        (*_ONE_TRAINER_PEERS, *_modes("noshm", "shared", "curve")),
         large=True,
     ),
     Scenario(

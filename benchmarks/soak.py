@@ -3,10 +3,11 @@
 Two servers run side by side on the soak's source (``benchmarks.fuzz_live:source``:
 500 samples an epoch, each sample's id its position and its array full of it):
 
-- a reliable server with free trainers: one lives for the whole run, short-lived
-  ones come and go, about a third of them SIGKILLed mid-stream; halfway through,
-  the server is stopped and a new one started on the same endpoints (told to wait
-  for every trainer alive, as docs/resume.md asks), which continues the epochs;
+- a server with free trainers (acknowledged delivery, the one free delivery): one
+  lives for the whole run, short-lived ones come and go, about a third of them
+  SIGKILLed mid-stream; halfway through, the server is stopped and a new one
+  started on the same endpoints (told to wait for every trainer alive, as
+  docs/resume.md asks), which continues the epochs;
 - a ranked server with a job of two ranks that checkpoint (``state_dict()``) every
   few steps; now and then a rank is SIGKILLed, and the job is restarted as a
   supervisor would (every rank, from the last checkpoint all ranks wrote).
@@ -201,7 +202,7 @@ class _Soak:
     def start_server(self, data: str = "tcp://127.0.0.1:0", control: str | None = None,
                      min_trainers: int = 0) -> None:
         self.servers += 1
-        options: dict[str, Any] = {"bind": data, "reliable": True, "workers": self.workers,
+        options: dict[str, Any] = {"bind": data, "workers": self.workers,
                                    "min_trainers": min_trainers, "seed": self.seed}
         if control is not None:
             options["control"] = control
@@ -363,7 +364,7 @@ def run(minutes: float, seed: int, workers: int, max_slope: float) -> int:
             [[(step, list(parse_lines(path.read_text().splitlines(), 5)) if path.exists()
                else []) for step, path in lives] for lives in soak.lives], ITEMS)
     print(f"  {soak.count} free trainers ({len(soak.killed)} SIGKILLed), {soak.servers} runs "
-          f"of the reliable server"
+          f"of the free trainers' server"
           + ("" if soak.restart_took is None else
              f" (the restarted one dealt {soak.restart_took:.1f} s after the stop)"))
     steep = _report_rss(soak.rss, max_slope)

@@ -85,13 +85,13 @@ def test_64_ranks_take_equal_steps_and_cover_every_epoch(tmp_path: Path) -> None
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_256_free_reliable_trainers_hand_out_every_sample_once_per_epoch(
+def test_256_free_trainers_hand_out_every_sample_once_per_epoch(
         tmp_path: Path) -> None:
     trainers, epoch = 256, 256 * 12
-    server = start_server(trainers, False, reliable=True, epochs=EPOCHS, epoch_size=epoch,
-                          streams=8, per_stream=epoch // 8)
+    server = start_server(trainers, False, epochs=EPOCHS, epoch_size=epoch, streams=8,
+                          per_stream=epoch // 8)
     job = Job(server.data_address, server.control_address, trainers, ranked=False,
-              reliable=True, epochs=EPOCHS, timeout=120, folder=str(tmp_path))
+              epochs=EPOCHS, timeout=120, folder=str(tmp_path))
     # feedmux stats (every page) and top's view with 256 trainers connected, while they read.
     records = run_to_the_end(server, job, lambda: stats_at_scale(job.control, trainers, False))
     for number in range(1, EPOCHS + 1):

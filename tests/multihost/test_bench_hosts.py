@@ -16,5 +16,5 @@ def test_the_two_host_benchmark_runs(hosts: TwoHosts, capsys: pytest.CaptureFixt
     # benchmark's own hosts cannot be made; the benchmark makes a pair of its own.
     assert bench_hosts.main(["--quick"]) == 0
     out = capsys.readouterr().out
-    assert "veth   small   raw" in out and "veth   small   plain" in out
+    assert "veth   small   raw" in out and "veth   small   free" in out
     assert "vs raw" in out and "decompression / copy" in out
