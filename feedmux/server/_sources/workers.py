@@ -68,6 +68,7 @@ from feedmux.server._control.meters import SamplerMeter, SharedMeters
 from feedmux.server._sources.assignment import Assignment, ShardLedger, plan_owners
 from feedmux.server._sources.owning import DrawnItems
 from feedmux.server._sources.packing import SharedCodec, pack
+from feedmux.server._sources.policy import BatchPolicy
 from feedmux.server._sources.producer import Frames, SampleErrors, _Draw, error_message
 from feedmux.server._sources.runner import SeatRunners
 from feedmux.server._sources.skips import SkipGuard
@@ -502,7 +503,8 @@ def _worker_main(
     # A worker sees its shards' part of an epoch only: it stops on a streak of skips alone.
     errors = SampleErrors(config.on_error == "skip", meter,
                           guard=SkipGuard(config.max_skips, whole_epochs=False))
-    drawn = _Draw(DrawnItems(shm) if config.policy.copy_arrays else None, errors.hook(), shm,
+    policy = BatchPolicy.of(config)
+    drawn = _Draw(DrawnItems(shm) if policy.copy_arrays else None, errors.hook(), shm,
                   errors, meter)
     seat = SeatRunners(parts, config, index, block, drawn)
     try:
