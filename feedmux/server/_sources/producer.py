@@ -27,10 +27,10 @@ from feedmux.errors import DataError, ProtocolError, SkipLimitError
 from feedmux.protocol import Data, Error, encode
 from feedmux.sampling.epochs import Chunk, EpochIterator
 from feedmux.sampling.streamer import StreamErrorHook, blamed_streamer, describe_streamer
-from feedmux.server._control.meters import SamplerMeter
 from feedmux.server._delivery.batches import Batches, unstackable
 from feedmux.server._delivery.dealing import RankDealer
 from feedmux.server._delivery.ranking import RankedStage
+from feedmux.server._sources.meters import SamplerMeter
 from feedmux.server._sources.owning import DrawnItems, own
 from feedmux.server._sources.policy import TARGET_MESSAGE_BYTES, BatchPolicy, payload_bytes
 from feedmux.server._sources.skips import DEFAULT_MAX_SKIPS, SkipGuard

@@ -64,8 +64,8 @@ from feedmux._plumbing.shm import ShmPool
 from feedmux._plumbing.sockets import make_socket
 from feedmux._stderrlog import flush_logs
 from feedmux.protocol import encode
-from feedmux.server._control.meters import SamplerMeter, SharedMeters
 from feedmux.server._sources.assignment import Assignment, ShardLedger, plan_owners
+from feedmux.server._sources.meters import SamplerMeter, SharedMeters
 from feedmux.server._sources.owning import DrawnItems
 from feedmux.server._sources.packing import SharedCodec, pack
 from feedmux.server._sources.policy import BatchPolicy
