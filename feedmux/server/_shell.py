@@ -49,11 +49,10 @@ from feedmux.server._delivery.carrier import Carrier
 from feedmux.server._delivery.compression import LinkCompression
 from feedmux.server._delivery.dealer import Dealer, RankAudience
 from feedmux.server._delivery.fanout import GroupFanout
-from feedmux.server._delivery.outbox import Outbox
+from feedmux.server._delivery.outbox import Frames, Outbox
 from feedmux.server._delivery.pool import close_pool, open_pool
 from feedmux.server._delivery.reliable import NO_ACK, ReliableFree, ReliableLink
 from feedmux.server._sources.meters import ControlMeter, SamplerMeter, sampler_stats
-from feedmux.server._sources.producer import Frames
 from feedmux.server.config import ServerConfig
 
 __all__ = ["SocketShell", "MAX_CONTROL_BYTES"]

@@ -12,8 +12,9 @@ import pytest
 import feedmux
 from feedmux.protocol import Data, decode
 from feedmux.sampling import EpochIterator
+from feedmux.server._delivery.outbox import Frames
 from feedmux.server._sources.policy import BatchPolicy
-from feedmux.server._sources.producer import Frames, _Pacer, produce
+from feedmux.server._sources.producer import _Pacer, produce
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -47,9 +47,8 @@ from feedmux.server._delivery.carrier import Carrier
 from feedmux.server._delivery.dealer import Dealer, FreeAudience, RankAudience
 from feedmux.server._delivery.dealing import RankDealer
 from feedmux.server._delivery.groups import DEFAULT_GROUP, BufferedMessage, GroupBuffer
-from feedmux.server._delivery.outbox import Wait
+from feedmux.server._delivery.outbox import Frames, Wait
 from feedmux.server._delivery.ranking import RankedStage, RankMessage
-from feedmux.server._sources.producer import Frames
 from feedmux.server.config import ServerConfig
 
 __all__ = ["GroupFanout"]

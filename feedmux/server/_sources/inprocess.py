@@ -44,11 +44,11 @@ import numpy as np
 
 from feedmux._plumbing.shm import ShmPool
 from feedmux.protocol import Error, stacking_into, take_samples
+from feedmux.server._delivery.outbox import Frames
 from feedmux.server._sources.meters import SamplerMeter
 from feedmux.server._sources.owning import DrawnItems
 from feedmux.server._sources.policy import BatchPolicy
 from feedmux.server._sources.producer import (
-    Frames,
     SampleErrors,
     _Draw,
     _encode_batch,

@@ -29,6 +29,7 @@ from feedmux.sampling.epochs import Chunk, EpochIterator
 from feedmux.sampling.streamer import StreamErrorHook, blamed_streamer, describe_streamer
 from feedmux.server._delivery.batches import Batches, unstackable
 from feedmux.server._delivery.dealing import RankDealer
+from feedmux.server._delivery.outbox import Frames
 from feedmux.server._delivery.ranking import RankedStage
 from feedmux.server._sources.meters import SamplerMeter
 from feedmux.server._sources.owning import DrawnItems, own
@@ -36,7 +37,6 @@ from feedmux.server._sources.policy import TARGET_MESSAGE_BYTES, BatchPolicy, pa
 from feedmux.server._sources.skips import DEFAULT_MAX_SKIPS, SkipGuard
 
 __all__ = [
-    "Frames",
     "SampleErrors",
     "error_message",
     "failure_text",
@@ -49,7 +49,6 @@ log = logging.getLogger("feedmux.server")
 #: A streamer that raises on every pull would otherwise write a traceback per pull.
 error_log = RateLimitedLog(log)
 
-Frames = Sequence[Any]
 #: ``fresh(epoch, positions) -> mask or None``: which samples nobody handed out yet (a
 #: resumed run of free trainers); only those go out.
 Fresh = Callable[[int, np.ndarray], "np.ndarray | None"]

@@ -26,10 +26,11 @@ import numpy as np
 from feedmux.protocol import EndOfEpoch, encode, stacking_into
 from feedmux.sampling.epochs import EpochIterator
 from feedmux.sampling.mux import restart_passes
+from feedmux.server._delivery.outbox import Frames
 from feedmux.server._sources.assignment import Assignment, pack_shard
 from feedmux.server._sources.meters import SamplerMeter
 from feedmux.server._sources.policy import BatchPolicy
-from feedmux.server._sources.producer import Frames, _Draw, _encode_batch, _Pacer, _skip_epoch
+from feedmux.server._sources.producer import _Draw, _encode_batch, _Pacer, _skip_epoch
 from feedmux.server._sources.shards import ShardRandom
 from feedmux.server.config import ServerConfig
 

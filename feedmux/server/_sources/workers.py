@@ -64,12 +64,13 @@ from feedmux._plumbing.shm import ShmPool
 from feedmux._plumbing.sockets import make_socket
 from feedmux._stderrlog import flush_logs
 from feedmux.protocol import encode
+from feedmux.server._delivery.outbox import Frames
 from feedmux.server._sources.assignment import Assignment, ShardLedger, plan_owners
 from feedmux.server._sources.meters import SamplerMeter, SharedMeters
 from feedmux.server._sources.owning import DrawnItems
 from feedmux.server._sources.packing import SharedCodec, pack
 from feedmux.server._sources.policy import BatchPolicy
-from feedmux.server._sources.producer import Frames, SampleErrors, _Draw, error_message
+from feedmux.server._sources.producer import SampleErrors, _Draw, error_message
 from feedmux.server._sources.runner import SeatRunners
 from feedmux.server._sources.skips import SkipGuard
 from feedmux.server._sources.wakeups import Wakeups
