@@ -44,6 +44,7 @@ from feedmux.sampling.datasets import dataset_of
 from feedmux.sampling.epochs import EpochIterator
 from feedmux.sampling.mux import restart_passes
 from feedmux.server._delivery.pool import close_pool, open_pool
+from feedmux.server._forward import forward, ranked_dealer
 from feedmux.server._launch import (
     ChildReport,
     ServerProcess,
@@ -53,7 +54,6 @@ from feedmux.server._launch import (
 )
 from feedmux.server._shell import SocketShell
 from feedmux.server._sources.autoscale import usable_cpus
-from feedmux.server._sources.forward import forward, ranked_dealer
 from feedmux.server._sources.merge import merge_block
 from feedmux.server._sources.policy import BatchPolicy
 from feedmux.server._sources.producer import failure_text, produce
