@@ -204,7 +204,9 @@ SERVER_LAYERS = (
     "server",
     "__init__",
 )
-# Arrows that still go up, each with its reason: (importing module, imported module).
+# Arrows that still go up, each with its reason: (importing module, imported module) ->
+# why it cannot go yet. None today; one that must wait for a redesign goes here with its
+# reason, and test_every_allowed_upward_import_is_still_there makes it leave with the arrow.
 SERVER_UPWARD: dict[tuple[str, str], str] = {}
 
 

@@ -40,7 +40,6 @@ from feedmux.server._control.core import (
     Phase,
     Sends,
     Stat,
-    shm_trainers,
     trainer_codecs,
     unreachable,
 )
@@ -51,6 +50,7 @@ from feedmux.server._delivery.dealer import Dealer, RankAudience
 from feedmux.server._delivery.fanout import GroupFanout
 from feedmux.server._delivery.outbox import Frames, Outbox
 from feedmux.server._delivery.pool import close_pool, open_pool
+from feedmux.server._delivery.registry import shm_trainers
 from feedmux.server._delivery.reliable import NO_ACK, ReliableFree, ReliableLink
 from feedmux.server._sources.meters import ControlMeter, SamplerMeter, sampler_stats
 from feedmux.server.config import ServerConfig
