@@ -284,16 +284,19 @@ def _server_sources() -> list[tuple[str, str, bool]]:
 def test_the_server_imports_only_down_its_layers() -> None:
     """Every import under feedmux/server goes to the same part or a lower one.
 
-    The order, lowest first, is the order of what the code needs. ``factory`` turns a
-    name into a streamer and knows nothing of serving; ``config`` is plain data (every
-    option, checked) that every other part reads. ``_delivery`` is the data path (who gets
-    each message, what is kept, how it travels); ``_sources`` push into it (the producer,
-    the workers, the merge), so they know its stages but never the control core or the
-    shell. ``_control`` decides about trainers and owns the rank ledgers and batch
-    requests the delivery defines; it reports the sources' meters. ``_standin`` answers
-    control through callables it is given; ``_shell`` binds the sockets and wires the
-    core to the stages. ``_forward``, ``_launch`` and ``server`` compose them all. An
-    import under ``if TYPE_CHECKING:`` or inside a function counts: knowing a higher
+    The order, lowest first, is the order of what the code needs (docs/architecture.md,
+    ``feedmux.server``). ``factory`` turns a name into a streamer and knows nothing of
+    serving; ``config`` is plain data (every option, checked, with its parsers) that every
+    other part reads. ``_delivery`` is the data path (who gets each message, what is kept,
+    how it travels): what it asks of the control core it states as protocols
+    (``_delivery/registry.py``) that the core meets. ``_sources`` push into the data path
+    (the producer, the workers, the merge), so they know its stages but never the control
+    core or the shell. ``_control`` decides about trainers and owns the rank ledgers and
+    batch requests the data path defines, and builds a sampling error's message.
+    ``_standin`` answers control through callables it is given; ``_shell`` binds the
+    sockets and wires the core to the stages. ``_forward`` (the forwarding loop of
+    ``--workers``, which drives the shell), ``_launch`` and ``server`` compose them all.
+    An import under ``if TYPE_CHECKING:`` or inside a function counts: knowing a higher
     part's type is knowing that part (a lower part states what it needs as a
     ``typing.Protocol`` or takes a narrow callable).
     """
