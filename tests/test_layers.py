@@ -187,3 +187,147 @@ def test_feedmux_imports_and_serves_without_ray() -> None:
         "from feedmux import RemoteLoader, Server, Stream"
     )
     assert _forbidden(loaded, ("ray", RAY_GLUE)) == []
+
+
+# The server's parts, lowest first: a part may import only parts below it (or itself).
+SERVER = "feedmux.server"
+SERVER_LAYERS = (
+    "factory",
+    "config",
+    "_delivery",
+    "_sources",
+    "_control",
+    "_standin",
+    "_shell",
+    "_forward",
+    "_launch",
+    "server",
+    "__init__",
+)
+# Arrows that still go up, each with its reason: (importing module, imported module) ->
+# why it cannot go yet. None today; one that must wait for a redesign goes here with its
+# reason, and test_every_allowed_upward_import_is_still_there makes it leave with the arrow.
+SERVER_UPWARD: dict[tuple[str, str], str] = {}
+
+
+def server_part(module: str) -> str | None:
+    """The part of the server ``module`` belongs to (``__init__`` for the package itself),
+    or None outside the server.
+
+    Examples
+    --------
+    >>> server_part("feedmux.server._delivery.dealer"), server_part("feedmux.server")
+    ('_delivery', '__init__')
+    >>> server_part("feedmux.protocol") is None
+    True
+    """
+    if module == SERVER:
+        return "__init__"
+    if not _is_within(module, SERVER):
+        return None
+    return module[len(SERVER) + 1:].split(".")[0]
+
+
+def imported_modules(source: str, module: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """``(line, module)`` for every module ``source`` imports, anywhere in it (relative
+    imports resolved; ``from package import name`` names ``package.name``, which may be a
+    module, when ``package`` is the server itself).
+
+    Examples
+    --------
+    >>> imported_modules("from .. import config", "feedmux.server._delivery.pool")
+    [(1, 'feedmux.server.config')]
+    """
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = module.split(".")
+                anchor = parts if is_package else parts[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            else:
+                base = node.module or ""
+            if base == SERVER:  # the package only collects its parts: what comes is the part
+                found.extend((node.lineno, f"{base}.{alias.name}") for alias in node.names)
+            else:
+                found.append((node.lineno, base))
+    return sorted(found)
+
+
+def upward_imports(source: str, module: str, is_package: bool = False) -> list[str]:
+    """Every import of ``source`` (the source of ``module``) that goes to a higher part of
+    the server than ``module``'s own, unless it is in :data:`SERVER_UPWARD`, as a sentence."""
+    rank = {part: index for index, part in enumerate(SERVER_LAYERS)}
+    own = server_part(module)
+    assert own in rank, f"{module} is in no layer of SERVER_LAYERS; add its part there"
+    found = []
+    for line, name in imported_modules(source, module, is_package):
+        part = server_part(name)
+        if part is None or part == own or (module, name) in SERVER_UPWARD:
+            continue
+        assert part in rank, f"{module}:{line} imports {name}, in no layer of SERVER_LAYERS"
+        if rank[part] > rank[own]:
+            found.append(f"{module}:{line} imports {name}: part {own} may not import "
+                         f"part {part}, which is above it")
+    return found
+
+
+def _server_sources() -> list[tuple[str, str, bool]]:
+    folder = REPO.joinpath(*SERVER.split("."))
+    return [(path.read_text(encoding="utf-8"), _module_name(path), path.name == "__init__.py")
+            for path in sorted(folder.rglob("*.py"))]
+
+
+def test_the_server_imports_only_down_its_layers() -> None:
+    """Every import under feedmux/server goes to the same part or a lower one.
+
+    The order, lowest first, is the order of what the code needs (docs/architecture.md,
+    ``feedmux.server``). ``factory`` turns a name into a streamer and knows nothing of
+    serving; ``config`` is plain data (every option, checked, with its parsers) that every
+    other part reads. ``_delivery`` is the data path (who gets each message, what is kept,
+    how it travels): what it asks of the control core it states as protocols
+    (``_delivery/registry.py``) that the core meets. ``_sources`` push into the data path
+    (the producer, the workers, the merge), so they know its stages but never the control
+    core or the shell. ``_control`` decides about trainers and owns the rank ledgers and
+    batch requests the data path defines, and builds a sampling error's message.
+    ``_standin`` answers control through callables it is given; ``_shell`` binds the
+    sockets and wires the core to the stages. ``_forward`` (the forwarding loop of
+    ``--workers``, which drives the shell), ``_launch`` and ``server`` compose them all.
+    An import under ``if TYPE_CHECKING:`` or inside a function counts: knowing a higher
+    part's type is knowing that part (a lower part states what it needs as a
+    ``typing.Protocol`` or takes a narrow callable).
+    """
+    crossings = [crossing for source, module, is_package in _server_sources()
+                 for crossing in upward_imports(source, module, is_package)]
+    assert not crossings, "\n".join(crossings)
+
+
+def test_every_allowed_upward_import_is_still_there() -> None:
+    # An allowed arrow that the code no longer has must leave the list with it.
+    present = {(module, name) for source, module, is_package in _server_sources()
+               for _, name in imported_modules(source, module, is_package)}
+    stale = sorted(set(SERVER_UPWARD) - present)
+    assert not stale, f"SERVER_UPWARD names arrows the code no longer has: {stale}"
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    # The check passes by finding nothing; this shows it can find something, anywhere.
+    source = """
+from typing import TYPE_CHECKING
+from ..config import ServerConfig
+if TYPE_CHECKING:
+    from feedmux.server._control.core import ControlCore
+def later():
+    from .. import _shell
+"""
+    found = upward_imports(source, "feedmux.server._delivery.dealer")
+    assert found == [
+        "feedmux.server._delivery.dealer:5 imports feedmux.server._control.core: "
+        "part _delivery may not import part _control, which is above it",
+        "feedmux.server._delivery.dealer:7 imports feedmux.server._shell: "
+        "part _delivery may not import part _shell, which is above it",
+    ]
+    assert upward_imports(source, "feedmux.server._shell") == []

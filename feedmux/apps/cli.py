@@ -52,7 +52,7 @@ _non_negative_int = _int_at_least(0, "an integer >= 0")
 
 def _workers(text: str) -> int | str:
     """An argparse type: ``N``, ``auto``, ``auto:MAX`` or ``auto:MIN-MAX``."""
-    from feedmux.server._sources.autoscale import parse_workers
+    from feedmux.server.config import parse_workers
 
     try:
         parsed = parse_workers(text)

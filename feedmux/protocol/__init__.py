@@ -66,6 +66,7 @@ from feedmux.protocol._messages import (
     ShmOffer,
     Stats,
     StatsRequest,
+    StatValue,
     Welcome,
     stats_order,
 )
@@ -106,6 +107,7 @@ __all__ = [
     "Padded",
     "SampleBatch",
     "StackedLeaf",
+    "StatValue",
     "Stats",
     "StatsRequest",
     "TensorError",

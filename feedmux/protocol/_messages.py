@@ -34,6 +34,7 @@ __all__ = [
     "Scale",
     "ShmAttach",
     "ShmOffer",
+    "StatValue",
     "Stats",
     "StatsRequest",
     "Welcome",
@@ -234,6 +235,10 @@ class StatsRequest:
     after: str = ""
 
 
+#: One value of a :class:`Stats` map.
+StatValue = int | float | str | None
+
+
 @dataclass(frozen=True)
 class Stats:
     """Counters and settings of a server, as a flat map of plain values.
@@ -243,7 +248,7 @@ class Stats:
     :data:`STATS_NEXT_PAGE` the ``after`` of the next page (None: the last).
     """
 
-    values: dict[str, int | float | str | None] = field(default_factory=dict)
+    values: dict[str, StatValue] = field(default_factory=dict)
 
 
 #: The key of a :class:`Stats` page that names where the next page starts.

@@ -40,20 +40,19 @@ from feedmux.server._control.core import (
     Phase,
     Sends,
     Stat,
-    shm_trainers,
     trainer_codecs,
     unreachable,
 )
-from feedmux.server._control.meters import ControlMeter, SamplerMeter, sampler_stats
 from feedmux.server._control.metrics import MetricsEndpoint
 from feedmux.server._delivery.carrier import Carrier
 from feedmux.server._delivery.compression import LinkCompression
 from feedmux.server._delivery.dealer import Dealer, RankAudience
 from feedmux.server._delivery.fanout import GroupFanout
-from feedmux.server._delivery.outbox import Outbox
+from feedmux.server._delivery.outbox import Frames, Outbox
 from feedmux.server._delivery.pool import close_pool, open_pool
+from feedmux.server._delivery.registry import shm_trainers
 from feedmux.server._delivery.reliable import NO_ACK, ReliableFree, ReliableLink
-from feedmux.server._sources.producer import Frames
+from feedmux.server._sources.meters import ControlMeter, SamplerMeter, sampler_stats
 from feedmux.server.config import ServerConfig
 
 __all__ = ["SocketShell", "MAX_CONTROL_BYTES"]
@@ -183,7 +182,7 @@ class SocketShell:
         self.outbox = Outbox(self.data, self.control, self._serve_waiting)
         #: The free trainers' credit and acknowledgements, read from the data socket.
         self.reliable = ReliableLink(self.data, self.outbox, config.server_id,
-                                     self._serve_waiting, self.control_meter)
+                                     self._serve_waiting, self.control_meter.add)
         self.outbox.serve_data = self.reliable.serve
         # What the system gave us: a real port where the configuration said 0.
         self.data_address = bind(self.data, config.bind, "data")

@@ -7,31 +7,36 @@ things a server's options, its state and a trainer's hello may ask for
 together, and for each pair that does not combine, why. The table is data,
 read by one small engine (:func:`refusal`) that :class:`ServerConfig` applies
 to its options and the rank tables apply to each hello; a rule changes by
-editing its entry, never by a conditional elsewhere. It must never open a
-socket or start anything; the server and its workers only read it.
+editing its entry, never by a conditional elsewhere. The parsers and checks of
+options that are more than a bound (``workers``, ``group_buffer``, the bucket
+edges, the metrics extra) live here too, with the small records they make
+(:class:`WorkerRange`, :class:`BucketSpec`): this module is the lowest part of
+the server, which every other part reads and which imports none of them but the
+source's type. It must never open a socket or start anything; the server and
+its workers only read it.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import itertools
+import re
 import uuid
 import warnings
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 from feedmux._plumbing.shm import DEFAULT_SHM_SIZE
 from feedmux._plumbing.sockets import DEFAULT_BIND, DEFAULT_HWM, control_address_for
 from feedmux.errors import ConfigurationError
 from feedmux.protocol import parse_compress
-from feedmux.server._delivery.batches import BucketSpec
-from feedmux.server._delivery.buckets import check_edges
-from feedmux.server._delivery.groups import DEFAULT_GROUP_BUFFER, JOIN_MODES, parse_group_buffer
-from feedmux.server._sources.autoscale import WorkerRange, parse_workers
-from feedmux.server._sources.policy import BatchPolicy
 from feedmux.server.factory import Source
 
-__all__ = ["ASKS", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "OFF", "REFUSED", "RELIABLE_IS_DEFAULT",
-           "ServerConfig", "deprecated_reliable", "disabled", "refusal"]
+__all__ = ["ASKS", "DEFAULT_AUTO_MAX", "DEFAULT_GROUP_BUFFER", "EXIT_FAILED", "EXIT_OK",
+           "EXIT_USAGE", "JOIN_MODES", "OFF", "REFUSED", "RELIABLE_IS_DEFAULT", "BucketSpec",
+           "ServerConfig", "WorkerRange", "check_edges", "check_metrics_available",
+           "deprecated_reliable", "disabled", "parse_group_buffer", "parse_workers", "refusal"]
 
 #: A server process's exit codes: done, failed, a bad command line or source.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -117,6 +122,130 @@ def disabled(asked: Collection[str], what: str) -> str | None:
         if second == what and first in asked and what in asked:
             return reason
     return None
+
+
+#: The most workers ``auto`` runs when no maximum is given (then also the shards).
+DEFAULT_AUTO_MAX = 16
+
+
+@dataclass(frozen=True)
+class WorkerRange:
+    """The workers option: a fixed count, or ``auto`` between ``minimum`` and ``maximum``."""
+
+    minimum: int
+    maximum: int
+    auto: bool
+
+
+def parse_workers(value: int | str) -> WorkerRange:
+    """``N``, ``auto``, ``auto:MAX`` or ``auto:MIN-MAX``.
+
+    Examples
+    --------
+    >>> parse_workers(3), parse_workers("auto:2-6").maximum, parse_workers("auto").maximum
+    (WorkerRange(minimum=3, maximum=3, auto=False), 6, 16)
+    >>> parse_workers("auto:0")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: expected workers N >= 1, 'auto', 'auto:MAX' or 'auto:MIN-MAX' with 1 <= ...
+    """
+    expected = ("expected workers N >= 1, 'auto', 'auto:MAX' or 'auto:MIN-MAX' with "
+                "1 <= MIN <= MAX")
+    if isinstance(value, bool):
+        raise ValueError(f"{expected}, got {value!r}")
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(f"{expected}, got {value!r}")
+        return WorkerRange(value, value, auto=False)
+    text = str(value).strip()
+    if text.isdigit():
+        return parse_workers(int(text))
+    match = re.fullmatch(r"auto(?::(?:(\d+)-)?(\d+))?", text)
+    if match is None:
+        raise ValueError(f"{expected}, got {value!r}")
+    minimum = int(match[1]) if match[1] else 1
+    maximum = int(match[2]) if match[2] else DEFAULT_AUTO_MAX
+    if not 1 <= minimum <= maximum:
+        raise ValueError(f"{expected}, got {value!r}")
+    return WorkerRange(minimum, maximum, auto=True)
+
+
+#: The groups' buffer when ``--group-buffer`` does not say (why bytes: the docstring of
+#: :mod:`feedmux.server._delivery.groups`).
+DEFAULT_GROUP_BUFFER = "64MiB"
+#: When a group that joins mid-stream starts: at the next epoch boundary, or with the next message.
+JOIN_MODES = ("epoch", "now")
+
+_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
+          "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+_SIZE = re.compile(r"^\s*(\d+)\s*([a-z]*)\s*$")
+
+
+def parse_group_buffer(value: int | str) -> tuple[int, int]:
+    """``(max_messages, max_bytes)`` from ``--group-buffer``: a count of messages or a size.
+
+    A plain number is a count of messages; a number with a unit (``B``, ``KiB``,
+    ``MiB``, ``GiB``, ``KB``, ``MB``, ``GB``) is a size in bytes. The other
+    limit is 0 (none).
+
+    Examples
+    --------
+    >>> parse_group_buffer(64), parse_group_buffer("64MiB"), parse_group_buffer("1000")
+    ((64, 0), (0, 67108864), (1000, 0))
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise ConfigurationError(f"expected group_buffer >= 1 message, got {value}")
+        return value, 0
+    match = _SIZE.match(str(value).lower()) if isinstance(value, str) else None
+    if match is None or match.group(2) not in _UNITS or int(match.group(1)) < 1:
+        raise ConfigurationError(
+            f"expected group_buffer a count of messages (e.g. 256) or a size "
+            f"(e.g. 64MiB), got {value!r}")
+    number, unit = int(match.group(1)), match.group(2)
+    return (number, 0) if not unit else (0, number * _UNITS[unit])
+
+
+def check_edges(edges: Sequence[int]) -> tuple[int, ...]:
+    """``edges`` as a tuple of ascending ints >= 1, or a clear error.
+
+    Examples
+    --------
+    >>> check_edges([16, 64, 256])
+    (16, 64, 256)
+    >>> check_edges([64, 16])
+    Traceback (most recent call last):
+    ...
+    feedmux.errors.ConfigurationError: expected bucket edges strictly ascending ints >= 1, \
+got [64, 16]
+    """
+    values = list(edges)
+    if not all(type(edge) is int and edge >= 1 for edge in values) or any(
+            b <= a for a, b in itertools.pairwise(values)):
+        raise ConfigurationError(
+            f"expected bucket edges strictly ascending ints >= 1, got {values!r}")
+    return tuple(values)
+
+
+class BucketSpec(NamedTuple):
+    """Coordinated steps (``bucket_by=``, :mod:`feedmux.server._delivery.buckets`): the
+    sample field that gives a sample's length, the window in samples (0: the default) and
+    the bucket edges (none: the runs of similar lengths in the window), the run's seed (the
+    ranks' turns)."""
+
+    key: str
+    window: int = 0
+    edges: tuple[int, ...] = ()
+    seed: int = 0
+
+
+def check_metrics_available() -> None:
+    """Raise :class:`ConfigurationError` naming the extra when prometheus-client is missing."""
+    if importlib.util.find_spec("prometheus_client") is None:
+        raise ConfigurationError(
+            "expected prometheus-client for metrics_port / --metrics-port, got no such "
+            "module: install the extra with  pip install 'feedmux[metrics]'"
+        )
 
 
 @dataclass(frozen=True)
@@ -241,9 +370,7 @@ class ServerConfig:
         if (refused := refusal(self.asks)) is not None:
             raise ConfigurationError(refused)
         if self.metrics_port is not None:
-            from feedmux.server._control.metrics import check_available
-
-            check_available()
+            check_metrics_available()
         if not self.server_id:
             object.__setattr__(self, "server_id", uuid.uuid4().hex[:12])
 
@@ -274,7 +401,7 @@ class ServerConfig:
     @property
     def group_limits(self) -> tuple[int, int]:
         """The groups' buffer as ``(max_messages, max_bytes)``: ``group_buffer``, or the
-        default (:data:`~feedmux.server._delivery.groups.DEFAULT_GROUP_BUFFER`)."""
+        default (:data:`DEFAULT_GROUP_BUFFER`)."""
         return parse_group_buffer(self.group_buffer or DEFAULT_GROUP_BUFFER)
 
     @property
@@ -283,7 +410,3 @@ class ServerConfig:
         ``bucket_by``)."""
         return BucketSpec(self.bucket_by, self.bucket_window, self.bucket_edges,
                           self.seed or 0)
-
-    @property
-    def policy(self) -> BatchPolicy:
-        return BatchPolicy(self.samples_per_message, self.max_delay, not self.zero_copy)

@@ -44,6 +44,7 @@ from feedmux.sampling.datasets import dataset_of
 from feedmux.sampling.epochs import EpochIterator
 from feedmux.sampling.mux import restart_passes
 from feedmux.server._delivery.pool import close_pool, open_pool
+from feedmux.server._forward import forward, ranked_dealer
 from feedmux.server._launch import (
     ChildReport,
     ServerProcess,
@@ -53,8 +54,8 @@ from feedmux.server._launch import (
 )
 from feedmux.server._shell import SocketShell
 from feedmux.server._sources.autoscale import usable_cpus
-from feedmux.server._sources.forward import forward, ranked_dealer
 from feedmux.server._sources.merge import merge_block
+from feedmux.server._sources.policy import BatchPolicy
 from feedmux.server._sources.producer import failure_text, produce
 from feedmux.server._sources.seeding import FRESH_ENTROPY, EpochSeeder, resolve_seed
 from feedmux.server._sources.shards import MergedShards, choose_shards
@@ -389,7 +390,7 @@ class Server:
                 produce(
                     EpochIterator(streamer, max_epochs=config.epochs, on_epoch_start=seeder),
                     shell.send_data,
-                    policy=config.policy, server_id=config.server_id,
+                    policy=BatchPolicy.of(config), server_id=config.server_id,
                     skip_errors=config.on_error == "skip", epoch_done=epoch_done,
                     dealer=ranked_dealer(shell, config), meter=shell.meters[0],
                     start=shell.core.start_at, fresh=shell.core.handed.fresh,

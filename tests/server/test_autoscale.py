@@ -15,10 +15,10 @@ from feedmux.server._sources.autoscale import (
     Autoscaler,
     Change,
     Signals,
-    parse_workers,
 )
 from feedmux.server._sources.scaling import idle_cpu_seconds
 from feedmux.server._sources.shards import DEFAULT_SHARDS
+from feedmux.server.config import parse_workers
 
 
 def run(scaler: Autoscaler, capacity: Callable[[float, int], float], demand: float,
@@ -350,8 +350,8 @@ def test_a_count_asked_for_that_auto_already_runs_is_logged_and_shown(
     # left no line and no reason (a loaded test run waited for the line and failed).
     from types import SimpleNamespace
 
-    from feedmux.server._sources.autoscale import WorkerRange
     from feedmux.server._sources.scaling import WorkerScaling
+    from feedmux.server.config import WorkerRange
 
     pool = SimpleNamespace(target=2, slots=4, running=2)
     pool.resize = lambda count: setattr(pool, "target", count)

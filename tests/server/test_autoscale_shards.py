@@ -65,7 +65,7 @@ def test_shard_and_ticket_travel_in_one_number() -> None:
 def _runner_ids(part: object, start: tuple[int, int], ticket: int, messages: int) -> list[int]:
     """The ids a ShardRunner of ``part`` sends in its first ``messages`` messages."""
     from feedmux.protocol import Data, decode
-    from feedmux.server._control.meters import SamplerMeter
+    from feedmux.server._sources.meters import SamplerMeter
     from feedmux.server._sources.producer import Draw
     from feedmux.server._sources.runner import ShardRunner
     from feedmux.server.config import ServerConfig

@@ -16,11 +16,11 @@ from feedmux.apps.cli import build_parser
 from feedmux.errors import ConfigurationError
 from feedmux.protocol import Data, Hello, SampleBatch, decode, ragged_tree
 from feedmux.protocol._batch import stack_samples
-from feedmux.server._delivery.batches import Batches, BatchRequest, BucketSpec
+from feedmux.server._delivery.batches import Batches, BatchRequest
 from feedmux.server._delivery.bucketstage import BucketStage, sample_length
 from feedmux.server._delivery.dealing import RankDealer
 from feedmux.server._delivery.ranking import RankedStage
-from feedmux.server.config import ServerConfig
+from feedmux.server.config import BucketSpec, ServerConfig
 
 WORLD, BATCH = 3, 4
 

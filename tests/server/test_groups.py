@@ -17,8 +17,8 @@ from feedmux.server._control.ranks import RankTables
 from feedmux.server._control.resume import CHECKPOINT
 from feedmux.server._delivery.dealer import Dealer
 from feedmux.server._delivery.fanout import GroupFanout, _RankedGroup
-from feedmux.server._delivery.groups import DEFAULT_GROUP, GroupBuffer, parse_group_buffer
-from feedmux.server.config import ServerConfig, refusal
+from feedmux.server._delivery.groups import DEFAULT_GROUP, GroupBuffer
+from feedmux.server.config import ServerConfig, parse_group_buffer, refusal
 from tests.server.test_dealer import AnyWithRoom
 
 

@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 from feedmux.errors import FeedmuxError
 from feedmux.protocol import Data, decode
 from feedmux.sampling import EpochIterator, Streamer
+from feedmux.server._delivery.outbox import Frames
 from feedmux.server._sources.merge import MESSAGE_OVERHEAD, Merge, MergeOrder, merge_block
 from feedmux.server._sources.policy import BatchPolicy
-from feedmux.server._sources.producer import Frames, produce
+from feedmux.server._sources.producer import produce
 
 
 def merge(shards: list[list[list[int]]], block: int) -> list[int]:

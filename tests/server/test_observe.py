@@ -13,10 +13,11 @@ import feedmux
 from feedmux.protocol import Heartbeat, Hello
 from feedmux.sampling import EpochIterator
 from feedmux.server._control.core import ControlCore
-from feedmux.server._control.meters import SamplerMeter, SharedMeters, sampler_stats
 from feedmux.server._delivery.dealing import RankDealer
+from feedmux.server._delivery.outbox import Frames
+from feedmux.server._sources.meters import SamplerMeter, SharedMeters, sampler_stats
 from feedmux.server._sources.policy import BatchPolicy
-from feedmux.server._sources.producer import Frames, produce
+from feedmux.server._sources.producer import produce
 from feedmux.server.config import ServerConfig
 
 pytestmark = pytest.mark.timeout(10)

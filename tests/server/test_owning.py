@@ -12,9 +12,10 @@ import pytest
 import feedmux
 from feedmux.protocol import Data, SampleBatch, decode
 from feedmux.sampling import EpochIterator
+from feedmux.server._delivery.outbox import Frames
 from feedmux.server._sources.owning import STACK_AS_DRAWN_BYTES, DrawnItems
 from feedmux.server._sources.policy import BatchPolicy
-from feedmux.server._sources.producer import Frames, produce
+from feedmux.server._sources.producer import produce
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -12,8 +12,9 @@ import pytest
 import feedmux
 from feedmux.protocol import Data, decode
 from feedmux.sampling import EpochIterator
+from feedmux.server._delivery.outbox import Frames
 from feedmux.server._sources.policy import BatchPolicy
-from feedmux.server._sources.producer import Frames, Pacer, produce
+from feedmux.server._sources.producer import Pacer, produce
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -86,7 +87,7 @@ def with_an_object_at(index: int) -> Iterator[Any]:
 
 def test_a_refused_sample_is_named_by_its_epoch_position_or_skipped_and_counted() -> None:
     from feedmux.errors import ProtocolError
-    from feedmux.server._control.meters import SamplerMeter
+    from feedmux.server._sources.meters import SamplerMeter
 
     streamer = feedmux.Streamer(with_an_object_at, 2)
     # Before: "cannot encode sample: unsupported type object (sample 1 of 2)", a place in

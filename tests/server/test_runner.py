@@ -11,7 +11,7 @@ import numpy as np
 from feedmux._plumbing.shm import ShmPool
 from feedmux.protocol import Data, decode
 from feedmux.sampling import Streamer
-from feedmux.server._control.meters import SamplerMeter
+from feedmux.server._sources.meters import SamplerMeter
 from feedmux.server._sources.producer import Draw
 from feedmux.server._sources.runner import ShardRunner
 from feedmux.server.config import ServerConfig

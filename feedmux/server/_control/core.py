@@ -28,7 +28,7 @@ import dataclasses
 import enum
 import logging
 from collections import deque
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from feedmux._plumbing.shmtable import pid_namespace
@@ -66,6 +66,7 @@ from feedmux.server._control.scaling import ScaleRequests
 from feedmux.server._control.waiting import POLL_INTERVAL, TrainerWait
 from feedmux.server._delivery.groups import DEFAULT_GROUP
 from feedmux.server._delivery.ledger import Ledger
+from feedmux.server._delivery.registry import Send, Sends
 from feedmux.server._sources.producer import error_message
 from feedmux.server.config import ServerConfig
 
@@ -74,7 +75,6 @@ __all__ = [
     "DRAIN_INTERVAL",
     "FINAL_GRACE",
     "NO_SENDS",
-    "shm_trainers",
     "unreachable",
     "TRAINER_TIMEOUT",
     "ControlCore",
@@ -116,8 +116,6 @@ NO_BATCH_SHAPE = (0, False)
 #: Refused ranks' reasons kept for the job's other ranks (hellos come from peers: bounded).
 MAX_REFUSALS = 4
 
-Send = tuple[bytes, Message]
-Sends = Sequence[Send]
 #: The answer of an event that sends nothing (shared: the data path allocates nothing).
 NO_SENDS: Sends = ()
 
@@ -777,6 +775,14 @@ class ControlCore:
     def connected_trainers(self, now: float) -> int:
         return sum(1 for t in list(self.trainers.values()) if now - t.last_seen <= TRAINER_TIMEOUT)
 
+    def live_members(self, now: float) -> dict[str, list[bytes]]:
+        """Each group's trainers heard within ``TRAINER_TIMEOUT``, by data-socket identity."""
+        groups: dict[str, list[bytes]] = {}
+        for trainer in list(self.trainers.values()):
+            if now - trainer.last_seen <= TRAINER_TIMEOUT:
+                groups.setdefault(trainer.group, []).append(trainer.client_id.encode())
+        return groups
+
     def dealt_trainers(self, now: float) -> int:
         """Connected trainers the data path can deal to now: those that granted credit, on
         a server that deals by credit. A trainer welcomed whose grant is still on its way
@@ -846,12 +852,6 @@ def _owed_to_a_successor(core: ControlCore) -> bool:
     holder has not been re-sent them (its successor gets them first: the stream must not
     end before they went)."""
     return core.tables.owed_to_a_successor()
-
-
-def shm_trainers(core: ControlCore) -> set[bytes]:
-    """The data-socket identities of the trainers that mapped the pool."""
-    return {trainer.client_id.encode() for trainer in list(core.trainers.values())
-            if trainer.shm}
 
 
 def trainer_codecs(core: ControlCore, target: bytes) -> frozenset[int]:

@@ -4,23 +4,24 @@ This module owns the translation of the control core's statistics (the same
 flat map ``feedmux stats`` prints) into Prometheus metric families, and the
 HTTP thread that serves them. ``prometheus-client`` is an optional extra
 (``feedmux[metrics]``), imported only when a server asks for metrics; without
-it :func:`check_available` says which extra to install. The figures are read
-at scrape time from the HTTP thread, through a ``stats`` callable that only
-reads counters and copies of the server's containers: this module must never
+it :func:`~feedmux.server.config.check_metrics_available` says which extra to
+install. The figures are read at scrape time from the HTTP thread, through a
+``stats`` callable that only reads counters and copies of the server's
+containers: this module must never
 change server state, block the data path or bind anything but what it was told
 (loopback by default).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from feedmux.errors import ConfigurationError
+from feedmux.server.config import check_metrics_available
 
-__all__ = ["COUNTERS", "GAUGES", "MetricsEndpoint", "check_available", "families"]
+__all__ = ["COUNTERS", "GAUGES", "MetricsEndpoint", "families"]
 
 log = logging.getLogger("feedmux.server")
 
@@ -80,15 +81,6 @@ GAUGES = {
         "rank_messages_kept", "Messages kept for a restarted rank (sent, not yet handed out).",
     ),
 }
-
-
-def check_available() -> None:
-    """Raise :class:`ConfigurationError` naming the extra when prometheus-client is missing."""
-    if importlib.util.find_spec("prometheus_client") is None:
-        raise ConfigurationError(
-            "expected prometheus-client for metrics_port / --metrics-port, got no such "
-            "module: install the extra with  pip install 'feedmux[metrics]'"
-        )
 
 
 def families(stats: Stats) -> Iterator[Any]:
@@ -157,7 +149,7 @@ class MetricsEndpoint:
     """
 
     def __init__(self, stats: Callable[[], Stats], port: int, host: str = "127.0.0.1") -> None:
-        check_available()
+        check_metrics_available()
         from prometheus_client import start_http_server
         from prometheus_client.registry import CollectorRegistry
 

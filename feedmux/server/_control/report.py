@@ -16,7 +16,7 @@ import bisect
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from feedmux.protocol import PROTOCOL_VERSION, STATS_NEXT_PAGE, stats_order
+from feedmux.protocol import PROTOCOL_VERSION, STATS_NEXT_PAGE, StatValue, stats_order
 from feedmux.server._control.ranks import RankTable, RankTables
 from feedmux.server._control.rates import RateWindow, eta_seconds
 from feedmux.server._control.waitshare import fresh_waits, mean_wait
@@ -27,8 +27,8 @@ from feedmux.server.config import ServerConfig
 __all__ = ["STATS_PAGE_BYTES", "Reporting", "Stat", "core_stats", "progress_line",
            "stats_page"]
 
-#: One statistics value.
-Stat = int | float | str | None
+#: One statistics value (what a :class:`~feedmux.protocol.Stats` map holds).
+Stat = StatValue
 #: Most bytes of figures in one statistics reply: well inside the 64 KiB control frame
 #: (``CONTROL_FRAME_BYTES``) with the header around them.
 STATS_PAGE_BYTES = 48 * 1024

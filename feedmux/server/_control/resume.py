@@ -15,13 +15,13 @@ the sampler gets there (``EpochIterator.resume_at`` and
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
-from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE, Hello, take_samples
+from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE, Hello
 
-__all__ = ["CHECKPOINT", "LIVE", "MAX_HANDED_RANGES", "Handed", "ResumeCut", "Start",
+__all__ = ["CHECKPOINT", "LIVE", "MAX_HANDED_RANGES", "Handed", "Start",
            "agreed_start", "check_announcement", "describe"]
 
 CHECKPOINT, LIVE = RESUME_CHECKPOINT, RESUME_LIVE
@@ -119,43 +119,6 @@ expected the same checkpoint from every rank (each loads the state saved at the 
     said = "; ".join(f"rank {rank}: {describe(resumes[rank])}" for rank in sorted(resumes))
     return None, (f"the ranks announce different positions: {said}; expected the same "
                   f"checkpoint from every rank (each loads the state saved at the same step)")
-
-
-class ResumeCut:
-    """Drops the samples of the resumed epoch before the resume position, as they are merged.
-
-    With several sampling workers each worker skips whole epochs only (its shard's
-    positions within the merged epoch are known only when merged), so the server
-    cuts the merged stream of epoch ``epoch`` at ``position`` and keeps its first
-    ``keep`` samples (the ranked dealer pads with them).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> cut = ResumeCut(2, 5, keep=2)
-    >>> cut.cut(np.arange(0, 3), ["a", "b", "c"]), cut.done
-    ([], False)
-    >>> cut.cut(np.arange(3, 7), ["d", "e", "f", "g"]), cut.done, cut.head
-    (['f', 'g'], True, ['a', 'b'])
-    """
-
-    def __init__(self, epoch: int, position: int, keep: int) -> None:
-        self.epoch = epoch
-        self.position = position
-        self.keep = keep
-        self.head: list[Any] = []
-        #: Whether the cut is behind: every later sample goes on.
-        self.done = False
-
-    def cut(self, positions: np.ndarray, samples: Sequence[Any]) -> Sequence[Any]:
-        """The samples (at ``positions``, ascending) of the resumed epoch that go on."""
-        if self.done:
-            return samples
-        lead = int(np.searchsorted(positions, self.position))
-        self.head.extend(samples[:max(0, min(lead, self.keep - len(self.head)))])
-        rest = take_samples([(samples, slice(lead, None))])  # a batch stays a batch
-        self.done = bool(rest)
-        return rest
 
 
 class Handed:

@@ -10,5 +10,6 @@ trainer was sent until it handed it out (a rank's successor gets the rest;
 :mod:`.reliable` is the policy that re-deals a dead trainer's share within its
 audience), :mod:`.ranksend` sends a rank its messages, and :mod:`.pool` puts large
 arrays in the shared-memory pool for trainers on this host; :mod:`.carrier` chooses
-socket or pool references per trainer, and :mod:`.outbox` sends them all.
+socket or pool references per trainer, and :mod:`.outbox` sends them all. What they
+ask of the control core is stated in :mod:`.registry`: none of them imports it.
 """

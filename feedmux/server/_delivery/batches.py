@@ -31,9 +31,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from feedmux.protocol import Hello, SampleBatch, take_samples, training_batch
+from feedmux.server.config import BucketSpec
 
-__all__ = ["MAX_BATCH_SIZE", "Batch", "BatchAssembler", "BatchRequest", "Batches", "BucketSpec",
-           "unstackable"]
+__all__ = ["MAX_BATCH_SIZE", "Batch", "BatchAssembler", "BatchRequest", "Batches", "unstackable"]
 
 #: The error type of a refused batch shape (the same as a refused rank's).
 BATCH_REFUSED = "feedmux.errors.ConfigurationError"
@@ -42,17 +42,6 @@ BATCH_REFUSED = "feedmux.errors.ConfigurationError"
 MAX_BATCH_SIZE = 1 << 20
 #: The longest ``bucket_by`` field name a hello may carry.
 MAX_BUCKET_KEY = 256
-
-
-class BucketSpec(NamedTuple):
-    """Coordinated steps (``bucket_by=``, :mod:`.buckets`): the sample field that gives a
-    sample's length, the window in samples (0: the default) and the bucket edges (none:
-    the runs of similar lengths in the window), the run's seed (the ranks' turns)."""
-
-    key: str
-    window: int = 0
-    edges: tuple[int, ...] = ()
-    seed: int = 0
 
 
 class BatchRequest:

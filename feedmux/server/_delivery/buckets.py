@@ -47,15 +47,15 @@ any ranked batches (docs/resume.md): a position counts what was dealt.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from feedmux.errors import ConfigurationError
+from feedmux.server.config import check_edges
 
-__all__ = ["DEFAULT_WINDOW_STEPS", "BucketWindow", "Step", "check_edges", "window_size"]
+__all__ = ["DEFAULT_WINDOW_STEPS", "BucketWindow", "Step", "window_size"]
 
 #: The default window, in steps of ``n * B`` samples (``--bucket-window 0``): what
 #: ``benchmarks/bench_buckets.py`` shows meets 1.5x lower step time and at most 10% padding
@@ -79,27 +79,6 @@ def window_size(window: int, world_size: int, batch_size: int) -> int:
     if not window:
         return DEFAULT_WINDOW_STEPS * step
     return max(window, step)
-
-
-def check_edges(edges: Sequence[int]) -> tuple[int, ...]:
-    """``edges`` as a tuple of ascending ints >= 1, or a clear error.
-
-    Examples
-    --------
-    >>> check_edges([16, 64, 256])
-    (16, 64, 256)
-    >>> check_edges([64, 16])
-    Traceback (most recent call last):
-    ...
-    feedmux.errors.ConfigurationError: expected bucket edges strictly ascending ints >= 1, \
-got [64, 16]
-    """
-    values = list(edges)
-    if not all(type(edge) is int and edge >= 1 for edge in values) or any(
-            b <= a for a, b in itertools.pairwise(values)):
-        raise ConfigurationError(
-            f"expected bucket edges strictly ascending ints >= 1, got {values!r}")
-    return tuple(values)
 
 
 class Step(NamedTuple):

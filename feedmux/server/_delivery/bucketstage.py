@@ -33,9 +33,10 @@ from feedmux.protocol import (
     stacked_batch,
     training_batch,
 )
-from feedmux.server._delivery.batches import Batches, BucketSpec
+from feedmux.server._delivery.batches import Batches
 from feedmux.server._delivery.buckets import BucketWindow, Step
 from feedmux.server._delivery.dealing import RankShare
+from feedmux.server.config import BucketSpec
 
 __all__ = ["BucketStage", "sample_length", "sample_lengths"]
 
@@ -116,7 +117,8 @@ class BucketStage:
 
     Examples
     --------
-    >>> from feedmux.server._delivery.batches import Batches, BucketSpec
+    >>> from feedmux.server._delivery.batches import Batches
+    >>> from feedmux.server.config import BucketSpec
     >>> stage = BucketStage(2, "pad", Batches(2, False, BucketSpec("n", window=4)))
     >>> rows = [{"n": n} for n in (5, 1, 9, 2, 4)]
     >>> [(s.rank, s.tags[:, 1].tolist()) for s in stage.deal(1, rows)]

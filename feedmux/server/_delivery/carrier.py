@@ -25,10 +25,10 @@ from typing import Any
 from feedmux._plumbing.shm import Placement, ShmPool, has_refs
 from feedmux._plumbing.shmtable import SHARED
 from feedmux.protocol import packed
-from feedmux.server._control.core import ControlCore, shm_trainers
 from feedmux.server._delivery.compression import LinkCompression
 from feedmux.server._delivery.outbox import Outbox
 from feedmux.server._delivery.pool import Via, placed_now, pooled, settled, via
+from feedmux.server._delivery.registry import TrainerRegistry, shm_trainers
 
 __all__ = ["Carrier"]
 
@@ -42,7 +42,7 @@ class Carrier:
     compressed (None: never).
     """
 
-    def __init__(self, pool: ShmPool | None, core: ControlCore, transit_cap: int,
+    def __init__(self, pool: ShmPool | None, core: TrainerRegistry, transit_cap: int,
                  outbox: Outbox, halted: Callable[[], bool],
                  compression: LinkCompression | None = None) -> None:
         self.compression = compression

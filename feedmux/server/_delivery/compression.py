@@ -47,10 +47,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from feedmux.protocol import INFLATES, Codec, compress_frames, inflate_frames, packed
+from feedmux.protocol import INFLATES, Codec, StatValue, compress_frames, inflate_frames, packed
 from feedmux.protocol._compress import STORED
 from feedmux.protocol._delta import frame_strides
-from feedmux.server._control.core import Stat
 
 __all__ = ["GAIN", "HOLD", "MIN_MESSAGE", "SETTLE", "LinkCompression", "MessageForms", "WINDOW",
            "WORTH"]
@@ -361,9 +360,9 @@ class LinkCompression:
                            f"{link.rate_off / 1e6:.0f} MB/s without")
         link.phase = "hold"
 
-    def stats(self) -> dict[str, Stat]:
+    def stats(self) -> dict[str, StatValue]:
         """Per trainer: the codec (or off), why, and the stream's best measured ratio."""
-        figures: dict[str, Stat] = dict(self.forms.counts)
+        figures: dict[str, StatValue] = dict(self.forms.counts)
         setting = self.setting
         auto = not (setting is None or isinstance(setting, Codec))
         figures["compress"] = (setting.label if isinstance(setting, Codec)

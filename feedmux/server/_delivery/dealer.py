@@ -33,13 +33,13 @@ from feedmux._plumbing.shm import Placement
 from feedmux._plumbing.shmtable import SENT as SENT_RUNS
 from feedmux.errors import ProtocolError
 from feedmux.protocol import read_tags, stacking_into
-from feedmux.server._control.core import ControlCore
 from feedmux.server._delivery.batches import unstackable
 from feedmux.server._delivery.carrier import Carrier
 from feedmux.server._delivery.freebatches import NO_BATCHES, FreeBatches, Shape
 from feedmux.server._delivery.ledger import Entry, Ledger
 from feedmux.server._delivery.outbox import GONE, SENT, Outbox, Wait
 from feedmux.server._delivery.ranksend import RankSender
+from feedmux.server._delivery.registry import DealerControl
 
 log = logging.getLogger("feedmux.server")
 
@@ -138,7 +138,7 @@ class Dealer:
     batch could not be built.
     """
 
-    def __init__(self, outbox: Outbox, core: ControlCore, carrier: Carrier,
+    def __init__(self, outbox: Outbox, core: DealerControl, carrier: Carrier,
                  halted: Callable[[], bool], policy: Callable[[str], FreePolicy],
                  rank_envelope: Sequence[bytes] = (),
                  rank_room: Callable[[bytes, int], bool] | None = None,

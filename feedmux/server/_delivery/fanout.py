@@ -41,15 +41,14 @@ from collections.abc import Callable, Iterable
 from feedmux._plumbing.shm import Placement, carried_bytes, is_ref
 from feedmux._plumbing.shmtable import SENT
 from feedmux.protocol import Data, Error, decode
-from feedmux.server._control.core import TRAINER_TIMEOUT, ControlCore, Sends
 from feedmux.server._delivery.batches import Batches
 from feedmux.server._delivery.carrier import Carrier
 from feedmux.server._delivery.dealer import Dealer, FreeAudience, RankAudience
 from feedmux.server._delivery.dealing import RankDealer
 from feedmux.server._delivery.groups import DEFAULT_GROUP, BufferedMessage, GroupBuffer
-from feedmux.server._delivery.outbox import Wait
+from feedmux.server._delivery.outbox import Frames, Wait
 from feedmux.server._delivery.ranking import RankedStage, RankMessage
-from feedmux.server._sources.producer import Frames
+from feedmux.server._delivery.registry import FanoutControl, Sends
 from feedmux.server.config import ServerConfig
 
 __all__ = ["GroupFanout"]
@@ -148,7 +147,7 @@ class GroupFanout:
     group's errors).
     """
 
-    def __init__(self, config: ServerConfig, dealer: Dealer, core: ControlCore,
+    def __init__(self, config: ServerConfig, dealer: Dealer, core: FanoutControl,
                  stopping: Callable[[], bool], deliver: Callable[[Sends], None]) -> None:
         self.buffer = GroupBuffer(*config.group_limits, config.join, config.group_timeout,
                                   lambda message: dealer.carrier.unshare(message.placed))
@@ -247,7 +246,7 @@ class GroupFanout:
     def pump(self) -> None:
         """Send each group as many of its next messages as its members have room for."""
         now = time.monotonic()
-        members = self._members(now)
+        members = self.core.live_members(now)
         buffer = self.buffer
         for name in members:
             buffer.join(name, now, at_once=name == self._continuing)
@@ -370,7 +369,7 @@ class GroupFanout:
     def redeal(self) -> None:
         """Deal again, within each group, what its lost reliable members held (to the
         members live now)."""
-        self._targets.update(self._members(time.monotonic()))
+        self._targets.update(self.core.live_members(time.monotonic()))
         for audience in self._free.values():
             self.dealer.redeal(audience)
 
@@ -404,14 +403,6 @@ class GroupFanout:
         self.dealer.outbox.bytes_sent += message.nbytes
         self.core.data_sent(message.n_samples, message.epoch)
         return True
-
-    def _members(self, now: float) -> dict[str, list[bytes]]:
-        """Each group's live trainers, by data-socket identity."""
-        groups: dict[str, list[bytes]] = {}
-        for trainer in self.core.trainers.values():
-            if now - trainer.last_seen <= TRAINER_TIMEOUT:
-                groups.setdefault(trainer.group, []).append(trainer.client_id.encode())
-        return groups
 
     def _log_lag(self) -> None:
         now = time.monotonic()

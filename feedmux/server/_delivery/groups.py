@@ -18,71 +18,34 @@ epoch whole at no cost), else at the next epoch the sampler begins; when the
 sampler has already begun its last, that is past the stream's end, and the
 group gets the end of the stream (the fan-out says so in the log).
 
-The buffer is bounded by bytes by default (:data:`DEFAULT_GROUP_BUFFER`): a
-count of messages bounds nothing when samples are large (256 messages of 16
-MiB samples are 4 GiB), while 64 MiB holds thousands of small messages (slack
-for the groups' jitter) and still a few large ones; a message larger than the
-whole buffer goes through alone. It holds only what some group has yet to
-receive: up to the limit whenever a group is slower than the sampler.
+The buffer is bounded by bytes by default
+(:data:`~feedmux.server.config.DEFAULT_GROUP_BUFFER`): a count of messages bounds
+nothing when samples are large (256 messages of 16 MiB samples are 4 GiB), while
+64 MiB holds thousands of small messages (slack for the groups' jitter) and still
+a few large ones; a message larger than the whole buffer goes through alone. It
+holds only what some group has yet to receive: up to the limit whenever a group is
+slower than the sampler.
 """
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from feedmux.errors import ConfigurationError
+from feedmux.server.config import JOIN_MODES
 
 __all__ = [
     "DEFAULT_GROUP",
-    "DEFAULT_GROUP_BUFFER",
-    "JOIN_MODES",
     "BufferedMessage",
     "GroupBuffer",
     "GroupState",
-    "parse_group_buffer",
 ]
 
 #: The group of a trainer that names none.
 DEFAULT_GROUP = "default"
-#: The groups' buffer when ``--group-buffer`` does not say (see the module's docstring).
-DEFAULT_GROUP_BUFFER = "64MiB"
-#: When a group that joins mid-stream starts: at the next epoch boundary, or with the next message.
-JOIN_MODES = ("epoch", "now")
-
-_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
-          "kib": 1024, "mib": 1024**2, "gib": 1024**3}
-_SIZE = re.compile(r"^\s*(\d+)\s*([a-z]*)\s*$")
-
-
-def parse_group_buffer(value: int | str) -> tuple[int, int]:
-    """``(max_messages, max_bytes)`` from ``--group-buffer``: a count of messages or a size.
-
-    A plain number is a count of messages; a number with a unit (``B``, ``KiB``,
-    ``MiB``, ``GiB``, ``KB``, ``MB``, ``GB``) is a size in bytes. The other
-    limit is 0 (none).
-
-    Examples
-    --------
-    >>> parse_group_buffer(64), parse_group_buffer("64MiB"), parse_group_buffer("1000")
-    ((64, 0), (0, 67108864), (1000, 0))
-    """
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value < 1:
-            raise ConfigurationError(f"expected group_buffer >= 1 message, got {value}")
-        return value, 0
-    match = _SIZE.match(str(value).lower()) if isinstance(value, str) else None
-    if match is None or match.group(2) not in _UNITS or int(match.group(1)) < 1:
-        raise ConfigurationError(
-            f"expected group_buffer a count of messages (e.g. 256) or a size "
-            f"(e.g. 64MiB), got {value!r}")
-    number, unit = int(match.group(1)), match.group(2)
-    return (number, 0) if not unit else (0, number * _UNITS[unit])
-
-
 @dataclass
 class BufferedMessage:
     """One encoded data message as the sampler made it, sent as is to every group."""

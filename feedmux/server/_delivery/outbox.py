@@ -32,7 +32,10 @@ from typing import Any
 
 import zmq
 
-__all__ = ["FULL", "GONE", "SENT", "STRAY_BATCH", "Outbox", "Sent", "Wait"]
+__all__ = ["FULL", "GONE", "SENT", "STRAY_BATCH", "Frames", "Outbox", "Sent", "Wait"]
+
+#: One data message as it is sent: its frames (bytes, memoryviews, zmq Frames).
+Frames = Sequence[Any]
 
 
 class Sent(enum.Enum):

@@ -44,8 +44,8 @@ from typing import Any
 
 from feedmux._plumbing.shm import Placement, ShmPool, has_refs
 from feedmux._plumbing.shmtable import SHARED
-from feedmux.server._control.core import ControlCore, shm_trainers
 from feedmux.server._delivery.outbox import Outbox, Wait
+from feedmux.server._delivery.registry import TrainerRegistry, shm_trainers
 from feedmux.server.config import ServerConfig, disabled
 
 __all__ = ["Via", "close_pool", "open_pool", "place_or_wait", "pooled", "placed_now",
@@ -89,7 +89,7 @@ class Via(enum.Enum):
     WAIT = "not now"
 
 
-def pooled(pool: ShmPool, core: ControlCore, frames: Sequence[Any], outbox: Outbox,
+def pooled(pool: ShmPool, core: TrainerRegistry, frames: Sequence[Any], outbox: Outbox,
            halted: Callable[[], bool]) -> tuple[Sequence[Any], Placement | None]:
     """What goes on a socket, and ``frames`` placed in the pool for the trainers that map
     it (waiting while it is full) or None: no such trainer, nothing large, or the server
@@ -128,7 +128,7 @@ def pooled(pool: ShmPool, core: ControlCore, frames: Sequence[Any], outbox: Outb
     return pool.forwarded.copied_out(frames), placed
 
 
-def placed_now(pool: ShmPool, core: ControlCore, frames: Sequence[Any],
+def placed_now(pool: ShmPool, core: TrainerRegistry, frames: Sequence[Any],
                state: int = SHARED) -> Placement | None:
     """``frames`` placed for the consumer groups' members that map the pool, or None: no
     such trainer, nothing large, or the pool is full. ``state`` SHARED: once for every

@@ -23,13 +23,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from feedmux.protocol import Data, encode
-from feedmux.server._control.resume import ResumeCut
+from feedmux.protocol import Data, encode, take_samples
 from feedmux.server._delivery.batches import Batches
 from feedmux.server._delivery.bucketstage import BucketStage
 from feedmux.server._delivery.dealing import RankDealer, RankShare
 
-__all__ = ["RankMessage", "RankedStage", "batched_shares"]
+__all__ = ["RankMessage", "RankedStage", "ResumeCut", "batched_shares"]
 
 
 class RankMessage(NamedTuple):
@@ -40,6 +39,43 @@ class RankMessage(NamedTuple):
     samples: int
     epoch: int
     rank: int
+
+
+class ResumeCut:
+    """Drops the samples of the resumed epoch before the resume position, as they are merged.
+
+    With several sampling workers each worker skips whole epochs only (its shard's
+    positions within the merged epoch are known only when merged), so the server
+    cuts the merged stream of epoch ``epoch`` at ``position`` and keeps its first
+    ``keep`` samples (the ranked dealer pads with them).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> cut = ResumeCut(2, 5, keep=2)
+    >>> cut.cut(np.arange(0, 3), ["a", "b", "c"]), cut.done
+    ([], False)
+    >>> cut.cut(np.arange(3, 7), ["d", "e", "f", "g"]), cut.done, cut.head
+    (['f', 'g'], True, ['a', 'b'])
+    """
+
+    def __init__(self, epoch: int, position: int, keep: int) -> None:
+        self.epoch = epoch
+        self.position = position
+        self.keep = keep
+        self.head: list[Any] = []
+        #: Whether the cut is behind: every later sample goes on.
+        self.done = False
+
+    def cut(self, positions: np.ndarray, samples: Sequence[Any]) -> Sequence[Any]:
+        """The samples (at ``positions``, ascending) of the resumed epoch that go on."""
+        if self.done:
+            return samples
+        lead = int(np.searchsorted(positions, self.position))
+        self.head.extend(samples[:max(0, min(lead, self.keep - len(self.head)))])
+        rest = take_samples([(samples, slice(lead, None))])  # a batch stays a batch
+        self.done = bool(rest)
+        return rest
 
 
 class RankedStage:

@@ -78,7 +78,6 @@ from feedmux.protocol import (
     pack_envelope,
     read_tags,
 )
-from feedmux.server._control.meters import ControlMeter
 from feedmux.server._delivery.ledger import Entry, Ledger, Recovery, handed_below
 from feedmux.server._delivery.outbox import GONE, Outbox, Wait
 from feedmux.server._delivery.shares import RedealShares
@@ -376,12 +375,13 @@ class ReliableLink:
 
     def __init__(self, socket: zmq.Socket[Any], outbox: Outbox, server_id: str,
                  read_marks: Callable[[], object] = lambda: None,
-                 meter: ControlMeter | None = None,
+                 count_control: Callable[[int, float], None] = lambda messages, cpu: None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.socket = socket
         self.outbox = outbox
-        #: Counts the credit and acknowledgements taken in (control traffic on the data socket).
-        self.meter = meter or ControlMeter()
+        #: Counts the credit and acknowledgements taken in, and the CPU seconds they took
+        #: (control traffic on the data socket: the shell's control meter adds them up).
+        self.count_control = count_control
         self.server_id = server_id
         self.credits = Credits(server_id)
         #: Reads the control socket: a trainer's last hand-out marks, sent just before it
@@ -452,7 +452,7 @@ class ReliableLink:
                 continue
             self.summary.read(identity)
             self.heard[identity] = self.clock()
-        self.meter.add(received, time.thread_time() - cpu_started)
+        self.count_control(received, time.thread_time() - cpu_started)
 
     def _replaced(self, identity: bytes, client_id: str) -> None:
         """A new connection grants credit as ``client_id``: an older one under that id is a

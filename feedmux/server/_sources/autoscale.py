@@ -24,19 +24,15 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass
 
 __all__ = ["CEILING_SECONDS", "CPU_BOUND_WORKER", "GROWTH_FACTOR", "LIGHT_WORKER", "MIN_GAIN",
-           "WAY_OUT_BLOCKED", "Autoscaler", "Change", "Signals", "WorkerRange", "parse_workers",
-           "usable_cpus"]
+           "WAY_OUT_BLOCKED", "Autoscaler", "Change", "Signals", "usable_cpus"]
 
 #: Least relative rise of the rate one more worker must bring to be kept.
 MIN_GAIN = 0.08
 #: How long a count that did not pay stays the ceiling before it is tried again.
 CEILING_SECONDS = 30.0
-#: The most workers ``auto`` runs when no maximum is given (then also the shards).
-DEFAULT_AUTO_MAX = 16
 #: The most one growth multiplies the count by: the trainers' wait and the workers' CPU
 #: are estimates from one count, and a sampler's rate need not grow in proportion.
 GROWTH_FACTOR = 4
@@ -56,48 +52,6 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-@dataclass(frozen=True)
-class WorkerRange:
-    """The workers option: a fixed count, or ``auto`` between ``minimum`` and ``maximum``."""
-
-    minimum: int
-    maximum: int
-    auto: bool
-
-
-def parse_workers(value: int | str) -> WorkerRange:
-    """``N``, ``auto``, ``auto:MAX`` or ``auto:MIN-MAX``.
-
-    Examples
-    --------
-    >>> parse_workers(3), parse_workers("auto:2-6").maximum, parse_workers("auto").maximum
-    (WorkerRange(minimum=3, maximum=3, auto=False), 6, 16)
-    >>> parse_workers("auto:0")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    ValueError: expected workers N >= 1, 'auto', 'auto:MAX' or 'auto:MIN-MAX' with 1 <= ...
-    """
-    expected = ("expected workers N >= 1, 'auto', 'auto:MAX' or 'auto:MIN-MAX' with "
-                "1 <= MIN <= MAX")
-    if isinstance(value, bool):
-        raise ValueError(f"{expected}, got {value!r}")
-    if isinstance(value, int):
-        if value < 1:
-            raise ValueError(f"{expected}, got {value!r}")
-        return WorkerRange(value, value, auto=False)
-    text = str(value).strip()
-    if text.isdigit():
-        return parse_workers(int(text))
-    match = re.fullmatch(r"auto(?::(?:(\d+)-)?(\d+))?", text)
-    if match is None:
-        raise ValueError(f"{expected}, got {value!r}")
-    minimum = int(match[1]) if match[1] else 1
-    maximum = int(match[2]) if match[2] else DEFAULT_AUTO_MAX
-    if not 1 <= minimum <= maximum:
-        raise ValueError(f"{expected}, got {value!r}")
-    return WorkerRange(minimum, maximum, auto=True)
 
 
 @dataclass(frozen=True)

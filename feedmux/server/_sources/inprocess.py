@@ -44,11 +44,12 @@ import numpy as np
 
 from feedmux._plumbing.shm import ShmPool
 from feedmux.protocol import Error, stacking_into, take_samples
-from feedmux.server._control.meters import SamplerMeter
+from feedmux.server._delivery.outbox import Frames
+from feedmux.server._sources.meters import SamplerMeter
 from feedmux.server._sources.owning import DrawnItems
+from feedmux.server._sources.policy import BatchPolicy
 from feedmux.server._sources.producer import (
     Draw,
-    Frames,
     Pacer,
     SampleErrors,
     encode_batch,
@@ -100,11 +101,11 @@ class InProcessSeat:
         # As a worker: its shards' part of an epoch only (the shards may move).
         self.errors = SampleErrors(config.on_error == "skip", self.meter,
                                    guard=SkipGuard(config.max_skips, whole_epochs=False))
-        drawn = Draw(DrawnItems(shm) if config.policy.copy_arrays else None,
+        drawn = Draw(DrawnItems(shm) if BatchPolicy.of(config).copy_arrays else None,
                       self.errors.hook(), shm, self.errors, self.meter, meanwhile)
         self._runners = SeatRunners(pool.parts, config, seat, pool.block, drawn)
         #: Sizes the messages made of the chunks (as ``--workers 1`` sizes its own).
-        self._pacer = Pacer(config.policy)
+        self._pacer = Pacer(BatchPolicy.of(config))
         #: CPU seconds of this thread in the draws: what ``auto`` measures as the CPU of
         #: the sampling process at one (the server's forwarding is no worker's work).
         self.cpu_seconds = 0.0

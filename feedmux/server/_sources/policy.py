@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from feedmux._plumbing.shm import SHM_THRESHOLD
+from feedmux.server.config import ServerConfig
 
 __all__ = ["MAX_SAMPLES_PER_MESSAGE", "TARGET_MESSAGE_BYTES", "BatchPolicy", "payload_bytes"]
 
@@ -50,6 +51,11 @@ class BatchPolicy:
     #: bench``). ``zero_copy=True`` on the server skips the copy for streamers that
     #: never reuse an array.
     copy_arrays: bool = True
+
+    @classmethod
+    def of(cls, config: ServerConfig) -> BatchPolicy:
+        """The policy a server's options ask for."""
+        return cls(config.samples_per_message, config.max_delay, not config.zero_copy)
 
     def limit_for(self, first_sample: Any) -> int:
         """How many samples the message starting with ``first_sample`` may hold."""

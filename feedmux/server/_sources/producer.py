@@ -27,17 +27,17 @@ from feedmux.errors import DataError, ProtocolError, SkipLimitError
 from feedmux.protocol import Data, Error, encode
 from feedmux.sampling.epochs import Chunk, EpochIterator
 from feedmux.sampling.streamer import StreamErrorHook, blamed_streamer, describe_streamer
-from feedmux.server._control.meters import SamplerMeter
 from feedmux.server._delivery.batches import Batches, unstackable
 from feedmux.server._delivery.dealing import RankDealer
+from feedmux.server._delivery.outbox import Frames
 from feedmux.server._delivery.ranking import RankedStage
+from feedmux.server._sources.meters import SamplerMeter
 from feedmux.server._sources.owning import DrawnItems, own
 from feedmux.server._sources.policy import TARGET_MESSAGE_BYTES, BatchPolicy, payload_bytes
 from feedmux.server._sources.skips import DEFAULT_MAX_SKIPS, SkipGuard
 
 __all__ = [
     "Draw",
-    "Frames",
     "Pacer",
     "SampleErrors",
     "encode_batch",
@@ -53,7 +53,6 @@ log = logging.getLogger("feedmux.server")
 #: A streamer that raises on every pull would otherwise write a traceback per pull.
 error_log = RateLimitedLog(log)
 
-Frames = Sequence[Any]
 #: ``fresh(epoch, positions) -> mask or None``: which samples nobody handed out yet (a
 #: resumed run of free trainers); only those go out.
 Fresh = Callable[[int, np.ndarray], "np.ndarray | None"]

@@ -26,9 +26,11 @@ import numpy as np
 from feedmux.protocol import EndOfEpoch, encode, stacking_into
 from feedmux.sampling.epochs import EpochIterator
 from feedmux.sampling.mux import restart_passes
-from feedmux.server._control.meters import SamplerMeter
+from feedmux.server._delivery.outbox import Frames
 from feedmux.server._sources.assignment import Assignment, pack_shard
-from feedmux.server._sources.producer import Draw, Frames, Pacer, encode_batch, skip_epoch
+from feedmux.server._sources.meters import SamplerMeter
+from feedmux.server._sources.policy import BatchPolicy
+from feedmux.server._sources.producer import Draw, Pacer, encode_batch, skip_epoch
 from feedmux.server._sources.shards import ShardRandom
 from feedmux.server.config import ServerConfig
 
@@ -75,7 +77,7 @@ class ShardRunner:
         self.done = False
         self._config = config
         self._drawn = drawn
-        self._pacer = Pacer(config.policy)
+        self._pacer = Pacer(BatchPolicy.of(config))
         self._seq = pack_shard(index, ticket)
         self._pending: tuple[Any, Any] | None = None
         #: Chunks handed to ``keep`` (:meth:`step`): their size is looked at every

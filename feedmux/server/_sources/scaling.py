@@ -20,8 +20,9 @@ import os
 from collections.abc import Callable, Collection
 
 from feedmux.server._sources.assignment import ShardLedger
-from feedmux.server._sources.autoscale import Autoscaler, Change, Signals, WorkerRange
+from feedmux.server._sources.autoscale import Autoscaler, Change, Signals
 from feedmux.server._sources.workers import WorkerPool
+from feedmux.server.config import WorkerRange
 
 __all__ = ["SCALE_WINDOW", "WorkerScaling", "idle_cpu_seconds"]
 

@@ -64,11 +64,13 @@ from feedmux._plumbing.shm import ShmPool
 from feedmux._plumbing.sockets import make_socket
 from feedmux._stderrlog import flush_logs
 from feedmux.protocol import encode
-from feedmux.server._control.meters import SamplerMeter, SharedMeters
+from feedmux.server._delivery.outbox import Frames
 from feedmux.server._sources.assignment import Assignment, ShardLedger, plan_owners
+from feedmux.server._sources.meters import SamplerMeter, SharedMeters
 from feedmux.server._sources.owning import DrawnItems
 from feedmux.server._sources.packing import SharedCodec, pack
-from feedmux.server._sources.producer import Draw, Frames, SampleErrors, error_message
+from feedmux.server._sources.policy import BatchPolicy
+from feedmux.server._sources.producer import Draw, SampleErrors, error_message
 from feedmux.server._sources.runner import SeatRunners
 from feedmux.server._sources.skips import SkipGuard
 from feedmux.server._sources.wakeups import Wakeups
@@ -502,7 +504,8 @@ def _worker_main(
     # A worker sees its shards' part of an epoch only: it stops on a streak of skips alone.
     errors = SampleErrors(config.on_error == "skip", meter,
                           guard=SkipGuard(config.max_skips, whole_epochs=False))
-    drawn = Draw(DrawnItems(shm) if config.policy.copy_arrays else None, errors.hook(), shm,
+    policy = BatchPolicy.of(config)
+    drawn = Draw(DrawnItems(shm) if policy.copy_arrays else None, errors.hook(), shm,
                   errors, meter)
     seat = SeatRunners(parts, config, index, block, drawn)
     try:

@@ -27,7 +27,9 @@ the one sampling seat (:class:`~feedmux.server._sources.inprocess.InProcessSeat`
 its looks at the sockets the loop lets it draw a message's worth of chunks, which enter
 the merge unencoded under their tickets as a worker's messages do, and the consecutive
 ones of an epoch leave as one message. It must never sample but through that seat (the
-workers do) nor decide who gets what (the dealer and the control core do).
+workers do) nor decide who gets what (the dealer and the control core do). It is
+composition, not a source: it drives the shell and reads the control core's state
+between runs, so it sits above both, beside :mod:`feedmux.server.server`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ all: no messages, no locks, since one writer per slot). With a count field
 (``--count-field tokens``) it also sums each sample's value of that field (its
 length, or the number itself): the rate in the user's unit. It must never read a
 clock of its own, log or decide anything: the producer and the shell measure
-and add, the control core reports.
+and add, the control core reports. It lives with the sources, which write the
+sampling figures from every process; the data path adds its control time
+through a callable it is given, so it never imports this module.
 """
 
 from __future__ import annotations
