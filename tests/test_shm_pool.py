@@ -241,10 +241,10 @@ def test_the_servers_own_copy_goes_to_the_pool_and_spares_shared_empty(pool: Shm
     from feedmux.server._sources.owning import own
 
     with drawing_into(pool):
-        pool.wanted = False  # no trainer on this host: a plain copy
+        pool.want(False)  # no trainer on this host: a plain copy
         drawn = np.full(MIB // 4, 2, np.float32)
         assert not pool.lent(own(drawn, pool))
-        pool.wanted = True  # sent through the pool: the protective copy is made there
+        pool.want(True)  # sent through the pool: the protective copy is made there
         copied = own(drawn, pool)
         assert copied is not drawn and pool.lent(copied) and (copied == 2).all()
         built = shared_empty(MIB // 4, np.float32)
@@ -279,7 +279,7 @@ def test_a_run_the_server_still_holds_is_not_reused_after_the_trainers_release(
 def _worker_sends(pool: ShmPool, pipe: Any, value: float, keep_one: bool) -> None:
     """A forked worker: its message as references to its region, sent up ``pipe``."""
     pool.enter_worker(0, lambda: False)
-    pool.wanted = True
+    pool.want(True)
     from feedmux.server._sources.owning import own
 
     sample = own({"x": np.full(MIB // 4, value, np.float32)}, pool)  # the owned copy, in the pool

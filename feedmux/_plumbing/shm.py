@@ -65,7 +65,7 @@ import struct
 import subprocess
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -265,6 +265,19 @@ class Placement:
         self.claims = 0
         self.handed: list[Any] | None = None
 
+    def address(self, trainers: Collection[bytes], *,
+                maps: Callable[[bytes], bool] | None = None) -> None:
+        """Say which trainers (those that map the pool) it is for; ``maps``: its socket
+        form holds a worker's references only (only a trainer that maps the pool may take
+        it), and whether a trainer maps it now (it may attach while the message waits)."""
+        self.trainers = frozenset(trainers)
+        if maps is not None:
+            self.refs_only, self.maps = True, maps
+
+    def also_for(self, target: bytes) -> None:
+        """``target`` mapped the pool while the message waited: it is for it too."""
+        self.trainers |= {target}
+
     def delivered(self) -> None:
         """Sent as references: its runs are the trainer's to release, not ours to cancel."""
         self.taken, self.held, self.forwarded = [], [], []
@@ -444,9 +457,13 @@ class ShmPool:
         :func:`owned_copy` writes large drawn arrays here only then (in every process)."""
         return self.books.wanted
 
-    @wanted.setter
-    def wanted(self, value: bool) -> None:
-        self.books.wanted = value
+    def want(self, wanted: bool) -> None:
+        """Say whether the server sends through the pool now (:attr:`wanted`)."""
+        self.books.wanted = wanted
+
+    def stalled(self) -> None:
+        """Count a message that found the pool full (``shm_stalls``)."""
+        self.stalls += 1
 
     # -- the sampling workers -----------------------------------------------------------------
     def split(self, workers: int) -> None:

@@ -190,6 +190,20 @@ class _Run:
                                                                     message.epoch):
             self.merge.put(shard, message, None, 0)
 
+    def check_skipped(self, pool: WorkerPool, config: ServerConfig, epoch: int,
+                      count: int) -> None:
+        """``--on-error skip``: an epoch the workers sent nothing of but skips stops the run
+        (each worker stops on its own streak of skips; only here is the whole epoch seen)."""
+        if config.on_error != "skip":
+            return
+        skipped = sum(meter.errors_skipped for meter in pool.meters)
+        before, self.skipped_before = self.skipped_before, skipped
+        if not count and skipped > before:
+            raise SkipLimitError(
+                f"--on-error skip skipped every sample of epoch {epoch} ({skipped - before} "
+                "error(s) in the sampling workers, no sample served; the first is logged "
+                "above, naming its streamer)")
+
     def number(self, frames: Any) -> np.ndarray:
         """The tags of a worker's message with positions numbered across the shards."""
         tags: np.ndarray = read_tags(frames).copy()
@@ -322,21 +336,6 @@ def _failed(error: Error, shell: SocketShell) -> int:
     return EXIT_FAILED
 
 
-def _check_skipped(run: _Run, pool: WorkerPool, config: ServerConfig, epoch: int,
-                   count: int) -> None:
-    """``--on-error skip``: an epoch the workers sent nothing of but skips stops the run
-    (each worker stops on its own streak of skips; only here is the whole epoch seen)."""
-    if config.on_error != "skip":
-        return
-    skipped = sum(meter.errors_skipped for meter in pool.meters)
-    before, run.skipped_before = run.skipped_before, skipped
-    if not count and skipped > before:
-        raise SkipLimitError(
-            f"--on-error skip skipped every sample of epoch {epoch} ({skipped - before} "
-            "error(s) in the sampling workers, no sample served; the first is logged above, "
-            "naming its streamer)")
-
-
 def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
                  config: ServerConfig, home: InProcessSeat) -> int | None:
     """Send what is next in merge order; an exit code when the stream ends or stops.
@@ -367,7 +366,7 @@ def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
                 if ranked is not None and not _send_ranked(ranked.finish_epoch(item.epoch),
                                                            shell):
                     return EXIT_OK
-                _check_skipped(run, pool, config, item.epoch, positions.get(item.epoch, 0))
+                run.check_skipped(pool, config, item.epoch, positions.get(item.epoch, 0))
                 shell.epoch_done(item.epoch, positions.get(item.epoch, 0))
                 run.gather(pool, shell)  # the trainers of the next epoch
                 if config.epochs is not None and item.epoch >= config.epochs:

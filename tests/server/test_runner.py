@@ -75,7 +75,7 @@ def test_a_shard_stacks_its_message_in_its_region_of_the_pool_when_a_trainer_map
             sent.append(placed.frames)
             return True
 
-        pool.wanted = True
+        pool.want(True)
         for _ in range(2):
             runner.step(send, SamplerMeter(), batch_size=4)
         # Stacked straight into the pool, forwarded as references: no copy into it (before:

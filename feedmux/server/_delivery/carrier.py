@@ -62,7 +62,7 @@ class Carrier:
         if self.pool is None:
             return frames, None
         if self.compression is not None and packed(frames) is not None:
-            self.pool.wanted = bool(shm_trainers(self.core))
+            self.pool.want(bool(shm_trainers(self.core)))
             if not self.pool.wanted:
                 return frames, None
             frames = self.compression.forms.raw(frames)

@@ -108,23 +108,22 @@ def pooled(pool: ShmPool, core: TrainerRegistry, frames: Sequence[Any], outbox: 
     reuse a run whose memory the server still holds (a pinned or kept run).
     """
     trainers = shm_trainers(core)
-    pool.wanted = bool(trainers)
+    pool.want(bool(trainers))
     placed = None
     if trainers and len(frames) > 2:
         placed = place_or_wait(pool, frames, outbox, halted)
     if not has_refs(frames):
         if placed is not None:
-            placed.trainers = frozenset(trainers)
+            placed.address(trainers)
         return frames, placed
     if placed is None:  # whole, for the socket: its runs are free once copied
         whole = pool.forwarded.copied_out(frames)
         pool.drop(frames)
         return whole, None
-    placed.trainers = frozenset(trainers)
     if len(trainers) == len(core.trainers):
-        placed.refs_only = True
-        placed.maps = lambda identity: identity in shm_trainers(core)
+        placed.address(trainers, maps=lambda identity: identity in shm_trainers(core))
         return frames, placed
+    placed.address(trainers)
     return pool.forwarded.copied_out(frames), placed
 
 
@@ -143,7 +142,7 @@ def placed_now(pool: ShmPool, core: TrainerRegistry, frames: Sequence[Any],
     goes whole, over the sockets, and counts in ``shm_stalls``.
     """
     trainers = shm_trainers(core)
-    pool.wanted = bool(trainers)
+    pool.want(bool(trainers))
     if not trainers or len(frames) <= 2 or (state != SHARED and has_refs(frames)):
         return None
     placed = pool.place(frames, state=state)
@@ -151,11 +150,11 @@ def placed_now(pool: ShmPool, core: TrainerRegistry, frames: Sequence[Any],
         pool.reclaim(pool.owners_due())
         placed = pool.place(frames, state=state)
     if placed is None:
-        pool.stalls += 1
+        pool.stalled()
         return None
     if placed.first() < 0:  # nothing large: the socket carries it
         return None
-    placed.trainers = frozenset(trainers)
+    placed.address(trainers)
     return placed
 
 
@@ -184,7 +183,7 @@ def via(pool: ShmPool | None, placed: Placement | None, target: bytes, cap: int)
             return Via.AS_IS
         if placed.maps is None or not placed.maps(target):
             return Via.WAIT
-        placed.trainers |= {target}  # it mapped the pool while the message waited
+        placed.also_for(target)  # it mapped the pool while the message waited
     return Via.WAIT if pool.in_transit(target) >= cap else Via.POOL
 
 
@@ -196,7 +195,7 @@ def place_or_wait(pool: ShmPool, frames: Sequence[Any], outbox: Outbox,
     placed = pool.place(frames)
     if placed is not None:
         return placed
-    pool.stalls += 1
+    pool.stalled()
     started, warned = time.monotonic(), False
 
     def attempt() -> Wait | None:
