@@ -1,0 +1,177 @@
+"""A free trainer's buckets (``bucket_by=`` without a rank) through real servers and loaders.
+
+Every server here is a real process (``Server(...).start()`` or ``feedmux serve``,
+bound to port 0 on 127.0.0.1) and every trainer a real ``RemoteLoader``: in a
+checked thread, or a process of ``tests.integration.trainers`` to be SIGKILLed.
+"Exactly once" is what docs/server.md says of free trainers: every sample of an
+epoch is handed out once across the loaders that share the stream.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from feedmux import RemoteLoader, Server
+from feedmux.protocol import Padded
+from tests.integration.bucket_samplers import length_of
+from tests.integration.conftest import ROOT, CheckedThread, Spawned, kill_remaining
+
+pytestmark = pytest.mark.timeout(180)
+
+RAGGED = "tests.integration.bucket_samplers:ragged"
+NUMBERED = "tests.integration.samplers:numbered"
+EPOCH = 302  # 2 streams x 151 samples: no whole number of batches
+EPOCHS = 2
+BATCH = 4
+EDGES = (8, 16, 32)
+
+
+def bucket_of(length: int, edges: tuple[int, ...] = EDGES) -> int:
+    return sum(length >= edge for edge in edges)
+
+
+def threaded(target: Callable[..., Any], *args: Any, **options: Any) -> CheckedThread:
+    return CheckedThread(functools.partial(target, *args, **options))
+
+
+def ragged_server(**options: Any) -> Server:
+    options = {"factory_kwargs": {"streams": 2, "per_stream": EPOCH // 2}, "epochs": EPOCHS,
+               "epoch_size": EPOCH, "seed": 3, "bind": "tcp://127.0.0.1:0",
+               "control": "tcp://127.0.0.1:0", "samples_per_message": 8, **options}
+    return Server(RAGGED, **options).start()
+
+
+def bucketed_steps(server: Server, pad: bool, **options: Any) -> list[tuple[int, list[int]]]:
+    """Every batch a free bucketing loader hands out until the stream ends, ``(epoch, ids)``,
+    each checked: its tokens each sample's own (a list, or padded with a mask)."""
+    steps = []
+    with RemoteLoader(server.data_address, control=server.control_address, timeout=60,
+                      with_meta=True, batch_size=BATCH, bucket_by="tokens", pad=pad,
+                      **options) as loader:
+        for meta, batch in loader:
+            ids = batch["id"].tolist()
+            lengths = np.array([length_of(i) for i in ids])
+            assert 1 <= len(ids) <= BATCH and meta.positions.tolist() == sorted(
+                meta.positions.tolist())
+            tokens = batch["tokens"]
+            if pad:
+                assert isinstance(tokens, Padded)
+                assert tokens.values.shape == (len(ids), lengths.max())
+                assert (tokens.mask == (np.arange(lengths.max()) < lengths[:, None])).all()
+                assert (tokens.values == np.where(tokens.mask, batch["id"][:, None], 0)).all()
+            else:
+                assert isinstance(tokens, list)
+                for sample_id, array in zip(ids, tokens, strict=True):
+                    assert array.shape == (length_of(sample_id),) and (array == sample_id).all()
+            steps.append((meta.epoch, ids))
+    return steps
+
+
+@pytest.mark.parametrize(("pad", "drop_last", "edges"), [
+    (True, False, EDGES), (False, True, EDGES), (False, False, ()),
+])
+def test_a_free_trainer_with_bucket_by_gets_each_epoch_once_in_batches_of_one_bucket(
+        servers: list[Server], pad: bool, drop_last: bool, edges: tuple[int, ...]) -> None:
+    # Before: refused ("expected bucket_by with rank= and world_size= ...").
+    servers.append(server := ragged_server(bucket_edges=edges))
+    steps = bucketed_steps(server, pad, drop_last=drop_last)
+    for epoch in range(1, EPOCHS + 1):
+        batches = [ids for e, ids in steps if e == epoch]
+        ids = Counter(i for batch in batches for i in batch)
+        assert max(ids.values()) == 1, epoch
+        short = [batch for batch in batches if len(batch) < BATCH]
+        if drop_last:  # each bucket's last, short batch of the epoch dropped
+            assert not short and EPOCH - (len(EDGES) + 1) * (BATCH - 1) <= len(ids), epoch
+        else:
+            assert sorted(ids) == list(range(EPOCH)), epoch
+            assert len(short) <= max(1, len(edges) + 1), (epoch, short)
+        lengths = [[length_of(i) for i in batch] for batch in batches]
+        if edges:  # every batch of one bucket
+            assert all(len({bucket_of(n) for n in batch}) == 1 for batch in lengths)
+        # Of similar length: far less padding than the same samples batched by id.
+        by_id = [[length_of(i) for i in range(start, min(start + BATCH, EPOCH))]
+                 for start in range(0, EPOCH, BATCH)]
+        assert waste(lengths) < 0.6 * waste(by_id), (waste(lengths), waste(by_id))
+    assert server.join(30) == 0
+
+
+def waste(batches: list[list[int]]) -> float:
+    """Padding to each batch's longest, as a share of the padded tokens."""
+    return 1 - sum(map(sum, batches)) / sum(len(batch) * max(batch) for batch in batches)
+
+
+def read(server: Server, **options: Any) -> list[tuple[int, list[int]]]:
+    """Every step a loader hands out until the stream ends, ``(epoch, ids)``."""
+    steps = []
+    with RemoteLoader(server.data_address, control=server.control_address, timeout=60,
+                      with_meta=True, **options) as loader:
+        for meta, item in loader:
+            ids = item["id"]
+            steps.append((meta.epoch, [int(ids)] if np.ndim(ids) == 0 else ids.tolist()))
+    return steps
+
+
+def test_a_bucketing_a_plain_batched_and_a_single_sample_trainer_share_one_stream(
+        servers: list[Server]) -> None:
+    # The ids are the lengths here (bucket_by="id": an int field), so every batch stacks.
+    servers.append(server := Server(
+        NUMBERED, factory_kwargs={"streams": 4, "per_stream": 100}, epochs=EPOCHS,
+        epoch_size=400, bind="tcp://127.0.0.1:0", control="tcp://127.0.0.1:0",
+        min_trainers=3, samples_per_message=10, bucket_edges=(100, 200, 300)).start())
+    threads = [threaded(read, server, batch_size=8, bucket_by="id"),
+               threaded(read, server, batch_size=5),
+               threaded(read, server)]
+    bucketed, plain, single = (thread.join(150) for thread in threads)
+    assert bucketed and plain and single, "each loader gets a share of the stream"
+    assert all(len({i // 100 for i in ids}) == 1 for _, ids in bucketed)
+    assert all(len(ids) <= 5 for _, ids in plain) and all(len(ids) == 1 for _, ids in single)
+    for epoch in range(1, EPOCHS + 1):
+        ids = Counter(i for steps in (bucketed, plain, single) for e, step in steps
+                      if e == epoch for i in step)
+        assert sorted(ids) == list(range(400)) and set(ids.values()) == {1}, epoch
+    assert server.join(30) == 0
+
+
+def records(path: Path) -> list[tuple[int, int]]:
+    return [(int(epoch), int(sample_id)) for epoch, sample_id in
+            (line.split() for line in path.read_text().splitlines())]
+
+
+@pytest.mark.parametrize("survivor", [["--batch-size", "3", "--bucket-by", "tokens"], []])
+def test_a_killed_bucketing_trainer_loses_nothing_the_others_get_its_rest(
+        serve: Callable[..., Spawned], tmp_path: Path, survivor: list[str]) -> None:
+    # The bucketing trainer dies mid-epoch holding batches it was sent (padded: dealt again
+    # as their samples) and rows in its shape's window (given back to the others).
+    server = serve(RAGGED, "--arg", "per_stream=300", "--epochs", "2", "--samples-per-message",
+                   "8", "--min-trainers", "2", "--bucket-edges", "8,16,32")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    common = [sys.executable, "-m", "tests.integration.trainers", server.data, server.control]
+    doomed = subprocess.Popen([*common, str(tmp_path / "doomed"), "--batch-size", "4",
+                               "--bucket-by", "tokens", "--die-after", "40", "--step-ms", "2"],
+                              env=env, cwd=ROOT)
+    alive = subprocess.Popen([*common, str(tmp_path / "survivor"), "--step-ms", "0.2",
+                              *survivor], env=env, cwd=ROOT)
+    try:
+        assert doomed.wait(timeout=120) == -9
+        assert alive.wait(timeout=120) == 0
+    finally:
+        kill_remaining([doomed, alive])
+    dead, rest = records(tmp_path / "doomed"), records(tmp_path / "survivor")
+    assert 40 * 3 <= len(dead) <= 40 * 4
+    assert server.wait(timeout=30) == 0, server.stderr
+    for epoch in (1, 2):
+        got = Counter(i for e, i in dead + rest if e == epoch)
+        assert got == Counter(range(1200)), (
+            f"epoch {epoch}: lost {sorted(set(range(1200)) - set(got))[:20]}, twice "
+            f"{sorted(i for i, n in got.items() if n > 1)[:20]}; the server said:\n"
+            f"{server.stderr[-3000:]}")
