@@ -24,7 +24,14 @@ import pytest
 from feedmux import RemoteLoader, Server
 from feedmux.protocol import Padded
 from tests.integration.bucket_samplers import length_of
-from tests.integration.conftest import ROOT, CheckedThread, Spawned, kill_remaining
+from tests.integration.conftest import (
+    ROOT,
+    CheckedThread,
+    Endpoints,
+    Spawned,
+    kill_remaining,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -142,6 +149,24 @@ def test_a_bucketing_a_plain_batched_and_a_single_sample_trainer_share_one_strea
     assert server.join(30) == 0
 
 
+def test_a_consumer_groups_members_may_bucket_and_each_group_gets_every_sample_once(
+        servers: list[Server]) -> None:
+    servers.append(server := ragged_server(min_trainers=3, bucket_edges=EDGES))
+    threads = [threaded(bucketed_steps, server, False, group="train", world_size=2),
+               threaded(read, server, group="train", world_size=2),
+               threaded(read, server, group="eval")]
+    bucketed, single, evaluator = (thread.join(150) for thread in threads)
+    assert bucketed and single, "each member gets a share of its group's stream"
+    assert all(len({bucket_of(length_of(i)) for i in ids}) == 1 for _, ids in bucketed)
+    for epoch in range(1, EPOCHS + 1):
+        trained = Counter(i for steps in (bucketed, single) for e, step in steps
+                          if e == epoch for i in step)
+        evaluated = Counter(i for e, step in evaluator if e == epoch for i in step)
+        assert sorted(trained) == list(range(EPOCH)) and set(trained.values()) == {1}, epoch
+        assert sorted(evaluated) == list(range(EPOCH)) and set(evaluated.values()) == {1}
+    assert server.join(30) == 0
+
+
 def records(path: Path) -> list[tuple[int, int]]:
     return [(int(epoch), int(sample_id)) for epoch, sample_id in
             (line.split() for line in path.read_text().splitlines())]
@@ -173,5 +198,47 @@ def test_a_killed_bucketing_trainer_loses_nothing_the_others_get_its_rest(
         got = Counter(i for e, i in dead + rest if e == epoch)
         assert got == Counter(range(1200)), (
             f"epoch {epoch}: lost {sorted(set(range(1200)) - set(got))[:20]}, twice "
+            f"{sorted(i for i, n in got.items() if n > 1)[:20]}; the server said:\n"
+            f"{server.stderr[-3000:]}")
+
+
+def test_a_restarted_server_deals_again_what_a_bucketing_trainers_window_held(
+        serve: Callable[..., Spawned], tmp_path: Path) -> None:
+    # A bucketing trainer hands out 2 batches and stops reading: its shape's window keeps
+    # rows of positions scattered below the newest message dealt, and the batches built
+    # for it, none of them sent to anyone. The other trainer reads on past a few summaries
+    # of the hand-outs; the server is SIGKILLed and restarted on the same endpoints, and
+    # both trainers go on with it. Unless the old server's summary listed the window's
+    # rows as not handed out, the restarted one takes them for handed out (lost).
+    command = (RAGGED, "--arg", "per_stream=100", "--epochs", "2",
+               "--samples-per-message", "8", "--min-trainers", "2")
+    endpoints = Endpoints.ipc(tmp_path)  # the restarted server binds the same endpoints
+    server = serve(*command, endpoints=endpoints)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    common = [sys.executable, "-m", "tests.integration.trainers", server.data, server.control]
+    go = ["--go-file", str(tmp_path / "go")]
+    trainers = [subprocess.Popen([*common, str(tmp_path / "bucketed"), "--batch-size", "4",
+                                  "--bucket-by", "tokens", "--hold-after", "2", *go],
+                                 env=env, cwd=ROOT),
+                subprocess.Popen([*common, str(tmp_path / "single"), "--step-ms", "5",
+                                  "--hold-after", "128", *go], env=env, cwd=ROOT)]
+    try:
+        wait_until(lambda: all((tmp_path / name).exists() for name in ("bucketed", "single"))
+                   and len(records(tmp_path / "bucketed")) == 8
+                   and len(records(tmp_path / "single")) >= 128, 60,
+                   "the bucketing trainer at 2 batches, the other at 128 samples")
+        server.kill()
+        server.wait(timeout=10)
+        server = serve(*command, endpoints=endpoints)
+        (tmp_path / "go").touch()
+        assert [trainer.wait(timeout=90) for trainer in trainers] == [0, 0]
+        assert server.wait(timeout=30) == 0, server.stderr
+    finally:
+        kill_remaining(trainers)
+    rows = records(tmp_path / "bucketed") + records(tmp_path / "single")
+    for epoch in (1, 2):
+        got = Counter(i for e, i in rows if e == epoch)
+        assert got == Counter(range(400)), (
+            f"epoch {epoch}: lost {sorted(set(range(400)) - set(got))[:30]}, twice "
             f"{sorted(i for i, n in got.items() if n > 1)[:20]}; the server said:\n"
             f"{server.stderr[-3000:]}")
