@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -29,6 +30,7 @@ from tests.integration.conftest import (
     CheckedThread,
     Endpoints,
     Spawned,
+    first_error,
     kill_remaining,
     wait_until,
 )
@@ -164,6 +166,21 @@ def test_a_consumer_groups_members_may_bucket_and_each_group_gets_every_sample_o
         evaluated = Counter(i for e, step in evaluator if e == epoch for i in step)
         assert sorted(trained) == list(range(EPOCH)) and set(trained.values()) == {1}, epoch
         assert sorted(evaluated) == list(range(EPOCH)) and set(evaluated.values()) == {1}
+    assert server.join(30) == 0
+
+
+def test_samples_without_the_field_are_that_loaders_error_and_the_other_gets_them_all(
+        servers: list[Server]) -> None:
+    servers.append(server := ragged_server(min_trainers=2, epochs=1))
+    said = threaded(lambda: first_error(RemoteLoader(
+        server.data_address, control=server.control_address, timeout=60, batch_size=BATCH,
+        bucket_by="length")))
+    single = threaded(read, server)
+    assert re.search(r"DataError: cannot build a batch of batch_size=4, bucket_by='length' in "
+                     r"epoch 1: bucket_by='length': expected each sample a dict whose 'length' "
+                     r"is its length .*got a dict with keys \['id', 'tokens'\]; .*This loader "
+                     r"is dealt nothing more", said.join(90)), said
+    assert sorted(i for _, ids in single.join(90) for i in ids) == list(range(EPOCH))
     assert server.join(30) == 0
 
 

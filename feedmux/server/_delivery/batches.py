@@ -34,7 +34,7 @@ from feedmux.errors import ProtocolError
 from feedmux.protocol import Hello, SampleBatch, take_samples, training_batch
 
 __all__ = ["MAX_BATCH_SIZE", "Batch", "BatchAssembler", "BatchRequest", "Batches", "BucketSpec",
-           "unstackable"]
+           "UnknownLength", "unstackable"]
 
 #: The error type of a refused batch shape (the same as a refused rank's).
 BATCH_REFUSED = "feedmux.errors.ConfigurationError"
@@ -43,6 +43,11 @@ BATCH_REFUSED = "feedmux.errors.ConfigurationError"
 MAX_BATCH_SIZE = 1 << 20
 #: The longest ``bucket_by`` field name a hello may carry.
 MAX_BUCKET_KEY = 256
+
+
+class UnknownLength(ProtocolError):
+    """A sample dealt to a free trainer's buckets has no length in the field its
+    ``bucket_by`` names: that trainer's batch cannot be built."""
 
 
 class BucketSpec(NamedTuple):
@@ -163,12 +168,14 @@ def unstackable(error: Exception, epoch: int, batch_size: int, ranked: bool = Fa
     --------
     >>> unstackable(ValueError("got sample 1 of 16 (int64[3]) unlike sample 0"), 2, 16)[:74]
     'cannot build a batch of batch_size=16 in epoch 2: its samples do not stack'
-    >>> unstackable(ValueError("..."), 2, 16, bucket_by="n")[:63]
-    "cannot build a batch of batch_size=16, bucket_by='n' in epoch 2"
+    >>> unstackable(UnknownLength("bucket_by='n': expected ..."), 2, 16, bucket_by="n")[:88]
+    "cannot build a batch of batch_size=16, bucket_by='n' in epoch 2: bucket_by='n': expected"
     """
     shape = f"batch_size={batch_size}" + (f", bucket_by={bucket_by!r}" * bool(bucket_by))
-    return (f"cannot build a batch of {shape} in epoch {epoch}: its samples do not stack "
-            f"({error}); for samples of variable length, have the server batch them by length "
+    why = str(error) if isinstance(error, UnknownLength) else (
+        f"its samples do not stack ({error})")
+    return (f"cannot build a batch of {shape} in epoch {epoch}: {why}; for samples of "
+            f"variable length, have the server batch them by length "
             "with RemoteLoader(batch_size=..., bucket_by='<the length field>', pad=True) "
             "(docs/ddp.md), or use batch_size=None and batch in the trainer. "
             + ("A data-parallel job's ranks take their steps together: the run stops"

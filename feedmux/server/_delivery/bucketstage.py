@@ -38,7 +38,7 @@ from feedmux.protocol import (
     stacked_batch,
     training_batch,
 )
-from feedmux.server._delivery.batches import Batch, Batches, BucketSpec
+from feedmux.server._delivery.batches import Batch, Batches, BucketSpec, UnknownLength
 from feedmux.server._delivery.buckets import BucketWindow, Step
 from feedmux.server._delivery.dealing import RankShare
 
@@ -121,7 +121,7 @@ class BucketStage:
 
     Examples
     --------
-    >>> from feedmux.server._delivery.batches import Batch, Batches, BucketSpec
+    >>> from feedmux.server._delivery.batches import Batches, BucketSpec
     >>> stage = BucketStage(2, "pad", Batches(2, False, BucketSpec("n", window=4)))
     >>> rows = [{"n": n} for n in (5, 1, 9, 2, 4)]
     >>> [(s.rank, s.tags[:, 1].tolist()) for s in stage.deal(1, rows)]
@@ -278,7 +278,7 @@ class BucketAssembler:
             self._before = before
             if isinstance(error, ProtocolError):
                 raise
-            raise ProtocolError(str(error)) from error
+            raise UnknownLength(str(error)) from error
 
     def finish_epoch(self) -> list[Batch]:
         """The epoch has no more samples: the window's rows, whole batches then the last,
