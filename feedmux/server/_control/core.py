@@ -807,8 +807,12 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
         start, problem = agreed_start(core.ranks.resumes, core.ranks.world_size or 0)
         if not (core.ranks.ranked or core.tables.grouped):
             free = [t for t in core.trainers.values() if t.rank < 0]
-            core.handed = Handed((t.handed for t in free if t.handed),
-                                 (t.handed_below for t in free if t.handed_below))
+            # A bucketing trainer's batches do not follow the positions (what its shape's
+            # window held lies below its latest hand-out): no frontier past its summary.
+            core.handed = Handed((t.handed for t in free if t.handed and not t.batch[2]),
+                                 (t.handed_below for t in free if t.handed_below),
+                                 ((t.handed, t.handed_below) for t in free
+                                  if t.handed and t.batch[2]))
             start = Start(core.handed.start, {})
         if start is None:
             log.error("%s", problem)
