@@ -14,12 +14,13 @@ This module owns :class:`FreeBatches`, the pure part: per shape a
 :class:`~feedmux.server._delivery.batches.BatchAssembler` (rows held until a
 batch is complete, a batch never spanning two epochs nor going back in the
 epoch's positions), or a bucket assembler (rows held in its window until a
-bucket makes a batch or the epoch ends) and the batches built and not sent yet, encoded. The rows a
-shape holds are no trainer's: when a trainer dies, what it was sent goes back
-through its ledger as before, and what its shape holds goes to the next
+bucket makes a batch or the epoch ends), and the batches built and not sent
+yet, encoded. The rows a shape holds are no trainer's: when a trainer dies,
+what it was sent goes back through its ledger as before (a bucketed batch
+dealt again is cut as its samples), and what its shape holds goes to the next
 trainer of that shape; a shape with no trainer left gives its rows back as
 sample messages (:meth:`FreeBatches.release`), dealt again to the others. An
-epoch's last, partial batch is made when the epoch is over
+epoch's last, partial batch (of each bucket) is made when the epoch is over
 (:meth:`FreeBatches.finish_epoch`), sent short or dropped (``drop_last``).
 It never sends, and never decides which trainer takes a message (the dealer
 does, by credit).
