@@ -85,27 +85,25 @@ says what happens to an epoch's last, partial batch), got drop_last=True
                       "it says what happens to an epoch's last, partial batch")
 
 
-def check_buckets(bucket_by: Any, pad: Any, batch_size: Any, rank: Any) -> None:
+def check_buckets(bucket_by: Any, pad: Any, batch_size: Any) -> None:
     """Refuse ``bucket_by`` / ``pad`` a server could not serve to this loader.
 
     Examples
     --------
-    >>> check_buckets("tokens", True, 32, 0), check_buckets(None, False, None, None)
+    >>> check_buckets("tokens", True, 32), check_buckets(None, False, None)
     (None, None)
-    >>> check_buckets("tokens", False, 32, None)
+    >>> check_buckets("tokens", False, None)
     Traceback (most recent call last):
     ...
-    feedmux.errors.ConfigurationError: expected bucket_by with rank= and world_size= (it \
-deals the steps of a data-parallel job) and batch_size=, got bucket_by='tokens', rank=None, \
-batch_size=32
+    feedmux.errors.ConfigurationError: expected bucket_by with batch_size= (the server groups \
+samples of similar length into the batches it builds), got bucket_by='tokens', batch_size=None
     """
     if bucket_by is not None and not (type(bucket_by) is str and bucket_by):
         raise ConfigurationError(f"expected bucket_by None or a field name, got {bucket_by!r}")
-    if bucket_by is not None and (rank is None or batch_size is None):
+    if bucket_by is not None and batch_size is None:
         raise ConfigurationError(
-            f"expected bucket_by with rank= and world_size= (it deals the steps of a "
-            f"data-parallel job) and batch_size=, got bucket_by={bucket_by!r}, rank={rank!r}, "
-            f"batch_size={batch_size!r}")
+            f"expected bucket_by with batch_size= (the server groups samples of similar length "
+            f"into the batches it builds), got bucket_by={bucket_by!r}, batch_size=None")
     _check_batch_flag("pad", pad, batch_size, "it pads the variable-length leaves of a batch")
 
 

@@ -314,7 +314,7 @@ class ServerLinks:
         pad: bool = False,
     ) -> None:
         check_batches(batch_size, drop_last)
-        check_buckets(bucket_by, pad, batch_size, None if rank < 0 else rank)
+        check_buckets(bucket_by, pad, batch_size)
         self.links = [ServerLink(data, control)
                       for data, control in zip(data_addresses, control_addresses, strict=True)]
         for link, was_derived in zip(self.links, derived, strict=False):

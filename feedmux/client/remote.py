@@ -177,12 +177,15 @@ class RemoteLoader:
         trainers, or of each rank: every rank's is the same size) instead of
         handing it out short.
     bucket_by : str, optional
-        A ranked trainer with ``batch_size``: have the server deal each step so
-        that the batches of every rank come from samples of similar length, read
-        from the sample's field ``bucket_by`` (an int, or an array's first
-        dimension; docs/ddp.md). Every rank of the job names the same field.
-        The arrays whose first dimension is the sample's length come as a list
-        of the samples' arrays, or padded (``pad``).
+        With ``batch_size``: have the server build each batch from samples of
+        similar length, read from the sample's field ``bucket_by`` (an int, or
+        an array's first dimension; docs/ddp.md). A free trainer's batches come
+        from its share of the stream, each of one bucket, each bucket's rest of
+        an epoch short (or dropped, ``drop_last``); a ranked job's steps are
+        dealt so that every rank's batch of a step holds similar lengths, and
+        every rank of the job names the same field. The arrays whose first
+        dimension is the sample's length come as a list of the samples' arrays,
+        or padded (``pad``).
     pad : bool
         With ``batch_size``: hand out each variable-length leaf of a bucketed
         batch as :class:`~feedmux.protocol.Padded` (``values`` padded with zeros

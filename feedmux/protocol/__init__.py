@@ -70,7 +70,14 @@ from feedmux.protocol._messages import (
     Welcome,
     stats_order,
 )
-from feedmux.protocol._ragged import Padded, gathered, padded_batch, ragged_tree, stacked_batch
+from feedmux.protocol._ragged import (
+    Padded,
+    gathered,
+    padded_batch,
+    ragged_tree,
+    stacked_batch,
+    without_padding,
+)
 from feedmux.protocol._stacking import stacked_tree, take_rows, training_batch
 from feedmux.protocol._tags import TAG_DTYPE, position_runs, read_tags, replace_tags
 from feedmux.protocol._tensors import TensorError, is_tensor, tensor_array
@@ -136,4 +143,5 @@ __all__ = [
     "tensor_array",
     "training_batch",
     "unpack_envelope",
+    "without_padding",
 ]

@@ -136,9 +136,9 @@ class Hello:
     partial batch is dropped (True) or sent short (docs/stream.md).
 
     ``bucket_by`` is empty, or the field of a sample whose value (an int, or an
-    array's first dimension) is its length: the ranked trainer asks the server
-    to deal each step's batches from samples of similar length (docs/ddp.md);
-    every rank of a job asks the same.
+    array's first dimension) is its length: a trainer with ``batch_size`` asks
+    the server to build its batches from samples of similar length (a ranked
+    job: each step's batches, and every rank of it asks the same; docs/ddp.md).
 
     ``codecs`` are the codecs of compressed frames (``c`` of kind 15) the trainer
     inflates; the server compresses its messages with those only. Empty: a trainer

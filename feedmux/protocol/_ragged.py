@@ -11,7 +11,9 @@ receiver turns each such pair into what the trainer asked for
 (:func:`ragged_tree`): a list of the samples' arrays (views), or
 :class:`Padded`, the padded array and its mask, built by numpy from the
 lengths with no Python step per sample. It never reads or writes bytes and
-never decides which samples form a batch.
+never decides which samples form a batch. A bucketed batch passed on as samples
+(a lost trainer's rest, dealt again to trainers of other shapes) has each padded
+leaf cut back to its samples' own arrays (:func:`without_padding`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from feedmux.protocol._batch import ARRAY, SCALAR, SampleBatch, StackedLeaf
 from feedmux.protocol._stacking import training_batch
 
 __all__ = ["LENGTHS", "PADDED", "Padded", "gathered", "padded_batch", "ragged_tree",
-           "stacked_batch"]
+           "stacked_batch", "without_padding"]
 
 #: The two keys of a padded leaf's place in a batch tree.
 PADDED, LENGTHS = "__feedmux_padded__", "__feedmux_lengths__"
@@ -220,3 +222,47 @@ def _unpadded(values: np.ndarray, lengths: np.ndarray, pad: bool) -> Any:
     if pad:
         return Padded(values, np.arange(longest) < lengths[:, None])
     return [values[row, :length] for row, length in enumerate(lengths.tolist())]
+
+
+def without_padding(samples: Sequence[Any]) -> Sequence[Any]:
+    """``samples`` (a decoded message's) as they were sampled: when they are a bucketed
+    batch, a list of its samples, each padded leaf cut back to the sample's own array;
+    else ``samples`` itself (one look at the batch's template, no sample built).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> batch = padded_batch([{"x": np.arange(2), "y": 1}, {"x": np.arange(3), "y": 2}], [2, 3])
+    >>> [(sample["x"].tolist(), int(sample["y"])) for sample in without_padding(batch)]
+    [([0, 1], 1), ([0, 1, 2], 2)]
+    >>> plain = [{"y": 1}]
+    >>> without_padding(plain) is plain
+    True
+    """
+    if type(samples) is not SampleBatch or not _holds_padded(samples.template):
+        return samples
+    return [_cut_to_length(sample) for sample in samples.unstacked()]
+
+
+def _holds_padded(template: Any) -> bool:
+    kind = type(template)
+    if kind is dict:
+        if len(template) == 2 and PADDED in template and LENGTHS in template:
+            return True
+        return any(_holds_padded(value) for value in template.values())
+    if kind in (list, tuple):
+        return any(_holds_padded(value) for value in template)
+    return False
+
+
+def _cut_to_length(sample: Any) -> Any:
+    kind = type(sample)
+    if kind is dict:
+        if len(sample) == 2 and PADDED in sample and LENGTHS in sample:
+            return sample[PADDED][:int(sample[LENGTHS])]
+        return {key: _cut_to_length(value) for key, value in sample.items()}
+    if kind is tuple:
+        return tuple(_cut_to_length(value) for value in sample)
+    if kind is list:
+        return [_cut_to_length(value) for value in sample]
+    return sample

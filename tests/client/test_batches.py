@@ -22,6 +22,10 @@ ADDRESS = "tcp://127.0.0.1:1"
     ({"batch_size": "8"}, "expected batch_size None or an int >= 1, got '8'"),
     ({"batch_size": 8, "drop_last": 1}, "expected drop_last a bool, got 1"),
     ({"drop_last": True}, "expected drop_last=False without batch_size"),
+    ({"bucket_by": "tokens"}, "expected bucket_by with batch_size= .*got bucket_by='tokens', "
+                              "batch_size=None"),
+    ({"bucket_by": "", "batch_size": 8}, "expected bucket_by None or a field name, got ''"),
+    ({"pad": True}, "expected pad=False without batch_size"),
 ])
 def test_bad_batch_arguments_are_refused_saying_what_was_expected(
     options: dict[str, Any], message: str
@@ -41,6 +45,16 @@ def test_the_hello_asks_for_the_batches() -> None:
     hellos = [action.message for action in links(batch_size=32, drop_last=True).hello()]
     assert hellos == [Hello("t", batch_size=32, drop_last=True, codecs=INFLATES)] * 2
     assert [action.message for action in links().hello()] == [Hello("t", codecs=INFLATES)] * 2
+
+
+def test_a_free_loader_may_ask_for_buckets() -> None:
+    # Before: "expected bucket_by with rank= and world_size= (it deals the steps of a
+    # data-parallel job)".
+    hellos = [action.message for action in
+              links(batch_size=8, bucket_by="tokens", pad=True).hello()]
+    assert hellos == [Hello("t", batch_size=8, bucket_by="tokens", codecs=INFLATES)] * 2
+    loader = RemoteLoader(ADDRESS, batch_size=8, bucket_by="tokens", pad=True)
+    loader.close()
 
 
 @pytest.mark.parametrize(("options", "steps"), [

@@ -73,6 +73,14 @@ def test_remote_dataset_checks_its_options_without_connecting() -> None:
     assert dataset.state_dict()["resume"] == [None]
 
 
+def test_a_free_remote_dataset_may_ask_for_buckets() -> None:
+    # Before: "expected bucket_by with rank= and world_size= ..." for a free trainer.
+    dataset = RemoteDataset(NOWHERE, batch_size=8, bucket_by="tokens", pad=True)
+    assert isinstance(dataset, IterableDataset)
+    with pytest.raises(ConfigurationError, match=r"expected bucket_by with batch_size="):
+        RemoteDataset(NOWHERE, bucket_by="tokens")
+
+
 def test_a_ranked_loader_iterated_by_several_workers_is_refused_clearly() -> None:
     loader = RemoteLoader(NOWHERE, rank=0, world_size=1, timeout=5)
     with pytest.raises(Exception, match="RemoteDataset"):

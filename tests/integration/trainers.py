@@ -22,6 +22,7 @@ import numpy as np
 
 from feedmux import SampleMeta
 from feedmux.client.remote import RemoteLoader
+from tests.integration.bucket_samplers import length_of
 
 #: Seconds without data before the loader raises. A group or a job held back by a rank
 #: that restarts gets nothing meanwhile: a loaded machine took over 30 s to restart one.
@@ -58,6 +59,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch-size", type=int, default=0,
                         help="a free trainer that asks for batches (a line per sample; "
                              "--die-after and --hold-after count batches)")
+    parser.add_argument("--bucket-by",
+                        help="with --batch-size: batches of samples of similar length by this "
+                             "field (each batch's sample ids, lengths checked: exit 6 if not)")
     parser.add_argument("--acks-late-ms", type=float, default=0.0,
                         help="hold the acknowledging thread back this long at its start (a "
                              "thread that a busy machine schedules late)")
@@ -69,6 +73,8 @@ def main(argv: list[str]) -> int:
     views = SharedViews()
     hwm = {"hwm": args.hwm} if args.hwm else {}
     batches = {"batch_size": args.batch_size} if args.batch_size else {}
+    if args.bucket_by:
+        batches["bucket_by"] = args.bucket_by
     with open(args.out, "w", buffering=1) as out, RemoteLoader(
         args.data, control=args.control, timeout=LOADER_TIMEOUT,
         with_meta=True, group=args.group, rank=args.rank, world_size=args.world_size, **hwm,
@@ -76,6 +82,8 @@ def main(argv: list[str]) -> int:
     ) as loader:
         for count, (meta, sample) in enumerate(loader, start=1):
             if args.batch_size:  # a batch: a line per sample, the mark its last position
+                if args.bucket_by and not _own_arrays(sample, args.bucket_by):
+                    return 6
                 out.write("".join(f"{meta.epoch} {int(i)}\n" for i in sample["id"]))
                 meta = SampleMeta(meta.epoch, int(meta.positions[-1]), meta.server_id)
                 if count == args.die_after:
@@ -88,6 +96,8 @@ def main(argv: list[str]) -> int:
                 position += f" {meta.server_id}"
             if "x" in sample and not (sample["x"] == sample["id"]).all():
                 return 4  # a sample's array is not its own (reused memory)
+            if "tokens" in sample and not _own_tokens(sample):
+                return 4  # a variable-length sample is not as it was sampled
             out.write(f"{meta.epoch} {int(sample['id'])}{position}\n")
             if args.views_out and "x" in sample:
                 views.count(sample["x"])
@@ -103,6 +113,21 @@ def main(argv: list[str]) -> int:
         with open(args.views_out, "w") as out:
             out.write(f"{views.seen}\n")
     return 0
+
+
+def _own_arrays(batch: dict[str, Any], key: str) -> bool:
+    """Whether each array of a bucketed batch's variable-length leaf ``key`` (a list) is
+    its sample's own: every value the sample's id."""
+    arrays = batch[key]
+    return isinstance(arrays, list) and len(arrays) == len(batch["id"]) and all(
+        (array == sample_id).all() for array, sample_id in zip(arrays, batch["id"], strict=True))
+
+
+def _own_tokens(sample: dict[str, Any]) -> bool:
+    """Whether a sample of ``bucket_samplers.ragged`` is as it was sampled."""
+    tokens = sample["tokens"]
+    return (isinstance(tokens, np.ndarray) and tokens.shape == (length_of(int(sample["id"])),)
+            and bool((tokens == sample["id"]).all()))
 
 
 def _die(out: Any, loader: RemoteLoader, meta: SampleMeta, abrupt: bool) -> int:

@@ -163,8 +163,10 @@ def test_the_first_ranks_hello_fixes_the_bucket_field_and_others_must_ask_the_sa
 
 
 @pytest.mark.parametrize(("hello", "said"), [
-    (Hello("f", batch_size=4, bucket_by="n"), "expected a ranked trainer (rank=, world_size=) "
-     "with batch_size=, got rank=-1, batch_size=4 from trainer f"),
+    (Hello("f", bucket_by="n"), "expected batch_size= with bucket_by='n', got batch_size=0 "
+     "from trainer f"),
+    (Hello("r", world_size=2, rank=0, bucket_by="n"), "expected batch_size= with "
+     "bucket_by='n', got batch_size=0 from trainer r"),
     (Hello("r", world_size=3, rank=0, batch_size=4, bucket_by="n", resume=(1, 24, 2, 1)),
      "resumes with the world size of its checkpoint (its steps hold world_size x batch_size "
      "samples): expected world_size 2, got 3 from rank 0"),
@@ -172,6 +174,17 @@ def test_the_first_ranks_hello_fixes_the_bucket_field_and_others_must_ask_the_sa
 def test_what_bucketed_dealing_cannot_serve_is_refused_clearly(hello: Hello, said: str) -> None:
     refused = BatchRequest().admit(hello)
     assert refused is not None and said in refused[1]
+
+
+def test_a_free_trainer_may_ask_for_buckets_its_own() -> None:
+    # Before: "bucket_by deals the steps of a data-parallel job: expected a ranked trainer".
+    request = BatchRequest()
+    request.default_bucket_by = "n"  # the server's --bucket-by is for the ranks that name none
+    assert request.admit(Hello("f", batch_size=4, bucket_by="tokens")) is None
+    assert request.key_of(Hello("f", batch_size=4, bucket_by="tokens")) == "tokens"
+    assert request.key_of(Hello("g", batch_size=4)) == ""
+    assert request.admit(Hello("r", world_size=2, rank=0, batch_size=8)) is None
+    assert request.bucket_by == "n"  # the ranked job's, untouched by the free trainer's
 
 
 def test_the_server_options_are_checked_and_parsed() -> None:

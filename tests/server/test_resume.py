@@ -8,7 +8,7 @@ import numpy as np
 
 from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE, Error, Heartbeat, Hello, Welcome
 from feedmux.server._control.core import Phase, Sends
-from feedmux.server._control.resume import Start, agreed_start, check_announcement
+from feedmux.server._control.resume import Handed, Start, agreed_start, check_announcement
 from feedmux.server._delivery.dealing import RankDealer
 from tests.server.test_core import A, B, C, kinds, make_core
 
@@ -165,3 +165,18 @@ def test_a_restarted_reliable_server_deals_again_what_the_summaries_list_below_t
     # 36-40: a handed it out (its report) although a's summary still lists it.
     assert positions[kept].tolist() == [8, 9, 10, 11, 14, 15, 44, 45, 46, 47]
     assert core.handed.fresh(3, np.arange(4)) is None
+
+
+def test_a_bucketing_trainers_latest_hand_out_is_no_frontier_past_its_summary() -> None:
+    # Its shape's window held rows below its latest batch that came after the summary it
+    # read: taken for handed out (below every trainer's latest), they were lost.
+    positions = np.arange(0, 48)
+    plain = Handed([(1, 30, 40)], [(1, 16)])
+    assert plain.start == (1, 40)
+    assert positions[plain.fresh(1, positions)].tolist() == list(range(40, 48))
+    bucketed = Handed([(1, 30, 40)], [(1, 16)], scattered=[((1, 20, 21, 1, 44, 45), (1, 16))])
+    assert bucketed.start == (1, 16)  # 16 .. 47 unreported: dealt again
+    assert positions[bucketed.fresh(1, positions)].tolist() == [
+        *range(16, 20), *range(21, 30), *range(40, 44), *range(45, 48)]
+    unsummarized = Handed([(1, 30, 40)], scattered=[((1, 20, 21, 1, 44, 45), ())])
+    assert unsummarized.start == (1, 21)  # no summary: from its first reported run on

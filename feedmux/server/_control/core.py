@@ -112,7 +112,7 @@ BATCH_NOT_BUILT = "feedmux.errors.DataError"
 #: Trainer ids remembered to count reconnects (ids come from peers: the set is bounded).
 MAX_REMEMBERED_TRAINERS = 10_000
 #: The batch shape of a trainer that takes single samples.
-NO_BATCH_SHAPE = (0, False)
+NO_BATCH_SHAPE = (0, False, "")
 #: Refused ranks' reasons kept for the job's other ranks (hellos come from peers: bounded).
 MAX_REFUSALS = 4
 
@@ -144,8 +144,9 @@ class _Trainer:
     sharers: int = 1
     #: It mapped this server's shared-memory pool (proved by the pool's token).
     shm: bool = False
-    #: A free trainer's batch shape, ``(batch_size, drop_last)`` (0: single samples).
-    batch: tuple[int, bool] = (0, False)
+    #: A free trainer's batch shape, ``(batch_size, drop_last, bucket_by)`` (0: single
+    #: samples; "": batches of consecutive samples).
+    batch: tuple[int, bool, str] = NO_BATCH_SHAPE
     #: The codecs of compressed frames it inflates (its hello; none: an older trainer).
     codecs: frozenset[int] = frozenset()
     #: When a drain last sent it a heartbeat to see whether it is still there.
@@ -301,7 +302,7 @@ class ControlCore:
         #: credit (the shell sets it on a reliable server; None: every trainer is dealt to).
         self.granted: Callable[[], Collection[str] | None] = lambda: None
         #: The batch shapes of the free trainers that asked for batches, by client id.
-        self._batch_shapes: dict[bytes, tuple[int, bool]] = {}
+        self._batch_shapes: dict[bytes, tuple[int, bool, str]] = {}
         self.handouts = HandOuts()
         #: The latest refused ranks (rank, client id, why): the job's other ranks hear why.
         self.refusals: deque[tuple[int, str, str]] = deque(maxlen=MAX_REFUSALS)
@@ -410,8 +411,9 @@ class ControlCore:
                                            handed=self.handed.heard(message),
                                            handed_below=message.handed_below,
                                            codecs=frozenset(message.codecs),
-                                           batch=(message.batch_size, message.drop_last)
-                                           if message.rank < 0 else (0, False),
+                                           batch=(message.batch_size, message.drop_last,
+                                                  message.bucket_by)
+                                           if message.rank < 0 else NO_BATCH_SHAPE,
                                            sharers=max(1, message.world_size)
                                            if message.rank < 0 else 1)
         shape = self.trainers[identity].batch
@@ -466,9 +468,10 @@ class ControlCore:
                 return trainer.sharers
         return 1
 
-    def batch_shape(self, client_id: bytes) -> tuple[int, bool]:
-        """Free trainer ``client_id``'s batch shape, ``(batch_size, drop_last)`` (0: single
-        samples, as for a trainer not connected); on the data path: a dict lookup."""
+    def batch_shape(self, client_id: bytes) -> tuple[int, bool, str]:
+        """Free trainer ``client_id``'s batch shape, ``(batch_size, drop_last, bucket_by)``
+        (0: single samples, as for a trainer not connected); on the data path: a dict
+        lookup."""
         return self._batch_shapes.get(client_id, NO_BATCH_SHAPE)
 
     def batch_hint(self) -> int:
@@ -478,7 +481,8 @@ class ControlCore:
         return max((trainer.batch[0] for trainer in list(self.trainers.values())
                     if trainer.rank < 0), default=0)
 
-    def batch_shapes(self, audience: str, refused: Collection[bytes] = ()) -> set[tuple[int, bool]]:
+    def batch_shapes(self, audience: str,
+                     refused: Collection[bytes] = ()) -> set[tuple[int, bool, str]]:
         """The batch shapes of the free trainers of ``audience`` ("": the server's, or the
         group default's; else a group's) that the data path can deal to (those that granted
         credit and are not lost, where it deals by credit), but the trainers ``refused``."""
@@ -809,8 +813,12 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
         start, problem = agreed_start(core.ranks.resumes, core.ranks.world_size or 0)
         if not (core.ranks.ranked or core.tables.grouped):
             free = [t for t in core.trainers.values() if t.rank < 0]
-            core.handed = Handed((t.handed for t in free if t.handed),
-                                 (t.handed_below for t in free if t.handed_below))
+            # A bucketing trainer's batches do not follow the positions (what its shape's
+            # window held lies below its latest hand-out): no frontier past its summary.
+            core.handed = Handed((t.handed for t in free if t.handed and not t.batch[2]),
+                                 (t.handed_below for t in free if t.handed_below),
+                                 ((t.handed, t.handed_below) for t in free
+                                  if t.handed and t.batch[2]))
             start = Start(core.handed.start, {})
         if start is None:
             log.error("%s", problem)

@@ -143,6 +143,13 @@ class Handed:
     Ranges reported later (a trainer whose hello came after the start,
     :meth:`add`) are kept out too, as far as dealing has not passed them.
 
+    ``scattered`` are ``(report, summary)`` of trainers whose hand-outs do not
+    follow the positions (a free trainer's buckets: its shape's window held rows
+    below its latest batch): their ranges are kept out as any report, but their
+    latest hand-out is no frontier past the summary they read (without one: past
+    the first run they report), since what the window held that no summary
+    listed came after that summary.
+
     Examples
     --------
     >>> import numpy as np
@@ -160,10 +167,15 @@ class Handed:
     >>> positions = np.arange(2, 24)
     >>> handed.start, positions[handed.fresh(2, positions)].tolist()
     ((2, 4), [4, 5, 6, 7, 20, 21, 22, 23])
+    >>> # a bucketing trainer handed out 30 .. 31 last, read a summary covering up to 2:16
+    >>> handed = Handed([(2, 24, 40)], [(2, 16)], scattered=[((2, 30, 32), (2, 16))])
+    >>> handed.start, positions[handed.fresh(2, positions)].tolist()
+    ((2, 16), [16, 17, 18, 19, 20, 21, 22, 23])
     """
 
     def __init__(self, reports: Iterable[Sequence[int]],
-                 summaries: Iterable[Sequence[int]] = ()) -> None:
+                 summaries: Iterable[Sequence[int]] = (),
+                 scattered: Iterable[tuple[Sequence[int], Sequence[int]]] = ()) -> None:
         self.ranges: dict[int, list[tuple[int, int]]] = {}
         self._count = 0
         latest: list[tuple[int, int]] = []
@@ -172,6 +184,13 @@ class Handed:
             if triples:
                 epoch, _, end = triples[-1]
                 latest.append((epoch, end))
+        for report, summary in scattered:
+            triples = self.add(report)
+            if triples:
+                epoch, _, end = triples[-1]
+                frontier = ((int(summary[0]), int(summary[1])) if len(summary) >= 2
+                            else min((e, start) for e, start, _ in triples))
+                latest.append(min((epoch, end), frontier))
         #: Each summary: (epoch, position) it covers up to, and its runs not handed out.
         self.summaries: list[tuple[tuple[int, int], list[tuple[int, int, int]]]] = []
         for summary in summaries:

@@ -30,10 +30,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from feedmux.errors import ProtocolError
 from feedmux.protocol import Hello, SampleBatch, take_samples, training_batch
 from feedmux.server.config import BucketSpec
 
-__all__ = ["MAX_BATCH_SIZE", "Batch", "BatchAssembler", "BatchRequest", "Batches", "unstackable"]
+__all__ = ["MAX_BATCH_SIZE", "Batch", "BatchAssembler", "BatchRequest", "Batches", "UnknownLength",
+           "unstackable"]
 
 #: The error type of a refused batch shape (the same as a refused rank's).
 BATCH_REFUSED = "feedmux.errors.ConfigurationError"
@@ -42,6 +44,11 @@ BATCH_REFUSED = "feedmux.errors.ConfigurationError"
 MAX_BATCH_SIZE = 1 << 20
 #: The longest ``bucket_by`` field name a hello may carry.
 MAX_BUCKET_KEY = 256
+
+
+class UnknownLength(ProtocolError):
+    """A sample dealt to a free trainer's buckets has no length in the field its
+    ``bucket_by`` names: that trainer's batch cannot be built."""
 
 
 class BatchRequest:
@@ -143,33 +150,38 @@ drop_last=False'
         return f"batches of batch_size={self.batch_size}, drop_last={self.drop_last}{buckets}"
 
 
-def unstackable(error: Exception, epoch: int, batch_size: int, ranked: bool = False) -> str:
+def unstackable(error: Exception, epoch: int, batch_size: int, ranked: bool = False,
+                bucket_by: str = "") -> str:
     """What a trainer is told when the samples of its batch do not stack.
 
     Examples
     --------
     >>> unstackable(ValueError("got sample 1 of 16 (int64[3]) unlike sample 0"), 2, 16)[:74]
     'cannot build a batch of batch_size=16 in epoch 2: its samples do not stack'
+    >>> unstackable(UnknownLength("bucket_by='n': expected ..."), 2, 16, bucket_by="n")[:88]
+    "cannot build a batch of batch_size=16, bucket_by='n' in epoch 2: bucket_by='n': expected"
     """
-    return (f"cannot build a batch of batch_size={batch_size} in epoch {epoch}: its samples "
-            f"do not stack ({error}); for samples of variable length, deal the steps by length "
-            "with RemoteLoader(batch_size=..., bucket_by='<the length field>', pad=True) in a "
-            "ranked job (rank=, world_size=; docs/ddp.md), or use batch_size=None and batch "
-            "in the trainer. " + ("A data-parallel job's ranks take their steps together: "
-                                  "the run stops" if ranked else
-                                  "This loader is dealt nothing more; its samples go to the "
-                                  "server's other trainers"))
+    shape = f"batch_size={batch_size}" + (f", bucket_by={bucket_by!r}" * bool(bucket_by))
+    why = str(error) if isinstance(error, UnknownLength) else (
+        f"its samples do not stack ({error})")
+    return (f"cannot build a batch of {shape} in epoch {epoch}: {why}; for samples of "
+            f"variable length, have the server batch them by length "
+            "with RemoteLoader(batch_size=..., bucket_by='<the length field>', pad=True) "
+            "(docs/ddp.md), or use batch_size=None and batch in the trainer. "
+            + ("A data-parallel job's ranks take their steps together: the run stops"
+               if ranked else "This loader is dealt nothing more; its samples go to the "
+                              "server's other trainers"))
 
 
 def _bucket_refusal(hello: Hello, key: str) -> str | None:
     """Why ``hello``'s trainer cannot have its steps dealt by ``key``, or None."""
     if len(key) > MAX_BUCKET_KEY:
         return f"expected bucket_by at most {MAX_BUCKET_KEY} characters, got {len(key)}"
-    if hello.rank < 0 or not hello.batch_size:
-        return (f"bucket_by deals the steps of a data-parallel job: expected a ranked trainer "
-                f"(rank=, world_size=) with batch_size=, got rank={hello.rank}, "
-                f"batch_size={hello.batch_size} from trainer {hello.client_id}")
-    if hello.resume and hello.resume[2] != hello.world_size:
+    if not hello.batch_size:
+        return (f"bucket_by groups samples of similar length into the batches the server "
+                f"builds: expected batch_size= with bucket_by={key!r}, got batch_size=0 from "
+                f"trainer {hello.client_id}")
+    if hello.rank >= 0 and hello.resume and hello.resume[2] != hello.world_size:
         return (f"a job dealt by bucket_by resumes with the world size of its checkpoint (its "
                 f"steps hold world_size x batch_size samples): expected world_size "
                 f"{hello.resume[2]}, got {hello.world_size} from rank {hello.rank}")
@@ -211,6 +223,9 @@ class BatchAssembler:
     [([8], [9])]
     """
 
+    #: Its batches follow the positions: a row earlier than those held ends the batch begun.
+    ordered = True
+
     def __init__(self, batch_size: int, drop_last: bool) -> None:
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -226,7 +241,18 @@ class BatchAssembler:
 
     def add(self, tags: np.ndarray, items: Sequence[Any]) -> list[Batch]:
         """The batches that ``items`` (tagged ``tags``, the next of the epoch) complete:
-        the one begun before (if any), then the piece's whole batches together."""
+        the one begun before (if any), then the piece's whole batches together.
+
+        Raises :class:`~feedmux.errors.ProtocolError` when they do not stack: it then
+        holds what it held before."""
+        pieces, held = list(self._pieces), self._held
+        try:
+            return self._add(tags, items)
+        except ProtocolError:
+            self._pieces, self._held = pieces, held
+            raise
+
+    def _add(self, tags: np.ndarray, items: Sequence[Any]) -> list[Batch]:
         size, count = self.batch_size, len(items)
         out: list[Batch] = []
         start = 0
@@ -249,6 +275,12 @@ class BatchAssembler:
         """The rows held, as the ``(tags, samples)`` pieces they came in (a copy of the
         list: what a failed :meth:`add` held before it)."""
         return list(self._pieces)
+
+    def held_tags(self) -> np.ndarray:
+        """The tags of the rows held."""
+        if not self._pieces:
+            return np.zeros((0, 2), dtype=np.int64)
+        return np.concatenate([tags for tags, _ in list(self._pieces)])
 
     def finish_epoch(self) -> list[Batch]:
         """The epoch has no more samples: its last, partial batch (or nothing, dropped)."""

@@ -28,7 +28,8 @@ that samples the epoch again gets the same steps):
    holds it), so a rare long sample is not kept to the epoch's end. (Several
    steps a pass: the window's cost is paid once for them.)
 3. At the end of the epoch the rows held are dealt in length order: whole
-   steps first, then the last, partial one (fewer than ``n * B`` rows),
+   steps first, then the last, partial one (fewer than ``n * B`` rows; for one
+   rank, a free trainer's buckets, each bucket's rows apart, its own last one),
    round by round (row ``i`` to rank ``i % n``); its last partial round is
    completed with repeats of that step's first rows (``uneven="pad"``) or
    left out (``"drop"``), counted in :attr:`padded` / :attr:`dropped`, so
@@ -204,17 +205,33 @@ class BucketWindow:
                 steps += self._deal(self._removed(np.concatenate(runs)))
         return steps
 
-    def finish_epoch(self, epoch: int) -> list[Step]:
+    def finish_epoch(self, epoch: int, by_bucket: bool = False) -> list[Step]:
         """``epoch`` has no more rows: every row held, in length order, whole steps then
-        the last, partial one (its last round padded or dropped)."""
+        the last, partial one (its last round padded or dropped). ``by_bucket`` (with
+        ``edges``): each bucket's rows apart, whole steps then its own last one, so that
+        no step mixes two buckets (one rank's batches: no step need match another's).
+
+        Examples
+        --------
+        >>> window = BucketWindow(1, 3, window=8, edges=[4])
+        >>> window.add(1, [1, 5, 2, 6], list("abcd"))
+        []
+        >>> [step.ranks for step in window.finish_epoch(1, by_bucket=True)]
+        [[['a', 'c']], [['b', 'd']]]
+        """
         if epoch != self._epoch or not self._held:
             return []
         slots = self._removed(slice(None))
-        whole = len(slots) - len(slots) % self.step
-        steps = self._deal(slots[:whole]) if whole else []
-        rest = slots[whole:]
-        if len(rest):
-            steps += self._last(rest)
+        groups = [slots]
+        if by_bucket and len(self.edges):  # (each group stays in length order)
+            buckets = self._bucket[slots]
+            groups = [slots[buckets == bucket] for bucket in np.unique(buckets).tolist()]
+        steps = []
+        for group in groups:
+            whole = len(group) - len(group) % self.step
+            steps += self._deal(group[:whole]) if whole else []
+            if len(group) > whole:
+                steps += self._last(group[whole:])
         return [step for step in steps if any(map(len, step.ranks))]
 
     # -- the rules ------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The ranked stage's coordinated steps: samples in, each rank's batch of a step out.
+"""Batches by length: the ranked stage's coordinated steps, and a free trainer's buckets.
 
 When the ranks asked for ``bucket_by=KEY`` (with ``batch_size=B``), the
 ranked stage (:mod:`.ranking`) hands every row of an epoch to a
@@ -11,8 +11,13 @@ dealt before the job's position are left out), the ranks that are ahead (a
 live rank of a restarted server gets nothing it had), the epoch's last,
 partial batches sent or dropped (``drop_last``, counted), and each rank's
 batch built with its length-led leaves padded
-(:func:`~feedmux.protocol.padded_batch`). It is pure and must never encode,
-send or decide who holds a rank.
+(:func:`~feedmux.protocol.padded_batch`). A free trainer that asks
+``bucket_by=`` has what it is dealt cut by the same window, for a job of one
+rank (a step is one batch): :class:`BucketAssembler` takes the place of
+:class:`~feedmux.server._delivery.batches.BatchAssembler` in its batch shape,
+each batch's rows keeping their own tags (sorted by position: a batch's rows
+are acknowledged as any message's). It is pure and must never encode, send or
+decide who holds a rank.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from feedmux.errors import ConfigurationError
+from feedmux.errors import ConfigurationError, ProtocolError
 from feedmux.protocol import (
     SampleBatch,
     StackedLeaf,
@@ -33,12 +38,12 @@ from feedmux.protocol import (
     stacked_batch,
     training_batch,
 )
-from feedmux.server._delivery.batches import Batches
+from feedmux.server._delivery.batches import Batch, Batches, UnknownLength
 from feedmux.server._delivery.buckets import BucketWindow, Step
 from feedmux.server._delivery.dealing import RankShare
 from feedmux.server.config import BucketSpec
 
-__all__ = ["BucketStage", "sample_length", "sample_lengths"]
+__all__ = ["BucketAssembler", "BucketStage", "sample_length", "sample_lengths"]
 
 _INTS = frozenset({int, np.int64, np.int32, np.int16, np.int8, np.uint64, np.uint32,
                    np.uint16, np.uint8})
@@ -208,6 +213,129 @@ class BucketStage:
         return cut
 
 
+class BucketAssembler:
+    """Cuts the samples dealt to one free batch shape into batches of ``batch_size`` samples
+    of similar length, by the window of :mod:`.buckets` for one rank.
+
+    Feed it the samples of an epoch (:meth:`add`, any piece sizes, positions in any
+    order), then call :meth:`finish_epoch`: what the window holds goes out in length
+    order, whole batches then the last, short one of each bucket (dropped with
+    ``drop_last``, counted in :attr:`dropped`). ``buckets`` is the field that gives a
+    sample's length, the window in samples (0:
+    :data:`~feedmux.server._delivery.buckets.DEFAULT_WINDOW_STEPS` batches), the edges and
+    the seed. Each batch is one message, its rows sorted by
+    position and keeping their tags, its length-led leaves padded
+    (:func:`~feedmux.protocol.padded_batch`). A failed :meth:`add` (samples that do not
+    stack, or without the field) raises :class:`~feedmux.errors.ProtocolError`;
+    :meth:`pieces` then gives the rows held before it, and the assembler is fed no more.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> tags = np.array([[1, p] for p in range(5)])
+    >>> assembler = BucketAssembler(2, False, BucketSpec("n", window=4))
+    >>> [b.tags[:, 1].tolist() for b in assembler.add(tags, [{"n": n} for n in (5, 1, 9, 2, 6)])]
+    [[0, 2]]
+    >>> [(b.tags[:, 1].tolist(), b.items.stacked()["n"].tolist()) for b in assembler.finish_epoch()]
+    [([1, 3], [1, 2]), ([4], [6])]
+    """
+
+    #: Its batches do not follow the positions (a row of an earlier position is no batch's
+    #: end: it waits in the window as any other).
+    ordered = False
+
+    def __init__(self, batch_size: int, drop_last: bool, buckets: BucketSpec) -> None:
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.key = buckets.key
+        self.window = BucketWindow(1, batch_size, buckets.window, buckets.edges, "pad",
+                                   buckets.seed, row_dtype=np.int64)
+        #: Samples of epochs' last, partial batches that were dropped (drop_last).
+        self.dropped = 0
+        self.chunks = _Chunks()
+        self._tags: dict[int, np.ndarray] = {}  # each chunk's tags, by its serial
+        self._epoch = 0
+        self._before: np.ndarray | None = None  # the rows held before a failed add
+
+    @property
+    def held(self) -> int:
+        """Samples held in the window."""
+        return self.window.held
+
+    def add(self, tags: np.ndarray, items: Sequence[Any]) -> list[Batch]:
+        """The batches that ``items`` (tagged ``tags``, the next of the epoch) complete."""
+        if not len(tags):
+            return []
+        before = self.window.rows()
+        try:
+            if type(items) is SampleBatch:  # its rows held as references: no sample built
+                chunk = training_batch(items)
+                lengths, rows = _stacked_lengths(chunk, self.key), self.chunks.refs(chunk)
+            else:
+                lengths, rows = sample_lengths(items, self.key), self.chunks.samples(items)
+            self._tags[int(rows[0]) >> 32] = tags
+            self._epoch = int(tags[0, 0])
+            return self._batches(self.window.add(self._epoch, lengths, rows), last=False)
+        except (ProtocolError, ConfigurationError) as error:
+            self._before = before
+            if isinstance(error, ProtocolError):
+                raise
+            raise UnknownLength(str(error)) from error
+
+    def finish_epoch(self) -> list[Batch]:
+        """The epoch has no more samples: the window's rows, whole batches then the last,
+        partial one of each bucket (or nothing of it, dropped)."""
+        return self._batches(self.window.finish_epoch(self._epoch, by_bucket=True), last=True)
+
+    def pieces(self) -> list[tuple[np.ndarray, Sequence[Any]]]:
+        """The rows held (those held before a failed :meth:`add`), as ``(tags, samples)``
+        pieces in position order, a piece per message they came in (built: a slow path,
+        for rows given back to the others)."""
+        held = self.window.rows() if self._before is None else self._before
+        if not len(held):
+            return []
+        held = np.sort(held)  # by chunk, then by row (a message's rows in position order)
+        serials = held >> 32
+        starts = np.flatnonzero(np.r_[True, serials[1:] != serials[:-1]]).tolist()
+        stops = [*starts[1:], len(held)]
+        return [(self._tags_of(held[start:stop]), self.chunks.samples_of(held[start:stop]))
+                for start, stop in zip(starts, stops, strict=True)]
+
+    def held_tags(self) -> np.ndarray:
+        """The tags of the rows held, in position order."""
+        tags = self._tags_of(self.window.rows())
+        return tags[np.lexsort((tags[:, 1], tags[:, 0]))]
+
+    def _batches(self, steps: list[Step], last: bool) -> list[Batch]:
+        """Each step's batch, its rows in position order (one message each)."""
+        out = []
+        for step in steps:
+            rows, lengths = step.ranks[0], step.lengths[0]
+            if last and self.drop_last and len(rows) < self.batch_size:
+                self.dropped += len(rows)
+                continue
+            tags = self._tags_of(rows)
+            order = np.lexsort((tags[:, 1], tags[:, 0]))
+            out.append(Batch(tags[order], self.chunks.batch(rows[order], lengths[order])))
+        if steps:
+            self.chunks.dealt([step.ranks[0] for step in steps])
+            held = self.window.rows()
+            self.chunks.keep(held)
+            oldest = int(held.min()) >> 32 if len(held) else None
+            for serial in [serial for serial in self._tags if oldest is None or serial < oldest]:
+                del self._tags[serial]
+        return out
+
+    def _tags_of(self, rows: np.ndarray) -> np.ndarray:
+        """The tags of ``rows`` (row ``i`` of chunk ``c`` is ``c << 32 | i``), in their order."""
+        out = np.empty((len(rows), 2), dtype=np.int64)
+        serials, indices = rows >> 32, rows & 0xFFFFFFFF
+        for serial in np.unique(serials).tolist():
+            where = serials == serial
+            out[where] = self._tags[serial][indices[where]]
+        return out
+
+
 def _joined(rank: int, epoch: int, n: int, pieces: list[tuple[int, np.ndarray, np.ndarray]],
             size: int, chunks: _Chunks) -> list[RankShare]:
     """A rank's batches (first position, rows, lengths; its rows ``n`` positions apart) as
@@ -304,12 +432,12 @@ class _Chunks:
         """``rows`` as one batch when they stack with no padding (rows of chunks always
         do: a chunk's rows are of one shape), else None."""
         batch = self._gathered(rows, lengths)
-        return batch if batch is not None else stacked_batch(self._samples(rows), lengths)
+        return batch if batch is not None else stacked_batch(self.samples_of(rows), lengths)
 
     def batch(self, rows: np.ndarray, lengths: np.ndarray) -> SampleBatch:
         """``rows`` as one batch, padded where it must be."""
         batch = self._gathered(rows, lengths)
-        return batch if batch is not None else padded_batch(self._samples(rows), lengths)
+        return batch if batch is not None else padded_batch(self.samples_of(rows), lengths)
 
     def _gathered(self, rows: np.ndarray, lengths: np.ndarray) -> SampleBatch | None:
         """``rows`` gathered chunk by chunk and put back in their order, when every one is
@@ -328,7 +456,8 @@ class _Chunks:
                  for start, stop in zip(starts, stops, strict=True)]
         return gathered(parts, np.argsort(order), lengths)
 
-    def _samples(self, rows: np.ndarray) -> list[Any]:
+    def samples_of(self, rows: np.ndarray) -> list[Any]:
+        """The samples of ``rows``, built (what a stacked chunk's row is as a sample)."""
         chunks, loose = self._chunks, self._loose
         return [loose[row] if row in loose else chunks[row >> 32][row & 0xFFFFFFFF]
                 for row in rows.tolist()]

@@ -24,6 +24,7 @@ keep a message once it left (the ledgers do).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from typing import Any, Protocol
 from feedmux._plumbing.shm import Placement
 from feedmux._plumbing.shmtable import SENT as SENT_RUNS
 from feedmux.errors import ProtocolError
-from feedmux.protocol import read_tags, stacking_into
+from feedmux.protocol import Data, decode, encode, read_tags, stacking_into, without_padding
 from feedmux.server._delivery.batches import unstackable
 from feedmux.server._delivery.carrier import Carrier
 from feedmux.server._delivery.freebatches import NO_BATCHES, FreeBatches, Shape
@@ -165,7 +166,8 @@ class Dealer:
         batches = self._batches.get(name)
         if batches is None:
             batches = self._batches[name] = FreeBatches(self.core.config.server_id,
-                                                        self.core.batch_shape)
+                                                        self.core.batch_shape,
+                                                        self.core.config.buckets)
         audience = FreeAudience(name, members, self.policy(name), batches)
         self.audiences.append(audience)
         return audience
@@ -221,6 +223,8 @@ class Dealer:
         if audience.batches.shapes():
             self._send_batches(audience)
         while (entry := policy.next_redeal()) is not None:
+            if audience.batches.bucketed and not entry.sampled:
+                entry = _as_sampled(entry)  # a bucketed batch's rest: its samples
             if self._to_free(audience, entry.frames, None, entry) is not None:
                 policy.redeal_later(entry)
                 return False
@@ -309,7 +313,7 @@ class Dealer:
             batches.refused.add(trainer)
             tags = read_tags(list(frames))
             self.refuse(trainer.decode(errors="replace"),
-                        unstackable(error, int(tags[0, 0]), shape[0]))
+                        unstackable(error, int(tags[0, 0]), shape[0], bucket_by=shape[2]))
             unbatchable = (*(() if resent is None else resent.unbatchable), shape)
             returned = [back for _, back in batches.returned] + [list(frames)]
             batches.returned = []
@@ -386,3 +390,17 @@ class Dealer:
         self.outbox.count(frames)
         tags = read_tags(frames)
         self.core.data_sent(len(tags), int(tags[0, 0]))
+
+
+def _as_sampled(entry: Entry) -> Entry:
+    """``entry`` with its samples as they were sampled: a bucketed batch (its length-led
+    leaves padded) re-encoded as its samples, which any trainer takes; else as it is.
+    Once per message dealt again, on a server where a free trainer asked for buckets."""
+    message = decode(list(entry.frames))
+    assert isinstance(message, Data)
+    samples = without_padding(message.samples)
+    if samples is not message.samples:
+        frames = list(encode(Data(message.tags, samples, message.server_id)))
+        entry = dataclasses.replace(entry, frames=frames, nbytes=0)
+    entry.sampled = True
+    return entry

@@ -2,20 +2,25 @@
 
 A free trainer that asks ``batch_size=B`` in its hello is dealt the sampled
 stream by credit like any free trainer; what it is dealt goes through the
-batches of its shape (``(B, drop_last)``) in its audience (the server's free
-trainers, or one consumer group's), and it is sent whole batches. So loaders
+batches of its shape (``(B, drop_last, bucket_by)``) in its audience (the
+server's free trainers, or one consumer group's), and it is sent whole batches:
+of consecutive samples, or with ``bucket_by`` of samples of similar length (the
+window of the ranked path's coordinated steps, for one rank:
+:class:`~feedmux.server._delivery.bucketstage.BucketAssembler`). So loaders
 with different batch sizes, and loaders without one, read one stream at once,
 each its share; the sampler and the groups' buffer never know a batch size.
 
 This module owns :class:`FreeBatches`, the pure part: per shape a
 :class:`~feedmux.server._delivery.batches.BatchAssembler` (rows held until a
 batch is complete, a batch never spanning two epochs nor going back in the
-epoch's positions) and the batches built and not sent yet, encoded. The rows a
-shape holds are no trainer's: when a trainer dies, what it was sent goes back
-through its ledger as before, and what its shape holds goes to the next
+epoch's positions), or a bucket assembler (rows held in its window until a
+bucket makes a batch or the epoch ends), and the batches built and not sent
+yet, encoded. The rows a shape holds are no trainer's: when a trainer dies,
+what it was sent goes back through its ledger as before (a bucketed batch
+dealt again is cut as its samples), and what its shape holds goes to the next
 trainer of that shape; a shape with no trainer left gives its rows back as
 sample messages (:meth:`FreeBatches.release`), dealt again to the others. An
-epoch's last, partial batch is made when the epoch is over
+epoch's last, partial batch (of each bucket) is made when the epoch is over
 (:meth:`FreeBatches.finish_epoch`), sent short or dropped (``drop_last``).
 It never sends, and never decides which trainer takes a message (the dealer
 does, by credit).
@@ -37,22 +42,35 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from feedmux.errors import ProtocolError
-from feedmux.protocol import Data, decode, encode, position_runs, read_tags
+from feedmux.protocol import (
+    Data,
+    decode,
+    encode,
+    position_runs,
+    read_tags,
+    without_padding,
+)
 from feedmux.server._delivery.batches import Batch, BatchAssembler
+from feedmux.server._delivery.bucketstage import BucketAssembler
+from feedmux.server.config import BucketSpec
 
 __all__ = ["NO_BATCHES", "FreeBatches", "Shape"]
 
-#: A free trainer's batch shape: ``(batch_size, drop_last)``.
-Shape = tuple[int, bool]
+#: A free trainer's batch shape: ``(batch_size, drop_last, bucket_by)`` ("": batches of
+#: consecutive samples).
+Shape = tuple[int, bool, str]
 #: The shape of a trainer that takes single samples.
-NO_BATCHES: Shape = (0, False)
+NO_BATCHES: Shape = (0, False, "")
 
 
 class _ShapeCut:
     """One shape's assembler, where its held rows stand, and its batches not sent yet."""
 
-    def __init__(self, shape: Shape) -> None:
-        self.assembler = BatchAssembler(*shape)
+    def __init__(self, shape: Shape, buckets: BucketSpec) -> None:
+        size, drop_last, key = shape
+        self.assembler: BatchAssembler | BucketAssembler = (
+            BucketAssembler(size, drop_last, buckets._replace(key=key)) if key
+            else BatchAssembler(size, drop_last))
         #: ``(epoch, position)`` of the last row held (None: nothing held).
         self.last: tuple[int, int] | None = None
         #: Encoded batches, oldest first, each with its sample count and epoch.
@@ -63,7 +81,8 @@ class FreeBatches:
     """The batches of one free audience, a cut per batch shape its trainers asked for.
 
     ``shape_of(client_id)`` is a trainer's shape, by its client id as bytes
-    (:data:`NO_BATCHES`: single samples).
+    (:data:`NO_BATCHES`: single samples); ``buckets`` the window, edges and seed of the
+    shapes with a ``bucket_by`` (the server's).
 
     Examples
     --------
@@ -71,20 +90,22 @@ class FreeBatches:
     >>> def message(epoch, start, count):
     ...     tags = np.array([[epoch, p] for p in range(start, start + count)])
     ...     return list(encode(Data(tags, [{"y": p} for p in range(start, start + count)])))
-    >>> batches = FreeBatches("s", lambda client_id: (2, False))
-    >>> batches.cut((2, False), message(1, 0, 3))
-    >>> [count for _, count, _ in batches.pending_of((2, False))]
+    >>> batches = FreeBatches("s", lambda client_id: (2, False, ""))
+    >>> batches.cut((2, False, ""), message(1, 0, 3))
+    >>> [count for _, count, _ in batches.pending_of((2, False, ""))]
     [2]
     >>> batches.outstanding()  # dealt and sent to nobody: one batch built, one row held
     [(1, 0, 2), (1, 2, 3)]
     >>> batches.finish_epoch(1)
-    >>> [count for _, count, _ in batches.pending_of((2, False))]
+    >>> [count for _, count, _ in batches.pending_of((2, False, ""))]
     [2, 1]
     """
 
-    def __init__(self, server_id: str, shape_of: Callable[[bytes], Shape]) -> None:
+    def __init__(self, server_id: str, shape_of: Callable[[bytes], Shape],
+                 buckets: BucketSpec | None = None) -> None:
         self.server_id = server_id
         self.shape_of = shape_of
+        self.buckets = buckets or BucketSpec("")
         self._cuts: dict[Shape, _ShapeCut] = {}
         #: Trainers told their batch could not be built: dealt nothing more.
         self.refused: set[bytes] = set()
@@ -96,6 +117,13 @@ class FreeBatches:
         #: Rows held when a batch could not be built, as sample messages with the shape
         #: they did not stack into: the dealer deals them to the others (:meth:`cut`).
         self.returned: list[tuple[Shape, list[Any]]] = []
+        self._bucketed = False
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether a trainer of this audience asked for buckets and was dealt a message
+        (a lost trainer's rest may then hold a bucketed batch, padded)."""
+        return self._bucketed
 
     @property
     def cut_any(self) -> bool:
@@ -118,21 +146,25 @@ class FreeBatches:
         tags, samples = message.tags, message.samples
         if not len(tags):
             return
+        samples = without_padding(samples)  # a bucketed batch dealt again: its samples
         cut = self._cut(shape)
         first = (int(tags[0, 0]), int(tags[0, 1]))
-        if cut.last is not None and cut.last[0] != first[0]:
+        if cut.last is not None and cut.last[0] < first[0]:
             self._finish(cut, shape, drop=True)  # an epoch the stream left: its last batch
-        elif cut.last is not None and first <= cut.last:
-            self._finish(cut, shape, drop=False)  # a lost trainer's rest: earlier positions
-        pieces = cut.assembler.pieces()
+        elif cut.last is not None and (cut.last[0] > first[0] or (
+                cut.assembler.ordered and first <= cut.last)):
+            # A lost trainer's rest: an earlier epoch (the one held goes on), or earlier
+            # positions than a batch begun in position order.
+            self._finish(cut, shape, drop=False)
         try:
             built = cut.assembler.add(tags, samples)
         except ProtocolError:
             # The rows held before go back to the dealer as they came (they may not stack
             # either), none of the message's is kept: the shape starts afresh.
-            fresh = self._cuts[shape] = _ShapeCut(shape)
+            fresh = self._cuts[shape] = _ShapeCut(shape, self.buckets)
             fresh.pending = cut.pending
-            self.returned += [(shape, frames) for frames in self._as_samples(pieces)]
+            self.returned += [(shape, frames)
+                              for frames in self._as_samples(cut.assembler.pieces())]
             raise
         self._pending(cut, built)
         cut.last = (int(tags[-1, 0]), int(tags[-1, 1])) if cut.assembler.held else None
@@ -176,7 +208,7 @@ class FreeBatches:
         with the ledger's runs). Read every summary interval, not per message."""
         runs = [run for cut in list(self._cuts.values())
                 for tags in [*(read_tags(frames) for frames, _, _ in list(cut.pending)),
-                             *(tags for tags, _ in cut.assembler.pieces())]
+                             cut.assembler.held_tags()]
                 for run in position_runs(tags)]
         return runs + [run for _, frames in list(self.returned)
                        for run in position_runs(read_tags(frames))]
@@ -189,7 +221,8 @@ class FreeBatches:
     def _cut(self, shape: Shape) -> _ShapeCut:
         cut = self._cuts.get(shape)
         if cut is None:
-            cut = self._cuts[shape] = _ShapeCut(shape)
+            cut = self._cuts[shape] = _ShapeCut(shape, self.buckets)
+            self._bucketed = self._bucketed or bool(shape[2])
         return cut
 
     def _finish(self, cut: _ShapeCut, shape: Shape, drop: bool) -> None:
@@ -220,7 +253,7 @@ class FreeBatches:
                  int(batch.tags[0, 0])) for batch in built]
 
 
-def _held(assembler: BatchAssembler) -> list[Batch]:
+def _held(assembler: BatchAssembler | BucketAssembler) -> list[Batch]:
     """The rows ``assembler`` holds as one short batch, whatever its ``drop_last``."""
     drop_last, assembler.drop_last = assembler.drop_last, False
     try:

@@ -82,9 +82,12 @@ class Entry:
     nbytes: int = 0
     #: The last (epoch, position) of it its trainer said it handed out, if any.
     mark: tuple[int, int] | None = None
-    #: The batch shapes ``(batch_size, drop_last)`` its samples did not stack into: dealt
-    #: again, it goes to no trainer of those (:mod:`.freebatches`).
-    unbatchable: tuple[tuple[int, bool], ...] = ()
+    #: The batch shapes ``(batch_size, drop_last, bucket_by)`` its samples did not stack
+    #: into: dealt again, it goes to no trainer of those (:mod:`.freebatches`).
+    unbatchable: tuple[tuple[int, bool, str], ...] = ()
+    #: Whether its samples are known to be as sampled (no bucketed batch's padding): dealt
+    #: again, it may go to a trainer of single samples as it is.
+    sampled: bool = False
 
     @property
     def tags(self) -> np.ndarray:

@@ -59,11 +59,11 @@ class DealerControl(Protocol):
     @property
     def config(self) -> ServerConfig: ...
 
-    def batch_shape(self, client_id: bytes) -> tuple[int, bool]:
-        """A free trainer's ``(batch_size, drop_last)``, by data-socket identity."""
+    def batch_shape(self, client_id: bytes) -> tuple[int, bool, str]:
+        """A free trainer's ``(batch_size, drop_last, bucket_by)``, by data-socket identity."""
 
     def batch_shapes(self, audience: str,
-                     refused: Collection[bytes] = ()) -> set[tuple[int, bool]]:
+                     refused: Collection[bytes] = ()) -> set[tuple[int, bool, str]]:
         """The batch shapes the live trainers of ``audience`` asked for."""
 
     def data_sent(self, n_samples: int, epoch: int) -> None:
