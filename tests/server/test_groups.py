@@ -14,7 +14,7 @@ from feedmux.errors import ConfigurationError
 from feedmux.protocol import Ack, Data, Error, Hello, Welcome, encode
 from feedmux.server._control.core import ControlCore, Phase, Send, Sends
 from feedmux.server._control.ranks import RankTables
-from feedmux.server._control.resume import CHECKPOINT
+from feedmux.server._control.resume import CHECKPOINT, LIVE
 from feedmux.server._delivery.dealer import Dealer
 from feedmux.server._delivery.fanout import GroupFanout, _RankedGroup
 from feedmux.server._delivery.groups import DEFAULT_GROUP, GroupBuffer, parse_group_buffer
@@ -297,10 +297,10 @@ def test_a_refused_group_hello_leaves_a_server_without_groups() -> None:
 
 @pytest.mark.parametrize(("options", "first", "hello", "rule"), [
     ({}, Hello("r0", rank=0, world_size=2), Hello("g", group="eval"), ("ranked_job", "group")),
-    ({"group_buffer": 8}, None, Hello("r", rank=0, world_size=2, resume=(2, 4, 2, CHECKPOINT)),
-     ("groups", "resume")),
-    ({}, None, Hello("r", rank=0, world_size=2, group="ddp", resume=(2, 4, 2, CHECKPOINT)),
-     ("group", "resume")),
+    ({"group_buffer": 8}, None, Hello("r", rank=0, world_size=2, resume=(2, 4, 2, LIVE)),
+     ("groups", "live")),
+    ({}, None, Hello("r", rank=0, world_size=2, group="ddp", resume=(2, 4, 2, LIVE)),
+     ("group", "live")),
 ])
 def test_each_refused_hello_gets_its_rule_s_reason(
         options: dict[str, object], first: Hello | None, hello: Hello,
@@ -341,12 +341,81 @@ def test_a_rank_on_a_reliable_server_is_welcomed() -> None:
     assert isinstance(welcome, Welcome) and welcome.reliable and welcome.world_size == 2
 
 
-def test_a_ranked_group_s_checkpoint_is_refused_naming_the_shared_stream() -> None:
+def test_a_ranked_group_s_live_position_is_refused_naming_its_checkpoint() -> None:
     message = _refusal(_core().receive(
-        b"r", Hello("r", rank=0, world_size=2, group="ddp", resume=(2, 4, 2, CHECKPOINT)),
-        now=1.0))
-    assert "consumer groups share one sampled stream that has moved on" in message
-    assert "resume the job on a server of its own (no group=)" in message
+        b"r", Hello("r", rank=0, world_size=2, group="ddp", resume=(2, 4, 2, LIVE)), now=1.0))
+    assert "a rank that outlived its server goes on with the old process's dealing" in message
+    assert "restart the job from its checkpoint" in message
+
+
+def test_a_ranked_group_s_checkpoint_is_welcomed_and_starts_the_sampler_at_its_epoch() -> None:
+    core = _core(group_buffer=8)
+    core.begin()
+    for rank in range(2):
+        [(_, welcome), *_] = core.receive(
+            b"r%d" % rank, Hello(f"r{rank}", rank=rank, world_size=2, group="ddp",
+                                 resume=(3, 40, 2, CHECKPOINT)), now=1.0)
+        assert isinstance(welcome, Welcome)
+    assert core.tables.of("ddp").resumed_at == (3, 40)
+    core.tick(1.0)
+    core.tick(1.1)  # the welcomes, then the start
+    assert core.phase is Phase.SAMPLING and core.start_at == (3, 0)  # the epoch whole
+
+
+def test_a_fresh_group_keeps_the_sampler_at_the_beginning_of_the_stream() -> None:
+    core = _core(group_buffer=8)
+    core.begin()
+    core.receive(b"r0", Hello("r0", rank=0, world_size=1, group="ddp",
+                              resume=(3, 40, 1, CHECKPOINT)), now=1.0)
+    core.receive(b"e", Hello("e", group="eval"), now=1.0)
+    core.tick(1.0)
+    core.tick(1.1)
+    assert core.phase is Phase.SAMPLING and core.start_at is None  # ddp waits for epoch 3
+
+
+def test_a_ranked_group_restarted_from_a_checkpoint_tells_its_previous_run_it_is_over() -> None:
+    core = _core(group_buffer=8)
+    core.receive(b"a0", Hello("a0", rank=0, world_size=2, group="ddp"), now=1.0)
+    core.receive(b"a1", Hello("a1", rank=1, world_size=2, group="ddp"), now=1.0)
+    resume = (2, 8, 2, CHECKPOINT)
+    sends = core.receive(b"b0", Hello("b0", rank=0, world_size=2, group="ddp", resume=resume),
+                         now=2.0)
+    told = {identity: message for identity, message in sends if isinstance(message, Error)}
+    assert set(told) == {b"a0", b"a1"}
+    assert "the job of group 'ddp' restarted from a checkpoint" in told[b"a1"].message
+    assert set(core.trainers) == {b"b0"} and core.tables.of("ddp").resumed_at == (2, 8)
+    # Its other rank joins the new run; the same checkpoint from rank 0 again restarts it.
+    core.receive(b"b1", Hello("b1", rank=1, world_size=2, group="ddp", resume=resume), now=2.0)
+    assert set(core.trainers) == {b"b0", b"b1"}
+    core.receive(b"c0", Hello("c0", rank=0, world_size=2, group="ddp", resume=resume), now=3.0)
+    assert set(core.trainers) == {b"c0"}
+
+
+def test_a_ranked_group_the_stream_cannot_resume_is_given_up_naming_both_epochs() -> None:
+    core = _core(group_buffer=8)
+    sends: list[Send] = []
+    dealer = Dealer(None, core, None, lambda: False,  # type: ignore[arg-type]  # sends nothing
+                    lambda name: AnyWithRoom())
+    fanout = GroupFanout(core.config, dealer, core, stopping=lambda: False,
+                         deliver=sends.extend)
+    now = time.monotonic()  # the fan-out reads the clock: its members are live ones
+    core.receive(b"e", Hello("e", group="eval"), now=now)
+    fanout.pump()
+    fanout.buffer.on_leave = None  # no carrier here
+    for epoch in (1, 2):  # eval took both epochs: the buffer holds nothing
+        fanout.buffer.append(["m"], n_samples=4, epoch=epoch, nbytes=1)
+        fanout.buffer.delivered("eval")
+        fanout.buffer.epoch_finished(epoch)
+    core.receive(b"r0", Hello("r0", rank=0, world_size=1, group="ddp",
+                              resume=(1, 2, 1, CHECKPOINT)), now=now)
+    fanout.pump()
+    [(identity, error)] = sends
+    assert identity == b"r0" and isinstance(error, Error)
+    assert error.type == "feedmux.errors.ConfigurationError"
+    assert ("can no longer give epoch 1 whole" in error.message
+            and "the oldest epoch it can give whole is 3" in error.message
+            and "a server of its own (no group=), started with the same --seed" in error.message)
+    assert "ddp" not in fanout.buffer.groups and list(core.trainers) == [b"e"]
 
 
 def test_a_group_given_up_has_its_trainers_told_and_forgotten() -> None:
@@ -397,10 +466,10 @@ def test_a_ranked_group_is_overdue_only_after_the_rank_timeout_without_a_rank() 
 def test_a_ranked_group_s_checkpoint_restarts_no_job_of_the_server() -> None:
     core = _core()
     core.receive(b"p", Hello("plain"), now=1.0)  # sampling for a plain trainer
-    message = _refusal(core.receive(
+    [(_, welcome), *_] = core.receive(
         b"r", Hello("r", rank=0, world_size=2, group="ddp", resume=(2, 4, 2, CHECKPOINT)),
-        now=1.0))
-    assert "consumer groups share one sampled stream" in message
+        now=1.0)
+    assert isinstance(welcome, Welcome)
     # The server goes on as it was: no restart of its run, its trainer still served.
     assert not core.restarting and core.phase is Phase.SAMPLING and b"p" in core.trainers
 

@@ -390,6 +390,8 @@ class ControlCore:
             return taken
         if _restarts_job(self, message):
             sends = _restart_job(self, message)
+        elif self.tables.restarts_group(message):
+            sends = _restart_group(self, identity, message)
         refused = self.tables.admit(identity, message, lambda holder: self._alive(holder, now))
         if refused is not None:
             log.warning("refused trainer %s: %s", message.client_id, refused[1])
@@ -520,13 +522,16 @@ class ControlCore:
                      identity[:16], error)
         return [(identity, malformed_reply(error, self.config.server_id))]
 
-    def peer_gone(self, identity: bytes) -> None:
-        """A send to ``identity`` failed: forget it, keep what it had received for the count."""
+    def peer_gone(self, identity: bytes, lost: bool = True) -> None:
+        """A send to ``identity`` failed (``lost``; else its run is over): forget it, keep
+        what it had received for the count."""
         gone = self.trainers.pop(identity, None)
         self.tables.release(identity)
         if gone is not None:
             self.departed += 1
             self.departed_received += gone.received_messages
+            if not lost:
+                return
             if self.phase in (Phase.WAITING, Phase.SAMPLING):
                 log.warning("%s lost (its connection is gone): %s", gone.describe(),
                             self._fate(gone))
@@ -806,6 +811,10 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
             core.handed = Handed((t.handed for t in free if t.handed),
                                  (t.handed_below for t in free if t.handed_below))
             start = Start(core.handed.start, {})
+        if core.tables.grouped and start is not None:
+            # A ranked group resumed from a checkpoint gets that epoch whole (its ranked
+            # stage cuts it): the sampler seeks to it when no other group wants the ones before.
+            start = Start(core.tables.resume_from(), {})
         if start is None:
             log.error("%s", problem)
             return core.fail(Error(type=RANK_REFUSED, message=problem,
@@ -889,7 +898,7 @@ def _shm_attached(core: ControlCore, identity: bytes, message: ShmAttach) -> Non
 def _restarts_job(core: ControlCore, message: Hello) -> bool:
     """Whether ``message`` is a rank of a job restarted from a checkpoint while this
     server samples for the previous run (not a member of the current one saying
-    hello again, nor a consumer group's rank: that hello is refused)."""
+    hello again, nor a consumer group's rank: :func:`_restart_group`)."""
     return (check_announcement(message.resume) is None and bool(message.resume)
             and message.resume[3] == CHECKPOINT and message.rank >= 0
             and message.group in ("", DEFAULT_GROUP)
@@ -915,6 +924,25 @@ def _restart_job(core: ControlCore, message: Hello) -> list[Send]:
     core.phase = Phase.WAITING
     core.wait.reset()
     return sends
+
+
+def _restart_group(core: ControlCore, identity: bytes, message: Hello) -> list[Send]:
+    """A rank of a ranked group resumes from a checkpoint while its group runs: the
+    group's job restarted. Its previous run's trainers are told it is over and forgotten
+    with the group's ranks (the fan-out then joins the group anew at the checkpoint)."""
+    name = message.group or DEFAULT_GROUP
+    log.warning("trainer %s (rank %d of group %r) resumes from %s: the group's job "
+                "restarted from a checkpoint", message.client_id, message.rank, name,
+                describe(message.resume))
+    over = Error(type=RANK_REFUSED, server_id=core.config.server_id, message=(
+        f"the job of group {name!r} restarted from a checkpoint ({describe(message.resume)}, "
+        f"announced by rank {message.rank}): this trainer belongs to the previous run"))
+    previous = [other for other, trainer in list(core.trainers.items())
+                if trainer.group == name and other != identity]
+    for other in previous:
+        core.peer_gone(other, lost=False)
+    core.tables.forget(name)
+    return [(other, over) for other in previous]
 
 
 def _probe_welcome(core: ControlCore, message: Hello) -> Welcome:

@@ -42,6 +42,8 @@ from feedmux._plumbing.shm import Placement, carried_bytes, is_ref
 from feedmux._plumbing.shmtable import SENT
 from feedmux.protocol import Data, Error, decode
 from feedmux.server._control.core import TRAINER_TIMEOUT, ControlCore, Sends
+from feedmux.server._control.ranks import RANK_REFUSED, RankTable
+from feedmux.server._control.resume import describe
 from feedmux.server._delivery.batches import Batches
 from feedmux.server._delivery.carrier import Carrier
 from feedmux.server._delivery.dealer import Dealer, FreeAudience, RankAudience
@@ -87,9 +89,15 @@ class _RankedGroup:
     (``carrier``: for a rank holder that maps it; never waiting for room)."""
 
     def __init__(self, world_size: int, uneven: str, audience: RankAudience,
-                 carrier: Carrier, server_id: str = "", batches: Batches | None = None) -> None:
+                 carrier: Carrier, server_id: str = "", batches: Batches | None = None,
+                 table: RankTable | None = None) -> None:
+        #: The group's rank table this dealing is for (a job restarted from a checkpoint
+        #: gets a new one: then this dealing is over). Its job resumed at ``start``: the
+        #: stage cuts that epoch there, as for a ranked job of a server of its own.
+        self.table = table
+        start = None if table is None else table.resumed_at
         self.dealer = RankDealer(world_size, uneven)
-        self.stage = RankedStage(self.dealer, server_id, batches=batches)
+        self.stage = RankedStage(self.dealer, server_id, batches=batches, start=start)
         self.audience = audience
         self.carrier = carrier
         self.queues: list[deque[_Share]] = [deque() for _ in range(world_size)]
@@ -250,7 +258,7 @@ class GroupFanout:
         members = self._members(now)
         buffer = self.buffer
         for name in members:
-            buffer.join(name, now, at_once=name == self._continuing)
+            self._join(name, now)
         if self._continuing in buffer.groups:
             self._continuing = None  # once: dropped and back, it joins by the rule
         for name in list(buffer.groups):
@@ -276,6 +284,33 @@ class GroupFanout:
             log.warning("group %s dropped: no member for %g s; it no longer holds the "
                         "sampler back", name, buffer.group_timeout)
 
+    def _join(self, name: str, now: float) -> None:
+        """Group ``name`` has members: it reads the stream from where the join rule says,
+        or, a ranked group whose job resumed from a checkpoint, from the checkpoint's
+        epoch whole (given up, its trainers told why, when the stream cannot give that)."""
+        table = self.core.tables.of(name)
+        ranked = self._ranked.get(name)
+        if ranked is not None and ranked.table is not table:
+            # Its job restarted from a checkpoint: the previous run's dealing is over.
+            self._ranked.pop(name).close()
+            self.buffer.drop(name)
+        start = table.resumed_at if table.ranked else None
+        if name in self.buffer.groups or start is None:
+            self.buffer.join(name, now, at_once=name == self._continuing)
+            return
+        if self.buffer.resume(name, start[0], now) is None:
+            reason = (f"group {name!r} resumes from {describe(table.resumed)}, and this "
+                      f"server's stream can no longer give epoch {start[0]} whole: the "
+                      f"buffer has dropped its first messages and the sampler is past it "
+                      f"(the oldest epoch it can give whole is {self.buffer.oldest_whole}); "
+                      f"resume the job on a server of its own (no group=), started with the "
+                      f"same --seed")
+            log.error("%s", reason)
+            self._give_up(name, reason, RANK_REFUSED)
+        else:
+            log.info("group %s resumes from %s: it gets epoch %d whole, cut at position %d",
+                     name, describe(table.resumed), *start)
+
     def _ranked_group(self, name: str, world_size: int) -> _RankedGroup:
         group = self._ranked.get(name)
         if group is None:
@@ -288,7 +323,7 @@ class GroupFanout:
             batches = tables.batches_of(name).assemblers(self.buckets)
             group = self._ranked[name] = _RankedGroup(world_size, self.uneven, audience,
                                                       self.dealer.carrier, self.server_id,
-                                                      batches)
+                                                      batches, tables.of(name))
         return group
 
     def _given_up(self, name: str, group: _RankedGroup, targets: list[bytes],
@@ -304,23 +339,25 @@ class GroupFanout:
                   f"connected within the rank timeout of {self.rank_timeout:g} s: the group "
                   f"is given up (it held the other groups back)")
         log.error("%s", reason)
-        self._give_up(name, reason)
+        self._give_up(name, reason, "feedmux.errors.TransportTimeoutError")
         return True
 
-    def _give_up(self, name: str, reason: str) -> None:
-        """Group ``name`` is given up: its trainers are told ``reason`` and forgotten (what
-        they received still counts for the end of stream), and so are its ranks."""
+    def _give_up(self, name: str, reason: str, kind: str) -> None:
+        """Group ``name`` is given up: its trainers are told ``reason`` (an error of type
+        ``kind``) and forgotten (what they received still counts for the end of stream),
+        and so are its ranks."""
         core = self.core
-        error = Error(type="feedmux.errors.TransportTimeoutError", message=reason,
-                      server_id=self.server_id)
+        error = Error(type=kind, message=reason, server_id=self.server_id)
         members = [identity for identity, trainer in list(core.trainers.items())
                    if trainer.group == name]
         for identity in members:
             core.peer_gone(identity)
         core.tables.forget(name)
         self.deliver([(identity, error) for identity in members])
-        self.buffer.drop(name)
-        self._ranked.pop(name).close()
+        if name in self.buffer.groups:
+            self.buffer.drop(name)
+        if (ranked := self._ranked.pop(name, None)) is not None:
+            ranked.close()
 
     def _pump_ranked(self, name: str, group: _RankedGroup) -> None:
         """Deal ranked group ``name``'s next messages and send each rank its shares."""
