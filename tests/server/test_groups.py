@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedmux.errors import ConfigurationError
-from feedmux.protocol import Ack, Data, Error, Hello, Welcome, encode
+from feedmux.protocol import Ack, Data, Error, Heartbeat, Hello, Welcome, encode
 from feedmux.server._control.core import ControlCore, Phase, Send, Sends
 from feedmux.server._control.ranks import RankTables
 from feedmux.server._control.resume import CHECKPOINT, LIVE
@@ -391,30 +391,65 @@ def test_a_ranked_group_restarted_from_a_checkpoint_tells_its_previous_run_it_is
     assert set(core.trainers) == {b"c0"}
 
 
-def test_a_ranked_group_the_stream_cannot_resume_is_given_up_naming_both_epochs() -> None:
-    core = _core(group_buffer=8)
-    sends: list[Send] = []
+def _fanout_past_two_epochs(core: ControlCore, sends: list[Send]) -> GroupFanout:
+    """A fan-out whose group eval took epochs 1 and 2: its buffer holds nothing."""
     dealer = Dealer(None, core, None, lambda: False,  # type: ignore[arg-type]  # sends nothing
                     lambda name: AnyWithRoom())
     fanout = GroupFanout(core.config, dealer, core, stopping=lambda: False,
                          deliver=sends.extend)
-    now = time.monotonic()  # the fan-out reads the clock: its members are live ones
-    core.receive(b"e", Hello("e", group="eval"), now=now)
+    core.receive(b"e", Hello("e", group="eval"), now=time.monotonic())
     fanout.pump()
     fanout.buffer.on_leave = None  # no carrier here
-    for epoch in (1, 2):  # eval took both epochs: the buffer holds nothing
+    for epoch in (1, 2):
         fanout.buffer.append(["m"], n_samples=4, epoch=epoch, nbytes=1)
         fanout.buffer.delivered("eval")
         fanout.buffer.epoch_finished(epoch)
+    return fanout
+
+
+def _says_both_epochs(message: str) -> None:
+    assert ("group 'ddp' resumes from a checkpoint at epoch 1, position 2" in message
+            and "can no longer give epoch 1 whole" in message
+            and "the oldest epoch it can give whole is 3" in message
+            and "a server of its own (no group=), started with the same --seed" in message)
+
+
+def test_a_ranked_group_the_stream_cannot_resume_is_refused_naming_both_epochs() -> None:
+    core = _core(group_buffer=8)
+    fanout = _fanout_past_two_epochs(core, [])
+    core.oldest_whole = lambda: fanout.buffer.oldest_whole  # as the shell does
+    hello = Hello("r0", rank=0, world_size=1, group="ddp", resume=(1, 2, 1, CHECKPOINT))
+    _says_both_epochs(_refusal(core.receive(b"r0", hello, now=time.monotonic())))
+    assert list(core.trainers) == [b"e"] and not core.tables.of("ddp").ranked
+    # From the epoch the stream still gives whole on, it is welcomed.
+    later = Hello("r0", rank=0, world_size=1, group="ddp", resume=(3, 2, 1, CHECKPOINT))
+    assert isinstance(core.receive(b"r0", later, now=time.monotonic())[0][1], Welcome)
+
+
+def test_a_refused_rank_s_heartbeat_is_never_taken_for_a_free_trainer_s() -> None:
+    core = _core(group_buffer=8)
+    fanout = _fanout_past_two_epochs(core, [])
+    core.oldest_whole = lambda: fanout.buffer.oldest_whole
+    hello = Hello("r0", rank=0, world_size=1, group="ddp", resume=(1, 2, 1, CHECKPOINT))
+    _refusal(core.receive(b"r0", hello, now=time.monotonic()))
+    core.phase = Phase.SAMPLING
+    # Its loader beats before it reads the refusal: the group ddp gets no free member.
+    [(_, answer)] = core.receive(b"r0", Heartbeat("r0", group="ddp"), now=time.monotonic())
+    assert isinstance(answer, Welcome) and list(core.trainers) == [b"e"]
+
+
+def test_a_ranked_group_whose_epoch_left_after_its_hello_is_given_up_naming_both() -> None:
+    core = _core(group_buffer=8)
+    sends: list[Send] = []
+    fanout = _fanout_past_two_epochs(core, sends)
+    core.oldest_whole = lambda: 1  # the hello came while the buffer held epoch 1
     core.receive(b"r0", Hello("r0", rank=0, world_size=1, group="ddp",
-                              resume=(1, 2, 1, CHECKPOINT)), now=now)
+                              resume=(1, 2, 1, CHECKPOINT)), now=time.monotonic())
     fanout.pump()
     [(identity, error)] = sends
     assert identity == b"r0" and isinstance(error, Error)
     assert error.type == "feedmux.errors.ConfigurationError"
-    assert ("can no longer give epoch 1 whole" in error.message
-            and "the oldest epoch it can give whole is 3" in error.message
-            and "a server of its own (no group=), started with the same --seed" in error.message)
+    _says_both_epochs(error.message)
     assert "ddp" not in fanout.buffer.groups and list(core.trainers) == [b"e"]
 
 

@@ -61,6 +61,7 @@ from feedmux.server._control.resume import (
     agreed_start,
     check_announcement,
     describe,
+    not_whole,
 )
 from feedmux.server._control.scaling import ScaleRequests
 from feedmux.server._control.waiting import POLL_INTERVAL, TrainerWait
@@ -115,6 +116,9 @@ MAX_REMEMBERED_TRAINERS = 10_000
 NO_BATCH_SHAPE = (0, False)
 #: Refused ranks' reasons kept for the job's other ranks (hellos come from peers: bounded).
 MAX_REFUSALS = 4
+#: Refused ranks' client ids the core remembers (each a few dozen bytes: anyone can say
+#: hello).
+MAX_REFUSED_RANKS = 64
 
 Send = tuple[bytes, Message]
 Sends = Sequence[Send]
@@ -307,6 +311,9 @@ class ControlCore:
         self.handouts = HandOuts()
         #: The latest refused ranks (rank, client id, why): the job's other ranks hear why.
         self.refusals: deque[tuple[int, str, str]] = deque(maxlen=MAX_REFUSALS)
+        #: The client ids of the latest refused ranks: a heartbeat of one (its loader has
+        #: not read the refusal yet) is asked for a hello, never taken for a free trainer's.
+        self.refused_ranks: deque[str] = deque(maxlen=MAX_REFUSED_RANKS)
         #: The wait for trainers before sampling (who is missing, when welcomed).
         self.wait = TrainerWait()
         self.drain_deadline = 0.0
@@ -330,6 +337,11 @@ class ControlCore:
         #: Set when a ranked job restarted from a checkpoint mid-run: the sampler must
         #: stop, and start again at ``start_at`` once the new job's ranks are all here.
         self.restarting = False
+        #: The oldest epoch the stream can still give a consumer group whole (the shell
+        #: sets it to the groups' buffer's once it has one); without a buffer, any before
+        #: sampling starts, else none the sampler may have begun.
+        self.oldest_whole: Callable[[], int] = lambda: (
+            1 if self.phase is Phase.WAITING else self.epoch + 2)
         #: (path, token) of the shared-memory pool offered to trainers, if there is one.
         self.shm: tuple[str, str] | None = None
         #: ``feedmux scale`` requests, for the sampling workers' pool.
@@ -360,7 +372,8 @@ class ControlCore:
         if isinstance(message, Heartbeat):
             trainer = self.trainers.get(identity)
             if trainer is None and (self.phase is Phase.WAITING
-                                    or self.tables.of(message.group).ranked):
+                                    or self.tables.of(message.group).ranked
+                                    or message.sender_id in self.refused_ranks):
                 # A ranked trainer is known by its hello alone (its rank), and so is every
                 # trainer before sampling starts (a rank's heartbeat must not start a free
                 # run): the welcome tells it this is a new server, it says hello.
@@ -388,6 +401,11 @@ class ControlCore:
         sends: list[Send] = []
         if (taken := self._id_taken(identity, message.client_id, now)) is not None:
             return taken
+        if (why := _not_whole(self, message)) is not None:
+            log.warning("refused trainer %s: %s", message.client_id, why)
+            self.refused_ranks.append(message.client_id)
+            return [(identity, Error(type=RANK_REFUSED, message=why,
+                                     server_id=self.config.server_id))]
         if _restarts_job(self, message):
             sends = _restart_job(self, message)
         elif self.tables.restarts_group(message):
@@ -397,6 +415,8 @@ class ControlCore:
             log.warning("refused trainer %s: %s", message.client_id, refused[1])
             if message.rank >= 0 and self.phase is Phase.WAITING:
                 self.refusals.append((message.rank, message.client_id[:64], refused[1]))
+            if message.rank >= 0:
+                self.refused_ranks.append(message.client_id)
             sends.append((identity, Error(type=refused[0], message=refused[1],
                                           server_id=self.config.server_id)))
             holder = self.tables.of(message.group).holder(message.rank)
@@ -924,6 +944,23 @@ def _restart_job(core: ControlCore, message: Hello) -> list[Send]:
     core.phase = Phase.WAITING
     core.wait.reset()
     return sends
+
+
+def _not_whole(core: ControlCore, message: Hello) -> str | None:
+    """Why ``message``, a rank of a ranked group restored from a checkpoint that starts
+    its job's run, cannot resume on this server (its stream no longer gives the
+    checkpoint's epoch whole), or None. A rank joining the run its checkpoint started
+    is not asked again (its group reads the epoch already)."""
+    resume = message.resume
+    if (message.rank < 0 or check_announcement(resume) is not None or not resume
+            or resume[3] != CHECKPOINT or not (core.tables.grouped or message.group)):
+        return None
+    tables = core.tables
+    if tables.grouped and tables.of(message.group).ranked and not tables.restarts_group(message):
+        return None
+    oldest = core.oldest_whole()
+    return None if resume[0] >= oldest else not_whole(message.group or DEFAULT_GROUP,
+                                                      resume, oldest)
 
 
 def _restart_group(core: ControlCore, identity: bytes, message: Hello) -> list[Send]:

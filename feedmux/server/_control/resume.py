@@ -22,7 +22,7 @@ import numpy as np
 from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE, Hello, take_samples
 
 __all__ = ["CHECKPOINT", "LIVE", "MAX_HANDED_RANGES", "Handed", "ResumeCut", "Start",
-           "agreed_start", "check_announcement", "describe"]
+           "agreed_start", "check_announcement", "describe", "not_whole"]
 
 CHECKPOINT, LIVE = RESUME_CHECKPOINT, RESUME_LIVE
 
@@ -66,6 +66,22 @@ def describe(resume: Sequence[int]) -> str:
     if kind == CHECKPOINT:
         return f"a checkpoint at epoch {epoch}, position {position} (taken with {world_size} ranks)"
     return f"epoch {epoch}, position {position} (live, {world_size} ranks)"
+
+
+def not_whole(group: str, resume: Sequence[int], oldest: int) -> str:
+    """Why ranked group ``group`` cannot resume at ``resume`` (a checkpoint's
+    announcement) on this server, whose stream gives epochs whole from ``oldest`` on.
+
+    Examples
+    --------
+    >>> not_whole("lm", (2, 128, 2, CHECKPOINT), 4)[84:170]
+    "and this server's stream can no longer give epoch 2 whole: the consumer groups' buffer"
+    """
+    return (f"group {group!r} resumes from {describe(resume)}, and this server's stream can "
+            f"no longer give epoch {resume[0]} whole: the consumer groups' buffer has "
+            f"dropped its first messages and the sampler is past it (the oldest epoch it can "
+            f"give whole is {oldest}); resume the job on a server of its own (no group=), "
+            f"started with the same --seed")
 
 
 class Start(NamedTuple):

@@ -43,7 +43,7 @@ from feedmux._plumbing.shmtable import SENT
 from feedmux.protocol import Data, Error, decode
 from feedmux.server._control.core import TRAINER_TIMEOUT, ControlCore, Sends
 from feedmux.server._control.ranks import RANK_REFUSED, RankTable
-from feedmux.server._control.resume import describe
+from feedmux.server._control.resume import describe, not_whole
 from feedmux.server._delivery.batches import Batches
 from feedmux.server._delivery.carrier import Carrier
 from feedmux.server._delivery.dealer import Dealer, FreeAudience, RankAudience
@@ -299,14 +299,10 @@ class GroupFanout:
             self.buffer.join(name, now, at_once=name == self._continuing)
             return
         if self.buffer.resume(name, start[0], now) is None:
-            reason = (f"group {name!r} resumes from {describe(table.resumed)}, and this "
-                      f"server's stream can no longer give epoch {start[0]} whole: the "
-                      f"buffer has dropped its first messages and the sampler is past it "
-                      f"(the oldest epoch it can give whole is {self.buffer.oldest_whole}); "
-                      f"resume the job on a server of its own (no group=), started with the "
-                      f"same --seed")
+            # The hello was checked (ControlCore.oldest_whole): the stream moved on since.
+            reason = not_whole(name, table.resumed, self.buffer.oldest_whole)
             log.error("%s", reason)
-            self._give_up(name, reason, RANK_REFUSED)
+            self._give_up(name, reason, RANK_REFUSED, lost=False)
         else:
             log.info("group %s resumes from %s: it gets epoch %d whole, cut at position %d",
                      name, describe(table.resumed), *start)
@@ -342,16 +338,16 @@ class GroupFanout:
         self._give_up(name, reason, "feedmux.errors.TransportTimeoutError")
         return True
 
-    def _give_up(self, name: str, reason: str, kind: str) -> None:
+    def _give_up(self, name: str, reason: str, kind: str, lost: bool = True) -> None:
         """Group ``name`` is given up: its trainers are told ``reason`` (an error of type
-        ``kind``) and forgotten (what they received still counts for the end of stream),
-        and so are its ranks."""
+        ``kind``) and forgotten (what they received still counts for the end of stream;
+        ``lost``: logged as lost), and so are its ranks."""
         core = self.core
         error = Error(type=kind, message=reason, server_id=self.server_id)
         members = [identity for identity, trainer in list(core.trainers.items())
                    if trainer.group == name]
         for identity in members:
-            core.peer_gone(identity)
+            core.peer_gone(identity, lost)
         core.tables.forget(name)
         self.deliver([(identity, error) for identity in members])
         if name in self.buffer.groups:
