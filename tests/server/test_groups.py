@@ -474,6 +474,9 @@ def test_a_group_given_up_has_its_trainers_told_and_forgotten() -> None:
     assert error.type == "feedmux.errors.TransportTimeoutError" and "[1] of 2" in error.message
     assert list(core.trainers) == [b"e"] and core.departed_received == 5  # still counted
     assert not core.tables.of("ddp").ranked  # its trainers coming back start it afresh
+    # Its loader beats before it reads the error: it does not join ddp as a free trainer.
+    [(_, answer)] = core.receive(b"r0", Heartbeat("r0", group="ddp"), now=now)
+    assert isinstance(answer, Welcome) and list(core.trainers) == [b"e"]
 
 
 def test_a_buffer_started_mid_epoch_keeps_the_join_rule_for_newcomers() -> None:

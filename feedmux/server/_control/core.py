@@ -311,8 +311,9 @@ class ControlCore:
         self.handouts = HandOuts()
         #: The latest refused ranks (rank, client id, why): the job's other ranks hear why.
         self.refusals: deque[tuple[int, str, str]] = deque(maxlen=MAX_REFUSALS)
-        #: The client ids of the latest refused ranks: a heartbeat of one (its loader has
-        #: not read the refusal yet) is asked for a hello, never taken for a free trainer's.
+        #: The client ids of the latest refused ranks (and of the ranks of groups given
+        #: up): a heartbeat of one (its loader has not read the error yet) is answered with
+        #: a welcome, never taken for a free trainer's.
         self.refused_ranks: deque[str] = deque(maxlen=MAX_REFUSED_RANKS)
         #: The wait for trainers before sampling (who is missing, when welcomed).
         self.wait = TrainerWait()
@@ -557,6 +558,15 @@ class ControlCore:
                             self._fate(gone))
             elif self.phase is Phase.DRAINING:
                 log.info("%s left during the end of the stream", gone.describe())
+
+    def gave_up(self, identity: bytes, lost: bool = True) -> None:
+        """``identity``'s group was given up, and it was told why: forget it (as
+        :meth:`peer_gone`), and take a beat of it (its loader has not read the error yet)
+        for a refused rank's."""
+        trainer = self.trainers.get(identity)
+        if trainer is not None and trainer.rank >= 0:
+            self.refused_ranks.append(trainer.client_id)
+        self.peer_gone(identity, lost)
 
     def _fate(self, trainer: _Trainer) -> str:
         """What becomes of the samples a lost trainer was sent and had not handed out."""

@@ -347,7 +347,7 @@ class GroupFanout:
         members = [identity for identity, trainer in list(core.trainers.items())
                    if trainer.group == name]
         for identity in members:
-            core.peer_gone(identity, lost)
+            core.gave_up(identity, lost)
         core.tables.forget(name)
         self.deliver([(identity, error) for identity in members])
         if name in self.buffer.groups:
