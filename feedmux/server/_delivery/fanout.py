@@ -257,6 +257,13 @@ class GroupFanout:
         now = time.monotonic()
         members = self._members(now)
         buffer = self.buffer
+        for name, dealing in list(self._ranked.items()):
+            if self.core.tables.of(name) is not dealing.table:
+                # Its job restarted from a checkpoint: the previous run's dealing is over
+                # (the group joins anew, at the checkpoint's epoch).
+                self._ranked.pop(name).close()
+                if name in buffer.groups:
+                    buffer.drop(name)
         for name in members:
             self._join(name, now)
         if self._continuing in buffer.groups:
@@ -289,11 +296,6 @@ class GroupFanout:
         or, a ranked group whose job resumed from a checkpoint, from the checkpoint's
         epoch whole (given up, its trainers told why, when the stream cannot give that)."""
         table = self.core.tables.of(name)
-        ranked = self._ranked.get(name)
-        if ranked is not None and ranked.table is not table:
-            # Its job restarted from a checkpoint: the previous run's dealing is over.
-            self._ranked.pop(name).close()
-            self.buffer.drop(name)
         start = table.resumed_at if table.ranked else None
         if name in self.buffer.groups or start is None:
             self.buffer.join(name, now, at_once=name == self._continuing)
