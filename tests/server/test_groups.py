@@ -438,6 +438,17 @@ def test_a_refused_rank_s_heartbeat_is_never_taken_for_a_free_trainer_s() -> Non
     assert isinstance(answer, Welcome) and list(core.trainers) == [b"e"]
 
 
+def test_a_ranked_group_s_checkpoint_on_a_server_dealing_a_ranked_job_gets_the_table_s_reason(
+        ) -> None:
+    core = _core()
+    core.receive(b"a", Hello("a", rank=0, world_size=1), now=1.0)
+    core.phase = Phase.SAMPLING  # far into its stream: no epoch could be given whole
+    core.epoch = 5
+    [refused, *_] = core.receive(b"r", Hello("r", rank=0, world_size=1, group="ddp",
+                                             resume=(1, 2, 1, CHECKPOINT)), now=1.0)
+    assert _refusal([refused]) == refusal({"ranked_job", "group"})
+
+
 def test_a_ranked_group_whose_epoch_left_after_its_hello_is_given_up_naming_both() -> None:
     core = _core(group_buffer=8)
     sends: list[Send] = []

@@ -68,7 +68,7 @@ from feedmux.server._control.waiting import POLL_INTERVAL, TrainerWait
 from feedmux.server._delivery.groups import DEFAULT_GROUP
 from feedmux.server._delivery.ledger import Ledger
 from feedmux.server._sources.producer import error_message
-from feedmux.server.config import ServerConfig
+from feedmux.server.config import ServerConfig, refusal
 
 __all__ = [
     "CLIENT_ID_TAKEN",
@@ -966,6 +966,8 @@ def _not_whole(core: ControlCore, message: Hello) -> str | None:
             or resume[3] != CHECKPOINT or not (core.tables.grouped or message.group)):
         return None
     tables = core.tables
+    if refusal(tables.asks(message)) is not None:
+        return None  # refused for the reason of the combination table
     if tables.grouped and tables.of(message.group).ranked and not tables.restarts_group(message):
         return None
     oldest = core.oldest_whole()
