@@ -144,8 +144,11 @@ class SocketShell:
                 raise
 
     def _fanout(self) -> GroupFanout:
-        return GroupFanout(self.config, self.dealer, self.core, lambda: bool(self.stopping),
-                           self.deliver)
+        fanout = GroupFanout(self.config, self.dealer, self.core, lambda: bool(self.stopping),
+                             self.deliver)
+        # A ranked group resuming from a checkpoint needs its epoch whole from the buffer.
+        self.core.oldest_whole = lambda: fanout.buffer.oldest_whole
+        return fanout
 
     def _extra_stats(self) -> dict[str, Stat]:
         stats: dict[str, Stat] = dict(sampler_stats(self.meters, self.outbox.blocked_seconds))

@@ -60,7 +60,7 @@ def deprecated_reliable(options: dict[str, Any], stacklevel: int = 3) -> None:
 
 #: What a server's options (``reliable``, ``group_buffer``, ``shm``), the state it is in
 #: (``groups``, ``ranked_job``: what its trainers made of it so far) or a trainer's hello
-#: (``group``, ``rank``, ``batch_size``, ``resume``) may ask for, in words.
+#: (``group``, ``rank``, ``batch_size``, ``resume``, ``live``) may ask for, in words.
 ASKS: dict[str, str] = {
     "reliable": "reliable delivery (--reliable)",
     "group_buffer": "a consumer groups' buffer (--group-buffer)",
@@ -71,12 +71,14 @@ ASKS: dict[str, str] = {
     "rank": "a rank (rank=)",
     "batch_size": "server-built batches (batch_size=)",
     "resume": "a resume position (a checkpoint's, or a rank's that outlived its server)",
+    "live": "a live rank's position (a rank that outlived its server)",
 }
 
-_NO_REWIND = ("consumer groups share one sampled stream that has moved on: the messages "
-              "before the buffer's oldest are gone, and rewinding the sampler for one "
-              "group would repeat them for every other group; resume the job on a server "
-              "of its own (no group=), started with the same --seed")
+_NO_LIVE = ("a rank that outlived its server goes on with the old process's dealing, and "
+            "a consumer group's stream on the new process begins afresh (the group joins "
+            "it at a whole epoch); restart the job from its checkpoint "
+            "(load_state_dict), which a ranked group resumes from, or resume it on a "
+            "server of its own (no group=), started with the same --seed")
 
 #: Pairs that do not combine, each with the real reason (one entry per rule). A pair of
 #: options is refused when the server starts; a pair with a hello's ask, to that trainer.
@@ -86,8 +88,8 @@ REFUSED: dict[tuple[str, str], str] = {
         "sampler draws, before any buffer, so another group cannot share that stream; "
         "give the job a group= too, or start the server with --group-buffer (its "
         "trainers without group= then form the group 'default')"),
-    ("groups", "resume"): _NO_REWIND,
-    ("group", "resume"): _NO_REWIND,
+    ("groups", "live"): _NO_LIVE,
+    ("group", "live"): _NO_LIVE,
 }
 
 #: Pairs that combine with the second one switched off, each with why (logged once).
@@ -99,8 +101,8 @@ def refusal(asked: Collection[str]) -> str | None:
 
     Examples
     --------
-    >>> refusal({"groups", "resume"})[:78]
-    'expected consumer groups (a trainer asked for one) or a resume position (a che'
+    >>> refusal({"groups", "live"})[:72]
+    "expected consumer groups (a trainer asked for one) or a live rank's posi"
     >>> refusal({"group", "rank", "batch_size"}) is None
     True
     """

@@ -320,10 +320,11 @@ def test_a_ranked_group_missing_a_rank_for_the_rank_timeout_is_given_up(
             "the group is given up") in server.stderr
 
 
-def test_a_ranked_group_resuming_from_a_checkpoint_is_refused_naming_the_shared_stream(
+def test_a_ranked_group_resuming_from_an_epoch_the_stream_dropped_is_refused_naming_it(
         serve: Callable[..., Spawned], trainers: Trainers) -> None:
     # A sampler paced at 10 ms a sample (6 s in all), so that the stream is still being
-    # sampled when the job's loaders come, whatever the load.
+    # sampled when the job's loaders come, whatever the load. The job joined mid-epoch
+    # (--join now): the buffer never held its checkpoint's epoch from its first message.
     server = serve(SAMPLER, "--arg", "delay=0.01", "--epochs", "3", "--samples-per-message",
                    "4", "--min-trainers", "1", "--join", "now")
     trainers.start(server, "eval", "--group", "eval")
@@ -339,8 +340,10 @@ def test_a_ranked_group_resuming_from_a_checkpoint_is_refused_naming_the_shared_
                       world_size=1) as restarted:
         stream = Stream(restarted)
         stream.load_state_dict(state)
-        with pytest.raises(RemoteError, match="consumer groups share one sampled stream that "
-                                              "has moved on"):
+        with pytest.raises(RemoteError, match=r"group 'ddp' resumes from a checkpoint at "
+                                              r"epoch \d+, position \d+ \(taken with 1 ranks\), "
+                                              r"and this server's stream can no longer give "
+                                              r"epoch \d+ whole"):
             stream.next()
     # The other group is not disturbed: every epoch whole.
     assert trainers.wait("eval") == 0

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedmux.errors import ConfigurationError
-from feedmux.protocol import Ack, Data, Error, Hello, Welcome, encode
+from feedmux.protocol import Ack, Data, Error, Heartbeat, Hello, Welcome, encode
 from feedmux.server._control.core import ControlCore, Phase, Send, Sends
 from feedmux.server._control.ranks import RankTables
-from feedmux.server._control.resume import CHECKPOINT
+from feedmux.server._control.resume import CHECKPOINT, LIVE
 from feedmux.server._delivery.dealer import Dealer
 from feedmux.server._delivery.fanout import GroupFanout, _RankedGroup
 from feedmux.server._delivery.groups import DEFAULT_GROUP, GroupBuffer
@@ -297,10 +297,10 @@ def test_a_refused_group_hello_leaves_a_server_without_groups() -> None:
 
 @pytest.mark.parametrize(("options", "first", "hello", "rule"), [
     ({}, Hello("r0", rank=0, world_size=2), Hello("g", group="eval"), ("ranked_job", "group")),
-    ({"group_buffer": 8}, None, Hello("r", rank=0, world_size=2, resume=(2, 4, 2, CHECKPOINT)),
-     ("groups", "resume")),
-    ({}, None, Hello("r", rank=0, world_size=2, group="ddp", resume=(2, 4, 2, CHECKPOINT)),
-     ("group", "resume")),
+    ({"group_buffer": 8}, None, Hello("r", rank=0, world_size=2, resume=(2, 4, 2, LIVE)),
+     ("groups", "live")),
+    ({}, None, Hello("r", rank=0, world_size=2, group="ddp", resume=(2, 4, 2, LIVE)),
+     ("group", "live")),
 ])
 def test_each_refused_hello_gets_its_rule_s_reason(
         options: dict[str, object], first: Hello | None, hello: Hello,
@@ -341,12 +341,127 @@ def test_a_rank_on_a_reliable_server_is_welcomed() -> None:
     assert isinstance(welcome, Welcome) and welcome.reliable and welcome.world_size == 2
 
 
-def test_a_ranked_group_s_checkpoint_is_refused_naming_the_shared_stream() -> None:
+def test_a_ranked_group_s_live_position_is_refused_naming_its_checkpoint() -> None:
     message = _refusal(_core().receive(
-        b"r", Hello("r", rank=0, world_size=2, group="ddp", resume=(2, 4, 2, CHECKPOINT)),
-        now=1.0))
-    assert "consumer groups share one sampled stream that has moved on" in message
-    assert "resume the job on a server of its own (no group=)" in message
+        b"r", Hello("r", rank=0, world_size=2, group="ddp", resume=(2, 4, 2, LIVE)), now=1.0))
+    assert "a rank that outlived its server goes on with the old process's dealing" in message
+    assert "restart the job from its checkpoint" in message
+
+
+def test_a_ranked_group_s_checkpoint_is_welcomed_and_starts_the_sampler_at_its_epoch() -> None:
+    core = _core(group_buffer=8)
+    core.begin()
+    for rank in range(2):
+        [(_, welcome), *_] = core.receive(
+            b"r%d" % rank, Hello(f"r{rank}", rank=rank, world_size=2, group="ddp",
+                                 resume=(3, 40, 2, CHECKPOINT)), now=1.0)
+        assert isinstance(welcome, Welcome)
+    assert core.tables.of("ddp").resumed_at == (3, 40)
+    core.tick(1.0)
+    core.tick(1.1)  # the welcomes, then the start
+    assert core.phase is Phase.SAMPLING and core.start_at == (3, 0)  # the epoch whole
+
+
+def test_a_fresh_group_keeps_the_sampler_at_the_beginning_of_the_stream() -> None:
+    core = _core(group_buffer=8)
+    core.begin()
+    core.receive(b"r0", Hello("r0", rank=0, world_size=1, group="ddp",
+                              resume=(3, 40, 1, CHECKPOINT)), now=1.0)
+    core.receive(b"e", Hello("e", group="eval"), now=1.0)
+    core.tick(1.0)
+    core.tick(1.1)
+    assert core.phase is Phase.SAMPLING and core.start_at is None  # ddp waits for epoch 3
+
+
+def test_a_ranked_group_restarted_from_a_checkpoint_tells_its_previous_run_it_is_over() -> None:
+    core = _core(group_buffer=8)
+    core.receive(b"a0", Hello("a0", rank=0, world_size=2, group="ddp"), now=1.0)
+    core.receive(b"a1", Hello("a1", rank=1, world_size=2, group="ddp"), now=1.0)
+    resume = (2, 8, 2, CHECKPOINT)
+    sends = core.receive(b"b0", Hello("b0", rank=0, world_size=2, group="ddp", resume=resume),
+                         now=2.0)
+    told = {identity: message for identity, message in sends if isinstance(message, Error)}
+    assert set(told) == {b"a0", b"a1"}
+    assert "the job of group 'ddp' restarted from a checkpoint" in told[b"a1"].message
+    assert set(core.trainers) == {b"b0"} and core.tables.of("ddp").resumed_at == (2, 8)
+    # Its other rank joins the new run; the same checkpoint from rank 0 again restarts it.
+    core.receive(b"b1", Hello("b1", rank=1, world_size=2, group="ddp", resume=resume), now=2.0)
+    assert set(core.trainers) == {b"b0", b"b1"}
+    core.receive(b"c0", Hello("c0", rank=0, world_size=2, group="ddp", resume=resume), now=3.0)
+    assert set(core.trainers) == {b"c0"}
+
+
+def _fanout_past_two_epochs(core: ControlCore, sends: list[Send]) -> GroupFanout:
+    """A fan-out whose group eval took epochs 1 and 2: its buffer holds nothing."""
+    dealer = Dealer(None, core, None, lambda: False,  # type: ignore[arg-type]  # sends nothing
+                    lambda name: AnyWithRoom())
+    fanout = GroupFanout(core.config, dealer, core, stopping=lambda: False,
+                         deliver=sends.extend)
+    core.receive(b"e", Hello("e", group="eval"), now=time.monotonic())
+    fanout.pump()
+    fanout.buffer.on_leave = None  # no carrier here
+    for epoch in (1, 2):
+        fanout.buffer.append(["m"], n_samples=4, epoch=epoch, nbytes=1)
+        fanout.buffer.delivered("eval")
+        fanout.buffer.epoch_finished(epoch)
+    return fanout
+
+
+def _says_both_epochs(message: str) -> None:
+    assert ("group 'ddp' resumes from a checkpoint at epoch 1, position 2" in message
+            and "can no longer give epoch 1 whole" in message
+            and "the oldest epoch it can give whole is 3" in message
+            and "a server of its own (no group=), started with the same --seed" in message)
+
+
+def test_a_ranked_group_the_stream_cannot_resume_is_refused_naming_both_epochs() -> None:
+    core = _core(group_buffer=8)
+    fanout = _fanout_past_two_epochs(core, [])
+    core.oldest_whole = lambda: fanout.buffer.oldest_whole  # as the shell does
+    hello = Hello("r0", rank=0, world_size=1, group="ddp", resume=(1, 2, 1, CHECKPOINT))
+    _says_both_epochs(_refusal(core.receive(b"r0", hello, now=time.monotonic())))
+    assert list(core.trainers) == [b"e"] and not core.tables.of("ddp").ranked
+    # From the epoch the stream still gives whole on, it is welcomed.
+    later = Hello("r0", rank=0, world_size=1, group="ddp", resume=(3, 2, 1, CHECKPOINT))
+    assert isinstance(core.receive(b"r0", later, now=time.monotonic())[0][1], Welcome)
+
+
+def test_a_refused_rank_s_heartbeat_is_never_taken_for_a_free_trainer_s() -> None:
+    core = _core(group_buffer=8)
+    fanout = _fanout_past_two_epochs(core, [])
+    core.oldest_whole = lambda: fanout.buffer.oldest_whole
+    hello = Hello("r0", rank=0, world_size=1, group="ddp", resume=(1, 2, 1, CHECKPOINT))
+    _refusal(core.receive(b"r0", hello, now=time.monotonic()))
+    core.phase = Phase.SAMPLING
+    # Its loader beats before it reads the refusal: the group ddp gets no free member.
+    [(_, answer)] = core.receive(b"r0", Heartbeat("r0", group="ddp"), now=time.monotonic())
+    assert isinstance(answer, Welcome) and list(core.trainers) == [b"e"]
+
+
+def test_a_ranked_group_s_checkpoint_on_a_server_dealing_a_ranked_job_gets_the_table_s_reason(
+        ) -> None:
+    core = _core()
+    core.receive(b"a", Hello("a", rank=0, world_size=1), now=1.0)
+    core.phase = Phase.SAMPLING  # far into its stream: no epoch could be given whole
+    core.epoch = 5
+    [refused, *_] = core.receive(b"r", Hello("r", rank=0, world_size=1, group="ddp",
+                                             resume=(1, 2, 1, CHECKPOINT)), now=1.0)
+    assert _refusal([refused]) == refusal({"ranked_job", "group"})
+
+
+def test_a_ranked_group_whose_epoch_left_after_its_hello_is_given_up_naming_both() -> None:
+    core = _core(group_buffer=8)
+    sends: list[Send] = []
+    fanout = _fanout_past_two_epochs(core, sends)
+    core.oldest_whole = lambda: 1  # the hello came while the buffer held epoch 1
+    core.receive(b"r0", Hello("r0", rank=0, world_size=1, group="ddp",
+                              resume=(1, 2, 1, CHECKPOINT)), now=time.monotonic())
+    fanout.pump()
+    [(identity, error)] = sends
+    assert identity == b"r0" and isinstance(error, Error)
+    assert error.type == "feedmux.errors.ConfigurationError"
+    _says_both_epochs(error.message)
+    assert "ddp" not in fanout.buffer.groups and list(core.trainers) == [b"e"]
 
 
 def test_a_group_given_up_has_its_trainers_told_and_forgotten() -> None:
@@ -370,6 +485,9 @@ def test_a_group_given_up_has_its_trainers_told_and_forgotten() -> None:
     assert error.type == "feedmux.errors.TransportTimeoutError" and "[1] of 2" in error.message
     assert list(core.trainers) == [b"e"] and core.departed_received == 5  # still counted
     assert not core.tables.of("ddp").ranked  # its trainers coming back start it afresh
+    # Its loader beats before it reads the error: it does not join ddp as a free trainer.
+    [(_, answer)] = core.receive(b"r0", Heartbeat("r0", group="ddp"), now=now)
+    assert isinstance(answer, Welcome) and list(core.trainers) == [b"e"]
 
 
 def test_a_buffer_started_mid_epoch_keeps_the_join_rule_for_newcomers() -> None:
@@ -397,10 +515,10 @@ def test_a_ranked_group_is_overdue_only_after_the_rank_timeout_without_a_rank() 
 def test_a_ranked_group_s_checkpoint_restarts_no_job_of_the_server() -> None:
     core = _core()
     core.receive(b"p", Hello("plain"), now=1.0)  # sampling for a plain trainer
-    message = _refusal(core.receive(
+    [(_, welcome), *_] = core.receive(
         b"r", Hello("r", rank=0, world_size=2, group="ddp", resume=(2, 4, 2, CHECKPOINT)),
-        now=1.0))
-    assert "consumer groups share one sampled stream" in message
+        now=1.0)
+    assert isinstance(welcome, Welcome)
     # The server goes on as it was: no restart of its run, its trainer still served.
     assert not core.restarting and core.phase is Phase.SAMPLING and b"p" in core.trainers
 

@@ -61,6 +61,7 @@ from feedmux.server._control.resume import (
     agreed_start,
     check_announcement,
     describe,
+    not_whole,
 )
 from feedmux.server._control.scaling import ScaleRequests
 from feedmux.server._control.waiting import POLL_INTERVAL, TrainerWait
@@ -68,7 +69,7 @@ from feedmux.server._delivery.groups import DEFAULT_GROUP
 from feedmux.server._delivery.ledger import Ledger
 from feedmux.server._delivery.registry import Send, Sends
 from feedmux.server._sources.producer import error_message
-from feedmux.server.config import ServerConfig
+from feedmux.server.config import ServerConfig, refusal
 
 __all__ = [
     "CLIENT_ID_TAKEN",
@@ -115,6 +116,9 @@ MAX_REMEMBERED_TRAINERS = 10_000
 NO_BATCH_SHAPE = (0, False, "")
 #: Refused ranks' reasons kept for the job's other ranks (hellos come from peers: bounded).
 MAX_REFUSALS = 4
+#: Refused ranks' client ids the core remembers (each a few dozen bytes: anyone can say
+#: hello).
+MAX_REFUSED_RANKS = 64
 
 #: The answer of an event that sends nothing (shared: the data path allocates nothing).
 NO_SENDS: Sends = ()
@@ -306,6 +310,10 @@ class ControlCore:
         self.handouts = HandOuts()
         #: The latest refused ranks (rank, client id, why): the job's other ranks hear why.
         self.refusals: deque[tuple[int, str, str]] = deque(maxlen=MAX_REFUSALS)
+        #: The client ids of the latest refused ranks (and of the ranks of groups given
+        #: up): a heartbeat of one (its loader has not read the error yet) is answered with
+        #: a welcome, never taken for a free trainer's.
+        self.refused_ranks: deque[str] = deque(maxlen=MAX_REFUSED_RANKS)
         #: The wait for trainers before sampling (who is missing, when welcomed).
         self.wait = TrainerWait()
         self.drain_deadline = 0.0
@@ -329,6 +337,11 @@ class ControlCore:
         #: Set when a ranked job restarted from a checkpoint mid-run: the sampler must
         #: stop, and start again at ``start_at`` once the new job's ranks are all here.
         self.restarting = False
+        #: The oldest epoch the stream can still give a consumer group whole (the shell
+        #: sets it to the groups' buffer's once it has one); without a buffer, any before
+        #: sampling starts, else none the sampler may have begun.
+        self.oldest_whole: Callable[[], int] = lambda: (
+            1 if self.phase is Phase.WAITING else self.epoch + 2)
         #: (path, token) of the shared-memory pool offered to trainers, if there is one.
         self.shm: tuple[str, str] | None = None
         #: ``feedmux scale`` requests, for the sampling workers' pool.
@@ -359,7 +372,8 @@ class ControlCore:
         if isinstance(message, Heartbeat):
             trainer = self.trainers.get(identity)
             if trainer is None and (self.phase is Phase.WAITING
-                                    or self.tables.of(message.group).ranked):
+                                    or self.tables.of(message.group).ranked
+                                    or message.sender_id in self.refused_ranks):
                 # A ranked trainer is known by its hello alone (its rank), and so is every
                 # trainer before sampling starts (a rank's heartbeat must not start a free
                 # run): the welcome tells it this is a new server, it says hello.
@@ -387,13 +401,22 @@ class ControlCore:
         sends: list[Send] = []
         if (taken := self._id_taken(identity, message.client_id, now)) is not None:
             return taken
+        if (why := _not_whole(self, message)) is not None:
+            log.warning("refused trainer %s: %s", message.client_id, why)
+            self.refused_ranks.append(message.client_id)
+            return [(identity, Error(type=RANK_REFUSED, message=why,
+                                     server_id=self.config.server_id))]
         if _restarts_job(self, message):
             sends = _restart_job(self, message)
+        elif self.tables.restarts_group(message):
+            sends = _restart_group(self, identity, message)
         refused = self.tables.admit(identity, message, lambda holder: self._alive(holder, now))
         if refused is not None:
             log.warning("refused trainer %s: %s", message.client_id, refused[1])
             if message.rank >= 0 and self.phase is Phase.WAITING:
                 self.refusals.append((message.rank, message.client_id[:64], refused[1]))
+            if message.rank >= 0:
+                self.refused_ranks.append(message.client_id)
             sends.append((identity, Error(type=refused[0], message=refused[1],
                                           server_id=self.config.server_id)))
             holder = self.tables.of(message.group).holder(message.rank)
@@ -522,18 +545,30 @@ class ControlCore:
                      identity[:16], error)
         return [(identity, malformed_reply(error, self.config.server_id))]
 
-    def peer_gone(self, identity: bytes) -> None:
-        """A send to ``identity`` failed: forget it, keep what it had received for the count."""
+    def peer_gone(self, identity: bytes, lost: bool = True) -> None:
+        """A send to ``identity`` failed (``lost``; else its run is over): forget it, keep
+        what it had received for the count."""
         gone = self.trainers.pop(identity, None)
         self.tables.release(identity)
         if gone is not None:
             self.departed += 1
             self.departed_received += gone.received_messages
+            if not lost:
+                return
             if self.phase in (Phase.WAITING, Phase.SAMPLING):
                 log.warning("%s lost (its connection is gone): %s", gone.describe(),
                             self._fate(gone))
             elif self.phase is Phase.DRAINING:
                 log.info("%s left during the end of the stream", gone.describe())
+
+    def gave_up(self, identity: bytes, lost: bool = True) -> None:
+        """``identity``'s group was given up, and it was told why: forget it (as
+        :meth:`peer_gone`), and take a beat of it (its loader has not read the error yet)
+        for a refused rank's."""
+        trainer = self.trainers.get(identity)
+        if trainer is not None and trainer.rank >= 0:
+            self.refused_ranks.append(trainer.client_id)
+        self.peer_gone(identity, lost)
 
     def _fate(self, trainer: _Trainer) -> str:
         """What becomes of the samples a lost trainer was sent and had not handed out."""
@@ -820,6 +855,10 @@ def _tick_waiting(core: ControlCore, now: float) -> Sends:
                                  ((t.handed, t.handed_below) for t in free
                                   if t.handed and t.batch[2]))
             start = Start(core.handed.start, {})
+        if core.tables.grouped and start is not None:
+            # A ranked group resumed from a checkpoint gets that epoch whole (its ranked
+            # stage cuts it): the sampler seeks to it when no other group wants the ones before.
+            start = Start(core.tables.resume_from(), {})
         if start is None:
             log.error("%s", problem)
             return core.fail(Error(type=RANK_REFUSED, message=problem,
@@ -897,7 +936,7 @@ def _shm_attached(core: ControlCore, identity: bytes, message: ShmAttach) -> Non
 def _restarts_job(core: ControlCore, message: Hello) -> bool:
     """Whether ``message`` is a rank of a job restarted from a checkpoint while this
     server samples for the previous run (not a member of the current one saying
-    hello again, nor a consumer group's rank: that hello is refused)."""
+    hello again, nor a consumer group's rank: :func:`_restart_group`)."""
     return (check_announcement(message.resume) is None and bool(message.resume)
             and message.resume[3] == CHECKPOINT and message.rank >= 0
             and message.group in ("", DEFAULT_GROUP)
@@ -923,6 +962,44 @@ def _restart_job(core: ControlCore, message: Hello) -> list[Send]:
     core.phase = Phase.WAITING
     core.wait.reset()
     return sends
+
+
+def _not_whole(core: ControlCore, message: Hello) -> str | None:
+    """Why ``message``, a rank of a ranked group restored from a checkpoint that starts
+    its job's run, cannot resume on this server (its stream no longer gives the
+    checkpoint's epoch whole), or None. A rank joining the run its checkpoint started
+    is not asked again (its group reads the epoch already)."""
+    resume = message.resume
+    if (message.rank < 0 or check_announcement(resume) is not None or not resume
+            or resume[3] != CHECKPOINT or not (core.tables.grouped or message.group)):
+        return None
+    tables = core.tables
+    if refusal(tables.asks(message)) is not None:
+        return None  # refused for the reason of the combination table
+    if tables.grouped and tables.of(message.group).ranked and not tables.restarts_group(message):
+        return None
+    oldest = core.oldest_whole()
+    return None if resume[0] >= oldest else not_whole(message.group or DEFAULT_GROUP,
+                                                      resume, oldest)
+
+
+def _restart_group(core: ControlCore, identity: bytes, message: Hello) -> list[Send]:
+    """A rank of a ranked group resumes from a checkpoint while its group runs: the
+    group's job restarted. Its previous run's trainers are told it is over and forgotten
+    with the group's ranks (the fan-out then joins the group anew at the checkpoint)."""
+    name = message.group or DEFAULT_GROUP
+    log.warning("trainer %s (rank %d of group %r) resumes from %s: the group's job "
+                "restarted from a checkpoint", message.client_id, message.rank, name,
+                describe(message.resume))
+    over = Error(type=RANK_REFUSED, server_id=core.config.server_id, message=(
+        f"the job of group {name!r} restarted from a checkpoint ({describe(message.resume)}, "
+        f"announced by rank {message.rank}): this trainer belongs to the previous run"))
+    previous = [other for other, trainer in list(core.trainers.items())
+                if trainer.group == name and other != identity]
+    for other in previous:
+        core.peer_gone(other, lost=False)
+    core.tables.forget(name)
+    return [(other, over) for other in previous]
 
 
 def _probe_welcome(core: ControlCore, message: Hello) -> Welcome:

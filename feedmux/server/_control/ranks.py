@@ -16,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from feedmux.protocol import Ack, Hello
-from feedmux.server._control.resume import check_announcement
+from feedmux.server._control.resume import CHECKPOINT, LIVE, check_announcement
 from feedmux.server._delivery.batches import BatchRequest
 from feedmux.server._delivery.groups import DEFAULT_GROUP
 from feedmux.server._delivery.ledger import Ledger, Recovery
+from feedmux.server._delivery.ranking import RANK_REFUSED
 from feedmux.server.config import refusal
 
 __all__ = ["MAX_WORLD_SIZE", "RANK_REFUSED", "RANK_TAKEN", "RankTable", "RankTables"]
@@ -27,8 +28,6 @@ __all__ = ["MAX_WORLD_SIZE", "RANK_REFUSED", "RANK_TAKEN", "RankTable", "RankTab
 #: The error type a newcomer gets while another live trainer holds its rank; the
 #: loader retries its hello for a while, as the holder may be a crashed predecessor.
 RANK_TAKEN = "feedmux.errors.RankTakenError"
-#: The error type of every other refused hello.
-RANK_REFUSED = "feedmux.errors.ConfigurationError"
 #: The largest job a server deals to: a hello names the world size, and anyone who can
 #: reach the control port can send one (the server keeps per-rank state).
 MAX_WORLD_SIZE = 1 << 16
@@ -59,6 +58,10 @@ class RankTable:
         self.holders: dict[int, tuple[bytes, str]] = {}
         #: rank -> the resume position its holder announced (empty: none)
         self.resumes: dict[int, tuple[int, ...]] = {}
+        #: The checkpoint the job resumed from (its first rank's announcement; empty: the
+        #: job started afresh), and rank -> the client id of the trainer that announced it.
+        self.resumed: tuple[int, ...] = ()
+        self.announced: dict[int, str] = {}
 
     @property
     def ranked(self) -> bool:
@@ -99,10 +102,39 @@ class RankTable:
                 f"rank {rank} is held by live trainer {holder[1]}: expected a free rank, "
                 f"got rank {rank} again from trainer {hello.client_id}"
             )
+        if self.world_size is None and hello.resume and hello.resume[3] == CHECKPOINT:
+            self.resumed = tuple(hello.resume)
+        if self.resumed and tuple(hello.resume) == self.resumed:
+            self.announced[rank] = hello.client_id
         self.world_size = size
         self.holders[rank] = (identity, hello.client_id)
         self.resumes[rank] = tuple(hello.resume)
         return None
+
+    @property
+    def resumed_at(self) -> tuple[int, int] | None:
+        """Where the job resumed from its checkpoint, (epoch, position); None: afresh."""
+        return None if not self.resumed else (self.resumed[0], self.resumed[1])
+
+    def restarts(self, hello: Hello) -> bool:
+        """Whether ``hello`` (a rank restored from a checkpoint) starts a new run of this
+        job: the job runs afresh or from another checkpoint, or a trainer of this run
+        announced the same checkpoint for that rank before (the job restarted from it
+        again). A rank joining the run its checkpoint started does not.
+
+        >>> table = RankTable()
+        >>> first = Hello("a", world_size=2, rank=0, resume=(2, 8, 2, CHECKPOINT))
+        >>> table.admit(b"a", first, alive=lambda i: True)
+        >>> table.restarts(Hello("b", world_size=2, rank=1, resume=(2, 8, 2, CHECKPOINT)))
+        False
+        >>> table.restarts(Hello("c", world_size=2, rank=0, resume=(2, 8, 2, CHECKPOINT)))
+        True
+        """
+        if not (self.ranked and check_announcement(hello.resume) is None and hello.resume
+                and hello.resume[3] == CHECKPOINT and hello.rank >= 0):
+            return False
+        return (tuple(hello.resume) != self.resumed
+                or self.announced.get(hello.rank, hello.client_id) != hello.client_id)
 
     def holder(self, rank: int) -> tuple[bytes, str] | None:
         """(control identity, client id) of the holder of ``rank``, or None."""
@@ -191,6 +223,7 @@ class RankTables:
             "rank": hello.rank >= 0,
             "batch_size": hello.batch_size > 0,
             "resume": bool(hello.resume),
+            "live": len(hello.resume) == 4 and hello.resume[3] == LIVE,
         }
         return {name for name, asks in asked.items() if asks}
 
@@ -340,6 +373,23 @@ class RankTables:
         ledgers = [self.retention] if self.server.ranked else []
         return ledgers + [ledger for table, ledger in list(self._groups.values())
                           if table.ranked]
+
+    def restarts_group(self, hello: Hello) -> bool:
+        """Whether ``hello`` is a rank of a ranked group's job restarted from a
+        checkpoint (:meth:`RankTable.restarts`): the group's run so far is over."""
+        entry = self._groups.get(hello.group or DEFAULT_GROUP) if self.grouped else None
+        return entry is not None and entry[0].restarts(hello)
+
+    def resume_from(self) -> tuple[int, int] | None:
+        """Where the sampler of a server serving groups starts: the first epoch a ranked
+        group resumed from a checkpoint needs, when every group a trainer said hello in is
+        one (none has drawn yet, and no fresh group wants the epochs before); else None
+        (from the beginning: the resumed groups wait for their epochs)."""
+        tables = [table for table, _ in self._groups.values() if table.world_size is not None]
+        starts = [table.resumed_at for table in tables]
+        if not tables or None in starts:
+            return None
+        return min(start[0] for start in starts if start is not None), 0
 
     def forget(self, group: str) -> None:
         """``group`` was dropped (no member for its timeout): a new hello starts it afresh."""

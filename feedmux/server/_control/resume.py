@@ -20,9 +20,10 @@ from typing import NamedTuple
 import numpy as np
 
 from feedmux.protocol import RESUME_CHECKPOINT, RESUME_LIVE, Hello
+from feedmux.server._delivery.ranking import describe, not_whole
 
 __all__ = ["CHECKPOINT", "LIVE", "MAX_HANDED_RANGES", "Handed", "Start",
-           "agreed_start", "check_announcement", "describe"]
+           "agreed_start", "check_announcement", "describe", "not_whole"]
 
 CHECKPOINT, LIVE = RESUME_CHECKPOINT, RESUME_LIVE
 
@@ -48,24 +49,6 @@ def check_announcement(resume: Sequence[int]) -> str | None:
         return None
     return (f"expected resume (epoch >= 1, position >= 0, world_size >= 1, 0 or 1), "
             f"got {tuple(resume)}")
-
-
-def describe(resume: Sequence[int]) -> str:
-    """A resume announcement in words, for logs and errors.
-
-    Examples
-    --------
-    >>> describe((2, 40, 4, CHECKPOINT))
-    'a checkpoint at epoch 2, position 40 (taken with 4 ranks)'
-    >>> describe((2, 40, 4, LIVE)), describe(())
-    ('epoch 2, position 40 (live, 4 ranks)', 'no position (a fresh start)')
-    """
-    if not resume:
-        return "no position (a fresh start)"
-    epoch, position, world_size, kind = resume
-    if kind == CHECKPOINT:
-        return f"a checkpoint at epoch {epoch}, position {position} (taken with {world_size} ranks)"
-    return f"epoch {epoch}, position {position} (live, {world_size} ranks)"
 
 
 class Start(NamedTuple):

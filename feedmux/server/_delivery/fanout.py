@@ -47,8 +47,14 @@ from feedmux.server._delivery.dealer import Dealer, FreeAudience, RankAudience
 from feedmux.server._delivery.dealing import RankDealer
 from feedmux.server._delivery.groups import DEFAULT_GROUP, BufferedMessage, GroupBuffer
 from feedmux.server._delivery.outbox import Frames, Wait
-from feedmux.server._delivery.ranking import RankedStage, RankMessage
-from feedmux.server._delivery.registry import FanoutControl, Sends
+from feedmux.server._delivery.ranking import (
+    RANK_REFUSED,
+    RankedStage,
+    RankMessage,
+    describe,
+    not_whole,
+)
+from feedmux.server._delivery.registry import FanoutControl, RankHolders, Sends
 from feedmux.server.config import ServerConfig
 
 __all__ = ["GroupFanout"]
@@ -86,9 +92,15 @@ class _RankedGroup:
     (``carrier``: for a rank holder that maps it; never waiting for room)."""
 
     def __init__(self, world_size: int, uneven: str, audience: RankAudience,
-                 carrier: Carrier, server_id: str = "", batches: Batches | None = None) -> None:
+                 carrier: Carrier, server_id: str = "", batches: Batches | None = None,
+                 table: RankHolders | None = None) -> None:
+        #: The group's rank table this dealing is for (a job restarted from a checkpoint
+        #: gets a new one: then this dealing is over). Its job resumed at ``start``: the
+        #: stage cuts that epoch there, as for a ranked job of a server of its own.
+        self.table = table
+        start = None if table is None else table.resumed_at
         self.dealer = RankDealer(world_size, uneven)
-        self.stage = RankedStage(self.dealer, server_id, batches=batches)
+        self.stage = RankedStage(self.dealer, server_id, batches=batches, start=start)
         self.audience = audience
         self.carrier = carrier
         self.queues: list[deque[_Share]] = [deque() for _ in range(world_size)]
@@ -248,8 +260,15 @@ class GroupFanout:
         now = time.monotonic()
         members = self.core.live_members(now)
         buffer = self.buffer
+        for name, dealing in list(self._ranked.items()):
+            if self.core.tables.of(name) is not dealing.table:
+                # Its job restarted from a checkpoint: the previous run's dealing is over
+                # (the group joins anew, at the checkpoint's epoch).
+                self._ranked.pop(name).close()
+                if name in buffer.groups:
+                    buffer.drop(name)
         for name in members:
-            buffer.join(name, now, at_once=name == self._continuing)
+            self._join(name, now)
         if self._continuing in buffer.groups:
             self._continuing = None  # once: dropped and back, it joins by the rule
         for name in list(buffer.groups):
@@ -275,6 +294,24 @@ class GroupFanout:
             log.warning("group %s dropped: no member for %g s; it no longer holds the "
                         "sampler back", name, buffer.group_timeout)
 
+    def _join(self, name: str, now: float) -> None:
+        """Group ``name`` has members: it reads the stream from where the join rule says,
+        or, a ranked group whose job resumed from a checkpoint, from the checkpoint's
+        epoch whole (given up, its trainers told why, when the stream cannot give that)."""
+        table = self.core.tables.of(name)
+        start = table.resumed_at if table.ranked else None
+        if name in self.buffer.groups or start is None:
+            self.buffer.join(name, now, at_once=name == self._continuing)
+            return
+        if self.buffer.resume(name, start[0], now) is None:
+            # The hello was checked (ControlCore.oldest_whole): the stream moved on since.
+            reason = not_whole(name, table.resumed, self.buffer.oldest_whole)
+            log.error("%s", reason)
+            self._give_up(name, reason, RANK_REFUSED, lost=False)
+        else:
+            log.info("group %s resumes from %s: it gets epoch %d whole, cut at position %d",
+                     name, describe(table.resumed), *start)
+
     def _ranked_group(self, name: str, world_size: int) -> _RankedGroup:
         group = self._ranked.get(name)
         if group is None:
@@ -287,7 +324,7 @@ class GroupFanout:
             batches = tables.batches_of(name).assemblers(self.buckets)
             group = self._ranked[name] = _RankedGroup(world_size, self.uneven, audience,
                                                       self.dealer.carrier, self.server_id,
-                                                      batches)
+                                                      batches, tables.of(name))
         return group
 
     def _given_up(self, name: str, group: _RankedGroup, targets: list[bytes],
@@ -303,23 +340,25 @@ class GroupFanout:
                   f"connected within the rank timeout of {self.rank_timeout:g} s: the group "
                   f"is given up (it held the other groups back)")
         log.error("%s", reason)
-        self._give_up(name, reason)
+        self._give_up(name, reason, "feedmux.errors.TransportTimeoutError")
         return True
 
-    def _give_up(self, name: str, reason: str) -> None:
-        """Group ``name`` is given up: its trainers are told ``reason`` and forgotten (what
-        they received still counts for the end of stream), and so are its ranks."""
+    def _give_up(self, name: str, reason: str, kind: str, lost: bool = True) -> None:
+        """Group ``name`` is given up: its trainers are told ``reason`` (an error of type
+        ``kind``) and forgotten (what they received still counts for the end of stream;
+        ``lost``: logged as lost), and so are its ranks."""
         core = self.core
-        error = Error(type="feedmux.errors.TransportTimeoutError", message=reason,
-                      server_id=self.server_id)
+        error = Error(type=kind, message=reason, server_id=self.server_id)
         members = [identity for identity, trainer in list(core.trainers.items())
                    if trainer.group == name]
         for identity in members:
-            core.peer_gone(identity)
+            core.gave_up(identity, lost)
         core.tables.forget(name)
         self.deliver([(identity, error) for identity in members])
-        self.buffer.drop(name)
-        self._ranked.pop(name).close()
+        if name in self.buffer.groups:
+            self.buffer.drop(name)
+        if (ranked := self._ranked.pop(name, None)) is not None:
+            ranked.close()
 
     def _pump_ranked(self, name: str, group: _RankedGroup) -> None:
         """Deal ranked group ``name``'s next messages and send each rank its shares."""

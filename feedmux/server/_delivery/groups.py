@@ -16,7 +16,10 @@ joins mid-stream (join mode ``epoch``) starts at the oldest epoch whose first
 message the buffer still holds (another group lags there: the new one gets that
 epoch whole at no cost), else at the next epoch the sampler begins; when the
 sampler has already begun its last, that is past the stream's end, and the
-group gets the end of the stream (the fan-out says so in the log).
+group gets the end of the stream (the fan-out says so in the log). A ranked
+group whose job resumed from a checkpoint starts at the checkpoint's epoch
+instead, when the buffer holds its first message or the sampler has not begun
+it (:meth:`GroupBuffer.resume`); its ranked stage cuts it at the position.
 
 The buffer is bounded by bytes by default
 (:data:`~feedmux.server.config.DEFAULT_GROUP_BUFFER`): a count of messages bounds
@@ -97,6 +100,13 @@ class GroupBuffer:
     >>> buffer.epoch_finished(1); buffer.append(["m3"], n_samples=1, epoch=2, nbytes=10)
     >>> buffer.next_for("b").frames
     ['m3']
+    >>> # a job resumed from a checkpoint in epoch 2: the buffer holds its first message
+    >>> buffer.resume("c", epoch=2, now=0.0).cursor, buffer.next_for("c").frames
+    (2, ['m3'])
+    >>> buffer.resume("d", epoch=1, now=0.0), buffer.oldest_whole  # epoch 1 is gone
+    (None, 2)
+    >>> buffer.resume("e", epoch=4, now=0.0).cursor is None  # not sampled yet: it waits
+    True
     """
 
     def __init__(self, max_messages: int = 0, max_bytes: int = 0, join: str = "epoch",
@@ -184,6 +194,31 @@ class GroupBuffer:
         group.empty_since = now
         self.groups[name] = group
         return group
+
+    def resume(self, name: str, epoch: int, now: float) -> GroupState | None:
+        """The group ``name`` (created if new) starts at ``epoch``, whole from its first
+        message: a ranked group's job resumed from a checkpoint in it. Possible while the
+        buffer holds that first message, or before the sampler began ``epoch``; None when
+        not (:attr:`oldest_whole` says which epoch the group could start at)."""
+        group = self.groups.get(name)
+        if group is not None:
+            return group
+        if epoch in self._epoch_starts and self._epoch_starts[epoch] >= self._base:
+            group = GroupState(name, start_epoch=epoch, cursor=self._epoch_starts[epoch])
+        elif epoch > self._last_epoch:
+            group = GroupState(name, start_epoch=epoch)
+        else:
+            return None
+        group.empty_since = now
+        self.groups[name] = group
+        return group
+
+    @property
+    def oldest_whole(self) -> int:
+        """The oldest epoch a group can still be given whole: the oldest whose first
+        message the buffer holds, else the next one the sampler begins."""
+        whole = self._oldest_whole_epoch()
+        return self._last_epoch + 1 if whole is None else whole
 
     def _oldest_whole_epoch(self) -> int | None:
         """The oldest epoch whose first message is still in the buffer, or None."""

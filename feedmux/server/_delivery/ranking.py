@@ -23,12 +23,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from feedmux.protocol import RESUME_CHECKPOINT as CHECKPOINT
 from feedmux.protocol import Data, encode, take_samples
 from feedmux.server._delivery.batches import Batches
 from feedmux.server._delivery.bucketstage import BucketStage
 from feedmux.server._delivery.dealing import RankDealer, RankShare
 
-__all__ = ["RankMessage", "RankedStage", "ResumeCut", "batched_shares"]
+__all__ = ["RANK_REFUSED", "RankMessage", "RankedStage", "ResumeCut", "batched_shares",
+           "describe", "not_whole"]
+
+#: The error type of a refused rank (a duplicate, a job's disagreement, a resume that
+#: this server cannot serve).
+RANK_REFUSED = "feedmux.errors.ConfigurationError"
 
 
 class RankMessage(NamedTuple):
@@ -214,3 +220,37 @@ def batched_shares(batches: Batches, shares: list[RankShare], last: bool) -> lis
         out += [RankShare(rank, batch.tags, batch.items)
                 for rank, batch in batches.finish_epoch()]
     return out
+
+
+def describe(resume: Sequence[int]) -> str:
+    """A resume announcement in words, for logs and errors.
+
+    Examples
+    --------
+    >>> describe((2, 40, 4, CHECKPOINT))
+    'a checkpoint at epoch 2, position 40 (taken with 4 ranks)'
+    >>> describe((2, 40, 4, LIVE)), describe(())
+    ('epoch 2, position 40 (live, 4 ranks)', 'no position (a fresh start)')
+    """
+    if not resume:
+        return "no position (a fresh start)"
+    epoch, position, world_size, kind = resume
+    if kind == CHECKPOINT:
+        return f"a checkpoint at epoch {epoch}, position {position} (taken with {world_size} ranks)"
+    return f"epoch {epoch}, position {position} (live, {world_size} ranks)"
+
+
+def not_whole(group: str, resume: Sequence[int], oldest: int) -> str:
+    """Why ranked group ``group`` cannot resume at ``resume`` (a checkpoint's
+    announcement) on this server, whose stream gives epochs whole from ``oldest`` on.
+
+    Examples
+    --------
+    >>> not_whole("lm", (2, 128, 2, CHECKPOINT), 4)[84:170]
+    "and this server's stream can no longer give epoch 2 whole: the consumer groups' buffer"
+    """
+    return (f"group {group!r} resumes from {describe(resume)}, and this server's stream can "
+            f"no longer give epoch {resume[0]} whole: the consumer groups' buffer has "
+            f"dropped its first messages and the sampler is past it (the oldest epoch it can "
+            f"give whole is {oldest}); resume the job on a server of its own (no group=), "
+            f"started with the same --seed")

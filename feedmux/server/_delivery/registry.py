@@ -84,6 +84,14 @@ class RankHolders(Protocol):
 
     def holder(self, rank: int) -> tuple[bytes, str] | None: ...
 
+    @property
+    def resumed(self) -> tuple[int, ...]:
+        """The resume announcement the job's ranks agreed on (``()``: a fresh start)."""
+
+    @property
+    def resumed_at(self) -> tuple[int, int] | None:
+        """The ``(epoch, position)`` the job resumed at, or None."""
+
 
 class GroupRanks(Protocol):
     """Every group's ranks, the ledger of each ranked group and its batch request."""
@@ -117,6 +125,9 @@ class FanoutControl(TrainerRegistry, Protocol):
 
     def peer_gone(self, identity: bytes) -> None:
         """The trainer of ``identity`` is gone (its group was given up)."""
+
+    def gave_up(self, identity: bytes, lost: bool = True) -> None:
+        """``identity``'s group was given up, and it was told why."""
 
     def data_sent(self, n_samples: int, epoch: int) -> None: ...
 
