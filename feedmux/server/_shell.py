@@ -41,7 +41,6 @@ from feedmux.server._control.core import (
     Sends,
     Stat,
     trainer_codecs,
-    unreachable,
 )
 from feedmux.server._control.metrics import MetricsEndpoint
 from feedmux.server._delivery.carrier import Carrier
@@ -325,7 +324,7 @@ class SocketShell:
                 # No connection to the peer now (ROUTER_MANDATORY): gone, or a rank whose
                 # control link is down a while (the core decides); a forgotten one's
                 # received messages still count for the end of stream.
-                unreachable(self.core, identity, time.monotonic())
+                self.core.unreachable(identity, time.monotonic())
 
     def run_phase(self, phase: Phase, meanwhile: Callable[[], None] | None = None) -> None:
         """Serve control, ticking the core, until it leaves ``phase`` or the server stops;

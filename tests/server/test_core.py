@@ -35,7 +35,6 @@ from feedmux.server._control.core import (
     ControlCore,
     Phase,
     Sends,
-    unreachable,
 )
 from feedmux.server.config import ServerConfig
 
@@ -302,11 +301,11 @@ def test_a_rank_whose_control_link_is_down_keeps_its_rank_within_the_grace() -> 
     core.tick(0.2)
     core.tick(0.3)
     assert core.phase is Phase.SAMPLING
-    unreachable(core, A, now=5.0)
+    core.unreachable(A, now=5.0)
     assert A in core.trainers and core.rank_target(0) == b"t0"
     assert (core.departed, core.stats(5.0)["unreachable_sends"]) == (0, 1)
     # Not heard for longer than the grace: gone, and its rank free for a successor.
-    unreachable(core, A, now=CONTROL_GRACE + 0.5)
+    core.unreachable(A, now=CONTROL_GRACE + 0.5)
     assert A not in core.trainers and core.rank_target(0) is None
     assert core.departed == 1
 
@@ -317,7 +316,7 @@ def test_a_free_trainer_whose_control_send_fails_is_forgotten_at_once() -> None:
     core.receive(A, hello(), now=0.0)
     core.tick(0.2)
     core.tick(0.3)
-    unreachable(core, A, now=0.4)
+    core.unreachable(A, now=0.4)
     assert A not in core.trainers and core.departed == 1
 
 
@@ -547,7 +546,7 @@ def test_a_ranked_holder_kept_through_an_outage_does_not_hold_off_its_id() -> No
     core.tick(0.2)
     core.tick(0.3)
     assert core.phase is Phase.SAMPLING
-    unreachable(core, A, now=0.5)  # its control link is down: it keeps its rank ...
+    core.unreachable(A, now=0.5)  # its control link is down: it keeps its rank ...
     assert A in core.trainers
     # ... but not its id against a newcomer (its rank is decided as before).
     assert not any(isinstance(message, Error) and "client_id" in message.message

@@ -76,7 +76,6 @@ __all__ = [
     "DRAIN_INTERVAL",
     "FINAL_GRACE",
     "NO_SENDS",
-    "unreachable",
     "TRAINER_TIMEOUT",
     "ControlCore",
     "Phase",
@@ -220,40 +219,6 @@ class Questions:
         self._unanswered.discard(identity)
 
 
-def _heartbeat_answer(core: ControlCore, identity: bytes, trainer: _Trainer) -> Sends:
-    """A trainer's heartbeat: the welcome (its end of stream comes with everyone's, once
-    what every trainer had is handed out or dealt again)."""
-    core.questions.heard(identity)
-    return [(identity, core.welcome(trainer.group))]
-
-
-def _unknown_welcome(core: ControlCore, group: str) -> Welcome:
-    """The welcome to a heartbeat from a trainer this server has no hello of. One it
-    waits for is asked for its hello: the hello it sent may have gone to the process
-    before this one, killed before it read it (it may never say it again otherwise)."""
-    welcome = core.welcome(group)
-    return dataclasses.replace(welcome, unknown=True) if core.phase is Phase.WAITING else welcome
-
-
-def unreachable(core: ControlCore, identity: bytes, now: float) -> None:
-    """A control send to ``identity`` failed (no connection to it now): forget it
-    (:meth:`ControlCore.peer_gone`), unless it is a ranked trainer heard within
-    :data:`CONTROL_GRACE` while sampling. A rank's holder whose control link is down
-    for a while keeps its rank: its data connection has no heartbeats and outlives
-    the outage, and its control connection comes back under the same identity, so
-    forgetting it would leave its rank to a successor that never comes. The message
-    that failed is lost; each heartbeat asks for a fresh welcome. A holder that really
-    died is still replaced: a contender is admitted once the holder has not been heard
-    for :data:`TRAINER_TIMEOUT`, and a failed data send forgets it at once."""
-    trainer = core.trainers.get(identity)
-    if (trainer is None or trainer.rank < 0 or core.phase is not Phase.SAMPLING
-            or now - trainer.last_seen > CONTROL_GRACE):
-        core.peer_gone(identity)
-    else:
-        trainer.unreachable = True
-        core.unreachable_sends += 1
-
-
 def _group_of(trainers: Mapping[bytes, _Trainer], client_id: str) -> str | None:
     """The group of the trainer ``client_id`` (its acknowledging socket is not its own);
     None once it is gone (its last acknowledgement can arrive after its departure)."""
@@ -365,9 +330,9 @@ class ControlCore:
         if isinstance(message, Hello):
             if message.role == "trainer":
                 return self._hello(identity, message, now)
-            return [(identity, _probe_welcome(self, message))]
+            return [(identity, self._probe_welcome(message))]
         if isinstance(message, ShmAttach):
-            _shm_attached(self, identity, message)
+            self._shm_attached(identity, message)
             return NO_SENDS
         if isinstance(message, Heartbeat):
             trainer = self.trainers.get(identity)
@@ -377,7 +342,7 @@ class ControlCore:
                 # A ranked trainer is known by its hello alone (its rank), and so is every
                 # trainer before sampling starts (a rank's heartbeat must not start a free
                 # run): the welcome tells it this is a new server, it says hello.
-                return [(identity, _unknown_welcome(self, message.group))]
+                return [(identity, self._unknown_welcome(message.group))]
             if trainer is None:
                 if (taken := self._id_taken(identity, message.sender_id, now)) is not None:
                     return taken  # not a trainer of its own: its hello was refused
@@ -385,7 +350,7 @@ class ControlCore:
                     message.sender_id, now, group=message.group or DEFAULT_GROUP)
                 self._count_reconnect(message.sender_id)
             trainer.heard(message, now)
-            return _heartbeat_answer(self, identity, trainer)
+            return self._heartbeat_answer(identity, trainer)
         if isinstance(message, StatsRequest):
             return [(identity, Stats(stats_page(self.stats(now), message.after)))]
         if isinstance(message, Scale):
@@ -401,15 +366,15 @@ class ControlCore:
         sends: list[Send] = []
         if (taken := self._id_taken(identity, message.client_id, now)) is not None:
             return taken
-        if (why := _not_whole(self, message)) is not None:
+        if (why := self._not_whole(message)) is not None:
             log.warning("refused trainer %s: %s", message.client_id, why)
             self.refused_ranks.append(message.client_id)
             return [(identity, Error(type=RANK_REFUSED, message=why,
                                      server_id=self.config.server_id))]
-        if _restarts_job(self, message):
-            sends = _restart_job(self, message)
+        if self._restarts_job(message):
+            sends = self._restart_job(message)
         elif self.tables.restarts_group(message):
-            sends = _restart_group(self, identity, message)
+            sends = self._restart_group(identity, message)
         refused = self.tables.admit(identity, message, lambda holder: self._alive(holder, now))
         if refused is not None:
             log.warning("refused trainer %s: %s", message.client_id, refused[1])
@@ -450,7 +415,7 @@ class ControlCore:
             where = f" in group {group}" if self.tables.grouped else ""
             log.info("trainer %s connected%s%s", message.client_id, rank, where)
             self._count_reconnect(message.client_id)
-        return [*sends, (identity, self.welcome(group)), *_shm_offer(self, identity)]
+        return [*sends, (identity, self.welcome(group)), *self._shm_offer(identity)]
 
     def _id_taken(self, identity: bytes, client_id: str, now: float) -> Sends | None:
         """The refusal of a newcomer ``identity`` whose ``client_id`` another live trainer
@@ -679,7 +644,7 @@ class ControlCore:
                     self._log_throughput(now)
             return NO_SENDS
         if phase is Phase.WAITING:
-            return _tick_waiting(self, now)
+            return self._tick_waiting(now)
         if phase is Phase.DRAINING:
             if now >= self._next_look:
                 self.look(now)
@@ -705,7 +670,7 @@ class ControlCore:
         if (total, self.messages_sent) != self._last_total:
             self._last_total, self._last_change = (total, self.messages_sent), now
         # Not while a dead rank's rest waits for its successor (drain_timeout bounds that).
-        idle = now - self._last_change > self.config.drain_idle and not _owed_to_a_successor(self)
+        idle = now - self._last_change > self.config.drain_idle and not self._owed_to_a_successor()
         stalled = idle and (not self.trainers or (self.departed and self._all_answering(now)))
         if stalled or now > self.drain_deadline:
             return self.end_stream(now, f"{self.departed} trainer(s) went away" if stalled
@@ -835,70 +800,198 @@ class ControlCore:
     def stats(self, now: float) -> dict[str, Stat]:
         return core_stats(self, now, TRAINER_TIMEOUT)
 
+    def _heartbeat_answer(self, identity: bytes, trainer: _Trainer) -> Sends:
+        """A trainer's heartbeat: the welcome (its end of stream comes with everyone's, once
+        what every trainer had is handed out or dealt again)."""
+        self.questions.heard(identity)
+        return [(identity, self.welcome(trainer.group))]
 
-def _tick_waiting(core: ControlCore, now: float) -> Sends:
-    """:meth:`ControlCore.tick` while waiting for trainers: start once they are all here
-    (and, for a job's ranks, agree where), fail when ranks never come, else welcome them."""
-    # Count only after a welcome went out since the last look: a send to a trainer that
-    # has gone fails (ROUTER_MANDATORY) and forgets it, so one that connected and left
-    # does not count.
-    config = core.config
-    wait = core.wait
-    if wait.ready(core.ranks, core.dealt_trainers(now), config.min_trainers, now):
-        start, problem = agreed_start(core.ranks.resumes, core.ranks.world_size or 0)
-        if not (core.ranks.ranked or core.tables.grouped):
-            free = [t for t in core.trainers.values() if t.rank < 0]
-            # A bucketing trainer's batches do not follow the positions (what its shape's
-            # window held lies below its latest hand-out): no frontier past its summary.
-            core.handed = Handed((t.handed for t in free if t.handed and not t.batch[2]),
-                                 (t.handed_below for t in free if t.handed_below),
-                                 ((t.handed, t.handed_below) for t in free
-                                  if t.handed and t.batch[2]))
-            start = Start(core.handed.start, {})
-        if core.tables.grouped and start is not None:
-            # A ranked group resumed from a checkpoint gets that epoch whole (its ranked
-            # stage cuts it): the sampler seeks to it when no other group wants the ones before.
-            start = Start(core.tables.resume_from(), {})
-        if start is None:
-            log.error("%s", problem)
-            return core.fail(Error(type=RANK_REFUSED, message=problem,
-                                   server_id=config.server_id), now)
-        core.start_at, core.ranks_ahead = start
-        if core.start_at is not None:
-            log.info("resuming the job at epoch %d, position %d", *core.start_at)
-        core.phase = Phase.SAMPLING
-        return NO_SENDS
-    if core.ranks.ranked and wait.overdue(now, config.rank_timeout):
-        missing = core.ranks.missing()
-        return core.fail(Error(
-            type="feedmux.errors.TransportTimeoutError",
-            message=(f"rank(s) {missing} of {core.ranks.world_size} never connected "
-                     f"within the rank timeout of {config.rank_timeout:g} s"
-                     f"{_refusals(core, missing)}"),
-            server_id=config.server_id), now)
-    if not wait.welcome_due(now):
-        return NO_SENDS
-    return [(identity, core.welcome(trainer.group)) for identity, trainer in core.trainers.items()]
+    def _unknown_welcome(self, group: str) -> Welcome:
+        """The welcome to a heartbeat from a trainer this server has no hello of. One it
+        waits for is asked for its hello: the hello it sent may have gone to the process
+        before this one, killed before it read it (it may never say it again otherwise)."""
+        welcome = self.welcome(group)
+        waiting = self.phase is Phase.WAITING
+        return dataclasses.replace(welcome, unknown=True) if waiting else welcome
 
+    def unreachable(self, identity: bytes, now: float) -> None:
+        """A control send to ``identity`` failed (no connection to it now): forget it
+        (:meth:`ControlCore.peer_gone`), unless it is a ranked trainer heard within
+        :data:`CONTROL_GRACE` while sampling. A rank's holder whose control link is down
+        for a while keeps its rank: its data connection has no heartbeats and outlives
+        the outage, and its control connection comes back under the same identity, so
+        forgetting it would leave its rank to a successor that never comes. The message
+        that failed is lost; each heartbeat asks for a fresh welcome. A holder that really
+        died is still replaced: a contender is admitted once the holder has not been heard
+        for :data:`TRAINER_TIMEOUT`, and a failed data send forgets it at once."""
+        trainer = self.trainers.get(identity)
+        if (trainer is None or trainer.rank < 0 or self.phase is not Phase.SAMPLING
+                or now - trainer.last_seen > CONTROL_GRACE):
+            self.peer_gone(identity)
+        else:
+            trainer.unreachable = True
+            self.unreachable_sends += 1
 
-def _refusals(core: ControlCore, missing: list[int]) -> str:
-    """Why the missing ranks were refused, when a trainer said it was one of them (or,
-    failing that, any rank refused while the job waited): the other ranks learn the
-    cause, not only that a rank never came."""
-    refusals = [r for r in core.refusals if r[0] in missing] or list(core.refusals)
-    if not refusals:
-        return ""
-    told = "; ".join(f"rank {rank} (trainer {client_id}) was refused: {why}"
-                     for rank, client_id, why in refusals)
-    return f"; {told}"
+    def _tick_waiting(self, now: float) -> Sends:
+        """:meth:`ControlCore.tick` while waiting for trainers: start once they are all here
+        (and, for a job's ranks, agree where), fail when ranks never come, else welcome them."""
+        # Count only after a welcome went out since the last look: a send to a trainer that
+        # has gone fails (ROUTER_MANDATORY) and forgets it, so one that connected and left
+        # does not count.
+        config = self.config
+        wait = self.wait
+        if wait.ready(self.ranks, self.dealt_trainers(now), config.min_trainers, now):
+            start, problem = agreed_start(self.ranks.resumes, self.ranks.world_size or 0)
+            if not (self.ranks.ranked or self.tables.grouped):
+                free = [t for t in self.trainers.values() if t.rank < 0]
+                # A bucketing trainer's batches do not follow the positions (what its shape's
+                # window held lies below its latest hand-out): no frontier past its summary.
+                self.handed = Handed((t.handed for t in free if t.handed and not t.batch[2]),
+                                     (t.handed_below for t in free if t.handed_below),
+                                     ((t.handed, t.handed_below) for t in free
+                                      if t.handed and t.batch[2]))
+                start = Start(self.handed.start, {})
+            if self.tables.grouped and start is not None:
+                # A ranked group resumed from a checkpoint gets that epoch whole (its ranked
+                # stage cuts it): the sampler seeks to it when no other group wants the ones before.
+                start = Start(self.tables.resume_from(), {})
+            if start is None:
+                log.error("%s", problem)
+                return self.fail(Error(type=RANK_REFUSED, message=problem,
+                                       server_id=config.server_id), now)
+            self.start_at, self.ranks_ahead = start
+            if self.start_at is not None:
+                log.info("resuming the job at epoch %d, position %d", *self.start_at)
+            self.phase = Phase.SAMPLING
+            return NO_SENDS
+        if self.ranks.ranked and wait.overdue(now, config.rank_timeout):
+            missing = self.ranks.missing()
+            return self.fail(Error(
+                type="feedmux.errors.TransportTimeoutError",
+                message=(f"rank(s) {missing} of {self.ranks.world_size} never connected "
+                         f"within the rank timeout of {config.rank_timeout:g} s"
+                         f"{self._refusals(missing)}"),
+                server_id=config.server_id), now)
+        if not wait.welcome_due(now):
+            return NO_SENDS
+        return [(identity, self.welcome(trainer.group))
+                for identity, trainer in self.trainers.items()]
 
+    def _refusals(self, missing: list[int]) -> str:
+        """Why the missing ranks were refused, when a trainer said it was one of them (or,
+        failing that, any rank refused while the job waited): the other ranks learn the
+        cause, not only that a rank never came."""
+        refusals = [r for r in self.refusals if r[0] in missing] or list(self.refusals)
+        if not refusals:
+            return ""
+        told = "; ".join(f"rank {rank} (trainer {client_id}) was refused: {why}"
+                         for rank, client_id, why in refusals)
+        return f"; {told}"
 
-def _owed_to_a_successor(core: ControlCore) -> bool:
-    """Whether a rank (of the server's job or of a ranked group) has messages its holder's
-    predecessor was sent and never handed out: nobody holds the rank yet, or its new
-    holder has not been re-sent them (its successor gets them first: the stream must not
-    end before they went)."""
-    return core.tables.owed_to_a_successor()
+    def _owed_to_a_successor(self) -> bool:
+        """Whether a rank (of the server's job or of a ranked group) has messages its holder's
+        predecessor was sent and never handed out: nobody holds the rank yet, or its new
+        holder has not been re-sent them (its successor gets them first: the stream must not
+        end before they went)."""
+        return self.tables.owed_to_a_successor()
+
+    def _shm_offer(self, identity: bytes) -> list[Send]:
+        """The pool offered after a welcome: a trainer on this host can map it."""
+        if self.shm is None:
+            return []
+        return [(identity, ShmOffer(self.shm[0], self.config.server_id))]
+
+    def _shm_attached(self, identity: bytes, message: ShmAttach) -> None:
+        """A trainer says it mapped the pool: with the right token, it shares this host."""
+        trainer = self.trainers.get(identity)
+        if trainer is None or self.shm is None or message.token != self.shm[1]:
+            return
+        if message.pid_namespace not in (0, own := pid_namespace()):
+            # The pool's claims name the trainer by a pid this process cannot see: it would
+            # take the trainer for dead and write over the arrays it holds.
+            log.warning("trainer %s maps the shared-memory pool from another PID namespace "
+                        "(%d, this server's %d: a container with ipc: host needs pid: host "
+                        "too, docs/containers.md); its samples go over the sockets",
+                        trainer.client_id, message.pid_namespace, own)
+            return
+        trainer.shm = True
+        log.info("trainer %s shares this host: large arrays go through shared memory",
+                 trainer.client_id)
+
+    def _restarts_job(self, message: Hello) -> bool:
+        """Whether ``message`` is a rank of a job restarted from a checkpoint while this
+        server samples for the previous run (not a member of the current one saying
+        hello again, nor a consumer group's rank: :func:`_restart_group`)."""
+        return (check_announcement(message.resume) is None and bool(message.resume)
+                and message.resume[3] == CHECKPOINT and message.rank >= 0
+                and message.group in ("", DEFAULT_GROUP)
+                and not self.tables.grouped and self.phase in (Phase.SAMPLING, Phase.DRAINING)
+                and message.client_id not in {c for _, c in self.ranks.holders.values()})
+
+    def _restart_job(self, message: Hello) -> list[Send]:
+        """A rank resumes from a checkpoint while its job runs: the whole job restarted
+        (torchrun restarts every rank). Forget the previous job's ranks and what they
+        were sent, and wait for the new job's ranks to agree where to sample from."""
+        log.warning("trainer %s (rank %d) resumes from %s: the job restarted from a "
+                    "checkpoint; waiting for its ranks, then sampling from there",
+                    message.client_id, message.rank, describe(message.resume))
+        over = Error(type=RANK_REFUSED, server_id=self.config.server_id, message=(
+            f"the job restarted from a checkpoint ({describe(message.resume)}, announced by "
+            f"rank {message.rank}): this trainer belongs to the previous run"))
+        sends: list[Send] = [(identity, over) for identity in self.tables.restart()
+                             if self.trainers.pop(identity, None) is not None]
+        self.ranks, self.retention = self.tables.server, self.tables.retention
+        self.messages_sent = self.departed = self.departed_received = 0
+        self.finished, self.restarting = False, True
+        self.phase = Phase.WAITING
+        self.wait.reset()
+        return sends
+
+    def _not_whole(self, message: Hello) -> str | None:
+        """Why ``message``, a rank of a ranked group restored from a checkpoint that starts
+        its job's run, cannot resume on this server (its stream no longer gives the
+        checkpoint's epoch whole), or None. A rank joining the run its checkpoint started
+        is not asked again (its group reads the epoch already)."""
+        resume = message.resume
+        if (message.rank < 0 or check_announcement(resume) is not None or not resume
+                or resume[3] != CHECKPOINT or not (self.tables.grouped or message.group)):
+            return None
+        tables = self.tables
+        if refusal(tables.asks(message)) is not None:
+            return None  # refused for the reason of the combination table
+        if (tables.grouped and tables.of(message.group).ranked
+                and not tables.restarts_group(message)):
+            return None
+        oldest = self.oldest_whole()
+        return None if resume[0] >= oldest else not_whole(message.group or DEFAULT_GROUP,
+                                                          resume, oldest)
+
+    def _restart_group(self, identity: bytes, message: Hello) -> list[Send]:
+        """A rank of a ranked group resumes from a checkpoint while its group runs: the
+        group's job restarted. Its previous run's trainers are told it is over and forgotten
+        with the group's ranks (the fan-out then joins the group anew at the checkpoint)."""
+        name = message.group or DEFAULT_GROUP
+        log.warning("trainer %s (rank %d of group %r) resumes from %s: the group's job "
+                    "restarted from a checkpoint", message.client_id, message.rank, name,
+                    describe(message.resume))
+        over = Error(type=RANK_REFUSED, server_id=self.config.server_id, message=(
+            f"the job of group {name!r} restarted from a checkpoint ({describe(message.resume)}, "
+            f"announced by rank {message.rank}): this trainer belongs to the previous run"))
+        previous = [other for other, trainer in list(self.trainers.items())
+                    if trainer.group == name and other != identity]
+        for other in previous:
+            self.peer_gone(other, lost=False)
+        self.tables.forget(name)
+        return [(other, over) for other in previous]
+
+    def _probe_welcome(self, message: Hello) -> Welcome:
+        """The welcome a trainer that has not joined yet gets (``len()`` asks before the
+        first sample): a rank's tells how the server would deal to its job."""
+        welcome = self.welcome(message.group)
+        if message.rank < 0 or self.tables.grouped or self.ranks.world_size is not None:
+            return welcome
+        return dataclasses.replace(welcome, world_size=message.world_size,
+                                   uneven=self.config.uneven)
 
 
 def trainer_codecs(core: ControlCore, target: bytes) -> frozenset[int]:
@@ -908,108 +1001,6 @@ def trainer_codecs(core: ControlCore, target: bytes) -> frozenset[int]:
         if trainer.client_id.encode() == target:
             return trainer.codecs
     return frozenset()
-
-
-def _shm_offer(core: ControlCore, identity: bytes) -> list[Send]:
-    """The pool offered after a welcome: a trainer on this host can map it."""
-    return [] if core.shm is None else [(identity, ShmOffer(core.shm[0], core.config.server_id))]
-
-
-def _shm_attached(core: ControlCore, identity: bytes, message: ShmAttach) -> None:
-    """A trainer says it mapped the pool: with the right token, it shares this host."""
-    trainer = core.trainers.get(identity)
-    if trainer is None or core.shm is None or message.token != core.shm[1]:
-        return
-    if message.pid_namespace not in (0, own := pid_namespace()):
-        # The pool's claims name the trainer by a pid this process cannot see: it would
-        # take the trainer for dead and write over the arrays it holds.
-        log.warning("trainer %s maps the shared-memory pool from another PID namespace "
-                    "(%d, this server's %d: a container with ipc: host needs pid: host "
-                    "too, docs/containers.md); its samples go over the sockets",
-                    trainer.client_id, message.pid_namespace, own)
-        return
-    trainer.shm = True
-    log.info("trainer %s shares this host: large arrays go through shared memory",
-             trainer.client_id)
-
-
-def _restarts_job(core: ControlCore, message: Hello) -> bool:
-    """Whether ``message`` is a rank of a job restarted from a checkpoint while this
-    server samples for the previous run (not a member of the current one saying
-    hello again, nor a consumer group's rank: :func:`_restart_group`)."""
-    return (check_announcement(message.resume) is None and bool(message.resume)
-            and message.resume[3] == CHECKPOINT and message.rank >= 0
-            and message.group in ("", DEFAULT_GROUP)
-            and not core.tables.grouped and core.phase in (Phase.SAMPLING, Phase.DRAINING)
-            and message.client_id not in {c for _, c in core.ranks.holders.values()})
-
-
-def _restart_job(core: ControlCore, message: Hello) -> list[Send]:
-    """A rank resumes from a checkpoint while its job runs: the whole job restarted
-    (torchrun restarts every rank). Forget the previous job's ranks and what they
-    were sent, and wait for the new job's ranks to agree where to sample from."""
-    log.warning("trainer %s (rank %d) resumes from %s: the job restarted from a "
-                "checkpoint; waiting for its ranks, then sampling from there",
-                message.client_id, message.rank, describe(message.resume))
-    over = Error(type=RANK_REFUSED, server_id=core.config.server_id, message=(
-        f"the job restarted from a checkpoint ({describe(message.resume)}, announced by "
-        f"rank {message.rank}): this trainer belongs to the previous run"))
-    sends: list[Send] = [(identity, over) for identity in core.tables.restart()
-                         if core.trainers.pop(identity, None) is not None]
-    core.ranks, core.retention = core.tables.server, core.tables.retention
-    core.messages_sent = core.departed = core.departed_received = 0
-    core.finished, core.restarting = False, True
-    core.phase = Phase.WAITING
-    core.wait.reset()
-    return sends
-
-
-def _not_whole(core: ControlCore, message: Hello) -> str | None:
-    """Why ``message``, a rank of a ranked group restored from a checkpoint that starts
-    its job's run, cannot resume on this server (its stream no longer gives the
-    checkpoint's epoch whole), or None. A rank joining the run its checkpoint started
-    is not asked again (its group reads the epoch already)."""
-    resume = message.resume
-    if (message.rank < 0 or check_announcement(resume) is not None or not resume
-            or resume[3] != CHECKPOINT or not (core.tables.grouped or message.group)):
-        return None
-    tables = core.tables
-    if refusal(tables.asks(message)) is not None:
-        return None  # refused for the reason of the combination table
-    if tables.grouped and tables.of(message.group).ranked and not tables.restarts_group(message):
-        return None
-    oldest = core.oldest_whole()
-    return None if resume[0] >= oldest else not_whole(message.group or DEFAULT_GROUP,
-                                                      resume, oldest)
-
-
-def _restart_group(core: ControlCore, identity: bytes, message: Hello) -> list[Send]:
-    """A rank of a ranked group resumes from a checkpoint while its group runs: the
-    group's job restarted. Its previous run's trainers are told it is over and forgotten
-    with the group's ranks (the fan-out then joins the group anew at the checkpoint)."""
-    name = message.group or DEFAULT_GROUP
-    log.warning("trainer %s (rank %d of group %r) resumes from %s: the group's job "
-                "restarted from a checkpoint", message.client_id, message.rank, name,
-                describe(message.resume))
-    over = Error(type=RANK_REFUSED, server_id=core.config.server_id, message=(
-        f"the job of group {name!r} restarted from a checkpoint ({describe(message.resume)}, "
-        f"announced by rank {message.rank}): this trainer belongs to the previous run"))
-    previous = [other for other, trainer in list(core.trainers.items())
-                if trainer.group == name and other != identity]
-    for other in previous:
-        core.peer_gone(other, lost=False)
-    core.tables.forget(name)
-    return [(other, over) for other in previous]
-
-
-def _probe_welcome(core: ControlCore, message: Hello) -> Welcome:
-    """The welcome a trainer that has not joined yet gets (``len()`` asks before the
-    first sample): a rank's tells how the server would deal to its job."""
-    welcome = core.welcome(message.group)
-    if message.rank < 0 or core.tables.grouped or core.ranks.world_size is not None:
-        return welcome
-    return dataclasses.replace(welcome, world_size=message.world_size,
-                               uneven=core.config.uneven)
 
 
 def malformed_reply(error: ProtocolError, server_id: str) -> Error:

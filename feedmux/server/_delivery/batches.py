@@ -282,11 +282,12 @@ class BatchAssembler:
             return np.zeros((0, 2), dtype=np.int64)
         return np.concatenate([tags for tags, _ in list(self._pieces)])
 
-    def finish_epoch(self) -> list[Batch]:
-        """The epoch has no more samples: its last, partial batch (or nothing, dropped)."""
+    def finish_epoch(self, keep_short: bool = False) -> list[Batch]:
+        """The epoch has no more samples: its last, partial batch (or nothing, dropped;
+        ``keep_short``: whatever ``drop_last`` says, as when the rows are given back)."""
         if not self._held:
             return []
-        if self.drop_last:
+        if self.drop_last and not keep_short:
             self.dropped += self._held
             self._pieces, self._held = [], 0
             return []

@@ -282,10 +282,12 @@ class BucketAssembler:
                 raise
             raise UnknownLength(str(error)) from error
 
-    def finish_epoch(self) -> list[Batch]:
+    def finish_epoch(self, keep_short: bool = False) -> list[Batch]:
         """The epoch has no more samples: the window's rows, whole batches then the last,
-        partial one of each bucket (or nothing of it, dropped)."""
-        return self._batches(self.window.finish_epoch(self._epoch, by_bucket=True), last=True)
+        partial one of each bucket (or nothing of it, dropped; ``keep_short``: whatever
+        ``drop_last`` says, as when the rows are given back)."""
+        return self._batches(self.window.finish_epoch(self._epoch, by_bucket=True), last=True,
+                             drop=self.drop_last and not keep_short)
 
     def pieces(self) -> list[tuple[np.ndarray, Sequence[Any]]]:
         """The rows held (those held before a failed :meth:`add`), as ``(tags, samples)``
@@ -306,12 +308,13 @@ class BucketAssembler:
         tags = self._tags_of(self.window.rows())
         return tags[np.lexsort((tags[:, 1], tags[:, 0]))]
 
-    def _batches(self, steps: list[Step], last: bool) -> list[Batch]:
-        """Each step's batch, its rows in position order (one message each)."""
+    def _batches(self, steps: list[Step], last: bool, drop: bool = False) -> list[Batch]:
+        """Each step's batch, its rows in position order (one message each); ``drop``: an
+        epoch's last, short ones are dropped."""
         out = []
         for step in steps:
             rows, lengths = step.ranks[0], step.lengths[0]
-            if last and self.drop_last and len(rows) < self.batch_size:
+            if last and drop and len(rows) < self.batch_size:
                 self.dropped += len(rows)
                 continue
             tags = self._tags_of(rows)

@@ -401,6 +401,5 @@ def _as_sampled(entry: Entry) -> Entry:
     samples = without_padding(message.samples)
     if samples is not message.samples:
         frames = list(encode(Data(message.tags, samples, message.server_id)))
-        entry = dataclasses.replace(entry, frames=frames, nbytes=0)
-    entry.sampled = True
-    return entry
+        return dataclasses.replace(entry, frames=frames, nbytes=0, sampled=True)
+    return dataclasses.replace(entry, sampled=True)

@@ -255,9 +255,5 @@ class FreeBatches:
 
 def _held(assembler: BatchAssembler | BucketAssembler) -> list[Batch]:
     """The rows ``assembler`` holds as one short batch, whatever its ``drop_last``."""
-    drop_last, assembler.drop_last = assembler.drop_last, False
-    try:
-        return assembler.finish_epoch()
-    finally:
-        assembler.drop_last = drop_last
+    return assembler.finish_epoch(keep_short=True)
 
