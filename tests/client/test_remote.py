@@ -7,6 +7,7 @@ import json
 import logging
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -156,6 +157,19 @@ def test_state_dict_is_plain_data_and_restores() -> None:
     assert restored.loader.last_position == 6
     with pytest.raises(feedmux.StreamError, match="last_position"):
         restored.load_state_dict({**state, "loader": {"last_epoch": 1}})
+
+
+@pytest.mark.parametrize("reliable", [False, True])
+def test_reliable_is_a_deprecated_no_op_whatever_its_value(nowhere: str, reliable: bool) -> None:
+    # Every loader grants credit and acknowledges its hand-outs: reliable= only warns.
+    with pytest.warns(DeprecationWarning, match=r"reliable=\.\.\.\) is deprecated"):
+        loader = RemoteLoader(nowhere, timeout=0.2, reliable=reliable)
+    with loader:
+        assert loader.reliable
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not given: no warning, and acknowledged all the same
+        with RemoteLoader(nowhere, timeout=0.2) as loader:
+            assert loader.reliable
 
 
 def test_closed_loader_refuses_to_iterate(nowhere: str) -> None:

@@ -13,17 +13,16 @@ from feedmux.errors import ConfigurationError
 pytestmark = pytest.mark.timeout(90)
 
 
-def two_slow_epochs(reliable: bool = False) -> Server:
+def two_slow_epochs() -> Server:
     # 400 samples at 10 ms: the holder is still receiving when the duplicate says hello.
     return Server("tests.integration.samplers:numbered", bind="tcp://127.0.0.1:0",
-                  factory_kwargs={"delay": 0.01}, epochs=2, reliable=reliable)
+                  factory_kwargs={"delay": 0.01}, epochs=2)
 
 
-@pytest.fixture(params=["free", "ranked", "reliable"])
+@pytest.fixture(params=["free", "ranked"])
 def mode(request: pytest.FixtureRequest) -> Iterator[tuple[Server, dict[str, object]]]:
-    options: dict[str, object] = {"free": {}, "ranked": {"rank": 0},
-                                  "reliable": {"reliable": True}}[request.param]
-    server = two_slow_epochs(reliable=bool(options.get("reliable")))
+    options: dict[str, object] = {"free": {}, "ranked": {"rank": 0}}[request.param]
+    server = two_slow_epochs()
     yield server.start(), options
     server.stop()
 
@@ -51,13 +50,13 @@ def test_a_second_loader_with_a_live_trainers_client_id_is_refused_at_once(
 
 
 def test_a_closed_loaders_client_id_is_free_again_at_once() -> None:
-    # Reliable delivery: what the first loader had not handed out goes to the second.
-    server = two_slow_epochs(reliable=True).start()
+    # What the first loader had not handed out goes to the second.
+    server = two_slow_epochs().start()
     try:
         ids: list[int] = []
         for _ in range(2):  # a loader per epoch, each under the same id
             with RemoteLoader(server.data_address, control=server.control_address, timeout=30,
-                              client_id="trainer-7", reliable=True) as loader:
+                              client_id="trainer-7") as loader:
                 ids.extend(int(sample["id"]) for sample in loader.iter_epoch())
         assert sorted(ids) == sorted(list(range(200)) * 2)
     finally:

@@ -372,12 +372,11 @@ def test_reliable_groups_each_get_every_sample_once_across_a_killed_member(
         serve: Callable[..., Spawned], trainers: Trainers, buffer: tuple[str, ...]) -> None:
     # Two members of group a, one SIGKILLed inside its 9th message (after its acknowledging
     # thread told the server how far it got); group b alone, unaffected.
-    server = serve(SAMPLER, "--epochs", "2", "--samples-per-message", "8", "--reliable",
+    server = serve(SAMPLER, "--epochs", "2", "--samples-per-message", "8",
                    *buffer, "--min-trainers", "3")
-    trainers.start(server, "a0", "--group", "a", "--reliable", "--die-after", "67",
-                   "--step-ms", "2")
-    trainers.start(server, "a1", "--group", "a", "--reliable", "--step-ms", "1")
-    trainers.start(server, "b", "--group", "b", "--reliable")
+    trainers.start(server, "a0", "--group", "a", "--die-after", "67", "--step-ms", "2")
+    trainers.start(server, "a1", "--group", "a", "--step-ms", "1")
+    trainers.start(server, "b", "--group", "b")
     assert trainers.wait("a0") == -9  # it killed itself mid-epoch
     assert trainers.wait("a1") == 0 and trainers.wait("b") == 0
     assert server.wait(timeout=30) == 0

@@ -26,10 +26,10 @@ BOUND = 100 * MiB
 N = 4 * 50
 
 
-@pytest.fixture(params=[False, True], ids=["plain", "reliable"])
-def server(request: Any) -> Iterator[Server]:
+@pytest.fixture
+def server() -> Iterator[Server]:
     instance = Server(numbered, bind="tcp://127.0.0.1:0", epochs=1,
-                      reliable=request.param, factory_kwargs={"delay": 0.0})
+                      factory_kwargs={"delay": 0.0})
     instance.start()
     try:
         yield instance
@@ -38,8 +38,8 @@ def server(request: Any) -> Iterator[Server]:
 
 
 def _serve_one_epoch(server: Server) -> list[int]:
-    with RemoteLoader(server.data_address, control=server.control_address, timeout=20,
-                      reliable=server.config.reliable) as loader:
+    with RemoteLoader(server.data_address, control=server.control_address,
+                      timeout=20) as loader:
         return sorted(int(sample["id"]) for sample in loader)
 
 
@@ -54,8 +54,8 @@ def _attack_memory(server: Server, attack: Any) -> int:
 
 def test_many_large_frames_at_either_port(server: Server) -> None:
     frame = b"\x00" * MiB
-    # The data socket is a ROUTER in both modes: trainers send credit and
-    # acknowledgements there (reliable) or nothing (plain); either way it is bounded.
+    # The data socket is a ROUTER: trainers send credit and acknowledgements there, and
+    # what it takes in is bounded.
     targets = [server.control_address, server.data_address]
 
     def attack() -> None:

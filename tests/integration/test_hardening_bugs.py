@@ -31,8 +31,8 @@ def started(servers: list[Server]) -> list[Server]:
 
 
 def _samples(server: Server, timeout: float = 15.0) -> list[dict[str, Any]]:
-    with RemoteLoader(server.data_address, control=server.control_address, timeout=timeout,
-                      reliable=server.config.reliable) as loader:
+    with RemoteLoader(server.data_address, control=server.control_address,
+                      timeout=timeout) as loader:
         return list(loader)
 
 
@@ -221,11 +221,10 @@ def test_a_failed_bind_leaves_no_thread_or_socket_behind(tmp_path: Path,
     wait_until(lambda: threading.active_count() == threads, 5, "the authenticator to stop")
 
 
-@pytest.mark.parametrize("reliable", [False, True], ids=["plain", "reliable"])
 def test_a_streamer_reusing_one_array_never_corrupts_a_sample(
-        started: list[Server], reliable: bool) -> None:
+        started: list[Server]) -> None:
     server = Server(f"{SAMPLERS}:reused", bind="tcp://127.0.0.1:0", epochs=1, hwm=4,
-                    reliable=reliable, factory_kwargs={"count": 120, "megabytes": 1})
+                    factory_kwargs={"count": 120, "megabytes": 1})
     started.append(server.start())
     samples = _samples(server, timeout=30)
     assert len(samples) == 120

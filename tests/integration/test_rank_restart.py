@@ -71,25 +71,22 @@ def read_ranked(path: Path) -> list[tuple[int, int, int]]:
             for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize(("workers", "width", "reliable"), [
-    ("1", "4", False), ("2", "4", False), ("1", "8192", False), ("2", "8192", False),
-    ("1", "4", True), ("2", "8192", True)],
-    ids=["workers1", "workers2", "shm-pool", "shm-pool-workers2", "reliable",
-         "reliable-workers2-shm-pool"])
+@pytest.mark.parametrize(("workers", "width"), [
+    ("1", "4"), ("2", "4"), ("1", "8192"), ("2", "8192")],
+    ids=["workers1", "workers2", "shm-pool", "shm-pool-workers2"])
 def test_a_restarted_rank_continues_right_after_its_predecessor(
-    serve: Any, tmp_path: Path, workers: str, width: str, reliable: bool
+    serve: Any, tmp_path: Path, workers: str, width: str
 ) -> None:
     # width 8192: 16 samples of 32 KiB make a 512 KiB array frame, which goes to the
     # ranks (same host) through the shared-memory pool, in place: the server keeps the
     # message's frames for a successor, and their runs stay pinned until it lets go
     # (with 2 workers: written into the pool by them, dealt from a copy out of it).
-    # Reliable: ranked loaders on a --reliable server (they were refused), with the same
-    # guarantees.
-    mode = ["--reliable"] if reliable else []
+    # Every loader grants credit now (what --reliable asked for before): a rank's holder
+    # is sent no more than its credit, with the same guarantees.
     server = serve(SAMPLER, "--arg", "streams=2", "--arg", "per_stream=100", "--arg",
                    f"width={width}", "--epochs", str(EPOCHS), "--epoch-size", str(EPOCH),
-                   "--samples-per-message", "16", "--workers", workers, *mode)
-    trainer = ranked_trainers(server, tmp_path, *mode)
+                   "--samples-per-message", "16", "--workers", workers)
+    trainer = ranked_trainers(server, tmp_path)
     # Rank 1 dies inside its 3rd message of epoch 1 (16 samples a message), after a step.
     killed_and_restarted(server, trainer, [
         trainer(0, "rank0", "--step-ms", "1"),

@@ -1,4 +1,5 @@
-"""Reliable mode: a trainer that dies mid-epoch loses nothing."""
+"""Acknowledged delivery (every free trainer's; once asked with ``--reliable``): a trainer
+that dies mid-epoch loses nothing."""
 
 from __future__ import annotations
 
@@ -40,11 +41,11 @@ def read_record(path: Path) -> list[tuple[int, int]]:
 
 def spawn_reliable(server: Spawned, tmp_path: Path, names: list[str],
                    flags: list[list[str]]) -> list[subprocess.Popen[bytes]]:
-    """One reliable trainer process per name (its record in ``tmp_path / name``)."""
+    """One trainer process per name (its record in ``tmp_path / name``)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return [subprocess.Popen(
         [sys.executable, "-m", "tests.integration.trainers", server.data, server.control,
-         str(tmp_path / name), "--reliable", *extra], env=env, cwd=ROOT)
+         str(tmp_path / name), *extra], env=env, cwd=ROOT)
         for name, extra in zip(names, flags, strict=True)]
 
 
@@ -59,7 +60,7 @@ def assert_each_once(rows: list[tuple[int, int]], epochs: int, epoch_size: int) 
         assert not lost, f"epoch {epoch}: lost {len(lost)}: {lost[:20]}"
 
 
-def run_trainers(server: Spawned, tmp_path: Path, reliable: bool, die_after: int = 0,
+def run_trainers(server: Spawned, tmp_path: Path, die_after: int = 0,
                  step_ms: float = 0.0, survivors: int = 1
                  ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """A trainer that dies after ``die_after`` samples (0: never) and ``survivors`` others;
@@ -67,11 +68,10 @@ def run_trainers(server: Spawned, tmp_path: Path, reliable: bool, die_after: int
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     common = [sys.executable, "-m", "tests.integration.trainers", server.data,
               server.control]
-    flags = ["--reliable"] if reliable else []
-    doomed = subprocess.Popen([*common, str(tmp_path / "doomed"), *flags,
+    doomed = subprocess.Popen([*common, str(tmp_path / "doomed"),
                                "--die-after", str(die_after), "--step-ms", str(step_ms)],
                               env=env, cwd=ROOT)
-    others = [subprocess.Popen([*common, str(tmp_path / f"survivor{n}"), *flags], env=env,
+    others = [subprocess.Popen([*common, str(tmp_path / f"survivor{n}")], env=env,
                                cwd=ROOT) for n in range(survivors)]
     try:
         doomed_code = doomed.wait(timeout=60)
@@ -92,11 +92,10 @@ def test_a_dead_trainers_share_goes_to_the_others_exactly_once(
     serve: Any, tmp_path: Path, workers: str, survivors: int
 ) -> None:
     server = serve(f"{SAMPLER}:numbered", "--arg", "per_stream=500", "--epochs", "2",
-                   "--samples-per-message", "10", "--reliable", "--min-trainers",
+                   "--samples-per-message", "10", "--min-trainers",
                    str(1 + survivors), "--workers", workers)
     # It dies inside a message (the 7th sample of its 31st), once it has acknowledged so far.
-    doomed, others = run_trainers(server, tmp_path, reliable=True, die_after=307,
-                                  survivors=survivors)
+    doomed, others = run_trainers(server, tmp_path, die_after=307, survivors=survivors)
     assert len(doomed) == 307
     assert server.wait(timeout=30) == 0
     for epoch in (1, 2):
@@ -107,7 +106,7 @@ def test_a_dead_trainers_share_goes_to_the_others_exactly_once(
 
 
 def test_reliable_single_trainer_exactly_once_and_stats(serve: Any) -> None:
-    server = serve(f"{SAMPLER}:numbered", "--epochs", "3", "--reliable")
+    server = serve(f"{SAMPLER}:numbered", "--epochs", "3")
     with RemoteLoader(server.data, control=server.control, timeout=20,
                       with_meta=True) as loader:
         seen = Counter((meta.epoch, int(sample["id"])) for meta, sample in loader)
@@ -127,34 +126,33 @@ def test_reliable_is_a_deprecated_no_op_at_both_ends(serve: Any) -> None:
     assert seen == Counter((1, i) for i in range(200))
 
 
-@pytest.mark.parametrize("reliable", [False, True])
 def test_trainers_that_finish_at_different_times_both_stop_cleanly(
-    serve: Any, tmp_path: Path, reliable: bool
+    serve: Any, tmp_path: Path
 ) -> None:
     """Regression: a drained trainer and the server must not ping-pong past the end."""
-    flags = ["--reliable"] if reliable else []
     server = serve(f"{SAMPLER}:numbered", "--arg", "per_stream=500", "--epochs", "2",
-                   "--min-trainers", "2", *flags)
-    slow, fast = run_trainers(server, tmp_path, reliable=reliable, step_ms=0.3)
+                   "--min-trainers", "2")
+    slow, fast = run_trainers(server, tmp_path, step_ms=0.3)
     assert server.wait(timeout=30) == 0
     for epoch in (1, 2):
         got = Counter(i for e, i in slow + fast if e == epoch)
         assert got == Counter(range(2000)), f"epoch {epoch}"
 
 
-def test_a_plain_server_ends_soon_after_the_others_when_a_trainer_was_sigkilled(
+def test_a_server_ends_soon_after_the_others_when_a_trainer_was_sigkilled(
     serve: Any, tmp_path: Path
 ) -> None:
-    # Plain free trainers: what was queued for the killed one died with it, so the server
-    # ends once the survivor has all the rest and has been idle for --drain-idle (3 s). It
-    # waited the whole --drain-timeout: the dead trainer, asked a question it never
-    # answered, was asked nothing more, so no send ever found it gone.
+    # What the killed trainer had not handed out goes to the survivor, and the server ends
+    # once the survivor has acknowledged all of it. Once (with the at-most-once plain
+    # delivery) the server waited the whole --drain-timeout: the dead trainer, asked a
+    # question it never answered, was asked nothing more, so no send ever found it gone.
     server = serve(f"{SAMPLER}:numbered", "--arg", "per_stream=500", "--epochs", "2",
                    "--min-trainers", "2", "--drain-timeout", "120")
-    doomed, others = run_trainers(server, tmp_path, reliable=False, die_after=307)
+    doomed, others = run_trainers(server, tmp_path, die_after=307)
     assert len(doomed) == 307 and others
     # Not a speed bound: a server that waits for the dead trainer takes 120 s here.
     assert server.wait(timeout=40) == 0, "the server waited for the SIGKILLed trainer"
+    assert_each_once(doomed + others, epochs=2, epoch_size=2000)
 
 
 def test_a_restarted_server_deals_again_none_of_what_a_departed_trainer_handed_out(
@@ -170,7 +168,7 @@ def test_a_restarted_server_deals_again_none_of_what_a_departed_trainer_handed_o
     # below the survivors' latest hand-outs, reported by nobody), which the old server's
     # summary of the hand-outs lists.
     command = (f"{SAMPLER}:numbered", "--arg", "per_stream=100", "--epochs", "2",
-               "--samples-per-message", "8", "--reliable")
+               "--samples-per-message", "8")
     endpoints = Endpoints.ipc(tmp_path)  # the restarted server binds the same endpoints
     server = serve(*command, "--min-trainers", "3", endpoints=endpoints)
     names = ["leaver", "a", "b"]
@@ -205,7 +203,7 @@ def test_a_restarted_server_deals_again_what_a_trainer_killed_with_the_old_one_h
     # them. The old server's summary of the hand-outs, which the survivors read and give to
     # the restarted one, lists them as not handed out: they are dealt again.
     command = (f"{SAMPLER}:numbered", "--arg", "per_stream=200", "--epochs", "2",
-               "--samples-per-message", "8", "--reliable")
+               "--samples-per-message", "8")
     endpoints = Endpoints.ipc(tmp_path)  # the restarted server binds the same endpoints
     server = serve(*command, "--min-trainers", "3", endpoints=endpoints)
     names = ["holder", "a", "b"]
@@ -256,25 +254,25 @@ def test_a_trainer_whose_hello_a_killed_server_swallowed_joins_the_restarted_one
         assert isinstance(hello, Hello) and hello.role == "trainer", "the trainer said no hello"
         swallower.close()
         context.term()
-        serve(f"{SAMPLER}:numbered", "--reliable", "--min-trainers", "1", endpoints=endpoints)
+        serve(f"{SAMPLER}:numbered", "--min-trainers", "1", endpoints=endpoints)
         assert first.join(timeout=25) is not None  # a sample: the server admitted it
 
 
 def test_shared_memory_with_reliable_delivery_loses_nothing_when_a_trainer_is_killed(
     serve: Any, tmp_path: Path
 ) -> None:
-    # 256 KiB arrays travel as references to the server's shared-memory pool (it was off
-    # with --reliable); the server keeps its own copy of each in its ledger, so what the
+    # 256 KiB arrays travel as references to the server's shared-memory pool (it was once
+    # off with --reliable); the server keeps its own copy of each in its ledger, so what the
     # killed trainer had not handed out (its pool runs taken back) goes to the other.
     server = serve(f"{SAMPLER}:numbered", "--arg", "per_stream=60", "--arg", "width=65536",
-                   "--epochs", "2", "--samples-per-message", "4", "--reliable",
+                   "--epochs", "2", "--samples-per-message", "4",
                    "--min-trainers", "2")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     common = [sys.executable, "-m", "tests.integration.trainers", server.data, server.control]
     processes = [
-        subprocess.Popen([*common, str(tmp_path / "doomed"), "--reliable", "--die-after", "90",
+        subprocess.Popen([*common, str(tmp_path / "doomed"), "--die-after", "90",
                           "--step-ms", "2"], env=env, cwd=ROOT),
-        subprocess.Popen([*common, str(tmp_path / "survivor"), "--reliable", "--step-ms", "1",
+        subprocess.Popen([*common, str(tmp_path / "survivor"), "--step-ms", "1",
                           "--views-out", str(tmp_path / "survivor.views")], env=env, cwd=ROOT)]
     try:
         assert processes[0].wait(timeout=60) == -9
@@ -303,8 +301,7 @@ def test_a_trainer_back_from_the_old_run_takes_nothing_of_the_new_runs_epochs(
     # must each come whole to the two of them. The restarted server kept every reported
     # position out of its own epochs (here all of 2 and 3; in a long run, the burst of
     # the epoch where the old run had stopped, once the new run got there).
-    command = (f"{SAMPLER}:numbered", "--arg", "per_stream=10", "--samples-per-message", "4",
-               "--reliable")
+    command = (f"{SAMPLER}:numbered", "--arg", "per_stream=10", "--samples-per-message", "4")
     endpoints = Endpoints.ipc(tmp_path)
     server = serve(*command, endpoints=endpoints)
     old = spawn_reliable(server, tmp_path, ["old"], [

@@ -1,6 +1,6 @@
-"""Reliable mode: a trainer that stops reading for a while (a long step, a validation
-pass) keeps its connection and its samples while the server goes on beating and
-summing up the hand-outs to it."""
+"""Acknowledged delivery (every free trainer's): a trainer that stops reading for a while
+(a long step, a validation pass) keeps its connection and its samples while the server
+goes on beating and summing up the hand-outs to it."""
 
 from __future__ import annotations
 
@@ -32,15 +32,14 @@ def test_a_trainer_that_stops_reading_keeps_its_connection_and_samples(
     serve: Any, tmp_path: Path
 ) -> None:
     server = serve(f"{SAMPLER}:numbered", "--arg", f"per_stream={PER_STREAM}", "--epochs",
-                   str(EPOCHS), "--samples-per-message", "10", "--reliable",
-                   "--min-trainers", "2")
+                   str(EPOCHS), "--samples-per-message", "10", "--min-trainers", "2")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     common = [sys.executable, "-m", "tests.integration.trainers", server.data, server.control]
     go = tmp_path / "go"
-    paused = subprocess.Popen([*common, str(tmp_path / "paused"), "--reliable",
+    paused = subprocess.Popen([*common, str(tmp_path / "paused"),
                                "--hold-after", "5", "--go-file", str(go)], env=env, cwd=ROOT)
     # The other one consumes throughout the pause, so the summary changes all along.
-    busy = subprocess.Popen([*common, str(tmp_path / "busy"), "--reliable", "--step-ms", "80"],
+    busy = subprocess.Popen([*common, str(tmp_path / "busy"), "--step-ms", "80"],
                             env=env, cwd=ROOT)
     try:
         record = tmp_path / "paused"

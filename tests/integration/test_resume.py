@@ -242,12 +242,12 @@ def test_free_reliable_trainers_that_outlive_their_server_lose_and_repeat_nothin
 ) -> None:
     command = (SAMPLER, "--arg", f"per_stream={PER_STREAM}", "--arg", "width=16384",
                "--epochs", str(EPOCHS), "--workers", workers, "--samples-per-message", "8",
-               "--reliable", "--min-trainers", "2")
+               "--min-trainers", "2")
     endpoints = Endpoints.ipc(tmp_path)  # the restarted server binds the same endpoints
     server = serve(*command, endpoints=endpoints)
     trainers = [subprocess.Popen(
         [sys.executable, "-m", "tests.integration.trainers", server.data, server.control,
-         str(tmp_path / f"free{index}"), "--reliable", "--step-ms", "2"],
+         str(tmp_path / f"free{index}"), "--step-ms", "2"],
         env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT) for index in range(2)]
     job.processes += trainers  # killed at the end of the test if still running
 

@@ -75,11 +75,10 @@ def test_a_lost_free_trainer_is_a_warning_saying_its_samples_go_to_the_others(
     serve: Callable[..., Spawned], trainers: Callable[..., subprocess.Popen[bytes]],
     tmp_path: Path,
 ) -> None:
-    server = serve(NUMBERED, "--arg", "per_stream=200", "--reliable", "--min-trainers", "2")
-    dying = trainers(server.data, server.control, str(tmp_path / "dying"), "--reliable",
+    server = serve(NUMBERED, "--arg", "per_stream=200", "--min-trainers", "2")
+    dying = trainers(server.data, server.control, str(tmp_path / "dying"),
                      "--die-after", "30", "--step-ms", "5")
-    trainers(server.data, server.control, str(tmp_path / "staying"), "--reliable",
-             "--step-ms", "5")
+    trainers(server.data, server.control, str(tmp_path / "staying"), "--step-ms", "5")
     wait_until(lambda: dying.poll() is not None, 60, "the trainer to die after 30 samples")
     server.wait_for_stderr(lambda text: bool(re.search(r"WARNING trainer \S+ lost", text)),
                            30, "the trainer's loss logged")
@@ -117,10 +116,10 @@ def test_epoch_sampled_is_told_apart_from_epoch_handed_out(
 ) -> None:
     """A server logged "epoch 1 complete" while its only trainer had taken one sample."""
     # One message an epoch, whatever the machine's load (the pacer's messages shrink on a
-    # slow machine, and a reliable trainer's credit of 8 messages then held epoch 1 back).
+    # slow machine, and a trainer's credit of 8 messages then held epoch 1 back).
     server = serve(NUMBERED, "--arg", "streams=2", "--arg", "per_stream=10", "--epochs", "3",
-                   "--reliable", "--samples-per-message", "20")
-    with RemoteLoader(server.data, control=server.control, reliable=True, timeout=30) as loader:
+                   "--samples-per-message", "20")
+    with RemoteLoader(server.data, control=server.control, timeout=30) as loader:
         samples = iter(loader)
         next(samples)
         server.wait_for_stderr(lambda text: "epoch 1 sampled: 20 samples" in text, 30,
@@ -147,8 +146,7 @@ def test_top_and_the_stats_show_the_recent_rate_and_eta_after_a_wait_for_trainer
     """A server that waited for its trainer first: ``top`` showed an ETA of 10m25s and
     "~0 samples/s" for its one trainer while 97 samples/s went out."""
     server = serve(NUMBERED, "--arg", "per_stream=1000", "--epoch-size", "4000",
-                   "--count-field", "x", "--log-every", "20", "--samples-per-message", "1",
-                   "--reliable")
+                   "--count-field", "x", "--log-every", "20", "--samples-per-message", "1")
 
     def stats() -> dict[str, Any]:
         # A bound for a loaded machine (a 2 s ask once went unanswered at load 19): the
@@ -167,9 +165,8 @@ def test_top_and_the_stats_show_the_recent_rate_and_eta_after_a_wait_for_trainer
     stop = threading.Event()
 
     def train() -> None:
-        # Reliable: the server sends within the trainer's credit, at the trainer's pace.
-        with RemoteLoader(server.data, control=server.control, timeout=30,
-                          reliable=True) as loader:
+        # The server sends within the trainer's credit, at the trainer's pace.
+        with RemoteLoader(server.data, control=server.control, timeout=30) as loader:
             for _ in loader:
                 time.sleep(0.01)  # a ~100 samples/s trainer
                 if stop.is_set():

@@ -34,8 +34,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("data")
     parser.add_argument("control")
     parser.add_argument("out")
-    parser.add_argument("--reliable", action="store_true",
-                        help="accepted and ignored: every loader is reliable now")
     parser.add_argument("--die-after", type=int, default=0)
     parser.add_argument("--stop-after", type=int, default=0,
                         help="leave cleanly (close the loader) after this many samples")
@@ -136,7 +134,7 @@ def _die(out: Any, loader: RemoteLoader, meta: SampleMeta, abrupt: bool) -> int:
     out.flush()
     acks = loader._acks
     if acks is not None and not abrupt:
-        # A ranked or reliable loader acknowledges from a thread every few ms: die
+        # A loader acknowledges from a thread every few ms: die
         # once it has told the server this sample (a step longer than that).
         mark = (meta.server_id, meta.epoch, meta.position)
         deadline = time.monotonic() + 10

@@ -1,7 +1,7 @@
 """Half-open connections across the link: a trainer that vanished behind it, and one that
 only stops reading, must not be told apart by waiting.
 
-**A reliable trainer vanishes.** Two reliable trainers in host B take one stream from the
+**A trainer vanishes.** Two free trainers in host B take one stream from the
 server in host A. One of them reaches the server at another address of host A
 (:meth:`~tests.multihost.hosts.TwoHosts.alias`); host B then drops whatever goes there
 (:meth:`~tests.multihost.hosts.TwoHosts.cut`) and that trainer is SIGKILLed: every
@@ -17,11 +17,12 @@ other trainer goes on to the end, with every sample of each epoch handed out onc
 the two (the gone trainer's last hand-outs, whose acknowledgements could not cross, may
 come again to the other: its last ``hwm`` messages).
 
-**A plain trainer stops reading.** Linux applies ``TCP_USER_TIMEOUT`` to a receive window
-that stays closed as well (tcp(7)), and a plain trainer's full queue closes its window:
-that is plain mode's back-pressure. So a plain trainer that reads nothing for longer than
-the bound (a long step, a validation pass) must keep its data connection and every sample
-queued for it: the plain server's data socket goes without the bound.
+**A trainer stops reading.** Linux applies ``TCP_USER_TIMEOUT`` to a receive window that
+stays closed as well (tcp(7)). A trainer that reads nothing for longer than the bound (a
+long step, a validation pass) must keep its data connection and every sample queued for
+it. (The at-most-once plain delivery, gone since, closed a trainer's window with its full
+queue, and its data socket went without the bound for it; every trainer now grants credit,
+so the server sends no more than its trainer's libzmq takes in.)
 """
 
 from __future__ import annotations
@@ -84,11 +85,10 @@ def test_a_vanished_reliable_trainers_connections_close_within_the_bound(
     server = serve_at(
         hosts, ANYWHERE, ANYWHERE, "--arg", f"per_stream={PER_STREAM}", "--arg", "width=1024",
         "--epochs", str(EPOCHS), "--samples-per-message", str(SAMPLES_PER_MESSAGE), "--hwm",
-        "4", "--min-trainers", "2", "--reliable", "--compress", "off")
+        "4", "--min-trainers", "2", "--compress", "off")
     near, far = tmp_path / "survivor", tmp_path / "doomed"
-    survivor = trainer_at(hosts, server, hosts.address("a"), near, "--reliable", "--step-ms",
-                          STEP_MS)
-    doomed = trainer_at(hosts, server, doomed_address, far, "--reliable", "--step-ms", STEP_MS)
+    survivor = trainer_at(hosts, server, hosts.address("a"), near, "--step-ms", STEP_MS)
+    doomed = trainer_at(hosts, server, doomed_address, far, "--step-ms", STEP_MS)
     wait_until(lambda: len(read(near)) >= 200 and len(read(far)) >= 200, 60,
                "both trainers at 200 samples")
     # Its data, control and acknowledging connections, each seen by the server's end.
@@ -134,7 +134,7 @@ def test_a_vanished_reliable_trainers_connections_close_within_the_bound(
     assert repeated <= last, f"repeats not among the gone trainer's last: {repeated - last}"
 
 
-#: Seconds the plain trainer reads nothing: past the bound, so that a kernel applying it to
+#: Seconds the paused trainer reads nothing: past the bound, so that a kernel applying it to
 #: the closed window would have cut the connection off.
 PAUSE = HALF_OPEN_TIMEOUT + 5.0
 #: Samples of 16 KiB, 8 a message: what the paused trainer's queue, its kernel's buffer and
@@ -146,7 +146,7 @@ PAUSE_EPOCHS = 2
 
 
 @pytest.mark.timeout(150)
-def test_a_plain_trainer_that_reads_nothing_past_the_bound_keeps_its_connection(
+def test_a_trainer_that_reads_nothing_past_the_bound_keeps_its_connection(
     hosts: TwoHosts, tmp_path: Path
 ) -> None:
     server = serve_at(

@@ -8,9 +8,9 @@ host A on the same endpoints. The trainers are not restarted: they notice the ne
 id, say hello to it and go on, and each mode keeps what docs/resume.md promises of a server
 that restarts while its trainers live on:
 
-- free reliable trainers (``--reliable``, the restarted server started with
-  ``--min-trainers`` of all of them): every sample of every epoch, the interrupted one
-  included, handed out exactly once across the trainers;
+- free trainers (the restarted server started with ``--min-trainers`` of all of them):
+  every sample of every epoch, the interrupted one included, handed out exactly once
+  across the trainers;
 - the two ranks of one job (a seeded source): each rank's sequence is that of an
   uninterrupted run, sample for sample: nothing of the interrupted epoch lost or repeated.
 
@@ -18,17 +18,14 @@ that restarts while its trainers live on:
 connection to the server does not cross the link) and one in host B. The link is taken
 down for good, then every process of host B is SIGKILLed: the server's connections to
 host B are half-open (no FIN or RST ever comes). The server must forget the gone trainer
-within its liveness bound, and the trainer in host A must go on to the end with what the
-mode promises:
-
-- reliable: every sample of each epoch handed out once across the two, counting what the
-  gone trainer handed out before it went. The gone trainer's last hand-outs may not have
-  been acknowledged across the link before it went down: those come again to the other
-  (the documented edge, and how ``feedmux audit`` counts it: repeats within the last
-  ``hwm`` messages of a trainer that did not close), and nothing is lost;
-- plain (at-most-once): nothing repeated, and lost at most what was queued for the gone
-  trainer: ``hwm`` messages on each side, the message it was in, and what the kernel's TCP
-  buffers held (docs/server.md).
+within its liveness bound, and the trainer in host A must go on to the end with every
+sample of each epoch handed out once across the two, counting what the gone trainer handed
+out before it went. The gone trainer's last hand-outs may not have been acknowledged across
+the link before it went down: those come again to the other (the documented edge, and how
+``feedmux audit`` counts it: repeats within the last ``hwm`` messages of a trainer that did
+not close), and nothing is lost. (The at-most-once plain delivery, gone since, lost what
+was queued for the gone trainer instead: ``hwm`` messages on each side, the message it was
+in, and what the kernel's TCP buffers held.)
 """
 
 from __future__ import annotations
@@ -139,11 +136,11 @@ def test_free_reliable_trainers_follow_a_server_host_sigkilled_and_restarted(
     hosts: TwoHosts, tmp_path: Path, workers: str
 ) -> None:
     command = ("--arg", f"per_stream={PER_STREAM}", "--arg", "width=16384", "--epochs",
-               str(EPOCHS), "--workers", workers, "--samples-per-message", "8", "--reliable",
+               str(EPOCHS), "--workers", workers, "--samples-per-message", "8",
                "--min-trainers", "2")
     server = serve_at(hosts, *any_port(hosts), *command)
     outs = [tmp_path / f"free{index}" for index in range(2)]
-    trainers = [trainer_in(hosts, "b", server, out, "--reliable", "--step-ms", "2",
+    trainers = [trainer_in(hosts, "b", server, out, "--step-ms", "2",
                            stderr=subprocess.PIPE) for out in outs]
     wait_until(lambda: sum(row[0] == 2 for out in outs for row in read(out)) >= EPOCH // 4,
                60, "a quarter of epoch 2 handed out")

@@ -1,5 +1,6 @@
-"""The dealing stage with a fake outbox (no sockets): free audiences, plain and reliable
-(the server's or a group's, a lost member's rest re-dealt within its audience), ranks."""
+"""The dealing stage with a fake outbox (no sockets): free audiences, under a policy that
+keeps nothing (the dealer's own rules alone) and under the server's, by credit (the
+server's or a group's, a lost member's rest re-dealt within its audience), ranks."""
 
 from __future__ import annotations
 
@@ -163,7 +164,7 @@ def test_a_free_message_nobody_can_take_waits_for_room_and_is_not_lost() -> None
 
 
 def test_a_reliable_message_goes_to_the_member_with_most_credit_with_its_seq() -> None:
-    outbox, core = FakeOutbox(), _core(reliable=True)
+    outbox, core = FakeOutbox(), _core()
     dealer, link = reliable_dealer(outbox, core)
     link.credits.take(b"za", Credit(client_id="a", credits=2))
     link.credits.take(b"zb", Credit(client_id="b", credits=3))
@@ -179,7 +180,7 @@ def test_a_reliable_message_goes_to_the_member_with_most_credit_with_its_seq() -
 
 
 def test_a_lost_group_member_s_rest_goes_to_its_group_only() -> None:
-    outbox, core = FakeOutbox(), _core(reliable=True)
+    outbox, core = FakeOutbox(), _core()
     dealer, link = reliable_dealer(outbox, core)
     credits = link.credits
     for identity, client in ((b"z1", "a1"), (b"z2", "a2"), (b"z3", "b1")):
@@ -205,7 +206,7 @@ def test_a_lost_group_member_s_rest_goes_to_its_group_only() -> None:
 
 
 def test_a_lost_member_s_rest_waits_for_another_member_of_its_group() -> None:
-    outbox, core = FakeOutbox(), _core(reliable=True)
+    outbox, core = FakeOutbox(), _core()
     dealer, link = reliable_dealer(outbox, core)
     link.credits.take(b"z1", Credit(client_id="a1", credits=4))
     link.credits.take(b"z3", Credit(client_id="b1", credits=4))
@@ -236,7 +237,7 @@ def dataloader_pass_ended(sharers: int) -> tuple[FakeOutbox, ControlCore, Dealer
     """A reliable dealer whose free trainers say ``sharers`` share the stream (a DataLoader's
     workers), after a pass's two workers left holding epoch 2 and 3 (three messages each,
     positions 0, 10, 20): what is left to deal again. The link's clock is the list's item."""
-    outbox, core, clock = FakeOutbox(), _core(reliable=True), [0.0]
+    outbox, core, clock = FakeOutbox(), _core(), [0.0]
     link = ReliableLink(NoSocket(), outbox, "s", clock=lambda: clock[0])  # type: ignore[arg-type]
     carrier = Carrier(None, core, 8, outbox, lambda: False)  # type: ignore[arg-type]
     dealer = Dealer(outbox, core, carrier, lambda: False,  # type: ignore[arg-type]
@@ -343,7 +344,7 @@ _ACTIONS = st.lists(st.tuples(st.sampled_from(["join", "sample", "hand", "mark",
 @given(_ACTIONS)
 def test_each_reliable_group_hands_out_each_sample_once_across_kills(
         steps: list[tuple[str, int, int]]) -> None:
-    outbox, core = FakeOutbox(), _core(reliable=True)
+    outbox, core = FakeOutbox(), _core()
     dealer, link = reliable_dealer(outbox, core)
     credits = link.credits
     members: dict[bytes, _Member] = {}

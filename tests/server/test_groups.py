@@ -330,14 +330,13 @@ def test_groups_and_batches_combine(options: dict[str, object], first: Hello | N
 
 
 def test_a_group_on_a_reliable_server_is_welcomed() -> None:
-    core = _core(reliable=True)
+    core = _core()
     [(_, welcome), *_] = core.receive(b"g", Hello("g", group="eval"), now=1.0)
     assert isinstance(welcome, Welcome) and welcome.reliable and core.tables.grouped
 
 
 def test_a_rank_on_a_reliable_server_is_welcomed() -> None:
-    [(_, welcome)] = _core(reliable=True).receive(b"r", Hello("r", rank=0, world_size=2),
-                                                  now=1.0)
+    [(_, welcome)] = _core().receive(b"r", Hello("r", rank=0, world_size=2), now=1.0)
     assert isinstance(welcome, Welcome) and welcome.reliable and welcome.world_size == 2
 
 

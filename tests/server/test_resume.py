@@ -135,7 +135,7 @@ def test_a_heartbeat_while_waiting_does_not_make_a_free_trainer() -> None:
 
 
 def test_free_reliable_trainers_resume_at_the_first_position_nobody_handed_out() -> None:
-    core = make_core(reliable=True, min_trainers=2)
+    core = make_core(min_trainers=2)
     core.begin()
     sends = gather(core, [(A, Hello(client_id="a", handed=(2, 10, 20, 2, 30, 40))),
                           (B, Hello(client_id="b", handed=(2, 20, 25, 3, 0, 4)))], now=0.0)
@@ -152,7 +152,7 @@ def test_a_restarted_reliable_server_deals_again_what_the_summaries_list_below_t
     # a and b outlived the server; a trainer gone before the crash held 2:8-16 (the
     # old server's summary lists it, up to 2:40: everything else before was handed out).
     # b handed out 2:12-14 of it since (re-dealt to it): b's copy of the summary lacks it.
-    core = make_core(reliable=True, min_trainers=2)
+    core = make_core(min_trainers=2)
     core.begin()
     gather(core, [(A, Hello(client_id="a", handed=(2, 32, 40),
                             handed_below=(2, 40, 2, 8, 16, 2, 36, 40))),
