@@ -115,8 +115,9 @@ class Scenario:
     #: death hands its shards over; with the pool it fails the run, as documented)
     ranked_extra: tuple[str, ...] = ()
     events_per_run: int | None = None  # None: as many as the minutes allow
-    #: the batch_size= the free trainers of odd index ask for (0: none does): the others
-    #: take single samples from the same stream
+    #: the batch_size= the free trainers of odd index ask for (0: none does; of those,
+    #: index 3, 7, 11, ... also bucket_by="n"): the others take single samples from the
+    #: same stream
     free_batch: int = 0
 
 
@@ -178,8 +179,8 @@ class Setup:
                          + (f", --epoch-size {EPOCH[self.scenario.source]}"
                             if self.epoch_size else ""))
         if self.scenario.free:
-            batches = (f", the odd ones batch_size={self.scenario.free_batch}"
-                       if self.scenario.free_batch else "")
+            batches = (f", the odd ones batch_size={self.scenario.free_batch}, every other "
+                       f"of them bucket_by='n'" if self.scenario.free_batch else "")
             parts.append(f"{self.scenario.free} free trainers ({_flags()}{batches})")
         if self.scenario.dataloader:
             parts.append("a DataLoader of 2 non-persistent workers, --epochs 3")

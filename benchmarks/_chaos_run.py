@@ -235,6 +235,8 @@ class _Chaos:
         argv = ["free", self.free_server.data, self.free_server.control, "--index", str(index)]
         if self.setup.scenario.free_batch and index % 2:
             argv += ["--batch-size", str(self.setup.scenario.free_batch)]
+            if index % 4 == 3:  # every other one of them in length buckets (bucket_by=)
+                argv += ["--bucket-by", "n"]
         self.free[index] = self._trainer(argv, f"free{index}")
         return index
 

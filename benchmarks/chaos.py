@@ -66,7 +66,9 @@ WRONG = {3: "a sample held other values than its id", 4: "a rank ran past its la
 def _items(streamer: int, items: int = ITEMS) -> Iterator[dict[str, Any]]:
     for item in range(items):
         ident = streamer * items + item
-        yield {"id": np.int64(ident), "x": np.full(WIDTH, ident, dtype=np.int32)}
+        # "n": a length of 1-5, which a free trainer that asks for buckets groups by
+        yield {"id": np.int64(ident), "x": np.full(WIDTH, ident, dtype=np.int32),
+               "n": np.int64(1 + ident % 5)}
 
 
 def source() -> feedmux.StochasticMux:
@@ -194,7 +196,8 @@ def _free(args: argparse.Namespace) -> int:
 def _hand_out(args: argparse.Namespace, scratch: Path) -> int:
     with feedmux.RemoteLoader(args.data, control=args.control, hwm=4, timeout=LOADER_TIMEOUT,
                               audit_key="id", audit_log=str(scratch / f"free{args.index}.log"),
-                              batch_size=args.batch_size or None, **FREE_LOADER) as loader:
+                              batch_size=args.batch_size or None,
+                              bucket_by=args.bucket_by or None, **FREE_LOADER) as loader:
         for sample in loader:
             if not _exact(sample):
                 print(f"free trainer {args.index}: sample {np.asarray(sample['id']).tolist()} "
@@ -286,6 +289,8 @@ def _trainer_parser(kind: str) -> argparse.ArgumentParser:
         parser.add_argument("--index", type=int, required=True)
         parser.add_argument("--batch-size", type=int, default=0,
                             help="the batches the server builds for it (0: single samples)")
+        parser.add_argument("--bucket-by", default="",
+                            help="with --batch-size: the field its batches are bucketed by")
     else:
         parser.add_argument("--epochs", type=int, required=True)
         parser.add_argument("--timeout", type=float, default=30.0)

@@ -67,12 +67,16 @@ HALF_OPEN_TIMEOUT = 15.0
 #: Python): a server's Error carries a traceback of a few KiB at most (the server cuts
 #: it to fit, see ``error_message``), its statistics a few KiB.
 CONTROL_FRAME_BYTES = 64 * 1024
-#: Largest frame the server's control socket accepts: hello, heartbeat, statistics
-#: request and acknowledgement are a few hundred bytes (a client id is at most
-#: ``MAX_CLIENT_ID`` characters).
-CONTROL_INBOUND_FRAME_BYTES = 8 * 1024
+#: Largest frame the server's control socket accepts: heartbeat, statistics request and
+#: acknowledgement are a few hundred bytes (a client id is at most ``MAX_CLIENT_ID``
+#: characters); a free trainer's hello to a restarted server carries what it handed out
+#: lately (up to ``HANDED_RANGES`` ranges: a trainer of length-bucketed batches hands out
+#: scattered positions, a range each) and the old server's last summary (up to
+#: ``MAX_SUMMARY_RUNS`` runs): up to about 40 KiB.
+CONTROL_INBOUND_FRAME_BYTES = 64 * 1024
 #: Control messages queued per peer on the server's control socket: with the frame
-#: limit, what one connection can park in libzmq (8 MiB). A loader's acknowledging
+#: limit, what one connection can park in libzmq (64 MiB at most; a loader's own messages
+#: are a few hundred bytes but its hellos). A loader's acknowledging
 #: thread sends up to 200 a second while the server may be busy in a slow streamer: a
 #: queue that fills stops libzmq reading that connection, and ZMTP heartbeats then
 #: drop it after a few seconds, so this leaves about five seconds of room.

@@ -114,8 +114,11 @@ class RankPositions:
         self._live = [None] * len(self._live)
 
 
-#: Handed-out position ranges a free reliable trainer keeps per server (its latest messages).
-HANDED_RANGES = 32
+#: Handed-out position ranges a free trainer keeps per server (its latest messages), what
+#: its hello to a restarted server says it handed out since the server's last summary: a
+#: trainer of length-bucketed batches hands out scattered positions (a batch of 7 is up
+#: to 7 ranges, ~300 batches a second), so seconds of them, not the last few messages.
+HANDED_RANGES = 1024
 
 
 class HandedRanges:

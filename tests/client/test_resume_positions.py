@@ -64,6 +64,34 @@ def test_a_free_trainer_announces_its_latest_ranges_and_the_current_messages_par
         1, 8 * (HANDED_RANGES + 4), 8 * (HANDED_RANGES + 4) + 4, 2, 0, 2)
 
 
+def test_a_bucketing_trainers_scattered_hand_outs_of_seconds_fit_its_hello() -> None:
+    """A trainer taking length-bucketed batches hands out scattered positions: a batch of
+    7 is up to 7 ranges. The chaos test's bucketing trainer, about 300 batches a second,
+    kept only its last 32 ranges (5 batches): a server restarted after a summary dealt the
+    rest of what it handed out since again (repeats in 3 of 4 runs). Its hello now reports
+    a few seconds of them, and fits the server's control frame."""
+    import msgpack
+
+    from feedmux._plumbing.sockets import CONTROL_INBOUND_FRAME_BYTES
+    from feedmux.client._resume import HANDED_RANGES, HandedRanges
+    from feedmux.server._delivery.ledger import MAX_SUMMARY_RUNS
+
+    handed = HandedRanges(1, current=lambda: None)
+    rng = np.random.default_rng(0)
+    batches = [np.sort(rng.choice(320, 7, replace=False)) for _ in range(100)]
+    for epoch, positions in enumerate(batches, 1):
+        handed.handed(0, np.array([[epoch, int(position)] for position in positions]))
+    announced = handed.announce(0)
+    reported = {(announced[i], position) for i in range(0, len(announced), 3)
+                for position in range(announced[i + 1], announced[i + 2])}
+    every = {(epoch, int(position)) for epoch, positions in enumerate(batches, 1)
+             for position in positions}
+    assert reported == every  # 100 batches of 7: 700 ranges, all reported
+    # The largest hello: every range kept, at large positions, and the largest summary.
+    big = [(1 << 31) + i for i in range(3 * HANDED_RANGES + 3 * MAX_SUMMARY_RUNS + 2)]
+    assert len(msgpack.packb(big)) + 1024 < CONTROL_INBOUND_FRAME_BYTES
+
+
 def test_a_summary_that_came_after_the_trainer_handed_its_run_out_leaves_that_run_out() -> None:
     from feedmux.client._resume import HandedRanges
 

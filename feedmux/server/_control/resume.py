@@ -29,7 +29,7 @@ CHECKPOINT, LIVE = RESUME_CHECKPOINT, RESUME_LIVE
 
 #: Most hand-out ranges a restarted server keeps from the hellos of the free trainers that
 #: outlived their server (each reports its last 32 messages' ranges).
-MAX_HANDED_RANGES = 1 << 14
+MAX_HANDED_RANGES = 1 << 16
 
 
 def check_announcement(resume: Sequence[int]) -> str | None:
