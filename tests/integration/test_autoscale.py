@@ -249,7 +249,7 @@ def test_feedmux_scale_asks_and_refuses_clearly(serve: Any, spawn: Any) -> None:
     # the two CLI processes took longer to start than the whole stream at full speed.
     asked = threading.Event()
     trainer = CheckedThread(consume, server, None, None, asked)
-    answer = spawn("scale", server.control, "2")
+    answer = spawn("scale", server.control, "2", "--timeout", "15")
     assert answer.wait(timeout=30) == 0
     assert f"ok: {server.control} asked to run 2 worker(s)" in answer.stdout
     bad = spawn("scale", server.control, "-1")

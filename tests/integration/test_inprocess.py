@@ -75,13 +75,13 @@ def test_scale_2_then_1_moves_the_shards_out_and_back_exactly(serve: Any, spawn:
     trainer = CheckedThread(consume, server)
     sent = lambda: int(fetch_stats(server.control, timeout=5)["samples_sent"])  # noqa: E731
     wait_until(lambda: sent() > 100, 30, "samples sent from the server's process")
-    assert spawn("scale", server.control, "2").wait(timeout=30) == 0
+    assert spawn("scale", server.control, "2", "--timeout", "15").wait(timeout=30) == 0
     wait_until(lambda: len(worker_pids(server.pid)) == 2, 10, "two worker processes")
     stats = fetch_stats(server.control, timeout=5)
     assert stats["sampling_in_server"] == 0 and stats["workers"] == 2, stats
     before = sent()
     wait_until(lambda: sent() > before + 100, 30, "samples sent from the workers")
-    assert spawn("scale", server.control, "1").wait(timeout=30) == 0
+    assert spawn("scale", server.control, "1", "--timeout", "15").wait(timeout=30) == 0
     wait_until(lambda: sampling_here(server), 10, "sampling back in the server's process")
     before = sent()
     wait_until(lambda: sent() > before + 100, 30, "samples sent from the server again")

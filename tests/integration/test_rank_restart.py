@@ -160,7 +160,7 @@ SCENARIO_SEED = 38
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("workers", ["1", "2"], ids=["workers1", "workers2"])
 @pytest.mark.parametrize("declared", [False, True], ids=["measured", "declared"])
 @pytest.mark.parametrize("kill_epoch", [1, 2, 3], ids=["epoch1", "epoch2", "epoch3"])
