@@ -229,7 +229,8 @@ def describe(resume: Sequence[int]) -> str:
     --------
     >>> describe((2, 40, 4, CHECKPOINT))
     'a checkpoint at epoch 2, position 40 (taken with 4 ranks)'
-    >>> describe((2, 40, 4, LIVE)), describe(())
+    >>> from feedmux.protocol import RESUME_LIVE
+    >>> describe((2, 40, 4, RESUME_LIVE)), describe(())
     ('epoch 2, position 40 (live, 4 ranks)', 'no position (a fresh start)')
     """
     if not resume:
