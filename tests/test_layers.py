@@ -91,6 +91,16 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The module a ``from`` import in ``module`` names, relative imports resolved."""
+    if not node.level:
+        return node.module or ""
+    parts = module.split(".")
+    anchor = parts if is_package else parts[:-1]
+    anchor = anchor[: len(anchor) - (node.level - 1)]
+    return ".".join([*anchor, *([node.module] if node.module else [])])
+
+
 def imports_in(source: str, module: str, is_package: bool = False) -> set[str]:
     """Every module named by an import statement in ``source`` (the source of ``module``).
 
@@ -107,13 +117,7 @@ def imports_in(source: str, module: str, is_package: bool = False) -> set[str]:
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = module.split(".")
-                anchor = parts if is_package else parts[:-1]
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join([*anchor, *([node.module] if node.module else [])])
-            else:
-                base = node.module or ""
+            base = _absolute(node, module, is_package)
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)
     return names
@@ -243,13 +247,7 @@ def imported_modules(source: str, module: str, is_package: bool = False) -> list
         if isinstance(node, ast.Import):
             found.extend((node.lineno, alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = module.split(".")
-                anchor = parts if is_package else parts[:-1]
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join([*anchor, *([node.module] if node.module else [])])
-            else:
-                base = node.module or ""
+            base = _absolute(node, module, is_package)
             if base == SERVER:  # the package only collects its parts: what comes is the part
                 found.extend((node.lineno, f"{base}.{alias.name}") for alias in node.names)
             else:

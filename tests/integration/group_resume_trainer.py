@@ -20,10 +20,10 @@ import json
 import math
 import os
 import sys
-import time
 
 from feedmux import RemoteError, Stream
 from feedmux.client.remote import RemoteLoader
+from tests.integration.trainers import wait_for_file
 
 #: The job's batch shape.
 BATCH_SIZE = 16
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
         try:
             for count, (meta, batch) in enumerate(stream.data(args.steps or math.inf), 1):
                 out.write(f"{meta.epoch} {' '.join(str(int(i)) for i in batch['id'])}\n")
-                if count == args.hold_after and not _wait_for_file(args.go_file):
+                if count == args.hold_after and not wait_for_file(args.go_file):
                     return 3
         except RemoteError as error:
             out.write(f"error: {error}\n")
@@ -64,16 +64,6 @@ def main(argv: list[str]) -> int:
                 json.dump(stream.state_dict(), file)
             os.replace(args.state + ".tmp", args.state)
     return 0
-
-
-def _wait_for_file(path: str) -> bool:
-    """Wait (60 s at most) until ``path`` exists: the test's go."""
-    deadline = time.monotonic() + 60
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)  # the poll interval of a bounded wait for the test's go
-    return True
 
 
 if __name__ == "__main__":

@@ -200,6 +200,18 @@ def records(path: Path) -> list[tuple[int, int]]:
             (line.split() for line in path.read_text().splitlines())]
 
 
+def assert_each_epoch_once(rows: list[tuple[int, int]], size: int, stderr: str,
+                           epochs: tuple[int, ...] = (1, 2)) -> None:
+    """Every id of ``range(size)`` exactly once in each of ``epochs`` of ``rows``
+    ``(epoch, id)``; else what was lost and what came twice, and the server's log."""
+    for epoch in epochs:
+        got = Counter(i for e, i in rows if e == epoch)
+        assert got == Counter(range(size)), (
+            f"epoch {epoch}: lost {sorted(set(range(size)) - set(got))[:30]}, twice "
+            f"{sorted(i for i, n in got.items() if n > 1)[:20]}; the server said:\n"
+            f"{stderr[-3000:]}")
+
+
 @pytest.mark.parametrize(("workers", "survivor_batch"), [("1", 0), ("2", 5), ("1", 8)])
 def test_a_killed_batched_trainers_rest_goes_to_the_others_exactly_once(
         serve: Callable[..., Spawned], tmp_path: Path, workers: str, survivor_batch: int) -> None:
@@ -223,12 +235,7 @@ def test_a_killed_batched_trainers_rest_goes_to_the_others_exactly_once(
     dead, alive = records(tmp_path / "doomed"), records(tmp_path / "survivor")
     assert len(dead) == 30 * 8
     assert server.wait(timeout=30) == 0
-    for epoch in (1, 2):
-        got = Counter(i for e, i in dead + alive if e == epoch)
-        assert got == Counter(range(2000)), (
-            f"epoch {epoch}: lost {sorted(set(range(2000)) - set(got))[:20]}, twice "
-            f"{sorted(i for i, n in got.items() if n > 1)[:20]}; the server said:\n"
-            f"{server.stderr[-3000:]}")
+    assert_each_epoch_once(dead + alive, 2000, server.stderr)
 
 
 def test_a_restarted_server_deals_again_what_a_batch_shape_held_when_the_old_one_died(
@@ -265,9 +272,4 @@ def test_a_restarted_server_deals_again_what_a_batch_shape_held_when_the_old_one
     finally:
         kill_remaining(trainers)
     rows = records(tmp_path / "batched") + records(tmp_path / "single")
-    for epoch in (1, 2):
-        got = Counter(i for e, i in rows if e == epoch)
-        assert got == Counter(range(400)), (
-            f"epoch {epoch}: lost {sorted(set(range(400)) - set(got))[:30]}, twice "
-            f"{sorted(i for i, n in got.items() if n > 1)[:20]}; the server said:\n"
-            f"{server.stderr[-3000:]}")
+    assert_each_epoch_once(rows, 400, server.stderr)

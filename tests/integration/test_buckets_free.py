@@ -34,6 +34,7 @@ from tests.integration.conftest import (
     kill_remaining,
     wait_until,
 )
+from tests.integration.test_batch_shapes import assert_each_epoch_once, records
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -184,11 +185,6 @@ def test_samples_without_the_field_are_that_loaders_error_and_the_other_gets_the
     assert server.join(30) == 0
 
 
-def records(path: Path) -> list[tuple[int, int]]:
-    return [(int(epoch), int(sample_id)) for epoch, sample_id in
-            (line.split() for line in path.read_text().splitlines())]
-
-
 @pytest.mark.parametrize("survivor", [["--batch-size", "3", "--bucket-by", "tokens"], []])
 def test_a_killed_bucketing_trainer_loses_nothing_the_others_get_its_rest(
         serve: Callable[..., Spawned], tmp_path: Path, survivor: list[str]) -> None:
@@ -211,12 +207,7 @@ def test_a_killed_bucketing_trainer_loses_nothing_the_others_get_its_rest(
     dead, rest = records(tmp_path / "doomed"), records(tmp_path / "survivor")
     assert 40 * 3 <= len(dead) <= 40 * 4
     assert server.wait(timeout=30) == 0, server.stderr
-    for epoch in (1, 2):
-        got = Counter(i for e, i in dead + rest if e == epoch)
-        assert got == Counter(range(1200)), (
-            f"epoch {epoch}: lost {sorted(set(range(1200)) - set(got))[:20]}, twice "
-            f"{sorted(i for i, n in got.items() if n > 1)[:20]}; the server said:\n"
-            f"{server.stderr[-3000:]}")
+    assert_each_epoch_once(dead + rest, 1200, server.stderr)
 
 
 def test_a_restarted_server_deals_again_what_a_bucketing_trainers_window_held(
@@ -253,12 +244,7 @@ def test_a_restarted_server_deals_again_what_a_bucketing_trainers_window_held(
     finally:
         kill_remaining(trainers)
     rows = records(tmp_path / "bucketed") + records(tmp_path / "single")
-    for epoch in (1, 2):
-        got = Counter(i for e, i in rows if e == epoch)
-        assert got == Counter(range(400)), (
-            f"epoch {epoch}: lost {sorted(set(range(400)) - set(got))[:30]}, twice "
-            f"{sorted(i for i, n in got.items() if n > 1)[:20]}; the server said:\n"
-            f"{server.stderr[-3000:]}")
+    assert_each_epoch_once(rows, 400, server.stderr)
 
 
 def test_a_server_killed_while_a_bucketing_trainer_reads_loses_nothing_on_restart(

@@ -19,7 +19,7 @@ import pytest
 
 from feedmux import RemoteError, Stream
 from feedmux.client.remote import RemoteLoader, fetch_stats
-from tests.integration.conftest import ROOT, Spawned, wait_until
+from tests.integration.conftest import ROOT, Spawned, kill_remaining, wait_until
 
 SAMPLER = "tests.integration.samplers:numbered"
 #: 4 streams x 50 samples: ids 0 .. 199 once per epoch.
@@ -57,10 +57,7 @@ class Trainers:
                 (line.split() for line in path.read_text().splitlines() if line.strip())]
 
     def close(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.kill()
-            process.wait(timeout=10)
+        kill_remaining(list(self.processes.values()))
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ import pytest
 
 from feedmux import Server
 from feedmux.client.remote import fetch_stats
-from tests.integration.conftest import ROOT, wait_until
+from tests.integration.conftest import ROOT, kill_remaining, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -83,10 +83,7 @@ class Processes:
                 for epoch, ids in (line.split(" ", 1) for line in self.lines(name))]
 
     def close(self) -> None:
-        for process in self.running.values():
-            if process.poll() is None:
-                process.kill()
-            process.wait(timeout=10)
+        kill_remaining(list(self.running.values()))
 
 
 @pytest.fixture

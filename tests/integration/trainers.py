@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.acks_late_ms:
         _hold_acks_back(args.acks_late_ms / 1000)
-    if args.start_file and not _wait_for_file(args.start_file):
+    if args.start_file and not wait_for_file(args.start_file):
         return 3
     views = SharedViews()
     hwm = {"hwm": args.hwm} if args.hwm else {}
@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
                 meta = SampleMeta(meta.epoch, int(meta.positions[-1]), meta.server_id)
                 if count == args.die_after:
                     return _die(out, loader, meta, args.abrupt)
-                if count == args.hold_after and not _wait_for_file(args.go_file):
+                if count == args.hold_after and not wait_for_file(args.go_file):
                     return 3
                 continue
             position = f" {meta.position}" if args.rank is not None else ""
@@ -99,7 +99,7 @@ def main(argv: list[str]) -> int:
             out.write(f"{meta.epoch} {int(sample['id'])}{position}\n")
             if args.views_out and "x" in sample:
                 views.count(sample["x"])
-            if count == args.hold_after and not _wait_for_file(args.go_file):
+            if count == args.hold_after and not wait_for_file(args.go_file):
                 return 3
             if args.step_ms:
                 time.sleep(args.step_ms / 1000)
@@ -152,7 +152,7 @@ def _die(out: Any, loader: RemoteLoader, meta: SampleMeta, abrupt: bool) -> int:
     return 0
 
 
-def _wait_for_file(path: str) -> bool:
+def wait_for_file(path: str) -> bool:
     """Wait (60 s at most) until ``path`` exists: the test's go."""
     deadline = time.monotonic() + 60
     while not os.path.exists(path):
