@@ -21,9 +21,11 @@ With the shared-memory pool a message's large arrays are placed once as it enter
 the buffer, for a member of each free group to hold a claim on the same runs (the
 carrier's :meth:`~feedmux.server._delivery.carrier.Carrier.share`; the buffer gives
 the placement back as the message leaves), and a ranked group's shares are placed as
-they are dealt. A fan-out may start mid-run (the first trainer asking for a group on
-a server that had none): the free trainers served until then are the group
-``default`` and go on with the next message. Membership comes from the control
+they are dealt. Every server that is not one ranked job's sends through a fan-out,
+opened as sampling starts (:mod:`feedmux.server._delivery.paths`): its free trainers
+without ``group=`` are the group ``default``, and those there at the start read the
+stream from its first message; a named group is one more cursor, whenever its first
+trainer comes. Membership comes from the control
 core's trainer registry (each trainer's hello names its group and rank); this module
 must never decide anything about trainers (but that a given-up group's are gone,
 which the core then forgets) or the end of the stream, and never keeps frames beyond
@@ -118,7 +120,7 @@ class _RankedGroup:
 
     def deal(self, message: BufferedMessage) -> None:
         """Deal the group's next buffered message (an epoch change first ends the last one)."""
-        decoded = decode(list(self.carrier.whole(message.frames)))
+        decoded = decode(list(self.carrier.decodable(message.frames)))
         assert isinstance(decoded, Data)
         if message.epoch != self.epoch:
             self.finish_epoch()
@@ -163,9 +165,8 @@ class GroupFanout:
                  stopping: Callable[[], bool], deliver: Callable[[Sends], None]) -> None:
         self.buffer = GroupBuffer(*config.group_limits, config.join, config.group_timeout,
                                   lambda message: dealer.carrier.unshare(message.placed))
-        # Started mid-run: the stream goes on, and the free trainers served so far with it.
-        self.buffer.continue_stream(core.epoch, core.epoch > core.epochs_completed)
-        #: The group served before the buffer existed (it joins with the next message).
+        #: The free trainers without a group that were there as sampling started: the
+        #: group ``default`` reads the stream from its first message.
         self._continuing = DEFAULT_GROUP if any(
             trainer.group == DEFAULT_GROUP for trainer in core.trainers.values()) else None
         self.dealer = dealer
@@ -185,11 +186,12 @@ class GroupFanout:
         self._last_lagging: str | None = None
 
     # -- the sampler's side -----------------------------------------------------------------
-    def send(self, frames: Frames, n_samples: int, epoch: int) -> bool:
+    def send(self, frames: Frames, n_samples: int, epoch: int, rank: int = -1) -> bool:
         """Buffer one message and deliver what the groups can take; False when stopping.
 
         Waits (serving control) while the buffer is full, and while no group
-        exists at all (nobody would receive the message).
+        exists at all (nobody would receive the message). ``rank`` is -1: the
+        groups' ranks are dealt here, from the buffer.
         """
         buffer = self.buffer
         # With room in the buffer, one pump after the append does all the sends: pumping
@@ -439,7 +441,7 @@ class GroupFanout:
         if self.dealer.offer(message.frames, message.placed, self._audience(name)) is not None:
             return False
         self.buffer.delivered(name)
-        self.dealer.outbox.bytes_sent += message.nbytes
+        self.dealer.outbox.count_bytes(message.nbytes)
         self.core.data_sent(message.n_samples, message.epoch)
         return True
 

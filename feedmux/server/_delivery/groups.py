@@ -261,9 +261,24 @@ class GroupBuffer:
             group.empty_since = now
 
     def expire(self, now: float) -> list[str]:
-        """Drop the groups whose members have all been gone for ``group_timeout`` seconds."""
+        """Drop the groups whose members have all been gone for ``group_timeout`` seconds,
+        while another group reads on: a group is dropped so that it holds the others back
+        no longer. With none left to read, dropping would only let go of what its members
+        (or who comes back to it: the free trainers of a server, the group ``default``)
+        have yet to get, so the last groups stay, however long they wait.
+
+        >>> buffer = GroupBuffer(max_messages=4, group_timeout=1.0)
+        >>> _ = buffer.join("a", now=0.0); buffer.set_members("a", 0, now=0.0)
+        >>> buffer.expire(now=5.0)  # alone: kept
+        []
+        >>> _ = buffer.join("b", now=5.0); buffer.set_members("b", 1, now=5.0)
+        >>> buffer.expire(now=5.0)  # "b" reads: "a" holds it back no longer
+        ['a']
+        """
         gone = [name for name, group in self.groups.items()
                 if group.empty_since is not None and now - group.empty_since >= self.group_timeout]
+        if len(gone) == len(self.groups):
+            return []
         for name in gone:
             self.drop(name)
         return gone
