@@ -106,14 +106,6 @@ def test_a_late_group_starts_at_the_oldest_epoch_the_buffer_still_holds_whole() 
     assert _drain(early, "late") == ["e1-0", "e1-1"]
 
 
-def test_a_buffer_started_mid_epoch_holds_no_whole_epoch_of_it() -> None:
-    buffer = GroupBuffer(max_messages=100)
-    buffer.continue_stream(3, epoch_open=True)
-    buffer.join("a", now=0.0, at_once=True)
-    buffer.append(["e3-7"], n_samples=1, epoch=3, nbytes=1)
-    assert buffer.join("late", now=0.0).start_epoch == 4
-
-
 def test_the_groups_still_waiting_for_their_first_epoch_are_named() -> None:
     buffer = GroupBuffer(max_messages=100)
     buffer.join("a", now=0.0)
@@ -487,19 +479,6 @@ def test_a_group_given_up_has_its_trainers_told_and_forgotten() -> None:
     # Its loader beats before it reads the error: it does not join ddp as a free trainer.
     [(_, answer)] = core.receive(b"r0", Heartbeat("r0", group="ddp"), now=now)
     assert isinstance(answer, Welcome) and list(core.trainers) == [b"e"]
-
-
-def test_a_buffer_started_mid_epoch_keeps_the_join_rule_for_newcomers() -> None:
-    buffer = GroupBuffer(max_messages=8)
-    buffer.continue_stream(epoch=3, epoch_open=True)
-    buffer.join(DEFAULT_GROUP, now=0.0, at_once=True)  # served before: goes on at once
-    buffer.join("late", now=0.0)  # mid-epoch 3: waits for epoch 4
-    buffer.append(["m"], n_samples=1, epoch=3, nbytes=1)
-    assert buffer.next_for(DEFAULT_GROUP) is not None and buffer.next_for("late") is None
-    assert buffer.groups["late"].start_epoch == 4
-    buffer.epoch_finished(3)
-    buffer.append(["n"], n_samples=1, epoch=4, nbytes=1)
-    assert buffer.next_for("late").frames == ["n"]  # type: ignore[union-attr]
 
 
 def test_a_ranked_group_is_overdue_only_after_the_rank_timeout_without_a_rank() -> None:

@@ -171,15 +171,10 @@ class GroupBuffer:
         """Whether every message of ``epoch`` is in the buffer (or has passed through it)."""
         return epoch < self._last_epoch or (epoch == self._last_epoch and not self._epoch_open)
 
-    def continue_stream(self, epoch: int, epoch_open: bool) -> None:
-        """The stream is already under way (a buffer started mid-run): its last message
-        was of ``epoch``, and more of it may come (``epoch_open``)."""
-        self._last_epoch, self._epoch_open = epoch, epoch_open
-
     # -- the groups -------------------------------------------------------------------------
     def join(self, name: str, now: float, at_once: bool = False) -> GroupState:
         """The group ``name`` (created if new: it starts as the join mode says, or with the
-        next message ``at_once``: a group that was served before the buffer existed)."""
+        next message ``at_once``: the free trainers there as sampling started)."""
         group = self.groups.get(name)
         if group is not None:
             return group
