@@ -355,7 +355,9 @@ class SocketShell:
         self._repeat_last_word()
 
     def fail(self, error: BaseException | Error) -> None:
-        """Tell every trainer about ``error``, and whoever speaks in the next moments."""
+        """Tell every trainer about ``error``, and whoever speaks in the next moments; what
+        the send path held for them is let go (its runs of the pool back)."""
+        self.path.abandon()
         self.deliver(self.core.fail(error, time.monotonic()))
         self._repeat_last_word()
 

@@ -455,6 +455,14 @@ class GroupFanout:
         log.info("group %s lags: %d message(s) behind, holding the sampler back", lagging,
                  self.buffer.behind(lagging))
 
+    def abandon(self) -> None:
+        """The stream ends here: every buffered message and ranked share leaves unsent
+        (its placement in the pool given back)."""
+        for group in self._ranked.values():
+            group.close()
+        self._ranked.clear()
+        self.buffer.clear()
+
     def stats(self) -> dict[str, int | str | None]:
         figures = self.buffer.stats()
         for name, group in self._ranked.items():

@@ -283,6 +283,18 @@ class GroupBuffer:
         del self.groups[name]
         self._trim()
 
+    def clear(self) -> None:
+        """Nothing more is sent: every group has passed every message, which leaves.
+
+        >>> buffer = GroupBuffer(max_messages=4, on_leave=lambda message: print(message.frames))
+        >>> _ = buffer.join("a", now=0.0); buffer.append(["m"], n_samples=1, epoch=1, nbytes=1)
+        >>> buffer.clear()
+        ['m']
+        """
+        for group in self.groups.values():
+            group.cursor = self.end
+        self._trim()
+
     def lagging(self) -> str | None:
         """The active group furthest behind (None when no group has a message pending)."""
         behind = [(group.cursor, name) for name, group in self.groups.items()

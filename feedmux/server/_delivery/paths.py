@@ -65,6 +65,10 @@ class SendPath(Protocol):
     def stats(self) -> dict[str, int | str | None]:
         """The path's own figures for the server's statistics."""
 
+    def abandon(self) -> None:
+        """The stream ends here (the server failed): let go of every message the path
+        holds that is not sent yet (their runs of the pool back)."""
+
 
 class _NotOpen:
     """The path before sampling starts: no message is sent yet, no rank has a rest."""
@@ -92,6 +96,9 @@ class _NotOpen:
 
     def stats(self) -> dict[str, int | str | None]:
         return {}
+
+    def abandon(self) -> None:
+        pass
 
 
 #: The send path of a server that has not started sampling.
@@ -144,3 +151,6 @@ class RankedJob:
 
     def stats(self) -> dict[str, int | str | None]:
         return {}
+
+    def abandon(self) -> None:
+        pass  # each message went as it came; the ranks' ledger is the core's
