@@ -148,8 +148,11 @@ class SocketShell:
                                  lambda: list(core.ranks.holders), self.dealer.rank_sender)
             return RankedJob(self.dealer, ranks, core.data_sent, lambda: core.retention.held(),
                              self.outbox.count_bytes)
+        # A run resumed from free trainers that outlived the previous server: what one
+        # reports in a hello after sampling began is kept out as it is dealt.
+        unreported = core.handed.fresh if core.handed.start is not None else None
         fanout = GroupFanout(self.config, self.dealer, core, lambda: bool(self.stopping),
-                             self.deliver)
+                             self.deliver, unreported)
         # A ranked group resuming from a checkpoint needs its epoch whole from the buffer.
         core.oldest_whole = lambda: fanout.buffer.oldest_whole
         return fanout

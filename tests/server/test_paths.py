@@ -92,10 +92,15 @@ def test_a_ranked_job_has_a_path_of_its_own() -> None:
 def test_the_free_trainers_group_is_kept_while_nobody_reads() -> None:
     timeout = 0.2
     # The free trainers' group is the only one: dropping it for want of members would let
-    # go of what the next free trainer must get. The stream has 200 samples an epoch.
-    with _serving(group_timeout=timeout, epochs=1) as server:
+    # go of what the next free trainer must get. The stream has 200 samples an epoch, all
+    # sampled into the buffer at once: the end of sampling waits for the free trainers past
+    # the drain timeout too (a DataLoader's next pass may come seconds later; the chaos
+    # test's seed 2 found its last epoch short by 185 samples when it did not).
+    # The first trainer holds a message or two (hwm=1): the rest waits in the buffer.
+    with _serving(group_timeout=timeout, drain_timeout=timeout, epochs=1,
+                  samples_per_message=4) as server:
         with RemoteLoader(server.data_address, control=server.control_address,
-                          timeout=BOUND) as first:
+                          timeout=BOUND, hwm=1) as first:
             seen = _take(first, 50)
         time.sleep(5 * timeout)  # what the rule is about: longer than the group timeout
         with RemoteLoader(server.data_address, control=server.control_address,

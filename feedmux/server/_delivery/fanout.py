@@ -40,9 +40,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
+import numpy as np
+
 from feedmux._plumbing.shm import Placement, carried_bytes, is_ref
 from feedmux._plumbing.shmtable import SENT
-from feedmux.protocol import Data, Error, decode
+from feedmux.protocol import Data, Error, decode, encode, read_tags
 from feedmux.server._delivery.batches import Batches
 from feedmux.server._delivery.carrier import Carrier
 from feedmux.server._delivery.dealer import Dealer, FreeAudience, RankAudience
@@ -83,6 +85,10 @@ def _nbytes(frames: Frames) -> int:
 #: further message from the buffer (the buffer, not these queues, absorbs a slow group).
 RANK_BACKLOG = 2
 
+
+#: ``unreported(epoch, positions)``: which of an epoch's positions nobody reported handed
+#: out (a bool mask), or None: all of them.
+Unreported = Callable[[int, np.ndarray], "np.ndarray | None"]
 
 #: A rank's encoded share: frames, samples, epoch, and its placement in the pool (or None).
 _Share = tuple[Frames, int, int, Placement | None]
@@ -162,7 +168,8 @@ class GroupFanout:
     """
 
     def __init__(self, config: ServerConfig, dealer: Dealer, core: FanoutControl,
-                 stopping: Callable[[], bool], deliver: Callable[[Sends], None]) -> None:
+                 stopping: Callable[[], bool], deliver: Callable[[Sends], None],
+                 unreported: Unreported | None = None) -> None:
         self.buffer = GroupBuffer(*config.group_limits, config.join, config.group_timeout,
                                   lambda message: dealer.carrier.unshare(message.placed))
         #: The free trainers without a group that were there as sampling started: the
@@ -171,6 +178,11 @@ class GroupFanout:
             trainer.group == DEFAULT_GROUP for trainer in core.trainers.values()) else None
         self.dealer = dealer
         self.core = core
+        #: A run resumed from the free trainers that outlived the previous server: which
+        #: positions of an epoch nobody reported handed out (the sampler drops what the
+        #: hellos before sampling reported; a later hello's are dropped here, at the
+        #: dealing, for the group default). None: a run that started afresh.
+        self.unreported = unreported
         self.stopping = stopping
         self.deliver = deliver
         self.rank_timeout = config.rank_timeout
@@ -219,16 +231,26 @@ class GroupFanout:
         self.buffer.epoch_finished(epoch)
 
     def flush(self, deadline: float) -> bool:
-        """Deliver every buffered message to every group (until ``deadline``); True if done.
+        """Deliver every buffered message to every group; True if done.
 
-        A group that has received nothing by the end joined past the stream's
-        last whole epoch: it gets the end of the stream, and the log says why.
+        A named group is waited for until ``deadline``. The group ``default`` (the
+        free trainers without a group) is waited for as long as its samples take,
+        as the sampler waited for a free trainer before any group had a buffer: the
+        sampler runs ahead of it by the buffer, so the end of sampling says nothing
+        of how far its trainers got (a DataLoader's next pass may start seconds
+        later). A group that has received nothing by the end joined past the
+        stream's last whole epoch: it gets the end of the stream, and the log says
+        why.
         """
+        buffer = self.buffer
         try:
-            while not self.stopping() and time.monotonic() < deadline:
+            while not self.stopping():
                 self.pump()
-                if self.buffer.drained and all(group.empty for group in self._ranked.values()):
+                if buffer.drained and all(group.empty for group in self._ranked.values()):
                     return True
+                if time.monotonic() >= deadline and not (
+                        DEFAULT_GROUP in buffer.groups and buffer.behind(DEFAULT_GROUP)):
+                    break
                 self._log_lag()
                 self._wait()
         finally:
@@ -437,13 +459,38 @@ class GroupFanout:
 
     def _deliver(self, name: str, message: BufferedMessage) -> bool:
         """Send ``message`` to the next member of ``name`` with room; False if none has."""
+        frames, placed, n_samples = message.frames, message.placed, message.n_samples
+        if self.unreported is not None and name == DEFAULT_GROUP:
+            frames, placed, n_samples = self._unreported(message)
+            if not n_samples:  # every sample of it was handed out before the restart
+                self.buffer.delivered(name)
+                return True
         # Full, or not connected (yet, or any more): the next one.
-        if self.dealer.offer(message.frames, message.placed, self._audience(name)) is not None:
+        if self.dealer.offer(frames, placed, self._audience(name)) is not None:
             return False
         self.buffer.delivered(name)
         self.dealer.outbox.count_bytes(message.nbytes)
-        self.core.data_sent(message.n_samples, message.epoch)
+        self.core.data_sent(n_samples, message.epoch)
         return True
+
+    def _unreported(self, message: BufferedMessage) -> tuple[Frames, Placement | None, int]:
+        """``message`` less what free trainers that outlived the previous server reported
+        handed out in hellos that came after sampling began (the sampler drew past
+        their positions into the buffer): its frames, placement and samples as they
+        are, or re-encoded with the rows nobody handed out (none: 0 samples)."""
+        assert self.unreported is not None
+        tags = read_tags(list(message.frames))
+        kept = self.unreported(int(tags[0, 0]), tags[:, 1])
+        if kept is None or kept.all():
+            return message.frames, message.placed, message.n_samples
+        rows = np.flatnonzero(kept).tolist()
+        if not rows:
+            return [], None, 0
+        decoded = decode(list(self.dealer.carrier.decodable(message.frames)))
+        assert isinstance(decoded, Data)
+        frames = encode(Data(tags[rows], [decoded.samples[row] for row in rows],
+                             self.server_id))
+        return list(frames), None, len(rows)
 
     def _log_lag(self) -> None:
         now = time.monotonic()
