@@ -78,10 +78,8 @@ CONTROL_INBOUND_FRAME_BYTES = 64 * 1024
 #: limit, what one connection can park in libzmq (64 MiB at most; a loader's own messages
 #: are a few hundred bytes but its hellos). A loader's acknowledging
 #: thread sends up to 200 a second while the server may be busy in a slow streamer: a
-#: queue that fills stops libzmq reading that connection, and the trainer's ZMTP
-#: heartbeats then drop it after a few seconds (the server sends no pings of its own:
-#: libzmq 4.3.5 can abort on one, see ``SocketShell``), so this leaves about five
-#: seconds of room.
+#: queue that fills stops libzmq reading that connection, and ZMTP heartbeats then
+#: drop it after a few seconds, so this leaves about five seconds of room.
 CONTROL_RCVHWM = 1024
 #: Largest frame the server's data socket accepts: trainers send only credit and
 #: acknowledgements there, each well under a KiB.
@@ -181,8 +179,7 @@ def make_socket(
     queue fills up (a data socket under back-pressure, a trainer in a long
     step that reads nothing) libzmq 4.3 stops reading the connection, misses
     the peer's pings, drops a healthy connection with its queued messages, and
-    can then abort on an assertion (``_input_stopped``, libzmq issue 3937; or
-    ``!_io_error`` at its next ping once the peer has gone, issue 4364).
+    can then abort on an assertion (``_input_stopped``, libzmq issue 3937).
     A trainer's sockets with heartbeats therefore take ``rcvhwm=UNLIMITED``
     (the default is ``hwm``), each bounded instead by what its server sends
     unasked (credit, answers, a heartbeat a second). Every socket gets TCP

@@ -171,16 +171,9 @@ class SocketShell:
             security = ServerCurve(config.curve_secret, config.curve_clients)
             self.authenticator = security.start(self.context)
         self.data = _data_socket(self.context, config, security)
-        # No ZMTP pings of its own: its receive queue is bounded (CONTROL_RCVHWM), and
-        # libzmq 4.3.5 aborts the process (``Assertion failed: !_io_error``,
-        # stream_engine_base.cpp:310) when a ping falls on a connection that had stopped
-        # reading (its queue full, the socket closing with linger, a handover) and whose
-        # peer has gone since (libzmq issue 4364, unfixed in its master). It still answers
-        # the trainers' pings, and drops a connection whose trainer's pings stop for the
-        # TTL they carry (3 s): a frozen or vanished trainer is let go of as before.
         self.control = make_socket(
             self.context, zmq.ROUTER, hwm=1000, max_message_bytes=CONTROL_INBOUND_FRAME_BYTES,
-            heartbeats=False, security=security,
+            security=security,
         )
         self.control.rcvhwm = CONTROL_RCVHWM
         self.control.setsockopt(zmq.ROUTER_MANDATORY, 1)
