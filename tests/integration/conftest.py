@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -357,3 +358,20 @@ class CheckedThread:
         if self._error is not None:
             raise self._error
         return self.result
+
+
+def records(path: Path) -> list[tuple[int, int]]:
+    return [(int(epoch), int(sample_id)) for epoch, sample_id in
+            (line.split() for line in path.read_text().splitlines())]
+
+
+def assert_each_epoch_once(rows: list[tuple[int, int]], size: int, stderr: str,
+                           epochs: tuple[int, ...] = (1, 2)) -> None:
+    """Every id of ``range(size)`` exactly once in each of ``epochs`` of ``rows``
+    ``(epoch, id)``; else what was lost and what came twice, and the server's log."""
+    for epoch in epochs:
+        got = Counter(i for e, i in rows if e == epoch)
+        assert got == Counter(range(size)), (
+            f"epoch {epoch}: lost {sorted(set(range(size)) - set(got))[:30]}, twice "
+            f"{sorted(i for i, n in got.items() if n > 1)[:20]}; the server said:\n"
+            f"{stderr[-3000:]}")

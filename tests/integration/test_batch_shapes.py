@@ -30,8 +30,10 @@ from tests.integration.conftest import (
     CheckedThread,
     Endpoints,
     Spawned,
+    assert_each_epoch_once,
     first_error,
     kill_remaining,
+    records,
     wait_until,
 )
 
@@ -193,23 +195,6 @@ def test_an_unbuildable_batch_is_that_trainers_error_and_the_other_gets_every_sa
     assert "bucket_by=" in said and "pad=True" in said
     assert sorted(outcomes["single"]) == list(range(64)), outcomes["single"]
     assert server.wait(timeout=60) == 0, server.stderr
-
-
-def records(path: Path) -> list[tuple[int, int]]:
-    return [(int(epoch), int(sample_id)) for epoch, sample_id in
-            (line.split() for line in path.read_text().splitlines())]
-
-
-def assert_each_epoch_once(rows: list[tuple[int, int]], size: int, stderr: str,
-                           epochs: tuple[int, ...] = (1, 2)) -> None:
-    """Every id of ``range(size)`` exactly once in each of ``epochs`` of ``rows``
-    ``(epoch, id)``; else what was lost and what came twice, and the server's log."""
-    for epoch in epochs:
-        got = Counter(i for e, i in rows if e == epoch)
-        assert got == Counter(range(size)), (
-            f"epoch {epoch}: lost {sorted(set(range(size)) - set(got))[:30]}, twice "
-            f"{sorted(i for i, n in got.items() if n > 1)[:20]}; the server said:\n"
-            f"{stderr[-3000:]}")
 
 
 @pytest.mark.parametrize(("workers", "survivor_batch"), [("1", 0), ("2", 5), ("1", 8)])

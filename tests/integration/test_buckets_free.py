@@ -30,11 +30,12 @@ from tests.integration.conftest import (
     CheckedThread,
     Endpoints,
     Spawned,
+    assert_each_epoch_once,
     first_error,
     kill_remaining,
+    records,
     wait_until,
 )
-from tests.integration.test_batch_shapes import assert_each_epoch_once, records
 
 pytestmark = pytest.mark.timeout(180)
 
