@@ -52,17 +52,19 @@ def started(**options: Any) -> Server:
 
 
 class Processes:
-    """Trainer processes, each killed by pid at the end of the test."""
+    """Trainer processes, each killed by pid at the end of the test; each one's stderr is
+    kept in a file beside its record, for a failure to show."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.running: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, server: Server, name: str, module: str, *args: str) -> None:
-        self.running[name] = subprocess.Popen(
-            [sys.executable, "-m", module, server.data_address, server.control_address,
-             str(self.folder / name), *args],
-            env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+        with open(self.folder / f"{name}.stderr", "wb") as stderr:
+            self.running[name] = subprocess.Popen(
+                [sys.executable, "-m", module, server.data_address, server.control_address,
+                 str(self.folder / name), *args],
+                env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, stderr=stderr)
 
     def rank(self, server: Server, name: str, rank: int, *args: str) -> None:
         self.start(server, name, "tests.integration.group_resume_trainer", "--group",
@@ -73,6 +75,19 @@ class Processes:
 
     def wait(self, name: str, timeout: float = 120) -> int:
         return self.running[name].wait(timeout=timeout)
+
+    def assert_exits(self, codes: dict[str, int]) -> None:
+        """Wait for each named trainer; fail with the last lines of the record and of the
+        stderr of each that exited with another code than the one given."""
+        exits = {name: self.wait(name) for name in codes}
+        wrong = [name for name in codes if exits[name] != codes[name]]
+        assert not wrong, f"expected exit codes {codes}, got {exits}\n" + "\n".join(
+            f"{name}'s record ends: {self.lines(name)[-3:]}\n{name}'s stderr ends:\n"
+            f"{self.stderr(name)[-2000:]}" for name in wrong)
+
+    def stderr(self, name: str) -> str:
+        path = self.folder / f"{name}.stderr"
+        return path.read_text(errors="replace") if path.exists() else ""
 
     def lines(self, name: str) -> list[str]:
         path = self.folder / name
@@ -102,8 +117,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> list[list[Batch]]
         for rank in range(2):
             run.rank(server, f"whole{rank}", rank)
         run.evaluation(server)
-        assert [run.wait(f"whole{rank}") for rank in range(2)] == [0, 0]
-        assert run.wait("eval") == 0
+        run.assert_exits({"whole0": 0, "whole1": 0, "eval": 0})
         return [run.batches(f"whole{rank}") for rank in range(2)]
     finally:
         run.close()
@@ -124,7 +138,7 @@ def checkpointed(processes: Processes, server: Server, tmp_path: Path) -> list[l
     for rank in range(2):
         processes.rank(server, f"first{rank}", rank, "--steps", str(STEPS), "--state",
                        str(tmp_path / f"state{rank}.json"))
-    assert [processes.wait(f"first{rank}") for rank in range(2)] == [0, 0]
+    processes.assert_exits({"first0": 0, "first1": 0})
     first = [processes.batches(f"first{rank}") for rank in range(2)]
     assert all(len(batches) == STEPS and batches[-1][0] == 2 for batches in first), (
         "expected each rank's checkpoint in epoch 2")
@@ -150,11 +164,11 @@ def test_a_ranked_group_resumes_on_its_server_while_the_evaluation_group_reads(
         wait_until(lambda: len(processes.lines("resumed0")) > 0, timeout=60,
                    what="the resumed job's first batch")
         go.touch()  # the evaluation job reads on, beside the resumed job
-        assert [processes.wait(f"resumed{rank}") for rank in range(2)] == [0, 0]
+        processes.assert_exits({"resumed0": 0, "resumed1": 0})
         for rank in range(2):
             assert first[rank] + processes.batches(f"resumed{rank}") == uninterrupted[rank], (
                 f"rank {rank}: the resumed run is not the uninterrupted one")
-        assert processes.wait("eval") == 0
+        processes.assert_exits({"eval": 0})
         assert per_epoch(processes.lines("eval")) == {
             epoch: Counter(range(EPOCH)) for epoch in range(1, EPOCHS + 1)}
     finally:
@@ -183,11 +197,11 @@ def test_a_ranked_group_resumes_on_a_new_server_with_the_same_seed(
         wait_until(lambda: fetch_stats(server.control_address, timeout=5).get(
             "connected_trainers") == 3, timeout=60, what="the evaluation job's trainer")
         go.touch()
-        assert [processes.wait(f"resumed{rank}") for rank in range(2)] == [0, 0]
+        processes.assert_exits({"resumed0": 0, "resumed1": 0})
         for rank in range(2):
             assert first[rank] + processes.batches(f"resumed{rank}") == uninterrupted[rank], (
                 f"rank {rank}: the resumed run is not the uninterrupted one")
-        assert processes.wait("eval") == 0
+        processes.assert_exits({"eval": 0})
         seen = per_epoch(processes.lines("eval"))  # nothing, if it came after the last epoch
         assert min(seen, default=2) >= 2, f"the new server sampled epochs {sorted(seen)}"
         assert all(ids == Counter(range(EPOCH)) for ids in seen.values())
@@ -207,7 +221,7 @@ def test_a_ranked_group_whose_epoch_the_stream_dropped_is_refused_with_the_reaso
         wait_until(lambda: len(processes.lines("eval")) >= 2 * EPOCH + 20, timeout=90,
                    what="the evaluation job in epoch 3")
         resume(processes, server, tmp_path)
-        assert [processes.wait(f"resumed{rank}") for rank in range(2)] == [6, 6]
+        processes.assert_exits({"resumed0": 6, "resumed1": 6})
         for rank in range(2):
             [said] = processes.lines(f"resumed{rank}")  # nothing was dealt to it
             assert "group 'train' resumes from a checkpoint at epoch 2" in said
@@ -215,7 +229,7 @@ def test_a_ranked_group_whose_epoch_the_stream_dropped_is_refused_with_the_reaso
             assert "the oldest epoch it can give whole is" in said
             assert ("resume the job on a server of its own (no group=), started with the "
                     "same --seed") in said
-        assert processes.wait("eval") == 0  # the other group is not disturbed
+        processes.assert_exits({"eval": 0})  # the other group is not disturbed
         assert per_epoch(processes.lines("eval")) == {
             epoch: Counter(range(EPOCH)) for epoch in range(1, 6)}
     finally:
