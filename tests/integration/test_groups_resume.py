@@ -30,6 +30,7 @@ import pytest
 from feedmux import Server
 from feedmux.client.remote import fetch_stats
 from tests.integration.conftest import ROOT, kill_remaining, wait_until
+from tests.integration.trainers import GO_TIMEOUT
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -153,7 +154,12 @@ def resume(processes: Processes, server: Server, tmp_path: Path, *args: str) -> 
 
 def test_a_ranked_group_resumes_on_its_server_while_the_evaluation_group_reads(
         processes: Processes, uninterrupted: list[list[Batch]], tmp_path: Path) -> None:
-    server = started()
+    # The evaluation job holds silent (a free loader says nothing while it is not read):
+    # its group has no live member after 3 s, and with the default --group-timeout (10 s)
+    # it was dropped, and the buffer's epoch 2 with it, whenever the first run and the
+    # resumed ranks' start took longer (under load), and the resumed ranks were refused.
+    # The hold is bounded by the trainer's wait for its go; the group outlives that bound.
+    server = started(group_timeout=2 * GO_TIMEOUT)
     try:
         # The evaluation job holds after 20 samples of epoch 1 (its loader takes 2
         # messages ahead at most): the buffer keeps epoch 2 from its first message.

@@ -152,9 +152,13 @@ def _die(out: Any, loader: RemoteLoader, meta: SampleMeta, abrupt: bool) -> int:
     return 0
 
 
+#: Seconds a trainer waits for the test's go at most (:func:`wait_for_file`).
+GO_TIMEOUT = 60.0
+
+
 def wait_for_file(path: str) -> bool:
-    """Wait (60 s at most) until ``path`` exists: the test's go."""
-    deadline = time.monotonic() + 60
+    """Wait (:data:`GO_TIMEOUT` s at most) until ``path`` exists: the test's go."""
+    deadline = time.monotonic() + GO_TIMEOUT
     while not os.path.exists(path):
         if time.monotonic() > deadline:
             return False
