@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import warnings
 
 import pytest
 
@@ -83,3 +84,16 @@ def test_keygen_into_an_unwritable_place_is_one_line(
     assert main(["keygen", "/proc/feedmux-no-such-place"]) == 1
     error = capsys.readouterr().err
     assert error.startswith("feedmux keygen: error: ") and "Traceback" not in error
+
+
+def test_reliable_is_one_warning_line_saying_it_does_nothing(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # The server's options are refused after the flag was read: nothing is served here.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the line says it; no DeprecationWarning on top
+        assert main(["serve", "m:a", "--reliable", "--group-buffer", "lots"]) == 2
+    said = capsys.readouterr().err.splitlines()
+    assert said[0].startswith("feedmux serve: warning: --reliable is deprecated and does "
+                              "nothing: every free trainer gets every sample of an epoch "
+                              "exactly once by default")
+    assert [line for line in said if "warning" in line] == said[:1]

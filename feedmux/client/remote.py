@@ -70,10 +70,10 @@ log = logging.getLogger("feedmux.client")
 
 #: Said to a loader given ``reliable=`` (a DeprecationWarning).
 RELIABLE_IS_DEFAULT = (
-    "RemoteLoader(reliable=...) is deprecated and does nothing: every loader now grants "
-    "credit and acknowledges what it handed out, by default (what reliable=True did), so "
-    "what a trainer that leaves, closes, dies or hangs had not handed out goes to the "
-    "others; drop the argument")
+    "RemoteLoader(reliable=...) is deprecated and does nothing: every free trainer gets "
+    "every sample of an epoch exactly once by default (its loader grants credit and "
+    "acknowledges what it handed out, what reliable=True did), so what a trainer that "
+    "leaves, closes, dies or hangs had not handed out goes to the others; drop the argument")
 
 #: A data message larger than this is refused by ZeroMQ before it reaches Python.
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30

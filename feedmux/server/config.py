@@ -18,6 +18,7 @@ its workers only read it.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
 import re
@@ -25,7 +26,7 @@ import uuid
 import warnings
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 from feedmux._plumbing.shm import DEFAULT_SHM_SIZE
 from feedmux._plumbing.sockets import DEFAULT_BIND, DEFAULT_HWM, control_address_for
@@ -44,10 +45,10 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: Said (a DeprecationWarning; the CLI's warning line) to a server given ``reliable`` /
 #: ``--reliable``: the one free delivery does what it asked for, whatever its value.
 RELIABLE_IS_DEFAULT = (
-    "reliable is deprecated and does nothing: every free trainer now gets credit and "
-    "acknowledges what it handed out, by default (what reliable=True did), so what a "
-    "trainer that leaves, closes, dies or hangs had not handed out goes to the others; "
-    "at-most-once plain delivery is gone. Drop the option")
+    "reliable is deprecated and does nothing: every free trainer gets every sample of an "
+    "epoch exactly once by default (it gets credit and acknowledges what it handed out, "
+    "what reliable=True did), so what a trainer that leaves, closes, dies or hangs had not "
+    "handed out goes to the others; at-most-once plain delivery is gone. Drop the option")
 
 
 def deprecated_reliable(options: dict[str, Any], stacklevel: int = 3) -> None:
@@ -56,6 +57,27 @@ def deprecated_reliable(options: dict[str, Any], stacklevel: int = 3) -> None:
     if "reliable" in options:
         del options["reliable"]
         warnings.warn(RELIABLE_IS_DEFAULT, DeprecationWarning, stacklevel=stacklevel)
+
+
+_Config = TypeVar("_Config")
+
+
+def _taking_reliable(cls: type[_Config]) -> type[_Config]:
+    """Let ``cls(..., reliable=...)`` be called as before, with a DeprecationWarning
+    whatever the value (:data:`RELIABLE_IS_DEFAULT`). ``reliable`` is no field of it:
+    ``dataclasses.replace`` and a copy into a worker process never pass it, so only the
+    caller who gave it is warned, once."""
+    made = cls.__dict__["__init__"]
+
+    @functools.wraps(made)
+    def __init__(self: _Config, *args: Any, reliable: bool | None = None,
+                 **options: Any) -> None:
+        if reliable is not None:
+            warnings.warn(RELIABLE_IS_DEFAULT, DeprecationWarning, stacklevel=2)
+        made(self, *args, **options)
+
+    setattr(cls, "__init__", __init__)  # noqa: B010 (mypy refuses assigning a method)
+    return cls
 
 
 #: What a server's options (``reliable``, ``group_buffer``, ``shm``), the state it is in
@@ -250,6 +272,7 @@ def check_metrics_available() -> None:
         )
 
 
+@_taking_reliable
 @dataclass(frozen=True)
 class ServerConfig:
     """Everything a server needs, as plain data (it crosses into worker processes)."""
@@ -277,11 +300,10 @@ class ServerConfig:
     drain_timeout: float = 30.0
     drain_idle: float = 3.0
     min_trainers: int = 0
-    # Always True: every free trainer gets credit and acknowledges its hand-outs (a trainer
-    # that goes leaves what it had not handed out to the others). Given False, it warns
-    # (RELIABLE_IS_DEFAULT) and is True all the same; kept for the code and the tests that
-    # read it, and for old callers.
-    reliable: bool = True
+    #: Always True: every free trainer gets credit and acknowledges its hand-outs (a trainer
+    #: that goes leaves what it had not handed out to the others). Not a field: given to the
+    #: constructor, in either value, it only warns (:func:`_taking_reliable`).
+    reliable: ClassVar[bool] = True
     uneven: str = "pad"
     rank_timeout: float = 60.0
     # The consumer groups' buffer (docs/groups.md); None: DEFAULT_GROUP_BUFFER, and the
@@ -320,10 +342,6 @@ class ServerConfig:
         return parse_workers(self.workers)
 
     def __post_init__(self) -> None:
-        if self.reliable is not True:
-            warnings.warn(RELIABLE_IS_DEFAULT, DeprecationWarning, stacklevel=3)
-            object.__setattr__(self, "reliable", True)
-
         def require(ok: bool, what: str, value: object) -> None:
             if not ok:
                 raise ConfigurationError(f"expected {what}, got {value!r}")
@@ -379,7 +397,7 @@ class ServerConfig:
     def options(self) -> dict[str, Any]:
         """Every setting but the source, as keyword arguments of :class:`Server`."""
         return {item.name: getattr(self, item.name) for item in fields(self)
-                if item.name not in ("source", "reliable")}
+                if item.name != "source"}
 
     @property
     def control_address(self) -> str:

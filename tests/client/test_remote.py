@@ -162,8 +162,10 @@ def test_state_dict_is_plain_data_and_restores() -> None:
 @pytest.mark.parametrize("reliable", [False, True])
 def test_reliable_is_a_deprecated_no_op_whatever_its_value(nowhere: str, reliable: bool) -> None:
     # Every loader grants credit and acknowledges its hand-outs: reliable= only warns.
-    with pytest.warns(DeprecationWarning, match=r"reliable=\.\.\.\) is deprecated"):
+    with pytest.warns(DeprecationWarning, match=r"reliable=\.\.\.\) is deprecated and does "
+                      r"nothing: .*exactly once by default") as caught:
         loader = RemoteLoader(nowhere, timeout=0.2, reliable=reliable)
+    assert [warning.filename for warning in caught] == [__file__]
     with loader:
         assert loader.reliable
     with warnings.catch_warnings():

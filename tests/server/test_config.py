@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
 import warnings
 
 import pytest
@@ -53,18 +55,26 @@ def test_the_config_applies_the_table_to_its_options() -> None:
         "reliable", "group_buffer", "shm"}
 
 
-def test_reliable_is_a_deprecated_no_op_whatever_its_value() -> None:
+@pytest.mark.parametrize("reliable", [False, True])
+def test_reliable_is_a_deprecated_no_op_whatever_its_value(reliable: bool) -> None:
     import feedmux
 
-    with pytest.warns(DeprecationWarning, match=r"reliable is deprecated.*by default"):
-        config = ServerConfig(source="m:a", reliable=False)
+    said = r"reliable is deprecated and does nothing: .*exactly once by default"
+    # Before, ServerConfig(reliable=True) said nothing (it was the field's default).
+    with pytest.warns(DeprecationWarning, match=said) as caught:
+        config = ServerConfig(source="m:a", reliable=reliable)
     assert config.reliable and "reliable" not in config.options()
-    with pytest.warns(DeprecationWarning, match=r"reliable is deprecated.*by default"):
-        server = feedmux.Server("m:a", reliable=True)
+    with pytest.warns(DeprecationWarning, match=said) as caught_too:
+        server = feedmux.Server("m:a", reliable=reliable)
     assert server.config.reliable
+    # Once each, where it was given.
+    assert [warning.filename for warning in [*caught, *caught_too]] == [__file__] * 2
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # not given: no warning, and reliable all the same
         assert feedmux.Server("m:a").config.reliable
+        # Copies of a config (the server's own, a worker's) never warn again.
+        assert dataclasses.replace(config, workers=2).reliable
+        assert pickle.loads(pickle.dumps(config)) == config
 
 
 def test_the_groups_buffer_has_a_memory_bound_by_default() -> None:
