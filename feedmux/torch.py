@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from feedmux.client.remote import RemoteLoader, SampleMeta
+from feedmux.client.remote import RemoteLoader, SampleMeta, deprecated_loader_reliable
 from feedmux.errors import ConfigurationError, StreamValueError
 
 __all__ = ["Position", "RemoteDataset", "Share", "Tracked", "to_tensors", "worker_share"]
@@ -116,8 +116,9 @@ class RemoteDataset(IterableDataset[Any]):
         True: a pass is the whole stream, until the server's last epoch.
     **loader_options
         Any other :class:`~feedmux.RemoteLoader` argument (``timeout``,
-        ``hwm``, ``reliable``, ``batch_size`` where the server stacks batches,
-        ...). A ``client_id`` gets a ``-w<worker>`` suffix in each worker.
+        ``hwm``, ``batch_size`` where the server stacks batches, ...). A
+        ``client_id`` gets a ``-w<worker>`` suffix in each worker. ``reliable``
+        is a deprecated no-op, warned about here once.
 
     Notes
     -----
@@ -137,6 +138,7 @@ class RemoteDataset(IterableDataset[Any]):
                  world_size: int = 1, tensors: bool = True, whole_stream: bool = False,
                  **loader_options: Any) -> None:
         super().__init__()
+        deprecated_loader_reliable(loader_options)
         if "with_meta" in loader_options:
             raise ConfigurationError(
                 "expected no with_meta= for a RemoteDataset (it yields samples), got "

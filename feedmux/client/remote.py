@@ -64,7 +64,8 @@ from feedmux.protocol import (
     decode,
 )
 
-__all__ = ["BatchMeta", "RemoteLoader", "SampleMeta", "check_endpoint", "fetch_stats"]
+__all__ = ["BatchMeta", "RemoteLoader", "SampleMeta", "check_endpoint",
+           "deprecated_loader_reliable", "fetch_stats"]
 
 log = logging.getLogger("feedmux.client")
 
@@ -74,6 +75,17 @@ RELIABLE_IS_DEFAULT = (
     "every sample of an epoch exactly once by default (its loader grants credit and "
     "acknowledges what it handed out, what reliable=True did), so what a trainer that "
     "leaves, closes, dies or hangs had not handed out goes to the others; drop the argument")
+
+
+
+def deprecated_loader_reliable(options: dict[str, Any], stacklevel: int = 3) -> None:
+    """Take a ``reliable`` argument out of the RemoteLoader ``options`` that a wrapper
+    passes on, with a DeprecationWarning if it was given (it is a no-op now:
+    :data:`RELIABLE_IS_DEFAULT`): said once, at the wrapper's caller, and never again by
+    the loaders the wrapper makes."""
+    if options.pop("reliable", None) is not None:
+        warnings.warn(RELIABLE_IS_DEFAULT, DeprecationWarning, stacklevel=stacklevel)
+
 
 #: A data message larger than this is refused by ZeroMQ before it reaches Python.
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30

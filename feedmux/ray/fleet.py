@@ -23,9 +23,10 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from feedmux.client.remote import RemoteLoader
+from feedmux.client.remote import RemoteLoader, deprecated_loader_reliable
 from feedmux.errors import ConfigurationError, TransportError
 from feedmux.ray._actors import FleetRegistry, SamplerServer
+from feedmux.server.config import deprecated_reliable
 from feedmux.server.factory import Source
 
 __all__ = ["FleetEndpoints", "SamplerFleet"]
@@ -111,6 +112,7 @@ class SamplerFleet:
         The rest of :class:`~feedmux.server.Server`'s options (``hwm``,
         ``uneven``, ``rank_timeout``, ``epoch_size`` of each shard,
         ``factory_kwargs``, ``curve_secret``, ...); ``control`` is the fleet's.
+        ``reliable`` is a deprecated no-op, warned about here once.
 
     Notes
     -----
@@ -134,6 +136,7 @@ class SamplerFleet:
         bind: str | None = None,
         **server_options: Any,
     ) -> None:
+        deprecated_reliable(server_options)  # here, not in every server actor's process
         _check_fleet(num_servers, num_cpus, server_options, bind)
         self.num_servers = num_servers
         namespace = ray.get_runtime_context().namespace if ray.is_initialized() else None
@@ -207,6 +210,7 @@ class SamplerFleet:
         the servers listen, so a server restarted elsewhere is followed there.
         ``rank`` / ``world_size`` and the other options are RemoteLoader's.
         """
+        deprecated_loader_reliable(loader_options)
         pairs = self.endpoints
         return RemoteLoader(
             [data for data, _ in pairs], control=[control for _, control in pairs],

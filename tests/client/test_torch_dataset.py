@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from collections import namedtuple
 
 import numpy as np
@@ -71,6 +72,19 @@ def test_remote_dataset_checks_its_options_without_connecting() -> None:
                              "last_server_id": None})
     assert dataset.state_dict()["rank"] == 0  # nothing handed out yet: no position
     assert dataset.state_dict()["resume"] == [None]
+
+
+def test_reliable_warns_once_where_the_dataset_is_made_and_never_in_its_loaders() -> None:
+    # The dataset checks its options with a loader, and builds another in each process that
+    # iterates it: reliable= reached both, and warned from inside feedmux.torch, where the
+    # default filters hide a DeprecationWarning.
+    with pytest.warns(DeprecationWarning, match=r"does nothing.*exactly once by default") as (
+            caught):
+        dataset = RemoteDataset(NOWHERE, reliable=True, timeout=5)
+    assert [warning.filename for warning in caught] == [__file__]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dataset.loader().close()
 
 
 def test_a_free_remote_dataset_may_ask_for_buckets() -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pickle
 from collections import Counter, defaultdict
+from types import SimpleNamespace
 
 import pytest
 import ray
 
 from feedmux import RemoteLoader
+from feedmux.errors import ConfigurationError
 from feedmux.ray import SamplerFleet
 from tests.integration.conftest import wait_until
 from tests.ray.conftest import exhaustive_source, read_all
@@ -80,3 +82,20 @@ def test_shutdown_leaves_no_server_actor(cluster: object) -> None:
     for server in servers:
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(server.endpoints.remote(), timeout=30)
+
+
+def test_reliable_warns_once_in_the_driver() -> None:
+    # No cluster: the options are checked before Ray is asked for anything. reliable= went
+    # to every server actor, each of which warned in its own process, never in the driver.
+    with pytest.warns(DeprecationWarning, match=r"does nothing.*exactly once by default") as (
+            caught), pytest.raises(ConfigurationError, match="num_servers"):
+        SamplerFleet(exhaustive_source(STREAMERS, ITEMS), num_servers=0, reliable=True)
+    assert [warning.filename for warning in caught] == [__file__]
+    # A fleet's loader: warned at its caller (from inside feedmux.ray, the default filters
+    # hid it), once.
+    fleet = SimpleNamespace(endpoints=[("tcp://127.0.0.1:9", "tcp://127.0.0.1:10")],
+                            registry_name="feedmux-fleet-none", namespace="none")
+    with pytest.warns(DeprecationWarning, match=r"does nothing.*exactly once by default") as (
+            caught):
+        SamplerFleet.loader(fleet, reliable=False).close()  # type: ignore[arg-type]
+    assert [warning.filename for warning in caught] == [__file__]
