@@ -9,7 +9,7 @@ ending in a CRC-32 of its text, so a record torn by a SIGKILL (or a full disk)
 is recognised however it was cut; only a session's last record may be torn.
 Records are appended with ``os.write`` on an ``O_APPEND`` descriptor (no
 buffer in this process outlives a write), in batches, and always *before* the
-loader tells a server what it handed out (a rank's progress, a reliable
+loader tells a server what it handed out (a rank's progress, a free
 trainer's acknowledgements), so a log never lacks a hand-out that a server
 was told of. A rank's log also records each message's rows when it becomes
 current, before the first of them is handed out (a D record, written at
@@ -176,7 +176,7 @@ class AuditLog:
 
     The loader announces each new data message (:meth:`begin`) and how far it
     handed it out (:meth:`upto`); the log records each part once, whoever
-    reports it first. ``write_through``: write at every message (a reliable
+    reports it first. ``write_through``: write at every message (a free
     trainer's own acknowledgements follow at once); otherwise records wait for
     :data:`BATCH_RECORDS` records, :data:`BATCH_SECONDS`, a checkpoint, the
     close, or the acknowledging thread's next report to a server. ``dealt`` (a
@@ -414,13 +414,14 @@ def open_audit(path: str | os.PathLike[str] | None, key: str | None, loader: Any
         raise FeedmuxError(f"expected audit_key a field name (str), got {key!r}")
     header = {"client_id": loader.client_id, "rank": loader.rank,
               "world_size": loader.world_size, "group": loader.group,
-              "reliable": loader.reliable, "hwm": loader.hwm,
+              # (every loader acknowledges now; the checker reads False in older logs)
+              "reliable": True, "hwm": loader.hwm,
               "addresses": list(loader.addresses)}
     rank = "" if loader.rank is None else loader.rank
     # {pid} is filled in by the process that writes (a forked copy has its own).
     named = str(path).format(rank=rank, pid="{pid}", client_id=loader.client_id)
     log = AuditLog(named, key, header, links,
-                   write_through=bool(loader.reliable), dealt=loader.rank is not None)
+                   write_through=True, dealt=loader.rank is not None)
     weakref.finalize(loader, log.flush)
     return log
 

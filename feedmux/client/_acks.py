@@ -6,14 +6,14 @@ when half its credit waits for it; within a long message at least every
 :data:`MARK_INTERVAL`), the last ``(epoch, position)`` this trainer handed out:
 a ranked
 trainer, so that a restarted rank (same rank, new process) continues right
-after it; a reliable free trainer, with the sequence number of the message it
+after it; a free trainer, with the sequence number of the message it
 is in, so that only the rest of that message goes to the others if it dies,
 and the messages it handed out whole that the loader has not acknowledged yet
 (it acknowledges several at once; these are the rest).
 It is repeated
 once per heartbeat interval: it is also the trainer's sign of life (a trainer in a
 long step does not call its loader, but this thread runs; a killed one is silent), which
-keeps a rank's holder its rank and a free reliable trainer its messages. The thread
+keeps a rank's holder its rank and a free trainer its messages. The thread
 has its own ZeroMQ context and one DEALER per control endpoint (a ZeroMQ
 socket must never be shared between threads), reads the loader's progress
 without locking — the loader publishes the current message before resetting
@@ -25,7 +25,7 @@ message; 64 ranks each sending one every 5 ms were 12,800 control messages a
 second into one server; see :class:`AckPace`). It must
 never touch the loader's sockets, block the trainer, or send per sample.
 
-It also owns :class:`SeenPositions`, a reliable loader's memory of what it
+It also owns :class:`SeenPositions`, a loader's memory of what it
 took, so that a sample dealt to it twice is handed out once.
 """
 
@@ -79,7 +79,7 @@ MARK_INTERVAL = 0.1
 NEW_MESSAGE_INTERVAL = 0.02
 
 #: ``() -> (link number, server id, tags, sequence number, handed-out count)`` of the
-#: current message (sequence number 0 outside reliable mode), or None.
+#: current message (sequence number 0: a rank's, which wants no acknowledgement), or None.
 Progress = Callable[[], "tuple[int, str, Any, int, int] | None"]
 #: ``() -> {link number: (server id, epoch, position, sequence number)}``: the last sample
 #: handed out of the last message the loader left on each link (``HandOut.left``).
@@ -176,7 +176,7 @@ class HandOutAcks:
     two looks still tells the one it left (a rank's messages are released by
     its marks alone: a server never told stops dealing to the rank once the
     rank's credit is used up).
-    ``finished`` (a reliable loader's, per link): the (server id, sequence
+    ``finished`` (the loader's, per link): the (server id, sequence
     number) of messages handed out whole and not acknowledged yet; the thread
     takes them and acknowledges them (an ``Ack`` with no position).
     """
@@ -295,7 +295,7 @@ class HandOutAcks:
         row = tags[min(handed, len(tags)) - 1]
         mark = (server_id, int(row[0]), int(row[1]))
         # The same mark again once per heartbeat interval: the server takes it as a sign of
-        # life of this rank's holder, or of this free reliable trainer, however long the
+        # life of this rank's holder, or of this free trainer, however long the
         # trainer's own steps take.
         waiting = sum(len(finished) for finished in self._finished)
         sent, last_sent = self.sent[link], self._last_sent[link]
@@ -322,7 +322,7 @@ class HandOutAcks:
         """A sign of life (an ``Ack`` with no mark) on each link but ``marking`` (the
         current message's, whose mark is repeated instead) that sent nothing for a
         heartbeat interval: a loader over several servers in a long step on one
-        server's message is alive for the others too (a free reliable trainer silent
+        server's message is alive for the others too (a free trainer silent
         for ``SILENCE_GRACE`` counts as lost there, and what it holds is dealt again to
         the others; a rank's holder silent for a few seconds is said lost)."""
         for link, socket in enumerate(sockets):

@@ -1,13 +1,13 @@
 """A loader's data sockets: which server's data message comes next, and its decoding.
 
 This module owns the reading side of a :class:`~feedmux.client.remote.RemoteLoader`:
-one data DEALER per server, taken in turn; in reliable mode the envelope, the
-acknowledgement of the messages whose samples were all handed out (several at
-once: see :class:`DataSockets`), and an end of stream that comes on the data
-socket; the shared-memory pools of servers on this host (a reference frame
-becomes a view of the pool: :mod:`feedmux._plumbing.shm`). It reports the link number
-and sequence number of the message it returned (the acknowledging thread needs
-them). It must never decide anything about the servers (that is the pure link
+one data DEALER per server, taken in turn; the credit it grants them, the envelope
+of each message, the acknowledgement of the messages whose samples were all handed
+out (several at once: see :class:`DataSockets`), and an end of stream that comes on
+the data socket; the shared-memory pools of servers on this host (a reference frame
+becomes a view of the pool: :mod:`feedmux._plumbing.shm`). It reports the link
+number and sequence number of the message it returned (the acknowledging thread
+needs them). It must never decide anything about the servers (that is the pure link
 state's) and never look at single samples.
 """
 
@@ -41,8 +41,6 @@ __all__ = ["LARGE_MESSAGE_BYTES", "DataSockets", "send_or_drop", "take_all"]
 
 log = logging.getLogger("feedmux.client")
 
-#: ``zmq.NOBLOCK`` as a plain int (read per data message).
-_NOBLOCK = int(zmq.NOBLOCK)
 #: A frame larger than this makes the loader tune malloc (see ``tune_malloc``).
 LARGE_MESSAGE_BYTES = 1 << 20
 
@@ -81,24 +79,24 @@ class DataSockets:
     dry for want of the thread.
     """
 
-    def __init__(self, sockets: Sequence[Any], *, reliable: bool, client_id: str,
+    def __init__(self, sockets: Sequence[Any], *, client_id: str,
                  addresses: Sequence[str], tune_malloc: bool, ack_batch: int = 1,
                  shm: bool = False, credits: int = 0) -> None:
         self.sockets = list(sockets)
-        self.reliable = reliable
         self.client_id = client_id
         self.addresses = addresses
         self.tune_malloc = tune_malloc
         self.ack_batch = max(1, ack_batch)
         self.turn = 0
-        #: Reliable mode: (link number, server id, sequence number) of the message being
-        #: handed out.
+        #: (link number, server id, sequence number) of the message being handed out, when
+        #: it wants an acknowledgement (a rank's messages do not: their marks release them).
         self.pending_ack: tuple[int, str, int] | None = None
-        #: Reliable mode, per link: (server id, sequence number) of the messages handed out
-        #: whole and not acknowledged yet. Two threads take from them (popleft is atomic):
+        #: Per link: (server id, sequence number) of the messages handed out whole and not
+        #: acknowledged yet. Two threads take from them (popleft is atomic):
         #: each sequence number is acknowledged by whoever takes it.
         self.finished: list[deque[tuple[str, int]]] = [deque() for _ in self.sockets]
-        #: The link number and sequence number (0 outside reliable mode) of the last message.
+        #: The link number and sequence number (0: no acknowledgement wanted) of the last
+        #: message.
         self.link = self.seq = 0
         #: The pools of servers on this host, once mapped (None: shm=False).
         self.views = ShmViews() if shm else None
@@ -106,7 +104,7 @@ class DataSockets:
         #: refused for a client id in use never granted any; its goodbye, under the same
         #: data identity, would take the credit of the trainer that holds the id).
         self.granted: set[int] = set()
-        if reliable and credits:  # reliable mode: the servers send as much as this grants
+        if credits:  # the servers send as much as this grants
             self.grant_credit(credits)
 
     def views_held(self) -> tuple[int, int, int]:
@@ -199,8 +197,6 @@ class DataSockets:
 
     def receive(self, links: ServerLinks) -> Data | None:
         """The next data message waiting on the data socket(s), or None."""
-        if not self.reliable:
-            return self._receive_plain()
         if self.pending_ack is not None:
             self._finished()
         count = len(self.sockets)
@@ -208,7 +204,7 @@ class DataSockets:
             index = (self.turn + offset) % count
             socket = self.sockets[index]
             while readable(socket):
-                seq, message = self._decode(socket.recv_multipart(copy=False), enveloped=True)
+                seq, message = self._decode(socket.recv_multipart(copy=False))
                 if isinstance(message, Data):
                     self.turn = (index + 1) % count
                     self.link, self.seq = index, seq
@@ -223,36 +219,11 @@ class DataSockets:
                     links.summarized(index, message.handed_below)
         return None
 
-    def _receive_plain(self) -> Data | None:
-        count = len(self.sockets)
-        for offset in range(count):
-            index = (self.turn + offset) % count
-            socket = self.sockets[index]
-            # Ask first: a failed receive raises, and building that exception costs more
-            # than the question (the common case when the trainer waits for the server).
-            if not readable(socket):
-                continue
-            try:
-                frames = socket.recv_multipart(_NOBLOCK, copy=False)
-            except zmq.Again:
-                continue
-            if count > 1:
-                self.turn = (index + 1) % count  # take from every server in turn
-            self.link = index
-            _, message = self._decode(frames)
-            if not isinstance(message, Data):
-                raise ProtocolError(
-                    f"expected a data message on the data socket, got {type(message).__name__}"
-                )
-            return message
-        return None
-
-    def _decode(self, frames: list[Any], *, enveloped: bool = False) -> tuple[int, Message]:
-        """The sequence number (0 without an envelope) and the message of a data message."""
-        seq = 0
+    def _decode(self, frames: list[Any]) -> tuple[int, Message]:
+        """The sequence number (0: no acknowledgement wanted) and the message of a data
+        message, after its envelope."""
         try:
-            if enveloped:
-                seq, frames = unpack_envelope(frames)
+            seq, frames = unpack_envelope(frames)
             if self.tune_malloc and len(frames) > 2 and len(frames[-1]) > LARGE_MESSAGE_BYTES:
                 self.tune_malloc = False
                 keep_freed_memory()

@@ -2,8 +2,8 @@
 
 :class:`HandOut` owns the current message of a :class:`~feedmux.client.remote.RemoteLoader`
 (its samples, tags and server), the index of the next sample to hand out, the
-last sample handed out of the message before, and, for a ranked or reliable
-trainer, what the acknowledging thread reads. The loader's ``__next__`` reads
+last sample handed out of the message before, and what the acknowledging thread
+reads. The loader's ``__next__`` reads
 its fields directly (a sample costs an attribute or two, nothing more). It must
 never receive, decode or send: the loader does, and replaces the message here.
 """
@@ -51,17 +51,17 @@ class HandOut:
         self.index = self.count = 0
         #: The last sample handed out of an earlier message (or restored from a state).
         self.last: SampleMeta | None = None
-        #: Ranked or reliable: (link number, server id, tags, sequence number) of the
-        #: current message, for the acknowledging thread (None before the first).
+        #: (link number, server id, tags, sequence number) of the current message, for the
+        #: acknowledging thread (None before the first).
         self.current: tuple[int, str, Any, int] | None = None
         #: Ranked: a one-word view of the loader's mark file, where each hand-out stores the
         #: new ``index`` (feedmux.client._markfile); None: no mark file.
         self.marked: Any = None
-        #: Ranked or reliable, per link number: (server id, epoch, position, sequence
-        #: number) of the last sample handed out of the last message the loader left on
-        #: that link. The acknowledging thread marks it there: a loader over several
-        #: servers moves to another server's message between two of its looks, and a
-        #: server whose messages only marks release must still hear how far it got.
+        #: Per link number: (server id, epoch, position, sequence number) of the last
+        #: sample handed out of the last message the loader left on that link. The
+        #: acknowledging thread marks it there: a loader over several servers moves to
+        #: another server's message between two of its looks, and a server whose messages
+        #: only marks release must still hear how far it got.
         self.left: dict[int, tuple[str, int, int, int]] = {}
 
     @property

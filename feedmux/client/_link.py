@@ -1,7 +1,8 @@
 """What a trainer knows about its servers: the pure control logic behind a RemoteLoader.
 
 This module owns the trainer's side of the control conversation with each server:
-the welcome (server id, epoch size, workers, the reliable-mode check), a server
+the welcome (server id, epoch size, workers; a server that does not deal by credit,
+an older feedmux, refused), a server
 restart (a new server id on the same link), the answer to a drain (how many data
 messages came from that server), the end of stream, errors a server sends, when a
 heartbeat is due, how long to wait for data before timing out, and when every
@@ -83,14 +84,13 @@ def batch_steps(samples: int, batch_size: int, drop_last: bool) -> int:
     return -(-samples // batch_size)
 
 
-def check_membership(*, world_size: int, rank: int | None, group: str | None,
-                     reliable: bool) -> None:
+def check_membership(*, world_size: int, rank: int | None, group: str | None) -> None:
     """Check what a trainer says of itself in its hellos: its rank and its consumer group.
 
     Examples
     --------
-    >>> check_membership(world_size=2, rank=1, group="eval", reliable=False)
-    >>> check_membership(world_size=2, rank=2, group=None, reliable=False)
+    >>> check_membership(world_size=2, rank=1, group="eval")
+    >>> check_membership(world_size=2, rank=2, group=None)
     Traceback (most recent call last):
     ...
     feedmux.errors.ConfigurationError: expected rank an int in [0, 2) for world_size 2, got 2
@@ -139,10 +139,10 @@ class Send:
 class Resync:
     """Link number ``link`` now talks to a new server process.
 
-    Reliable mode: the pending acknowledgement of that link means nothing to the
-    new server (drop it) and the new server has granted this trainer no credit
-    yet (grant it again). Ranked: what the old process sent and this trainer has
-    not handed out is dropped (the new one resumes where the trainer stands).
+    The pending acknowledgement of that link means nothing to the new server
+    (drop it) and the new server has granted this trainer no credit yet (grant
+    it again); what the old process sent and this trainer has not handed out is
+    dropped (the new one resumes where the trainer stands).
     """
 
     link: int
@@ -177,9 +177,9 @@ class ServerLink:
     Examples
     --------
     >>> link = ServerLink("tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556")
-    >>> link.welcome(Welcome("a", epoch_size=10), reliable=False)
+    >>> link.welcome(Welcome("a", epoch_size=10, reliable=True))
     False
-    >>> link.welcome(Welcome("b", epoch_size=12), reliable=False)  # a restart
+    >>> link.welcome(Welcome("b", epoch_size=12, reliable=True))  # a restart
     True
     >>> link.server_id, link.epoch_size
     ('b', 12)
@@ -199,22 +199,19 @@ class ServerLink:
     #: sent that is still queued (the restarted server resumes where the trainer is).
     stale: set[str] = field(default_factory=set)
 
-    def welcome(self, message: Welcome, *, reliable: bool) -> bool:
+    def welcome(self, message: Welcome) -> bool:
         """Take the server's welcome; True when it comes from a restarted server.
 
-        Raises :class:`~feedmux.errors.TransportError` when the server's delivery
-        mode is not this trainer's: the two would wait on each other forever.
+        Raises :class:`~feedmux.errors.TransportError` when the server does not
+        deal by credit (``Welcome.reliable`` false: an older feedmux's plain
+        delivery): this trainer grants credit and waits for the envelopes, the
+        server would push without them, and the two would never agree.
         """
-        if reliable and not message.reliable:
-            # Every server deals by credit now: one that does not is an older feedmux.
+        if not message.reliable:
             raise TransportError(
                 f"expected a server that deals by credit and acknowledgements (every feedmux "
                 f"server does now), got one with plain delivery at {self.control_address}: "
                 f"an older feedmux (upgrade it, or start it with --reliable)")
-        if message.reliable != reliable:
-            raise TransportError(
-                f"the server at {self.control_address} uses reliable delivery: expected "
-                f"RemoteLoader(..., reliable=True), got reliable=False")
         restarted = bool(self.server_id) and self.server_id != message.server_id
         if restarted:
             log.warning(
@@ -233,8 +230,8 @@ class ServerLink:
         """The server with ``server_id`` said its stream has ended.
 
         On the control socket an end from a server that never welcomed this
-        trainer counts (it may have finished before it answered); on the reliable
-        data socket an end without a server id counts. An end from an older
+        trainer counts (it may have finished before it answered); on the data
+        socket an end without a server id counts. An end from an older
         server process on the same link never does.
         """
         if on_data_socket:
@@ -265,8 +262,6 @@ class ServerLinks:
     group : str
         This trainer's consumer group ("" : the default group), sent in its
         hellos and heartbeats.
-    reliable : bool
-        Whether this trainer expects reliable delivery.
     timeout : float, optional
         Seconds without data before :meth:`wait` raises; None waits forever.
     heartbeat_interval : float
@@ -276,11 +271,11 @@ class ServerLinks:
     Examples
     --------
     >>> links = ServerLinks(["tcp://h:1"], ["tcp://h:2"], client_id="t", world_size=1,
-    ...                     reliable=False, timeout=None, heartbeat_interval=1.0)
+    ...                     timeout=None, heartbeat_interval=1.0)
     >>> [action.message for action in links.hello()] == [Hello(client_id="t", codecs=INFLATES)]
     True
-    >>> links.control(0, Welcome("s1", epoch_size=4))
-    []
+    >>> links.control(0, Welcome("s1", epoch_size=4, reliable=True))  # grant it credit
+    [Grant(link=0)]
     >>> links.data("s1", first_epoch=1, now=0.0)
     ()
     >>> links.control(0, Drain(sent_messages=1, server_id="s1"))[0].message
@@ -302,7 +297,6 @@ class ServerLinks:
         *,
         client_id: str,
         world_size: int,
-        reliable: bool,
         timeout: float | None,
         heartbeat_interval: float,
         rank: int = -1,
@@ -329,7 +323,6 @@ class ServerLinks:
         #: The sample field the ranks' steps are dealt by ("": none; docs/ddp.md), and
         #: whether a bucketed batch's variable-length leaves are padded with a mask.
         self.bucket_by, self.pad = bucket_by or "", pad
-        self.reliable = reliable
         self.timeout = timeout
         self.heartbeat_interval = heartbeat_interval
         #: Data messages received, by server id (a restarted server counts from 0).
@@ -344,7 +337,7 @@ class ServerLinks:
         #: ranked trainer stands with the server of ``link``, said in each hello (the loader
         #: sets it; docs/resume.md).
         self.position: Callable[[int], tuple[int, ...]] = lambda index: ()
-        #: ``handed(link) -> (epoch, start, end, ...)``: what a free reliable trainer handed
+        #: ``handed(link) -> (epoch, start, end, ...)``: what a free trainer handed
         #: out lately, said to a restarted server (the loader sets it; docs/resume.md).
         self.handed: Callable[[int], tuple[int, ...]] = lambda index: ()
         #: ``predecessor(link) -> (server id, epoch, position)`` or None: what a ranked
@@ -404,14 +397,13 @@ class ServerLinks:
         link = self.links[index]
         if isinstance(message, Welcome):
             first = not link.server_id
-            if not link.welcome(message, reliable=self.reliable) and not message.unknown:
-                return [Grant(index)] if first and self.reliable else []
+            if not link.welcome(message) and not message.unknown:
+                return [Grant(index)] if first else []
             # A new server process knows a trainer by its hello (a rank also says where it
             # stands, so the restarted server resumes the job there: docs/resume.md); one
             # that has no hello of this trainer asks for it (the hello went to a process
             # killed before it read it).
-            hello = Send(index, self._hello(index))
-            return [Resync(index), hello] if self.reliable or self.rank >= 0 else [hello]
+            return [Resync(index), Send(index, self._hello(index))]
         if isinstance(message, ShmOffer):
             return [Attach(index, message.path)]
         if isinstance(message, Drain):
@@ -547,7 +539,7 @@ class ServerLinks:
         Examples
         --------
         >>> links = ServerLinks(["tcp://h:5555"], ["tcp://h:5556"], client_id="t",
-        ...                     world_size=1, reliable=False, timeout=None,
+        ...                     world_size=1, timeout=None,
         ...                     heartbeat_interval=1.0)
         >>> links.waiting(10.0)
         'no answer from data tcp://h:5555 / control tcp://h:5556 for 10 s: no feedmux serve running there, a wrong host or port, a firewall in between, or the server busy sampling (a slow first sample)'
@@ -636,7 +628,7 @@ class ServerLinks:
         Examples
         --------
         >>> links = ServerLinks(["tcp://h:5555"], ["tcp://h:5556"], client_id="t",
-        ...                     world_size=1, reliable=False, timeout=None,
+        ...                     world_size=1, timeout=None,
         ...                     heartbeat_interval=1.0, derived=[True])
         >>> links.describe()
         'control tcp://h:5556 (derived from the data endpoint) never answered'

@@ -122,7 +122,7 @@ HANDED_RANGES = 1024
 
 
 class HandedRanges:
-    """Per server link: the positions a free reliable trainer handed out lately, as ranges.
+    """Per server link: the positions a free trainer handed out lately, as ranges.
 
     What it says in its hello to a restarted server (``Hello.handed``): the
     ranges of its last :data:`HANDED_RANGES` messages (the current one up to

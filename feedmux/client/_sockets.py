@@ -1,8 +1,8 @@
 """How a loader's sockets are made and closed, in the process that uses them.
 
-This module owns the options of a trainer's sockets per delivery mode (plain
-data DEALERs named by the client id, without ZMTP heartbeats; reliable ones
-with credit and heartbeats; control DEALERs with heartbeats, named
+This module owns the options of a trainer's sockets (data DEALERs without ZMTP
+heartbeats or a receive limit, since credit bounds what comes, a rank's named by
+the client id; control DEALERs with heartbeats, named
 "<instance>/control/<client id>" on every connection: one loader keeps its name
 across reconnects, and a second loader given the same client id is another peer
 to the server, which refuses it) and their closing, which a forked child never
@@ -29,7 +29,6 @@ def open_sockets(
     links: ServerLinks,
     *,
     client_id: str,
-    reliable: bool,
     hwm: int,
     max_message_bytes: int,
     security: ClientCurve | None,
@@ -37,33 +36,23 @@ def open_sockets(
 ) -> tuple[list[Any], list[Any]]:
     """Connected sockets: the data DEALERs and the control DEALERs, one of each per server.
 
-    Plain mode names each data DEALER by the client id: that is how the server
-    addresses this trainer (its hello carries the same id); so does a rank in
-    reliable mode (its holder gets the rank's messages).
+    A rank's data DEALERs are named by the client id: its holder gets the
+    rank's messages (its hello carries the same id).
     """
-    if reliable:
-        # No ZMTP heartbeats (as in plain mode): a link down for a few seconds must not
-        # drop the connection with what is queued on it (the server would deal the rest
-        # of it to the others while this trainer hands it out: repeats). The server finds
-        # a dead trainer by its closed connection, a frozen or vanished one by its silence
-        # (the acknowledging thread's signs of life). No receive limit either: credit
-        # bounds the data, and the server what it sends besides.
-        targets = [
-            make_socket(context, zmq.DEALER, hwm=hwm + 16, rcvhwm=UNLIMITED,
-                        max_message_bytes=max_message_bytes, heartbeats=False,
-                        security=security)
-            for _ in links.links
-        ]
-        if links.rank >= 0:
-            for socket in targets:
-                socket.setsockopt(zmq.ROUTING_ID, client_id.encode())
-    else:
-        targets = []
-        for _ in links.links:
-            socket = make_socket(context, zmq.DEALER, hwm=hwm, max_message_bytes=max_message_bytes,
-                                 heartbeats=False, security=security)
+    # No ZMTP heartbeats: a link down for a few seconds must not drop the connection with
+    # what is queued on it (the server would deal the rest of it to the others while this
+    # trainer hands it out: repeats). The server finds a dead trainer by its closed
+    # connection, a frozen or vanished one by its silence (the acknowledging thread's
+    # signs of life). No receive limit either: credit bounds the data, and the server
+    # what it sends besides.
+    targets = [
+        make_socket(context, zmq.DEALER, hwm=hwm + 16, rcvhwm=UNLIMITED,
+                    max_message_bytes=max_message_bytes, heartbeats=False, security=security)
+        for _ in links.links
+    ]
+    if links.rank >= 0:
+        for socket in targets:
             socket.setsockopt(zmq.ROUTING_ID, client_id.encode())
-            targets.append(socket)
     control = [
         make_socket(context, zmq.DEALER, hwm=100, rcvhwm=UNLIMITED,
                     max_message_bytes=CONTROL_FRAME_BYTES, security=security)

@@ -228,6 +228,10 @@ class RemoteLoader:
     each worker its share of a rank.
     """
 
+    #: Always True (every loader grants credit and acknowledges its hand-outs); kept for
+    #: code that still reads it, like the deprecated ``reliable=``.
+    reliable = True
+
     def __init__(
         self,
         address: str | Sequence[str],
@@ -253,7 +257,6 @@ class RemoteLoader:
     ) -> None:
         if reliable is not None:  # (a copy made from the arguments does not warn again)
             warnings.warn(RELIABLE_IS_DEFAULT, DeprecationWarning, stacklevel=2)
-        reliable = True  # the one free delivery
         self._origin = Origin({name: value for name, value in locals().items()
                                if name not in ("self", "reliable")})
         register_with_torch(RemoteLoader)
@@ -261,11 +264,10 @@ class RemoteLoader:
         _check_settings(timeout=timeout, world_size=world_size, hwm=hwm, client_id=client_id)
         #: Samples per batch handed out (None: single samples).
         self.batch_size = batch_size
-        check_membership(world_size=world_size, rank=rank, group=group, reliable=reliable)
+        check_membership(world_size=world_size, rank=rank, group=group)
         self.rank, self.group, self.world_size = rank, group, world_size
         self.addresses, self.timeout, self.hwm = addresses, timeout, hwm
         self.with_meta, self.max_message_bytes = with_meta, max_message_bytes
-        self.reliable = reliable
         self._tune_malloc = tune_malloc
         self._handshakes = HandshakeWatch([], [])  # CURVE: what refused this loader's key
         self.shm = shm
@@ -274,15 +276,14 @@ class RemoteLoader:
         self.client_id = client_id or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._links = ServerLinks(
             addresses, controls, client_id=self.client_id, world_size=world_size,
-            rank=-1 if rank is None else rank, group=group or "", reliable=reliable,
-            timeout=timeout, heartbeat_interval=HEARTBEAT_INTERVAL, derived=derived,
+            rank=-1 if rank is None else rank, group=group or "", timeout=timeout,
+            heartbeat_interval=HEARTBEAT_INTERVAL, derived=derived,
             batch_size=batch_size, drop_last=drop_last, bucket_by=bucket_by, pad=pad,
         )
         self._diagnosis = InputDiagnosis(len(addresses), diagnose_window, diagnose_threshold)
         self._links.wait_share = self._diagnosis.share.report  # what the heartbeats carry
         self._context: zmq.Context[Any] | None = None
-        self._data = DataSockets([], reliable=reliable, client_id="", addresses=(),
-                                 tune_malloc=False)
+        self._data = DataSockets([], client_id="", addresses=(), tune_malloc=False)
         self._control: list[Any] = []  # one DEALER per server
         self._waits: LoaderWaits | None = None  # its sockets' poller, once connected
         # Closed; asked for the epoch size; said hello as a trainer (in this process).
@@ -295,10 +296,9 @@ class RemoteLoader:
         #: restored (a predecessor's marks then mean nothing).
         self._marks: MarkFile | None = None
         self._restored = False
-        self._seen = SeenPositions() if reliable else None
+        self._seen = SeenPositions()
         self._book = None if resolve is None else AddressBook(resolve)
-        self._positions, self._recent = _trackers(self._links, self._out, rank, world_size,
-                                                  reliable)
+        self._positions, self._recent = _trackers(self._links, self._out, rank, world_size)
         self._audit = open_audit(audit_log, audit_key, self, self._links)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -463,12 +463,12 @@ class RemoteLoader:
         # A fresh context in every process: a ZeroMQ context must never cross a fork.
         self._context = context = zmq.Context()
         data_sockets, self._control = open_sockets(
-            context, self._links, client_id=self.client_id, reliable=self.reliable,
-            hwm=self.hwm, max_message_bytes=self.max_message_bytes, security=self._security,
+            context, self._links, client_id=self.client_id, hwm=self.hwm,
+            max_message_bytes=self.max_message_bytes, security=self._security,
             instance=uuid.uuid4().hex[:8],  # a second loader with this client id is refused
         )
         # The acknowledging thread acknowledges; this thread only once a whole credit waits.
-        self._data = DataSockets(data_sockets, reliable=self.reliable, client_id=self.client_id,
+        self._data = DataSockets(data_sockets, client_id=self.client_id,
                                  addresses=self.addresses, tune_malloc=self._tune_malloc,
                                  ack_batch=self.hwm, shm=self.shm)
         # No credit yet: it is granted when a server welcomes this loader's hello (Grant), so
@@ -486,16 +486,15 @@ class RemoteLoader:
         self._act(self._links.hello() if announce else self._links.probe())
         self._finalizer = weakref.finalize(self, close_sockets, self._origin.pid, context,
                                            sockets)
-        if self.rank is not None or self.reliable:
-            # A restarted rank continues after the last sample this one handed out, and a
-            # reliable trainer's unfinished message goes to the others cut there: tell the
-            # servers every few ms, from a thread (nothing per sample on the hot path).
-            self._acks = HandOutAcks(controls, client_id=self.client_id,
-                                     rank=-1 if self.rank is None else self.rank,
-                                     progress=self._audit.guard(progress_of(self._out)),
-                                     security=self._security, finished=self._data.finished,
-                                     credits=self.hwm, left=left_of(self._out))
-            weakref.finalize(self, self._acks.stop)
+        # A restarted rank continues after the last sample this one handed out, and a free
+        # trainer's unfinished message goes to the others cut there: tell the servers every
+        # few ms, from a thread (nothing per sample on the hot path).
+        self._acks = HandOutAcks(controls, client_id=self.client_id,
+                                 rank=-1 if self.rank is None else self.rank,
+                                 progress=self._audit.guard(progress_of(self._out)),
+                                 security=self._security, finished=self._data.finished,
+                                 credits=self.hwm, left=left_of(self._out))
+        weakref.finalize(self, self._acks.stop)
         if multiprocessing.parent_process() is not None:
             # A child process (a DataLoader worker) ends without running weakref
             # finalizers: close there, so that its goodbye reaches the servers.
@@ -539,9 +538,8 @@ class RemoteLoader:
                 if self._announced:  # a loader asked for len() alone is dealt nothing
                     self._data.grant_credit(self.hwm, action.link)
             else:  # the link's server restarted
-                if self.reliable:
-                    self._data.forget_ack(action.link)  # its sequence number means nothing now
-                    self._data.grant_credit(self.hwm, action.link)
+                self._data.forget_ack(action.link)  # its sequence number means nothing now
+                self._data.grant_credit(self.hwm, action.link)
                 self._out.drop_rest(action.link, self._links.links[action.link].stale)
 
     def _receive(self) -> None:
@@ -594,9 +592,9 @@ class RemoteLoader:
         if actions:
             self._act(actions)
         samples = unpacked(samples, self.batch_size is not None, self._links.pad)
-        if self._seen is not None:  # dealt to this trainer twice (a re-send crossed its ack)?
-            samples, tags = self._seen.once(server_id, tags, samples, self.batch_size is not None)
-            count = len(tags)
+        # Dealt to this trainer twice (a re-send crossed its acknowledgement)?
+        samples, tags = self._seen.once(server_id, tags, samples, self.batch_size is not None)
+        count = len(tags)
         current = None
         if self._acks is not None:  # (a server's first message waits until its marks can go)
             current = self._acks.current(self._data.link, server_id, tags, self._data.seq)
@@ -695,21 +693,19 @@ def _state_of(addresses: list[str], server_ids: list[str], meta: SampleMeta | No
     return audit.checkpoint(state, used)
 
 
-def _trackers(links: ServerLinks, out: HandOut, rank: int | None, world_size: int,
-              reliable: bool) -> tuple[RankPositions | None, HandedRanges | None]:
+def _trackers(links: ServerLinks, out: HandOut, rank: int | None,
+              world_size: int) -> tuple[RankPositions | None, HandedRanges | None]:
     """What a loader tells a server that must resume: a rank's position with each server
-    (also saved by state_dict), or a free reliable trainer's recent hand-outs."""
+    (also saved by state_dict), or a free trainer's recent hand-outs."""
     count = len(links.links)
     if rank is not None:
         positions = RankPositions(count, rank=rank, world_size=world_size,
                                   current=out.progress)
         links.say_position(positions.announce)
         return positions, None
-    if reliable:
-        recent = HandedRanges(count, current=out.progress)
-        links.say_hand_outs(recent.announce, recent.below, recent.summarized)
-        return None, recent
-    return None, None
+    recent = HandedRanges(count, current=out.progress)
+    links.say_hand_outs(recent.announce, recent.below, recent.summarized)
+    return None, recent
 
 
 _RESTORED_LATE = ("expected load_state_dict before the loader's first sample (it tells "

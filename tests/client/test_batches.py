@@ -37,7 +37,7 @@ def test_bad_batch_arguments_are_refused_saying_what_was_expected(
 def links(**options: Any) -> ServerLinks:
     options = {"world_size": 1, **options}
     return ServerLinks([ADDRESS, "tcp://127.0.0.1:3"], ["tcp://127.0.0.1:2", "tcp://127.0.0.1:4"],
-                       client_id="t", reliable=False, timeout=None, heartbeat_interval=1.0,
+                       client_id="t", timeout=None, heartbeat_interval=1.0,
                        **options)
 
 
@@ -69,7 +69,7 @@ def test_len_counts_this_trainers_batches(options: dict[str, Any], steps: int) -
     state = links(**options)
     ranked = options.get("rank") is not None
     for index, size in enumerate((10, 14)):
-        welcome = Welcome(f"s{index}", epoch_size=size, world_size=3 if ranked else 0,
-                          uneven="pad" if ranked else "")
+        welcome = Welcome(f"s{index}", epoch_size=size, reliable=True,
+                          world_size=3 if ranked else 0, uneven="pad" if ranked else "")
         state.control(index, welcome)
     assert state.length() == steps

@@ -8,6 +8,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -38,14 +39,19 @@ INTERVAL = 1.0
 
 
 def make_links(
-    count: int = 1, *, reliable: bool = False, timeout: float | None = None, world_size: int = 1
+    count: int = 1, *, timeout: float | None = None, world_size: int = 1
 ) -> ServerLinks:
     return ServerLinks(
         [f"tcp://h:{10 * i}" for i in range(count)],
         [f"tcp://h:{10 * i + 1}" for i in range(count)],
-        client_id="trainer", world_size=world_size, reliable=reliable, timeout=timeout,
+        client_id="trainer", world_size=world_size, timeout=timeout,
         heartbeat_interval=INTERVAL,
     )
+
+
+def welcome(server_id: str, **fields: Any) -> Welcome:
+    """A current server's welcome: it deals by credit."""
+    return Welcome(server_id, reliable=True, **fields)
 
 
 def heartbeat(link: int, received: int) -> Send:
@@ -66,35 +72,34 @@ def test_hello_goes_to_every_server() -> None:
 
 def test_a_welcome_says_who_the_server_is() -> None:
     links = make_links(2)
-    assert links.control(1, Welcome("b", epoch_size=7, workers=3)) == []
+    # The first welcome admits the trainer: it grants its credit then.
+    assert links.control(1, welcome("b", epoch_size=7, workers=3)) == [Grant(1)]
     assert links.server_ids == ["", "b"]
     assert links.links[1].workers == 3
     assert links.epoch_size is None  # the first server has not answered yet
-    links.control(0, Welcome("a", epoch_size=5))
+    links.control(0, welcome("a", epoch_size=5))
     assert links.epoch_size == 12
 
 
 def test_a_plain_server_an_older_feedmux_is_an_error() -> None:
-    links = make_links(reliable=True)  # every loader
+    links = make_links()
     with pytest.raises(TransportError, match=r"expected a server that deals by credit .*, "
                                              r"got one with plain delivery .*older feedmux"):
         links.control(0, Welcome("a", reliable=False))
 
 
-@pytest.mark.parametrize(("reliable", "resync"), [(False, []), (True, [Resync(0)])])
-def test_a_new_server_id_on_a_link_is_a_restart(
-    reliable: bool, resync: list[Resync], caplog: pytest.LogCaptureFixture
-) -> None:
-    links = make_links(reliable=reliable)
-    # The new process knows the trainer by its hello only: it says hello again.
-    actions = [*resync, Send(0, Hello(client_id=links.client_id, codecs=INFLATES))]
-    # The first welcome admits a reliable trainer: it grants its credit then.
-    assert links.control(0, Welcome("a", reliable=reliable)) == ([Grant(0)] if reliable else [])
-    assert links.control(0, Welcome("a", epoch_size=3, reliable=reliable)) == []  # not a restart
+def test_a_new_server_id_on_a_link_is_a_restart(caplog: pytest.LogCaptureFixture) -> None:
+    links = make_links()
+    # The new process knows the trainer by its hello only: it says hello again, and the
+    # loader drops its pending acknowledgement and grants its credit again (Resync).
+    actions = [Resync(0), Send(0, Hello(client_id=links.client_id, codecs=INFLATES))]
+    # The first welcome admits the trainer: it grants its credit then.
+    assert links.control(0, welcome("a")) == [Grant(0)]
+    assert links.control(0, welcome("a", epoch_size=3)) == []  # not a restart
     links.control(0, EndOfStream("a"))
     assert links.finished
     with caplog.at_level(logging.WARNING, logger="feedmux.client"):
-        assert links.control(0, Welcome("b", reliable=reliable)) == actions
+        assert links.control(0, welcome("b")) == actions
     assert "restarted: server id b, before a" in caplog.text
     assert not links.finished  # the new process serves a new stream
     assert links.server_ids == ["b"]
@@ -102,7 +107,7 @@ def test_a_new_server_id_on_a_link_is_a_restart(
 
 def test_a_drain_is_answered_with_the_messages_of_that_server() -> None:
     links = make_links()
-    links.control(0, Welcome("a"))
+    links.control(0, welcome("a"))
     for _ in range(3):
         links.data("a", first_epoch=1, now=0.0)
     assert links.control(0, Drain(sent_messages=3, server_id="a")) == [heartbeat(0, 3)]
@@ -111,7 +116,7 @@ def test_a_drain_is_answered_with_the_messages_of_that_server() -> None:
 
 def test_data_from_an_unknown_server_says_hello_again_once() -> None:
     links = make_links(2)
-    links.control(0, Welcome("a"))
+    links.control(0, welcome("a"))
     assert links.data("a", first_epoch=1, now=0.0) == ()
     hellos = links.hello()
     assert links.data("restarted", first_epoch=1, now=0.0) == hellos
@@ -121,7 +126,7 @@ def test_data_from_an_unknown_server_says_hello_again_once() -> None:
 
 def test_heartbeats_are_due_once_per_interval() -> None:
     links = make_links(2)
-    links.control(0, Welcome("a"))
+    links.control(0, welcome("a"))
     links.data("a", first_epoch=1, now=0.0)
     assert links.tick(0.0) == [heartbeat(0, 1), heartbeat(1, 0)]
     assert links.tick(0.5) == ()
@@ -131,13 +136,13 @@ def test_heartbeats_are_due_once_per_interval() -> None:
 
 def test_a_second_epoch_without_a_size_asks_at_once() -> None:
     links = make_links()
-    links.control(0, Welcome("a"))
+    links.control(0, welcome("a"))
     links.tick(0.0)
     links.data("a", first_epoch=1, now=0.1)
     assert links.tick(0.2) == ()
     links.data("a", first_epoch=2, now=0.3)
     assert links.tick(0.3) == [heartbeat(0, 2)]
-    links.control(0, Welcome("a", epoch_size=4))
+    links.control(0, welcome("a", epoch_size=4))
     links.data("a", first_epoch=3, now=0.4)
     assert links.tick(0.5) == ()  # the size is known: nothing to ask
 
@@ -146,7 +151,7 @@ def test_end_of_stream_on_the_control_socket() -> None:
     links = make_links(2)
     links.control(0, EndOfStream("a"))  # before the welcome: the server finished first
     assert links.links[0].finished and not links.finished
-    links.control(1, Welcome("b"))
+    links.control(1, welcome("b"))
     links.control(1, EndOfStream(""))
     links.control(1, EndOfStream("older"))
     assert not links.links[1].finished
@@ -154,10 +159,10 @@ def test_end_of_stream_on_the_control_socket() -> None:
     assert links.finished
 
 
-def test_end_of_stream_on_the_reliable_data_socket() -> None:
-    links = make_links(2, reliable=True)
+def test_end_of_stream_on_the_data_socket() -> None:
+    links = make_links(2)
     links.data_end_of_stream(0, "")
-    links.control(1, Welcome("b", reliable=True))
+    links.control(1, welcome("b"))
     links.data_end_of_stream(1, "older")
     assert links.links[0].finished and not links.links[1].finished
     links.data_end_of_stream(1, "b")
@@ -198,17 +203,17 @@ def test_length_is_the_share_of_the_epoch() -> None:
     links = make_links(2, world_size=3)
     with pytest.raises(TypeError, match="epoch size is not known yet"):
         links.length()
-    links.control(0, Welcome("a", epoch_size=5))
-    links.control(1, Welcome("b", epoch_size=5))
+    links.control(0, welcome("a", epoch_size=5))
+    links.control(1, welcome("b", epoch_size=5))
     assert links.length() == 3
-    links.control(1, Welcome("b", epoch_size=0))
-    links.control(0, Welcome("a", epoch_size=0))
+    links.control(1, welcome("b", epoch_size=0))
+    links.control(0, welcome("a", epoch_size=0))
     assert links.length() == 1
 
 
 def test_a_silent_control_endpoint_is_reported_once(caplog: pytest.LogCaptureFixture) -> None:
     links = make_links(2)
-    links.control(0, Welcome("a"))
+    links.control(0, welcome("a"))
     with caplog.at_level(logging.WARNING, logger="feedmux.client"):
         links.data("a", first_epoch=1, now=100.0)
         links.data("a", first_epoch=1, now=100.0 + _link.CONTROL_SILENCE_WARNING)
@@ -224,7 +229,7 @@ def test_no_report_once_every_control_endpoint_answered(
     links = make_links()
     with caplog.at_level(logging.WARNING, logger="feedmux.client"):
         links.data("a", first_epoch=1, now=0.0)
-        links.control(0, Welcome("a"))
+        links.control(0, welcome("a"))
         links.data("a", first_epoch=1, now=1.0)
         links.data("a", first_epoch=1, now=100.0)
     assert not caplog.records
@@ -254,11 +259,9 @@ def events(links: int) -> st.SearchStrategy[list[Event]]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(1, 3), st.booleans(), st.data())
-def test_sequences_of_welcomes_restarts_drains_and_ends(
-    count: int, reliable: bool, data: st.DataObject
-) -> None:
-    links = make_links(count, reliable=reliable)
+@given(st.integers(1, 3), st.data())
+def test_sequences_of_welcomes_restarts_drains_and_ends(count: int, data: st.DataObject) -> None:
+    links = make_links(count)
     received: Counter[str] = Counter()
     server_ids = [""] * count
     finished = [False] * count
@@ -269,13 +272,11 @@ def test_sequences_of_welcomes_restarts_drains_and_ends(
         if event.kind == "welcome":
             if not event.server_id:
                 continue  # a server always has an id
-            actions = links.control(link, Welcome(event.server_id, epoch_size=event.epoch_size,
-                                                  reliable=reliable))
+            actions = links.control(link, welcome(event.server_id, epoch_size=event.epoch_size))
             restarted = server_ids[link] not in ("", event.server_id)
             hello = [Send(link, Hello(client_id=links.client_id, codecs=INFLATES))]
-            first = [Grant(link)] if reliable and not server_ids[link] else []
-            assert actions == (([Resync(link)] if reliable else []) + hello if restarted
-                               else first)
+            first = [Grant(link)] if not server_ids[link] else []
+            assert actions == ([Resync(link), *hello] if restarted else first)
             if restarted:
                 finished[link] = False
             server_ids[link] = event.server_id
@@ -328,8 +329,8 @@ def test_a_rank_tells_a_restarted_server_where_it_stands() -> None:
     links = make_links()
     links.rank, links.world_size = 1, 2
     links.position = lambda index: (2, 40, 2, RESUME_LIVE)
-    links.control(0, Welcome("a", world_size=2))
-    assert links.control(0, Welcome("b", world_size=2)) == [
+    links.control(0, welcome("a", world_size=2))
+    assert links.control(0, welcome("b", world_size=2)) == [
         Resync(0),  # the rest of the old process's message is dropped: it will come again
         Send(0, Hello(client_id=links.client_id, world_size=2, rank=1,
                       resume=(2, 40, 2, RESUME_LIVE), codecs=INFLATES)),
@@ -359,7 +360,7 @@ def test_a_loader_waiting_for_a_server_warns_after_ten_seconds_then_every_thirty
         f"no answer from data tcp://h:0 / control tcp://h:1 for 70 s: {causes}",
     ]
     assert _waiting_lines(caplog, logging.INFO) == []
-    links.control(0, Welcome("s1"))
+    links.control(0, welcome("s1"))
     links.wait(80.0, 90.0)  # a new wait, the server answers: the likely causes
     assert "server s1 at data tcp://h:0 / control tcp://h:1 answers but has sent no data for " \
         "10 s: it waits for more trainers (--min-trainers)" in \
@@ -368,7 +369,7 @@ def test_a_loader_waiting_for_a_server_warns_after_ten_seconds_then_every_thirty
 
 def test_a_timeout_names_a_derived_control_endpoint_as_derived() -> None:
     links = ServerLinks(["tcp://h:5555"], ["tcp://h:5556"], client_id="t", world_size=1,
-                        reliable=False, timeout=5.0, heartbeat_interval=1.0, derived=[True])
+                        timeout=5.0, heartbeat_interval=1.0, derived=[True])
     # Before: "(servers: tcp://h:5556=never answered)", a port the user never typed.
     with pytest.raises(TransportTimeoutError, match=re.escape(
             "no data from tcp://h:5555 for 5 s (control tcp://h:5556 (derived from the data "

@@ -26,7 +26,7 @@ def deliver(core: ControlCore, sends: list[Message], now: float) -> list[Message
 @pytest.mark.parametrize("rank", [-1, 0])
 def test_a_trainer_whose_hello_was_lost_says_hello_to_the_restarted_server(rank: int) -> None:
     links = ServerLinks(["tcp://h:1"], ["tcp://h:2"], client_id="t", world_size=1 if rank == 0
-                        else 0, rank=rank, reliable=True, timeout=60.0,
+                        else 0, rank=rank, timeout=60.0,
                         heartbeat_interval=1.0)
     [lost] = links.hello()  # written to a server killed before it read it
     assert isinstance(lost, Send)

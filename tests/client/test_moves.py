@@ -47,7 +47,7 @@ def test_a_failing_or_odd_resolver_keeps_the_endpoints(caplog: pytest.LogCapture
 
 def test_the_link_state_moves_a_link_and_says_hello_there() -> None:
     links = ServerLinks([d for d, _ in OLD], [c for _, c in OLD], client_id="t", world_size=2,
-                        reliable=True, timeout=None, heartbeat_interval=1.0, rank=1)
+                        timeout=None, heartbeat_interval=1.0, rank=1)
     actions = links.move(1, "tcp://g:5", "tcp://g:6")
     # The credit again (the first grant went to the old endpoints, and died with them).
     assert actions == [Grant(1), Send(1, Hello(client_id="t", world_size=2, rank=1,

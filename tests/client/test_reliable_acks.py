@@ -1,4 +1,4 @@
-"""A reliable loader's acknowledgements: several messages at once, the rest from its thread."""
+"""A loader's acknowledgements: several messages at once, the rest from its thread."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def hand_out(data: DataSockets, server_id: str, seq: int) -> None:
 
 def test_messages_handed_out_whole_are_acknowledged_a_batch_at_a_time() -> None:
     socket = RecordingSocket()
-    data = DataSockets([socket], reliable=True, client_id="c", addresses=["x"],
+    data = DataSockets([socket], client_id="c", addresses=["x"],
                        tune_malloc=False, ack_batch=3)
     for seq in (1, 2):
         hand_out(data, "s", seq)
@@ -52,7 +52,7 @@ def test_each_server_process_s_messages_are_acknowledged_under_its_id() -> None:
     # finished like any other: its number, in the new process's numbering, is another
     # message, which must not be taken for handed out.
     socket = RecordingSocket()
-    data = DataSockets([socket], reliable=True, client_id="c", addresses=["x"],
+    data = DataSockets([socket], client_id="c", addresses=["x"],
                        tune_malloc=False, ack_batch=3)
     hand_out(data, "old", 7)
     hand_out(data, "new", 1)
