@@ -80,11 +80,10 @@ def _taking_reliable(cls: type[_Config]) -> type[_Config]:
     return cls
 
 
-#: What a server's options (``reliable``, ``group_buffer``, ``shm``), the state it is in
+#: What a server's options (``group_buffer``, ``shm``), the state it is in
 #: (``groups``, ``ranked_job``: what its trainers made of it so far) or a trainer's hello
 #: (``group``, ``rank``, ``batch_size``, ``resume``, ``live``) may ask for, in words.
 ASKS: dict[str, str] = {
-    "reliable": "reliable delivery (--reliable)",
     "group_buffer": "a consumer groups' buffer (--group-buffer)",
     "shm": "the shared-memory pool",
     "groups": "consumer groups (a trainer asked for one)",
@@ -407,8 +406,7 @@ class ServerConfig:
     @property
     def asks(self) -> frozenset[str]:
         """What these options ask for, in the words of the combination table (:data:`ASKS`)."""
-        options = {"reliable": self.reliable, "group_buffer": self.group_buffer is not None,
-                   "shm": self.shm}
+        options = {"group_buffer": self.group_buffer is not None, "shm": self.shm}
         return frozenset(name for name, asked in options.items() if asked)
 
     @property

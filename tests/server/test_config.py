@@ -39,20 +39,18 @@ def test_what_no_rule_refuses_combines() -> None:
 
 def test_a_switched_off_ask_says_why_only_alongside_its_pair() -> None:
     assert disabled({"groups", "shm"}, "shm") is None  # each member holds a cell of a run
-    assert disabled({"reliable", "shm"}, "shm") is None  # the ledger keeps its own frames
     assert disabled({"shm"}, "shm") is None
     assert disabled({"groups"}, "shm") is None  # nothing asked for shm: nothing is off
     assert disabled({"groups", "shm"}, "groups") is None  # the first one stays on
 
 
 def test_the_config_applies_the_table_to_its_options() -> None:
-    # Every server deals its free trainers by credit and acknowledgements.
-    assert ServerConfig(source="m:a", shm=True).asks == {"reliable", "shm"}
-    assert ServerConfig(source="m:a", group_buffer="8MiB", shm=False).asks == {
-        "reliable", "group_buffer"}
-    # Groups and reliable delivery combine (a killed member's rest goes to its group).
-    assert ServerConfig(source="m:a", group_buffer=8).asks == {
-        "reliable", "group_buffer", "shm"}
+    assert ServerConfig(source="m:a", shm=True).asks == {"shm"}
+    assert ServerConfig(source="m:a", group_buffer="8MiB", shm=False).asks == {"group_buffer"}
+    assert ServerConfig(source="m:a", group_buffer=8).asks == {"group_buffer", "shm"}
+    # Every server deals its free trainers by credit and acknowledgements: no option asks
+    # for it, so the table has no word for it (it was "reliable", always asked).
+    assert "reliable" not in ASKS and not ServerConfig(source="m:a", shm=False).asks
 
 
 @pytest.mark.parametrize("reliable", [False, True])
