@@ -1,4 +1,4 @@
-"""The outbox's one error policy and its one wait, with a fake socket (no network)."""
+"""The outbox's one error policy and its one wait, with a fake socket (strays: over ipc)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ from typing import Any
 import pytest
 import zmq
 
+from feedmux._plumbing.sockets import send_message
+from feedmux.protocol import Credit
 from feedmux.server._delivery.outbox import FULL, GONE, SENT, Outbox, Wait
+from feedmux.server._delivery.reliable import ReliableLink
 
 
 class FakeSocket:
@@ -121,25 +124,32 @@ def test_a_wait_serves_control_when_it_speaks(parts: list[bytes]) -> None:
         context.term()
 
 
-def test_strays_are_dropped_a_bounded_batch_at_a_time_and_counted(tmp_path: Any) -> None:
+def test_strays_on_the_data_socket_are_read_dropped_and_counted_in_a_wait(tmp_path: Any) -> None:
+    # As the server assembles it: the outbox's waits read the data socket with the link
+    # that takes the trainers' credit and acknowledgements. What stray peers send there
+    # among them is dropped and counted, and a trainer's credit is still taken.
     context: zmq.Context[Any] = zmq.Context()
     try:
         data, control = context.socket(zmq.ROUTER), context.socket(zmq.PAIR)
         data.bind(f"ipc://{tmp_path}/data")
-        peer = context.socket(zmq.DEALER)
-        peer.connect(f"ipc://{tmp_path}/data")
+        stray, trainer = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
+        trainer.setsockopt(zmq.ROUTING_ID, b"t")
+        for peer in (stray, trainer):
+            peer.connect(f"ipc://{tmp_path}/data")
         for number in range(5):
-            peer.send_multipart([b"stray", bytes([number])])
+            stray.send_multipart([b"stray", bytes([number])])
+        send_message(trainer, Credit(client_id="t", credits=4))
         box = Outbox(data, control, lambda: None)
-        assert data.poll(5000)
-        got = 0
-        deadline = 50  # messages arrive over ipc in the background: look a bounded while
-        while got < 5 and deadline:
-            got += box.drop_stray(limit=2) if data.poll(100) else 0
-            deadline -= 1
-        assert got == 5 and box.stray_dropped == 5
-        assert box.drop_stray(limit=2) == 0  # nothing left, and never a wait
-        for socket in (data, control, peer):
+        link = ReliableLink(data, box, "s")
+        box.serve_data = link.serve
+        looks = 50  # messages arrive over ipc in the background: look a bounded while
+        while (box.stray_dropped < 5 or b"t" not in link.credits.peers) and looks:
+            box.wait(Wait.CREDIT)
+            looks -= 1
+        assert box.stray_dropped == 5 and b"t" in link.credits.peers
+        link.serve()  # nothing left: it returns at once
+        assert box.stray_dropped == 5
+        for socket in (data, control, stray, trainer):
             socket.close(linger=0)
     finally:
         context.term()

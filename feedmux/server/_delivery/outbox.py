@@ -2,22 +2,22 @@
 
 :class:`Outbox` owns the data socket's sends and the one wait of the data
 path. Every data message — to a free trainer, a rank's holder, a consumer
-group's member, a reliable trainer (its envelope first), a rank's successor
-(its predecessor's rest), a re-sent message of a lost trainer, a heartbeat or
-end of stream on the reliable socket — leaves through :meth:`Outbox.send`, a
+group's member (each after its envelope), a rank's successor (its
+predecessor's rest), a re-sent message of a lost trainer, a heartbeat or end of
+stream on the data socket — leaves through :meth:`Outbox.send`, a
 non-blocking addressed send with one error policy for a failed one:
 
 - ``zmq.Again``: that trainer's queue is full (its high-water mark): :data:`FULL`,
   try the next trainer or wait;
 - ``EHOSTUNREACH`` (``ROUTER_MANDATORY``): its data connection is not up yet,
   or gone: :data:`GONE`; who decides that it is gone for good is the caller
-  (the control heartbeats, or reliable mode's lost trainer);
+  (the control heartbeats, or the data socket's link, which finds a lost trainer);
 - anything else (the socket closed, the context terminated) is raised.
 
 While nobody can take a message the sender calls :meth:`Outbox.wait`: it serves
-the control socket meanwhile (and, in reliable mode, the credit and
-acknowledgements arriving on the data socket), and every second spent in it
-counts in one ``blocked_seconds``. The outbox never decides who gets a message
+the control socket meanwhile (and the credit and acknowledgements arriving on
+the data socket), and every second spent in it counts in one
+``blocked_seconds``. The outbox never decides who gets a message
 (the dealer, the ledger and the control core do) and keeps no message once it
 left.
 """
@@ -32,7 +32,7 @@ from typing import Any
 
 import zmq
 
-__all__ = ["FULL", "GONE", "SENT", "STRAY_BATCH", "Frames", "Outbox", "Sent", "Wait"]
+__all__ = ["FULL", "GONE", "SENT", "Frames", "Outbox", "Sent", "Wait"]
 
 #: One data message as it is sent: its frames (bytes, memoryviews, zmq Frames).
 Frames = Sequence[Any]
@@ -57,15 +57,11 @@ class Wait(enum.Enum):
     #: Room at one trainer: a ROUTER's writability says that *some* peer has room, so
     #: polling for it would spin; a short look at the control socket instead (1 ms).
     BRIEF = enum.auto()
-    #: Credit or acknowledgements (reliable mode): until the data socket is readable.
+    #: Credit or acknowledgements: until the data socket is readable.
     CREDIT = enum.auto()
     #: Nobody to send to: the control socket alone, at most 0.1 s.
     IDLE = enum.auto()
 
-
-#: Stray messages read and dropped at most per look at the data socket (one look per
-#: data message sent, per wait and per idle turn), so that dropping never starves sending.
-STRAY_BATCH = 256
 
 #: How long each wait lasts at most (milliseconds), and what it watches on the data socket.
 _WAITS = {Wait.ROOM: (100, zmq.POLLOUT), Wait.BRIEF: (1, 0), Wait.CREDIT: (100, zmq.POLLIN),
@@ -77,8 +73,8 @@ class Outbox:
 
     ``control`` is the control socket, ``serve_control()`` answers what waits
     on it; ``serve_data()``, when given, takes in what arrives on the data
-    socket (reliable mode's credit and acknowledgements; elsewhere
-    :meth:`drop_stray`).
+    socket (the trainers' credit and acknowledgements, and what stray peers send
+    there, dropped).
     """
 
     def __init__(self, socket: Any, control: Any, serve_control: Callable[[], object],
@@ -91,8 +87,12 @@ class Outbox:
         self.blocked_seconds = 0.0
         #: Bytes of data messages that left (counted by :meth:`count`).
         self.bytes_sent = 0
-        #: Messages that arrived on the data socket where nothing is expected there (no
-        #: reliable mode), read and dropped by :meth:`drop_stray`.
+        #: Messages on the data socket that are no feedmux message (a scanner, a
+        #: misconfigured client, a fuzzer): read with the trainers' credit and
+        #: acknowledgements (``serve_data``), dropped and counted here. Left unread they
+        #: would not only be held: libzmq keeps a departed peer's pipe, with every message
+        #: it queued, until the socket has read them (measured: about 0.5 KiB a message,
+        #: +300 MiB in 45 s of churning peers).
         self.stray_dropped = 0
         self._poller = zmq.Poller()
         self._poller.register(control, zmq.POLLIN)
@@ -118,26 +118,6 @@ class Outbox:
                 return True
             self.wait(what)
         return False
-
-    def drop_stray(self, limit: int = STRAY_BATCH) -> int:
-        """Read and drop up to ``limit`` messages waiting on the data socket; how many.
-
-        Free trainers of a plain server send nothing on the data socket, so what
-        comes there is a stray peer's (a scanner, a misconfigured client, a fuzzer).
-        Left unread it is not only held: libzmq keeps a departed peer's connection
-        (its pipe, with every message it queued) until the socket has read them, so
-        peers that send and leave would grow the server without bound (measured:
-        about 0.5 KiB per message, +300 MiB in 45 s of churning peers).
-        """
-        dropped = 0
-        while dropped < limit:
-            try:
-                self.socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            dropped += 1
-        self.stray_dropped += dropped
-        return dropped
 
     def count(self, frames: Sequence[Any]) -> None:
         """``frames`` left as one data message (for the ``bytes_sent`` statistic)."""
