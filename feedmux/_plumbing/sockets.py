@@ -58,8 +58,8 @@ HEARTBEAT_INTERVAL = 1.0
 #: keepalive does not help, it waits for an idle connection. Longer than a short outage
 #: plus the retransmission back-off after it (on a fast link retries go 0.2, 0.6, 1.4, 3,
 #: 6.2 and 12.6 s after the first send: an outage of up to about 12 s stays a pause). The
-#: reliable server's ``SILENCE_GRACE`` is this same time: a silent trainer and a half-open
-#: connection are given as long.
+#: server's ``SILENCE_GRACE`` for a free trainer is this same time: a silent trainer and a
+#: half-open connection are given as long.
 HALF_OPEN_TIMEOUT = 15.0
 
 #: Largest frame a loader's control socket accepts (libzmq's ``MAXMSGSIZE`` is per
@@ -82,10 +82,9 @@ CONTROL_INBOUND_FRAME_BYTES = 64 * 1024
 #: drop it after a few seconds, so this leaves about five seconds of room.
 CONTROL_RCVHWM = 1024
 #: Largest frame the server's data socket accepts: trainers send only credit and
-#: acknowledgements there (reliable mode), each well under a KiB, and nothing at all
-#: in plain mode.
+#: acknowledgements there, each well under a KiB.
 DATA_INBOUND_FRAME_BYTES = 16 * 1024
-#: Messages queued per trainer on the server's data socket: a reliable trainer sends
+#: Messages queued per trainer on the server's data socket: a trainer sends
 #: at most one acknowledgement per message it was granted (at most ``MAX_CREDIT``,
 #: 256) and a credit grant now and then before the server reads them (5 MiB a
 #: connection at most, with the frame limit).
@@ -195,23 +194,19 @@ def make_socket(
     host that vanished leaves, a half-open connection that keepalive never
     probes because it is not idle. Linux applies the same bound to a receive
     window that stays closed (tcp(7)): a peer alive but reading nothing at the
-    TCP level for that long is cut off too. So the bound goes only where the
+    TCP level for that long is cut off too. So the bound belongs where the
     peer's libzmq keeps reading (a receive queue without limit, or a reader
-    that never pauses for long), not on the plain server's data socket: a
-    plain trainer's full queue closes its window by design (plain mode's
-    back-pressure), and a trainer in a long step would lose its connection
-    and what was queued for it.
+    that never pauses for long): a trainer's data socket has no receive limit
+    (credit bounds what comes), so a trainer in a long step keeps its
+    connection. (It could be turned off for the data socket of the
+    at-most-once plain delivery, gone since, whose trainers' full queues
+    closed their windows by design.)
 
-    What a user sees when a trainer's host vanishes: in both modes the
-    statistics stop counting it after ``TRAINER_TIMEOUT`` (3 s without its
-    heartbeats). A reliable server deals what it held to the others within
-    ``SILENCE_GRACE`` and a heartbeat (16 s), and its kernel closes every
-    connection to it within about as long. A plain server deals around it once its
-    queue is full and forgets it when a control send to it fails (at the end
-    of an epoch or of the stream); its control connection is gone within
-    16 s too, but its data connection, with the messages queued for it and
-    the socket's send buffer, stays until the kernel gives up (about 15
-    minutes).
+    What a user sees when a trainer's host vanishes: the statistics stop
+    counting it after ``TRAINER_TIMEOUT`` (3 s without its heartbeats); the
+    server deals what it held to the others within ``SILENCE_GRACE`` and a
+    heartbeat (16 s), and its kernel closes every connection to it within
+    about as long.
 
     ``max_message_bytes`` caps what a receiving socket accepts before any of
     it reaches Python. ``security`` (a ``ServerCurve`` or ``ClientCurve``)

@@ -22,7 +22,7 @@ far its killed predecessor got from the predecessor's mark file, and its log
 says so (a P record): the predecessor's unwritten samples up to there count as
 handed out. The concatenation is the rank's *effective* sequence, which can be
 compared with that of an uninterrupted run (``--reference``). Free trainers'
-hand-outs count as they are; a reliable trainer that died may have handed out
+hand-outs count as they are; a free trainer that died may have handed out
 samples it could not tell the server about, which the server then dealt
 again: repeats within the last ``hwm`` messages of a session that did not
 close are reported as re-dealt, not as problems. An epoch of which nothing at

@@ -448,7 +448,7 @@ class ServerLinks:
         return [Grant(index), Send(index, self._hello(index))]
 
     def data_end_of_stream(self, index: int, server_id: str) -> None:
-        """Reliable mode: an end of stream on the data socket of link ``index``."""
+        """An end of stream on the data socket of link ``index``."""
         self.links[index].end_of_stream(server_id, on_data_socket=True)
 
     def data(self, server_id: str, first_epoch: int, *, now: float) -> Sequence[Action]:

@@ -4,8 +4,8 @@
 message and :func:`decode` turns such a list back into a message. Frame 0 is
 a msgpack header (a map holding the protocol version under ``"v"`` and the
 message kind under ``"k"``), frame 1 of a data message holds its tags as raw
-little-endian int64, and large arrays follow as raw frames. On the reliable
-data socket a message is preceded by an envelope frame (:func:`pack_envelope`,
+little-endian int64, and large arrays follow as raw frames. On the data socket
+a message from the server is preceded by an envelope frame (:func:`pack_envelope`,
 :func:`unpack_envelope`). Nothing is ever pickled. The format is described in
 ``docs/protocol.md``.
 

@@ -1,6 +1,6 @@
-"""The envelope of the reliable data socket: a sequence-number frame before a message.
+"""The envelope of the data socket: a sequence-number frame before a message.
 
-In reliable mode every message a server sends a trainer on the data socket is
+Every message a server sends a trainer on the data socket is
 preceded by one frame of :data:`ENVELOPE_BYTES` bytes: the message's sequence
 number as a little-endian unsigned integer, 0 when the message wants no
 acknowledgement (a heartbeat, an end of stream). This module owns that frame,
@@ -51,7 +51,7 @@ def _not_bool(value: Any) -> Any:
 
 
 def unpack_envelope(frames: Sequence[FrameLike]) -> tuple[int, list[Any]]:
-    """Split a message from the reliable data socket into its sequence number and frames.
+    """Split a message from the data socket into its sequence number and frames.
 
     Returns ``(seq, rest)``: ``rest`` holds the frames of the encoded message, as
     they were given (zmq ``Frame`` objects stay ``Frame`` objects). Raises

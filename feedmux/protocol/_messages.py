@@ -124,7 +124,7 @@ class Hello:
     its job needs (a global position), the world size the job had then, and
     :data:`RESUME_CHECKPOINT` or :data:`RESUME_LIVE` (docs/resume.md).
 
-    ``handed`` is empty, or what a free reliable trainer that outlived its
+    ``handed`` is empty, or what a free trainer that outlived its
     server handed out lately: ``(epoch, start, end, ...)`` triples, positions
     ``start .. end - 1`` of ``epoch``, so that the restarted server deals none
     of them again. ``handed_below`` is empty, or the last summary that server
@@ -196,7 +196,7 @@ class Heartbeat:
     ``group`` repeats the trainer's consumer group ("" : the default group), so
     a server that lost track of the trainer puts it back in the right group.
 
-    ``handed_below`` is empty, or (a reliable server to its free trainers) what
+    ``handed_below`` is empty, or (a server to its free trainers) what
     all its trainers had handed out: ``(epoch, position, e, start, end, ...)``,
     every sample of the stream before ``(epoch, position)`` was handed out by
     some trainer except positions ``start .. end - 1`` of epoch ``e`` of each
@@ -294,7 +294,8 @@ class EndOfStream:
 
 @dataclass(frozen=True)
 class Credit:
-    """Reliable mode: the client can hold ``credits`` data messages in all (client to server)."""
+    """The client can hold ``credits`` data messages in all (client to server, on the data
+    socket)."""
 
     credits: int
     client_id: str = ""
@@ -304,8 +305,8 @@ class Credit:
 class Ack:
     """The client has handed out samples (client to server).
 
-    Reliable mode, on the data socket: every sample of the messages ``seqs``.
-    A free reliable trainer, on the control socket: the same for server
+    On the data socket: every sample of the messages ``seqs``.
+    A free trainer, on the control socket: the same for server
     ``server_id``'s messages ``seqs`` when ``position`` is -1, else every
     sample of its message ``seqs`` up to and including ``(epoch, position)``.
     A ranked trainer, on the control socket: every sample of its share up to

@@ -3,7 +3,7 @@
 "Epoch N sampled" says the sampler drew (and sent) an epoch's last sample; with a
 deep queue and a slow trainer that is long before any trainer's loop reaches it.
 Where the server learns what the trainers handed out (the ranks' hand-out marks,
-the reliable free trainers' acknowledgements), an epoch is handed out once it is
+the free trainers' acknowledgements), an epoch is handed out once it is
 sampled and no ledger still holds a message of it or of an earlier epoch.
 :class:`HandOuts` owns the sampled epochs not yet handed out and that rule; it is
 pure (the ledgers' oldest epoch is passed in) and must never read a ledger, log or

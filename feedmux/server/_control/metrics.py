@@ -41,8 +41,8 @@ COUNTERS = {
     ),
     "reconnects": ("reconnects", "Trainers that came back on a new connection."),
     "stray_data_messages": (
-        "stray_data_messages", "Messages a peer sent on the data socket where none is expected "
-        "(no reliable mode), read and dropped.",
+        "stray_data_messages", "Messages on the data socket that are no trainer's credit or "
+        "acknowledgement (no feedmux message), read and dropped.",
     ),
     "errors_skipped": ("errors_skipped", "Streams skipped after an exception (on_error=skip)."),
     "epochs_completed": ("epochs_completed", "Epochs whose every sample has been sent."),

@@ -105,7 +105,7 @@ expected the same checkpoint from every rank (each loads the state saved at the 
 
 
 class Handed:
-    """What free reliable trainers that outlived their server say was handed out.
+    """What free trainers that outlived their server say was handed out.
 
     Built from their hellos: ``handed``, each trainer's own latest hand-outs
     (``(epoch, start, end)`` triples in the order it handed them out, its

@@ -4,7 +4,7 @@
 as it is (the socket carries it) and references to the server's shared-memory
 pool (for a trainer that proved it maps the pool, with fewer than
 ``transit_cap`` references on their way to it). A message that the ledger
-keeps — a rank's, for a successor; a reliable trainer's, to be re-dealt — keeps
+keeps — a rank's, for a successor; a free trainer's, to be re-dealt — keeps
 frames the server holds (a pool run whose memory the server still holds is
 pinned, never reused), so a trainer that dies holding references (its runs
 are reclaimed once its pid is gone) never takes the kept copy with it. What the

@@ -133,9 +133,9 @@ class Dealer:
 
     ``halted()`` says when a waiting message stops waiting; ``policy(name)`` is the
     recovery policy of the free audience ``name`` (the server's: "", or a group's).
-    On a reliable server (``rank_envelope``, ``rank_room``) a rank's message goes
-    after an envelope that wants no sequence-number acknowledgement, within its
-    holder's credit. ``refuse(client_id, problem)`` tells a free trainer that its
+    Given ``rank_envelope`` and ``rank_room`` (a server's are always given), a rank's
+    message goes after an envelope that wants no sequence-number acknowledgement, within
+    its holder's credit. ``refuse(client_id, problem)`` tells a free trainer that its
     batch could not be built.
     """
 

@@ -2,7 +2,7 @@
 
 :class:`Ledger` owns the messages a server keeps after sending them, in
 *lanes*: a rank (ranked delivery: its messages, in order, whoever holds it) or
-a trainer (reliable free delivery: the messages it holds). Each message is
+a free trainer (the messages it holds). Each message is
 kept with the trainer it went to, its tags and the last ``(epoch, position)``
 of it the trainer said it handed out (a hand-out mark); it leaves the ledger
 once it was handed out whole (a mark at or past its last sample, or an
@@ -351,7 +351,7 @@ MAX_SUMMARY_RUNS = 1024
 
 def handed_below(newest: tuple[int, int] | None,
                  outstanding: list[tuple[int, int, int]]) -> tuple[int, ...]:
-    """The summary a reliable server tells its trainers (``Heartbeat.handed_below``):
+    """The summary a server tells its free trainers (``Heartbeat.handed_below``):
     ``(epoch, position, e, start, end, ...)``, every sample before ``newest`` (the
     position after the newest one sent) handed out but the ``outstanding`` runs.
 

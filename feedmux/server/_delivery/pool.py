@@ -1,7 +1,7 @@
 """The server's use of the shared-memory pool: when to open it, how a full pool waits.
 
 This module owns the server-side policy around :class:`feedmux._plumbing.shm.ShmPool`:
-a pool for plain delivery with ``shm`` on, a message placed in it only when a
+a pool whenever ``shm`` is on (:func:`open_pool`), a message placed in it only when a
 trainer proved it maps the pool (and sent as references only to such a
 trainer: the data ROUTER picks each message's trainer, so trainers on other
 hosts get the same message over the socket), the fall-back to sockets where
@@ -28,7 +28,7 @@ holds a claim cell of its own on the same runs, and the runs go once the buffer
 let the message go and every claim was released, or its trainer died); a ranked
 group's shares are placed as they are dealt. Neither waits for a full pool: the
 message goes whole. How a message goes to one trainer is a :class:`Via`.
-Reliable trainers get references too, while the ledger keeps the message's
+Free trainers get references too, while the ledger keeps the message's
 bytes to deal them again (a dead trainer's claimed runs are taken back as soon
 as its pid is gone, so only whole bytes, never references, are dealt again).
 """

@@ -32,10 +32,10 @@ class RankSender:
 
     ``on_replayed(frames)`` is called for every message re-sent to a new
     holder, for the counters (the caller counts the new messages it sends).
-    ``envelope`` goes before every message on the wire (a reliable server's data
-    socket: the envelope of a message the rank's hand-out marks acknowledge), and
-    ``room(target, held)``, when given, says whether ``target`` takes one more
-    message while it holds ``held`` (a reliable trainer's credit).
+    ``envelope`` goes before every message on the wire (the data socket's envelope
+    of a message the rank's hand-out marks acknowledge), and ``room(target,
+    held)``, when given, says whether ``target`` takes one more message while it
+    holds ``held`` (the credit its holder granted).
     """
 
     def __init__(self, outbox: Outbox, retention: Ledger,

@@ -1,10 +1,11 @@
-"""Reliable delivery: credit-based flow control with acknowledgements (``--reliable``).
+"""The free trainers' delivery: credit-based flow control with acknowledgements.
 
-In reliable mode the data socket is a ROUTER and each trainer a DEALER. A
-trainer grants credit (how many messages it will hold) and acknowledges each
-data message once it has handed out all of its samples; the server sends a
-message only to a trainer with credit left and keeps it until it is
-acknowledged. When a trainer goes away (its connection closed, seen by a send
+Every server's (``--reliable`` asked for it while the at-most-once plain
+delivery was the default; it is a no-op now). The data socket is a ROUTER and
+each trainer a DEALER. A trainer grants credit (how many messages it will hold)
+and acknowledges each data message once it has handed out all of its samples;
+the server sends a message only to a trainer with credit left and keeps it until
+it is acknowledged. When a trainer goes away (its connection closed, seen by a send
 that fails under ``ROUTER_MANDATORY``, or silent for :data:`SILENCE_GRACE`: a
 frozen trainer, a host gone), its unacknowledged messages go to its
 audience's re-deal queue, dealt before anything new to the audience's other
@@ -38,7 +39,7 @@ the newest one once it reads again), and one heartbeat a second, which keeps
 finding it if it dies (under 100 bytes each: a trainer that reads nothing for
 an hour holds well under 1 MiB of them).
 
-Every message on the reliable data socket, server to trainer, starts with the
+Every message on the data socket, server to trainer, starts with the
 envelope of :mod:`feedmux.protocol` (:func:`~feedmux.protocol.pack_envelope`):
 the message's sequence number, 0 for messages that need no acknowledgement
 (heartbeats, end of stream, a rank's data).

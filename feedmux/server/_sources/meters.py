@@ -128,8 +128,8 @@ class ControlMeter:
     The shell reads ``time.thread_time()`` (this thread's CPU, not the wall
     clock: the I/O threads of ZeroMQ and a loaded machine do not count) before and
     after each batch of control messages it receives, decodes and answers (the
-    control socket and, in reliable mode, credit and acknowledgements on the data
-    socket), and adds the difference here: a clock read per batch, never per
+    control socket, and the credit and acknowledgements on the data socket), and
+    adds the difference here: a clock read per batch, never per
     message.
 
     Examples

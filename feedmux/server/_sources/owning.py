@@ -1,13 +1,13 @@
 """Make each drawn item the server's own before the streamer runs again.
 
 A streamer may write every sample into one array or one dict
-(``buf[:] = ...; yield buf``). A sample waits in its data message until the
-message is encoded and sent, and ZeroMQ (or a reliable, ranked or group server
-keeping frames for re-sending) still reads a zero-copy frame after that; so the
-server takes each item out of the streamer's hands as it is drawn, before the
-streamer is resumed. This module owns that step and nothing else: it never
-encodes, never sends, and never keeps a reference to memory the streamer can
-still write once the next item is drawn.
+(``buf[:] = ...; yield buf``). A sample waits in its data message until the message is encoded
+and sent, and ZeroMQ (or the server, keeping frames for re-sending to a lost
+trainer's audience or a rank's successor) still reads a zero-copy frame after
+that; so the server takes each item out of the streamer's hands as it is drawn,
+before the streamer is resumed. This module owns that step and nothing else: it
+never encodes, never sends, and never keeps a reference to memory the streamer
+can still write once the next item is drawn.
 
 Two ways, item by item:
 

@@ -5,7 +5,7 @@ before the fork (:class:`SharedCodec`, read by every worker before each message 
 forwards: no message of its own), the codec its socket links want now
 (:meth:`~feedmux.server._delivery.compression.LinkCompression.worker_codec`), and only
 while it sends the workers' messages on as they are (:func:`passes_through`: free
-trainers, plain or reliable, no server-side batches, no consumer groups); none
+trainers, no server-side batches, no consumer groups); none
 otherwise. A worker compresses each data message it forwards with that codec
 (:func:`pack`) unless the message is small (under ``MIN_MESSAGE``) or a trainer maps
 the shared-memory pool (its large arrays go as references then; the server compresses

@@ -42,14 +42,14 @@ class BatchPolicy:
     samples_per_message: int | None = None
     max_delay: float = 0.005
     #: Whether array frames are copies rather than views of the streamer's arrays.
-    #: A streamer may reuse one array for every sample (``buf[:] = ...; yield buf``):
-    #: a view would then change under a message still queued, or kept for re-sending
-    #: in reliable mode. Each item is made the server's own as it is drawn
-    #: (:mod:`feedmux.server._sources.owning`): small flat samples are copied straight into
-    #: the message's stacked arrays, which the codec would build anyway, so they cost
+    #: A streamer may reuse one array for every sample (``buf[:] = ...; yield buf``): a view
+    #: would then change under a message still queued, or kept for re-sending (a lost
+    #: trainer's rest, a rank's successor's). Each item is made the server's own as it is
+    #: drawn (:mod:`feedmux.server._sources.owning`): small flat samples are copied straight
+    #: into the message's stacked arrays, which the codec would build anyway, so they cost
     #: about what zero-copy costs; bigger ones cost one memcpy per array (see ``make
-    #: bench``). ``zero_copy=True`` on the server skips the copy for streamers that
-    #: never reuse an array.
+    #: bench``). ``zero_copy=True`` on the server skips the copy for streamers that never
+    #: reuse an array.
     copy_arrays: bool = True
 
     @classmethod
