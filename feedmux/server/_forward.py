@@ -142,7 +142,7 @@ class _Run:
     def passes_through(self, shell: SocketShell) -> bool:
         """Whether the workers' messages go on as they are (so the workers may compress)."""
         return passes_through(self.ranked is not None, self.batches is not None,
-                              shell.fanout is not None)
+                              shell.core.tables.grouped)
 
     def publish(self, pool: WorkerPool, shell: SocketShell) -> None:
         """Tell the workers the codec to compress with (none unless messages pass through)."""
@@ -377,9 +377,6 @@ def _send_merged(run: _Run, pool: WorkerPool, shell: SocketShell,
         tags = run.number(item)
         if not run.passes_through(shell):
             item = shell.compression.forms.raw(item)  # came compressed before the change
-        if shell.fanout is not None:
-            # The groups' ledgers keep what they send, to deal again: whole bytes.
-            item = _whole(shell.pool, item)
         if ranked is not None:
             # Its header decoded (a batch's samples stay stacked, its arrays read from the
             # workers' runs in place), its rows held and dealt.
@@ -403,16 +400,6 @@ def _drop_read_ahead(run: _Run, shm: ShmPool | None) -> None:
     for item in run.merge.drain():
         if shm is not None and not isinstance(item, EndOfEpoch) and has_refs(item):
             shm.drop(item)
-
-
-def _whole(shm: ShmPool | None, frames: Any) -> Any:
-    """A worker's message with the arrays its references name copied out of the pool and
-    their runs freed (one copy: as many as a message that came whole), or ``frames``."""
-    if shm is None or not has_refs(frames):
-        return frames
-    whole = shm.forwarded.copied_out(frames)
-    shm.drop(frames)
-    return whole
 
 
 def _stacked_in_pool(shm: ShmPool | None) -> contextlib.AbstractContextManager[None]:

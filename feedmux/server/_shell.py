@@ -22,7 +22,7 @@ import zmq
 
 from feedmux._plumbing.curve import ServerCurve
 from feedmux._plumbing.handshakes import HandshakeLogger
-from feedmux._plumbing.shm import ShmPool, carried_bytes
+from feedmux._plumbing.shm import ShmPool
 from feedmux._plumbing.sockets import (
     CONTROL_INBOUND_FRAME_BYTES,
     CONTROL_RCVHWM,
@@ -48,6 +48,7 @@ from feedmux.server._delivery.compression import LinkCompression
 from feedmux.server._delivery.dealer import Dealer, RankAudience
 from feedmux.server._delivery.fanout import GroupFanout
 from feedmux.server._delivery.outbox import Frames, Outbox
+from feedmux.server._delivery.paths import NOT_OPEN, RankedJob, SendPath
 from feedmux.server._delivery.pool import close_pool, open_pool
 from feedmux.server._delivery.registry import shm_trainers
 from feedmux.server._delivery.reliable import NO_ACK, ReliableFree, ReliableLink
@@ -119,20 +120,15 @@ class SocketShell:
         # rest within its audience (exactly once). Ranks: their messages need no sequence
         # number (the ranks' hand-out marks release them), so they go after the envelope of
         # one that needs none, within the credit their holder granted.
-        self.dealer = Dealer(self.outbox, self.core, carrier, self._dealing_halted,
+        self.dealer = Dealer(self.outbox, self.core, carrier, self._halted,
                              functools.partial(ReliableFree, reliable,
                                                sharers=self.core.sharers), [NO_ACK],
                              reliable.credits.takes, self.batch_refused)
-        #: The server's free trainers and its ranks (without consumer groups).
-        self.free = self.dealer.free_audience("", _every_trainer)
-        # What its batch shapes hold is in no ledger: the summary of the hand-outs lists it.
-        reliable.summary.held = self.free.batches.outstanding
-        self.ranks = RankAudience(self.core.rank_target, lambda: self.core.retention,
-                                  lambda: list(self.core.ranks.holders), self.dealer.rank_sender)
-        #: Consumer groups: every buffered message goes to each group (None: no groups).
-        #: Opened with the server's groups: from the start (--group-buffer), or on the
-        #: first trainer that asks for a group (the free trainers so far: group default).
-        self.fanout: GroupFanout | None = self._fanout() if config.grouped else None
+        # What the free trainers' batch shapes hold is in no ledger: the summary of the
+        # hand-outs lists it.
+        reliable.summary.held = self.dealer.free_batches("").outstanding
+        #: Where data messages go: chosen once, as sampling starts (:meth:`_open_path`).
+        self.path: SendPath = NOT_OPEN
         self.metrics: MetricsEndpoint | None = None
         if config.metrics_port is not None:
             try:
@@ -142,11 +138,23 @@ class SocketShell:
                 self.close()
                 raise
 
-    def _fanout(self) -> GroupFanout:
-        fanout = GroupFanout(self.config, self.dealer, self.core, lambda: bool(self.stopping),
-                             self.deliver)
+    def _open_path(self) -> SendPath:
+        """The send path, once the first trainers are here (:mod:`~feedmux.server._delivery.paths`):
+        a ranked job's own, or the consumer groups' (the free trainers are the group
+        ``default``)."""
+        core = self.core
+        if core.ranks.ranked:
+            ranks = RankAudience(core.rank_target, lambda: core.retention,
+                                 lambda: list(core.ranks.holders), self.dealer.rank_sender)
+            return RankedJob(self.dealer, ranks, core.data_sent, lambda: core.retention.held(),
+                             self.outbox.count_bytes)
+        # A run resumed from free trainers that outlived the previous server: what one
+        # reports in a hello after sampling began is kept out as it is dealt.
+        unreported = core.handed.fresh if core.handed.start is not None else None
+        fanout = GroupFanout(self.config, self.dealer, core, lambda: bool(self.stopping),
+                             self.deliver, unreported)
         # A ranked group resuming from a checkpoint needs its epoch whole from the buffer.
-        self.core.oldest_whole = lambda: fanout.buffer.oldest_whole
+        core.oldest_whole = lambda: fanout.buffer.oldest_whole
         return fanout
 
     def _extra_stats(self) -> dict[str, Stat]:
@@ -156,8 +164,7 @@ class SocketShell:
         stats.update(self.control_meter.stats())
         # Where it listens: a data endpoint given to `feedmux stats` is recognised by it.
         stats["data_address"], stats["control_address"] = self.data_address, self.control_address
-        if self.fanout is not None:
-            stats.update(self.fanout.stats())
+        stats.update(self.path.stats())
         stats.update(self.reliable.credits.stats())
         stats.update(self.dealer.batch_stats())
         for figures in self.extra_stats:
@@ -195,27 +202,14 @@ class SocketShell:
 
     # -- data -------------------------------------------------------------------------------
     def send_data(self, frames: Frames, n_samples: int, epoch: int, rank: int = -1) -> bool:
-        """Send one data message (to ``rank``, or -1: any free trainer), serving control
-        meanwhile; False if the server is stopping."""
-        core = self.core
-        sent = False
-        if self.fanout is None:
-            nbytes = carried_bytes(frames)
-            sent, frames = self.dealer.send(frames, self.ranks if rank >= 0 else self.free, rank)
-            if sent:
-                self.outbox.bytes_sent += nbytes
-                core.data_sent(n_samples, epoch)
-            elif self.fanout is None:
-                return False
-        # Groups, from the start or opened while this message waited (it goes to them then,
-        # not to whichever trainer is free): the fan-out counts each delivery itself.
-        if not sent and self.fanout is not None and not self.fanout.send(frames, n_samples,
-                                                                         epoch):
+        """Send one data message (to ``rank``, or -1: the free trainers and every group)
+        along the send path, serving control meanwhile; False if the server is stopping."""
+        if not self.path.send(frames, n_samples, epoch, rank):
             return False
         if readable(self.control):
             self.serve_control(timeout=0)
         self._drop_stray()
-        core.tick(time.monotonic())  # sampling: at most a throughput log line, never a send
+        self.core.tick(time.monotonic())  # sampling: at most a throughput log line, never a send
         return not self._halted()
 
     def _drop_stray(self) -> None:
@@ -224,23 +218,10 @@ class SocketShell:
         if readable(self.data):
             self.reliable.serve()
 
-    def _redeal(self) -> None:
-        """Deal again what lost reliable trainers held, within their audiences."""
-        if self.fanout is None:
-            self.dealer.redeal(self.free)
-        else:
-            self.fanout.redeal()
-
     def _ranks_owed(self) -> int:
         """Messages ranks were sent and have not handed out yet (the groups' ranks too),
         and the free trainers' batches not sent yet."""
-        owed = self.core.retention.held() + self.dealer.batches_owed()
-        return owed if self.fanout is None else owed + self.fanout.ranks_owed()
-
-    def _dealing_halted(self) -> bool:
-        """A message waiting for a trainer stops waiting: the server halts, or consumer
-        groups opened meanwhile (the message is theirs, see :meth:`send_data`)."""
-        return self._halted() or self.fanout is not None
+        return self.path.ranks_owed() + self.dealer.batches_owed()
 
     def _halted(self) -> bool:
         """Whether sending stops: the server stops, or the job restarted from a checkpoint
@@ -292,14 +273,9 @@ class SocketShell:
         return True
 
     def follow_control(self) -> None:
-        """The data side of the control messages answered: consumer groups open when a
-        trainer asked for one, a rank's successor gets what its predecessor had not
-        handed out."""
-        if self.fanout is None and self.core.tables.grouped:
-            self.fanout = self._fanout()
-        self.ranks.replay_taken_over()
-        if self.fanout is not None:
-            self.fanout.replay_taken_over()
+        """The data side of the control messages answered: a rank's successor gets what
+        its predecessor had not handed out."""
+        self.path.replay_taken_over()
 
     def _serve_waiting(self) -> None:
         """While the data path waits for a trainer: answer control, and keep the rates,
@@ -355,6 +331,8 @@ class SocketShell:
             self.failed = True
             self._repeat_last_word()
             return False
+        if self.path is NOT_OPEN:  # once: a job restarted from a checkpoint keeps it
+            self.path = self._open_path()
         return not self.stopping
 
     def tick(self) -> None:
@@ -363,31 +341,26 @@ class SocketShell:
         self.deliver(self.core.tick(time.monotonic()))
 
     def epoch_done(self, epoch: int, count: int) -> None:
-        if self.fanout is not None:
-            self.fanout.epoch_finished(epoch)
-        else:  # the free trainers' last batches of the epoch (the groups' go at their pace)
-            self.dealer.finish_batches(self.free, epoch)
+        self.path.epoch_finished(epoch)
         self.deliver(self.core.epoch_finished(epoch, count))
 
     def finish(self) -> None:
         """The end-of-stream handshake (see :meth:`ControlCore.finish`), then the last word."""
         core = self.core
-        if self.fanout is not None:
-            self.fanout.flush(time.monotonic() + self.config.drain_timeout)
-        if self.fanout is None:  # every free trainer's last, partial batch
-            self.dealer.finish_batches(self.free)
-        else:
-            self.fanout.finish_batches()
+        self.path.flush(time.monotonic() + self.config.drain_timeout)
+        self.path.finish_batches()  # every free trainer's last, partial batch
         self.deliver(core.finish(time.monotonic()))
         # Ranks' messages count too: a dead rank's go to its successor first.
         self.reliable.finish(core.drain_deadline, lambda: bool(self.stopping),
-                             self._redeal, self._ranks_owed, core.end_message)
+                             self.path.redeal, self._ranks_owed, core.end_message)
         self.reliable.broadcast(core.end_message())
         self.deliver(core.end_stream(time.monotonic()))
         self._repeat_last_word()
 
     def fail(self, error: BaseException | Error) -> None:
-        """Tell every trainer about ``error``, and whoever speaks in the next moments."""
+        """Tell every trainer about ``error``, and whoever speaks in the next moments; what
+        the send path held for them is let go (its runs of the pool back)."""
+        self.path.abandon()
         self.deliver(self.core.fail(error, time.monotonic()))
         self._repeat_last_word()
 
@@ -426,11 +399,6 @@ class SocketShell:
             self.handshakes.stop()
         if self.authenticator is not None:
             self.authenticator.stop()
-
-
-def _every_trainer() -> None:
-    """The members of a reliable server's free audience: None, every trainer with credit."""
-    return None
 
 
 def _data_socket(context: zmq.Context[Any], config: ServerConfig,

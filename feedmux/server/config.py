@@ -305,8 +305,8 @@ class ServerConfig:
     reliable: ClassVar[bool] = True
     uneven: str = "pad"
     rank_timeout: float = 60.0
-    # The consumer groups' buffer (docs/groups.md); None: DEFAULT_GROUP_BUFFER, and the
-    # server serves groups from the first trainer that asks for one.
+    # The consumer groups' buffer (docs/groups.md); None: DEFAULT_GROUP_BUFFER (every
+    # server but a ranked job's sends through it, its free trainers the group default).
     group_buffer: int | str | None = None
     join: str = "epoch"
     group_timeout: float = 10.0
@@ -411,9 +411,11 @@ class ServerConfig:
 
     @property
     def grouped(self) -> bool:
-        """Whether the server serves consumer groups from its start (``group_buffer`` set:
-        its trainers without ``group=`` are the group ``default`` then, a ranked job too).
-        Without it, it serves them from the first trainer that asks for a group."""
+        """Whether the server's trainers are consumer groups from its start (``group_buffer``
+        set: its trainers without ``group=`` are the group ``default``, a ranked job too).
+        Without it, a ranked job without ``group=`` has the server to itself, and any other
+        server's free trainers are the group ``default`` all the same
+        (:mod:`~feedmux.server._delivery.paths`)."""
         return self.group_buffer is not None
 
     @property

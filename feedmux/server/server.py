@@ -166,8 +166,9 @@ class Server:
         string of digits) or bytes (``"64MiB"``); when it is full the slowest
         group holds sampling back. Given, the server serves groups from its
         start (its trainers without ``group=`` are the group ``default``, a
-        ranked job too). None (default): 64 MiB, and groups open with the first
-        trainer that asks for one.
+        ranked job too). None (default): 64 MiB; the free trainers without
+        ``group=`` are the group ``default`` all the same, and a ranked job
+        without ``group=`` has the server to itself.
     join : {"epoch", "now"}
         With groups: a group that joins mid-stream starts at the next epoch
         boundary (default, so it sees whole epochs only) or with the next message.

@@ -268,9 +268,9 @@ def test_a_group_that_disappears_stops_holding_the_others_back(
     assert "group gone dropped" in server.stderr
 
 
-def test_a_group_joining_a_plain_server_mid_run_leaves_the_plain_trainer_whole(
+def test_a_group_joining_a_free_server_mid_run_leaves_its_free_trainer_whole(
         serve: Callable[..., Spawned], trainers: Trainers, tmp_path: Path) -> None:
-    # Epochs of 400 large samples paced by the plain trainer (3 ms a sample): the group's
+    # Epochs of 400 large samples paced by the free trainer (3 ms a sample): the group's
     # trainer asks for its group early in epoch 2, while the server deals to the plain
     # trainer alone (through the shared-memory pool: it is on this host).
     server = serve(SAMPLER, "--arg", "per_stream=100", "--arg", "width=20000", "--epochs",
@@ -278,21 +278,24 @@ def test_a_group_joining_a_plain_server_mid_run_leaves_the_plain_trainer_whole(
     whole = Counter(range(400))
     go = tmp_path / "go"
     trainers.start(server, "late", "--group", "late", "--start-file", str(go))
-    trainers.start(server, "plain", "--step-ms", "3")
+    trainers.start(server, "free", "--step-ms", "3")
 
     def early_in_epoch_2() -> bool:
         stats = fetch_stats(server.control, timeout=5)
         return stats.get("epoch") == 2 and int(stats.get("epoch_position") or 0) < 300
 
-    wait_until(early_in_epoch_2, timeout=30, what="the plain trainer early in epoch 2")
-    assert "groups" not in fetch_stats(server.control, timeout=5)  # no group yet: no buffer
+    wait_until(early_in_epoch_2, timeout=30, what="the free trainer early in epoch 2")
+    # The free trainer is the group default from the start: its buffer is the only one,
+    # and the late group's hello will add a cursor to it, nothing more.
+    stats = fetch_stats(server.control, timeout=5)
+    assert stats["groups"] == 1 and stats["group.default.members"] == 1
     go.touch()
-    for name in ("plain", "late"):
+    for name in ("free", "late"):
         assert trainers.wait(name) == 0, f"trainer {name} failed"
     assert server.wait(timeout=30) == 0
-    # The plain trainer (now the group default) lost nothing and got nothing twice across
-    # the opening of the groups; the late group started at the next epoch boundary.
-    assert per_epoch(trainers.seen("plain")) == {e: whole for e in (1, 2, 3, 4)}
+    # The free trainer (the group default) lost nothing and got nothing twice across the
+    # late group's coming; the late group started at the next epoch boundary.
+    assert per_epoch(trainers.seen("free")) == {e: whole for e in (1, 2, 3, 4)}
     # It started at a boundary after the one it asked in (under load it may ask later).
     late = trainers.seen("late")
     assert late and late[0][0] >= 3, f"the late group started in epoch {late[0][0]}"

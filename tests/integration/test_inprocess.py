@@ -75,9 +75,10 @@ def _scale(spawn: Any, control: str, workers: str) -> None:
 
 
 def test_scale_2_then_1_moves_the_shards_out_and_back_exactly(serve: Any, spawn: Any) -> None:
-    # 5 ms a sample: the stream lasts about 15 s in one process, long enough for both moves
-    # and the commands that ask for them (a process each) on a loaded machine; at 2 ms the
-    # stream once ended before the second command came (it exited 1: no answer).
+    # 5 ms a sample: the stream lasts about 15 s in one process (the sampler runs ahead of
+    # the trainer by the groups' buffer), long enough for both moves and the commands that
+    # ask for them (a process each) on a loaded machine; at 2 ms the stream once ended
+    # before the second command came.
     reference = consume(serve(*command(0.005, "--workers", "1")))
     server = serve(*command(0.005, "--workers", "auto:1-4"))
     trainer = CheckedThread(consume, server)

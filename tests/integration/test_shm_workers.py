@@ -307,15 +307,13 @@ def test_two_workers_and_two_ranks_get_the_workers_own_copies_with_exact_epochs(
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 37): with acknowledged delivery for every "
-                   "free trainer, a consumer group's members are sent the server's copy of a "
-                   "worker's array (what a reliable member holds is kept to be dealt again), not "
-                   "a view of the worker's own copy as plain delivery did; epochs stay exact")
 def test_two_groups_get_views_of_the_workers_own_copies_with_exact_epochs() -> None:
-    # Without reliable delivery the groups' buffer shares a worker's runs as they are: a
-    # member of each group holds a claim cell of the worker's copy (no copy out of the
-    # pool in the forwarder, no copy into the server's region: the worker's is the only
-    # one). Before, a large array was copied three times with --workers N and groups.
+    # The groups' buffer shares a worker's runs as they are: a member of each group holds
+    # a claim cell of the worker's copy (no copy into the server's region: the worker's is
+    # the only one in the pool; the buffer and the members' ledgers keep one copy out, to
+    # deal again). Before, a large array was copied three times with --workers N and
+    # groups, and once each group's members were dealt by credit, they were sent the
+    # server's copy instead of a view of the worker's.
     server = Server(SAMPLER, bind="tcp://127.0.0.1:0", epochs=2, samples_per_message=1,
                     shm_size=POOL, workers=2, min_trainers=2).start()
     try:

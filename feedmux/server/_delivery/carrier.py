@@ -80,14 +80,28 @@ class Carrier:
         return None if self.pool is None else placed_now(self.pool, self.core, frames, state)
 
     def share_or_whole(self, frames: Sequence[Any]) -> tuple[Sequence[Any], Placement | None]:
-        """:meth:`share` for a message that may hold a sampling worker's references: they
-        become the shared placement as they are (the worker's runs, no copy), or, when
-        the message cannot be shared (no trainer maps the pool, the pool is full), the
-        arrays they name are copied out and their runs freed: the message goes whole."""
+        """:meth:`share` for a message as the sampler made it, and the frames the groups'
+        buffer (and the free trainers' ledgers) keep of it: whole bytes.
+
+        A sampling worker's references become the shared placement as they are (the
+        worker's runs: no copy for the trainers that map the pool) and the frames kept
+        are their one copy; when the message cannot be shared (no trainer maps the
+        pool, the pool is full) the arrays are copied out and the runs freed. A
+        message a worker compressed is inflated first while a trainer maps the pool
+        (as :meth:`place` does), else kept as it is."""
+        if self.pool is None:
+            return frames, None
+        if self.compression is not None and packed(frames) is not None:
+            self.pool.want(bool(shm_trainers(self.core)))
+            if not self.pool.wanted:
+                return frames, None
+            frames = self.compression.forms.raw(frames)
         placed = self.share(frames)
-        if placed is None and self.pool is not None and has_refs(frames):
+        if not has_refs(frames):
+            return frames, placed
+        if placed is None:
             return self.whole(frames, drop=True), None
-        return frames, placed
+        return self.pool.forwarded.copied_out(frames), placed
 
     def whole(self, frames: Sequence[Any], drop: bool = False) -> Sequence[Any]:
         """``frames`` with the arrays a sampling worker's references name copied out (the
@@ -98,6 +112,14 @@ class Carrier:
         if drop:
             self.pool.drop(frames)
         return whole
+
+    def decodable(self, frames: Sequence[Any]) -> Sequence[Any]:
+        """``frames`` as the decoder reads them: a sampling worker's references copied out
+        and its compression undone (a message buffered before a ranked group joined)."""
+        frames = self.whole(frames)
+        if self.compression is not None and packed(frames) is not None:
+            frames = self.compression.forms.raw(frames)
+        return frames
 
     def unshare(self, placed: Placement | None) -> None:
         if placed is not None and self.pool is not None:

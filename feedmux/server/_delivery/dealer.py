@@ -155,22 +155,25 @@ class Dealer:
         self.refuse = refuse
         #: Every free audience made (their batches are finished at the stream's end).
         self.audiences: list[FreeAudience] = []
-        #: Each free audience's batches, by name: the server's free trainers' go on as the
-        #: group default's when consumer groups open mid-run.
+        #: Each free audience's batches, by name ("": the group ``default``'s).
         self._batches: dict[str, FreeBatches] = {}
 
     def free_audience(self, name: str, members: Callable[[], list[bytes] | None],
                       ) -> FreeAudience:
         """The free audience ``name`` (its members' client ids from ``members()``) under
         this server's recovery policy."""
+        audience = FreeAudience(name, members, self.policy(name), self.free_batches(name))
+        self.audiences.append(audience)
+        return audience
+
+    def free_batches(self, name: str) -> FreeBatches:
+        """The batches of free audience ``name``'s trainers (made when first asked for)."""
         batches = self._batches.get(name)
         if batches is None:
             batches = self._batches[name] = FreeBatches(self.core.config.server_id,
                                                         self.core.batch_shape,
                                                         self.core.config.buckets)
-        audience = FreeAudience(name, members, self.policy(name), batches)
-        self.audiences.append(audience)
-        return audience
+        return batches
 
     def rank_sender(self, ledger: Ledger) -> RankSender:
         """A sender of ranked messages kept in ``ledger`` (a replay counts as sent)."""

@@ -21,9 +21,11 @@ With the shared-memory pool a message's large arrays are placed once as it enter
 the buffer, for a member of each free group to hold a claim on the same runs (the
 carrier's :meth:`~feedmux.server._delivery.carrier.Carrier.share`; the buffer gives
 the placement back as the message leaves), and a ranked group's shares are placed as
-they are dealt. A fan-out may start mid-run (the first trainer asking for a group on
-a server that had none): the free trainers served until then are the group
-``default`` and go on with the next message. Membership comes from the control
+they are dealt. Every server that is not one ranked job's sends through a fan-out,
+opened as sampling starts (:mod:`feedmux.server._delivery.paths`): its free trainers
+without ``group=`` are the group ``default``, and those there at the start read the
+stream from its first message; a named group is one more cursor, whenever its first
+trainer comes. Membership comes from the control
 core's trainer registry (each trainer's hello names its group and rank); this module
 must never decide anything about trainers (but that a given-up group's are gone,
 which the core then forgets) or the end of the stream, and never keeps frames beyond
@@ -38,9 +40,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
+import numpy as np
+
 from feedmux._plumbing.shm import Placement, carried_bytes, is_ref
 from feedmux._plumbing.shmtable import SENT
-from feedmux.protocol import Data, Error, decode
+from feedmux.protocol import Data, Error, decode, encode, read_tags
 from feedmux.server._delivery.batches import Batches
 from feedmux.server._delivery.carrier import Carrier
 from feedmux.server._delivery.dealer import Dealer, FreeAudience, RankAudience
@@ -82,6 +86,10 @@ def _nbytes(frames: Frames) -> int:
 RANK_BACKLOG = 2
 
 
+#: ``unreported(epoch, positions)``: which of an epoch's positions nobody reported handed
+#: out (a bool mask), or None: all of them.
+Unreported = Callable[[int, np.ndarray], "np.ndarray | None"]
+
 #: A rank's encoded share: frames, samples, epoch, and its placement in the pool (or None).
 _Share = tuple[Frames, int, int, Placement | None]
 
@@ -118,7 +126,7 @@ class _RankedGroup:
 
     def deal(self, message: BufferedMessage) -> None:
         """Deal the group's next buffered message (an epoch change first ends the last one)."""
-        decoded = decode(list(self.carrier.whole(message.frames)))
+        decoded = decode(list(self.carrier.decodable(message.frames)))
         assert isinstance(decoded, Data)
         if message.epoch != self.epoch:
             self.finish_epoch()
@@ -160,16 +168,21 @@ class GroupFanout:
     """
 
     def __init__(self, config: ServerConfig, dealer: Dealer, core: FanoutControl,
-                 stopping: Callable[[], bool], deliver: Callable[[Sends], None]) -> None:
+                 stopping: Callable[[], bool], deliver: Callable[[Sends], None],
+                 unreported: Unreported | None = None) -> None:
         self.buffer = GroupBuffer(*config.group_limits, config.join, config.group_timeout,
                                   lambda message: dealer.carrier.unshare(message.placed))
-        # Started mid-run: the stream goes on, and the free trainers served so far with it.
-        self.buffer.continue_stream(core.epoch, core.epoch > core.epochs_completed)
-        #: The group served before the buffer existed (it joins with the next message).
+        #: The free trainers without a group that were there as sampling started: the
+        #: group ``default`` reads the stream from its first message.
         self._continuing = DEFAULT_GROUP if any(
             trainer.group == DEFAULT_GROUP for trainer in core.trainers.values()) else None
         self.dealer = dealer
         self.core = core
+        #: A run resumed from the free trainers that outlived the previous server: which
+        #: positions of an epoch nobody reported handed out (the sampler drops what the
+        #: hellos before sampling reported; a later hello's are dropped here, at the
+        #: dealing, for the group default). None: a run that started afresh.
+        self.unreported = unreported
         self.stopping = stopping
         self.deliver = deliver
         self.rank_timeout = config.rank_timeout
@@ -185,11 +198,12 @@ class GroupFanout:
         self._last_lagging: str | None = None
 
     # -- the sampler's side -----------------------------------------------------------------
-    def send(self, frames: Frames, n_samples: int, epoch: int) -> bool:
+    def send(self, frames: Frames, n_samples: int, epoch: int, rank: int = -1) -> bool:
         """Buffer one message and deliver what the groups can take; False when stopping.
 
         Waits (serving control) while the buffer is full, and while no group
-        exists at all (nobody would receive the message).
+        exists at all (nobody would receive the message). ``rank`` is -1: the
+        groups' ranks are dealt here, from the buffer.
         """
         buffer = self.buffer
         # With room in the buffer, one pump after the append does all the sends: pumping
@@ -217,16 +231,26 @@ class GroupFanout:
         self.buffer.epoch_finished(epoch)
 
     def flush(self, deadline: float) -> bool:
-        """Deliver every buffered message to every group (until ``deadline``); True if done.
+        """Deliver every buffered message to every group; True if done.
 
-        A group that has received nothing by the end joined past the stream's
-        last whole epoch: it gets the end of the stream, and the log says why.
+        A named group is waited for until ``deadline``. The group ``default`` (the
+        free trainers without a group) is waited for as long as its samples take,
+        as the sampler waited for a free trainer before any group had a buffer: the
+        sampler runs ahead of it by the buffer, so the end of sampling says nothing
+        of how far its trainers got (a DataLoader's next pass may start seconds
+        later). A group that has received nothing by the end joined past the
+        stream's last whole epoch: it gets the end of the stream, and the log says
+        why.
         """
+        buffer = self.buffer
         try:
-            while not self.stopping() and time.monotonic() < deadline:
+            while not self.stopping():
                 self.pump()
-                if self.buffer.drained and all(group.empty for group in self._ranked.values()):
+                if buffer.drained and all(group.empty for group in self._ranked.values()):
                     return True
+                if time.monotonic() >= deadline and not (
+                        DEFAULT_GROUP in buffer.groups and buffer.behind(DEFAULT_GROUP)):
+                    break
                 self._log_lag()
                 self._wait()
         finally:
@@ -435,13 +459,38 @@ class GroupFanout:
 
     def _deliver(self, name: str, message: BufferedMessage) -> bool:
         """Send ``message`` to the next member of ``name`` with room; False if none has."""
+        frames, placed, n_samples = message.frames, message.placed, message.n_samples
+        if self.unreported is not None and name == DEFAULT_GROUP:
+            frames, placed, n_samples = self._unreported(message)
+            if not n_samples:  # every sample of it was handed out before the restart
+                self.buffer.delivered(name)
+                return True
         # Full, or not connected (yet, or any more): the next one.
-        if self.dealer.offer(message.frames, message.placed, self._audience(name)) is not None:
+        if self.dealer.offer(frames, placed, self._audience(name)) is not None:
             return False
         self.buffer.delivered(name)
-        self.dealer.outbox.bytes_sent += message.nbytes
-        self.core.data_sent(message.n_samples, message.epoch)
+        self.dealer.outbox.count_bytes(message.nbytes)
+        self.core.data_sent(n_samples, message.epoch)
         return True
+
+    def _unreported(self, message: BufferedMessage) -> tuple[Frames, Placement | None, int]:
+        """``message`` less what free trainers that outlived the previous server reported
+        handed out in hellos that came after sampling began (the sampler drew past
+        their positions into the buffer): its frames, placement and samples as they
+        are, or re-encoded with the rows nobody handed out (none: 0 samples)."""
+        assert self.unreported is not None
+        tags = read_tags(list(message.frames))
+        kept = self.unreported(int(tags[0, 0]), tags[:, 1])
+        if kept is None or kept.all():
+            return message.frames, message.placed, message.n_samples
+        rows = np.flatnonzero(kept).tolist()
+        if not rows:
+            return [], None, 0
+        decoded = decode(list(self.dealer.carrier.decodable(message.frames)))
+        assert isinstance(decoded, Data)
+        frames = encode(Data(tags[rows], [decoded.samples[row] for row in rows],
+                             self.server_id))
+        return list(frames), None, len(rows)
 
     def _log_lag(self) -> None:
         now = time.monotonic()
@@ -452,6 +501,14 @@ class GroupFanout:
         self._last_lag_log, self._last_lagging = now, lagging
         log.info("group %s lags: %d message(s) behind, holding the sampler back", lagging,
                  self.buffer.behind(lagging))
+
+    def abandon(self) -> None:
+        """The stream ends here: every buffered message and ranked share leaves unsent
+        (its placement in the pool given back)."""
+        for group in self._ranked.values():
+            group.close()
+        self._ranked.clear()
+        self.buffer.clear()
 
     def stats(self) -> dict[str, int | str | None]:
         figures = self.buffer.stats()

@@ -171,15 +171,10 @@ class GroupBuffer:
         """Whether every message of ``epoch`` is in the buffer (or has passed through it)."""
         return epoch < self._last_epoch or (epoch == self._last_epoch and not self._epoch_open)
 
-    def continue_stream(self, epoch: int, epoch_open: bool) -> None:
-        """The stream is already under way (a buffer started mid-run): its last message
-        was of ``epoch``, and more of it may come (``epoch_open``)."""
-        self._last_epoch, self._epoch_open = epoch, epoch_open
-
     # -- the groups -------------------------------------------------------------------------
     def join(self, name: str, now: float, at_once: bool = False) -> GroupState:
         """The group ``name`` (created if new: it starts as the join mode says, or with the
-        next message ``at_once``: a group that was served before the buffer existed)."""
+        next message ``at_once``: the free trainers there as sampling started)."""
         group = self.groups.get(name)
         if group is not None:
             return group
@@ -261,9 +256,24 @@ class GroupBuffer:
             group.empty_since = now
 
     def expire(self, now: float) -> list[str]:
-        """Drop the groups whose members have all been gone for ``group_timeout`` seconds."""
+        """Drop the groups whose members have all been gone for ``group_timeout`` seconds,
+        while another group reads on: a group is dropped so that it holds the others back
+        no longer. With none left to read, dropping would only let go of what its members
+        (or who comes back to it: the free trainers of a server, the group ``default``)
+        have yet to get, so the last groups stay, however long they wait.
+
+        >>> buffer = GroupBuffer(max_messages=4, group_timeout=1.0)
+        >>> _ = buffer.join("a", now=0.0); buffer.set_members("a", 0, now=0.0)
+        >>> buffer.expire(now=5.0)  # alone: kept
+        []
+        >>> _ = buffer.join("b", now=5.0); buffer.set_members("b", 1, now=5.0)
+        >>> buffer.expire(now=5.0)  # "b" reads: "a" holds it back no longer
+        ['a']
+        """
         gone = [name for name, group in self.groups.items()
                 if group.empty_since is not None and now - group.empty_since >= self.group_timeout]
+        if len(gone) == len(self.groups):
+            return []
         for name in gone:
             self.drop(name)
         return gone
@@ -271,6 +281,18 @@ class GroupBuffer:
     def drop(self, name: str) -> None:
         """Group ``name`` no longer reads the stream: what it alone held is let go."""
         del self.groups[name]
+        self._trim()
+
+    def clear(self) -> None:
+        """Nothing more is sent: every group has passed every message, which leaves.
+
+        >>> buffer = GroupBuffer(max_messages=4, on_leave=lambda message: print(message.frames))
+        >>> _ = buffer.join("a", now=0.0); buffer.append(["m"], n_samples=1, epoch=1, nbytes=1)
+        >>> buffer.clear()
+        ['m']
+        """
+        for group in self.groups.values():
+            group.cursor = self.end
         self._trim()
 
     def lagging(self) -> str | None:

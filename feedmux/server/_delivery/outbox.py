@@ -119,6 +119,10 @@ class Outbox:
             self.wait(what)
         return False
 
+    def count_bytes(self, nbytes: int) -> None:
+        """``nbytes`` left in data messages (for the ``bytes_sent`` statistic)."""
+        self.bytes_sent += nbytes
+
     def count(self, frames: Sequence[Any]) -> None:
         """``frames`` left as one data message (for the ``bytes_sent`` statistic)."""
         self.bytes_sent += sum(_nbytes(frame) for frame in frames)

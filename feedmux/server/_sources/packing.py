@@ -74,7 +74,8 @@ class SharedCodec:
 
 def passes_through(ranked: bool, batches: bool, groups: bool) -> bool:
     """Whether the server sends the workers' messages on as they are (only then do the
-    workers compress): not to ranks, not cut into server-side batches, not to groups."""
+    workers compress): not to ranks, not cut into server-side batches, not while named
+    consumer groups read (the free trainers without a group take them as they are)."""
     return not (ranked or batches or groups)
 
 
