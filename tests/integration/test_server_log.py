@@ -80,10 +80,14 @@ def test_a_lost_free_trainer_is_a_warning_saying_its_samples_go_to_the_others(
                      "--die-after", "30", "--step-ms", "5")
     trainers(server.data, server.control, str(tmp_path / "staying"), "--step-ms", "5")
     wait_until(lambda: dying.poll() is not None, 60, "the trainer to die after 30 samples")
-    server.wait_for_stderr(lambda text: bool(re.search(r"WARNING trainer \S+ lost", text)),
-                           30, "the trainer's loss logged")
-    [line] = lines_with(server, r"WARNING trainer \S+ lost")[:1]
-    assert "re-dealt to the other trainers" in line and "(rank" not in line, line
+    # Its loss is seen first by the hand-out link (a send to it failed, or its connection
+    # closed): the messages it held unacknowledged go to the other trainers at once.
+    lost = r"WARNING trainer \S+ (lost|went away)"
+    server.wait_for_stderr(lambda text: bool(re.search(lost, text)), 30,
+                           "the trainer's loss logged")
+    [line] = lines_with(server, lost)[:1]
+    assert re.search(r"(re-dealt|sending them) to the other", line), line
+    assert "(rank" not in line, line
 
 
 def test_the_other_ranks_hear_why_a_rank_was_refused(serve: Callable[..., Spawned]) -> None:

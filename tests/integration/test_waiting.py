@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from feedmux import RemoteLoader, Server
+from feedmux import RemoteLoader, Server, fetch_stats
 from feedmux.errors import TransportTimeoutError
 
 
@@ -23,19 +23,41 @@ def pool_of_4_mib() -> Iterator[Server]:
     server.stop()
 
 
-def test_a_trainer_whose_views_fill_the_pool_is_told(
+def test_a_rank_whose_views_fill_the_pool_is_told(
         pool_of_4_mib: Server, caplog: pytest.LogCaptureFixture) -> None:
+    # A ranked job's path waits for room in the pool (its replay lane holds the runs), so a
+    # rank that keeps every view stalls; it is told why on its own side.
     caplog.set_level(logging.WARNING, logger="feedmux.client")
     kept: list[Any] = []
     # Before: only "no data ... for 6 s"; the cause was in the server's log alone.
     with RemoteLoader(pool_of_4_mib.data_address, control=pool_of_4_mib.control_address,
-                      timeout=6) as loader, pytest.raises(TransportTimeoutError) as caught:
+                      rank=0, world_size=1, timeout=6) as loader, \
+            pytest.raises(TransportTimeoutError) as caught:
         for sample in loader:
             kept.append(sample)  # every 512 KiB view kept: the pool fills
     said = "view(s) of the server's shared memory (4 MiB of its 4 MiB pool)"
     assert said in str(caught.value)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(said in message and "np.array(x)" in message for message in warnings)
+
+
+def test_a_free_trainer_whose_views_fill_the_pool_gets_the_rest_over_the_socket(
+        pool_of_4_mib: Server) -> None:
+    # The free trainers' path (the group default) never waits for room: a message that finds
+    # the pool full goes over the socket, so a trainer that keeps every view still gets the
+    # whole epoch, each sample once.
+    kept: list[Any] = []
+    stats: dict[str, Any] = {}
+    with RemoteLoader(pool_of_4_mib.data_address, control=pool_of_4_mib.control_address,
+                      timeout=30) as loader:
+        for sample in loader:
+            kept.append(sample)  # every view kept: after 8 the pool is full
+            if len(kept) == 500:
+                stats = fetch_stats(pool_of_4_mib.control_address)
+            if len(kept) == 1000:  # the first epoch (the server cycles the stream)
+                break
+    assert sorted(int(sample["id"]) for sample in kept) == list(range(1000))
+    assert stats["shm_stalls"] >= 400, stats
 
 
 def test_a_timeout_names_the_given_address_and_the_derived_control(tmp_path: Path) -> None:

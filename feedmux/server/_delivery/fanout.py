@@ -493,8 +493,11 @@ class GroupFanout:
         return list(frames), None, len(rows)
 
     def _log_lag(self) -> None:
+        """Say which group holds the sampler back, when one does: the buffer is at its
+        bound (a sampler only :data:`~feedmux.server._delivery.groups.MAX_LEAD` messages ahead of its readers is
+        their pace, not a lag)."""
         now = time.monotonic()
-        lagging = self.buffer.lagging()
+        lagging = self.buffer.lagging() if self.buffer.at_bound else None
         if lagging is None or (lagging == self._last_lagging
                                and now - self._last_lag_log < LAG_LOG_INTERVAL):
             return

@@ -28,6 +28,16 @@ nothing when samples are large (256 messages of 16 MiB samples are 4 GiB), while
 a few large ones; a message larger than the whole buffer goes through alone. It
 holds only what some group has yet to receive: up to the limit whenever a group is
 slower than the sampler.
+
+The sampler's lead is bounded too, in messages (:data:`MAX_LEAD`): it waits once
+it is that many messages ahead of the group furthest along. The bytes bound is
+the slack *between* groups; the lead is the slack between the sampler and its
+fastest reader. Without it a server whose free trainers (the group ``default``)
+read slower than it samples ran ahead by the whole 64 MiB, which is thousands of
+epochs of small samples: its rates, its "epoch N sampled" lines and its ETA
+described the buffer, not the trainers, and a sampler's state (its position for a
+checkpoint, its memory) ran far past what anyone received. 32 messages keep the
+sampler busy while a message goes out, as the single queue of a plain server did.
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ from feedmux.server.config import JOIN_MODES
 
 __all__ = [
     "DEFAULT_GROUP",
+    "MAX_LEAD",
     "BufferedMessage",
     "GroupBuffer",
     "GroupState",
@@ -49,6 +60,9 @@ __all__ = [
 
 #: The group of a trainer that names none.
 DEFAULT_GROUP = "default"
+
+#: How many messages the sampler may run ahead of the group furthest along.
+MAX_LEAD = 32
 @dataclass
 class BufferedMessage:
     """One encoded data message as the sampler made it, sent as is to every group."""
@@ -111,7 +125,8 @@ class GroupBuffer:
 
     def __init__(self, max_messages: int = 0, max_bytes: int = 0, join: str = "epoch",
                  group_timeout: float = 10.0,
-                 on_leave: Callable[[BufferedMessage], None] | None = None) -> None:
+                 on_leave: Callable[[BufferedMessage], None] | None = None,
+                 max_lead: int = MAX_LEAD) -> None:
         if max_messages < 1 and max_bytes < 1:
             raise ConfigurationError(
                 f"expected a limit of messages or bytes >= 1, got {max_messages} messages "
@@ -120,6 +135,8 @@ class GroupBuffer:
             raise ConfigurationError(f"expected join 'epoch' or 'now', got {join!r}")
         self.max_messages = max_messages
         self.max_bytes = max_bytes
+        #: Messages the sampler may have appended that no group has received yet.
+        self.max_lead = max_lead
         self.join_mode = join
         self.group_timeout = group_timeout
         #: Called with each message as it leaves the buffer (every group passed it).
@@ -141,11 +158,35 @@ class GroupBuffer:
 
     @property
     def full(self) -> bool:
-        """Whether the sampler must wait (the slowest active group holds the oldest message)."""
+        """Whether the sampler must wait: the slowest active group holds the oldest message
+        and the buffer is at its bound, or the sampler is :attr:`max_lead` messages ahead
+        of the group furthest along.
+
+        >>> buffer = GroupBuffer(max_bytes=1 << 20, max_lead=2)
+        >>> _ = buffer.join("default", now=0.0, at_once=True)
+        >>> buffer.append(["m1"], 1, 1, 10); buffer.full
+        False
+        >>> buffer.append(["m2"], 1, 1, 10); buffer.full  # nobody took m1: 2 ahead
+        True
+        >>> buffer.delivered("default"); buffer.full
+        False
+        """
+        return self.at_bound or (bool(self._messages) and self.lead >= self.max_lead > 0)
+
+    @property
+    def at_bound(self) -> bool:
+        """Whether the buffer holds its bound of messages or bytes: a group lags the others
+        (or the sampler) by all the slack there is."""
         if not self._messages:
             return False
         return ((self.max_messages > 0 and len(self._messages) >= self.max_messages)
                 or (self.max_bytes > 0 and self._bytes >= self.max_bytes))
+
+    @property
+    def lead(self) -> int:
+        """Messages appended that no active group has received yet."""
+        cursors = [g.cursor for g in self.groups.values() if g.cursor is not None]
+        return self.end - max(cursors, default=self.end)
 
     def append(self, frames: Sequence[Any], n_samples: int, epoch: int, nbytes: int,
                placed: Any = None) -> None:
@@ -318,6 +359,7 @@ class GroupBuffer:
             "group_buffer_messages": len(self._messages),
             "group_buffer_bytes": self._bytes,
             "group_buffer_full": int(self.full),
+            "group_buffer_lead": self.lead,
             "lagging_group": self.lagging(),
         }
         for name, group in sorted(self.groups.items()):
