@@ -494,8 +494,8 @@ class GroupFanout:
 
     def _log_lag(self) -> None:
         """Say which group holds the sampler back, when one does: the buffer is at its
-        bound (a sampler only :data:`~feedmux.server._delivery.groups.MAX_LEAD` messages ahead of its readers is
-        their pace, not a lag)."""
+        bound (a sampler only :data:`~feedmux.server._delivery.groups.MAX_LEAD` messages
+        ahead of its readers goes at their pace, which is no lag)."""
         now = time.monotonic()
         lagging = self.buffer.lagging() if self.buffer.at_bound else None
         if lagging is None or (lagging == self._last_lagging
