@@ -293,9 +293,7 @@ class SocketShell:
             try:
                 send_message(self.control, message, prefix=[identity], flags=zmq.NOBLOCK)
             except zmq.Again:
-                if self.core.ranks.ranked:
-                    continue  # a rank busy in a long step: its holder stays (its acks tell)
-                self.core.peer_gone(identity)
+                self.core.control_full(identity)
             except zmq.ZMQError:
                 # No connection to the peer now (ROUTER_MANDATORY): gone, or a rank whose
                 # control link is down a while (the core decides); a forgotten one's

@@ -510,6 +510,13 @@ class ControlCore:
                      identity[:16], error)
         return [(identity, malformed_reply(error, self.config.server_id))]
 
+    def control_full(self, identity: bytes) -> None:
+        """A control message to ``identity`` found its queue full: on a ranked job's
+        server, a rank busy in a long step (its holder stays: its acknowledgements tell
+        whether it lives); any other trainer is taken for gone."""
+        if not self.ranks.ranked:
+            self.peer_gone(identity)
+
     def peer_gone(self, identity: bytes, lost: bool = True) -> None:
         """A send to ``identity`` failed (``lost``; else its run is over): forget it, keep
         what it had received for the count."""
