@@ -540,6 +540,7 @@ def serve(source: Source, **options: Any) -> int:
 
     Takes the same arguments as :class:`Server`.
     """
+    deprecated_reliable(options)  # warned here: the caller's line, not this module's
     return Server(source, **options).run()
 
 

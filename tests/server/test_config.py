@@ -75,6 +75,17 @@ def test_reliable_is_a_deprecated_no_op_whatever_its_value(reliable: bool) -> No
         assert pickle.loads(pickle.dumps(config)) == config
 
 
+def test_serve_given_reliable_warns_its_caller_once() -> None:
+    import feedmux
+
+    # It warned from inside feedmux.server, where Python's default filters hide it. The
+    # source does not import: serve returns at once, having warned first.
+    with pytest.warns(DeprecationWarning, match="reliable is deprecated") as caught:
+        code = feedmux.serve("no_such_module_for_feedmux:source", reliable=True)
+    assert code != 0
+    assert [warning.filename for warning in caught] == [__file__]
+
+
 def test_the_groups_buffer_has_a_memory_bound_by_default() -> None:
     assert ServerConfig(source="m:a").group_limits == (0, 64 << 20)
     assert ServerConfig(source="m:a", group_buffer=16).group_limits == (16, 0)
