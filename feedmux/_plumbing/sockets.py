@@ -23,7 +23,6 @@ from feedmux.protocol import Message, encode
 __all__ = [
     "CONTROL_FRAME_BYTES",
     "CONTROL_INBOUND_FRAME_BYTES",
-    "CONTROL_RCVHWM",
     "DATA_INBOUND_FRAME_BYTES",
     "DATA_RCVHWM",
     "DEFAULT_BIND",
@@ -74,13 +73,6 @@ CONTROL_FRAME_BYTES = 64 * 1024
 #: scattered positions, a range each) and the old server's last summary (up to
 #: ``MAX_SUMMARY_RUNS`` runs): up to about 40 KiB.
 CONTROL_INBOUND_FRAME_BYTES = 64 * 1024
-#: Control messages queued per peer on the server's control socket: with the frame
-#: limit, what one connection can park in libzmq (64 MiB at most; a loader's own messages
-#: are a few hundred bytes but its hellos). A loader's acknowledging
-#: thread sends up to 200 a second while the server may be busy in a slow streamer: a
-#: queue that fills stops libzmq reading that connection, and ZMTP heartbeats then
-#: drop it after a few seconds, so this leaves about five seconds of room.
-CONTROL_RCVHWM = 1024
 #: Largest frame the server's data socket accepts: trainers send only credit and
 #: acknowledgements there, each well under a KiB.
 DATA_INBOUND_FRAME_BYTES = 16 * 1024
@@ -179,10 +171,13 @@ def make_socket(
     queue fills up (a data socket under back-pressure, a trainer in a long
     step that reads nothing) libzmq 4.3 stops reading the connection, misses
     the peer's pings, drops a healthy connection with its queued messages, and
-    can then abort on an assertion (``_input_stopped``, libzmq issue 3937).
-    A trainer's sockets with heartbeats therefore take ``rcvhwm=UNLIMITED``
-    (the default is ``hwm``), each bounded instead by what its server sends
-    unasked (credit, answers, a heartbeat a second). Every socket gets TCP
+    can then abort on an assertion (``_input_stopped``, libzmq issue 3937; or
+    ``!_io_error`` at its next ping once the peer has gone, issue 4364).
+    Every socket with heartbeats therefore takes ``rcvhwm=UNLIMITED`` (the
+    default is ``hwm``): a trainer's, bounded instead by what its server sends
+    unasked (credit, answers, a heartbeat a second), and the server's control
+    socket, bounded by what its trainers send (a heartbeat a second, an
+    acknowledgement per message handed out). Every socket gets TCP
     keepalive too, which the kernel answers whatever the queues hold: an idle
     connection whose peer is gone is closed after 10 s and 3 probes 5 s apart
     (25 s), or at the first probe past :data:`HALF_OPEN_TIMEOUT` (15 s) with

@@ -25,9 +25,9 @@ from feedmux._plumbing.handshakes import HandshakeLogger
 from feedmux._plumbing.shm import ShmPool
 from feedmux._plumbing.sockets import (
     CONTROL_INBOUND_FRAME_BYTES,
-    CONTROL_RCVHWM,
     DATA_INBOUND_FRAME_BYTES,
     DATA_RCVHWM,
+    UNLIMITED,
     bind,
     make_socket,
     readable,
@@ -182,7 +182,16 @@ class SocketShell:
             self.context, zmq.ROUTER, hwm=1000, max_message_bytes=CONTROL_INBOUND_FRAME_BYTES,
             security=security,
         )
-        self.control.rcvhwm = CONTROL_RCVHWM
+        # Its receive queue is unbounded, as a trainer's sockets with pings are: a full one
+        # stops libzmq reading the connection, and a ping that falls on such a connection
+        # after its peer left aborts the process (libzmq 4.3.5, "Assertion failed:
+        # !_io_error" in stream_engine_base.cpp, issue 4364, unfixed in its master; seen
+        # once under load with 256 trainers). Its pings stay: a vanished trainer's
+        # connection is closed by them within HALF_OPEN_TIMEOUT. What a trainer sends here
+        # bounds the queue instead: a heartbeat a second, and an acknowledgement per message
+        # it hands out, which stop with its data when the server stops sending (at most
+        # CONTROL_INBOUND_FRAME_BYTES each).
+        self.control.rcvhwm = UNLIMITED
         self.control.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # A trainer's control DEALER keeps its identity across reconnects (a link that went
         # down and up): the new connection takes it over from a pipe not yet seen dead.
