@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -194,13 +195,22 @@ def test_a_sigkilled_trainers_slots_come_back(workers: int, size: int) -> None:
             for sample in loader:
                 assert (sample["x"] == sample["id"]).all()
                 rest.append(int(sample["id"]))
-                if len(rest) == 40:  # the server still runs: the pool is in use again
+                # 20 ms a sample: the stream outlasts the server's next heartbeat to the dead
+                # trainer (1 s), which finds it gone; until then the messages it had not
+                # acknowledged hold their runs (they may be dealt again). A stream that went
+                # by in 0.3 s, on a quiet machine, ended before that.
+                time.sleep(0.02)
+                if len(rest) % 10 == 0 and len(rest) <= 90:  # the server still runs
                     placed_after = fetch_stats(server.control_address)["shm_messages"]
-        # What the dead trainer had not handed out is dealt again (it acknowledged what it
-        # handed out; once its death is seen, so maybe after newer ones), and everything
-        # arrives once, intact; the dead trainer's runs came back
-        # and were placed again (the pool was full of them).
-        assert Counter(rest) == Counter(i % 40 for i in range(held, 120)), (held, rest)
+        # Everything the dead trainer had not handed out arrives once, intact. What it
+        # handed out in its last moment, before its marks reached the server, may come
+        # again (at a SIGKILL's edge: at least once); nothing else does.
+        expected = Counter(i % 40 for i in range(held, 120))
+        assert not expected - Counter(rest), (held, rest)
+        again = Counter(rest) - expected
+        assert set(again) <= set(range(held)) and max(again.values(), default=0) <= 1, (
+            held, rest)
+        # The dead trainer's runs came back and were placed again (the pool was full of them).
         assert placed_after > placed_before, "nothing placed in the pool after the kill"
         assert server.join(30) == 0
     finally:
