@@ -38,20 +38,48 @@ from feedmux.protocol import Data, decode, encode, position_runs, read_tags
 __all__ = ["MAX_SUMMARY_RUNS", "Entry", "Ledger", "Recovery", "handed_below", "rest_after"]
 
 
+def not_handed(tags: np.ndarray, mark: tuple[int, int]) -> np.ndarray:
+    """Per row of a message's ``tags``: whether it comes after ``mark``, the (epoch,
+    position) of the last row its trainer handed out.
+
+    A trainer hands a message's rows out in the message's order, which is not the
+    order of positions in a bucketed batch (its rows are a bucket's, in the bucket's
+    order): when ``mark`` is a row of the message, the rows after that row are the rest.
+    A mark from elsewhere (a rank's mark of an earlier message) cuts by position, as
+    the sampler's order gives them.
+
+    >>> tags = np.array([[3, 24], [3, 26], [3, 7], [3, 30]])  # a bucketed batch
+    >>> not_handed(tags, (3, 26)).tolist()  # two handed out: 7 and 30 are the rest
+    [False, False, True, True]
+    >>> not_handed(tags, (2, 99)).tolist(), not_handed(tags, (3, 25)).tolist()
+    ([True, True, True, True], [False, True, False, True])
+    """
+    rows = tags.tolist()
+    marked = tuple(mark)
+    for index, row in enumerate(rows):
+        if tuple(row) == marked:
+            return np.arange(len(rows)) > index
+    return np.array([tuple(row) > marked for row in rows], dtype=bool)
+
+
 def rest_after(frames: list[Any], mark: tuple[int, int]) -> tuple[np.ndarray, list[Any]] | None:
-    """The tags and frames of the samples of a data message after ``(epoch, position)``.
+    """The tags and frames of the samples of a data message not handed out, its trainer
+    having handed out up to ``mark`` (:func:`not_handed`).
 
     The message as it is when none was handed out, re-encoded when some were,
-    None when all were (positions grow within a message).
+    None when all were.
 
     >>> from feedmux.protocol import Data, encode
     >>> frames = list(encode(Data(np.array([[1, 0], [1, 2]]), ["a", "b"])))
     >>> tags, rest = rest_after(frames, (1, 0))
     >>> tags.tolist(), rest_after(frames, (1, 2))
     ([[1, 2]], None)
+    >>> bucketed = list(encode(Data(np.array([[1, 5], [1, 2]]), ["a", "b"])))
+    >>> rest_after(bucketed, (1, 5))[0].tolist()  # 2 comes after 5 in this message
+    [[1, 2]]
     """
     tags = read_tags(frames)
-    rows = [i for i, row in enumerate(tags.tolist()) if tuple(row) > mark]
+    rows = np.flatnonzero(not_handed(tags, mark)).tolist()
     if not rows:
         return None
     if len(rows) == len(tags):
@@ -208,7 +236,7 @@ class Ledger:
         for seq, entry in chosen.items():
             if entry.target != target:
                 continue
-            if entry.last <= mark:
+            if not not_handed(entry.tags, mark).any():
                 done.append(seq)
             elif entry.mark is None or mark > entry.mark:
                 entry.mark = mark
@@ -328,7 +356,7 @@ class Ledger:
         for entry in [*self.entries(), *list(self.redeal)]:
             tags = entry.tags
             if entry.mark is not None:
-                tags = tags[[tuple(row) > entry.mark for row in tags.tolist()]]
+                tags = tags[not_handed(tags, entry.mark)]
             runs += position_runs(tags)
         return sorted(runs)
 
