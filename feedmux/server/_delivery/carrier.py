@@ -52,6 +52,19 @@ class Carrier:
         self.outbox = outbox
         self.halted = halted
 
+    def _poolable(self, frames: Sequence[Any]) -> Sequence[Any] | None:
+        """``frames`` as the pool takes them (a message a worker compressed inflated,
+        while a trainer maps the pool), or None: they go as they are (no pool, or
+        compressed with no trainer that maps the pool)."""
+        if self.pool is None:
+            return None
+        if self.compression is not None and packed(frames) is not None:
+            self.pool.want(bool(shm_trainers(self.core)))
+            if not self.pool.wanted:
+                return None
+            return self.compression.forms.raw(frames)
+        return frames
+
     def place(self, frames: Sequence[Any], keeps: bool) -> tuple[Sequence[Any], Placement | None]:
         """What goes on a socket, and ``frames`` placed in the pool for the trainers that
         map it (waiting while it is full), or None (no pool, no such trainer, nothing
@@ -59,13 +72,10 @@ class Carrier:
         another trainer, so what goes on a socket is whole bytes even when every trainer
         maps the pool (a worker's references to runs a dead trainer held would be reused
         memory)."""
-        if self.pool is None:
+        raw = self._poolable(frames)
+        if raw is None or self.pool is None:
             return frames, None
-        if self.compression is not None and packed(frames) is not None:
-            self.pool.want(bool(shm_trainers(self.core)))
-            if not self.pool.wanted:
-                return frames, None
-            frames = self.compression.forms.raw(frames)
+        frames = raw
         wire, placed = pooled(self.pool, self.core, frames, self.outbox, self.halted)
         if keeps and placed is not None and placed.refs_only:
             # The ledger's bytes; the trainers get references.
@@ -89,13 +99,10 @@ class Carrier:
         pool, the pool is full) the arrays are copied out and the runs freed. A
         message a worker compressed is inflated first while a trainer maps the pool
         (as :meth:`place` does), else kept as it is."""
-        if self.pool is None:
+        raw = self._poolable(frames)
+        if raw is None or self.pool is None:
             return frames, None
-        if self.compression is not None and packed(frames) is not None:
-            self.pool.want(bool(shm_trainers(self.core)))
-            if not self.pool.wanted:
-                return frames, None
-            frames = self.compression.forms.raw(frames)
+        frames = raw
         placed = self.share(frames)
         if not has_refs(frames):
             return frames, placed
